@@ -1,0 +1,22 @@
+"""alpha_mpi: reductions across MPI ranks as declared binary64 expression trees.
+
+Layers (each depends only on those above it): model -> planning -> kernel -> execution ->
+learning -> tools. Importing the package loads only the pure layers; names from the execution
+and learning layers are resolved on first use, so planning works without MPI initialised.
+"""
+
+from .refusals import Refusal  # noqa: F401
+
+__version__ = "0.1.0"
+
+_LAZY = {}
+
+
+def __getattr__(name):
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'alpha_mpi' has no attribute {name!r}")
+    import importlib
+
+    module = importlib.import_module(target, __name__)
+    return getattr(module, name)

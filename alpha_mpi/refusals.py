@@ -1,0 +1,125 @@
+"""One exception base with stable kebab-case codes.
+
+Every refusal says what was expected, what was found, and what to do. The codes are part of the
+public contract: scripts and job wrappers match on them, so a code is never renamed, only added.
+`ADVICE` holds the "what to do" sentence for each code in one place, so the CLI, the docs and the
+exceptions say the same thing.
+"""
+
+from __future__ import annotations
+
+ADVICE: dict[str, str] = {
+    # model / coverage
+    "tree-malformed": "build trees from Leaf and Branch only (or the star/hierarchy builders)",
+    "tree-too-large": "split the reduction into several trees or raise the limit deliberately",
+    "slot-invalid": "slots are non-negative integers naming logical contributions",
+    "owner-out-of-range": "place every leaf and branch on a rank in 0..size-1 of the communicator",
+    "coverage-missing-leaf": "add a leaf for every member of the declared coverage",
+    "coverage-duplicate-leaf": "each member must appear exactly once in the tree",
+    "coverage-unknown-leaf": "remove leaves that are not members of the declared coverage",
+    "coverage-order-mismatch": "order the leaves exactly as the OrderedMembers list declares",
+    "coverage-invalid": "declare coverage as OrderedMembers([...]) or ParticipantGroup(range(...))",
+    "topology-invalid": "use 'star', 'star:HUB' or 'hierarchy:K' with K >= 1",
+    "placement-invalid": "give owners as a rank count, a list with one rank per slot, or a slot->rank mapping",
+    # delivery / planning
+    "delivery-target-not-owner": "DeliverTo must name a rank that owns at least one leaf",
+    "delivery-invalid": "use ReplicateAll() or DeliverTo(rank)",
+    "layout-invalid": "a payload layout is a non-empty list of (name, element count >= 1) pairs",
+    "plan-rank-mismatch": "plan for the communicator you execute on (plan(..., size=comm.size))",
+    "step-parse-error": "a step string looks like 'R3<1e4', 'E2', 'S3>0e4' (see Step.__str__)",
+    "plan-simulation-failed": "the plan is inconsistent; this is a planner bug, please report it",
+    "data-parallel-assembly-overlap": "give each coordinate to exactly one owner (ranges must not overlap)",
+    "data-parallel-assembly-coverage": "the owners' ranges must cover 0..n-1 with no hole",
+    # kernel / numerics
+    "kernel-bad-argument": "check the array lengths and dtypes passed to the kernel",
+    "kernel-bad-program": "the fused tree program is malformed; build it with the planner",
+    "kernel-unavailable": "reinstall with `pip install -e .` so the cffi kernel is compiled",
+    "non-finite-input": "a NaN or Inf reached an update input; the state was left unchanged; find its source (learning rate, data)",
+    "non-finite-output": "an update overflowed to Inf/NaN; the state was left unchanged; lower the learning rate or rescale",
+    "non-finite-contribution": "a contribution holds NaN/Inf; nothing was combined or applied; check the data of that slot",
+    "non-finite-combined": "the combined value overflowed; nothing was applied; rescale the contributions",
+    "fp-environment-off-profile": "something switched the FPU to flush-to-zero/denormals-are-zero or a non-nearest rounding mode (a library built with -ffast-math?); remove it or reset the FP environment",
+    "fast-math-refused": "alpha_mpi never builds with fast-math/FMA contraction; remove the flag from ALPHA_MPI_CFLAGS",
+    "dtype-invalid": "contributions are float64 arrays; convert binary32 explicitly with widen_binary32",
+    # frames / execution
+    "frame-magic": "the peer is not an alpha_mpi peer of this format version; run the same alpha_mpi on every rank",
+    "frame-version": "every rank must run the same alpha_mpi frame format version",
+    "frame-checksum": "a frame header was corrupted in transit or by a peer; rerun and check the interconnect",
+    "frame-identity-mismatch": "every rank must execute the same plan (same tree, placement, delivery, layout)",
+    "frame-order-mismatch": "every rank must combine with the same declared order (tree order id)",
+    "frame-topology-mismatch": "every rank must use the same topology (star vs hierarchy are different contracts)",
+    "frame-size-mismatch": "every rank must use the same payload layout and element count",
+    "frame-routing-mismatch": "a frame arrived with another sender/receiver/edge/phase than planned; run the same plan everywhere",
+    "frame-step-mismatch": "the ranks are out of step (one skipped or repeated a combine); call combine the same number of times on every rank",
+    "contribution-missing": "pass a payload for every slot this rank owns",
+    "contribution-unexpected": "pass payloads only for the slots this rank owns in the tree",
+    "contribution-shape": "each contribution must have the layout's element count",
+    "peer-timeout": "a peer did not send within the bound; check the peer's log (it may have crashed) or raise ALPHA_MPI_TIMEOUT",
+    "peer-failed": "another rank refused or crashed; see that rank's error",
+    "executor-reentrant": "wait for one combine to finish before starting another on the same plan",
+    # contracts
+    "numerical-profile-mismatch": "both sides must use the same numerical profile; adopt the new contract explicitly",
+    "numerical-order-mismatch": "both sides must use the same operation order (tree order id, optimizer formula)",
+    "bounded-difference-without-evidence": "record conformance evidence (ulp/abs error over a named suite) before running a BoundedDifference contract",
+    "evidence-outside-tolerance": "the recorded error exceeds the tolerance; widen it deliberately or fix the kernel",
+    "unchecked-claimed-equal": "an Unchecked contract may run but is never claimed equal to anything",
+    # checkpoints
+    "checkpoint-exists": "a published step is immutable; save under a new step",
+    "checkpoint-missing": "no checkpoint there; check the path or start without --resume",
+    "checkpoint-corrupt": "a shard's sha256 differs from its manifest; restore an earlier checkpoint",
+    "checkpoint-shard-missing": "a shard named by the manifest is absent; restore an earlier checkpoint",
+    "checkpoint-path-escape": "a manifest entry points outside the checkpoint directory; refuse this checkpoint",
+    "checkpoint-format-version": "this checkpoint was written by another format version; use a matching alpha_mpi",
+    "checkpoint-manifest": "the manifest is malformed; restore an earlier checkpoint",
+    # tools
+    "usage": "see `alpha-mpi --help`",
+    "data-invalid": "give an .npz with float arrays X (n, d) and integer labels y (n,)",
+}
+
+
+class Refusal(Exception):
+    """Base of every alpha_mpi refusal. `code` is stable; `advice` says what to do."""
+
+    def __init__(self, code: str, message: str, **context):
+        if code not in ADVICE:
+            # A typo in a code would silently break users' matching; fail loudly instead.
+            raise ValueError(f"unregistered refusal code {code!r}")
+        self.code = code
+        self.message = message
+        self.advice = ADVICE[code]
+        self.context = context
+        super().__init__(f"[{code}] {message} -- {self.advice}")
+
+
+class ModelRefusal(Refusal):
+    """A tree, coverage, placement or delivery that cannot be planned."""
+
+
+class PlanRefusal(Refusal):
+    """A plan that cannot be built or executed as asked."""
+
+
+class KernelRefusal(Refusal):
+    """The C kernel refused its inputs (non-finite values, bad arguments, FP environment)."""
+
+
+class FrameRefusal(Refusal):
+    """A received frame did not match the plan's expectation; nothing was combined."""
+
+
+class PeerTimeout(Refusal):
+    """A receive did not complete within the bound."""
+
+
+class NumericalProfileMismatch(Refusal):
+    def __init__(self, message: str, **context):
+        super().__init__("numerical-profile-mismatch", message, **context)
+
+
+class NumericalOrderMismatch(Refusal):
+    def __init__(self, message: str, **context):
+        super().__init__("numerical-order-mismatch", message, **context)
+
+
+class CheckpointRefusal(Refusal):
+    """A checkpoint that cannot be written or restored safely."""

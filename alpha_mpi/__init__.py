@@ -5,11 +5,28 @@ learning -> tools. Importing the package loads only the pure layers; names from 
 and learning layers are resolved on first use, so planning works without MPI initialised.
 """
 
+from .model import (  # noqa: F401
+    Branch,
+    DeliverTo,
+    Layout,
+    Leaf,
+    OrderedMembers,
+    ParticipantGroup,
+    ReplicateAll,
+    hierarchy,
+    star,
+)
+from .planning import plan, plan_assembly, simulate  # noqa: F401
 from .refusals import Refusal  # noqa: F401
 
 __version__ = "0.1.0"
 
-_LAZY = {}
+# name -> module (relative) for the layers that need MPI or the compiled kernel.
+_LAZY = {
+    "combine": ".execution",
+    "Combiner": ".execution",
+    "assemble": ".execution",
+}
 
 
 def __getattr__(name):

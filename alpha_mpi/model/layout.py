@@ -1,0 +1,79 @@
+"""Payload layout: named binary64 components combined by the same tree.
+
+A leaf may carry e.g. `numerator` (a gradient sum, a vector) and `mass` (a sample count). They
+travel in one contiguous payload and are added coordinate by coordinate in the declared order;
+normalisation (numerator / mass) is the learner's job, done once after the combine.
+"""
+
+from __future__ import annotations
+
+from ..refusals import ModelRefusal
+
+
+class Layout:
+    __slots__ = ("components", "total", "offsets")
+
+    def __init__(self, *components):
+        if len(components) == 1 and isinstance(components[0], (list, tuple)) and components[0] and isinstance(components[0][0], (list, tuple)):
+            components = tuple(components[0])
+        if not components:
+            raise ModelRefusal("layout-invalid", "a layout needs at least one component")
+        comps = []
+        names = set()
+        for c in components:
+            try:
+                name, count = c
+            except (TypeError, ValueError):
+                raise ModelRefusal("layout-invalid", f"component {c!r} is not a (name, count) pair")
+            if not isinstance(name, str) or not name or not name.isidentifier():
+                raise ModelRefusal("layout-invalid", f"component name {name!r} must be an identifier")
+            if name in names:
+                raise ModelRefusal("layout-invalid", f"component {name!r} appears twice")
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                raise ModelRefusal("layout-invalid", f"component {name!r} count must be an int >= 1, got {count!r}")
+            names.add(name)
+            comps.append((name, count))
+        object.__setattr__(self, "components", tuple(comps))
+        offsets = {}
+        off = 0
+        for name, count in comps:
+            offsets[name] = (off, off + count)
+            off += count
+        object.__setattr__(self, "offsets", offsets)
+        object.__setattr__(self, "total", off)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("Layout is immutable")
+
+    @classmethod
+    def vector(cls, n: int) -> "Layout":
+        return cls(("x", n))
+
+    @classmethod
+    def weighted(cls, n: int, mass: int = 1) -> "Layout":
+        """A gradient sum of n coordinates plus its sample-count mass."""
+        return cls(("numerator", n), ("mass", mass))
+
+    @property
+    def nbytes(self) -> int:
+        return 8 * self.total
+
+    def key(self) -> str:
+        return ",".join(f"{n}:{c}" for n, c in self.components)
+
+    def __repr__(self):
+        return "Layout(" + ", ".join(f"({n!r}, {c})" for n, c in self.components) + ")"
+
+    def __eq__(self, other):
+        return isinstance(other, Layout) and self.components == other.components
+
+    def __hash__(self):
+        return hash(self.components)
+
+
+def as_layout(layout) -> Layout:
+    if isinstance(layout, Layout):
+        return layout
+    if isinstance(layout, int) and not isinstance(layout, bool):
+        return Layout.vector(layout)
+    raise ModelRefusal("layout-invalid", f"expected a Layout or an element count, got {layout!r}")

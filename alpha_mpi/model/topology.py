@@ -1,0 +1,145 @@
+"""Topologies: builders that fix a tree shape over logical slots, and placements onto ranks.
+
+The tree is over slots (micro-batch shards), not ranks: `hierarchy(range(8), owners=2, ...)` and
+`hierarchy(range(8), owners=8, ...)` are the same order on two placements, so they give the same
+bits. A star and a hierarchy over the same slots are two different orders (two contracts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ..refusals import ModelRefusal
+from .tree import Branch, Leaf, Node, leaf_sequence
+
+
+def _slots(slots) -> list:
+    if isinstance(slots, int) and not isinstance(slots, bool):
+        if slots < 1:
+            raise ModelRefusal("slot-invalid", f"need at least one slot, got {slots}")
+        return list(range(slots))
+    try:
+        out = list(slots)
+    except TypeError:
+        raise ModelRefusal("slot-invalid", f"slots must be a count or a sequence, got {slots!r}")
+    if not out:
+        raise ModelRefusal("slot-invalid", "need at least one slot")
+    return out
+
+
+def block_owners(nslots: int, ranks: int) -> list:
+    """Slot position i -> rank i*ranks//nslots: contiguous blocks differing by at most one slot."""
+    return [i * ranks // nslots for i in range(nslots)]
+
+
+def placement(slots: list, owners) -> list:
+    """Owner rank for each slot position: from a rank count, a per-slot list, or a mapping."""
+    n = len(slots)
+    if owners is None:
+        return [0] * n
+    if isinstance(owners, int) and not isinstance(owners, bool):
+        if owners < 1:
+            raise ModelRefusal("placement-invalid", f"rank count must be >= 1, got {owners}")
+        return block_owners(n, owners)
+    if isinstance(owners, Mapping):
+        missing = [s for s in slots if s not in owners]
+        if missing:
+            raise ModelRefusal("placement-invalid", f"no owner given for slot(s) {missing[:8]}")
+        return [owners[s] for s in slots]
+    try:
+        out = list(owners)
+    except TypeError:
+        raise ModelRefusal("placement-invalid", f"cannot read owners from {owners!r}")
+    if len(out) != n:
+        raise ModelRefusal("placement-invalid", f"{len(out)} owners given for {n} slots")
+    return out
+
+
+def star(slots, owners=None, hub=None) -> Node:
+    """The chain ((x0 + x1) + x2) + ... with every branch at `hub` (default: first slot's owner)."""
+    slots = _slots(slots)
+    place = placement(slots, owners)
+    if hub is None:
+        hub = place[0]
+    acc: Node = Leaf(slots[0], place[0])
+    for s, o in zip(slots[1:], place[1:]):
+        acc = Branch(acc, Leaf(s, o), hub)
+    return acc
+
+
+def hierarchy(slots, owners=None, fanout: int = 2) -> Node:
+    """Slot positions in a k-ary heap (children of i are k*i+1 .. k*i+k).
+
+    Each node folds its own contribution, then each child subtree in order, at the node's owner:
+    T(i) = ((x_i + T(k*i+1)) + T(k*i+2)) + ...
+    """
+    if isinstance(fanout, bool) or not isinstance(fanout, int) or fanout < 1:
+        raise ModelRefusal("topology-invalid", f"hierarchy fanout must be an int >= 1, got {fanout!r}")
+    slots = _slots(slots)
+    place = placement(slots, owners)
+    n = len(slots)
+    sub: list = [None] * n
+    for i in range(n - 1, -1, -1):  # children have larger indices: build bottom-up, no recursion
+        acc: Node = Leaf(slots[i], place[i])
+        for c in range(fanout * i + 1, min(fanout * i + fanout, n - 1) + 1):
+            acc = Branch(acc, sub[c], place[i])
+            sub[c] = None
+        sub[i] = acc
+    return sub[0]
+
+
+def parse_topology(text: str):
+    """'star', 'star:HUB', 'hierarchy:K' -> (kind, parameter)."""
+    kind, _, arg = str(text).partition(":")
+    try:
+        if kind == "star":
+            return ("star", int(arg) if arg else None)
+        if kind == "hierarchy":
+            k = int(arg) if arg else 2
+            if k >= 1:
+                return ("hierarchy", k)
+    except ValueError:
+        pass
+    raise ModelRefusal("topology-invalid", f"cannot read topology {text!r}")
+
+
+def build(topology: str, slots, owners=None) -> Node:
+    kind, arg = parse_topology(topology)
+    if kind == "star":
+        return star(slots, owners, hub=arg)
+    return hierarchy(slots, owners, fanout=arg)
+
+
+def heap_preorder(n: int, k: int) -> list:
+    """Heap positions in the order their leaves appear left to right in hierarchy(n, k)."""
+    out, stack = [], [0]
+    while stack:
+        i = stack.pop()
+        out.append(i)
+        stack.extend(reversed(range(k * i + 1, min(k * i + k, n - 1) + 1)))
+    return out
+
+
+def classify(tree: Node) -> str:
+    """Name the shape of a tree: 'single', 'star', 'hierarchy:K' or 'custom'.
+
+    Derived from the order (owners erased), so every rank names a tree's topology the same way
+    and frames can tell a star peer from a hierarchy peer. Two slots form both a star and any
+    hierarchy; that shape is called a star.
+    """
+    if isinstance(tree, Leaf):
+        return "single"
+    seq = [leaf.slot for leaf in leaf_sequence(tree)]
+    n = len(seq)
+    node = tree
+    while isinstance(node, Branch) and isinstance(node.right, Leaf):
+        node = node.left
+    if isinstance(node, Leaf):
+        return "star"
+    for k in range(1, min(n - 1, 64) + 1):
+        slots = [None] * n
+        for pos, s in zip(heap_preorder(n, k), seq):
+            slots[pos] = s
+        if hierarchy(slots, None, k)._order == tree._order:
+            return f"hierarchy:{k}"
+    return "custom"

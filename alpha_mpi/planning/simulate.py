@@ -1,0 +1,166 @@
+"""Dry-run simulator: executes every rank's steps symbolically, in one process.
+
+Checks that every send meets exactly one matching receive (same phase, edge, peers and size),
+that no rank waits forever (sends are non-blocking, receives block, as in execution/), and that
+every receiver ends with exactly the declared tree's expression: coverage and order checked end
+to end, not only by counting bytes. Counts traffic per rank and per edge.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..model.tree import expression
+from ..refusals import PlanRefusal
+
+
+@dataclass
+class Traffic:
+    size: int
+    sent_msgs: list = field(default_factory=list)
+    sent_bytes: list = field(default_factory=list)
+    recv_msgs: list = field(default_factory=list)
+    recv_bytes: list = field(default_factory=list)
+    per_edge: dict = field(default_factory=dict)  # (phase, index) -> (src, dst, nbytes)
+    results: dict = field(default_factory=dict)  # rank -> expression it ended with
+
+    def sends(self, rank: int, phase: str | None = None) -> int:
+        return sum(1 for (ph, _), (s, _, _) in self.per_edge.items() if s == rank and phase in (None, ph))
+
+    def receives(self, rank: int, phase: str | None = None) -> int:
+        return sum(1 for (ph, _), (_, d, _) in self.per_edge.items() if d == rank and phase in (None, ph))
+
+    def table(self) -> str:
+        lines = ["traffic:", "  # rank   sent msgs  sent bytes   recv msgs  recv bytes"]
+        for r in range(self.size):
+            lines.append(
+                f"  {r:6d} {self.sent_msgs[r]:11d} {self.sent_bytes[r]:11d} {self.recv_msgs[r]:11d} {self.recv_bytes[r]:11d}"
+            )
+        lines.append(f"  total {sum(self.sent_msgs):11d} {sum(self.sent_bytes):11d}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {
+            "sent_msgs": self.sent_msgs,
+            "sent_bytes": self.sent_bytes,
+            "recv_msgs": self.recv_msgs,
+            "recv_bytes": self.recv_bytes,
+            "edges": [
+                {"phase": ph, "index": i, "src": s, "dst": d, "nbytes": b}
+                for (ph, i), (s, d, b) in sorted(self.per_edge.items())
+            ],
+        }
+
+
+def grid(programs, pcs, failing_rank=None) -> str:
+    """The rank x step grid, each rank's current step marked; the failing one with ERROR HERE."""
+    lines = []
+    for r, steps in enumerate(programs):
+        cells = []
+        for i, s in enumerate(steps):
+            mark = "*" if pcs is not None and i == pcs[r] else ""
+            cells.append(f"{mark}{s}")
+        tail = "  <-- ERROR HERE" if r == failing_rank else ""
+        lines.append(f"  r{r}: " + (" ".join(cells) if cells else "(idle)") + tail)
+    return "\n".join(lines)
+
+
+def _fail(message, plan, pcs, rank=None):
+    raise PlanRefusal("plan-simulation-failed", message + "\n" + grid(plan.programs, pcs, rank))
+
+
+def simulate(plan) -> Traffic:
+    size = plan.size
+    edges = {(e.phase, e.index): e for e in plan.edges}
+    groups = plan.groups
+    inflight = {}
+    received = [dict() for _ in range(size)]  # rank -> {(phase, edge): value}
+    gvalue = {}
+    result = {}
+    pcs = [0] * size
+    t = Traffic(size, [0] * size, [0] * size, [0] * size, [0] * size)
+
+    def run(r) -> bool:
+        steps = plan.programs[r]
+        progressed = False
+        while pcs[r] < len(steps):
+            s = steps[pcs[r]]
+            if s.kind == "E":
+                g = groups[s.index]
+                if g.rank != r:
+                    _fail(f"rank {r} evaluates group {g.index} owned by rank {g.rank}", plan, pcs, r)
+                stack = []
+                for op in g.program:
+                    if op == -1:
+                        b, a = stack.pop(), stack.pop()
+                        stack.append(f"({a}+{b})")
+                        continue
+                    kind, v = g.inputs[op]
+                    if kind == "leaf":
+                        stack.append(f"s{v}")
+                    elif kind == "edge":
+                        if ("r", v) not in received[r]:
+                            _fail(f"rank {r} evaluates g{g.index} before receiving edge {v}", plan, pcs, r)
+                        stack.append(received[r][("r", v)])
+                    else:
+                        if v not in gvalue:
+                            _fail(f"rank {r} uses group {v} before evaluating it", plan, pcs, r)
+                        stack.append(gvalue[v])
+                if len(stack) != 1:
+                    _fail(f"group {g.index} program leaves {len(stack)} values", plan, pcs, r)
+                gvalue[g.index] = stack[0]
+                if g.output[0] == "root":
+                    result[r] = stack[0]
+            elif s.kind == "S":
+                e = edges.get((s.phase, s.index))
+                if e is None or e.src != r or e.dst != s.peer or e.nbytes != s.nbytes:
+                    _fail(f"rank {r} step {s} does not match the edge table", plan, pcs, r)
+                if (s.phase, s.index) in inflight or (s.phase, s.index) in t.per_edge:
+                    _fail(f"edge {s.phase}{s.index} sent twice", plan, pcs, r)
+                if s.phase == "r":
+                    g = next((g for g in groups if g.output == ("edge", s.index)), None)
+                    if g is None or g.index not in gvalue:
+                        _fail(f"rank {r} sends edge {s.index} before computing it", plan, pcs, r)
+                    value = gvalue[g.index]
+                else:
+                    if r not in result and ("d", None) not in received[r]:
+                        _fail(f"rank {r} forwards a result it does not hold", plan, pcs, r)
+                    value = result.get(r, received[r].get(("d", None)))
+                inflight[(s.phase, s.index)] = (r, s.peer, s.nbytes, value)
+                t.per_edge[(s.phase, s.index)] = (r, s.peer, s.nbytes)
+                t.sent_msgs[r] += 1
+                t.sent_bytes[r] += s.nbytes
+            elif s.kind == "R":
+                msg = inflight.get((s.phase, s.index))
+                if msg is None:
+                    return progressed  # blocked: wait for the peer
+                src, dst, nbytes, value = msg
+                if src != s.peer or dst != r or nbytes != s.nbytes:
+                    _fail(f"rank {r} step {s} meets a frame from {src} to {dst} of {nbytes}B", plan, pcs, r)
+                del inflight[(s.phase, s.index)]
+                received[r][(s.phase, s.index)] = value
+                if s.phase == "d":
+                    received[r][("d", None)] = value
+                t.recv_msgs[r] += 1
+                t.recv_bytes[r] += s.nbytes
+            pcs[r] += 1
+            progressed = True
+        return progressed
+
+    while any(pcs[r] < len(plan.programs[r]) for r in range(size)):
+        if not any([run(r) for r in range(size)]):
+            stuck = next(r for r in range(size) if pcs[r] < len(plan.programs[r]))
+            _fail("deadlock: every unfinished rank waits for a frame nobody sends", plan, pcs, stuck)
+    if inflight:
+        _fail(f"frames sent but never received: {sorted(inflight)}", plan, pcs)
+
+    want = expression(plan.tree)
+    for r in range(size):
+        got = result.get(r) if r == plan.root_rank else received[r].get(("d", None))
+        if r in plan.receivers:
+            if got != want:
+                _fail(f"rank {r} would end with {got} instead of the declared {want}", plan, pcs, r)
+            t.results[r] = got
+    if plan.root_rank not in result:
+        _fail(f"root rank {plan.root_rank} never evaluates the root", plan, pcs, plan.root_rank)
+    return t

@@ -57,6 +57,7 @@ ADVICE: dict[str, str] = {
     "peer-timeout": "a peer did not send within the bound; check the peer's log (it may have crashed) or raise ALPHA_MPI_TIMEOUT",
     "peer-failed": "another rank refused or crashed; see that rank's error",
     "executor-reentrant": "wait for one combine to finish before starting another on the same plan",
+    "combiner-broken": "this combiner refused earlier and its channel may hold stale frames; build a new one on every rank",
     # contracts
     "numerical-profile-mismatch": "both sides must use the same numerical profile; adopt the new contract explicitly",
     "numerical-order-mismatch": "both sides must use the same operation order (tree order id, optimizer formula)",

@@ -1,0 +1,234 @@
+"""cffi (API mode) build of the C kernel `alpha_mpi._alpha_kernel` from csrc/.
+
+setup.py names this file (`cffi_modules=["alpha_mpi/_kernel_build.py:ffi"]`); for a
+development build run `python alpha_mpi/_kernel_build.py` from the repository root.
+
+The compile flags live HERE and nowhere else: `BASE_CFLAGS` is also what the
+instruction-set conformance driver (tests/test_isa_conformance.py) is built with.
+
+    -O3                              optimise and vectorise (SIMD lanes round exactly like
+                                     scalar code, and nothing is reassociated)
+    -ffp-contract=off                no fused multiply-add: b1*m + c1*g rounds twice
+    -fno-fast-math                   IEEE semantics; fast-math is never used (refused)
+    -fno-unsafe-math-optimizations  no reassociation, no reciprocal approximations
+    -fexcess-precision=standard      no hidden extended precision (x86-64 uses SSE2
+                                     anyway, so there is no x87 excess precision)
+    -fno-math-errno                  sqrt may be the bare IEEE instruction (sqrtsd/fsqrt)
+                                     instead of a call that also sets errno; this changes
+                                     no value, it lets the Adam loop vectorise
+    -std=c11
+
+Environment knob:
+    ALPHA_MPI_CFLAGS   extra flags appended to BASE_CFLAGS (e.g. "-march=native -g").
+                       Flags that change floating-point results are refused with
+                       `fast-math-refused` (see FORBIDDEN_FLAGS) and the build stops;
+                       the same check applies to $CFLAGS, which setuptools passes too.
+                       -march=native is allowed: it may enable FMA instructions, but
+                       -ffp-contract=off still forbids contracting a*b + c into one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+from pathlib import Path
+
+BASE_CFLAGS = [
+    "-O3",
+    "-ffp-contract=off",
+    "-fno-fast-math",  # never fast-math
+    "-fno-unsafe-math-optimizations",
+    "-fexcess-precision=standard",
+    "-fno-math-errno",
+    "-std=c11",
+]
+
+ENV_CFLAGS = "ALPHA_MPI_CFLAGS"
+
+# Refused extra flags (they would break bit reproducibility): exact spellings, and
+# prefixes (a flag refused if it starts with one of these).
+FORBIDDEN_FLAGS = frozenset(
+    {
+        "-ffast-math",  # refused
+        "-Ofast",  # refused
+        "-ffp-contract=fast",  # refused
+        "-ffp-contract=on",
+        "-funsafe-math-optimizations",  # refused
+        "-freciprocal-math",
+        "-ffinite-math-only",
+        "-fassociative-math",
+        "-fno-signed-zeros",
+        "-fexcess-precision=fast",
+        "-mdaz-ftz",
+        "-mrecip",
+        "-fapprox-func",
+        "-ffp-model=fast",
+        "-ffp-model=aggressive",
+        "-mfpmath=387",
+        "-mfpmath=sse+387",
+        "-mfpmath=both",
+        "-fcx-limited-range",
+    }
+)
+FORBIDDEN_PREFIXES = ("-mlow-precision-", "-mrecip=", "-ffp-contract=fast", "-ffast-math")  # refused
+
+_HERE = Path(__file__).resolve().parent
+ROOT = _HERE.parent
+CSRC = ROOT / "csrc"
+KERNEL_SOURCES = ("alpha_kernel.c",)
+KERNEL_HEADERS = ("alpha_kernel.h",)
+
+
+def _refusal(message: str, **context) -> Exception:
+    """A KernelRefusal('fast-math-refused'); also works when cffi exec()s this file
+    outside the package (setup.py build), by loading refusals.py by path."""
+    try:
+        from alpha_mpi.refusals import KernelRefusal
+    except ImportError:  # pragma: no cover - only in a bare setup.py build
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("_alpha_mpi_refusals", _HERE / "refusals.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        KernelRefusal = mod.KernelRefusal
+    return KernelRefusal("fast-math-refused", message, **context)
+
+
+def forbidden(flags) -> list:
+    """The flags among `flags` that would break bit reproducibility."""
+    return [
+        f for f in flags if f in FORBIDDEN_FLAGS or any(f.startswith(p) for p in FORBIDDEN_PREFIXES)
+    ]
+
+
+def validate_extra_cflags(text: str | None, variable: str = ENV_CFLAGS) -> list:
+    """Split ALPHA_MPI_CFLAGS-style text into flags; raise fast-math-refused on a bad one."""
+    extra = shlex.split(text or "")
+    bad = forbidden(extra)
+    if bad:
+        raise _refusal(
+            f"{variable} asks for {' '.join(bad)}, which would let the compiler change "
+            "floating-point results (fused multiply-add, reassociation, reciprocal "
+            f"approximations, flush-to-zero, excess precision); the kernel is built with "
+            f"{' '.join(BASE_CFLAGS)} and nothing that undoes it",
+            flags=bad,
+        )
+    return extra
+
+
+def cflags(env=None) -> list:
+    """BASE_CFLAGS plus validated extra flags from ALPHA_MPI_CFLAGS."""
+    env = os.environ if env is None else env
+    # setuptools also passes $CFLAGS to the compiler (before ours, which mostly override
+    # it, but "mostly" is not a contract): refuse the same flags there.
+    validate_extra_cflags(env.get("CFLAGS"), "CFLAGS")
+    return BASE_CFLAGS + validate_extra_cflags(env.get(ENV_CFLAGS))
+
+
+def build_id(flags) -> str:
+    """sha256 over the kernel C sources and headers and the compile flags: the identity
+    that conformance evidence names."""
+    h = hashlib.sha256()
+    for name in sorted(KERNEL_SOURCES + KERNEL_HEADERS):
+        h.update(name.encode() + b"\0")
+        h.update((CSRC / name).read_bytes())
+        h.update(b"\0")
+    h.update("\0".join(flags).encode())
+    return h.hexdigest()
+
+
+def _c_string(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _source_path(name: str) -> str:
+    """Relative to the current directory when building from the repository root (what
+    pip and setuptools expect), absolute otherwise."""
+    p = CSRC / name
+    rel = os.path.relpath(p)
+    return rel if not rel.startswith("..") else str(p)
+
+
+CDEF = """
+#define AK_OK ...
+#define AK_ERR_BAD_ARGUMENT ...
+#define AK_ERR_BAD_PROGRAM ...
+#define AK_ERR_NONFINITE_INPUT ...
+#define AK_ERR_NONFINITE_OUTPUT ...
+#define AK_OP_ADD ...
+#define AK_MAX_DEPTH ...
+#define AK_W_P ...
+#define AK_W_M ...
+#define AK_W_V ...
+#define AK_W_G ...
+#define AK_W_BUF ...
+#define AK_W_SCALAR ...
+#define AK_W_INTERMEDIATE ...
+#define AK_W_X ...
+#define AK_FPENV_ROUNDING ...
+#define AK_FPENV_FTZ ...
+#define AK_FPENV_DAZ ...
+
+int ak_add(double *out, const double *l, const double *r, size_t n);
+int ak_tree_eval(double *out, const double *const *inputs, size_t k, size_t n,
+                 const int32_t *prog, size_t prog_len);
+int ak_program_check(const int32_t *prog, size_t prog_len, size_t k, size_t *max_depth);
+int ak_fold(double *out, const double *const *inputs, size_t k, size_t n);
+int64_t ak_first_nonfinite(const double *x, size_t n);
+int ak_adam(const double *p, const double *m, const double *v, const double *g,
+            double *p_out, double *m_out, double *v_out, size_t n,
+            double lr, double b1, double b2, double eps, double b1t, double b2t,
+            int allow_inplace, int64_t *bad_index, int *bad_which);
+int ak_adam_inplace_checked(double *p, double *m, double *v, const double *g, size_t n,
+                            double lr, double b1, double b2, double eps, double b1t,
+                            double b2t, int64_t *bad_index, int *bad_which);
+int ak_sgd(const double *p, const double *buf, const double *g,
+           double *p_out, double *buf_out, size_t n, double lr, double momentum,
+           int allow_inplace, int64_t *bad_index, int *bad_which);
+int ak_widen_binary32(double *out, const float *in, size_t n);
+int ak_round_binary64(float *out, const double *in, size_t n, int64_t *bad_index);
+int ak_fpenv_check(uint32_t *raw);
+int ak_fpenv_set_ftz_daz(int ftz, int daz);
+const char *ak_compiler(void);
+const char *ak_arch(void);
+const char *ak_build_flags(void);
+const char *ak_build_id(void);
+"""
+
+
+def make_ffi(flags=None):
+    import cffi
+
+    flags = cflags() if flags is None else list(flags)
+    try:
+        bid = build_id(flags)
+    except OSError:  # sources not next to the package (installed wheel): not buildable
+        bid = "unknown"
+    ffi = cffi.FFI()
+    ffi.cdef(CDEF)
+    ffi.set_source(
+        "alpha_mpi._alpha_kernel",
+        '#include "alpha_kernel.h"\n'
+        f"const char *ak_build_flags(void) {{ return {_c_string(' '.join(flags))}; }}\n"
+        f"const char *ak_build_id(void) {{ return {_c_string(bid)}; }}\n",
+        sources=[_source_path(s) for s in KERNEL_SOURCES],
+        include_dirs=[_source_path(".")],
+        extra_compile_args=flags,
+        libraries=["m"],
+    )
+    return ffi
+
+
+if __name__ == "__main__":  # development build: python alpha_mpi/_kernel_build.py
+    os.chdir(ROOT)
+    ffi = make_ffi()
+    ffi.compile(verbose=True)
+elif __name__ == "__cffi__":  # exec'd by cffi's setuptools hook (setup.py cffi_modules)
+    ffi = make_ffi()
+else:
+
+    def __getattr__(name):  # imported as a module: build the FFI object only on demand
+        if name == "ffi":
+            return make_ffi()
+        raise AttributeError(name)

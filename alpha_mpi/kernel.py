@@ -1,0 +1,450 @@
+"""Thin Python API over the C kernel (layer 3): fixed-order binary64 arithmetic on numpy
+arrays, without copies.
+
+Every function takes its output buffers from the caller (frame payloads, next-state
+buffers), checks dtype / contiguity / writeability / length, wraps the buffers with
+`ffi.from_buffer` and calls C. Status codes come back as named refusals
+(`alpha_mpi.refusals.KernelRefusal`):
+
+    kernel-bad-argument   wrong lengths, read-only or non-contiguous output, partial overlap
+    dtype-invalid         not a native float64 (or float32 at a conversion site) ndarray
+    kernel-bad-program    malformed postfix tree program
+    non-finite-input      NaN/Inf in an update input (state left unchanged)
+    non-finite-output     an update overflowed to Inf/NaN (state left unchanged)
+    fp-environment-off-profile  FTZ/DAZ on or rounding not to nearest
+    kernel-unavailable    the compiled module is missing
+
+Evaluation orders (Adam, SGD, tree programs) are documented once, in csrc/alpha_kernel.h.
+"""
+
+from __future__ import annotations
+
+import platform
+
+import numpy as np
+
+from .refusals import KernelRefusal
+
+try:
+    from ._alpha_kernel import ffi, lib
+except ImportError as _exc:  # pragma: no cover - exercised only on a broken install
+    _IMPORT_ERROR = _exc
+
+    class _Missing:
+        def __getattr__(self, name):
+            raise KernelRefusal(
+                "kernel-unavailable",
+                f"the compiled kernel alpha_mpi._alpha_kernel could not be imported ({_IMPORT_ERROR})",
+            )
+
+    ffi = lib = _Missing()
+
+__all__ = [
+    "add",
+    "tree_eval",
+    "fold",
+    "check_program",
+    "first_nonfinite",
+    "adam_step",
+    "adam_step_inplace_checked",
+    "sgd_step",
+    "widen_binary32",
+    "round_binary64",
+    "fpenv_check",
+    "fpenv_state",
+    "set_ftz_daz_for_tests",
+    "build_info",
+    "OP_ADD",
+    "MAX_DEPTH",
+]
+
+OP_ADD = -1
+MAX_DEPTH = 64
+
+_F64 = np.dtype(np.float64)
+_F32 = np.dtype(np.float32)
+_I32 = np.dtype(np.int32)
+_ND = np.ndarray
+
+_ADAM_SCALARS = ("lr", "b1", "b2", "eps", "b1t", "b2t")
+_SGD_SCALARS = ("lr", "momentum")
+# AK_W_* -> (input name, output name)
+_ADAM_WHICH = {0: ("p", "p_out"), 1: ("m", "m_out"), 2: ("v", "v_out"), 3: ("g", "g")}
+_SGD_WHICH = {0: ("p", "p_out"), 3: ("g", "g"), 4: ("buf", "buf_out")}
+_W_SCALAR = 5
+_W_INTERMEDIATE = 6
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def _f64(a, name, fn):
+    if type(a) is not _ND and not isinstance(a, _ND):
+        raise KernelRefusal("dtype-invalid", f"{fn}: {name} must be a numpy float64 array, got {type(a).__name__}")
+    if a.dtype != _F64:
+        raise KernelRefusal("dtype-invalid", f"{fn}: {name} must be native float64, got {a.dtype}", argument=name)
+    if not a.flags.c_contiguous:
+        raise KernelRefusal("kernel-bad-argument", f"{fn}: {name} must be C-contiguous (got strides {a.strides})", argument=name)
+    return ffi.from_buffer("double[]", a)
+
+
+def _out64(a, name, fn):
+    buf = _f64(a, name, fn)
+    if not a.flags.writeable:
+        raise KernelRefusal("kernel-bad-argument", f"{fn}: output {name} is read-only", argument=name)
+    return buf
+
+
+def _same_size(fn, n, pairs):
+    for name, a in pairs:
+        if a.size != n:
+            raise KernelRefusal(
+                "kernel-bad-argument", f"{fn}: {name} has {a.size} elements, expected {n}", argument=name
+            )
+
+
+def _bad_argument(fn, what):
+    raise KernelRefusal(
+        "kernel-bad-argument",
+        f"{fn}: {what} (outputs must be disjoint from inputs, or exactly the same buffer where allowed)",
+    )
+
+
+# ----------------------------------------------------------------------------- combines
+
+
+def add(out, left, right):
+    """out = left + right (binary64, element by element). out may be left or right."""
+    o = _out64(out, "out", "add")
+    l_ = _f64(left, "left", "add")
+    r = _f64(right, "right", "add")
+    n = out.size
+    if left.size != n or right.size != n:
+        _same_size("add", n, (("left", left), ("right", right)))
+    if lib.ak_add(o, l_, r, n):
+        _bad_argument("add", "out partially overlaps left or right")
+    return out
+
+
+def _program(program):
+    if type(program) is _ND and program.dtype == _I32 and program.ndim == 1 and program.flags.c_contiguous:
+        return program
+    try:
+        arr = np.asarray(program)
+    except (TypeError, ValueError) as exc:
+        raise KernelRefusal("kernel-bad-program", f"a tree program is a sequence of int32, got {program!r}") from exc
+    if arr.ndim != 1 or arr.size == 0 or arr.dtype.kind not in "iu":
+        raise KernelRefusal(
+            "kernel-bad-program",
+            f"a tree program is a non-empty 1-D sequence of integers (input index >= 0, -1 = add), got {program!r}",
+        )
+    if int(arr.min()) < OP_ADD or int(arr.max()) > 2**31 - 1:
+        raise KernelRefusal("kernel-bad-program", f"tree program values must lie in -1 .. 2**31-1, got {program!r}")
+    return np.ascontiguousarray(arr, dtype=_I32)
+
+
+def check_program(program, k):
+    """Validate a postfix program over k inputs; return the stack depth it needs."""
+    prog = _program(program)
+    depth = ffi.new("size_t *")
+    st = lib.ak_program_check(ffi.from_buffer("int32_t[]", prog), prog.size, k, depth)
+    if st:
+        _program_refusal(prog, k)
+    return int(depth[0])
+
+
+def _program_refusal(prog, k):
+    # Re-walk in Python only to say what is wrong (the C check already refused).
+    sp = 0
+    reason = "it must leave exactly one value on the stack"
+    for pc, op in enumerate(prog.tolist()):
+        if op >= 0:
+            if op >= k:
+                reason = f"instruction {pc} pushes input {op}, but only {k} inputs were given"
+                break
+            sp += 1
+            if sp > MAX_DEPTH:
+                reason = f"instruction {pc} needs a stack deeper than {MAX_DEPTH}"
+                break
+        elif op == OP_ADD:
+            if sp < 2:
+                reason = f"instruction {pc} adds with {sp} value(s) on the stack"
+                break
+            sp -= 1
+        else:
+            reason = f"instruction {pc} is {op}, neither an input index nor -1 (add)"
+            break
+    else:
+        reason = f"it leaves {sp} values on the stack, expected exactly 1"
+    raise KernelRefusal("kernel-bad-program", f"tree program {prog.tolist()} over {k} inputs: {reason}", k=k)
+
+
+def _pointer_array(fn, out, inputs):
+    k = len(inputs)
+    n = out.size
+    ptrs = ffi.new("double *[]", k)
+    keep = [None] * k
+    for j, a in enumerate(inputs):
+        buf = _f64(a, f"inputs[{j}]", fn)
+        if a.size != n:
+            raise KernelRefusal(
+                "kernel-bad-argument", f"{fn}: inputs[{j}] has {a.size} elements, expected {n}", argument=f"inputs[{j}]"
+            )
+        keep[j] = buf
+        ptrs[j] = buf
+    return ptrs, keep
+
+
+def tree_eval(out, inputs, program):
+    """Evaluate a postfix tree program over `inputs` into `out` in one sweep.
+
+    `program`: value >= 0 pushes inputs[value]; -1 pops right then left and pushes
+    left + right. A ready np.int32 array is used without a copy. out may be an input."""
+    o = _out64(out, "out", "tree_eval")
+    prog = _program(program)
+    ptrs, keep = _pointer_array("tree_eval", out, inputs)
+    st = lib.ak_tree_eval(o, ptrs, len(inputs), out.size, ffi.from_buffer("int32_t[]", prog), prog.size)
+    if st:
+        if st == lib.AK_ERR_BAD_PROGRAM:
+            _program_refusal(prog, len(inputs))
+        _bad_argument("tree_eval", "out partially overlaps an input")
+    return out
+
+
+def fold(out, inputs):
+    """out = ((inputs[0] + inputs[1]) + inputs[2]) + ... (the star chain); out may be an input."""
+    o = _out64(out, "out", "fold")
+    if len(inputs) == 0:
+        raise KernelRefusal("kernel-bad-argument", "fold: at least one input is needed")
+    ptrs, keep = _pointer_array("fold", out, inputs)
+    if lib.ak_fold(o, ptrs, len(inputs), out.size):
+        _bad_argument("fold", "out partially overlaps an input")
+    return out
+
+
+def first_nonfinite(x):
+    """Index of the first NaN/Inf in the float64 array x, or -1."""
+    return int(lib.ak_first_nonfinite(_f64(x, "x", "first_nonfinite"), x.size))
+
+
+# ----------------------------------------------------------------------------- updates
+
+
+def _update_refusal(fn, st, idx, which, scalars, which_names, arrays, scalar_names):
+    if st == lib.AK_ERR_BAD_ARGUMENT:
+        _bad_argument(fn, "an output overlaps an input or another output")
+    code = "non-finite-input" if st == lib.AK_ERR_NONFINITE_INPUT else "non-finite-output"
+    if which == _W_SCALAR:
+        name = scalar_names[idx]
+        raise KernelRefusal(
+            code,
+            f"{fn}: scalar {name} = {scalars[idx]!r} is not finite; expected a finite binary64; state unchanged",
+            array=name,
+            index=None,
+        )
+    if which == _W_INTERMEDIATE:
+        name = "intermediate (g*g, mhat, vhat, sqrt(vhat)+eps or lr*mhat)" if fn.startswith("adam") else "intermediate (lr*step)"
+        raise KernelRefusal(
+            code,
+            f"{fn}: {name} at element {idx} is not finite (bias corrections 1-b1t/1-b2t zero? "
+            "gradient too large?); state unchanged",
+            array="intermediate",
+            index=int(idx),
+        )
+    names = which_names.get(which, ("?", "?"))
+    name = names[0] if code == "non-finite-input" else names[1]
+    src = arrays.get(name)
+    val = "" if src is None else f" = {float(src.reshape(-1)[idx])!r}"
+    what = "input" if code == "non-finite-input" else "output"
+    raise KernelRefusal(
+        code,
+        f"{fn}: {what} {name}[{idx}]{val} is not finite; expected every input and output of the update "
+        "finite; the state was left unchanged",
+        array=name,
+        index=int(idx),
+    )
+
+
+def adam_step(p, m, v, g, p_out, m_out, v_out, *, lr, b1, b2, eps, b1t, b2t, allow_inplace=False):
+    """One Adam step (order in csrc/alpha_kernel.h) from (p, m, v) into (p_out, m_out, v_out).
+
+    b1t, b2t are the carried bias-correction powers b1**t, b2**t for this step (multiply
+    them by b1, b2 once per step; never pow). FiniteOrRefuse: on any non-finite input,
+    intermediate or output the call raises non-finite-input / non-finite-output and
+    p, m, v are untouched (the outputs may hold garbage). Outputs must be separate
+    buffers; allow_inplace=True permits p_out is p etc. and gives up that guarantee."""
+    fn = "adam_step"
+    n = p.size
+    bp, bm, bv, bg = _f64(p, "p", fn), _f64(m, "m", fn), _f64(v, "v", fn), _f64(g, "g", fn)
+    op, om, ov = _out64(p_out, "p_out", fn), _out64(m_out, "m_out", fn), _out64(v_out, "v_out", fn)
+    if not (m.size == n and v.size == n and g.size == n and p_out.size == n and m_out.size == n and v_out.size == n):
+        _same_size(fn, n, (("m", m), ("v", v), ("g", g), ("p_out", p_out), ("m_out", m_out), ("v_out", v_out)))
+    idx = ffi.new("int64_t *")
+    which = ffi.new("int *")
+    st = lib.ak_adam(bp, bm, bv, bg, op, om, ov, n, lr, b1, b2, eps, b1t, b2t, 1 if allow_inplace else 0, idx, which)
+    if st:
+        _update_refusal(
+            fn, st, idx[0], which[0], (lr, b1, b2, eps, b1t, b2t), _ADAM_WHICH,
+            {"p": p, "m": m, "v": v, "g": g, "p_out": p_out, "m_out": m_out, "v_out": v_out}, _ADAM_SCALARS,
+        )
+
+
+def adam_step_inplace_checked(p, m, v, g, *, lr, b1, b2, eps, b1t, b2t):
+    """The same Adam step in place, keeping the refusal guarantee with a check pass before
+    the commit pass (slower than adam_step into separate buffers; see the C comment)."""
+    fn = "adam_step_inplace_checked"
+    n = p.size
+    bp, bm, bv = _out64(p, "p", fn), _out64(m, "m", fn), _out64(v, "v", fn)
+    bg = _f64(g, "g", fn)
+    if not (m.size == n and v.size == n and g.size == n):
+        _same_size(fn, n, (("m", m), ("v", v), ("g", g)))
+    idx = ffi.new("int64_t *")
+    which = ffi.new("int *")
+    st = lib.ak_adam_inplace_checked(bp, bm, bv, bg, n, lr, b1, b2, eps, b1t, b2t, idx, which)
+    if st:
+        arrays = {"p": p, "m": m, "v": v, "g": g}
+        _update_refusal(fn, st, idx[0], which[0], (lr, b1, b2, eps, b1t, b2t),
+                        {0: ("p", "p"), 1: ("m", "m"), 2: ("v", "v"), 3: ("g", "g")}, arrays, _ADAM_SCALARS)
+
+
+def sgd_step(p, buf, g, p_out, buf_out, *, lr, momentum, allow_inplace=False):
+    """One SGD step, PyTorch convention without dampening:
+    momentum != 0: buf' = momentum*buf + g; p' = p - lr*buf'
+    momentum == 0: p' = p - lr*g (buf, buf_out ignored; may be None).
+    FiniteOrRefuse and out-of-place exactly as adam_step."""
+    fn = "sgd_step"
+    n = p.size
+    bp, bg = _f64(p, "p", fn), _f64(g, "g", fn)
+    op = _out64(p_out, "p_out", fn)
+    if g.size != n or p_out.size != n:
+        _same_size(fn, n, (("g", g), ("p_out", p_out)))
+    bb = ob = ffi.NULL
+    if buf is not None:
+        bb = _f64(buf, "buf", fn)
+        if buf.size != n:
+            _same_size(fn, n, (("buf", buf),))
+    if buf_out is not None:
+        ob = _out64(buf_out, "buf_out", fn)
+        if buf_out.size != n:
+            _same_size(fn, n, (("buf_out", buf_out),))
+    idx = ffi.new("int64_t *")
+    which = ffi.new("int *")
+    st = lib.ak_sgd(bp, bb, bg, op, ob, n, lr, momentum, 1 if allow_inplace else 0, idx, which)
+    if st:
+        if st == lib.AK_ERR_BAD_ARGUMENT and (buf is None or buf_out is None):
+            _bad_argument(fn, f"momentum {momentum!r} != 0 needs both buf and buf_out arrays")
+        _update_refusal(fn, st, idx[0], which[0], (lr, momentum), _SGD_WHICH,
+                        {"p": p, "buf": buf, "g": g, "p_out": p_out, "buf_out": buf_out}, _SGD_SCALARS)
+
+
+# ----------------------------------------------------------------------------- conversions
+
+
+def widen_binary32(out, x32):
+    """out (float64) = x32 (float32) exactly (the WidenBinary32 conversion site)."""
+    fn = "widen_binary32"
+    o = _out64(out, "out", fn)
+    if not isinstance(x32, _ND) or x32.dtype != _F32:
+        raise KernelRefusal("dtype-invalid", f"{fn}: x32 must be a native float32 array, got {getattr(x32, 'dtype', type(x32))}")
+    if not x32.flags.c_contiguous:
+        raise KernelRefusal("kernel-bad-argument", f"{fn}: x32 must be C-contiguous")
+    if x32.size != out.size:
+        _same_size(fn, out.size, (("x32", x32),))
+    if lib.ak_widen_binary32(o, ffi.from_buffer("float[]", x32), out.size):
+        _bad_argument(fn, "out overlaps x32")
+    return out
+
+
+def round_binary64(out32, x64):
+    """out32 (float32) = x64 rounded to nearest-even (the RoundBinary64 conversion site).
+    A non-finite x64 refuses with non-finite-input; a finite value beyond binary32's range
+    refuses with non-finite-output."""
+    fn = "round_binary64"
+    if not isinstance(out32, _ND) or out32.dtype != _F32:
+        raise KernelRefusal("dtype-invalid", f"{fn}: out32 must be a native float32 array, got {getattr(out32, 'dtype', type(out32))}")
+    if not out32.flags.c_contiguous or not out32.flags.writeable:
+        raise KernelRefusal("kernel-bad-argument", f"{fn}: out32 must be C-contiguous and writeable")
+    x = _f64(x64, "x64", fn)
+    if x64.size != out32.size:
+        _same_size(fn, out32.size, (("x64", x64),))
+    idx = ffi.new("int64_t *")
+    st = lib.ak_round_binary64(ffi.from_buffer("float[]", out32, require_writable=True), x, x64.size, idx)
+    if st:
+        if st == lib.AK_ERR_BAD_ARGUMENT:
+            _bad_argument(fn, "out32 overlaps x64")
+        i = int(idx[0])
+        val = float(x64.reshape(-1)[i])
+        if st == lib.AK_ERR_NONFINITE_INPUT:
+            raise KernelRefusal("non-finite-input", f"{fn}: x64[{i}] = {val!r} is not finite", array="x64", index=i)
+        raise KernelRefusal(
+            "non-finite-output",
+            f"{fn}: x64[{i}] = {val!r} rounds beyond binary32's range (to Inf)",
+            array="out32",
+            index=i,
+        )
+    return out32
+
+
+# ----------------------------------------------------------------------------- FP environment
+
+_REGISTER = {"x86_64": "MXCSR", "aarch64": "FPCR"}
+
+
+def fpenv_state():
+    """The floating-point environment of the calling thread, as the kernel sees it."""
+    raw = ffi.new("uint32_t *")
+    flags = lib.ak_fpenv_check(raw)
+    arch = ffi.string(lib.ak_arch()).decode()
+    return {
+        "arch": arch,
+        "register": _REGISTER.get(arch, "none"),
+        "raw": int(raw[0]),
+        "rounding_nearest": not (flags & lib.AK_FPENV_ROUNDING),
+        "ftz": bool(flags & lib.AK_FPENV_FTZ),
+        "daz": bool(flags & lib.AK_FPENV_DAZ),
+        "on_profile": flags == 0,
+    }
+
+
+def fpenv_check():
+    """Refuse (fp-environment-off-profile) unless rounding is to nearest and FTZ/DAZ are off.
+    Returns fpenv_state() when the environment is on profile."""
+    s = fpenv_state()
+    if s["on_profile"]:
+        return s
+    wrong = []
+    if not s["rounding_nearest"]:
+        wrong.append("rounding mode is not round-to-nearest-even")
+    if s["ftz"]:
+        wrong.append("flush-to-zero (FTZ) is on")
+    if s["daz"]:
+        wrong.append("denormals-are-zero (DAZ) is on")
+    raise KernelRefusal(
+        "fp-environment-off-profile",
+        f"expected round-to-nearest with subnormals preserved, found: {'; '.join(wrong)} "
+        f"({s['register']} = 0x{s['raw']:08x})",
+        **s,
+    )
+
+
+def set_ftz_daz_for_tests(ftz, daz):
+    """FOR TESTS ONLY: switch FTZ / DAZ of the calling thread (x86-64, AArch64)."""
+    if lib.ak_fpenv_set_ftz_daz(1 if ftz else 0, 1 if daz else 0):
+        raise KernelRefusal("kernel-bad-argument", f"cannot set FTZ/DAZ on {platform.machine()}")
+
+
+# ----------------------------------------------------------------------------- identity
+
+
+def build_info():
+    """Flags, compiler and machine of the compiled kernel, and its build_id (sha256 of the
+    C sources and flags at build time): the identity conformance evidence names."""
+    flags = ffi.string(lib.ak_build_flags()).decode()
+    return {
+        "build_id": ffi.string(lib.ak_build_id()).decode(),
+        "flags": flags.split(),
+        "compiler": ffi.string(lib.ak_compiler()).decode(),
+        "arch": ffi.string(lib.ak_arch()).decode(),
+        "machine": platform.machine(),
+        "module": getattr(__import__("alpha_mpi._alpha_kernel", fromlist=["x"]), "__file__", None),
+    }

@@ -22,7 +22,7 @@ from mpi4py import MPI
 from .. import kernel
 from ..planning import Plan, plan as make_plan
 from ..planning.simulate import grid
-from ..refusals import KernelRefusal, PlanRefusal, Refusal
+from ..refusals import FrameRefusal, KernelRefusal, PlanRefusal, Refusal
 from .frames import FLAG_NONFINITE, FrameSpec, frame_buffer, payload
 from .transport import TAG, cancel_all, debug_enabled, library_comm, log, timeout_from_env, wait_one
 
@@ -138,7 +138,16 @@ class Combiner:
         if r.done:
             return
         s = r.step
-        wait_one(r.req, r.status, self._deadline, (s.peer, s.index, {"r": "reduce", "d": "deliver"}[s.phase], self.step, self.timeout))
+        try:
+            wait_one(r.req, r.status, self._deadline, (s.peer, s.index, {"r": "reduce", "d": "deliver"}[s.phase], self.step, self.timeout))
+        except MPI.Exception as e:
+            # A longer message than planned truncates: the peer runs another layout or plan.
+            raise FrameRefusal(
+                "frame-size-mismatch",
+                f"{s.phase} edge {s.index} from rank {s.peer} (step {self.step}): MPI reports "
+                f"{e.Get_error_string().strip()} for a {r.buf.nbytes}-byte frame",
+                peer=s.peer, edge=s.index, step=self.step,
+            )
         r.flags = r.spec.check(r.buf, self.step, r.status.Get_count(MPI.BYTE))
         r.done = True
         if self.debug:

@@ -98,6 +98,10 @@ class FrameSpec:
         (crc,) = _CRC.unpack_from(buf, _CRC_OFF)
         if crc != zlib.crc32(buf[:_CRC_OFF]) or hsize != HEADER:
             raise FrameRefusal("frame-checksum", f"{where}: header checksum does not match its contents", **ctx)
+        if nbytes_received != expected_bytes:
+            raise FrameRefusal(
+                "frame-size-mismatch", f"{where}: {nbytes_received} bytes arrived, expected {expected_bytes}", **ctx
+            )
         if topo != self.topology:
             raise FrameRefusal(
                 "frame-topology-mismatch",
@@ -119,7 +123,7 @@ class FrameSpec:
             )
         if fstep != step:
             raise FrameRefusal("frame-step-mismatch", f"{where}: frame is for step {fstep}", **ctx)
-        if layout != self.layout or count != self.count or nbytes_received != expected_bytes:
+        if layout != self.layout or count != self.count:
             raise FrameRefusal(
                 "frame-size-mismatch",
                 f"{where}: {count} elements / {nbytes_received} bytes, expected {self.count} / {expected_bytes}",

@@ -1,0 +1,51 @@
+"""Shared helpers. MPI tests run under `mpiexec -n N python -m pytest --with-mpi`.
+
+pytest-mpi has no deadlock protection, so every assertion that could fail on one rank is
+gathered (`agree`) and fails on all, and every MPI test builds combiners with a short timeout.
+"""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def order_sensitive(rng, n):
+    """Values spread over ~120 binades with mixed signs: a different add order changes bits."""
+    mant = 1.0 + rng.random(n)
+    exps = rng.integers(-60, 61, n).astype(np.float64)
+    sign = np.where(rng.random(n) < 0.5, -1.0, 1.0)
+    return sign * mant * np.exp2(exps)
+
+
+def slot_data(nslots, n, seed=0):
+    rng = np.random.default_rng(seed)
+    return {s: order_sensitive(rng, n) for s in range(nslots)}
+
+
+def bits(a):
+    return np.ascontiguousarray(a, dtype=np.float64).view(np.uint64)
+
+
+def agree(comm, ok, what=""):
+    """Fail on every rank if the check failed on any rank (test-side: collectives are fine here)."""
+    from mpi4py import MPI
+
+    oks = MPI.COMM_WORLD.allgather((bool(ok), what))  # never the spy: this is the test's channel
+    bad = [(r, w) for r, (o, w) in enumerate(oks) if not o]
+    if bad:
+        pytest.fail(f"failed on ranks {bad}")
+
+
+@pytest.fixture
+def world():
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+def python():
+    return sys.executable

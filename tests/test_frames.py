@@ -1,0 +1,80 @@
+"""Frame headers in one process: every field is checked, and each names its refusal."""
+
+import struct
+import zlib
+
+import numpy as np
+import pytest
+
+from alpha_mpi import Refusal
+from alpha_mpi.execution.frames import HEADER, FrameSpec, frame_buffer
+
+SPEC = dict(phase="r", edge=3, sender=1, receiver=0, count=5, topology="hierarchy:2",
+            order_id="ab" * 32, identity="cd" * 32, layout_key="numerator:4,mass:1", contract="ef" * 32)
+
+# (offset, struct format, code); the CRC is recomputed so only the field itself is wrong.
+FIELDS = {
+    "magic": (0, "8s", "frame-magic"),
+    "version": (8, "H", "frame-version"),
+    "phase": (10, "B", "frame-routing-mismatch"),
+    "header_size": (12, "I", "frame-checksum"),
+    "topology": (16, "8s", "frame-topology-mismatch"),
+    "order": (24, "16s", "frame-order-mismatch"),
+    "identity": (40, "16s", "frame-identity-mismatch"),
+    "contract": (56, "8s", "frame-identity-mismatch"),
+    "step": (64, "Q", "frame-step-mismatch"),
+    "edge": (72, "I", "frame-routing-mismatch"),
+    "sender": (76, "I", "frame-routing-mismatch"),
+    "receiver": (80, "I", "frame-routing-mismatch"),
+    "layout": (84, "8s", "frame-size-mismatch"),
+    "count": (92, "Q", "frame-size-mismatch"),
+}
+
+
+def tamper(buf, field, fix_crc=True):
+    off, fmt, _ = FIELDS[field]
+    (old,) = struct.unpack_from("<" + fmt, buf, off)
+    new = bytes(b ^ 0x5A for b in old) if isinstance(old, bytes) else old + 1
+    struct.pack_into("<" + fmt, buf, off, new)
+    if fix_crc:
+        struct.pack_into("<I", buf, 100, zlib.crc32(bytes(buf[:100])))
+
+
+def test_a_good_frame_passes_and_returns_flags():
+    s = FrameSpec(**SPEC)
+    buf = frame_buffer(5)
+    s.write(buf, 7, flags=1)
+    assert s.check(buf, 7, buf.nbytes) == 1
+    assert buf.nbytes == HEADER + 40
+
+
+@pytest.mark.parametrize("field", sorted(FIELDS))
+def test_each_tampered_field_is_refused_by_name(field):
+    s = FrameSpec(**SPEC)
+    buf = frame_buffer(5)
+    s.write(buf, 7)
+    tamper(buf, field)
+    with pytest.raises(Refusal) as e:
+        s.check(buf, 7, buf.nbytes)
+    assert e.value.code == FIELDS[field][2]
+
+
+@pytest.mark.parametrize("field", ["step", "identity", "count"])
+def test_a_changed_field_without_a_new_crc_is_a_checksum_refusal(field):
+    s = FrameSpec(**SPEC)
+    buf = frame_buffer(5)
+    s.write(buf, 7)
+    tamper(buf, field, fix_crc=False)
+    with pytest.raises(Refusal) as e:
+        s.check(buf, 7, buf.nbytes)
+    assert e.value.code == "frame-checksum"
+
+
+def test_short_and_long_messages_are_size_refusals():
+    s = FrameSpec(**SPEC)
+    buf = frame_buffer(5)
+    s.write(buf, 0)
+    for n in (HEADER - 1, buf.nbytes - 8, buf.nbytes + 8):
+        with pytest.raises(Refusal) as e:
+            s.check(np.resize(buf, max(n, HEADER)), 0, n)
+        assert e.value.code == "frame-size-mismatch"

@@ -1,0 +1,69 @@
+"""Tests that launch their own mpiexec: fault injection, ten ranks, the debug log.
+
+Each launch runs under a hard `timeout`, so a hang fails the test instead of the suite.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def mpiexec():
+    local = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return local if os.path.exists(local) else shutil.which("mpiexec")
+
+
+pytestmark = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec on PATH or beside the interpreter")
+
+
+def launch(n, script, *args, env=None, limit=90):
+    cmd = ["timeout", "-k", "5", str(limit), mpiexec(), "-n", str(n), sys.executable, os.path.join(HERE, "mpi_scripts", script), *args]
+    e = dict(os.environ)
+    e.update(env or {})
+    t0 = time.monotonic()
+    r = subprocess.run(cmd, capture_output=True, text=True, env=e)
+    return r, time.monotonic() - t0
+
+
+def test_a_rank_that_leaves_makes_every_other_rank_fail_with_peer_timeout():
+    bound = 3.0
+    r, elapsed = launch(3, "fault_exit.py", str(bound))
+    out = r.stdout + r.stderr
+    assert r.returncode not in (0, 124, 137), out  # non-zero, and not killed by our own timeout
+    for rank in (0, 1):
+        m = re.search(rf"rank {rank}: peer-timeout after ([0-9.]+)s", out)
+        assert m, out
+        assert bound <= float(m.group(1)) < bound + 2.0
+    assert "completed without its peer" not in out
+    assert elapsed < 30
+
+
+def test_ten_owners_on_ten_ranks_match_the_hierarchy_oracle():
+    r, _ = launch(10, "ten_owners.py", limit=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = [l for l in r.stdout.splitlines() if l.startswith("rank ")]
+    assert len(lines) == 10
+    for l in lines:
+        assert "observable=True hierarchy_run=(True, False) star_run=(False, True)" in l, l
+
+
+def test_ten_slots_on_two_ranks_match_the_same_oracle():
+    r, _ = launch(2, "ten_owners.py")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("observable=True hierarchy_run=(True, False) star_run=(False, True)") == 2
+
+
+def test_debug_log_names_every_frame():
+    r, _ = launch(2, "ten_owners.py", env={"ALPHA_MPI_DEBUG": "1"})
+    assert r.returncode == 0, r.stderr
+    sends = re.findall(r"^r(\d) \| send -> (\d) edge (\d+) step (\d+) (\d+)B$", r.stderr, re.M)
+    recvs = re.findall(r"^r(\d) \| recv <- (\d) edge (\d+) step (\d+) (\d+)B$", r.stderr, re.M)
+    assert sends and len(sends) == len(recvs)
+    assert {s[4] for s in sends} == {str(128 + 8 * 2048)}

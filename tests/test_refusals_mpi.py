@@ -1,0 +1,160 @@
+"""Refusals over MPI: mismatched peers, tampered frames, bad contributions, non-finite values.
+
+Every case uses its own Combiner (its own duplicated communicator) with a short timeout, so a
+refused run cannot leave stale frames for the next test, and no rank waits more than seconds.
+"""
+
+import struct
+import zlib
+
+import numpy as np
+import pytest
+
+from alpha_mpi import DeliverTo, Leaf, Branch, Refusal, ReplicateAll, hierarchy, plan, star
+from alpha_mpi.execution import Combiner
+
+from conftest import agree, bits, slot_data
+from test_frames import FIELDS
+
+SHORT = 2.0
+
+
+def run_and_catch(c, contributions):
+    try:
+        return c.run(contributions), None
+    except Refusal as e:
+        return None, e.code
+
+
+@pytest.mark.mpi(min_size=2)
+def test_star_peer_refuses_frames_from_a_hierarchy_peer(world):
+    size, rank = world.Get_size(), world.Get_rank()
+    slots = 2 * size
+    tree = star(range(slots), size) if rank == 0 else hierarchy(range(slots), size, 2)
+    p = plan(tree, ReplicateAll(), 16, size=size)
+    c = Combiner(world, p, timeout=SHORT)
+    data = slot_data(slots, 16)
+    _, code = run_and_catch(c, {s: data[s] for s in p.slots_of(rank)})
+    if rank == 0:
+        agree(world, code == "frame-topology-mismatch", f"rank 0 got {code}")
+    else:
+        agree(world, code in ("peer-timeout", "frame-topology-mismatch"), f"rank {rank} got {code}")
+
+
+class Tampering:
+    """Wraps a FrameSpec so that the frame it writes has one field changed (CRC made valid)."""
+
+    def __init__(self, spec, field):
+        self.spec, self.field = spec, field
+
+    def write(self, buf, step, flags=0):
+        self.spec.write(buf, step, flags)
+        off, fmt, _ = FIELDS[self.field]
+        (old,) = struct.unpack_from("<" + fmt, buf, off)
+        new = bytes(b ^ 0x5A for b in old) if isinstance(old, bytes) else old + 1
+        struct.pack_into("<" + fmt, buf, off, new)
+        struct.pack_into("<I", buf, 100, zlib.crc32(bytes(buf[:100])))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("field", sorted(FIELDS))
+def test_tampered_header_is_refused_before_any_arithmetic(world, field, monkeypatch):
+    size, rank = world.Get_size(), world.Get_rank()
+    tree = Branch(Leaf(0, 0), Leaf(1, 1), 0)
+    p = plan(tree, DeliverTo(0), 8, size=size)  # rank 1 sends one frame and waits for nothing
+    c = Combiner(world, p, timeout=SHORT)
+    evaluated = []
+    if rank == 1:
+        x = c.sends[("r", 0)]
+        x.spec = Tampering(x.spec, field)
+    if rank == 0:
+        import alpha_mpi.execution.combiner as mod
+
+        real = mod.kernel.tree_eval
+        monkeypatch.setattr(mod.kernel, "tree_eval", lambda *a: evaluated.append(1) or real(*a))
+        c.result[:] = -1.5
+    data = slot_data(2, 8)
+    _, code = run_and_catch(c, {s: data[s] for s in p.slots_of(rank)})
+    if rank == 0:
+        ok = code == FIELDS[field][2] and not evaluated and np.all(c.result == -1.5)
+        agree(world, ok, f"{field}: {code}, evaluated={evaluated}")
+    else:
+        agree(world, code is None, f"rank {rank}: {code}")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_longer_frame_than_planned_is_a_size_refusal(world):
+    size, rank = world.Get_size(), world.Get_rank()
+    tree = Branch(Leaf(0, 0), Leaf(1, 1), 0)
+    n = 8 if rank == 0 else 9
+    p = plan(tree, DeliverTo(0), n, size=size)
+    c = Combiner(world, p, timeout=SHORT)
+    _, code = run_and_catch(c, {s: np.ones(n) for s in p.slots_of(rank)})
+    agree(world, code == ("frame-size-mismatch" if rank == 0 else None), f"rank {rank}: {code}")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_out_of_step_peer_is_refused(world):
+    size, rank = world.Get_size(), world.Get_rank()
+    tree = Branch(Leaf(0, 0), Leaf(1, 1), 0)
+    p = plan(tree, DeliverTo(0), 4, size=size)
+    c = Combiner(world, p, timeout=SHORT)
+    if rank == 1:
+        c.step = 5  # as if rank 1 had run five more combines
+    _, code = run_and_catch(c, {s: np.ones(4) for s in p.slots_of(rank)})
+    agree(world, code == ("frame-step-mismatch" if rank == 0 else None), f"rank {rank}: {code}")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_contribution_refusals_are_local_and_named(world):
+    size, rank = world.Get_size(), world.Get_rank()
+    p = plan(star(range(size), size), None, 4, size=size)
+    c = Combiner(world, p, timeout=SHORT)
+    cases = [
+        ({}, "contribution-missing"),
+        ({rank: np.ones(4), size + 3: np.ones(4)}, "contribution-unexpected"),
+        ({rank: np.ones(5)}, "contribution-shape"),
+        ({rank: np.ones(4, dtype=np.float32)}, "dtype-invalid"),
+    ]
+    for contributions, want in cases:
+        _, code = run_and_catch(c, contributions)
+        agree(world, code == want, f"{want}: {code}")
+    # The channel stayed clean: a good run still works afterwards.
+    got, code = run_and_catch(c, {rank: np.full(4, float(rank))})
+    agree(world, code is None and got[0] == float(sum(range(size))), f"after refusals: {code}")
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("poison", [np.nan, np.inf, -np.inf])
+def test_non_finite_contribution_refuses_on_every_receiver(world, poison):
+    size, rank = world.Get_size(), world.Get_rank()
+    slots = 2 * size
+    p = plan(hierarchy(range(slots), size, 2), None, 64, size=size)
+    c = Combiner(world, p, timeout=10)
+    data = slot_data(slots, 64)
+    bad_slot = slots - 1
+    data[bad_slot][17] = poison
+    _, code = run_and_catch(c, {s: data[s] for s in p.slots_of(rank)})
+    owner = p.slots_of(rank)
+    want = "non-finite-contribution" if bad_slot in owner else "non-finite-combined"
+    agree(world, code == want, f"rank {rank}: {code}, wanted {want}")
+    # Communication completed, so the same combiner runs the next step cleanly.
+    clean = slot_data(slots, 64, seed=1)
+    got, code = run_and_catch(c, {s: clean[s] for s in p.slots_of(rank)})
+    agree(world, code is None and got is not None, f"next step: {code}")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_overflowing_sum_is_refused_as_non_finite_combined(world):
+    size, rank = world.Get_size(), world.Get_rank()
+    p = plan(star(range(size), size), None, 3, size=size)
+    c = Combiner(world, p, timeout=10)
+    _, code = run_and_catch(c, {rank: np.full(3, 1.7e308)})
+    agree(world, code == "non-finite-combined", f"rank {rank}: {code}")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_plan_for_another_size_is_refused(world):
+    with pytest.raises(Refusal) as e:
+        Combiner(world, plan(star(range(3), 1), None, 1, size=world.Get_size() + 1))
+    assert e.value.code == "plan-rank-mismatch"

@@ -34,15 +34,31 @@
 #define AK_IVDEP
 #endif
 
+/* Hot loops are compiled for several x86-64 ISA levels and picked at load time (GCC
+ * target_clones, glibc ifunc). Wider SIMD lanes do the very same correctly rounded
+ * operations (and -ffp-contract=off still forbids FMA contraction), so every clone gives
+ * the same bits; only the speed differs (Adam is bound by the divider when in cache).
+ * -DAK_NO_CLONES builds a single baseline version. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__) && \
+    defined(__GLIBC__) && !defined(AK_NO_CLONES)
+#define AK_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define AK_CLONES
+#endif
+
 #define AK_EXP64 UINT64_C(0x7FF0000000000000)
 #define AK_ONE64 UINT64_C(0x0010000000000000)
 #define AK_EXP32 UINT32_C(0x7F800000)
 #define AK_ONE32 UINT32_C(0x00800000)
 
 /* elements per block: 1024 doubles = 8 KiB per stream, L1-resident scratch */
+#ifndef AK_BLOCK
 #define AK_BLOCK 1024
+#endif
 /* scratch doubles on the stack for general tree programs (32 KiB) */
+#ifndef AK_SCRATCH
 #define AK_SCRATCH 4096
+#endif
 
 static inline uint64_t ak_bits(double x) {
     uint64_t u;
@@ -75,7 +91,7 @@ static int ak_same_or_disjoint(const double *a, const double *b, size_t n) {
 
 /* ------------------------------------------------------------------ add */
 
-static void ak_add2(double *out, const double *l, const double *r, size_t n) {
+AK_CLONES static void ak_add2(double *out, const double *l, const double *r, size_t n) {
     AK_IVDEP
     for (size_t i = 0; i < n; i++) out[i] = l[i] + r[i];
 }
@@ -93,7 +109,7 @@ int ak_add(double *out, const double *l, const double *r, size_t n) {
 
 /* dst[i] = ((q0[i] + q1[i]) + q2[i]) + ... for cnt operands (1 <= cnt <= 8). Each
  * case is one per-element register loop: every operand read once, dst written once. */
-static void ak_sum_group(double *dst, const double *const *q, int cnt, size_t len) {
+AK_CLONES static void ak_sum_group(double *dst, const double *const *q, int cnt, size_t len) {
     const double *q0 = q[0], *q1 = q[1], *q2 = q[2], *q3 = q[3];
     const double *q4 = q[4], *q5 = q[5], *q6 = q[6], *q7 = q[7];
     switch (cnt) {
@@ -257,7 +273,12 @@ int ak_tree_eval(double *out, const double *const *inputs, size_t k, size_t n,
     }
 
     /* General tree: block by block, a stack of pointers into the inputs or into
-     * block-sized scratch buffers; the final add writes out's block directly. */
+     * block-sized scratch buffers; the final add writes out's block directly.
+     * Measured: this path runs at ~0.6-0.8x the chain's bandwidth for 8 inputs at 1e7
+     * elements, because each add reads only two memory streams at a time (less
+     * memory-level parallelism than the 8-stream chain loop); prefetching the next block
+     * of every input or larger blocks did not help. Star chains and the hierarchy's
+     * per-node folds take the chain path above. */
     double scratch[AK_SCRATCH];
     size_t bs = AK_SCRATCH / (n_scratch ? n_scratch : 1);
     if (bs > AK_BLOCK) bs = AK_BLOCK;
@@ -346,6 +367,32 @@ static inline void ak_adam_elem(const ak_adam_k *K, double p, double m, double v
     *vo = v1;
 }
 
+/* one block [b0, e): compute, store, return the OR of all non-finite marks */
+AK_CLONES static uint64_t ak_adam_block(const ak_adam_k *K, const double *p, const double *m,
+                                        const double *v, const double *g, double *p_out,
+                                        double *m_out, double *v_out, size_t b0, size_t e) {
+    uint64_t acc = 0;
+    AK_IVDEP
+    for (size_t i = b0; i < e; i++) {
+        acc |= ak_nf(p[i]) | ak_nf(m[i]) | ak_nf(v[i]) | ak_nf(g[i]);
+        ak_adam_elem(K, p[i], m[i], v[i], g[i], &p_out[i], &m_out[i], &v_out[i], &acc);
+    }
+    return acc;
+}
+
+/* one block [b0, e): compute and check only, store nothing */
+AK_CLONES static uint64_t ak_adam_block_check(const ak_adam_k *K, const double *p,
+                                              const double *m, const double *v,
+                                              const double *g, size_t b0, size_t e) {
+    uint64_t acc = 0;
+    for (size_t i = b0; i < e; i++) {
+        double po, mo, vo;
+        acc |= ak_nf(p[i]) | ak_nf(m[i]) | ak_nf(v[i]) | ak_nf(g[i]);
+        ak_adam_elem(K, p[i], m[i], v[i], g[i], &po, &mo, &vo, &acc);
+    }
+    return acc;
+}
+
 static int ak_adam_scalars(ak_adam_k *K, double lr, double b1, double b2, double eps,
                            double b1t, double b2t, int64_t *bad_index, int *bad_which) {
     const double s[6] = {lr, b1, b2, eps, b1t, b2t};
@@ -422,9 +469,10 @@ static int ak_outputs_ok(double *const *outs, int nout, const double *const *ins
 /*
  * Single pass, out-of-place: read p, m, v, g once, write p', m', v' once, and check as
  * we go; a refusal leaves the inputs untouched because nothing writes them.
- * Measured (benchmarks/bench_kernel.py, 1e7 elements, this 2-core x86-64 VM): the
- * single pass is ~1.3-1.5x faster than ak_adam_inplace_checked (check pass + commit
- * pass, 11 streams instead of 7), because the step is memory bound; in place + two
+ * Measured (benchmarks/bench_kernel.py, 1e6 and 1e7 elements, 2-core x86-64 VM): the
+ * single pass is ~1.9-2.1x faster than ak_adam_inplace_checked (a check pass, then a
+ * commit pass: 11 streams instead of 7 and every divide and sqrt done twice); in place
+ * with two passes saves the three next-state buffers, at that price.
  * passes saves the three next-state buffers, at that price.
  */
 int ak_adam(const double *p, const double *m, const double *v, const double *g,
@@ -447,12 +495,7 @@ int ak_adam(const double *p, const double *m, const double *v, const double *g,
 
     for (size_t b0 = 0; b0 < n; b0 += AK_BLOCK) {
         size_t e = n - b0 < AK_BLOCK ? n : b0 + AK_BLOCK;
-        uint64_t acc = 0;
-        AK_IVDEP
-        for (size_t i = b0; i < e; i++) {
-            acc |= ak_nf(p[i]) | ak_nf(m[i]) | ak_nf(v[i]) | ak_nf(g[i]);
-            ak_adam_elem(&K, p[i], m[i], v[i], g[i], &p_out[i], &m_out[i], &v_out[i], &acc);
-        }
+        uint64_t acc = ak_adam_block(&K, p, m, v, g, p_out, m_out, v_out, b0, e);
         if (acc >> 63) {
             /* in place, the block may already hold new values: nothing to locate with */
             if (allow_inplace && (p_out == p || m_out == m || v_out == v)) {
@@ -486,22 +529,14 @@ int ak_adam_inplace_checked(double *p, double *m, double *v, const double *g, si
     /* pass 1: compute and check, store nothing */
     for (size_t b0 = 0; b0 < n; b0 += AK_BLOCK) {
         size_t e = n - b0 < AK_BLOCK ? n : b0 + AK_BLOCK;
-        uint64_t acc = 0;
-        for (size_t i = b0; i < e; i++) {
-            double po, mo, vo;
-            acc |= ak_nf(p[i]) | ak_nf(m[i]) | ak_nf(v[i]) | ak_nf(g[i]);
-            ak_adam_elem(&K, p[i], m[i], v[i], g[i], &po, &mo, &vo, &acc);
-        }
+        uint64_t acc = ak_adam_block_check(&K, p, m, v, g, b0, e);
         if (acc >> 63) {
             st = ak_adam_locate(&K, p, m, v, g, b0, e, bad_index, bad_which);
             return st != AK_OK ? st : AK_ERR_NONFINITE_OUTPUT;
         }
     }
-    /* pass 2: commit */
-    uint64_t acc = 0;
-    AK_IVDEP
-    for (size_t i = 0; i < n; i++)
-        ak_adam_elem(&K, p[i], m[i], v[i], g[i], &p[i], &m[i], &v[i], &acc);
+    /* pass 2: commit (same-index in place, see AK_IVDEP) */
+    (void)ak_adam_block(&K, p, m, v, g, p, m, v, 0, n);
     return AK_OK;
 }
 

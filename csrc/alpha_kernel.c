@@ -473,7 +473,6 @@ static int ak_outputs_ok(double *const *outs, int nout, const double *const *ins
  * single pass is ~1.9-2.1x faster than ak_adam_inplace_checked (a check pass, then a
  * commit pass: 11 streams instead of 7 and every divide and sqrt done twice); in place
  * with two passes saves the three next-state buffers, at that price.
- * passes saves the three next-state buffers, at that price.
  */
 int ak_adam(const double *p, const double *m, const double *v, const double *g,
             double *p_out, double *m_out, double *v_out, size_t n,

@@ -1,0 +1,284 @@
+/*
+ * conformance_driver.c -- instruction-set conformance driver for the alpha_mpi kernel
+ * (DESIGN.md "Instruction sets").
+ *
+ * Built from the very same csrc/alpha_kernel.c with the very same flags as the Python
+ * extension (alpha_mpi/_kernel_build.py BASE_CFLAGS), once for x86-64 and once for
+ * AArch64 (run under qemu-user). It generates its inputs itself from a fixed portable
+ * PRNG (splitmix64) by bit manipulation only -- no libm, no multiply-add shaped
+ * expressions, so the inputs are the same bits on every target and under every
+ * negative-control build -- runs every kernel function on them and writes all output
+ * bits to a file:
+ *
+ *   "AKCONF01"                                  8-byte magic
+ *   repeated: char name[16] (NUL padded), uint64 count, uint64 elem_size (4 or 8),
+ *             count * elem_size bytes (little endian)
+ *
+ * usage: conformance_driver OUT_FILE [N] [SEED]   (N defaults to 1048576)
+ *
+ * Compile-time variant for the negative control (driver only, never the kernel):
+ *   -DAK_CONFORMANCE_RSQRT   Adam's p' computed as p - (lr*mhat) * (1/(sqrt(vhat)+eps)),
+ *                            a reciprocal-then-multiply route that rounds twice.
+ */
+#include "alpha_kernel.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if !(defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__)
+#error "the conformance file format is little endian"
+#endif
+
+static uint64_t sm_state;
+
+static uint64_t sm_next(void) {
+    uint64_t z = (sm_state += UINT64_C(0x9E3779B97F4A7C15));
+    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
+    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
+    return z ^ (z >> 31);
+}
+
+static double from_bits(uint64_t u) {
+    double d;
+    memcpy(&d, &u, sizeof d);
+    return d;
+}
+
+static uint64_t below(uint64_t n) { return sm_next() % n; }
+
+/* (1 + f) * 2^e with a random 52-bit fraction, e in [emin, emax], random or + sign */
+static double scaled(int emin, int emax, int random_sign) {
+    uint64_t e = (uint64_t)(1023 + emin) + below((uint64_t)(emax - emin + 1));
+    uint64_t s = random_sign ? (sm_next() & 1) : 0;
+    return from_bits((s << 63) | (e << 52) | (sm_next() & UINT64_C(0xFFFFFFFFFFFFF)));
+}
+
+static double subnormal(int random_sign) {
+    uint64_t s = random_sign ? (sm_next() & 1) : 0;
+    uint64_t f = sm_next() & UINT64_C(0xFFFFFFFFFFFFF);
+    return from_bits((s << 63) | (f ? f : 1));
+}
+
+/* combine data: every scale, subnormals, signed zeros, huge, tiny, near 1 */
+static double mixed(void) {
+    uint64_t s = sm_next() & 1;
+    switch (below(16)) {
+    case 0: case 1: case 2: case 3: case 4: case 5:
+        return scaled(-30, 30, 1);
+    case 6:
+        return subnormal(1);
+    case 7:
+        return from_bits(s << 63); /* +-0 */
+    case 8:
+        return scaled(980, 1023, 1); /* huge: sums may overflow to +-Inf, then NaN */
+    case 9:
+        return scaled(-1022, -980, 1); /* tiny normals */
+    case 10: case 11:
+        return from_bits((s << 63) | (UINT64_C(1023) << 52) | (sm_next() & 0xFFFFF)); /* near 1 */
+    default:
+        return scaled(-1022, 1023, 1);
+    }
+}
+
+/* Adam-like state: realistic scales plus zeros and subnormals */
+static double adam_p(void) { return below(16) == 0 ? from_bits((sm_next() & 1) << 63) : scaled(-20, 4, 1); }
+static double adam_m(void) { return below(32) == 0 ? subnormal(1) : scaled(-30, -1, 1); }
+static double adam_v(void) {
+    uint64_t k = below(32);
+    return k == 0 ? 0.0 : k == 1 ? subnormal(0) : scaled(-60, -2, 0);
+}
+static double adam_g(void) {
+    uint64_t k = below(32);
+    return k == 0 ? 0.0 : k == 1 ? subnormal(1) : scaled(-40, 10, 1);
+}
+
+/* a binary64 near a binary32 value: exact ties, random fractions, float subnormal range */
+static double narrow_input(void) {
+    uint64_t s = sm_next() & 1;
+    uint64_t k = below(8);
+    if (k == 0) { /* binary32 subnormal range and below: [2^-160, 2^-126) */
+        uint64_t e = (uint64_t)(1023 - 160) + below(34);
+        uint64_t f = sm_next() & UINT64_C(0xFFFFFFFFFFFFF); /* one PRNG call per statement:
+                                                              the order is then fixed */
+        return from_bits((s << 63) | (e << 52) | f);
+    }
+    uint64_t e = 1023 - 126 + below(254); /* binary32 normal exponents -126..127 */
+    uint64_t f23 = sm_next() & 0x7FFFFF;
+    uint64_t low29 = k == 1 ? (UINT64_C(1) << 28) : k == 2 ? 0 : (sm_next() & 0x1FFFFFFF);
+    if (e == 1023 + 127 && f23 == 0x7FFFFF && low29 >= (UINT64_C(1) << 28)) low29 = 0; /* no overflow */
+    return from_bits((s << 63) | (e << 52) | (f23 << 29) | low29);
+}
+
+static FILE *out_file;
+
+static void section(const char *name, const void *data, uint64_t count, uint64_t elem) {
+    char nm[16] = {0};
+    strncpy(nm, name, sizeof nm - 1);
+    if (fwrite(nm, 1, 16, out_file) != 16 || fwrite(&count, 8, 1, out_file) != 1 ||
+        fwrite(&elem, 8, 1, out_file) != 1 ||
+        (count && fwrite(data, (size_t)elem, (size_t)count, out_file) != count)) {
+        fprintf(stderr, "conformance_driver: write failed\n");
+        exit(3);
+    }
+}
+
+static void check(int st, const char *what) {
+    if (st != AK_OK) {
+        fprintf(stderr, "conformance_driver: %s returned status %d\n", what, st);
+        exit(4);
+    }
+}
+
+static double *alloc(size_t n) {
+    double *p = malloc(n * sizeof(double));
+    if (!p) {
+        fprintf(stderr, "conformance_driver: out of memory\n");
+        exit(5);
+    }
+    return p;
+}
+
+#ifdef AK_CONFORMANCE_RSQRT
+/* NEGATIVE CONTROL ONLY: refused by the contract (rounds twice) */
+static void adam_rsqrt(const double *p, const double *m, const double *v, const double *g,
+                       double *po, double *mo, double *vo, size_t n, double lr, double b1,
+                       double b2, double eps, double b1t, double b2t) {
+    double c1 = 1.0 - b1, c2 = 1.0 - b2, bc1 = 1.0 - b1t, bc2 = 1.0 - b2t;
+    for (size_t i = 0; i < n; i++) {
+        double m1 = b1 * m[i] + c1 * g[i];
+        double v1 = b2 * v[i] + c2 * (g[i] * g[i]);
+        double mhat = m1 / bc1, vhat = v1 / bc2;
+        double r = 1.0 / (__builtin_sqrt(vhat) + eps);
+        po[i] = p[i] - (lr * mhat) * r;
+        mo[i] = m1;
+        vo[i] = v1;
+    }
+}
+#endif
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s OUT_FILE [N] [SEED]\n", argv[0]);
+        return 2;
+    }
+    size_t n = argc > 2 ? (size_t)strtoull(argv[2], 0, 10) : (size_t)1 << 20;
+    sm_state = argc > 3 ? strtoull(argv[3], 0, 10) : UINT64_C(20240601);
+    out_file = fopen(argv[1], "wb");
+    if (!out_file || n == 0) {
+        fprintf(stderr, "conformance_driver: cannot open %s (or N == 0)\n", argv[1]);
+        return 2;
+    }
+    fwrite("AKCONF01", 1, 8, out_file);
+
+    /* FP environment (flags only: the raw registers differ by architecture) */
+    uint32_t raw = 0;
+    int64_t env = ak_fpenv_check(&raw);
+    section("fpenv_flags", &env, 1, 8);
+
+    enum { KC = 10 };
+    double *x[KC];
+    for (int j = 0; j < KC; j++) {
+        x[j] = alloc(n);
+        for (size_t i = 0; i < n; i++) x[j][i] = mixed();
+    }
+    double *out = alloc(n);
+
+    check(ak_add(out, x[0], x[1], n), "ak_add");
+    section("add", out, n, 8);
+
+    /* (x0 + (x1 + x2)) + ((x3 + x4) + x5): the general (non-chain) tree path */
+    static const int32_t prog[] = {0, 1, 2, -1, -1, 3, 4, -1, 5, -1, -1};
+    check(ak_tree_eval(out, (const double *const *)x, KC, n, prog, sizeof prog / sizeof prog[0]),
+          "ak_tree_eval");
+    section("tree_eval", out, n, 8);
+
+    /* the star chain over 10 inputs (blocked chain path) */
+    check(ak_fold(out, (const double *const *)x, KC, n), "ak_fold");
+    section("fold", out, n, 8);
+
+    /* a chain program over a permutation with one input used twice (fused chain path) */
+    static const int32_t chain[] = {7, 2, -1, 9, -1, 2, -1, 0, -1};
+    check(ak_tree_eval(out, (const double *const *)x, KC, n, chain, sizeof chain / sizeof chain[0]),
+          "ak_tree_eval chain");
+    section("chain_prog", out, n, 8);
+
+    int64_t first = ak_first_nonfinite(out, n);
+    section("first_nonfinite", &first, 1, 8);
+
+    /* Adam at step t = 10; the bias powers by repeated multiplication */
+    const double lr = 1e-3, b1 = 0.9, b2 = 0.999, eps = 1e-8;
+    double b1t = 1.0, b2t = 1.0;
+    for (int t = 0; t < 10; t++) {
+        b1t *= b1;
+        b2t *= b2;
+    }
+    double *p = x[0], *m = x[1], *v = x[2], *g = x[3];
+    for (size_t i = 0; i < n; i++) {
+        p[i] = adam_p();
+        m[i] = adam_m();
+        v[i] = adam_v();
+        g[i] = adam_g();
+    }
+    double *po = alloc(n), *mo = alloc(n), *vo = alloc(n);
+    int64_t bad_index = -1;
+    int bad_which = -1;
+#ifdef AK_CONFORMANCE_RSQRT
+    adam_rsqrt(p, m, v, g, po, mo, vo, n, lr, b1, b2, eps, b1t, b2t);
+#else
+    check(ak_adam(p, m, v, g, po, mo, vo, n, lr, b1, b2, eps, b1t, b2t, 0, &bad_index, &bad_which),
+          "ak_adam");
+#endif
+    section("adam_p", po, n, 8);
+    section("adam_m", mo, n, 8);
+    section("adam_v", vo, n, 8);
+
+    /* SGD with and without momentum (buf = m) */
+    check(ak_sgd(p, m, g, po, mo, n, 0.01, 0.9, 0, &bad_index, &bad_which), "ak_sgd");
+    section("sgd_p", po, n, 8);
+    section("sgd_buf", mo, n, 8);
+    check(ak_sgd(p, 0, g, po, 0, n, 0.01, 0.0, 0, &bad_index, &bad_which), "ak_sgd mu=0");
+    section("sgd0_p", po, n, 8);
+
+    /* conversions */
+    for (size_t i = 0; i < n; i++) x[4][i] = narrow_input();
+    float *f = malloc(n * sizeof(float));
+    if (!f) return 5;
+    check(ak_round_binary64(f, x[4], n, &bad_index), "ak_round_binary64");
+    section("round_binary64", f, n, 4);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)sm_next();
+        memcpy(&f[i], &u, 4);
+    }
+    check(ak_widen_binary32(out, f, n), "ak_widen_binary32");
+    section("widen_binary32", out, n, 8);
+
+    /* refusals: status, index and array must agree too */
+    int64_t refusals[12];
+    size_t at = n / 3;
+    double keep = g[at];
+    g[at] = from_bits(UINT64_C(0x7FF8000000000000)); /* NaN in g */
+    refusals[0] = ak_adam(p, m, v, g, po, mo, vo, n, lr, b1, b2, eps, b1t, b2t, 0, &bad_index, &bad_which);
+    refusals[1] = bad_index;
+    refusals[2] = bad_which;
+    g[at] = 1e200; /* g*g overflows */
+    refusals[3] = ak_adam(p, m, v, g, po, mo, vo, n, lr, b1, b2, eps, b1t, b2t, 0, &bad_index, &bad_which);
+    refusals[4] = bad_index;
+    refusals[5] = bad_which;
+    g[at] = keep;
+    double big = x[4][at];
+    x[4][at] = 3.4028235677973366e38; /* rounds beyond binary32 */
+    refusals[6] = ak_round_binary64(f, x[4], n, &bad_index);
+    refusals[7] = bad_index;
+    x[4][at] = big;
+    p[n - 1] = from_bits(UINT64_C(0xFFF0000000000000)); /* -Inf in p */
+    refusals[8] = ak_sgd(p, m, g, po, mo, n, 0.01, 0.9, 0, &bad_index, &bad_which);
+    refusals[9] = bad_index;
+    refusals[10] = bad_which;
+    refusals[11] = ak_first_nonfinite(p, n);
+    section("refusals", refusals, 12, 8);
+
+    if (fclose(out_file) != 0) return 3;
+    return 0;
+}

@@ -213,6 +213,7 @@ def make_ffi(flags=None):
         f"const char *ak_build_flags(void) {{ return {_c_string(' '.join(flags))}; }}\n"
         f"const char *ak_build_id(void) {{ return {_c_string(bid)}; }}\n",
         sources=[_source_path(s) for s in KERNEL_SOURCES],
+        depends=[_source_path(h) for h in KERNEL_HEADERS],  # rebuild on header change; sdist
         include_dirs=[_source_path(".")],
         extra_compile_args=flags,
         libraries=["m"],

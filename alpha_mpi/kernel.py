@@ -65,6 +65,10 @@ _F64 = np.dtype(np.float64)
 _F32 = np.dtype(np.float32)
 _I32 = np.dtype(np.int32)
 _ND = np.ndarray
+try:  # resolved once: from_buffer with a ctype object skips parsing the type string
+    _DARR, _FARR, _IARR = ffi.typeof("double[]"), ffi.typeof("float[]"), ffi.typeof("int32_t[]")
+except KernelRefusal:  # pragma: no cover - no compiled kernel
+    _DARR = _FARR = _IARR = None
 
 _ADAM_SCALARS = ("lr", "b1", "b2", "eps", "b1t", "b2t")
 _SGD_SCALARS = ("lr", "momentum")
@@ -78,21 +82,26 @@ _W_INTERMEDIATE = 6
 # ----------------------------------------------------------------------------- checks
 
 
-def _f64(a, name, fn):
-    if type(a) is not _ND and not isinstance(a, _ND):
-        raise KernelRefusal("dtype-invalid", f"{fn}: {name} must be a numpy float64 array, got {type(a).__name__}")
-    if a.dtype != _F64:
-        raise KernelRefusal("dtype-invalid", f"{fn}: {name} must be native float64, got {a.dtype}", argument=name)
-    if not a.flags.c_contiguous:
-        raise KernelRefusal("kernel-bad-argument", f"{fn}: {name} must be C-contiguous (got strides {a.strides})", argument=name)
-    return ffi.from_buffer("double[]", a)
-
-
-def _out64(a, name, fn):
-    buf = _f64(a, name, fn)
-    if not a.flags.writeable:
-        raise KernelRefusal("kernel-bad-argument", f"{fn}: output {name} is read-only", argument=name)
-    return buf
+def _f64(a, name, fn, writable=False):
+    # Hot path: one identity test and one from_buffer (which itself refuses non-C-contiguous
+    # and, for outputs, read-only arrays); the explanations are built only on failure.
+    try:
+        dt = a.dtype
+        if dt is _F64 or dt == _F64:
+            return ffi.from_buffer(_DARR, a, writable)
+    except AttributeError:
+        pass
+    except (ValueError, BufferError, TypeError):
+        if isinstance(a, _ND) and writable and not a.flags.writeable:
+            raise KernelRefusal("kernel-bad-argument", f"{fn}: output {name} is read-only", argument=name) from None
+        raise KernelRefusal(
+            "kernel-bad-argument",
+            f"{fn}: {name} must be a C-contiguous array (got strides {getattr(a, 'strides', None)})",
+            argument=name,
+        ) from None
+    if not isinstance(a, _ND):
+        raise KernelRefusal("dtype-invalid", f"{fn}: {name} must be a numpy float64 array, got {type(a).__name__}", argument=name)
+    raise KernelRefusal("dtype-invalid", f"{fn}: {name} must be native float64, got {a.dtype}", argument=name)
 
 
 def _same_size(fn, n, pairs):
@@ -115,7 +124,7 @@ def _bad_argument(fn, what):
 
 def add(out, left, right):
     """out = left + right (binary64, element by element). out may be left or right."""
-    o = _out64(out, "out", "add")
+    o = _f64(out, "out", "add", True)
     l_ = _f64(left, "left", "add")
     r = _f64(right, "right", "add")
     n = out.size
@@ -147,7 +156,7 @@ def check_program(program, k):
     """Validate a postfix program over k inputs; return the stack depth it needs."""
     prog = _program(program)
     depth = ffi.new("size_t *")
-    st = lib.ak_program_check(ffi.from_buffer("int32_t[]", prog), prog.size, k, depth)
+    st = lib.ak_program_check(ffi.from_buffer(_IARR, prog), prog.size, k, depth)
     if st:
         _program_refusal(prog, k)
     return int(depth[0])
@@ -200,10 +209,10 @@ def tree_eval(out, inputs, program):
 
     `program`: value >= 0 pushes inputs[value]; -1 pops right then left and pushes
     left + right. A ready np.int32 array is used without a copy. out may be an input."""
-    o = _out64(out, "out", "tree_eval")
+    o = _f64(out, "out", "tree_eval", True)
     prog = _program(program)
     ptrs, keep = _pointer_array("tree_eval", out, inputs)
-    st = lib.ak_tree_eval(o, ptrs, len(inputs), out.size, ffi.from_buffer("int32_t[]", prog), prog.size)
+    st = lib.ak_tree_eval(o, ptrs, len(inputs), out.size, ffi.from_buffer(_IARR, prog), prog.size)
     if st:
         if st == lib.AK_ERR_BAD_PROGRAM:
             _program_refusal(prog, len(inputs))
@@ -213,7 +222,7 @@ def tree_eval(out, inputs, program):
 
 def fold(out, inputs):
     """out = ((inputs[0] + inputs[1]) + inputs[2]) + ... (the star chain); out may be an input."""
-    o = _out64(out, "out", "fold")
+    o = _f64(out, "out", "fold", True)
     if len(inputs) == 0:
         raise KernelRefusal("kernel-bad-argument", "fold: at least one input is needed")
     ptrs, keep = _pointer_array("fold", out, inputs)
@@ -276,7 +285,7 @@ def adam_step(p, m, v, g, p_out, m_out, v_out, *, lr, b1, b2, eps, b1t, b2t, all
     fn = "adam_step"
     n = p.size
     bp, bm, bv, bg = _f64(p, "p", fn), _f64(m, "m", fn), _f64(v, "v", fn), _f64(g, "g", fn)
-    op, om, ov = _out64(p_out, "p_out", fn), _out64(m_out, "m_out", fn), _out64(v_out, "v_out", fn)
+    op, om, ov = _f64(p_out, "p_out", fn, True), _f64(m_out, "m_out", fn, True), _f64(v_out, "v_out", fn, True)
     if not (m.size == n and v.size == n and g.size == n and p_out.size == n and m_out.size == n and v_out.size == n):
         _same_size(fn, n, (("m", m), ("v", v), ("g", g), ("p_out", p_out), ("m_out", m_out), ("v_out", v_out)))
     idx = ffi.new("int64_t *")
@@ -294,7 +303,7 @@ def adam_step_inplace_checked(p, m, v, g, *, lr, b1, b2, eps, b1t, b2t):
     the commit pass (slower than adam_step into separate buffers; see the C comment)."""
     fn = "adam_step_inplace_checked"
     n = p.size
-    bp, bm, bv = _out64(p, "p", fn), _out64(m, "m", fn), _out64(v, "v", fn)
+    bp, bm, bv = _f64(p, "p", fn, True), _f64(m, "m", fn, True), _f64(v, "v", fn, True)
     bg = _f64(g, "g", fn)
     if not (m.size == n and v.size == n and g.size == n):
         _same_size(fn, n, (("m", m), ("v", v), ("g", g)))
@@ -315,7 +324,7 @@ def sgd_step(p, buf, g, p_out, buf_out, *, lr, momentum, allow_inplace=False):
     fn = "sgd_step"
     n = p.size
     bp, bg = _f64(p, "p", fn), _f64(g, "g", fn)
-    op = _out64(p_out, "p_out", fn)
+    op = _f64(p_out, "p_out", fn, True)
     if g.size != n or p_out.size != n:
         _same_size(fn, n, (("g", g), ("p_out", p_out)))
     bb = ob = ffi.NULL
@@ -324,7 +333,7 @@ def sgd_step(p, buf, g, p_out, buf_out, *, lr, momentum, allow_inplace=False):
         if buf.size != n:
             _same_size(fn, n, (("buf", buf),))
     if buf_out is not None:
-        ob = _out64(buf_out, "buf_out", fn)
+        ob = _f64(buf_out, "buf_out", fn, True)
         if buf_out.size != n:
             _same_size(fn, n, (("buf_out", buf_out),))
     idx = ffi.new("int64_t *")
@@ -343,14 +352,14 @@ def sgd_step(p, buf, g, p_out, buf_out, *, lr, momentum, allow_inplace=False):
 def widen_binary32(out, x32):
     """out (float64) = x32 (float32) exactly (the WidenBinary32 conversion site)."""
     fn = "widen_binary32"
-    o = _out64(out, "out", fn)
+    o = _f64(out, "out", fn, True)
     if not isinstance(x32, _ND) or x32.dtype != _F32:
         raise KernelRefusal("dtype-invalid", f"{fn}: x32 must be a native float32 array, got {getattr(x32, 'dtype', type(x32))}")
     if not x32.flags.c_contiguous:
         raise KernelRefusal("kernel-bad-argument", f"{fn}: x32 must be C-contiguous")
     if x32.size != out.size:
         _same_size(fn, out.size, (("x32", x32),))
-    if lib.ak_widen_binary32(o, ffi.from_buffer("float[]", x32), out.size):
+    if lib.ak_widen_binary32(o, ffi.from_buffer(_FARR, x32), out.size):
         _bad_argument(fn, "out overlaps x32")
     return out
 
@@ -368,7 +377,7 @@ def round_binary64(out32, x64):
     if x64.size != out32.size:
         _same_size(fn, out32.size, (("x64", x64),))
     idx = ffi.new("int64_t *")
-    st = lib.ak_round_binary64(ffi.from_buffer("float[]", out32, require_writable=True), x, x64.size, idx)
+    st = lib.ak_round_binary64(ffi.from_buffer(_FARR, out32, True), x, x64.size, idx)
     if st:
         if st == lib.AK_ERR_BAD_ARGUMENT:
             _bad_argument(fn, "out32 overlaps x64")

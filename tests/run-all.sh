@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The project's test command (README "Set up"): single-process tests, then the MPI tests under
+# `mpiexec -n 2` and `-n 5` (pytest-mpi, --with-mpi). Every mpiexec runs under `timeout`, so a
+# hang fails instead of blocking. Exits non-zero on any failure, and also when a stage ran no test
+# (pytest's exit status 5 is a failure here). Ends with one summary line.
+#
+#   tests/run-all.sh            everything
+#   STAGES="single mpi2" tests/run-all.sh   a subset (single, mpi2, mpi5)
+#   PYTEST_ARGS="-x" tests/run-all.sh       extra pytest arguments for every stage
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python}
+MPIEXEC=${MPIEXEC:-$(dirname "$(command -v "$PY")")/mpiexec}
+[ -x "$MPIEXEC" ] || MPIEXEC=$(command -v mpiexec || true)
+STAGES=${STAGES:-single mpi2 mpi5}
+OUT=${TEST_OUT:-$(mktemp -d)}
+# One BLAS thread per rank: five ranks share two cores in CI, and a slot's gradient must be
+# computed the same way wherever it runs.
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
+export ALPHA_MPI_TIMEOUT=${ALPHA_MPI_TIMEOUT:-60}
+failed=0
+
+stage() {  # name, status
+  if [ "$2" -eq 5 ]; then echo "!! stage $1 ran no test"; failed=1;
+  elif [ "$2" -ne 0 ]; then echo "!! stage $1 failed (exit $2)"; failed=1; fi
+}
+
+for s in $STAGES; do
+  case $s in
+    single)
+      echo "== single-process tests"
+      $PY -m pytest -q -p no:cacheprovider --junitxml="$OUT/single.xml" ${PYTEST_ARGS:-} tests
+      stage single $? ;;
+    mpi2|mpi5)
+      n=${s#mpi}
+      if [ -z "$MPIEXEC" ]; then echo "!! no mpiexec found"; failed=1; continue; fi
+      echo "== MPI tests under mpiexec -n $n"
+      # Each rank writes its own report; only rank 0 prints (the others' failures are gathered
+      # into rank 0's verdicts by the tests themselves) and rank 0's report is counted below.
+      timeout -k 10 900 "$MPIEXEC" -n "$n" sh -c '
+        r=${PMI_RANK:-${OMPI_COMM_WORLD_RANK:-0}}
+        if [ "$r" != 0 ]; then exec >"$1/mpi$2-rank$r.log" 2>&1; fi
+        exec "$0" -m pytest -q -p no:cacheprovider --with-mpi -m mpi \
+          --junitxml="$1/mpi$2-rank$r.xml" $3 tests' "$(command -v "$PY")" "$OUT" "$n" "${PYTEST_ARGS:-}"
+      rc=$?
+      stage "$s" "$rc" ;;
+    *) echo "unknown stage $s"; failed=1 ;;
+  esac
+done
+
+$PY - "$OUT" "$failed" <<'PY'
+import glob, sys, xml.etree.ElementTree as ET
+out, failed = sys.argv[1], int(sys.argv[2])
+tot = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+for f in sorted(glob.glob(f"{out}/single.xml") + glob.glob(f"{out}/mpi*-rank0.xml")):
+    for suite in ET.parse(f).getroot().iter("testsuite"):
+        for k in tot:
+            tot[k] += int(suite.get(k, 0))
+bad = tot["failures"] + tot["errors"]
+passed = tot["tests"] - bad - tot["skipped"]
+print(f"all stages: {passed} passed, {bad} failed, {tot['skipped']} skipped")
+sys.exit(1 if (bad or failed or passed == 0) else 0)
+PY

@@ -1,0 +1,51 @@
+"""Assembly by selection over MPI: every word from exactly its owner, no arithmetic."""
+
+import numpy as np
+import pytest
+
+from alpha_mpi import DeliverTo, Refusal, plan_assembly
+from alpha_mpi.execution import Assembler
+from alpha_mpi.planning.assembly import even_ranges
+
+from conftest import agree, bits, order_sensitive
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("n", [1, 7, 1000, 65537])
+def test_replicated_assembly_is_bit_exact_selection(world, n):
+    size, rank = world.Get_size(), world.Get_rank()
+    full = order_sensitive(np.random.default_rng(n), n)
+    full[:3] = [np.nan, -0.0, 5e-324][: min(3, n)]  # NaN payloads and signed zeros pass untouched
+    ap = plan_assembly(even_ranges(n, size), n, size)
+    mine = {(a, b): full[a:b].copy() for o, a, b in ap.pieces if o == rank}
+    got = Assembler(world, ap, timeout=10).run(mine)
+    agree(world, np.array_equal(bits(got), bits(full)), "assembled bits")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_uneven_multi_piece_assembly_to_one_target(world):
+    size, rank = world.Get_size(), world.Get_rank()
+    n = 50
+    pieces = [(i % size, 5 * i, 5 * i + 5) for i in range(10)]  # several pieces per rank, interleaved
+    ap = plan_assembly(pieces, n, size, DeliverTo(size - 1))
+    full = np.arange(n, dtype=np.float64) * 1.25
+    mine = {(a, b): full[a:b].copy() for o, a, b in pieces if o == rank}
+    out = np.full(n, -3.0)
+    got = Assembler(world, ap, timeout=10).run(mine, out=out)
+    if rank == size - 1:
+        agree(world, got is out and np.array_equal(out, full), "target")
+    else:
+        agree(world, got is None and np.all(out == -3.0), "others untouched")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_assembly_piece_refusals(world):
+    size, rank = world.Get_size(), world.Get_rank()
+    ap = plan_assembly(even_ranges(10 * size, size), 10 * size, size)
+    a = Assembler(world, ap, timeout=5)
+    with pytest.raises(Refusal) as e:
+        a.run({})
+    assert e.value.code == "contribution-missing"
+    with pytest.raises(Refusal) as e:
+        a.run({(10 * rank, 10 * rank + 10): np.ones(9)})
+    assert e.value.code == "contribution-shape"

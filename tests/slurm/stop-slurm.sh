@@ -1,5 +1,6 @@
 #!/bin/bash
-# Stop the one-node Slurm started by tests/slurm/start-slurm.sh: cancel every job, stop slurmd,
+# Stop the one-node Slurm started by tests/slurm/start-slurm.sh: drain the partitions (new
+# submissions are refused), cancel every job, stop slurmd,
 # slurmctld and munged by their pid files, wait until they are gone, and check that no
 # slurmctld, slurmd, slurmstepd or munged process is left (non-zero exit otherwise).
 #
@@ -43,24 +44,47 @@ stop_daemon() {
     rm -f "$pidfile"
 }
 
-# 1. jobs: cancel everything and give the steps KillWait to end while slurmd still runs.
+# 1. jobs: refuse new submissions, then cancel until no job and no job step is left, while
+#    slurmd still runs (without slurmd a step's processes would be orphaned).
 if command -v scontrol >/dev/null && scontrol ping >/dev/null 2>&1; then
-    jobs=$(squeue -h -o %A 2>/dev/null | sort -u)
-    if [ -n "$jobs" ]; then
-        log "cancelling jobs: $(echo $jobs)"
-        scancel $jobs 2>/dev/null
-        deadline=$(( $(date +%s) + TIMEOUT ))
-        while squeue -h 2>/dev/null | grep -q . && [ "$(date +%s)" -lt "$deadline" ]; do
-            sleep 0.5
-        done
-    fi
+    for part in $(sinfo -h -o %R 2>/dev/null | sort -u); do
+        scontrol update PartitionName="$part" State=DRAIN 2>/dev/null
+    done
+    deadline=$(( $(date +%s) + TIMEOUT ))
+    said=""
+    while :; do
+        jobs=$(squeue -h -o %A 2>/dev/null | sort -u | tr '\n' ' ')
+        [ -z "$jobs" ] && ! pgrep -x slurmstepd >/dev/null && break
+        if [ -n "$jobs" ]; then
+            [ "$jobs" != "$said" ] && log "cancelling jobs: $jobs" && said=$jobs
+            scancel $jobs 2>/dev/null
+        fi
+        [ "$(date +%s)" -lt "$deadline" ] || { log "jobs or steps still there after ${TIMEOUT}s"; break; }
+        sleep 0.5
+    done
 fi
 
 # 2. daemons, leaves first.
 stop_daemon slurmd "$RUNDIR/slurmd.pid"
 stop_daemon slurmctld "$RUNDIR/slurmctld.pid"
 # slurmstepd outlives slurmd only if a step was still running; nothing can manage it any more.
-stop_daemon slurmstepd /nonexistent
+# Take the job processes under it along, so that none is left orphaned.
+descendants() {
+    local p c
+    for p in "$@"; do
+        for c in $(ps -e -o pid=,ppid= | awk -v p="$p" '$2 == p { print $1 }'); do
+            echo "$c"; descendants "$c"
+        done
+    done
+}
+steps=$(pgrep -x slurmstepd)
+if [ -n "$steps" ]; then
+    tree=$(descendants $steps)
+    log "slurmstepd still running (pid $(echo $steps)); stopping it and its job processes ($(echo $tree))"
+    # Without slurmd a slurmstepd ignores SIGTERM while it retries to reach it.
+    kill -KILL $tree $steps 2>/dev/null
+    wait_gone $steps
+fi
 [ "${SLURM_STOP_KEEP_MUNGE:-0}" = 1 ] || stop_daemon munged /run/munge/munged.pid
 
 # 3. verify

@@ -1,0 +1,94 @@
+"""Training data and its deterministic cut into logical slots (micro-batch shards).
+
+The global batch of step t is a fixed window of a seeded permutation stream; slot s of that batch
+is a fixed sub-window. Every rank computes the same cut, whatever the rank count, so a slot holds
+the same samples on 1, 2, 4 or 8 ranks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..refusals import Refusal
+
+
+class Dataset:
+    def __init__(self, X, y, X_eval, y_eval, classes: int, name: str):
+        self.X, self.y, self.X_eval, self.y_eval = X, y, X_eval, y_eval
+        self.classes, self.name = classes, name
+
+    @property
+    def inputs(self) -> int:
+        return self.X.shape[1]
+
+
+def synthetic(seed: int, n: int = 8192, n_eval: int = 2048, inputs: int = 128, classes: int = 10) -> Dataset:
+    """A deterministic classification task: labels from a random two-layer teacher, 5% flipped."""
+    rng = np.random.default_rng([seed, 0x5EED])
+    X = rng.standard_normal((n + n_eval, inputs))
+    T1 = rng.standard_normal((inputs, 64))
+    T2 = rng.standard_normal((64, classes))
+    y = np.argmax(np.tanh(X @ T1) @ T2, axis=1)
+    flip = rng.random(n + n_eval) < 0.05
+    y[flip] = rng.integers(0, classes, int(flip.sum()))
+    return Dataset(X[:n], y[:n], X[n:], y[n:], classes, f"synthetic(seed={seed})")
+
+
+def load_npz(path: str, eval_fraction: float = 0.2) -> Dataset:
+    """User data: an .npz with X (n, d) floats and y (n,) integer labels 0..C-1."""
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            if "X" not in f or "y" not in f:
+                raise Refusal("data-invalid", f"{path} has arrays {sorted(f.files)}, needs X and y")
+            X, y = np.asarray(f["X"]), np.asarray(f["y"])
+    except (OSError, ValueError) as e:
+        raise Refusal("data-invalid", f"cannot read {path}: {e}")
+    if X.ndim != 2 or y.ndim != 1 or len(X) != len(y) or len(y) < 2:
+        raise Refusal("data-invalid", f"{path}: X must be (n, d) and y (n,), got {X.shape} and {y.shape}")
+    if not np.issubdtype(y.dtype, np.integer) or y.min() < 0:
+        raise Refusal("data-invalid", f"{path}: y must hold integer labels >= 0")
+    X = X.astype(np.float64)
+    if not np.all(np.isfinite(X)):
+        raise Refusal("data-invalid", f"{path}: X holds NaN or Inf")
+    k = max(1, int(len(y) * eval_fraction))
+    return Dataset(X[k:], y[k:].astype(np.int64), X[:k], y[:k].astype(np.int64), int(y.max()) + 1, path)
+
+
+def slot_sizes(batch: int, slots: int) -> list:
+    """Samples per slot: batch // slots, the first batch % slots slots one more (unequal allowed)."""
+    base, extra = divmod(batch, slots)
+    return [base + (1 if s < extra else 0) for s in range(slots)]
+
+
+class SlotStream:
+    """Which samples slot s reads at step t; identical on every rank."""
+
+    def __init__(self, n: int, batch: int, slots: int, seed: int, sizes=None):
+        if batch < slots:
+            raise Refusal("usage", f"--batch {batch} is smaller than --slots {slots}: every slot needs a sample")
+        self.n, self.batch, self.seed = n, batch, seed
+        self.sizes = list(sizes) if sizes is not None else slot_sizes(batch, slots)
+        if sum(self.sizes) != batch:
+            raise Refusal("usage", f"slot sizes {self.sizes} do not add up to the batch {batch}")
+        self.offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(int)
+        self._perms = {}
+
+    def _perm(self, epoch: int) -> np.ndarray:
+        p = self._perms.get(epoch)
+        if p is None:
+            if len(self._perms) >= 2:  # a batch spans at most two epochs
+                self._perms.pop(min(self._perms))
+            p = self._perms[epoch] = np.random.default_rng([self.seed, 0xDA7A, epoch]).permutation(self.n)
+        return p
+
+    def indices(self, step: int, slot: int) -> np.ndarray:
+        start = step * self.batch + int(self.offsets[slot])
+        count = self.sizes[slot]
+        out = np.empty(count, dtype=np.int64)
+        done = 0
+        while done < count:
+            epoch, pos = divmod(start + done, self.n)
+            take = min(count - done, self.n - pos)
+            out[done : done + take] = self._perm(epoch)[pos : pos + take]
+            done += take
+        return out

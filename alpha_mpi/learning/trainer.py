@@ -1,0 +1,136 @@
+"""The training loop behind `alpha-mpi train`: data cut into slots, steps, progress, digest."""
+
+from __future__ import annotations
+
+import hashlib
+import signal
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from .data import SlotStream, load_npz, synthetic
+from .learner import DataParallelLearner
+from .mlp import MLP
+
+PREEMPTED = 99  # exit status: stopped on a signal after saving a checkpoint (job scripts requeue)
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 200
+    slots: int = 8
+    batch: int = 256
+    optimizer: str = "adam"
+    lr: float = 2e-3
+    momentum: float = 0.9
+    topology: str = "hierarchy:2"
+    partition: str = "none"
+    seed: int = 0
+    hidden: int = 700
+    data: str | None = None
+    log_every: int = 10
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    resume: bool = False
+    timeout: float | None = None
+
+
+def digest(params: np.ndarray) -> str:
+    """sha256 of the parameters as little-endian binary64: compare runs by this."""
+    return hashlib.sha256(np.ascontiguousarray(params, dtype="<f8").tobytes()).hexdigest()
+
+
+class StopFlag:
+    """Set by SIGUSR1/SIGTERM (Slurm's warning and preemption signals); read between steps."""
+
+    def __init__(self):
+        self.set = False
+        self._old = {}
+
+    def install(self):
+        for sig in (signal.SIGUSR1, signal.SIGTERM):
+            try:
+                self._old[sig] = signal.signal(sig, self._handler)
+            except ValueError:  # not the main thread
+                pass
+        return self
+
+    def _handler(self, signum, frame):
+        self.set = True
+
+    def restore(self):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def build(comm, cfg: TrainConfig):
+    data = load_npz(cfg.data) if cfg.data else synthetic(cfg.seed)
+    model = MLP(data.inputs, cfg.hidden, data.classes)
+    learner = DataParallelLearner(
+        comm, model, slots=cfg.slots, topology=cfg.topology, optimizer=cfg.optimizer, lr=cfg.lr,
+        momentum=cfg.momentum, partition=cfg.partition, seed=cfg.seed, timeout=cfg.timeout,
+    )
+    stream = SlotStream(len(data.y), cfg.batch, cfg.slots, cfg.seed)
+    return data, model, learner, stream
+
+
+def train(comm, cfg: TrainConfig, out=print) -> dict:
+    """Run `cfg.steps` steps (continuing from a checkpoint with `resume`). Rank 0 prints."""
+    rank = comm.Get_rank()
+    say = out if rank == 0 else (lambda *a, **k: None)
+    data, model, learner, stream = build(comm, cfg)
+    ckpt = None
+    if cfg.checkpoint_dir:
+        from ..checkpoint import Checkpointer
+
+        ckpt = Checkpointer(comm, cfg.checkpoint_dir, learner, cfg)
+        if cfg.resume:
+            restored = ckpt.restore_latest()
+            if restored is not None:
+                say(f"# resumed from {restored} at step {learner.step}")
+    say(f"# alpha-mpi train: {data.name}, {model.n_params} parameters, {cfg.slots} slots on {comm.Get_size()} ranks, "
+        f"batch {cfg.batch}, {cfg.optimizer} lr {cfg.lr:g}, topology {cfg.topology}, partition {cfg.partition}")
+    say(f"# order id {learner.order_id}")
+    mem = learner.memory()
+    say("# memory per rank: " + ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in mem.items()))
+    stop = StopFlag().install()
+    preempted = False
+    t_start = time.perf_counter()
+    samples = 0
+    loss = float("nan")
+    try:
+        while learner.step < cfg.steps:
+            t = learner.step
+            batch = {}
+            for s in learner.my_slots:
+                idx = stream.indices(t, s)
+                batch[s] = (data.X[idx], data.y[idx])
+            loss, stop_now = learner.train_step(batch, stop=stop.set)
+            samples += cfg.batch
+            if ckpt and cfg.checkpoint_every and learner.step % cfg.checkpoint_every == 0:
+                ckpt.save()
+            if stop_now:
+                if ckpt and not ckpt.has(learner.step):
+                    ckpt.save()
+                say(f"# stopped by signal after step {learner.step}" + (", checkpoint saved" if ckpt else ""))
+                preempted = True
+                break
+            if learner.step % cfg.log_every == 0 or learner.step == cfg.steps:
+                el = time.perf_counter() - t_start
+                tm = learner.times
+                say(f"step {learner.step:5d}/{cfg.steps}  loss {loss:.6f}  samples/s {samples / el:9.0f}  "
+                    f"compute {tm['compute']:.2f}s  combine {tm['combine']:.2f}s  update {tm['update']:.2f}s")
+    finally:
+        stop.restore()
+    params = learner.final_params()
+    acc = float(np.mean(model.predict(params, data.X_eval) == data.y_eval))
+    result = {
+        "steps": learner.step, "loss": float(loss), "accuracy": acc, "digest": digest(params),
+        "order_id": learner.order_id, "preempted": preempted, "memory": mem, "config": asdict(cfg),
+        "seconds": time.perf_counter() - t_start,
+    }
+    if not preempted:
+        say(f"final loss {loss:.6f}  accuracy {acc:.4f}  ({learner.step} steps, {result['seconds']:.1f}s)")
+    say(f"state digest: {result['digest']}")
+    return result

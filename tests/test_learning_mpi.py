@@ -1,0 +1,77 @@
+"""Learners over MPI: every partition mode and every rank count end with the same bits.
+
+Each rank also trains the same run alone on COMM_SELF (all slots on one rank): the MPI run must
+match it bit for bit, so rank-count independence is checked inside every mpiexec run.
+"""
+
+import numpy as np
+import pytest
+
+from alpha_mpi.learning import MLP, DataParallelLearner, digest
+from alpha_mpi.learning.data import SlotStream, synthetic
+from alpha_mpi.refusals import Refusal
+
+from conftest import agree, bits
+
+SLOTS = 10
+
+
+def run(comm, mode, optimizer, steps, topology="hierarchy:2", data=None, model=None):
+    data = data or synthetic(7, n=600, n_eval=16, inputs=12, classes=4)
+    model = model or MLP(12, 24, 4)
+    lr = 1e-2 if optimizer == "adam" else 0.05
+    learner = DataParallelLearner(comm, model, slots=SLOTS, topology=topology, optimizer=optimizer, lr=lr,
+                                  partition=mode, seed=9, timeout=20)
+    stream = SlotStream(len(data.y), 53, SLOTS, 9)  # 53 samples over 10 slots: unequal slots
+    for t in range(steps):
+        batch = {s: (data.X[stream.indices(t, s)], data.y[stream.indices(t, s)]) for s in learner.my_slots}
+        learner.train_step(batch)
+    return learner
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+@pytest.mark.parametrize("topology", ["hierarchy:2", "star"])
+def test_all_partition_modes_and_rank_counts_end_with_one_digest(world, optimizer, topology):
+    from mpi4py import MPI
+
+    alone = digest(run(MPI.COMM_SELF, "none", optimizer, 20, topology).final_params())
+    for mode in ("none", "state", "grads", "params"):
+        d = digest(run(world, mode, optimizer, 20, topology).final_params())
+        agree(world, d == alone, f"{mode} {optimizer} {topology}: {d[:12]} vs alone {alone[:12]}")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_partitioned_state_lives_only_in_the_owners_range(world):
+    size = world.Get_size()
+    full = run(world, "none", "adam", 3)
+    part = run(world, "state", "adam", 3)
+    a, b = part.own
+    agree(world, part.opt.m.size == b - a and abs(part.opt.m.size - full.opt.m.size / size) <= 1, "state sharded")
+    agree(world, np.array_equal(bits(part.opt.m), bits(full.opt.m[a:b])), "sharded m = replicated m[a:b]")
+    agree(world, np.array_equal(bits(part.opt.v), bits(full.opt.v[a:b])), "sharded v = replicated v[a:b]")
+    params = run(world, "params", "adam", 3)
+    agree(world, params.params.size == b - a, "params sharded")
+    agree(world, part.memory()["optimizer"] < full.memory()["optimizer"], "less optimizer memory")
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("mode", ["none", "grads"])
+def test_nan_on_one_rank_refuses_the_step_on_every_rank(world, mode):
+    data = synthetic(7, n=600, n_eval=16, inputs=12, classes=4)
+    learner = run(world, mode, "adam", 2, data=data)
+    before = learner.final_params().copy()
+    stream = SlotStream(len(data.y), 53, SLOTS, 9)
+    batch = {}
+    for s in learner.my_slots:
+        X, y = data.X[stream.indices(2, s)].copy(), data.y[stream.indices(2, s)]
+        if s == SLOTS - 1:
+            X[0, 0] = np.nan
+        batch[s] = (X, y)
+    try:
+        learner.train_step(batch)
+        code = None
+    except Refusal as e:
+        code = e.code
+    agree(world, code in ("non-finite-contribution", "non-finite-combined", "peer-failed"), f"{mode}: {code}")
+    agree(world, np.array_equal(bits(learner.final_params()), bits(before)), "params unchanged everywhere")

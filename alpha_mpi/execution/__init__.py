@@ -2,3 +2,5 @@
 
 from .assembly import Assembler, assemble  # noqa: F401
 from .combiner import Combiner, combine  # noqa: F401
+from .allreduce import Allreducer, allreduce, reduce_scatter  # noqa: F401
+from .scatter import ScatterCombiner  # noqa: F401

@@ -42,6 +42,9 @@ _FMT = struct.Struct("<8sHBBI8s16s16s8sQIII8sQ")
 _CRC = struct.Struct("<I")
 PHASE_CODE = {"r": 1, "d": 2, "a": 3}
 PHASE_NAME = {1: "reduce", 2: "deliver", 3: "assemble"}
+# Scatter realization (planning/scatter_plan.py): leaf pieces to chunk owners, reduced chunks out.
+PHASE_CODE.update({"s": 4, "g": 5})
+PHASE_NAME.update({4: "scatter", 5: "gather"})
 FLAG_NONFINITE = 1
 if _FMT.size != 100:  # the layout above is part of the wire format
     raise ImportError("alpha_mpi frame header layout changed size")

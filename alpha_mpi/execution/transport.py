@@ -20,6 +20,10 @@ DEFAULT_TIMEOUT = 30.0
 # frames between two ranks are sent and their receives posted in increasing edge order, and MPI's
 # non-overtaking rule (same source, tag and communicator) then pairs them exactly.
 TAG = {"r": 11, "d": 12, "a": 13}
+# The scatter realization shares the tree realization's tags on purpose (scatter with reduce,
+# gather with deliver): a peer that runs the other realization of the same order then meets a
+# frame it did not plan and refuses it by name, instead of both sides waiting for a timeout.
+TAG.update({"s": 11, "g": 12})
 
 
 def timeout_from_env(timeout=None) -> float:

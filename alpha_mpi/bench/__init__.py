@@ -1,0 +1,71 @@
+"""Benchmarks, in the style of mpi4py's bench.py: `python -m alpha_mpi.bench COMMAND [options]`
+or `alpha-mpi bench COMMAND [options]`, under mpiexec.
+
+Each command is a module with `cmd(comm, argv) -> int` and its own argparse; it prints on rank 0
+only. Commands are imported on first use, so a missing optional one (e.g. `train`, which lives
+in alpha_mpi.bench.train_bench) is reported, not fatal to the others. An unknown command is an
+error on rank 0 and exits 2 on every rank.
+
+Collectives: the harness may time and aggregate with MPI collectives (Barrier, gather of
+timings); MPI_Allreduce on data appears only in alpha_mpi/bench/baseline.py, the reference being
+measured. alpha_mpi's own combines never use a collective.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "allreduce": ("alpha_mpi.bench.allreduce_bench", "declared-order allreduce (tree, scatter, auto) vs MPI_Allreduce"),
+    "train": ("alpha_mpi.bench.train_bench", "data-parallel training step time"),
+}
+
+EXIT_USAGE = 2
+
+
+def _comm():
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+def _usage() -> str:
+    lines = ["usage: alpha-mpi bench COMMAND [options]   (python -m alpha_mpi.bench COMMAND ...)", "", "commands:"]
+    lines += [f"  {name:10s} {help_text}" for name, (_, help_text) in COMMANDS.items()]
+    lines.append("\nRun `alpha-mpi bench COMMAND --help` for a command's options (under mpiexec -n P).")
+    return "\n".join(lines)
+
+
+def run(argv=None) -> int:
+    """Dispatch `argv` = [COMMAND, options...]; returns the exit status (the same on every rank)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    comm = _comm()
+    rank = comm.Get_rank()
+    if not argv or argv[0] in ("-h", "--help"):
+        if rank == 0:
+            print(_usage())
+        return 0 if argv else EXIT_USAGE
+    name, rest = argv[0], argv[1:]
+    entry = COMMANDS.get(name)
+    if entry is None:
+        if rank == 0:
+            print(f"alpha-mpi bench: error [usage] unknown command {name!r}; choose from {', '.join(COMMANDS)}", file=sys.stderr)
+        return EXIT_USAGE
+    module_name = entry[0]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name != module_name:
+            raise
+        if rank == 0:
+            print(
+                f"alpha-mpi bench: error [usage] the {name!r} benchmark is not available in this installation "
+                f"(module {module_name} is missing)",
+                file=sys.stderr,
+            )
+        return EXIT_USAGE
+    fn = getattr(module, "cmd", None)
+    if fn is not None:
+        return int(fn(comm, rest) or 0)
+    return int(module.run(rest) or 0)  # a command written as run(argv) like the CLI's tools

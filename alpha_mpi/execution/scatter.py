@@ -1,0 +1,510 @@
+"""Run a ScatterPlan (planning/scatter_plan.py) over an mpi4py communicator (layer 4).
+
+Every rank builds a ScatterCombiner for the same plan (collectively: it duplicates the
+communicator unless told not to). Each planned frame gets a persistent request at construction;
+frames of one (phase, peer) channel rotate through `depth` reused buffers, so a large vector
+streams through a few cache-resident buffers: pack a segment of the contributions, transfer,
+evaluate the whole tree over the segment (one fused kernel pass), copy it into the gather frames,
+transfer, copy into `out`. One event loop per run advances whatever is ready and never blocks on
+one request, so no order of arrival can deadlock; every wait is bounded (`peer-timeout`).
+
+Matching: frames of one channel use one tag (scatter shares the tree realization's reduce tag,
+gather its deliver tag; see transport.TAG) and are sent and their receives started in segment
+order, so MPI's non-overtaking rule pairs them exactly. Every header is checked before the
+payload is used; a frame of another size (a peer running another plan or realization) is refused
+by name, `frame-identity-mismatch` when its header names another plan of the same order.
+
+FiniteOrRefuse, as in the Combiner: each chunk owner checks its reduced segments and flags the
+gather frames; every rank that the result (or, in reduce-scatter mode, the header-only flag
+frame) reaches refuses `non-finite-contribution` (it holds the bad slot) or `non-finite-combined`
+after communication has completed, so no rank is left waiting and none applies a partial update.
+On such a refusal the contents of `out` are unspecified.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import kernel
+from ..planning.scatter_plan import ReduceScatter, ScatterPlan, plan_scatter
+from ..refusals import FrameRefusal, KernelRefusal, PeerTimeout, PlanRefusal, Refusal
+from .frames import FLAG_NONFINITE, HEADER, MAGIC, FrameSpec, short_digest
+from .transport import TAG, cancel_all, debug_enabled, library_comm, log, timeout_from_env
+
+# Buffers per channel: frame j reuses the buffer of frame j - DEPTH once that one completed.
+DEFAULT_DEPTH = 3
+# Polls of an idle event loop before it starts sleeping (oversubscribed ranks must yield the
+# core to the peer they wait for). ALPHA_MPI_SPIN=1 never sleeps: for benchmarks on dedicated
+# cores only.
+SPINS_BEFORE_SLEEP = 200
+
+_CLEAN_REFUSALS = frozenset(
+    ("contribution-missing", "contribution-unexpected", "contribution-shape", "dtype-invalid",
+     "non-finite-contribution", "non-finite-combined", "executor-reentrant", "combiner-broken",
+     "kernel-bad-argument")
+)
+
+
+def spin_from_env() -> bool:
+    return os.environ.get("ALPHA_MPI_SPIN", "") not in ("", "0")
+
+
+class _Frame:
+    """One planned frame at this rank: spec, its ring buffer views, persistent request."""
+
+    __slots__ = ("f", "spec", "buf", "payload", "pieces", "req", "status", "flags")
+
+
+class _Channel:
+    """The frames of one (phase, direction, peer), in segment order."""
+
+    __slots__ = ("phase", "peer", "frames", "nxt", "done", "posted", "send")
+
+    def __init__(self, phase, peer, frames, send):
+        self.phase, self.peer, self.frames, self.send = phase, peer, frames, send
+        self.nxt = self.done = self.posted = 0
+
+
+class ScatterCombiner:
+    """Executes one ScatterPlan repeatedly on one communicator. Build it on every rank of `comm`."""
+
+    def __init__(self, comm, splan: ScatterPlan, *, timeout=None, contract: str = "", dup: bool = True, depth: int | None = None):
+        size = comm.Get_size()
+        if not isinstance(splan, ScatterPlan):
+            raise PlanRefusal("plan-rank-mismatch", f"ScatterCombiner runs a ScatterPlan (plan_scatter), got {type(splan).__name__}")
+        if splan.size != size:
+            raise PlanRefusal("plan-rank-mismatch", f"plan is for {splan.size} ranks, communicator has {size}")
+        self.plan = splan
+        self.comm = library_comm(comm) if dup else comm
+        self.rank = rank = self.comm.Get_rank()
+        self.timeout = timeout_from_env(timeout)
+        self.debug = debug_enabled()
+        self.spin = spin_from_env()
+        self.step = 0
+        self.broken = None
+        self._busy = False
+        self.depth = D = int(depth or DEFAULT_DEPTH)
+        if D < 1:
+            raise PlanRefusal("plan-rank-mismatch", f"depth must be >= 1, got {depth!r}")
+        layout = splan.layout
+        self.count = splan.layout.total
+        self.slots = splan.owner_slots[rank]
+        self.start, self.stop = splan.chunks[rank]
+        self.segs = splan.segments(rank)
+        self.reduce_scatter = splan.mode == "reduce-scatter"
+        self.is_receiver = rank in splan.receivers
+
+        def spec(f):
+            return FrameSpec(
+                phase=f.phase, edge=f.segment, sender=f.src, receiver=f.dst, count=f.count,
+                topology=splan.topology, order_id=splan.order_id, identity=splan.identity,
+                layout_key=f.layout_key(layout), contract=contract,
+            )
+
+        self._order16 = short_digest(splan.order_id, 16)
+        self._ident16 = short_digest(splan.identity, 16)
+
+        # Channels: group the planned frames by (phase, peer), keeping the planned order.
+        def channels(frames, send):
+            by = {}
+            for f in frames:
+                key = (f.phase, f.dst if send else f.src)
+                by.setdefault(key, []).append(f)
+            out = {}
+            for (phase, peer), fs in by.items():
+                ring = [np.zeros(HEADER + max(x.nbytes for x in fs), dtype=np.uint8) for _ in range(min(D, len(fs)))]
+                items = []
+                for j, f in enumerate(fs):
+                    x = _Frame()
+                    x.f, x.spec, x.flags = f, spec(f), 0
+                    x.buf = ring[j % len(ring)][: HEADER + f.nbytes]
+                    x.payload = x.buf[HEADER:].view(np.float64)
+                    m = f.stop - f.start
+                    x.pieces = [x.payload[i * m:(i + 1) * m] for i in range(f.pieces)] if f.pieces else []
+                    tag = TAG[phase]
+                    if send:
+                        x.req = self.comm.Send_init(x.buf, dest=peer, tag=tag)
+                        x.status = None
+                    else:
+                        x.req = self.comm.Recv_init(x.buf, source=peer, tag=tag)
+                        x.status = MPI.Status()
+                    items.append(x)
+                out[(phase, peer)] = _Channel(phase, peer, items, send)
+            return out
+
+        outs = channels(splan.frames_from(rank), True)
+        ins = channels(splan.frames_to(rank), False)
+        self.s_out = [c for (ph, _), c in outs.items() if ph == "s"]
+        self.g_out = [c for (ph, _), c in outs.items() if ph == "g"]
+        self.s_in = [c for (ph, _), c in ins.items() if ph == "s"]
+        self.g_in = [c for (ph, _), c in ins.items() if ph == "g"]
+        self.channels = self.s_out + self.s_in + self.g_out + self.g_in
+        self._slot_index = {s: i for i, s in enumerate(self.slots)}
+        # Where each leaf's piece of my chunk comes from: my own contribution, or piece i of the
+        # scatter frame from channel c (the same segment index j).
+        src_of = {}
+        for ci, ch in enumerate(self.s_in):
+            for i, s in enumerate(splan.owner_slots[ch.peer]):
+                src_of[s] = (ci, i)
+        maxseg = max((b - a for a, b in self.segs), default=0)
+        self.groups = []
+        for g in splan.groups:
+            recipe = []
+            for kind, v in g.inputs:
+                if kind == "leaf":
+                    if v in self._slot_index:
+                        recipe.append(("mine", v))
+                    else:  # an empty chunk has no pieces (and is never evaluated)
+                        recipe.append(("piece",) + src_of.get(v, (-1, -1)))
+                else:
+                    recipe.append(("group", v))
+            self.groups.append((g.index, recipe, np.asarray(g.program, dtype=np.int32), g.output[0] == "root"))
+        self.scratch = {g.index: np.empty(maxseg) for g in splan.groups if g.output[0] == "group"}
+        self._result_scratch = np.empty(maxseg)
+        self._stage_all = [x for ch in self.s_in for x in ch.frames]
+
+    # ------------------------------------------------------------------------------------------
+    def _payloads(self, contributions) -> dict:
+        if not isinstance(contributions, dict):
+            raise Refusal("contribution-shape", "contributions must be a dict mapping slot -> payload")
+        if len(contributions) != len(self.slots) or any(s not in contributions for s in self.slots):
+            extra = sorted(set(contributions) - set(self.slots))
+            if extra:
+                raise Refusal("contribution-unexpected", f"rank {self.rank} passed slot(s) {extra[:8]} it does not own in the tree (it owns {list(self.slots)[:8]})")
+            missing = [s for s in self.slots if s not in contributions]
+            raise Refusal("contribution-missing", f"rank {self.rank} owns slot(s) {missing[:8]} but passed no payload for them")
+        out = {}
+        for slot, value in contributions.items():
+            if isinstance(value, tuple):
+                parts = [np.ravel(np.asarray(p, dtype=np.float64)) for p in value]
+                arr = np.concatenate(parts) if len(parts) > 1 else parts[0]
+            else:
+                arr = value
+            if not isinstance(arr, np.ndarray) or arr.dtype != np.float64:
+                raise Refusal("dtype-invalid", f"slot {slot}: payload must be a float64 array, got {getattr(arr, 'dtype', type(arr))}")
+            if arr.size != self.count:
+                raise Refusal("contribution-shape", f"slot {slot}: {arr.size} elements, the layout {self.plan.layout.key()} needs {self.count}")
+            out[slot] = arr.reshape(-1) if arr.flags.c_contiguous else np.ascontiguousarray(arr).reshape(-1)
+        return out
+
+    @staticmethod
+    def _out_array(out, n, what):
+        if not isinstance(out, np.ndarray) or out.dtype != np.float64 or out.size != n or not out.flags.c_contiguous or not out.flags.writeable:
+            raise KernelRefusal(
+                "kernel-bad-argument",
+                f"{what}: out must be a writeable C-contiguous float64 array of {n} elements, got "
+                f"{getattr(out, 'dtype', type(out).__name__)} of {getattr(out, 'size', '?')}",
+            )
+        return out.reshape(-1)
+
+    # ------------------------------------------------------------------------------------------
+    def run(self, contributions, out=None):
+        """Allreduce modes: the combined payload where delivery reaches this rank, else None
+        (`out`, if given, is then left as it was). Reduce-scatter mode: (start, stop, chunk)."""
+        if self.reduce_scatter:
+            return self.reduce_scatter_run(contributions, out)
+        return self._run(contributions, out)
+
+    def reduce_scatter_run(self, contributions, out=None):
+        """(start, stop, values of coordinates start..stop-1). `out`: an array of the chunk's
+        length, or of the whole payload (the chunk is written at out[start:stop])."""
+        if not self.reduce_scatter:
+            raise PlanRefusal("plan-rank-mismatch", "this plan delivers the whole result; plan it with ReduceScatter()")
+        return self._run(contributions, out)
+
+    def _run(self, contributions, out):
+        if self.broken is not None:
+            raise Refusal("combiner-broken", f"an earlier run refused with [{self.broken}]")
+        if self._busy:
+            raise Refusal("executor-reentrant", "run() called while a run is in progress")
+        self._busy = True
+        try:
+            leaves = self._payloads(contributions)
+            L = self.stop - self.start
+            if self.reduce_scatter:
+                if out is None:
+                    chunk = np.empty(L)
+                elif isinstance(out, np.ndarray) and out.size == self.count and out.size != L:
+                    chunk = self._out_array(out, self.count, "reduce_scatter")[self.start:self.stop]
+                else:
+                    chunk = self._out_array(out, L, "reduce_scatter")
+                full, base = None, self.start
+                target = chunk
+            elif self.is_receiver:
+                full = np.empty(self.count) if out is None else self._out_array(out, self.count, "allreduce")
+                base, target = 0, full
+            else:
+                full, base, target = None, 0, None
+            flags = self._exchange(leaves, full, target, base)
+            if flags & FLAG_NONFINITE and (self.is_receiver or self.reduce_scatter or self._own_flag):
+                self._refuse_nonfinite(leaves, full if full is not None else target)
+            if self.reduce_scatter:
+                return self.start, self.stop, chunk
+            return out if (full is not None and out is not None) else full
+        except Refusal as e:
+            self._fail(e)
+            raise
+        finally:
+            self.step += 1
+            self._busy = False
+
+    def _exchange(self, leaves, full, target, base) -> int:
+        """One run's event loop; returns the OR of the non-finite flags this rank saw."""
+        step = self.step
+        D = self.depth
+        self._deadline = time.monotonic() + self.timeout
+        self._own_flag = False
+        flags = 0
+        for ch in self.channels:
+            ch.nxt = ch.done = ch.posted = 0
+        for ch in self.s_in + self.g_in:  # post the first receives, in frame order
+            while ch.posted < len(ch.frames) and ch.posted < D:
+                ch.frames[ch.posted].req.Start()
+                ch.posted += 1
+        nseg = len(self.segs)
+        evaluated = 0
+        rs_flags_sent = not self.reduce_scatter
+        spins, pause = 0, 2e-5
+        debug, rank = self.debug, self.rank
+        mine = leaves
+        while True:
+            moved = False
+            # 1. scatter sends: free completed buffers, pack and start the next frames.
+            for ch in self.s_out:
+                frames = ch.frames
+                while ch.done < ch.nxt and frames[ch.done].req.Test():
+                    ch.done += 1
+                while ch.nxt < len(frames) and ch.nxt - ch.done < D:
+                    x = frames[ch.nxt]
+                    a, b = x.f.start, x.f.stop
+                    for piece, s in zip(x.pieces, self.slots):
+                        np.copyto(piece, mine[s][a:b])
+                    x.spec.write(x.buf, step, 0)
+                    x.req.Start()
+                    if debug:
+                        log(rank, f"send -> {ch.peer} scatter segment {x.f.segment} step {step} {x.buf.nbytes}B")
+                    ch.nxt += 1
+                    moved = True
+            # 2. scatter receives: check headers as frames arrive (ch.nxt = checked so far).
+            for ch in self.s_in:
+                while ch.nxt < ch.posted:
+                    x = ch.frames[ch.nxt]
+                    if not self._test_recv(x, ch, step):
+                        break
+                    ch.nxt += 1
+                    moved = True
+            # 3. evaluate my chunk segment by segment once every piece has arrived and every
+            #    gather channel has a free buffer.
+            while evaluated < nseg:
+                j = evaluated
+                if any(ch.nxt <= j for ch in self.s_in):
+                    break
+                if not self.reduce_scatter and any(ch.nxt - ch.done >= D and not self._free_one(ch) for ch in self.g_out):
+                    break
+                a, b = self.segs[j]
+                flags |= self._evaluate(j, a, b, mine, target, base)
+                for ch in self.s_in:  # the buffers of segment j are free: start receive j + D
+                    if ch.posted < len(ch.frames):
+                        ch.frames[ch.posted].req.Start()
+                        ch.posted += 1
+                    ch.done = j + 1
+                evaluated += 1
+                moved = True
+            if not rs_flags_sent and evaluated == nseg:
+                for ch in self.g_out:
+                    x = ch.frames[0]
+                    x.spec.write(x.buf, step, flags & FLAG_NONFINITE)
+                    x.req.Start()
+                    ch.nxt = 1
+                rs_flags_sent = True
+                moved = True
+            # 4. gather sends complete; gather receives land in `out`.
+            for ch in self.g_out:
+                while ch.done < ch.nxt and ch.frames[ch.done].req.Test():
+                    ch.done += 1
+            for ch in self.g_in:
+                while ch.nxt < ch.posted:
+                    x = ch.frames[ch.nxt]
+                    if not self._test_recv(x, ch, step):
+                        break
+                    flags |= x.flags
+                    if full is not None and x.pieces:
+                        np.copyto(full[x.f.start:x.f.stop], x.payload)
+                    ch.nxt += 1
+                    ch.done = ch.nxt
+                    if ch.posted < len(ch.frames):
+                        ch.frames[ch.posted].req.Start()
+                        ch.posted += 1
+                    moved = True
+            if moved:
+                spins, pause = 0, 2e-5
+                continue
+            if self._finished(evaluated, nseg, rs_flags_sent):
+                return flags
+            spins += 1
+            if spins > SPINS_BEFORE_SLEEP and (not self.spin or spins % 4096 == 0):
+                if time.monotonic() > self._deadline:
+                    self._timeout(evaluated)
+                if not self.spin:
+                    time.sleep(pause)
+                    pause = min(pause * 2, 1e-3)
+
+    def _free_one(self, ch) -> bool:
+        if ch.frames[ch.done].req.Test():
+            ch.done += 1
+            return True
+        return False
+
+    def _finished(self, evaluated, nseg, rs_flags_sent) -> bool:
+        if evaluated < nseg or not rs_flags_sent:
+            return False
+        for ch in self.s_out:
+            if ch.done < len(ch.frames):
+                return False
+        for ch in self.g_out:
+            if ch.done < len(ch.frames):
+                return False
+        for ch in self.g_in:
+            if ch.nxt < len(ch.frames):
+                return False
+        return True
+
+    def _test_recv(self, x, ch, step) -> bool:
+        try:
+            if not x.req.Test(x.status):
+                return False
+        except MPI.Exception as e:
+            # A longer frame than planned truncates: the peer runs another plan or realization.
+            self._refuse_foreign(x, -1, step, f"MPI reports {e.Get_error_string().strip()} for a {x.buf.nbytes}-byte frame")
+        nbytes = x.status.Get_count(MPI.BYTE)
+        if nbytes != x.buf.nbytes:
+            self._refuse_foreign(x, nbytes, step, f"{nbytes} bytes arrived, expected {x.buf.nbytes}")
+        x.flags = x.spec.check(x.buf, step, nbytes)
+        if self.debug:
+            log(self.rank, f"recv <- {ch.peer} {'scatter' if ch.phase == 's' else 'gather'} segment {x.f.segment} step {step} {nbytes}B")
+        return True
+
+    def _refuse_foreign(self, x, nbytes, step, what):
+        f = x.f
+        where = f"{'scatter' if f.phase == 's' else 'gather'} segment {f.segment} from rank {f.src} (step {step})"
+        ctx = dict(edge=f.segment, peer=f.src, step=step)
+        buf = x.buf
+        # The header comes first, so even a truncated frame says whose plan it belongs to
+        # (offsets: magic 0..8, order id 24..40, plan identity 40..56; see frames.py).
+        if (nbytes < 0 or nbytes >= HEADER) and bytes(buf[0:8]) == MAGIC and bytes(buf[24:40]) == self._order16:
+            ident = bytes(buf[40:56])
+            if ident != self._ident16:
+                raise FrameRefusal(
+                    "frame-identity-mismatch",
+                    f"{where}: {what}; the frame belongs to plan {ident.hex()}, not this scatter plan "
+                    f"{self._ident16.hex()} of the same order: the peer runs another realization "
+                    "(tree vs scatter), delivery, segment length or rank count",
+                    **ctx,
+                )
+        raise FrameRefusal("frame-size-mismatch", f"{where}: {what}", **ctx)
+
+    def _evaluate(self, j, a, b, mine, target, base) -> int:
+        m = b - a
+        dest = None
+        if target is not None:
+            dest = target[a - base:b - base]
+        elif self.g_out:
+            dest = self.g_out[0].frames[j].payload
+        else:
+            dest = self._result_scratch[:m]
+        s_in = self.s_in
+        for gi, recipe, prog, is_root in self.groups:
+            inputs = []
+            for r in recipe:
+                kind = r[0]
+                if kind == "mine":
+                    inputs.append(mine[r[1]][a:b])
+                elif kind == "piece":
+                    inputs.append(s_in[r[1]].frames[j].pieces[r[2]])
+                else:
+                    inputs.append(self.scratch[r[1]][:m])
+            kernel.tree_eval(dest if is_root else self.scratch[gi][:m], inputs, prog)
+        flag = 0
+        if kernel.first_nonfinite(dest) >= 0:
+            flag = FLAG_NONFINITE
+            self._own_flag = True
+        if not self.reduce_scatter:
+            step = self.step
+            for ch in self.g_out:
+                x = ch.frames[j]
+                if x.payload is not dest:
+                    np.copyto(x.payload, dest)
+                x.spec.write(x.buf, step, flag)
+                x.req.Start()
+                if self.debug:
+                    log(self.rank, f"send -> {ch.peer} gather segment {j} step {step} {x.buf.nbytes}B")
+                ch.nxt = j + 1
+        return flag
+
+    def _timeout(self, evaluated):
+        step = self.step
+        for ch in self.s_in:
+            if ch.nxt < len(ch.frames):
+                self._raise_timeout("scatter", ch.peer, ch.nxt, step)
+        for ch in self.g_in:
+            if ch.nxt < len(ch.frames):
+                self._raise_timeout("gather", ch.peer, ch.nxt, step)
+        for ch in self.s_out + self.g_out:
+            if ch.done < len(ch.frames):
+                raise PeerTimeout(
+                    "peer-timeout",
+                    f"rank {ch.peer} did not take the {'scatter' if ch.phase == 's' else 'gather'} frame for segment "
+                    f"{ch.done} at step {step} within {self.timeout:g} s",
+                    peer=ch.peer, edge=ch.done, step=step,
+                )
+        raise PeerTimeout("peer-timeout", f"step {step} did not complete within {self.timeout:g} s", step=step)
+
+    def _raise_timeout(self, phase, peer, seg, step):
+        raise PeerTimeout(
+            "peer-timeout",
+            f"no {phase} frame for segment {seg} from rank {peer} at step {step} within {self.timeout:g} s",
+            peer=peer, edge=seg, step=step,
+        )
+
+    def _refuse_nonfinite(self, leaves, result) -> None:
+        for slot, arr in leaves.items():
+            if result is not None and np.shares_memory(arr, result):
+                continue  # in place: the contribution now holds the result
+            i = kernel.first_nonfinite(arr)
+            if i >= 0:
+                raise KernelRefusal(
+                    "non-finite-contribution",
+                    f"slot {slot} holds {arr[i]!r} at element {i} (step {self.step}); nothing was applied",
+                    slot=slot, index=i,
+                )
+        raise KernelRefusal(
+            "non-finite-combined",
+            f"the combined value at step {self.step} is not finite (a contribution on another rank, or overflow)",
+        )
+
+    def _fail(self, e: Refusal) -> None:
+        # Refusals raised before any request started, or after communication completed, leave
+        # the channel clean and the combiner usable; anything else may leave frames in flight.
+        if e.code in _CLEAN_REFUSALS:
+            return
+        self.broken = e.code
+        cancel_all([x.req for ch in self.channels for x in ch.frames])
+        sys.stderr.write(f"r{self.rank} | scatter combine step {self.step} refused [{e.code}]: {e}\n")
+        sys.stderr.flush()
+
+    def free(self) -> None:
+        for ch in self.channels:
+            for x in ch.frames:
+                try:
+                    x.req.Free()
+                except Exception:
+                    pass
+        self.channels, self.s_out, self.s_in, self.g_out, self.g_in = [], [], [], [], []
+
+
+__all__ = ["ScatterCombiner", "ReduceScatter", "plan_scatter", "DEFAULT_DEPTH", "spin_from_env"]

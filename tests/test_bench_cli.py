@@ -1,0 +1,87 @@
+"""`python -m alpha_mpi.bench allreduce` under mpiexec: the table, the JSON, the exit statuses.
+
+Single-process test: it launches its own `mpiexec -n 2` under a hard `timeout`.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from alpha_mpi.bench.allreduce_bench import parse_size, parse_sizes
+
+
+def mpiexec():
+    local = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return local if os.path.exists(local) else shutil.which("mpiexec")
+
+
+needs_mpiexec = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec on PATH or beside the interpreter")
+
+
+def launch(*args, n=2, limit=120, cwd=None):
+    cmd = ["timeout", "-k", "5", str(limit), mpiexec(), "-n", str(n), sys.executable, "-m", "alpha_mpi.bench", *args]
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
+
+
+@needs_mpiexec
+def test_allreduce_table_and_json(tmp_path):
+    out = tmp_path / "out.json"
+    r = launch("allreduce", "--sizes", "8,64K", "--iters", "3", "--json", str(out), cwd=tmp_path)
+    text = r.stdout + r.stderr
+    assert r.returncode == 0, text
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("# alpha_mpi allreduce benchmark")
+    machine = next(l for l in lines if l.startswith("# machine:"))
+    for key in ("host=", "cpu=", "cores=", "mpi=", "p=2"):
+        assert key in machine, machine
+    header = next(l for l in lines if l.startswith("#") and "bytes" in l and "realization" in l)
+    for col in ("t_min[us]", "t_avg[us]", "t_max[us]", "algbw[GB/s]", "busbw[GB/s]", "ratio", "bits"):
+        assert col in header
+    rows = [l.split() for l in lines if l and not l.startswith("#")]
+    assert len(rows) == 2 * 4  # MPI_Allreduce, auto, tree, scatter for each of two sizes
+    assert {row[0] for row in rows} == {"8", "65536"}
+    names = [row[1] for row in rows]
+    assert names.count("MPI_Allreduce") == 2 and names.count("tree") == 2 and names.count("scatter") == 2
+    assert any(name.startswith("auto(") for name in names)
+    for row in rows:
+        if row[1] != "MPI_Allreduce":
+            assert row[-1] == "ok", row
+        else:
+            assert float(row[-2]) == 1.0
+    doc = json.loads(out.read_text())
+    assert doc["machine"]["p"] == 2 and doc["bits_ok"] is True
+    assert doc["config"]["realizations"] == ["auto", "tree", "scatter"]
+    res = doc["results"]
+    assert len(res) == 8
+    for r_ in res:
+        assert r_["t_min_us"] <= r_["t_avg_us"] <= r_["t_max_us"]
+        assert r_["busbw_GBs"] == pytest.approx(r_["algbw_GBs"])  # 2(p-1)/p = 1 at p = 2
+    assert {r_["chosen"] for r_ in res if r_["requested"] == "auto"} <= {"tree", "scatter"}
+    # only rank 0 prints the table
+    assert r.stdout.count("# machine:") == 1
+
+
+@needs_mpiexec
+def test_unknown_command_exits_2_on_every_rank():
+    r = launch("nonsense", limit=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.count("unknown command 'nonsense'") == 1  # printed on rank 0 only
+
+
+@needs_mpiexec
+def test_bad_option_exits_2():
+    r = launch("allreduce", "--sizes", "12", limit=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.count("not a positive multiple of 8") == 1
+
+
+def test_size_parsing():
+    assert parse_size("8") == 8 and parse_size("1K") == 1024 and parse_size("64M") == 64 << 20
+    assert parse_size("2MiB") == 2 << 20
+    assert parse_sizes("8,1K,1M,64M") == [8, 1024, 1 << 20, 64 << 20]
+    assert parse_sizes("8:64") == [8, 16, 32, 64]

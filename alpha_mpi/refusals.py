@@ -64,6 +64,12 @@ ADVICE: dict[str, str] = {
     "bounded-difference-without-evidence": "record conformance evidence (ulp/abs error over a named suite) before running a BoundedDifference contract",
     "evidence-outside-tolerance": "the recorded error exceeds the tolerance; widen it deliberately or fix the kernel",
     "unchecked-claimed-equal": "an Unchecked contract may run but is never claimed equal to anything",
+    "evidence-build-mismatch": "conformance evidence names the kernel build it was measured on; measure it again with this build (measure_evidence)",
+    "conformance-suite-unknown": "name a registered conformance suite (alpha_mpi.numerics.SUITES)",
+    "numerical-contract-invalid": "build contracts with contract_for_plan() or from a dict written by NumericalContract.to_dict()",
+    "oracle-mismatch": "the executed result is not the declared tree's result; the order that ran differs from the declared one (mutant, planner or kernel bug)",
+    "mutant-not-applicable": "this tree has no place for that mutation (too few leaves or ranks); use a larger tree",
+    "mutant-unobservable": "the data gives the mutant the declared bits, so it proves nothing; use order-sensitive data",
     # checkpoints
     "checkpoint-exists": "a published step is immutable; save under a new step",
     "checkpoint-missing": "no checkpoint there; check the path or start without --resume",

@@ -78,6 +78,7 @@ ADVICE: dict[str, str] = {
     "checkpoint-path-escape": "a manifest entry points outside the checkpoint directory; refuse this checkpoint",
     "checkpoint-format-version": "this checkpoint was written by another format version; use a matching alpha_mpi",
     "checkpoint-manifest": "the manifest is malformed; restore an earlier checkpoint",
+    "checkpoint-config-mismatch": "resume with the saved run's --slots/--batch/--seed/--hidden/--data/--optimizer/--lr (see `alpha-mpi checkpoint inspect`)",
     # tools
     "usage": "see `alpha-mpi --help`",
     "data-invalid": "give an .npz with float arrays X (n, d) and integer labels y (n,)",

@@ -69,18 +69,23 @@ class DataParallelLearner:
         # Plans and executors, built once. Their order ids are what the contract names.
         self.full_plan = plan(self.tree, ReplicateAll(), _weighted(n), size=self.size)
         self.my_slots = self.full_plan.slots_of(self.rank)
+        from ..numerics import contract_for_plan
+
+        # The learner's numerical contract: the combine order, normalise-once, the optimizer formula.
+        self.contract = contract_for_plan(self.full_plan, optimizer=optimizer)
+        cd = self.contract.digest
         self.payloads = {s: np.zeros(n + 2) for s in self.my_slots}
         if partition in ("none", "state"):
-            self.combiners = [Combiner(comm, self.full_plan, timeout=timeout)]
+            self.combiners = [Combiner(comm, self.full_plan, timeout=timeout, contract=cd)]
             self.reduced = np.empty(n + 2)
         else:
             self.range_plans = [plan(self.tree, DeliverTo(r), _weighted(hi - lo), size=self.size) for r, lo, hi in self.ranges]
-            self.combiners = [Combiner(comm, p, timeout=timeout) for p in self.range_plans]
+            self.combiners = [Combiner(comm, p, timeout=timeout, contract=cd) for p in self.range_plans]
             self.range_payloads = [{s: np.zeros(hi - lo + 2) for s in self.my_slots} for r, lo, hi in self.ranges]
             self.reduced = np.empty(b - a + 2)
         self.assembler = None
         if partition != "none":
-            self.assembler = Assembler(comm, plan_assembly(self.ranges, n, self.size), timeout=timeout)
+            self.assembler = Assembler(comm, plan_assembly(self.ranges, n, self.size), timeout=timeout, contract=cd)
         self.control = Combiner(comm, plan(star(range(self.size), self.size), ReplicateAll(), 2, size=self.size), timeout=timeout)
         self.step = 0
         self.times = {"compute": 0.0, "combine": 0.0, "update": 0.0}
@@ -156,6 +161,39 @@ class DataParallelLearner:
     def final_params(self):
         """The full parameters on every rank (assembled in `params` mode: every rank calls)."""
         return self.full_params()
+
+    # -- checkpoints: every component is a logical vector of length n, saved by coordinate range --
+    def checkpoint_pieces(self) -> dict:
+        """name -> (length, [(start, stop, values)]) for the range this rank writes."""
+        n, (a, b) = self.n, self.own
+        if b <= a:
+            return {}
+        p = self.params if self.partition == "params" else self.params[a:b]
+        out = {"params": (n, [(a, b, p)])}
+        for name, arr in self.opt.state()["arrays"].items():
+            out[f"optimizer.{name}"] = (n, [(a, b, arr if self.partition != "none" else arr[a:b])])
+        return out
+
+    def checkpoint_scalars(self) -> dict:
+        return {"step": self.step, "optimizer": self.optimizer_name, "optimizer_scalars": self.opt.state()["scalars"],
+                "partition_saved": self.partition}
+
+    def load_checkpoint(self, ck) -> None:
+        """Read exactly the ranges this rank now owns, whatever the rank count was at save time."""
+        n, (a, b) = self.n, self.own
+        if ck.length("params") != n:
+            raise Refusal("checkpoint-config-mismatch", f"checkpoint has {ck.length('params')} parameters, this model {n}")
+        sc = ck.manifest["scalars"]
+        if sc.get("optimizer") != self.optimizer_name:
+            raise Refusal("checkpoint-config-mismatch", f"checkpoint optimizer {sc.get('optimizer')!r}, now {self.optimizer_name!r}")
+        if self.partition == "params":
+            self.params[...] = ck.read_range("params", a, b)
+        else:
+            self.params[...] = ck.read_range("params", 0, n)
+        lo, hi = (0, n) if self.partition == "none" else (a, b)
+        arrays = {name: ck.read_range(f"optimizer.{name}", lo, hi) for name in self.opt.state()["arrays"]}
+        self.opt.load(arrays, sc["optimizer_scalars"])
+        self.step = int(sc["step"])
 
     def memory(self) -> dict:
         """Bytes this rank holds per kind of state (frames and transport buffers excluded)."""

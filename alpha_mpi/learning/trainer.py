@@ -34,6 +34,7 @@ class TrainConfig:
     checkpoint_every: int = 0
     resume: bool = False
     timeout: float | None = None
+    adopt_contract: bool = False
 
 
 def digest(params: np.ndarray) -> str:
@@ -84,7 +85,7 @@ def train(comm, cfg: TrainConfig, out=print) -> dict:
     if cfg.checkpoint_dir:
         from ..checkpoint import Checkpointer
 
-        ckpt = Checkpointer(comm, cfg.checkpoint_dir, learner, cfg)
+        ckpt = Checkpointer(comm, cfg.checkpoint_dir, learner, cfg, adopt_contract=cfg.adopt_contract, timeout=cfg.timeout)
         if cfg.resume:
             restored = ckpt.restore_latest()
             if restored is not None:

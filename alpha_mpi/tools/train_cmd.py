@@ -28,6 +28,8 @@ def parser():
     p.add_argument("--checkpoint-dir", default=None, help="save sharded checkpoints here")
     p.add_argument("--checkpoint-every", type=int, default=0, help="save every N steps (0: only on a stop signal)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
+    p.add_argument("--adopt-contract", action="store_true",
+                   help="resume even if the checkpoint's numerical contract differs; the adoption is recorded in later checkpoints")
     p.add_argument("--json", default=None, help="write the result (digest, loss, accuracy, timings) to this file (rank 0)")
     return p
 
@@ -48,7 +50,7 @@ def run(argv) -> int:
         steps=a.steps, slots=a.slots, batch=a.batch, optimizer=a.optimizer, lr=lr, momentum=a.momentum,
         topology=a.topology, partition=a.partition, seed=a.seed, hidden=a.hidden, data=a.data,
         log_every=a.log_every, checkpoint_dir=a.checkpoint_dir, checkpoint_every=a.checkpoint_every,
-        resume=a.resume, timeout=a.timeout,
+        resume=a.resume, timeout=a.timeout, adopt_contract=a.adopt_contract,
     )
     comm = MPI.COMM_WORLD
     result = train(comm, cfg, out=lambda s: print(s, flush=True))

@@ -1,0 +1,236 @@
+"""Checkpoints in one process: shards equal the oracle's state, refusals by name, immutability."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from alpha_mpi import oracle
+from alpha_mpi.checkpoint import Checkpointer, open_checkpoint
+from alpha_mpi.learning import MLP, DataParallelLearner
+from alpha_mpi.learning.data import SlotStream, synthetic
+from alpha_mpi.model import build
+from alpha_mpi.refusals import Refusal
+
+from conftest import bits
+
+SLOTS, BATCH = 4, 29
+CFG = {"slots": SLOTS, "batch": BATCH, "seed": 3, "hidden": 5, "data": None, "optimizer": "adam", "lr": 1e-2, "momentum": 0.9}
+
+
+def comm_self():
+    from mpi4py import MPI
+
+    return MPI.COMM_SELF
+
+
+def make(topology="hierarchy:2", partition="none"):
+    model = MLP(6, 5, 3)
+    return DataParallelLearner(comm_self(), model, slots=SLOTS, topology=topology, lr=1e-2, seed=3, partition=partition), model
+
+
+def train(learner, data, steps):
+    stream = SlotStream(len(data.y), BATCH, SLOTS, 3)
+    for _ in range(steps):
+        t = learner.step
+        learner.train_step({s: (data.X[stream.indices(t, s)], data.y[stream.indices(t, s)]) for s in range(SLOTS)})
+
+
+@pytest.fixture
+def data():
+    return synthetic(3, n=300, n_eval=8, inputs=6, classes=3)
+
+
+@pytest.fixture
+def saved(tmp_path, data):
+    learner, model = make()
+    train(learner, data, 3)
+    ck = Checkpointer(comm_self(), str(tmp_path / "ck"), learner, CFG)
+    ck.save()
+    return str(tmp_path / "ck"), learner, model
+
+
+def test_every_shard_equals_the_oracle_state(saved, data):
+    root, learner, model = saved
+    # The independent oracle: tree over (Σg, Σn, Σloss) payloads, one division, Adam in Python floats.
+    tree = build("hierarchy:2", SLOTS, 1)
+    stream = SlotStream(len(data.y), BATCH, SLOTS, 3)
+    p = model.init(3).tolist()
+    n = len(p)
+    m, v, b1t, b2t = [0.0] * n, [0.0] * n, 0.9, 0.999
+    for t in range(3):
+        pay = {}
+        for s in range(SLOTS):
+            idx = stream.indices(t, s)
+            g = np.zeros(n)
+            loss = model.loss_and_grad_sum(np.array(p), data.X[idx], data.y[idx], g)
+            pay[s] = g.tolist() + [float(len(idx)), loss]
+        tot = oracle.evaluate(tree, pay)
+        p, m, v = oracle.adam(p, m, v, [x / tot[n] for x in tot[:n]], 1e-2, 0.9, 0.999, 1e-8, b1t, b2t)
+        b1t, b2t = b1t * 0.9, b2t * 0.999
+    ck = open_checkpoint(root)
+    for name, want in (("params", p), ("optimizer.m", m), ("optimizer.v", v)):
+        for e in ck.components[name]["shards"]:
+            got = ck.read_range(name, e["start"], e["stop"])
+            assert np.array_equal(bits(got), bits(np.array(want[e["start"]:e["stop"]]))), name
+    sc = ck.manifest["scalars"]["optimizer_scalars"]
+    assert (sc["b1t"], sc["b2t"], sc["steps"]) == (b1t, b2t, 3)
+
+
+def test_resume_continues_with_the_same_bits(saved, data):
+    root, learner, _ = saved
+    train(learner, data, 2)
+    for partition in ("none", "state", "grads", "params"):
+        again, _ = make(partition=partition)
+        Checkpointer(comm_self(), root, again, CFG).restore_latest()
+        assert again.step == 3
+        train(again, data, 2)
+        assert np.array_equal(bits(again.final_params()), bits(learner.final_params())), partition
+
+
+def test_partial_reads_across_shards(tmp_path):
+    from alpha_mpi.checkpoint import store
+
+    root = str(tmp_path / "c")
+    full = np.arange(100, dtype=np.float64) / 7
+    tmp = store.prepare_tmp(root, 5)
+    shards = store.write_shards(tmp, "x", [(0, 30, full[:30]), (30, 31, full[30:31]), (31, 100, full[31:])])
+    store.publish(root, 5, tmp, {}, {"x": {"length": 100, "shards": shards}})
+    ck = open_checkpoint(root)
+    for a, b in ((0, 100), (25, 35), (30, 31), (99, 100), (10, 10)):
+        assert np.array_equal(ck.read_range("x", a, b), full[a:b])
+
+
+def test_second_save_of_a_step_is_refused(saved):
+    root, learner, _ = saved
+    with pytest.raises(Refusal) as e:
+        Checkpointer(comm_self(), root, learner, CFG).save()
+    assert e.value.code == "checkpoint-exists"
+
+
+def step_dir(root):
+    return os.path.join(root, open(os.path.join(root, "latest")).read().strip())
+
+
+def rewrite_component(root, name, edit):
+    """Edit a component manifest and re-seal its sha256 in the root manifest (so only `edit` is wrong)."""
+    import hashlib
+
+    d = step_dir(root)
+    mpath = os.path.join(d, name, "manifest.json")
+    comp = json.load(open(mpath))
+    edit(comp)
+    body = json.dumps(comp).encode()
+    open(mpath, "wb").write(body)
+    rm = json.load(open(os.path.join(d, "manifest.json")))
+    rm["components"][name]["sha256"] = hashlib.sha256(body).hexdigest()
+    json.dump(rm, open(os.path.join(d, "manifest.json"), "w"))
+
+
+def shard_file(root, name="params"):
+    d = os.path.join(step_dir(root), name)
+    return os.path.join(d, sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))[0])
+
+
+def corrupt(root):
+    f = shard_file(root)
+    b = bytearray(open(f, "rb").read())
+    b[-3] ^= 0x01
+    open(f, "wb").write(bytes(b))
+
+
+def escape_absolute(root):
+    rewrite_component(root, "params", lambda c: c["shards"][0].update(path="/etc/passwd"))
+
+
+def escape_dotdot(root):
+    rewrite_component(root, "params", lambda c: c["shards"][0].update(path="../optimizer.m/" + os.path.basename(shard_file(root, "optimizer.m"))))
+
+
+def escape_symlink(root):
+    f = shard_file(root)
+    outside = os.path.join(os.path.dirname(root), "outside.safetensors")
+    shutil.copy(f, outside)
+    os.remove(f)
+    os.symlink(outside, f)
+
+
+def bad_version(root):
+    p = os.path.join(step_dir(root), "manifest.json")
+    m = json.load(open(p))
+    m["version"] = 99
+    json.dump(m, open(p, "w"))
+
+
+def bad_profile(root):
+    p = os.path.join(step_dir(root), "manifest.json")
+    m = json.load(open(p))
+    m["contract"]["profile"]["subnormals"] = "flush-to-zero"
+    json.dump(m, open(p, "w"))
+
+
+CASES = [
+    (corrupt, "checkpoint-corrupt"),
+    (lambda r: os.remove(shard_file(r)), "checkpoint-shard-missing"),
+    (lambda r: os.remove(os.path.join(step_dir(r), "params", "manifest.json")), "checkpoint-shard-missing"),
+    (escape_absolute, "checkpoint-path-escape"),
+    (escape_dotdot, "checkpoint-path-escape"),
+    (escape_symlink, "checkpoint-path-escape"),
+    (bad_version, "checkpoint-format-version"),
+    (lambda r: rewrite_component(r, "params", lambda c: c["shards"].pop()), "checkpoint-manifest"),
+    (lambda r: open(os.path.join(r, "latest"), "w").write("../../elsewhere\n"), "checkpoint-path-escape"),
+]
+
+
+@pytest.mark.parametrize("damage,code", CASES, ids=[c for _, c in CASES])
+def test_damaged_checkpoints_are_refused_by_restore_and_verify(saved, damage, code):
+    root, _, _ = saved
+    damage(root)
+    with pytest.raises(Refusal) as e:
+        open_checkpoint(root).verify()
+    assert e.value.code == code
+    again, _ = make()
+    with pytest.raises(Refusal) as e:
+        Checkpointer(comm_self(), root, again, CFG).restore_latest()
+    assert e.value.code == code
+    r = subprocess.run([sys.executable, "-m", "alpha_mpi", "checkpoint", "verify", root], capture_output=True, text=True)
+    assert r.returncode == 3 and f"[{code}]" in r.stderr
+
+
+def test_profile_and_order_mismatch_are_refused_unless_adopted(saved):
+    root, _, _ = saved
+    star_learner, _ = make(topology="star")
+    with pytest.raises(Refusal) as e:
+        Checkpointer(comm_self(), root, star_learner, CFG).restore_latest()
+    assert e.value.code == "numerical-order-mismatch"
+    adopting = Checkpointer(comm_self(), root, star_learner, CFG, adopt_contract=True)
+    adopting.restore_latest()
+    assert adopting.history and adopting.history[0]["to"] == star_learner.contract.digest
+    bad_profile(root)
+    with pytest.raises(Refusal) as e:
+        Checkpointer(comm_self(), root, make()[0], CFG).restore_latest()
+    assert e.value.code == "numerical-profile-mismatch"
+
+
+def test_config_mismatch_and_missing_checkpoint(saved, tmp_path):
+    root, _, _ = saved
+    with pytest.raises(Refusal) as e:
+        Checkpointer(comm_self(), root, make()[0], dict(CFG, batch=30)).restore_latest()
+    assert e.value.code == "checkpoint-config-mismatch"
+    assert Checkpointer(comm_self(), str(tmp_path / "none"), make()[0], CFG).restore_latest() is None
+    with pytest.raises(Refusal) as e:
+        open_checkpoint(str(tmp_path / "none"))
+    assert e.value.code == "checkpoint-missing"
+
+
+def test_inspect_and_verify_cli(saved):
+    root, _, _ = saved
+    r = subprocess.run([sys.executable, "-m", "alpha_mpi", "checkpoint", "verify", root], capture_output=True, text=True)
+    assert r.returncode == 0 and "ok:" in r.stdout and "step 3" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "alpha_mpi", "checkpoint", "inspect", root, "--json"], capture_output=True, text=True)
+    m = json.loads(r.stdout)
+    assert m["step"] == 3 and m["format"] == "alpha-mpi-checkpoint"

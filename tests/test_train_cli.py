@@ -1,0 +1,92 @@
+"""The main job from the installed command: rank-count independence, resume on another rank count,
+partitioned modes resuming into others, preemption (exit 99 after a checkpoint), refusals."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from test_launch_mpi import mpiexec
+
+pytestmark = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec")
+SMALL = ["--hidden", "48", "--log-every", "1000"]
+
+
+def train(n, *args, limit=180):
+    cmd = ["timeout", "-k", "5", str(limit), mpiexec(), "-n", str(n), sys.executable, "-m", "alpha_mpi", "train", *SMALL, *args]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    m = re.search(r"^state digest: ([0-9a-f]{64})$", r.stdout, re.M)
+    return r, (m.group(1) if m else None)
+
+
+def test_same_digest_on_1_2_4_ranks():
+    digests = {n: train(n, "--steps", "12")[1] for n in (1, 2, 4)}
+    assert None not in digests.values() and len(set(digests.values())) == 1, digests
+
+
+def test_resume_on_other_rank_counts_and_modes_matches_uninterrupted(tmp_path):
+    _, want = train(4, "--steps", "40")
+    base = tmp_path / "base"
+    r, _ = train(4, "--steps", "20", "--checkpoint-dir", str(base), "--checkpoint-every", "20", "--partition", "grads")
+    assert r.returncode == 0, r.stderr
+    for n, mode in ((2, "none"), (1, "params"), (3, "state")):
+        d = tmp_path / f"r{n}"
+        subprocess.run(["cp", "-r", str(base), str(d)], check=True)
+        r, got = train(n, "--steps", "40", "--checkpoint-dir", str(d), "--resume", "--partition", mode)
+        assert "# resumed from" in r.stdout and got == want, (n, mode, r.stdout[-500:], r.stderr[-2000:])
+    # Resuming a finished run does nothing more and reports the same digest.
+    r, got = train(2, "--steps", "20", "--checkpoint-dir", str(base), "--resume")
+    assert r.returncode == 0 and got is not None
+
+
+def test_sigusr1_saves_a_checkpoint_and_exits_99(tmp_path):
+    ck = tmp_path / "ck"
+    cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "alpha_mpi", "train", *SMALL,
+           "--steps", "100000", "--checkpoint-dir", str(ck)]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (ck.exists() or time.monotonic() > deadline):  # the trainer made its directory: it runs
+            time.sleep(0.2)
+        time.sleep(2)
+        p.send_signal(signal.SIGUSR1)  # hydra forwards it to every rank, as srun and Slurm do
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 99, (out[-800:], err[-2000:])
+    assert "stopped by signal" in out
+    r = subprocess.run([sys.executable, "-m", "alpha_mpi", "checkpoint", "verify", str(ck)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_train_refusals_exit_3_with_a_code(tmp_path):
+    r, _ = train(2, "--steps", "2", "--topology", "ring")
+    assert r.returncode == 3 and "[topology-invalid]" in r.stderr
+    r, _ = train(4, "--steps", "2", "--slots", "2")
+    assert r.returncode == 3 and "[placement-invalid]" in r.stderr
+    bad = tmp_path / "bad.npz"
+    import numpy as np
+
+    np.savez(bad, X=np.ones((10, 3)), labels=np.zeros(10))
+    r, _ = train(1, "--steps", "2", "--data", str(bad))
+    assert r.returncode == 3 and "[data-invalid]" in r.stderr
+
+
+def test_user_data_and_json_result(tmp_path):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((300, 5))
+    y = (X[:, 0] > 0).astype(np.int64)
+    np.savez(tmp_path / "d.npz", X=X, y=y)
+    out = tmp_path / "r.json"
+    r, d = train(2, "--steps", "40", "--lr", "0.01", "--data", str(tmp_path / "d.npz"), "--batch", "64", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    assert res["digest"] == d and res["accuracy"] > 0.85, res["accuracy"]

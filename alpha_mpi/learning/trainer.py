@@ -131,7 +131,9 @@ def train(comm, cfg: TrainConfig, out=print) -> dict:
         "order_id": learner.order_id, "preempted": preempted, "memory": mem, "config": asdict(cfg),
         "seconds": time.perf_counter() - t_start,
     }
-    if not preempted:
+    if preempted:  # not the run's final state: keep it out of `state digest:` parsers
+        say(f"# state digest at step {learner.step}: {result['digest']}")
+    else:
         say(f"final loss {loss:.6f}  accuracy {acc:.4f}  ({learner.step} steps, {result['seconds']:.1f}s)")
-    say(f"state digest: {result['digest']}")
+        say(f"state digest: {result['digest']}")
     return result

@@ -71,7 +71,7 @@ class Allreducer:
     """
 
     def __init__(self, comm, tree, layout=None, delivery=None, realization: str = "auto", crossover_bytes=None, *,
-                 timeout=None, contract: str = "", segment=None, coverage=None, dup: bool = True):
+                 timeout=None, contract: str = "", segment=None, depth=None, coverage=None, dup: bool = True):
         size = comm.Get_size()
         if isinstance(tree, Plan):
             tree_plan = tree
@@ -96,7 +96,7 @@ class Allreducer:
             self.executor = Combiner(self.comm, tree_plan, timeout=timeout, contract=contract, dup=False)
         else:
             self.plan = plan_scatter(tree_plan, segment=segment)
-            self.executor = ScatterCombiner(self.comm, self.plan, timeout=timeout, contract=contract, dup=False)
+            self.executor = ScatterCombiner(self.comm, self.plan, timeout=timeout, contract=contract, dup=False, depth=depth)
 
     @property
     def identity(self) -> str:

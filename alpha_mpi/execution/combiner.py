@@ -13,8 +13,11 @@ so no rank is left waiting and none applies a partial update.
 
 from __future__ import annotations
 
+import os
+import struct
 import sys
 import time
+import zlib
 
 import numpy as np
 from mpi4py import MPI
@@ -22,9 +25,25 @@ from mpi4py import MPI
 from .. import kernel
 from ..planning import Plan, plan as make_plan
 from ..planning.simulate import grid
-from ..refusals import FrameRefusal, KernelRefusal, PlanRefusal, Refusal
+from ..refusals import FrameRefusal, KernelRefusal, PeerTimeout, PlanRefusal, Refusal
+from . import frames as _frames
 from .frames import FLAG_NONFINITE, FrameSpec, frame_buffer, payload
-from .transport import TAG, cancel_all, debug_enabled, library_comm, log, timeout_from_env, wait_one
+from .transport import TAG, cancel_all, debug_enabled, library_comm, log, timeout_from_env
+
+# Hot path (performance only; behaviour as before). Measured at 8 B - 64 KiB on 2 ranks, the
+# per-call Python work dominated a combine: kernel.tree_eval's argument checks and pointer-array
+# allocation, FrameSpec.write/check re-packing all 15 header fields, dict lookups and per-call
+# lists. Now: pointer arrays, program and output pointers are built once per plan (only leaf
+# pointers are set per call, after _payloads validated them); a send header is written in full
+# once and then only its step, flags and CRC are patched; a received header is compared bytewise
+# with the expected one (every field but the flags, step patched) and handed to FrameSpec.check,
+# which names the refusal, only when it differs; the steps are a prebuilt table.
+_F64 = np.dtype(np.float64)
+_U64 = struct.Struct("<Q")
+_U32 = struct.Struct("<I")
+_STEP_OFF, _FLAGS_OFF, _CRC_OFF = _frames._STEP_OFF, _frames._FLAGS_OFF, _frames._CRC_OFF
+_KERNEL_TREE_EVAL = kernel.tree_eval  # if it is wrapped later (instrumentation, tests), go through it
+_MISSING = object()
 
 
 _CLEAN_REFUSALS = frozenset(
@@ -34,11 +53,23 @@ _CLEAN_REFUSALS = frozenset(
 
 
 class _Recv:
-    __slots__ = ("step", "spec", "buf", "payload", "req", "status", "done", "flags")
+    __slots__ = ("step", "spec", "buf", "payload", "req", "status", "done", "flags", "mv", "expect", "nbytes", "fast")
 
 
 class _Send:
-    __slots__ = ("step", "spec", "buf", "payload", "req")
+    __slots__ = ("step", "spec", "buf", "payload", "req", "mv", "fast")
+
+
+def _template(spec) -> bytes:
+    """The header `spec` writes at step 0 with no flags (bytes 0..99, CRC excluded)."""
+    tmp = np.zeros(_frames.HEADER, dtype=np.uint8)
+    spec.write(tmp, 0, 0)
+    return bytes(tmp[:_CRC_OFF])
+
+
+def spin_from_env() -> bool:
+    """ALPHA_MPI_SPIN=1: waits never sleep (benchmarks on dedicated cores; never oversubscribed)."""
+    return os.environ.get("ALPHA_MPI_SPIN", "") not in ("", "0")
 
 
 class Combiner:
@@ -109,9 +140,79 @@ class Combiner:
         self.programs = {
             g.index: np.asarray(g.program, dtype=np.int32) for g in plan.groups if g.rank == rank
         }
+        self._build_hot_path()
+
+    def _build_hot_path(self) -> None:
+        ffi, lib = kernel.ffi, kernel.lib
+        self.spin = spin_from_env()
+        self._recv_reqs = [r.req for r in self.recv_order]
+        for r in self.recvs.values():
+            r.mv = memoryview(r.buf)
+            r.expect = _template(r.spec)
+            r.fast = r.spec  # a replaced spec is always asked (FrameSpec.check)
+            r.nbytes = r.buf.nbytes
+        for x in self.sends.values():
+            x.mv = memoryview(x.buf)
+            x.fast = x.spec  # the spec whose header is in the buffer; a replaced spec writes itself
+            x.spec.write(x.buf, 0, 0)
+        keep = self._keep = []  # cdata buffers that must outlive the pointer arrays
+        self._darr = darr = ffi.typeof("double[]")
+
+        def ptr(arr):
+            c = ffi.from_buffer(darr, arr, True)
+            keep.append(c)
+            return c
+
+        # One entry per op (same index as self.ops, for the error grid):
+        #   (0, group, out, out_ptr, prog, prog_ptr, ptrs, leaf_positions, inputs_template, is_root,
+        #    reduce receives it consumes)
+        #   (1, recv) deliver receive      (2, send, is_deliver)      (3,) reduce receive (no-op)
+        self._table = []
+        for s in self.ops:
+            if s.kind == "E":
+                g = self.plan.groups[s.index]
+                prog = self.programs[g.index]
+                out = self.group_out[g.index]
+                k = len(g.inputs)
+                ptrs = ffi.new("double *[]", k)
+                keep.append(ptrs)
+                leaf_pos, template = [], []
+                for j, (kind, v) in enumerate(g.inputs):
+                    if kind == "leaf":
+                        leaf_pos.append((j, v))
+                        template.append(None)
+                    else:
+                        arr = self.recvs[("r", v)].payload if kind == "edge" else self.scratch[v]
+                        ptrs[j] = ptr(arr)
+                        template.append(arr)
+                edges = [self.recvs[("r", v)] for kind, v in g.inputs if kind == "edge"]
+                self._table.append((0, g, out, ptr(out), prog, ffi.from_buffer("int32_t[]", prog), ptrs,
+                                    tuple(leaf_pos), template, g.output[0] == "root", edges))
+            elif s.kind == "R":
+                self._table.append((1, self.recvs[(s.phase, s.index)]) if s.phase == "d" else (3,))
+            else:
+                self._table.append((2, self.sends[(s.phase, s.index)], s.phase == "d"))
+        self._result_ptr = ptr(self.result) if self.result is not None else None
+        self._lib = lib
 
     # ------------------------------------------------------------------------------------------
     def _payloads(self, contributions) -> dict:
+        # Fast path: exactly this rank's slots, each a 1-D (or reshapeable) contiguous float64
+        # array of the layout's size. Anything else takes the checked path below.
+        if type(contributions) is dict and len(contributions) == len(self.slots):
+            out = {}
+            count = self.count
+            for slot in self.slots:
+                v = contributions.get(slot, _MISSING)
+                if type(v) is np.ndarray and v.dtype == _F64 and v.size == count and v.flags.c_contiguous:
+                    out[slot] = v if v.ndim == 1 else v.reshape(-1)
+                else:
+                    break
+            else:
+                return out
+        return self._payloads_checked(contributions)
+
+    def _payloads_checked(self, contributions) -> dict:
         if not isinstance(contributions, dict):
             raise Refusal("contribution-shape", "contributions must be a dict mapping slot -> payload")
         extra = sorted(set(contributions) - set(self.slots))
@@ -139,7 +240,9 @@ class Combiner:
             return
         s = r.step
         try:
-            wait_one(r.req, r.status, self._deadline, (s.peer, s.index, {"r": "reduce", "d": "deliver"}[s.phase], self.step, self.timeout))
+            if not r.req.Test(r.status):
+                what = (s.peer, s.index, {"r": "reduce", "d": "deliver"}[s.phase], self.step, self.timeout)
+                wait_request(r.req, r.status, self._deadline, what, self.spin)
         except MPI.Exception as e:
             # A longer message than planned truncates: the peer runs another layout or plan.
             raise FrameRefusal(
@@ -148,13 +251,21 @@ class Combiner:
                 f"{e.Get_error_string().strip()} for a {r.buf.nbytes}-byte frame",
                 peer=s.peer, edge=s.index, step=self.step,
             )
-        r.flags = r.spec.check(r.buf, self.step, r.status.Get_count(MPI.BYTE))
+        nbytes = r.status.Get_count(MPI.BYTE)
+        flags = _fast_check(r, self.step, nbytes) if r.spec is r.fast else -1
+        r.flags = r.spec.check(r.buf, self.step, nbytes) if flags < 0 else flags
         r.done = True
         if self.debug:
             log(self.rank, f"recv <- {s.peer} edge {s.index} step {self.step} {r.buf.nbytes}B")
 
     def _start_send(self, x: _Send, flags: int) -> None:
-        x.spec.write(x.buf, self.step, flags)
+        if x.spec is x.fast:  # the header is in the buffer: patch step, flags and CRC
+            buf = x.buf
+            _U64.pack_into(buf, _STEP_OFF, self.step)
+            buf[_FLAGS_OFF] = flags
+            _U32.pack_into(buf, _CRC_OFF, zlib.crc32(x.mv[:_CRC_OFF]))
+        else:
+            x.spec.write(x.buf, self.step, flags)
         x.req.Start()
         if self.debug:
             s = x.step
@@ -173,49 +284,56 @@ class Combiner:
             self._deadline = time.monotonic() + self.timeout
             for r in self.recv_order:
                 r.done = False
-                r.req.Start()
+            if self._recv_reqs:
+                MPI.Prequest.Startall(self._recv_reqs)
             started = []
             flags = 0
             holder = self.result
-            for pc, s in enumerate(self.ops):
-                if s.kind == "E":
-                    g = self.plan.groups[s.index]
-                    inputs = []
-                    for kind, v in g.inputs:
-                        if kind == "leaf":
-                            inputs.append(leaves[v])
-                        elif kind == "edge":
-                            r = self.recvs[("r", v)]
-                            self._wait(r)
-                            inputs.append(r.payload)
-                        else:
-                            inputs.append(self.scratch[v])
-                    kernel.tree_eval(self.group_out[g.index], inputs, self.programs[g.index])
-                    if g.output[0] == "root" and kernel.first_nonfinite(self.result) >= 0:
+            fast = kernel.tree_eval is _KERNEL_TREE_EVAL
+            lib, darr, from_buffer = self._lib, self._darr, kernel.ffi.from_buffer
+            n = self.count
+            for pc, op in enumerate(self._table):
+                kind = op[0]
+                if kind == 0:
+                    _, g, gout, optr, prog, pptr, ptrs, leaf_pos, template, is_root, edges = op
+                    for r in edges:
+                        self._wait(r)
+                    if fast:
+                        held = [from_buffer(darr, leaves[slot]) for j, slot in leaf_pos]
+                        for (j, _), c in zip(leaf_pos, held):
+                            ptrs[j] = c
+                        if lib.ak_tree_eval(optr, ptrs, len(template), n, pptr, len(prog)):
+                            fast = False  # let the checked call name the problem
+                    if not fast:
+                        inputs = list(template)
+                        for j, slot in leaf_pos:
+                            inputs[j] = leaves[slot]
+                        kernel.tree_eval(gout, inputs, prog)
+                    if is_root and (lib.ak_first_nonfinite(self._result_ptr, n) >= 0 if fast
+                                    else kernel.first_nonfinite(self.result) >= 0):
                         flags |= FLAG_NONFINITE
-                elif s.kind == "R":
-                    if s.phase == "r":
-                        continue  # reduce frames are waited for by the group that consumes them
-                    r = self.recvs[(s.phase, s.index)]
+                elif kind == 1:
+                    r = op[1]
                     self._wait(r)
                     flags |= r.flags
                     holder = r.payload
-                else:
-                    x = self.sends[(s.phase, s.index)]
-                    if s.phase == "d":
+                elif kind == 2:
+                    x = op[1]
+                    if op[2]:
                         np.copyto(x.payload, holder)
-                    self._start_send(x, flags if s.phase == "d" else 0)
+                    self._start_send(x, flags if op[2] else 0)
                     started.append(x)
             pc = len(self.ops)
             for x in started:
-                wait_one(x.req, None, self._deadline, (x.step.peer, x.step.index, "send", self.step, self.timeout))
+                if not x.req.Test():
+                    wait_request(x.req, None, self._deadline, (x.step.peer, x.step.index, "send", self.step, self.timeout), self.spin)
             if flags & FLAG_NONFINITE and (self.is_receiver or self.rank == self.plan.root_rank):
                 self._refuse_nonfinite(leaves)
             if not self.is_receiver:
                 return None
             if out is None:
-                out = np.empty(self.count)
-            np.copyto(out.reshape(-1), holder)
+                out = np.empty(n)
+            np.copyto(out if out.ndim == 1 else out.reshape(-1), holder)
             return out
         except Refusal as e:
             self._fail(e, pc)
@@ -261,6 +379,76 @@ class Combiner:
             except Exception:
                 pass
         self.recv_order, self.sends = [], {}
+
+
+def _fast_check(r: _Recv, step: int, nbytes: int) -> int:
+    """The frame's flags if its header is byte for byte the expected one (step patched, flags
+    free); -1 otherwise, and FrameSpec.check then names what differs."""
+    if nbytes != r.nbytes:
+        return -1
+    h = r.mv[:_CRC_OFF].tobytes()
+    e = r.expect
+    if (h[:_FLAGS_OFF] != e[:_FLAGS_OFF] or h[_FLAGS_OFF + 1:_STEP_OFF] != e[_FLAGS_OFF + 1:_STEP_OFF]
+            or h[_STEP_OFF + 8:] != e[_STEP_OFF + 8:] or _U64.unpack_from(h, _STEP_OFF)[0] != step
+            or _U32.unpack_from(r.mv, _CRC_OFF)[0] != zlib.crc32(h)):
+        return -1
+    return h[_FLAGS_OFF]
+
+
+# Waiting (replaces transport.wait_one on the hot path; the same bound and the same refusal):
+# poll, then yield the core between polls (sched_yield returns at once on a dedicated core and
+# lets an oversubscribed peer run, without the 50-100 us timer slack of a sleep), and only after
+# SLEEP_AFTER seconds of waiting back off with sleeps up to 1 ms (a slow or dead peer must not
+# cost a core). ALPHA_MPI_SPIN=1 never yields or sleeps (benchmarks on dedicated cores).
+POLLS_BEFORE_YIELD = 200
+SLEEP_AFTER = 0.005
+_yield = getattr(os, "sched_yield", lambda: time.sleep(0))
+
+
+class Idle:
+    """The idle policy of one wait: call `idle()` after each poll that found nothing."""
+
+    __slots__ = ("polls", "sleep_from", "pause", "deadline", "spin")
+
+    def __init__(self, deadline: float, spin: bool):
+        self.polls, self.sleep_from, self.pause, self.deadline, self.spin = 0, None, 5e-5, deadline, spin
+
+    def reset(self) -> None:
+        self.polls, self.sleep_from, self.pause = 0, None, 5e-5
+
+    def idle(self) -> bool:
+        """False once the deadline has passed."""
+        self.polls += 1
+        if self.polls < POLLS_BEFORE_YIELD:
+            return True
+        if self.spin:
+            return (self.polls & 4095) or time.monotonic() <= self.deadline
+        now = time.monotonic()
+        if now > self.deadline:
+            return False
+        if self.sleep_from is None:
+            self.sleep_from = now + SLEEP_AFTER
+        if now < self.sleep_from:
+            _yield()
+        else:
+            time.sleep(self.pause)
+            self.pause = min(self.pause * 2, 1e-3)
+        return True
+
+
+def wait_request(req, status, deadline: float, what, spin: bool = False) -> None:
+    """Complete `req` or raise peer-timeout at `deadline` (what = peer, edge, phase, step, timeout)."""
+    if req.Test(status):
+        return
+    idle = Idle(deadline, spin)
+    while not req.Test(status):
+        if not idle.idle():
+            peer, edge, phase, step, timeout = what
+            raise PeerTimeout(
+                "peer-timeout",
+                f"no {phase} frame for edge {edge} from rank {peer} at step {step} within {timeout:g} s",
+                peer=peer, edge=edge, step=step,
+            )
 
 
 _CACHE: dict = {}

@@ -23,9 +23,9 @@ On such a refusal the contents of `out` are unspecified.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
+import zlib
 
 import numpy as np
 from mpi4py import MPI
@@ -33,15 +33,14 @@ from mpi4py import MPI
 from .. import kernel
 from ..planning.scatter_plan import ReduceScatter, ScatterPlan, plan_scatter
 from ..refusals import FrameRefusal, KernelRefusal, PeerTimeout, PlanRefusal, Refusal
+from .combiner import _CRC_OFF, _FLAGS_OFF, _KERNEL_TREE_EVAL, _STEP_OFF, _U32, _U64, Idle, _template, spin_from_env
 from .frames import FLAG_NONFINITE, HEADER, MAGIC, FrameSpec, short_digest
 from .transport import TAG, cancel_all, debug_enabled, library_comm, log, timeout_from_env
 
 # Buffers per channel: frame j reuses the buffer of frame j - DEPTH once that one completed.
 DEFAULT_DEPTH = 3
-# Polls of an idle event loop before it starts sleeping (oversubscribed ranks must yield the
-# core to the peer they wait for). ALPHA_MPI_SPIN=1 never sleeps: for benchmarks on dedicated
-# cores only.
-SPINS_BEFORE_SLEEP = 200
+# An idle event loop polls, then yields the core between polls, then (after 5 ms) sleeps: see
+# combiner.Idle. ALPHA_MPI_SPIN=1 never yields or sleeps: for benchmarks on dedicated cores only.
 
 _CLEAN_REFUSALS = frozenset(
     ("contribution-missing", "contribution-unexpected", "contribution-shape", "dtype-invalid",
@@ -50,14 +49,33 @@ _CLEAN_REFUSALS = frozenset(
 )
 
 
-def spin_from_env() -> bool:
-    return os.environ.get("ALPHA_MPI_SPIN", "") not in ("", "0")
-
-
 class _Frame:
     """One planned frame at this rank: spec, its ring buffer views, persistent request."""
 
-    __slots__ = ("f", "spec", "buf", "payload", "pieces", "req", "status", "flags")
+    __slots__ = ("f", "spec", "buf", "payload", "pieces", "req", "status", "flags", "mv", "tmpl", "nbytes",
+                 "payptr", "pptrs", "fast")
+
+    def write(self, step: int, flags: int) -> None:
+        """The header: the frame's template (step 0, no flags), then step, flags and CRC."""
+        if self.spec is not self.fast:  # a replaced spec writes itself
+            self.spec.write(self.buf, step, flags)
+            return
+        mv = self.mv
+        mv[:_CRC_OFF] = self.tmpl
+        _U64.pack_into(mv, _STEP_OFF, step)
+        mv[_FLAGS_OFF] = flags
+        _U32.pack_into(mv, _CRC_OFF, zlib.crc32(mv[:_CRC_OFF]))
+
+    def check(self, step: int, nbytes: int) -> int:
+        """Flags of a received frame; FrameSpec.check names any difference from the plan."""
+        if nbytes == self.nbytes and self.spec is self.fast:
+            h = self.mv[:_CRC_OFF].tobytes()
+            e = self.tmpl
+            if (h[:_FLAGS_OFF] == e[:_FLAGS_OFF] and h[_FLAGS_OFF + 1:_STEP_OFF] == e[_FLAGS_OFF + 1:_STEP_OFF]
+                    and h[_STEP_OFF + 8:] == e[_STEP_OFF + 8:] and _U64.unpack_from(h, _STEP_OFF)[0] == step
+                    and _U32.unpack_from(self.mv, _CRC_OFF)[0] == zlib.crc32(h)):
+                return h[_FLAGS_OFF]
+        return self.spec.check(self.buf, step, nbytes)
 
 
 class _Channel:
@@ -88,7 +106,8 @@ class ScatterCombiner:
         self.step = 0
         self.broken = None
         self._busy = False
-        self.depth = D = int(depth or DEFAULT_DEPTH)
+        self._in_flight = False
+        self._depth = D = int(depth or DEFAULT_DEPTH)
         if D < 1:
             raise PlanRefusal("plan-rank-mismatch", f"depth must be >= 1, got {depth!r}")
         layout = splan.layout
@@ -109,6 +128,9 @@ class ScatterCombiner:
         self._order16 = short_digest(splan.order_id, 16)
         self._ident16 = short_digest(splan.identity, 16)
 
+        ffi = kernel.ffi
+        self._darr = darr = ffi.typeof("double[]")
+
         # Channels: group the planned frames by (phase, peer), keeping the planned order.
         def channels(frames, send):
             by = {}
@@ -122,10 +144,14 @@ class ScatterCombiner:
                 for j, f in enumerate(fs):
                     x = _Frame()
                     x.f, x.spec, x.flags = f, spec(f), 0
+                    x.fast, x.tmpl = x.spec, _template(x.spec)
                     x.buf = ring[j % len(ring)][: HEADER + f.nbytes]
+                    x.mv, x.nbytes = memoryview(x.buf), HEADER + f.nbytes
                     x.payload = x.buf[HEADER:].view(np.float64)
                     m = f.stop - f.start
                     x.pieces = [x.payload[i * m:(i + 1) * m] for i in range(f.pieces)] if f.pieces else []
+                    x.payptr = ffi.from_buffer(darr, x.payload, True)
+                    x.pptrs = [x.payptr + i * m for i in range(f.pieces)]
                     tag = TAG[phase]
                     if send:
                         x.req = self.comm.Send_init(x.buf, dest=peer, tag=tag)
@@ -152,21 +178,26 @@ class ScatterCombiner:
             for i, s in enumerate(splan.owner_slots[ch.peer]):
                 src_of[s] = (ci, i)
         maxseg = max((b - a for a, b in self.segs), default=0)
+        self.scratch = {g.index: np.empty(maxseg) for g in splan.groups if g.output[0] == "group"}
+        self._result_scratch = np.empty(maxseg)
+        self._scratch_ptr = {gi: ffi.from_buffer(darr, a, True) for gi, a in self.scratch.items()}
+        self._result_ptr = ffi.from_buffer(darr, self._result_scratch, True)
+        # Per group: (index, recipe, program, program pointer, input pointer array, is_root);
+        # recipe entries: (0, position of my slot) | (1, s_in channel, piece) | (2, group).
         self.groups = []
         for g in splan.groups:
             recipe = []
             for kind, v in g.inputs:
                 if kind == "leaf":
                     if v in self._slot_index:
-                        recipe.append(("mine", v))
+                        recipe.append((0, self._slot_index[v], v))
                     else:  # an empty chunk has no pieces (and is never evaluated)
-                        recipe.append(("piece",) + src_of.get(v, (-1, -1)))
+                        recipe.append((1,) + src_of.get(v, (-1, -1)))
                 else:
-                    recipe.append(("group", v))
-            self.groups.append((g.index, recipe, np.asarray(g.program, dtype=np.int32), g.output[0] == "root"))
-        self.scratch = {g.index: np.empty(maxseg) for g in splan.groups if g.output[0] == "group"}
-        self._result_scratch = np.empty(maxseg)
-        self._stage_all = [x for ch in self.s_in for x in ch.frames]
+                    recipe.append((2, v, None))
+            prog = np.asarray(g.program, dtype=np.int32)
+            self.groups.append((g.index, tuple(recipe), prog, ffi.from_buffer("int32_t[]", prog),
+                                ffi.new("double *[]", len(recipe)), g.output[0] == "root"))
 
     # ------------------------------------------------------------------------------------------
     def _payloads(self, contributions) -> dict:
@@ -240,7 +271,9 @@ class ScatterCombiner:
                 base, target = 0, full
             else:
                 full, base, target = None, 0, None
+            self._in_flight = True
             flags = self._exchange(leaves, full, target, base)
+            self._in_flight = False
             if flags & FLAG_NONFINITE and (self.is_receiver or self.reduce_scatter or self._own_flag):
                 self._refuse_nonfinite(leaves, full if full is not None else target)
             if self.reduce_scatter:
@@ -256,7 +289,7 @@ class ScatterCombiner:
     def _exchange(self, leaves, full, target, base) -> int:
         """One run's event loop; returns the OR of the non-finite flags this rank saw."""
         step = self.step
-        D = self.depth
+        D = self._depth
         self._deadline = time.monotonic() + self.timeout
         self._own_flag = False
         flags = 0
@@ -269,9 +302,15 @@ class ScatterCombiner:
         nseg = len(self.segs)
         evaluated = 0
         rs_flags_sent = not self.reduce_scatter
-        spins, pause = 0, 2e-5
+        idle = Idle(self._deadline, self.spin)
         debug, rank = self.debug, self.rank
         mine = leaves
+        ffi = kernel.ffi
+        memmove, darr = ffi.memmove, self._darr
+        lptrs = [ffi.from_buffer(darr, leaves[s]) for s in self.slots]
+        tptr = ffi.from_buffer(darr, target, True) if target is not None else None
+        fptr = ffi.from_buffer(darr, full, True) if full is not None else None
+        fast = kernel.tree_eval is _KERNEL_TREE_EVAL
         while True:
             moved = False
             # 1. scatter sends: free completed buffers, pack and start the next frames.
@@ -281,10 +320,11 @@ class ScatterCombiner:
                     ch.done += 1
                 while ch.nxt < len(frames) and ch.nxt - ch.done < D:
                     x = frames[ch.nxt]
-                    a, b = x.f.start, x.f.stop
-                    for piece, s in zip(x.pieces, self.slots):
-                        np.copyto(piece, mine[s][a:b])
-                    x.spec.write(x.buf, step, 0)
+                    a = x.f.start
+                    nb = 8 * (x.f.stop - a)
+                    for pp, lp in zip(x.pptrs, lptrs):
+                        memmove(pp, lp + a, nb)
+                    x.write(step, 0)
                     x.req.Start()
                     if debug:
                         log(rank, f"send -> {ch.peer} scatter segment {x.f.segment} step {step} {x.buf.nbytes}B")
@@ -307,7 +347,10 @@ class ScatterCombiner:
                 if not self.reduce_scatter and any(ch.nxt - ch.done >= D and not self._free_one(ch) for ch in self.g_out):
                     break
                 a, b = self.segs[j]
-                flags |= self._evaluate(j, a, b, mine, target, base)
+                if fast:
+                    flags |= self._evaluate_fast(j, a, b, lptrs, tptr, base)
+                else:
+                    flags |= self._evaluate(j, a, b, mine, target, base)
                 for ch in self.s_in:  # the buffers of segment j are free: start receive j + D
                     if ch.posted < len(ch.frames):
                         ch.frames[ch.posted].req.Start()
@@ -318,7 +361,7 @@ class ScatterCombiner:
             if not rs_flags_sent and evaluated == nseg:
                 for ch in self.g_out:
                     x = ch.frames[0]
-                    x.spec.write(x.buf, step, flags & FLAG_NONFINITE)
+                    x.write(step, flags & FLAG_NONFINITE)
                     x.req.Start()
                     ch.nxt = 1
                 rs_flags_sent = True
@@ -333,8 +376,8 @@ class ScatterCombiner:
                     if not self._test_recv(x, ch, step):
                         break
                     flags |= x.flags
-                    if full is not None and x.pieces:
-                        np.copyto(full[x.f.start:x.f.stop], x.payload)
+                    if fptr is not None and x.pieces:
+                        memmove(fptr + x.f.start, x.payptr, 8 * (x.f.stop - x.f.start))
                     ch.nxt += 1
                     ch.done = ch.nxt
                     if ch.posted < len(ch.frames):
@@ -342,17 +385,18 @@ class ScatterCombiner:
                         ch.posted += 1
                     moved = True
             if moved:
-                spins, pause = 0, 2e-5
+                if idle.polls:
+                    idle.reset()
                 continue
             if self._finished(evaluated, nseg, rs_flags_sent):
                 return flags
-            spins += 1
-            if spins > SPINS_BEFORE_SLEEP and (not self.spin or spins % 4096 == 0):
-                if time.monotonic() > self._deadline:
-                    self._timeout(evaluated)
-                if not self.spin:
-                    time.sleep(pause)
-                    pause = min(pause * 2, 1e-3)
+            if not idle.idle():
+                self._timeout(evaluated)
+
+    @property
+    def depth(self) -> int:
+        """Buffers per channel (fixed at construction: the rings are sized by it)."""
+        return self._depth
 
     def _free_one(self, ch) -> bool:
         if ch.frames[ch.done].req.Test():
@@ -384,7 +428,7 @@ class ScatterCombiner:
         nbytes = x.status.Get_count(MPI.BYTE)
         if nbytes != x.buf.nbytes:
             self._refuse_foreign(x, nbytes, step, f"{nbytes} bytes arrived, expected {x.buf.nbytes}")
-        x.flags = x.spec.check(x.buf, step, nbytes)
+        x.flags = x.check(step, nbytes)
         if self.debug:
             log(self.rank, f"recv <- {ch.peer} {'scatter' if ch.phase == 's' else 'gather'} segment {x.f.segment} step {step} {nbytes}B")
         return True
@@ -418,16 +462,15 @@ class ScatterCombiner:
         else:
             dest = self._result_scratch[:m]
         s_in = self.s_in
-        for gi, recipe, prog, is_root in self.groups:
+        for gi, recipe, prog, _, _, is_root in self.groups:
             inputs = []
-            for r in recipe:
-                kind = r[0]
-                if kind == "mine":
-                    inputs.append(mine[r[1]][a:b])
-                elif kind == "piece":
-                    inputs.append(s_in[r[1]].frames[j].pieces[r[2]])
+            for kind, u, v in recipe:
+                if kind == 0:
+                    inputs.append(mine[v][a:b])
+                elif kind == 1:
+                    inputs.append(s_in[u].frames[j].pieces[v])
                 else:
-                    inputs.append(self.scratch[r[1]][:m])
+                    inputs.append(self.scratch[u][:m])
             kernel.tree_eval(dest if is_root else self.scratch[gi][:m], inputs, prog)
         flag = 0
         if kernel.first_nonfinite(dest) >= 0:
@@ -439,7 +482,49 @@ class ScatterCombiner:
                 x = ch.frames[j]
                 if x.payload is not dest:
                     np.copyto(x.payload, dest)
-                x.spec.write(x.buf, step, flag)
+                x.write(step, flag)
+                x.req.Start()
+                if self.debug:
+                    log(self.rank, f"send -> {ch.peer} gather segment {j} step {step} {x.buf.nbytes}B")
+                ch.nxt = j + 1
+        return flag
+
+    def _evaluate_fast(self, j, a, b, lptrs, tptr, base) -> int:
+        """_evaluate with the kernel called directly on pointers (the same C function, the same
+        checks in C); any status other than success is re-run through kernel.tree_eval, which
+        names it."""
+        m = b - a
+        lib = kernel.lib
+        if tptr is not None:
+            dest = tptr + (a - base)
+        elif self.g_out:
+            dest = self.g_out[0].frames[j].payptr
+        else:
+            dest = self._result_ptr
+        s_in, sp = self.s_in, self._scratch_ptr
+        for gi, recipe, prog, pptr, ptrs, is_root in self.groups:
+            for idx, (kind, u, v) in enumerate(recipe):
+                if kind == 0:
+                    ptrs[idx] = lptrs[u] + a
+                elif kind == 1:
+                    ptrs[idx] = s_in[u].frames[j].pptrs[v]
+                else:
+                    ptrs[idx] = sp[u]
+            if lib.ak_tree_eval(dest if is_root else sp[gi], ptrs, len(recipe), m, pptr, len(prog)):
+                raise KernelRefusal("kernel-bad-argument", "scatter: the kernel refused a segment (overlapping out and inputs?)")
+        flag = 0
+        if lib.ak_first_nonfinite(dest, m) >= 0:
+            flag = FLAG_NONFINITE
+            self._own_flag = True
+        if not self.reduce_scatter:
+            step = self.step
+            nb = 8 * m
+            memmove = kernel.ffi.memmove
+            for ch in self.g_out:
+                x = ch.frames[j]
+                if x.payptr is not dest:
+                    memmove(x.payptr, dest, nb)
+                x.write(step, flag)
                 x.req.Start()
                 if self.debug:
                     log(self.rank, f"send -> {ch.peer} gather segment {j} step {step} {x.buf.nbytes}B")
@@ -490,8 +575,9 @@ class ScatterCombiner:
     def _fail(self, e: Refusal) -> None:
         # Refusals raised before any request started, or after communication completed, leave
         # the channel clean and the combiner usable; anything else may leave frames in flight.
-        if e.code in _CLEAN_REFUSALS:
+        if e.code in _CLEAN_REFUSALS and not self._in_flight:
             return
+        self._in_flight = False
         self.broken = e.code
         cancel_all([x.req for ch in self.channels for x in ch.frames])
         sys.stderr.write(f"r{self.rank} | scatter combine step {self.step} refused [{e.code}]: {e}\n")

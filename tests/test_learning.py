@@ -148,3 +148,16 @@ def test_refusals():
     with pytest.raises(Refusal) as e:
         SlotStream(10, 2, 3, 0)
     assert e.value.code == "usage"
+
+
+def test_learner_refuses_to_start_with_flush_to_zero_on():
+    from alpha_mpi import kernel
+
+    kernel.set_ftz_daz_for_tests(1, 0)
+    try:
+        with pytest.raises(Refusal) as e:
+            DataParallelLearner(self_comm(), MLP(4, 3, 3), slots=2)
+    finally:
+        kernel.set_ftz_daz_for_tests(0, 0)
+    assert e.value.code == "fp-environment-off-profile"
+    kernel.fpenv_check()

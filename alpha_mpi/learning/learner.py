@@ -26,6 +26,7 @@ import time
 
 import numpy as np
 
+from .. import kernel
 from ..execution import Allreducer, Assembler, Combiner
 from ..execution.scatter import ScatterCombiner
 from ..model import Layout, ReplicateAll, build, star
@@ -49,6 +50,7 @@ class DataParallelLearner:
                  timeout=None, init_params=None):
         if partition not in MODES:
             raise Refusal("usage", f"unknown partition {partition!r}; use one of {', '.join(MODES)}")
+        kernel.fpenv_check()  # FTZ/DAZ or a non-nearest rounding mode would change the bits: refuse
         self.comm, self.model = comm, model
         self.size, self.rank = comm.Get_size(), comm.Get_rank()
         if slots < self.size:

@@ -145,6 +145,7 @@ class Combiner:
     def _build_hot_path(self) -> None:
         ffi, lib = kernel.ffi, kernel.lib
         self.spin = spin_from_env()
+        self._before_yield = polls_before_yield(self.comm)
         self._recv_reqs = [r.req for r in self.recv_order]
         for r in self.recvs.values():
             r.mv = memoryview(r.buf)
@@ -242,7 +243,7 @@ class Combiner:
         try:
             if not r.req.Test(r.status):
                 what = (s.peer, s.index, {"r": "reduce", "d": "deliver"}[s.phase], self.step, self.timeout)
-                wait_request(r.req, r.status, self._deadline, what, self.spin)
+                wait_request(r.req, r.status, self._deadline, what, self.spin, self._before_yield)
         except MPI.Exception as e:
             # A longer message than planned truncates: the peer runs another layout or plan.
             raise FrameRefusal(
@@ -326,7 +327,8 @@ class Combiner:
             pc = len(self.ops)
             for x in started:
                 if not x.req.Test():
-                    wait_request(x.req, None, self._deadline, (x.step.peer, x.step.index, "send", self.step, self.timeout), self.spin)
+                    wait_request(x.req, None, self._deadline, (x.step.peer, x.step.index, "send", self.step, self.timeout),
+                                 self.spin, self._before_yield)
             if flags & FLAG_NONFINITE and (self.is_receiver or self.rank == self.plan.root_rank):
                 self._refuse_nonfinite(leaves)
             if not self.is_receiver:
@@ -399,7 +401,10 @@ def _fast_check(r: _Recv, step: int, nbytes: int) -> int:
 # poll, then yield the core between polls (sched_yield returns at once on a dedicated core and
 # lets an oversubscribed peer run, without the 50-100 us timer slack of a sleep), and only after
 # SLEEP_AFTER seconds of waiting back off with sleeps up to 1 ms (a slow or dead peer must not
-# cost a core). ALPHA_MPI_SPIN=1 never yields or sleeps (benchmarks on dedicated cores).
+# cost a core). With more ranks on the node than cores, yield from the first empty poll: the
+# peer being waited for is then often not running (measured at p = 4 on 2 cores: 8 B combines
+# 2x faster for the tree, 8x for scatter). ALPHA_MPI_SPIN=1 never yields or sleeps (benchmarks
+# on dedicated cores).
 POLLS_BEFORE_YIELD = 200
 SLEEP_AFTER = 0.005
 _yield = getattr(os, "sched_yield", lambda: time.sleep(0))
@@ -408,10 +413,11 @@ _yield = getattr(os, "sched_yield", lambda: time.sleep(0))
 class Idle:
     """The idle policy of one wait: call `idle()` after each poll that found nothing."""
 
-    __slots__ = ("polls", "sleep_from", "pause", "deadline", "spin")
+    __slots__ = ("polls", "sleep_from", "pause", "deadline", "spin", "before_yield")
 
-    def __init__(self, deadline: float, spin: bool):
+    def __init__(self, deadline: float, spin: bool, before_yield: int = POLLS_BEFORE_YIELD):
         self.polls, self.sleep_from, self.pause, self.deadline, self.spin = 0, None, 5e-5, deadline, spin
+        self.before_yield = before_yield
 
     def reset(self) -> None:
         self.polls, self.sleep_from, self.pause = 0, None, 5e-5
@@ -419,7 +425,7 @@ class Idle:
     def idle(self) -> bool:
         """False once the deadline has passed."""
         self.polls += 1
-        if self.polls < POLLS_BEFORE_YIELD:
+        if self.polls < self.before_yield:
             return True
         if self.spin:
             return (self.polls & 4095) or time.monotonic() <= self.deadline
@@ -436,11 +442,29 @@ class Idle:
         return True
 
 
-def wait_request(req, status, deadline: float, what, spin: bool = False) -> None:
+_OVERSUBSCRIBED: dict = {}
+
+
+def polls_before_yield(comm) -> int:
+    """1 when this node runs more ranks of `comm` than it has cores, else POLLS_BEFORE_YIELD.
+    Collective over `comm` (a communicator-management call, no data) the first time per comm."""
+    key = comm.py2f()
+    v = _OVERSUBSCRIBED.get(key)
+    if v is None:
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        try:
+            v = local.Get_size() > (os.cpu_count() or 1)
+        finally:
+            local.Free()
+        _OVERSUBSCRIBED[key] = v
+    return 1 if v else POLLS_BEFORE_YIELD
+
+
+def wait_request(req, status, deadline: float, what, spin: bool = False, before_yield: int = POLLS_BEFORE_YIELD) -> None:
     """Complete `req` or raise peer-timeout at `deadline` (what = peer, edge, phase, step, timeout)."""
     if req.Test(status):
         return
-    idle = Idle(deadline, spin)
+    idle = Idle(deadline, spin, before_yield)
     while not req.Test(status):
         if not idle.idle():
             peer, edge, phase, step, timeout = what

@@ -33,14 +33,17 @@ from mpi4py import MPI
 from .. import kernel
 from ..planning.scatter_plan import ReduceScatter, ScatterPlan, plan_scatter
 from ..refusals import FrameRefusal, KernelRefusal, PeerTimeout, PlanRefusal, Refusal
-from .combiner import _CRC_OFF, _FLAGS_OFF, _KERNEL_TREE_EVAL, _STEP_OFF, _U32, _U64, Idle, _template, spin_from_env
+from .combiner import (
+    _CRC_OFF, _FLAGS_OFF, _KERNEL_TREE_EVAL, _STEP_OFF, _U32, _U64, Idle, _template, polls_before_yield, spin_from_env,
+)
 from .frames import FLAG_NONFINITE, HEADER, MAGIC, FrameSpec, short_digest
 from .transport import TAG, cancel_all, debug_enabled, library_comm, log, timeout_from_env
 
 # Buffers per channel: frame j reuses the buffer of frame j - DEPTH once that one completed.
 DEFAULT_DEPTH = 3
-# An idle event loop polls, then yields the core between polls, then (after 5 ms) sleeps: see
-# combiner.Idle. ALPHA_MPI_SPIN=1 never yields or sleeps: for benchmarks on dedicated cores only.
+# An idle event loop polls, then yields the core between polls (from the first empty poll when
+# the node runs more ranks than cores), then (after 5 ms) sleeps: see combiner.Idle.
+# ALPHA_MPI_SPIN=1 never yields or sleeps: for benchmarks on dedicated cores only.
 
 _CLEAN_REFUSALS = frozenset(
     ("contribution-missing", "contribution-unexpected", "contribution-shape", "dtype-invalid",
@@ -103,6 +106,7 @@ class ScatterCombiner:
         self.timeout = timeout_from_env(timeout)
         self.debug = debug_enabled()
         self.spin = spin_from_env()
+        self._before_yield = polls_before_yield(self.comm)
         self.step = 0
         self.broken = None
         self._busy = False
@@ -302,7 +306,7 @@ class ScatterCombiner:
         nseg = len(self.segs)
         evaluated = 0
         rs_flags_sent = not self.reduce_scatter
-        idle = Idle(self._deadline, self.spin)
+        idle = Idle(self._deadline, self.spin, self._before_yield)
         debug, rank = self.debug, self.rank
         mine = leaves
         ffi = kernel.ffi

@@ -45,7 +45,7 @@ for s in $STAGES; do
   case $s in
     single)
       echo "== single-process tests"
-      $PY -m pytest -q -p no:cacheprovider --junitxml="$OUT/single.xml" ${PYTEST_ARGS:-} tests
+      $PY -m pytest -q -p no:cacheprovider -m "not slurm" --junitxml="$OUT/single.xml" ${PYTEST_ARGS:-} tests
       stage single $? ;;
     mpi2|mpi5)
       if [ -z "$MPIEXEC" ]; then echo "!! no mpiexec found"; failed=1; continue; fi

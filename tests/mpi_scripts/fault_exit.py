@@ -3,6 +3,7 @@
 Each surviving rank prints its refusal code and aborts the job with exit status 3.
 """
 
+import os
 import sys
 import time
 
@@ -25,7 +26,9 @@ t0 = time.monotonic()
 try:
     c.run(mine)
 except Refusal as e:
-    print(f"rank {comm.rank}: {e.code} after {time.monotonic() - t0:.2f}s", flush=True)
+    sys.stdout.write(f"rank {comm.rank}: {e.code} after {time.monotonic() - t0:.2f}s\n")
+    sys.stdout.flush()
     time.sleep(0.5)  # let every survivor report before the abort tears the job down
     comm.Abort(3)
+    os._exit(3)  # MPICH's MPI_Abort may return to the caller while the launcher tears down
 print(f"rank {comm.rank}: completed without its peer", flush=True)

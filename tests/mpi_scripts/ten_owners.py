@@ -22,4 +22,6 @@ for name, tree in (("hierarchy", h), ("star", s)):
     p = plan(tree, None, n, size=comm.size)
     got = combine(comm, p, {k: data[k] for k in p.slots_of(comm.rank)}).view(np.uint64)
     results[name] = (np.array_equal(got, want_h), np.array_equal(got, want_s))
-print(f"rank {comm.rank} observable={observable} hierarchy_run={results['hierarchy']} star_run={results['star']}", flush=True)
+# One write per line: print() may write the text and the newline separately, and ten ranks share a pipe.
+sys.stdout.write(f"rank {comm.rank} observable={observable} hierarchy_run={results['hierarchy']} star_run={results['star']}\n")
+sys.stdout.flush()

@@ -85,3 +85,11 @@ def test_size_parsing():
     assert parse_size("2MiB") == 2 << 20
     assert parse_sizes("8,1K,1M,64M") == [8, 1024, 1 << 20, 64 << 20]
     assert parse_sizes("8:64") == [8, 16, 32, 64]
+
+
+def test_a_missing_command_module_is_reported_not_fatal(monkeypatch, capsys):
+    import alpha_mpi.bench as bench
+
+    monkeypatch.setitem(bench.COMMANDS, "ghost", ("alpha_mpi.bench.no_such_module", "absent"))
+    assert bench.run(["ghost"]) == 2
+    assert "not available in this installation" in capsys.readouterr().err

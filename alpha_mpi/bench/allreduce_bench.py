@@ -264,7 +264,7 @@ def cmd(comm, argv) -> int:
     from mpi4py import MPI
 
     from .. import oracle
-    from ..execution.allreduce import DEFAULT_CROSSOVER_BYTES, crossover_from_env
+    from ..execution.allreduce import crossover_from_env, default_crossover
     from ..model import build
     from ..planning.scatter_plan import DEFAULT_SEGMENT
     from . import baseline
@@ -290,10 +290,10 @@ def cmd(comm, argv) -> int:
     except Exception as e:
         parser.error(f"--topology: {e}")
     gloo = (not args.no_gloo) and baseline.gloo_available()
-    crossover = crossover_from_env(args.crossover)
+    crossover = crossover_from_env(args.crossover, p)
     config = {
         "topology": args.topology, "slots_per_rank": args.slots_per_rank, "realizations": reals,
-        "crossover_bytes": crossover, "default_crossover_bytes": DEFAULT_CROSSOVER_BYTES,
+        "crossover_bytes": crossover, "default_crossover_bytes": default_crossover(p),
         "segment": args.segment or DEFAULT_SEGMENT, "stat": args.stat, "iters": args.iters,
         "min_iters": args.min_iters, "warmup": args.warmup, "mpi_allreduce_algorithm": baseline.mpi_algorithm(),
         "spin": bool(os.environ.get("ALPHA_MPI_SPIN", "") not in ("", "0")), "gloo": gloo,

@@ -10,10 +10,12 @@ share one order id; they differ in where coordinates are computed and what moves
   bandwidth realization for large payloads.
 
 "auto" picks by payload size: scatter from `crossover_bytes` up (argument, else the environment
-variable ALPHA_MPI_CROSSOVER_BYTES, else DEFAULT_CROSSOVER_BYTES, measured on the development
-machine with `alpha-mpi bench allreduce`). Every rank must choose the same: the choice depends
-only on the layout and the crossover, so give every rank the same environment. A rank that runs
-the other realization is refused by name (its frames name another plan identity).
+variable ALPHA_MPI_CROSSOVER_BYTES, else p * DEFAULT_CROSSOVER_BYTES_PER_RANK, measured on the
+development machine with `alpha-mpi bench allreduce`: the tree and scatter realizations cost the
+same at about 64 KiB per rank, i.e. 128 KiB at p = 2 and 256 KiB at p = 4). Every rank must
+choose the same: the choice depends only on the layout, p and the crossover, so give every rank
+the same environment. A rank that runs the other realization is refused by name (its frames name
+another plan identity), or times out with peer-timeout.
 """
 
 from __future__ import annotations
@@ -28,21 +30,30 @@ from .combiner import Combiner, _cached_comm, _infer_layout
 from .scatter import ScatterCombiner
 from .transport import library_comm
 
-# Payload bytes from which "auto" uses the scatter realization. Measured with
-# benchmarks/sweep_allreduce.sh (MPICH 5.0.2, 2-core KVM guest, p = 2 and 4): see README
-# "Benchmarks". Override per call (crossover_bytes=) or per job (ALPHA_MPI_CROSSOVER_BYTES).
-DEFAULT_CROSSOVER_BYTES = 256 * 1024
+# Payload bytes per rank from which "auto" uses the scatter realization: the crossover is
+# p * DEFAULT_CROSSOVER_BYTES_PER_RANK. Measured with benchmarks/sweep_allreduce.sh (MPICH
+# 5.0.2, 2-core KVM guest): tree and scatter break even at 64-128 KiB for p = 2 and at 128-256
+# KiB for p = 4 (see README "Benchmarks"). Override per call (crossover_bytes=, absolute bytes)
+# or per job (ALPHA_MPI_CROSSOVER_BYTES, absolute bytes).
+DEFAULT_CROSSOVER_BYTES_PER_RANK = 64 * 1024
 
 REALIZATIONS = ("auto", "tree", "scatter")
 
 
-def crossover_from_env(crossover_bytes=None) -> int:
+def default_crossover(size: int) -> int:
+    """The built-in crossover for `size` ranks (bytes of payload)."""
+    return max(1, int(size)) * DEFAULT_CROSSOVER_BYTES_PER_RANK
+
+
+def crossover_from_env(crossover_bytes=None, size: int = 2) -> int:
+    """The crossover in payload bytes: the argument, else ALPHA_MPI_CROSSOVER_BYTES, else the
+    built-in default for `size` ranks."""
     if crossover_bytes is not None:
         value, source = crossover_bytes, "crossover_bytes"
     else:
         value, source = os.environ.get("ALPHA_MPI_CROSSOVER_BYTES"), "ALPHA_MPI_CROSSOVER_BYTES"
         if value in (None, ""):
-            return DEFAULT_CROSSOVER_BYTES
+            return default_crossover(size)
     try:
         out = int(value)
     except (TypeError, ValueError):
@@ -52,12 +63,13 @@ def crossover_from_env(crossover_bytes=None) -> int:
     return out
 
 
-def choose_realization(payload_bytes: int, realization: str = "auto", crossover_bytes=None) -> str:
+def choose_realization(payload_bytes: int, realization: str = "auto", crossover_bytes=None, size: int = 2) -> str:
+    """'tree' or 'scatter' for a payload of `payload_bytes` on `size` ranks."""
     if realization not in REALIZATIONS:
         raise Refusal("usage", f"realization must be one of {', '.join(REALIZATIONS)}, got {realization!r}")
     if realization != "auto":
         return realization
-    return "scatter" if payload_bytes >= crossover_from_env(crossover_bytes) else "tree"
+    return "scatter" if payload_bytes >= crossover_from_env(crossover_bytes, size) else "tree"
 
 
 class Allreducer:
@@ -87,8 +99,8 @@ class Allreducer:
             raise PlanRefusal("plan-rank-mismatch", "use reduce_scatter() / ScatterCombiner for ReduceScatter")
         self.tree_plan = tree_plan
         self.order_id = tree_plan.order_id
-        self.crossover_bytes = crossover_from_env(crossover_bytes)
-        self.realization = choose_realization(tree_plan.layout.nbytes, realization, self.crossover_bytes)
+        self.crossover_bytes = crossover_from_env(crossover_bytes, size)
+        self.realization = choose_realization(tree_plan.layout.nbytes, realization, self.crossover_bytes, size)
         self.comm = library_comm(comm) if dup else comm
         self._owns_comm = dup
         if self.realization == "tree":
@@ -137,8 +149,8 @@ def allreduce(comm, tree, contributions, delivery=None, *, layout=None, out=None
     docstring). Returns the combined payload where delivery reaches this rank, else None.
     Executors are cached per communicator, plan and realization (no re-planning in loops)."""
     tp = _tree_plan(comm, tree, contributions, delivery, layout, coverage)
-    crossover = crossover_from_env(crossover_bytes)
-    chosen = choose_realization(tp.layout.nbytes, realization, crossover)
+    crossover = crossover_from_env(crossover_bytes, tp.size)
+    chosen = choose_realization(tp.layout.nbytes, realization, crossover, tp.size)
     key = ("allreduce", comm.py2f(), tp.identity, chosen, segment)
     a = _CACHE.get(key)
     if a is None or a.broken is not None:
@@ -174,4 +186,5 @@ def reduce_scatter(comm, tree, contributions, *, layout=None, out=None, timeout=
     return c.reduce_scatter_run(contributions, out=out)
 
 
-__all__ = ["Allreducer", "allreduce", "reduce_scatter", "choose_realization", "DEFAULT_CROSSOVER_BYTES", "ReduceScatter"]
+__all__ = ["Allreducer", "allreduce", "reduce_scatter", "choose_realization", "default_crossover",
+           "DEFAULT_CROSSOVER_BYTES_PER_RANK", "ReduceScatter"]

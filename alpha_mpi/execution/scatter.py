@@ -69,26 +69,31 @@ class _Frame:
         mv[_FLAGS_OFF] = flags
         _U32.pack_into(mv, _CRC_OFF, zlib.crc32(mv[:_CRC_OFF]))
 
-    def check(self, step: int, nbytes: int) -> int:
-        """Flags of a received frame; FrameSpec.check names any difference from the plan."""
+    def check(self, step: int, nbytes: int, buf=None) -> int:
+        """Flags of a received frame (in its ring buffer, or in `buf` where it was received in
+        place); FrameSpec.check names any difference from the plan."""
+        if buf is None:
+            buf = self.buf
         if nbytes == self.nbytes and self.spec is self.fast:
-            h = self.mv[:_CRC_OFF].tobytes()
+            h = buf[:_CRC_OFF].tobytes()
             e = self.tmpl
             if (h[:_FLAGS_OFF] == e[:_FLAGS_OFF] and h[_FLAGS_OFF + 1:_STEP_OFF] == e[_FLAGS_OFF + 1:_STEP_OFF]
                     and h[_STEP_OFF + 8:] == e[_STEP_OFF + 8:] and _U64.unpack_from(h, _STEP_OFF)[0] == step
-                    and _U32.unpack_from(self.mv, _CRC_OFF)[0] == zlib.crc32(h)):
+                    and _U32.unpack_from(buf, _CRC_OFF)[0] == zlib.crc32(h)):
                 return h[_FLAGS_OFF]
-        return self.spec.check(self.buf, step, nbytes)
+        return self.spec.check(buf, step, nbytes)
 
 
 class _Channel:
     """The frames of one (phase, direction, peer), in segment order."""
 
-    __slots__ = ("phase", "peer", "frames", "nxt", "done", "posted", "send")
+    __slots__ = ("phase", "peer", "frames", "nxt", "done", "posted", "send", "base", "direct_req", "direct_buf",
+                 "saved", "saved_ptr", "status")
 
     def __init__(self, phase, peer, frames, send):
         self.phase, self.peer, self.frames, self.send = phase, peer, frames, send
         self.nxt = self.done = self.posted = 0
+        self.direct_req = self.direct_buf = None
 
 
 class ScatterCombiner:
@@ -174,6 +179,18 @@ class ScatterCombiner:
         self.s_in = [c for (ph, _), c in ins.items() if ph == "s"]
         self.g_in = [c for (ph, _), c in ins.items() if ph == "g"]
         self.channels = self.s_out + self.s_in + self.g_out + self.g_in
+        # Gather frames received in place: frame j >= 1 of chunk c lands straight in `out` at
+        # [start - 16, stop) (coordinates); its header overwrites the last 16 coordinates of
+        # segment j - 1 of the same chunk, which are saved before and put back after. The frames
+        # of such a channel are received one at a time, in order; a frame without 16 coordinates
+        # of its own chunk before it (segment 0) goes through the ring buffer.
+        self._direct = not self.reduce_scatter and self.is_receiver
+        for ch in self.g_in:
+            ch.base = splan.chunks[ch.peer][0]
+            ch.saved = np.empty(HEADER // 8)
+            ch.saved_ptr = ffi.from_buffer(darr, ch.saved, True)
+            ch.status = MPI.Status()
+        self._direct_pending = {}  # id -> request received in place, for cancelling on a refusal
         self._slot_index = {s: i for i, s in enumerate(self.slots)}
         # Where each leaf's piece of my chunk comes from: my own contribution, or piece i of the
         # scatter frame from channel c (the same segment index j).
@@ -286,6 +303,10 @@ class ScatterCombiner:
         except Refusal as e:
             self._fail(e)
             raise
+        except BaseException:
+            if self._in_flight:  # a bug or an interrupt mid-exchange: frames may be in flight
+                self._fail(Refusal("combiner-broken", "an exception interrupted the exchange"))
+            raise
         finally:
             self.step += 1
             self._busy = False
@@ -299,9 +320,11 @@ class ScatterCombiner:
         flags = 0
         for ch in self.channels:
             ch.nxt = ch.done = ch.posted = 0
+        direct = self._direct and full is not None
         for ch in self.s_in + self.g_in:  # post the first receives, in frame order
-            while ch.posted < len(ch.frames) and ch.posted < D:
-                ch.frames[ch.posted].req.Start()
+            limit = 1 if (direct and ch.phase == "g") else D
+            while ch.posted < len(ch.frames) and ch.posted < limit:
+                ch.frames[ch.posted].req.Start()  # frame 0 never lands in place
                 ch.posted += 1
         nseg = len(self.segs)
         evaluated = 0
@@ -377,15 +400,22 @@ class ScatterCombiner:
             for ch in self.g_in:
                 while ch.nxt < ch.posted:
                     x = ch.frames[ch.nxt]
-                    if not self._test_recv(x, ch, step):
-                        break
+                    if ch.direct_req is not None:
+                        if not self._test_direct(x, ch, step, fptr):
+                            break
+                    else:
+                        if not self._test_recv(x, ch, step):
+                            break
+                        if fptr is not None and x.pieces:
+                            memmove(fptr + x.f.start, x.payptr, 8 * (x.f.stop - x.f.start))
                     flags |= x.flags
-                    if fptr is not None and x.pieces:
-                        memmove(fptr + x.f.start, x.payptr, 8 * (x.f.stop - x.f.start))
                     ch.nxt += 1
                     ch.done = ch.nxt
                     if ch.posted < len(ch.frames):
-                        ch.frames[ch.posted].req.Start()
+                        if direct:
+                            self._post_direct(ch, ch.frames[ch.posted], full, fptr)
+                        else:
+                            ch.frames[ch.posted].req.Start()
                         ch.posted += 1
                     moved = True
             if moved:
@@ -396,6 +426,39 @@ class ScatterCombiner:
                 return flags
             if not idle.idle():
                 self._timeout(evaluated)
+
+    def _post_direct(self, ch, x, full, fptr) -> None:
+        """Receive gather frame x straight into `full` when 16 coordinates of its own chunk
+        precede it (their values saved first), else into its ring buffer."""
+        a = x.f.start
+        if a - ch.base < HEADER // 8:
+            x.req.Start()
+            return
+        kernel.ffi.memmove(ch.saved_ptr, fptr + (a - HEADER // 8), HEADER)
+        ch.direct_buf = full.view(np.uint8)[8 * a - HEADER:8 * x.f.stop]
+        ch.direct_req = self.comm.Irecv(ch.direct_buf, source=ch.peer, tag=TAG["g"])
+        self._direct_pending[id(ch.direct_req)] = ch.direct_req
+
+    def _test_direct(self, x, ch, step, fptr) -> bool:
+        req, buf = ch.direct_req, ch.direct_buf
+        try:
+            if not req.Test(ch.status):
+                return False
+        except MPI.Exception as e:
+            self._direct_pending.pop(id(req), None)
+            ch.direct_req = None
+            self._refuse_foreign(x, -1, step, f"MPI reports {e.Get_error_string().strip()} for a {x.nbytes}-byte frame", buf)
+        self._direct_pending.pop(id(req), None)
+        ch.direct_req = None
+        nbytes = ch.status.Get_count(MPI.BYTE)
+        if nbytes != x.nbytes:
+            self._refuse_foreign(x, nbytes, step, f"{nbytes} bytes arrived, expected {x.nbytes}", buf)
+        x.flags = x.check(step, nbytes, buf)
+        # The header sat on the last coordinates of the segment before: put them back.
+        kernel.ffi.memmove(fptr + (x.f.start - HEADER // 8), ch.saved_ptr, HEADER)
+        if self.debug:
+            log(self.rank, f"recv <- {ch.peer} gather segment {x.f.segment} step {step} {nbytes}B (in place)")
+        return True
 
     @property
     def depth(self) -> int:
@@ -437,11 +500,12 @@ class ScatterCombiner:
             log(self.rank, f"recv <- {ch.peer} {'scatter' if ch.phase == 's' else 'gather'} segment {x.f.segment} step {step} {nbytes}B")
         return True
 
-    def _refuse_foreign(self, x, nbytes, step, what):
+    def _refuse_foreign(self, x, nbytes, step, what, buf=None):
         f = x.f
         where = f"{'scatter' if f.phase == 's' else 'gather'} segment {f.segment} from rank {f.src} (step {step})"
         ctx = dict(edge=f.segment, peer=f.src, step=step)
-        buf = x.buf
+        if buf is None:
+            buf = x.buf
         # The header comes first, so even a truncated frame says whose plan it belongs to
         # (offsets: magic 0..8, order id 24..40, plan identity 40..56; see frames.py).
         if (nbytes < 0 or nbytes >= HEADER) and bytes(buf[0:8]) == MAGIC and bytes(buf[24:40]) == self._order16:
@@ -583,7 +647,8 @@ class ScatterCombiner:
             return
         self._in_flight = False
         self.broken = e.code
-        cancel_all([x.req for ch in self.channels for x in ch.frames])
+        cancel_all([x.req for ch in self.channels for x in ch.frames] + list(self._direct_pending.values()))
+        self._direct_pending.clear()
         sys.stderr.write(f"r{self.rank} | scatter combine step {self.step} refused [{e.code}]: {e}\n")
         sys.stderr.flush()
 

@@ -4,9 +4,18 @@ Every rank builds a ScatterCombiner for the same plan (collectively: it duplicat
 communicator unless told not to). Each planned frame gets a persistent request at construction;
 frames of one (phase, peer) channel rotate through `depth` reused buffers, so a large vector
 streams through a few cache-resident buffers: pack a segment of the contributions, transfer,
-evaluate the whole tree over the segment (one fused kernel pass), copy it into the gather frames,
-transfer, copy into `out`. One event loop per run advances whatever is ready and never blocks on
-one request, so no order of arrival can deadlock; every wait is bounded (`peer-timeout`).
+evaluate the whole tree over the segment (one fused kernel pass, straight into `out`), copy it
+into the gather frames, transfer. A gather frame lands in place in `out` whenever 16 coordinates
+of its own chunk precede it: its 128-byte header then sits on them for the time of the receive
+(they are saved and put back), so the frame is still one contiguous header + payload buffer and
+no unpacking copy is needed. One event loop per run advances whatever is ready and never blocks
+on one request, so no order of arrival can deadlock; every wait is bounded (`peer-timeout`).
+
+Why not zero-copy everywhere: every message is a header followed by its payload (DESIGN.md
+"Frames"), and a contribution belongs to the caller (never written), so the scatter phase packs
+each piece into a frame (one copy); the reduced segment is copied into its gather frame (one
+copy). MPICH's derived datatypes (header + user buffer in one message) were measured slower
+than the copies (they pack internally).
 
 Matching: frames of one channel use one tag (scatter shares the tree realization's reduce tag,
 gather its deliver tag; see transport.TAG) and are sent and their receives started in segment

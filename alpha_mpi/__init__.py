@@ -26,6 +26,13 @@ _LAZY = {
     "combine": ".execution",
     "Combiner": ".execution",
     "assemble": ".execution",
+    "Assembler": ".execution",
+    "Allreducer": ".execution",
+    "allreduce": ".execution",
+    "reduce_scatter": ".execution",
+    "NumericalContract": ".numerics",
+    "contract_for_plan": ".numerics",
+    "numerical_compatibility": ".numerics",
 }
 
 

@@ -18,7 +18,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from alpha_mpi import Branch, DeliverTo, Layout, Leaf, Refusal, ReplicateAll, hierarchy, kernel, oracle, plan, star
+from alpha_mpi import Branch, DeliverTo, Layout, Leaf, Refusal, hierarchy, kernel, oracle, plan, star
 from alpha_mpi.numerics import (
     ADAM_V1,
     DEFAULT_SUITE,

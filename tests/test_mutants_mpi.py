@@ -19,7 +19,7 @@ from alpha_mpi.mutants import CONTROLS, KINDS, build_mutants, mutant, oracle_ver
 from alpha_mpi.numerics import OracleMismatch, contract_for_plan
 from alpha_mpi.planning import simulate
 
-from conftest import agree, bits, order_sensitive
+from conftest import agree, order_sensitive
 
 SHORT = 10.0
 N = 256  # numerator coordinates: enough that every mutation shows in some coordinate

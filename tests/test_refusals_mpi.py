@@ -13,7 +13,7 @@ import pytest
 from alpha_mpi import DeliverTo, Leaf, Branch, Refusal, ReplicateAll, hierarchy, plan, star
 from alpha_mpi.execution import Combiner
 
-from conftest import agree, bits, slot_data
+from conftest import agree, slot_data
 from test_frames import FIELDS
 
 SHORT = 2.0

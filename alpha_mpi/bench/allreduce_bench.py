@@ -261,7 +261,6 @@ def bandwidth_model(comm, n: int, reps: int, how: str) -> dict:
 
 # ----------------------------------------------------------------------------------------------
 def cmd(comm, argv) -> int:
-    from mpi4py import MPI
 
     from .. import oracle
     from ..execution.allreduce import crossover_from_env, default_crossover

@@ -27,6 +27,7 @@ from ..planning import Plan, plan as make_plan
 from ..planning.simulate import grid
 from ..refusals import FrameRefusal, KernelRefusal, PeerTimeout, PlanRefusal, Refusal
 from . import frames as _frames
+from .contributions import check_contributions
 from .frames import FLAG_NONFINITE, FrameSpec, frame_buffer, payload
 from .transport import TAG, cancel_all, debug_enabled, library_comm, log, timeout_from_env
 
@@ -214,27 +215,7 @@ class Combiner:
         return self._payloads_checked(contributions)
 
     def _payloads_checked(self, contributions) -> dict:
-        if not isinstance(contributions, dict):
-            raise Refusal("contribution-shape", "contributions must be a dict mapping slot -> payload")
-        extra = sorted(set(contributions) - set(self.slots))
-        if extra:
-            raise Refusal("contribution-unexpected", f"rank {self.rank} passed slot(s) {extra[:8]} it does not own in the tree (it owns {list(self.slots)[:8]})")
-        missing = [s for s in self.slots if s not in contributions]
-        if missing:
-            raise Refusal("contribution-missing", f"rank {self.rank} owns slot(s) {missing[:8]} but passed no payload for them")
-        out = {}
-        for slot, value in contributions.items():
-            if isinstance(value, tuple):
-                parts = [np.ravel(np.asarray(p, dtype=np.float64)) for p in value]
-                arr = np.concatenate(parts) if len(parts) > 1 else parts[0]
-            else:
-                arr = value
-            if not isinstance(arr, np.ndarray) or arr.dtype != np.float64:
-                raise Refusal("dtype-invalid", f"slot {slot}: payload must be a float64 array, got {getattr(arr, 'dtype', type(arr))}")
-            if arr.size != self.count:
-                raise Refusal("contribution-shape", f"slot {slot}: {arr.size} elements, the layout {self.plan.layout.key()} needs {self.count}")
-            out[slot] = np.ascontiguousarray(arr).reshape(-1)
-        return out
+        return check_contributions(contributions, self.slots, self.rank, self.count, self.plan.layout.key())
 
     def _wait(self, r: _Recv) -> None:
         if r.done:

@@ -223,7 +223,7 @@ class DataParallelLearner:
 
     def memory(self) -> dict:
         """Bytes this rank holds per kind of state (frames and transport buffers excluded)."""
-        n, (a, b) = self.n, self.own
+        n = self.n
         grads = sum(p.nbytes for p in self.payloads.values()) + self.reduced.nbytes
         params = self.params.nbytes + self._p_next.nbytes + (0 if self._full_next is None else self._full_next.nbytes)
         if self.partition == "params":

@@ -2,7 +2,6 @@
 
 import sys
 
-import numpy as np
 from mpi4py import MPI
 
 from alpha_mpi.checkpoint import Checkpointer

@@ -1,0 +1,40 @@
+"""Validation of a rank's contributions, shared by every realization (tree, scatter).
+
+Refusals here happen before any request starts, so the channel stays clean and the executor
+stays usable (only this rank's peers will wait for it, up to their timeout).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..refusals import Refusal
+
+
+def check_contributions(contributions, slots, rank: int, count: int, layout_key: str) -> dict:
+    """slot -> flat contiguous float64 payload of `count` elements, for exactly this rank's `slots`.
+
+    A payload is a float64 array, or a tuple of parts (e.g. numerator, mass) concatenated in order.
+    """
+    if not isinstance(contributions, dict):
+        raise Refusal("contribution-shape", "contributions must be a dict mapping slot -> payload")
+    if len(contributions) != len(slots) or any(s not in contributions for s in slots):
+        extra = sorted(set(contributions) - set(slots))
+        if extra:
+            raise Refusal("contribution-unexpected",
+                          f"rank {rank} passed slot(s) {extra[:8]} it does not own in the tree (it owns {list(slots)[:8]})")
+        missing = [s for s in slots if s not in contributions]
+        raise Refusal("contribution-missing", f"rank {rank} owns slot(s) {missing[:8]} but passed no payload for them")
+    out = {}
+    for slot, value in contributions.items():
+        if isinstance(value, tuple):
+            parts = [np.ravel(np.asarray(p, dtype=np.float64)) for p in value]
+            arr = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        else:
+            arr = value
+        if not isinstance(arr, np.ndarray) or arr.dtype != np.float64:
+            raise Refusal("dtype-invalid", f"slot {slot}: payload must be a float64 array, got {getattr(arr, 'dtype', type(arr))}")
+        if arr.size != count:
+            raise Refusal("contribution-shape", f"slot {slot}: {arr.size} elements, the layout {layout_key} needs {count}")
+        out[slot] = arr.reshape(-1) if arr.flags.c_contiguous else np.ascontiguousarray(arr).reshape(-1)
+    return out

@@ -38,7 +38,7 @@ ADVICE: dict[str, str] = {
     "non-finite-output": "an update overflowed to Inf/NaN; the state was left unchanged; lower the learning rate or rescale",
     "non-finite-contribution": "a contribution holds NaN/Inf; nothing was combined or applied; check the data of that slot",
     "non-finite-combined": "the combined value overflowed; nothing was applied; rescale the contributions",
-    "fp-environment-off-profile": "something switched the FPU to flush-to-zero/denormals-are-zero or a non-nearest rounding mode (a library built with -ffast-math?); remove it or reset the FP environment",
+    "fp-environment-off-profile": "something switched the FPU to flush-to-zero/denormals-are-zero or a non-nearest rounding mode (a library built with fast-math start-up code, which alpha_mpi never accepts?); remove it or reset the FP environment",
     "fast-math-refused": "alpha_mpi never builds with fast-math/FMA contraction; remove the flag from ALPHA_MPI_CFLAGS",
     "dtype-invalid": "contributions are float64 arrays; convert binary32 explicitly with widen_binary32",
     # frames / execution

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 from mpi4py import MPI
 
 
@@ -68,7 +69,9 @@ class GlooAllreduce:
                 with socket.socket() as s:
                     s.bind(("127.0.0.1", 0))
                     port = s.getsockname()[1]
-            port = comm.bcast(port, root=0)  # harness-side set-up, not data
+            box = np.array([port], dtype=np.int64)
+            comm.Bcast(box, root=0)  # harness-side set-up, not data; a buffer, never a pickle
+            port = int(box[0])
             dist.init_process_group(
                 "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.Get_rank(), world_size=comm.Get_size()
             )

@@ -88,8 +88,10 @@ def cmd(comm, argv) -> int:
             t0 = time.perf_counter()
             learner.train_step(batch)
             dt = time.perf_counter() - t0
-            if record:
-                times[key].append(comm.allreduce(dt, op=_max()))  # slowest rank's step: harness timing
+            if record:  # the slowest rank's step; harness timing through a buffer, never a pickle
+                worst = np.empty(1)
+                comm.Allreduce(np.array([dt]), worst, op=_max())
+                times[key].append(float(worst[0]))
 
     block(ordered, "alpha_mpi", a.warmup, False)
     block(base, "MPI_Allreduce", a.warmup, False)

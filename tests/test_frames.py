@@ -78,3 +78,17 @@ def test_short_and_long_messages_are_size_refusals():
         with pytest.raises(Refusal) as e:
             s.check(np.resize(buf, max(n, HEADER)), 0, n)
         assert e.value.code == "frame-size-mismatch"
+
+
+@pytest.mark.parametrize("bad", ["soon", "0", "-3", "inf", "nan"])
+def test_a_bad_timeout_is_refused_not_replaced(monkeypatch, bad):
+    from alpha_mpi.execution.transport import timeout_from_env
+
+    monkeypatch.setenv("ALPHA_MPI_TIMEOUT", bad)
+    with pytest.raises(Refusal) as e:
+        timeout_from_env()
+    assert e.value.code == "usage"
+    monkeypatch.setenv("ALPHA_MPI_TIMEOUT", "2.5")
+    assert timeout_from_env() == 2.5 and timeout_from_env(7) == 7.0
+    monkeypatch.delenv("ALPHA_MPI_TIMEOUT")
+    assert timeout_from_env() == 30.0

@@ -13,7 +13,7 @@ import time
 
 from mpi4py import MPI
 
-from ..refusals import PeerTimeout
+from ..refusals import PeerTimeout, Refusal
 
 DEFAULT_TIMEOUT = 30.0
 # Tags separate phases, so a deliver frame can never match a reduce receive. Within a phase,
@@ -27,12 +27,17 @@ TAG.update({"s": 11, "g": 12})
 
 
 def timeout_from_env(timeout=None) -> float:
-    if timeout is not None:
-        return float(timeout)
+    """Seconds a wait may take: the argument, else ALPHA_MPI_TIMEOUT, else 30. A bad value is
+    refused rather than replaced, so a job never runs with a bound nobody chose."""
+    source = "timeout" if timeout is not None else "ALPHA_MPI_TIMEOUT"
+    value = timeout if timeout is not None else os.environ.get("ALPHA_MPI_TIMEOUT", "") or DEFAULT_TIMEOUT
     try:
-        return float(os.environ.get("ALPHA_MPI_TIMEOUT", DEFAULT_TIMEOUT))
-    except ValueError:
-        return DEFAULT_TIMEOUT
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise Refusal("usage", f"{source} must be a finite number of seconds > 0, got {value!r}")
+    return seconds
 
 
 def debug_enabled() -> bool:

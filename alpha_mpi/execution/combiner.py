@@ -25,9 +25,9 @@ from mpi4py import MPI
 from .. import kernel
 from ..planning import Plan, plan as make_plan
 from ..planning.simulate import grid
-from ..refusals import FrameRefusal, KernelRefusal, PeerTimeout, PlanRefusal, Refusal
+from ..refusals import FrameRefusal, PeerTimeout, PlanRefusal, Refusal
 from . import frames as _frames
-from .contributions import check_contributions
+from .contributions import check_contributions, refuse_nonfinite
 from .frames import FLAG_NONFINITE, FrameSpec, frame_buffer, payload
 from .transport import TAG, cancel_all, debug_enabled, library_comm, log, timeout_from_env
 
@@ -326,18 +326,7 @@ class Combiner:
             self._busy = False
 
     def _refuse_nonfinite(self, leaves) -> None:
-        for slot, arr in leaves.items():
-            i = kernel.first_nonfinite(arr)
-            if i >= 0:
-                raise KernelRefusal(
-                    "non-finite-contribution",
-                    f"slot {slot} holds {arr[i]!r} at element {i} (step {self.step}); nothing was applied",
-                    slot=slot, index=i,
-                )
-        raise KernelRefusal(
-            "non-finite-combined",
-            f"the combined value at step {self.step} is not finite (a contribution on another rank, or overflow)",
-        )
+        refuse_nonfinite(leaves, self.step)
 
     def _fail(self, e: Refusal, pc: int) -> None:
         # Refusals raised before any request started, or after communication completed, leave

@@ -38,3 +38,26 @@ def check_contributions(contributions, slots, rank: int, count: int, layout_key:
             raise Refusal("contribution-shape", f"slot {slot}: {arr.size} elements, the layout {layout_key} needs {count}")
         out[slot] = arr.reshape(-1) if arr.flags.c_contiguous else np.ascontiguousarray(arr).reshape(-1)
     return out
+
+
+def refuse_nonfinite(leaves: dict, step: int, result=None) -> None:
+    """Name the refusal for a non-finite combine: this rank's own contribution if one holds a
+    NaN/Inf, else the combined value (another rank's contribution, or overflow). Always raises.
+    A contribution that shares memory with `result` (evaluated in place) is skipped."""
+    from .. import kernel
+    from ..refusals import KernelRefusal
+
+    for slot, arr in leaves.items():
+        if result is not None and np.shares_memory(arr, result):
+            continue  # in place: the contribution now holds the result
+        i = kernel.first_nonfinite(arr)
+        if i >= 0:
+            raise KernelRefusal(
+                "non-finite-contribution",
+                f"slot {slot} holds {arr[i]!r} at element {i} (step {step}); nothing was applied",
+                slot=slot, index=i,
+            )
+    raise KernelRefusal(
+        "non-finite-combined",
+        f"the combined value at step {step} is not finite (a contribution on another rank, or overflow)",
+    )

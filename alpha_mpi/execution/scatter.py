@@ -45,7 +45,7 @@ from ..refusals import FrameRefusal, KernelRefusal, PeerTimeout, PlanRefusal, Re
 from .combiner import (
     _CRC_OFF, _FLAGS_OFF, _KERNEL_TREE_EVAL, _STEP_OFF, _U32, _U64, Idle, _template, polls_before_yield, spin_from_env,
 )
-from .contributions import check_contributions
+from .contributions import check_contributions, refuse_nonfinite
 from .frames import FLAG_NONFINITE, HEADER, MAGIC, FrameSpec, short_digest
 from .transport import TAG, cancel_all, debug_enabled, library_comm, log, timeout_from_env
 
@@ -615,20 +615,7 @@ class ScatterCombiner:
         )
 
     def _refuse_nonfinite(self, leaves, result) -> None:
-        for slot, arr in leaves.items():
-            if result is not None and np.shares_memory(arr, result):
-                continue  # in place: the contribution now holds the result
-            i = kernel.first_nonfinite(arr)
-            if i >= 0:
-                raise KernelRefusal(
-                    "non-finite-contribution",
-                    f"slot {slot} holds {arr[i]!r} at element {i} (step {self.step}); nothing was applied",
-                    slot=slot, index=i,
-                )
-        raise KernelRefusal(
-            "non-finite-combined",
-            f"the combined value at step {self.step} is not finite (a contribution on another rank, or overflow)",
-        )
+        refuse_nonfinite(leaves, self.step, result)
 
     def _fail(self, e: Refusal) -> None:
         # Refusals raised before any request started, or after communication completed, leave

@@ -41,8 +41,8 @@ from alpha_mpi.numerics import (
     kernel_build_id,
     numerical_compatibility,
 )
-from alpha_mpi.numerics.conformance import SUITES, measure_evidence
-from alpha_mpi.numerics.formulas import assignments
+from alpha_mpi.numerics.evidence import SUITES, measure_evidence
+from alpha_mpi.model.formulas import assignments
 from alpha_mpi.numerics.oracle_check import OracleMismatch, ulp_distance
 from alpha_mpi.refusals import NumericalOrderMismatch, NumericalProfileMismatch
 

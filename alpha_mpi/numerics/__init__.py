@@ -1,9 +1,17 @@
 """Numerical contracts (DESIGN.md "Numerical contracts"): profile, operations, relation.
 
-Pure to import: the contract data, its digest, to_dict/from_dict and numerical_compatibility need
-neither numpy, the compiled kernel nor MPI. `authorize` and `claim_equal` load the kernel when
-called; conformance suites (`measure_evidence`, `SUITES`) and `ContractCombiner` (mpi4py) are
-loaded on first use.
+Where each part lives:
+
+- the contract as data (profile, operations, relation, digest, to_dict/from_dict,
+  numerical_compatibility, contract_for_plan): `alpha_mpi.model` (contract.py, profile.py,
+  operations.py, relation.py, formulas.py), layer 1;
+- authorization with conformance evidence, next to the kernel (layer 3): `authorization.py`
+  (authorize, claim_equal, check_live_profile), `evidence.py` (suites, measure_evidence),
+  `conversion.py` (the conversion site), `oracle_check.py` (comparing with the oracle);
+- the contract-checked combine (layer 4, needs mpi4py): `execute.py` (ContractCombiner).
+
+This package re-exports all of them. Pure to import: the data names load eagerly and need
+neither numpy, the compiled kernel nor MPI; the others load on first use.
 
     c = contract_for_plan(plan, optimizer="adam-v1")   # BitIdentical, FiniteOrRefuse
     authorize(c, plan=plan)                            # refuses what may not execute here
@@ -11,43 +19,60 @@ loaded on first use.
     numerical_compatibility(c, NumericalContract.from_dict(saved), theirs_name="the checkpoint")
 """
 
-from .contract import (  # noqa: F401
+from ..model.contract import Contract, NumericalContract, contract_for_plan, numerical_compatibility
+from ..model.formulas import ADAM_V1, FORMULAS, NORMALIZE_ONCE, SGD_MOMENTUM_V1
+from ..model.operations import CombineOrder, Formula
+from ..model.profile import ContractRefusal, Conversion, KeepFormat, Profile, RoundBinary64, WidenBinary32
+from ..model.relation import (
     DEFAULT_SUITE,
     BitIdentical,
     BoundedDifference,
-    CombineOrder,
     ConformanceEvidence,
-    Contract,
-    ContractRefusal,
-    Conversion,
-    Formula,
-    KeepFormat,
-    NumericalContract,
-    Profile,
-    RoundBinary64,
     Tolerance,
     Unchecked,
-    WidenBinary32,
-    authorize,
-    check_live_profile,
-    claim_equal,
-    contract_for_plan,
-    kernel_build_id,
-    numerical_compatibility,
 )
-from .formulas import ADAM_V1, FORMULAS, NORMALIZE_ONCE, SGD_MOMENTUM_V1  # noqa: F401
 
 _LAZY = {
-    "measure_evidence": ".conformance",
-    "SUITES": ".conformance",
-    "ConformanceSuite": ".conformance",
-    "convert_contribution": ".conformance",
+    "authorize": ".authorization",
+    "claim_equal": ".authorization",
+    "check_live_profile": ".authorization",
+    "kernel_build_id": ".evidence",
+    "measure_evidence": ".evidence",
+    "SUITES": ".evidence",
+    "ConformanceSuite": ".evidence",
+    "convert_contribution": ".conversion",
     "ContractCombiner": ".execute",
     "OracleMismatch": ".oracle_check",
     "check_against_oracle": ".oracle_check",
     "compare": ".oracle_check",
     "ulp_distance": ".oracle_check",
 }
+
+__all__ = [
+    "NumericalContract",
+    "Contract",
+    "Profile",
+    "Conversion",
+    "KeepFormat",
+    "WidenBinary32",
+    "RoundBinary64",
+    "CombineOrder",
+    "Formula",
+    "BitIdentical",
+    "BoundedDifference",
+    "Unchecked",
+    "Tolerance",
+    "ConformanceEvidence",
+    "ContractRefusal",
+    "DEFAULT_SUITE",
+    "ADAM_V1",
+    "SGD_MOMENTUM_V1",
+    "NORMALIZE_ONCE",
+    "FORMULAS",
+    "contract_for_plan",
+    "numerical_compatibility",
+    *_LAZY,
+]
 
 
 def __getattr__(name):
@@ -57,3 +82,7 @@ def __getattr__(name):
     import importlib
 
     return getattr(importlib.import_module(target, __name__), name)
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,5 +1,9 @@
 """Executing a combine under a numerical contract (needs mpi4py; import it explicitly).
 
+Execution-level code (layer 4) kept beside the numerics it binds: it imports the executor
+(`alpha_mpi.execution.Combiner`) and nothing imports it except the lazy `ContractCombiner`
+name of `alpha_mpi.numerics`.
+
 `ContractCombiner(comm, plan, contract)` authorizes the contract for the plan in this process
 (profile, live FP environment, order id, relation and evidence), then builds a Combiner whose
 every frame carries the contract digest, so a peer running another contract is refused
@@ -19,12 +23,20 @@ import numpy as np
 
 from ..execution import Combiner
 from ..refusals import KernelRefusal, Refusal
-from .conformance import convert_contribution
-from .contract import authorize
+from .authorization import authorize
+from .conversion import convert_contribution
+
+__all__ = ["ContractCombiner"]
 
 
 class ContractCombiner:
-    """A Combiner bound to a numerical contract. Build it on every rank of `comm`."""
+    """A Combiner bound to a numerical contract. Build it on every rank of `comm`.
+
+    Takes the plan, the contract (authorized here for the plan: refused by name when it may not
+    execute), and the Combiner's `timeout` and `dup`. `run(contributions, out=None)` converts
+    this rank's contributions at the contract's site and combines them (Combiner.run's return
+    value); `free()` releases the communicator.
+    """
 
     def __init__(self, comm, plan, contract, *, timeout=None, dup: bool = True):
         self.contract = authorize(contract, plan=plan)

@@ -1,0 +1,82 @@
+"""The operations of a numerical contract, in the order they run: a combine (named by its order
+id) and formulas (named by id and exact evaluation order, formulas.py). Pure data (layer 1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .formulas import ALIASES, FORMULAS
+from .profile import check_keys, invalid
+
+__all__ = ["CombineOrder", "Formula", "operation_from_dict"]
+
+_HEX = frozenset("0123456789abcdef")
+
+
+@dataclass(frozen=True)
+class CombineOrder:
+    """A combine, named by its order id (`Plan.order_id`: tree order bound to the payload layout).
+
+    Refuses anything but a 64-digit lower-case hex digest (`numerical-contract-invalid`).
+    """
+
+    order_id: str
+    kind: ClassVar[str] = "combine"
+
+    def __post_init__(self):
+        oid = self.order_id
+        if not isinstance(oid, str) or len(oid) != 64 or not set(oid) <= _HEX:
+            raise invalid(f"a combine order id is a 64-digit lower-case hex digest, got {oid!r}")
+
+    def to_dict(self) -> dict:
+        """`{"kind": "combine", "order_id": ...}`."""
+        return {"kind": "combine", "order_id": self.order_id}
+
+    def describe(self) -> str:
+        """Short text naming the order, for refusal messages."""
+        return f"combine order {self.order_id[:16]}"
+
+
+@dataclass(frozen=True)
+class Formula:
+    """A formula id with its exact evaluation order (formulas.py). `Formula.named(id)` takes the
+    text from FORMULAS; a formula whose text differs is another order."""
+
+    formula_id: str
+    expression: str
+    kind: ClassVar[str] = "formula"
+
+    def __post_init__(self):
+        if not isinstance(self.formula_id, str) or not self.formula_id:
+            raise invalid(f"a formula id is a non-empty string, got {self.formula_id!r}")
+        if not isinstance(self.expression, str) or not self.expression:
+            raise invalid(f"formula {self.formula_id!r} needs its evaluation order as text")
+
+    @classmethod
+    def named(cls, formula_id: str) -> Formula:
+        """The registered formula `formula_id` (or an alias: `adam`, `sgd`); refuses an unknown id."""
+        fid = ALIASES.get(formula_id, formula_id)
+        if fid not in FORMULAS:
+            raise invalid(f"formula {formula_id!r} is unknown (known: {', '.join(sorted(FORMULAS))})")
+        return cls(fid, FORMULAS[fid])
+
+    def to_dict(self) -> dict:
+        """`{"kind": "formula", "id": ..., "expression": ...}`."""
+        return {"kind": "formula", "id": self.formula_id, "expression": self.expression}
+
+    def describe(self) -> str:
+        """Short text naming the formula and its order, for refusal messages."""
+        return f"formula {self.formula_id} ({self.expression})"
+
+
+def operation_from_dict(d) -> CombineOrder | Formula:
+    """Read one operation's `to_dict()` form; refuses anything else (`numerical-contract-invalid`)."""
+    kind = d.get("kind") if isinstance(d, dict) else None
+    if kind == "combine":
+        check_keys(d, "operation", {"kind", "order_id"})
+        return CombineOrder(d["order_id"])
+    if kind == "formula":
+        check_keys(d, "operation", {"kind", "id", "expression"})
+        return Formula(d["id"], d["expression"])
+    raise invalid(f"operation {d!r} is neither a combine nor a formula")

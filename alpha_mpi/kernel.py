@@ -52,7 +52,6 @@ __all__ = [
     "round_binary64",
     "fpenv_check",
     "fpenv_state",
-    "set_ftz_daz_for_tests",
     "build_info",
     "OP_ADD",
     "MAX_DEPTH",
@@ -436,8 +435,13 @@ def fpenv_check():
     )
 
 
-def set_ftz_daz_for_tests(ftz, daz):
-    """FOR TESTS ONLY: switch FTZ / DAZ of the calling thread (x86-64, AArch64)."""
+# ------------------------------------------------------------------ verification hook
+
+
+def _set_ftz_daz(ftz, daz):
+    """Verification hook, not product API: switch FTZ / DAZ of the calling thread (x86-64,
+    AArch64) so that the fp-environment refusal can be exercised in-process. Reached only from
+    `alpha_mpi_verify.fpenv` (set_ftz_daz, ftz_daz); no product code calls it."""
     if lib.ak_fpenv_set_ftz_daz(1 if ftz else 0, 1 if daz else 0):
         raise KernelRefusal("kernel-bad-argument", f"cannot set FTZ/DAZ on {platform.machine()}")
 

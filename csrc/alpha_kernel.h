@@ -143,8 +143,10 @@ int ak_round_binary64(float *out, const double *in, size_t n, int64_t *bad_index
  * (0 on other architectures, where only the rounding mode is checked). */
 int ak_fpenv_check(uint32_t *raw);
 
-/* FOR TESTS ONLY: switch FTZ/DAZ on or off in the calling thread so that the
- * refusal can be exercised in-process. Returns 0, or -1 where unsupported. */
+/* Verification hook, never called by the product: switch FTZ/DAZ on or off in the
+ * calling thread so that the refusal can be exercised in-process (reached only through
+ * alpha_mpi.kernel._set_ftz_daz from alpha_mpi_verify.fpenv). Returns 0, or -1 where
+ * unsupported. */
 int ak_fpenv_set_ftz_daz(int ftz, int daz);
 
 /* Build identity: compiler version string and target architecture name. */

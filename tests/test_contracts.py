@@ -45,6 +45,7 @@ from alpha_mpi.numerics.evidence import SUITES, measure_evidence
 from alpha_mpi.model.formulas import assignments
 from alpha_mpi.numerics.oracle_check import OracleMismatch, ulp_distance
 from alpha_mpi.refusals import NumericalOrderMismatch, NumericalProfileMismatch
+from alpha_mpi_verify.fpenv import ftz_daz
 
 from conftest import ROOT, agree, bits, slot_data
 
@@ -263,11 +264,8 @@ def test_a_profile_this_process_cannot_execute_is_refused():
 
 def test_an_off_profile_fp_environment_is_refused():
     c = contract_for_plan(small_plan())
-    try:
-        kernel.set_ftz_daz_for_tests(True, True)
+    with ftz_daz(ftz=True, daz=True):
         code, e = code_of(authorize, c)
-    finally:
-        kernel.set_ftz_daz_for_tests(False, False)
     assert code == "fp-environment-off-profile"
     assert authorize(c) is c
 

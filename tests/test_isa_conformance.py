@@ -12,18 +12,11 @@ skipped with the reason where they are absent. About 15-30 s on two cores.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-pytestmark = pytest.mark.cross
+from alpha_mpi_verify import isa as conf
 
-_spec = importlib.util.spec_from_file_location(
-    "alpha_conformance", Path(__file__).resolve().parent / "conformance" / "conformance.py"
-)
-conf = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(conf)
+pytestmark = pytest.mark.cross
 
 # status / which codes from csrc/alpha_kernel.h
 AK_ERR_NONFINITE_INPUT, AK_ERR_NONFINITE_OUTPUT = 3, 4

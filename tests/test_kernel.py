@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from alpha_mpi import kernel as K
+from alpha_mpi_verify import fpenv
 from alpha_mpi import oracle as O
 from alpha_mpi.refusals import KernelRefusal
 
@@ -636,7 +637,7 @@ def test_fpenv_on_profile():
 def test_fpenv_refuses_ftz_daz(ftz, daz, word):
     before = K.fpenv_state()
     try:
-        K.set_ftz_daz_for_tests(ftz, daz)
+        fpenv.set_ftz_daz(ftz, daz)
         with pytest.raises(KernelRefusal) as e:
             K.fpenv_check()
         assert e.value.code == "fp-environment-off-profile"
@@ -647,7 +648,7 @@ def test_fpenv_refuses_ftz_daz(ftz, daz, word):
             K.add(out, np.array([5e-324]), np.array([5e-324]))
             assert out[0] == 0.0
     finally:
-        K.set_ftz_daz_for_tests(before["ftz"], before["daz"])
+        fpenv.set_ftz_daz(before["ftz"], before["daz"])
     assert K.fpenv_check()["on_profile"]
 
 

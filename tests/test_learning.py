@@ -152,12 +152,9 @@ def test_refusals():
 
 def test_learner_refuses_to_start_with_flush_to_zero_on():
     from alpha_mpi import kernel
+    from alpha_mpi_verify.fpenv import ftz_daz
 
-    kernel.set_ftz_daz_for_tests(1, 0)
-    try:
-        with pytest.raises(Refusal) as e:
-            DataParallelLearner(self_comm(), MLP(4, 3, 3), slots=2)
-    finally:
-        kernel.set_ftz_daz_for_tests(0, 0)
+    with ftz_daz(ftz=True, daz=False), pytest.raises(Refusal) as e:
+        DataParallelLearner(self_comm(), MLP(4, 3, 3), slots=2)
     assert e.value.code == "fp-environment-off-profile"
     kernel.fpenv_check()

@@ -15,7 +15,7 @@ import pytest
 
 from alpha_mpi import DeliverTo, Layout, Refusal, ReplicateAll, hierarchy, oracle, plan, star
 from alpha_mpi.model import Branch, Leaf
-from alpha_mpi.mutants import CONTROLS, KINDS, build_mutants, mutant, oracle_verdict, refute, run
+from alpha_mpi_verify.mutants import CONTROLS, KINDS, build_mutants, mutant, oracle_verdict, refute, run
 from alpha_mpi.numerics import OracleMismatch, contract_for_plan
 from alpha_mpi.planning import simulate
 

@@ -1,9 +1,9 @@
-"""Build, run and compare the instruction-set conformance driver (csrc/conformance_driver.c).
+"""Instruction sets: build, run and compare the ISA driver (csrc/conformance_driver.c).
 
-Used by tests/test_isa_conformance.py; also usable on its own to record conformance
-evidence:
+Used by tests/test_isa_conformance.py; also usable on its own from a source checkout (it
+builds csrc/ of the repository this package sits in):
 
-    python tests/conformance/conformance.py [WORKDIR]
+    python -m alpha_mpi_verify.isa [WORKDIR]
 
 prints a JSON report: the kernel build_id (sha256 of the C sources and flags), the
 targets, and per output section the number of elements whose bits differ (NaNs compared
@@ -26,7 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
+from alpha_mpi._kernel_build import BASE_CFLAGS, build_id
+
+ROOT = Path(__file__).resolve().parents[1]
 CSRC = ROOT / "csrc"
 DRIVER = CSRC / "conformance_driver.c"
 KERNEL = CSRC / "alpha_kernel.c"
@@ -38,21 +40,13 @@ QEMU = ("qemu-aarch64", "qemu-aarch64-static")
 APT_PACKAGES = ("gcc-aarch64-linux-gnu", "libc6-dev-arm64-cross", "qemu-user")
 
 
-def base_cflags():
-    sys.path.insert(0, str(ROOT))
-    try:
-        from alpha_mpi._kernel_build import BASE_CFLAGS
-    finally:
-        sys.path.pop(0)
+def base_cflags() -> list:
+    """The kernel's compile flags (alpha_mpi/_kernel_build.py BASE_CFLAGS)."""
     return list(BASE_CFLAGS)
 
 
-def kernel_build_id(flags):
-    sys.path.insert(0, str(ROOT))
-    try:
-        from alpha_mpi._kernel_build import build_id
-    finally:
-        sys.path.pop(0)
+def kernel_build_id(flags) -> str:
+    """sha256 of the kernel sources and `flags`: the build id evidence names."""
     return build_id(flags)
 
 

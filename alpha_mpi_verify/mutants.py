@@ -37,12 +37,12 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from . import oracle
-from .model import Branch, Leaf, ParticipantGroup
-from .model.tree import leaf_sequence, postorder
-from .numerics.oracle_check import OracleMismatch, check_against_oracle, component_names
-from .planning import Plan, plan as make_plan, simulate
-from .refusals import Refusal
+from alpha_mpi import oracle
+from alpha_mpi.model import Branch, Leaf, ParticipantGroup
+from alpha_mpi.model.tree import leaf_sequence, postorder
+from alpha_mpi.numerics.oracle_check import OracleMismatch, check_against_oracle, component_names
+from alpha_mpi.planning import Plan, plan as make_plan, simulate
+from alpha_mpi.refusals import Refusal
 
 KINDS = ("swap-across-subtrees", "duplicated-mass", "duplicated-leaf", "moved-leaf", "reassociated")
 CONTROLS = ("commuted",)
@@ -286,7 +286,7 @@ class MutantRun:
 
 def run(comm, m: Mutant, mine: dict, *, timeout=None, contract: str = ""):
     """Execute the mutant through the real Combiner on `comm` (collective: every rank calls it)."""
-    from .execution import Combiner
+    from alpha_mpi.execution import Combiner
 
     c = Combiner(comm, m.plan, timeout=timeout, contract=contract)
     try:

@@ -79,6 +79,16 @@ ADVICE: dict[str, str] = {
     "checkpoint-format-version": "this checkpoint was written by another format version; use a matching alpha_mpi",
     "checkpoint-manifest": "the manifest is malformed; restore an earlier checkpoint",
     "checkpoint-config-mismatch": "resume with the saved run's --slots/--batch/--seed/--hidden/--data/--optimizer/--lr (see `alpha-mpi checkpoint inspect`)",
+    # user models (alpha_mpi.learning.Model, alpha_mpi.torch)
+    "model-protocol": "implement alpha_mpi.learning.Model: n_params (int >= 1), init(seed) -> float64 array (n_params,), loss_and_grad_sum(params, X, y, grad_out) -> float (see help(alpha_mpi.learning.Model))",
+    "model-nondeterministic": "a slot's gradient must have the same bits on every call: fix the BLAS / intra-op threads (threadpoolctl, torch.set_num_threads) and use deterministic kernels only",
+    "model-factory": "give --model as module:factory with the module importable from the working directory or PYTHONPATH; factory(inputs, classes) returns a Model or a torch.nn.Module",
+    "torch-unavailable": "install the PyTorch extra: pip install 'alpha_mpi[torch]'",
+    "torch-module-unsupported": "alpha_mpi.torch trains CPU modules whose trainable parameters all have one dtype, float32 or float64",
+    "torch-buffers-refused": "the module has buffers (e.g. BatchNorm running statistics): pass buffers='slot-mean' to combine them by the documented rule, or use a buffer-free normalisation (LayerNorm, GroupNorm)",
+    "torch-environment-changed": "keep torch.set_num_threads and torch.use_deterministic_algorithms as DataParallel set them for the whole run (they are in its contract)",
+    "torch-loss-invalid": "loss_fn(output, target) must return a finite scalar tensor: the SUM of the slot's per-sample losses (reduction='sum')",
+    "torch-optimizer-state": "checkpoints hold optimizer state made of per-parameter tensors shaped like their parameter, and scalars (Adam, AdamW, SGD, RMSprop, ...)",
     # tools
     "usage": "see `alpha-mpi --help`",
     "data-invalid": "give an .npz with float arrays X (n, d) and integer labels y (n,)",

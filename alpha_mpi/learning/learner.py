@@ -45,11 +45,53 @@ def _weighted(n: int) -> Layout:
 
 
 class DataParallelLearner:
+    """Data-parallel training of a `Model` (alpha_mpi.learning.protocol) with the same bits on
+    every rank count that places the same slot tree.
+
+    Build it on every rank of `comm` (collective: it plans the tree and builds its executors):
+
+        learner = DataParallelLearner(comm, model, slots=8, optimizer="adam", lr=1e-3)
+        for X, y in global_batches:                         # the same global batch on every rank
+            loss, stop = learner.train_step(slice_batch(X, y, 8, learner.my_slots))
+        params = learner.final_params()                     # identical bits on every rank count
+
+    Arguments:
+        comm: an mpi4py communicator (COMM_WORLD, COMM_SELF, a split); the learner works on
+            its own duplicates, so user messages never match its frames.
+        model: an object satisfying `alpha_mpi.learning.Model` (n_params, init(seed),
+            loss_and_grad_sum(params, X, y, grad_out)); checked here (`model-protocol`).
+        slots: the number of logical micro-batch shards per step (>= the rank count). The
+            combine tree is over slots, not ranks: slot s is owned by one rank (`my_slots`) and
+            its (Σ gradients, Σ samples, Σ loss) enter the tree as leaf s.
+        topology: the slot tree: "star", "star:HUB", "hierarchy:K" (and whatever
+            alpha_mpi.model.build accepts). Part of the numerical contract: two topologies are
+            two contracts, and a checkpoint saved under one is refused under the other.
+        optimizer: "adam" (adam-v1) or "sgd" (sgd-momentum-v1), the C kernel formulas whose
+            evaluation order the contract names (csrc/alpha_kernel.h); FiniteOrRefuse.
+        lr, momentum: learning rate; SGD momentum (0 = plain SGD; ignored by Adam).
+        partition: "none" | "state" | "grads" | "params" (see the module docstring): where
+            optimizer state, reduced gradients and parameters live. Every mode gives the bits of
+            "none"; they differ only in memory per rank and traffic.
+        seed: passed to `model.init(seed)`, unless `init_params` (a float64 vector) is given.
+        timeout: seconds a rank waits for a peer before `peer-timeout` (default
+            ALPHA_MPI_TIMEOUT, else the executors' default).
+
+    Attributes: `my_slots` (this rank's slots, in order), `step` (steps applied), `contract`
+    (the NumericalContract: combine order, normalise-once, optimizer formula), `order_id`,
+    `times` (seconds in compute / combine / update), `realization` (tree or scatter).
+
+    Checkpoints: `save(dir)` / `restore(dir)` (alpha_mpi.learning.checkpoints), the same
+    manifests as `alpha-mpi train --checkpoint-dir`, restorable on any rank count.
+    """
+
     def __init__(self, comm, model, *, slots: int, topology: str = "hierarchy:2", optimizer: str = "adam",
                  lr: float = 1e-3, momentum: float = 0.9, partition: str = "none", seed: int = 0,
                  timeout=None, init_params=None):
         if partition not in MODES:
             raise Refusal("usage", f"unknown partition {partition!r}; use one of {', '.join(MODES)}")
+        from .protocol import check_model
+
+        check_model(model)  # a model that breaks the protocol is refused by name, before any collective
         kernel.fpenv_check()  # FTZ/DAZ or a non-nearest rounding mode would change the bits: refuse
         self.comm, self.model = comm, model
         self.size, self.rank = comm.Get_size(), comm.Get_rank()
@@ -113,6 +155,14 @@ class DataParallelLearner:
 
     def train_step(self, batch: dict, stop: bool = False):
         """One step over this rank's slots: `batch[slot] = (X, y)`. Returns (mean loss, stop?).
+
+        `batch` holds exactly the slots in `my_slots` (`slice_batch` / `stream_batch` build it).
+        Every rank calls train_step the same number of times. The returned loss is the global
+        batch's mean, Σ loss / Σ samples over all slots (the same float on every rank); `stop?`
+        is True on every rank when any rank passed `stop=True` (a preemption signal), so all stop
+        after the same step. A non-finite value anywhere is refused on every rank
+        (`non-finite-*`, or `peer-failed` on the ranks that did not see it) and no rank applies
+        the update: parameters and optimizer state stay as they were.
 
         Agreement without an extra round: the stop request travels as a payload word through the
         gradient combine; in `none` mode every rank proposes the identical update, so all refuse
@@ -189,6 +239,20 @@ class DataParallelLearner:
         return self.full_params()
 
     # -- checkpoints: every component is a logical vector of length n, saved by coordinate range --
+    def save(self, directory: str, config=None) -> str:
+        """Publish a checkpoint of this step under `directory` (collective); returns its step
+        directory. See alpha_mpi.learning.checkpoints.save."""
+        from .checkpoints import save
+
+        return save(self, directory, config=config)
+
+    def restore(self, directory: str, config=None, *, adopt_contract: bool = False, missing_ok: bool = False):
+        """Load the latest checkpoint in `directory` (or that step directory) saved on any rank
+        count (collective); returns the step directory. See alpha_mpi.learning.checkpoints.restore."""
+        from .checkpoints import restore
+
+        return restore(self, directory, config=config, adopt_contract=adopt_contract, missing_ok=missing_ok)
+
     def checkpoint_pieces(self) -> dict:
         """name -> (length, [(start, stop, values)]) for the range this rank writes."""
         n, (a, b) = self.n, self.own

@@ -1,0 +1,69 @@
+"""save(dir) / restore(dir) for a user's own training loop: the CLI's checkpoints, as an API.
+
+    learner.save("ckpt")          # every rank calls it at the same step; returns the step directory
+    learner.restore("ckpt")       # on any rank count: each rank reads the ranges it now owns
+
+Both wrap `alpha_mpi.checkpoint.Checkpointer`, so the files are exactly those `alpha-mpi train
+--checkpoint-dir` writes (safetensors shards by logical range, a manifest tree with sha256, an
+atomic `latest` pointer) and `alpha-mpi checkpoint verify/inspect` reads them. Any object with
+the learner's checkpoint members works: `DataParallelLearner` and `alpha_mpi.torch.DataParallel`
+(`step`, `order_id`, `contract`, `checkpoint_pieces()`, `checkpoint_scalars()`,
+`load_checkpoint(ck)`).
+
+`config` (a dict) is stored in the manifest; on restore the keys a resume must share
+(`alpha_mpi.checkpoint.checkpointer.SAME_ON_RESUME`: slots, batch, seed, ...) are compared with
+the saved ones and a difference is refused (`checkpoint-config-mismatch`). The default config is
+`{"slots": learner.slots}`. A checkpoint whose numerical contract differs (another tree, another
+optimizer formula, another torch build) is refused (`numerical-order-mismatch` /
+`numerical-profile-mismatch`) unless `adopt_contract=True`.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..refusals import CheckpointRefusal
+
+_ATTR = "_alpha_mpi_checkpointers"
+
+
+def _config(learner, config):
+    cfg = {"slots": getattr(learner, "slots", None)} if config is None else dict(config)
+    return {k: v for k, v in cfg.items() if v is not None}
+
+
+def checkpointer(learner, directory: str, *, config=None, adopt_contract: bool = False, timeout=None):
+    """The `Checkpointer` for (learner, directory), built once (collectively) and reused."""
+    from ..checkpoint import Checkpointer
+
+    cache = learner.__dict__.setdefault(_ATTR, {})
+    cfg = _config(learner, config)
+    key = (os.path.abspath(directory), adopt_contract, tuple(sorted((k, repr(v)) for k, v in cfg.items())))
+    ck = cache.get(key)
+    if ck is None:
+        ck = cache[key] = Checkpointer(learner.comm, directory, learner, cfg, adopt_contract=adopt_contract,
+                                       timeout=timeout if timeout is not None else getattr(learner, "timeout", None))
+    return ck
+
+
+def save(learner, directory: str, *, config=None, timeout=None) -> str:
+    """Publish the learner's state at its current step under `directory`; returns the step
+    directory. Collective: every rank calls it at the same step. A step already published is
+    left as it is (published checkpoints are immutable)."""
+    return checkpointer(learner, directory, config=config, timeout=timeout).save()
+
+
+def restore(learner, directory: str, *, config=None, adopt_contract: bool = False, missing_ok: bool = False,
+            timeout=None):
+    """Load the checkpoint at `directory` (a checkpoint directory, whose `latest` is followed, or
+    one step directory) into the learner, whatever the rank count was at save time; returns the
+    step directory read. With `missing_ok`, a directory without any checkpoint returns None
+    (start from scratch) instead of refusing with `checkpoint-missing`. Collective."""
+    ck = checkpointer(learner, directory, config=config, adopt_contract=adopt_contract, timeout=timeout)
+    from ..checkpoint.layout import LATEST, MANIFEST
+
+    if not (os.path.isfile(os.path.join(directory, MANIFEST)) or os.path.exists(os.path.join(directory, LATEST))):
+        if missing_ok:
+            return None
+        raise CheckpointRefusal("checkpoint-missing", f"{directory} holds no checkpoint (no {LATEST} pointer, no {MANIFEST})")
+    return ck.restore(directory)

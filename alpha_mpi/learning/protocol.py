@@ -1,0 +1,180 @@
+"""The model protocol: what a numpy model gives a data-parallel learner, and what it must guarantee.
+
+A model is any object with these members (duck typing; no base class to inherit):
+
+    n_params: int                                         number of float64 parameters
+    init(seed) -> np.ndarray                              initial parameters, shape (n_params,)
+    loss_and_grad_sum(params, X, y, grad_out) -> float    Σ_i loss_i; writes Σ_i ∇loss_i
+    predict(params, X) -> np.ndarray                      optional: labels, for accuracy
+
+`check_model(model)` refuses an object that breaks the protocol by name (`model-protocol`),
+saying which member is missing or wrong; `check_model(model, probe=(X, y))` also runs one probe
+slot twice and refuses a model whose gradient is not the same bits both times
+(`model-nondeterministic`). `DataParallelLearner` checks the members when it is built.
+
+`model_from_spec("module:factory", inputs, classes)` is how `alpha-mpi train --model` finds a
+user's model: `module` is imported from the working directory or PYTHONPATH and
+`factory(inputs, classes)` returns a Model or a `torch.nn.Module` (wrapped in
+`alpha_mpi.torch.ModuleModel`, trained in binary64 with summed cross-entropy).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import sys
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from ..refusals import Refusal
+
+
+@runtime_checkable
+class Model(Protocol):
+    """A numpy model for `DataParallelLearner`: parameters are one flat float64 vector.
+
+    Guarantees the bits depend on (the learner checks what it can, see `check_model`):
+
+    - `n_params`: an int >= 1, fixed for the model's lifetime.
+    - `init(seed)`: a float64 array of shape (n_params,), a function of `seed` alone (every rank
+      calls it and must get the same bits; use `np.random.default_rng([seed, ...])`).
+    - `loss_and_grad_sum(params, X, y, grad_out)`: for one slot (a micro-batch shard) X (k, d),
+      y (k,), write the SUM over the slot's k samples of each sample's loss gradient into
+      `grad_out` (float64, shape (n_params,), overwrite every element, do not keep a reference)
+      and return the sum of the losses as a float. Sums, not means: the learner combines
+      (Σ gradients, Σ samples) over the slot tree and divides once, so unequal slots weigh right.
+    - Reproducible per slot: the same (params, X, y) give the same bits on whichever rank runs
+      the slot. Fix the BLAS threads while computing (`threadpoolctl.threadpool_limits(1)`),
+      do not let shapes depend on the rank or the rank count, read no global random state.
+    - `params` must not be modified (the learner owns it); `grad_out` is the only output.
+    - Optional `predict(params, X) -> labels` is used for the accuracy `alpha-mpi train` prints.
+    """
+
+    n_params: int
+
+    def init(self, seed: int) -> np.ndarray:
+        """Initial parameters: float64, shape (n_params,), the same bits for the same seed."""
+        ...
+
+    def loss_and_grad_sum(self, params: np.ndarray, X: np.ndarray, y: np.ndarray, grad_out: np.ndarray) -> float:
+        """Write Σ_i ∇loss_i of the slot (X, y) into grad_out; return Σ_i loss_i."""
+        ...
+
+
+#: The protocol's required methods and how many positional arguments each takes (besides self).
+REQUIRED_METHODS = {"init": 1, "loss_and_grad_sum": 4}
+
+
+def _refuse(model, what: str) -> Refusal:
+    return Refusal("model-protocol", f"{type(model).__name__} does not satisfy alpha_mpi.learning.Model: {what}",
+                   member=what.split(" ", 1)[0])
+
+
+def _check_arity(model, name: str, count: int) -> None:
+    fn = getattr(model, name, None)
+    if fn is None:
+        raise _refuse(model, f"{name} is missing (needed: {name}{_SIGNATURES[name]})")
+    if not callable(fn):
+        raise _refuse(model, f"{name} is not callable (needed: {name}{_SIGNATURES[name]})")
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or C callable: trust it, the probe checks it
+        return
+    try:
+        sig.bind(*range(count))
+    except TypeError:
+        raise _refuse(model, f"{name}{sig} cannot be called as {name}{_SIGNATURES[name]}") from None
+
+
+_SIGNATURES = {"init": "(seed)", "loss_and_grad_sum": "(params, X, y, grad_out)", "predict": "(params, X)"}
+
+
+def check_model(model, probe=None, seed: int = 0):
+    """Return `model` if it satisfies `Model`, else refuse by name (`model-protocol`).
+
+    Checks the members: `n_params` an int >= 1; `init(seed)` and
+    `loss_and_grad_sum(params, X, y, grad_out)` callable with those arguments; `predict`, if
+    present, callable as `predict(params, X)`. With `probe=(X, y)` (one small slot) it also calls
+    `init(seed)` (float64, shape (n_params,), finite) and `loss_and_grad_sum` twice on the same
+    inputs: a float loss, finite gradients, params left unchanged, and the same bits both times
+    (`model-nondeterministic` otherwise).
+    """
+    n = getattr(model, "n_params", None)
+    if n is None:
+        raise _refuse(model, "n_params is missing (needed: the number of float64 parameters, an int >= 1)")
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise _refuse(model, f"n_params is {n!r}; it must be an int >= 1")
+    for name, count in REQUIRED_METHODS.items():
+        _check_arity(model, name, count)
+    if getattr(model, "predict", None) is not None:
+        _check_arity(model, "predict", 2)
+    if probe is not None:
+        _probe(model, int(n), probe, seed)
+    return model
+
+
+def _probe(model, n: int, probe, seed: int) -> None:
+    X, y = probe
+    p = model.init(seed)
+    if not isinstance(p, np.ndarray) or p.dtype != np.float64 or p.shape != (n,):
+        raise _refuse(model, f"init({seed}) returned {type(p).__name__} "
+                      f"{getattr(p, 'dtype', '')} {getattr(p, 'shape', '')}; it must be a float64 array of shape ({n},)")
+    if not np.all(np.isfinite(p)):
+        raise _refuse(model, f"init({seed}) returned non-finite parameters")
+    again = model.init(seed)
+    if not np.array_equal(p.view(np.uint64), np.asarray(again, dtype=np.float64).view(np.uint64)):
+        raise Refusal("model-nondeterministic", f"{type(model).__name__}.init({seed}) gave other bits on a second call")
+    before = p.copy()
+    grads, losses = [], []
+    for _ in range(2):
+        g = np.full(n, np.nan)
+        loss = model.loss_and_grad_sum(p, X, y, g)
+        if isinstance(loss, bool) or not isinstance(loss, (float, int, np.floating, np.integer)):
+            raise _refuse(model, f"loss_and_grad_sum returned {type(loss).__name__}; it must return the slot's loss sum as a float")
+        if not np.all(np.isfinite(g)):
+            raise _refuse(model, "loss_and_grad_sum left non-finite values in grad_out (it must overwrite every element)")
+        grads.append(g)
+        losses.append(float(loss))
+    if not np.array_equal(p.view(np.uint64), before.view(np.uint64)):
+        raise _refuse(model, "loss_and_grad_sum modified params (it must only write grad_out)")
+    if not np.array_equal(grads[0].view(np.uint64), grads[1].view(np.uint64)) or \
+            np.float64(losses[0]).view(np.uint64) != np.float64(losses[1]).view(np.uint64):
+        raise Refusal("model-nondeterministic",
+                      f"{type(model).__name__}.loss_and_grad_sum gave other bits for the same slot on a second call")
+
+
+def model_from_spec(spec: str, inputs: int, classes: int):
+    """Build the model `alpha-mpi train --model module:factory` names.
+
+    `module` is imported with the working directory first on the path (then PYTHONPATH);
+    `factory(inputs, classes)` must return a `Model` or a `torch.nn.Module` mapping a
+    (batch, inputs) float tensor to (batch, classes) logits; a module is wrapped in
+    `alpha_mpi.torch.ModuleModel` (binary64, summed cross-entropy). Refuses with `model-factory`
+    or `model-protocol`.
+    """
+    if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
+        raise Refusal("model-factory", f"--model {spec!r} is not of the form module:factory")
+    mod_name, attr = spec.split(":")
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        mod = importlib.import_module(mod_name)
+    except ImportError as e:
+        raise Refusal("model-factory", f"cannot import {mod_name!r} from {cwd} or PYTHONPATH: {e}") from None
+    factory = getattr(mod, attr, None)
+    if factory is None or not callable(factory):
+        raise Refusal("model-factory", f"{mod_name} has no callable {attr!r}")
+    model = factory(inputs, classes)
+    if _is_torch_module(model):
+        from ..torch import ModuleModel
+
+        return ModuleModel(model)
+    return check_model(model)
+
+
+def _is_torch_module(obj) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.nn.Module)

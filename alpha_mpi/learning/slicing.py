@@ -1,0 +1,84 @@
+"""Data slicing: a global batch (or a stream of sample indices) -> this rank's slots.
+
+The combine tree is over logical slots, so rank-count independence needs one thing from the
+data: slot s holds the same samples whatever the rank count. Every function here is a pure
+function of (global batch, slot count) and returns only the slots a rank owns, so every rank can
+read the same global batch (or the same index stream) and take its part:
+
+    learner = DataParallelLearner(comm, model, slots=8)
+    for X, y in global_batches:                                   # the same on every rank
+        loss, _ = learner.train_step(slice_batch(X, y, 8, learner.my_slots))
+
+Slot s of a batch of B samples is the contiguous window `slot_ranges(B, S)[s]`: B // S samples,
+the first B % S slots one more (unequal slots are fine: the learner weighs each by its sample
+count). X and y may be numpy arrays or torch tensors (anything sliceable along its first axis).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..refusals import Refusal
+from .data import SlotStream, slot_sizes
+
+__all__ = ["slot_ranges", "slice_batch", "slice_indices", "stream_batch", "SlotStream"]
+
+
+def slot_ranges(batch: int, slots: int, sizes=None) -> list:
+    """[(start, stop)] of each slot's window in a batch of `batch` samples (slot order).
+
+    `sizes` (one count per slot, summing to `batch`) overrides the default cut (batch // slots,
+    the first batch % slots slots one more). Every slot needs at least one sample.
+    """
+    if isinstance(slots, bool) or not isinstance(slots, (int, np.integer)) or slots < 1:
+        raise Refusal("usage", f"slots must be an int >= 1, got {slots!r}")
+    if batch < slots:
+        raise Refusal("usage", f"a batch of {batch} samples cannot fill {slots} slots: every slot needs a sample")
+    sizes = slot_sizes(batch, slots) if sizes is None else [int(k) for k in sizes]
+    if len(sizes) != slots or sum(sizes) != batch or min(sizes) < 1:
+        raise Refusal("usage", f"slot sizes {sizes} must be {slots} counts >= 1 adding up to the batch {batch}")
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
+    return [(int(offsets[s]), int(offsets[s + 1])) for s in range(slots)]
+
+
+def _owned(owned, slots):
+    owned = list(owned)
+    bad = [s for s in owned if not 0 <= s < slots]
+    if bad:
+        raise Refusal("slot-invalid", f"slots {bad} are not in 0..{slots - 1}")
+    return owned
+
+
+def slice_batch(X, y, slots: int, owned, sizes=None) -> dict:
+    """{slot: (X[a:b], y[a:b])} for the `owned` slots of the global batch (X, y).
+
+    `owned` is `learner.my_slots` (or `DataParallel.my_slots`). Slices are views, not copies.
+    """
+    if len(X) != len(y):
+        raise Refusal("data-invalid", f"X has {len(X)} samples, y has {len(y)}")
+    ranges = slot_ranges(len(y), slots, sizes)
+    return {s: (X[ranges[s][0]:ranges[s][1]], y[ranges[s][0]:ranges[s][1]]) for s in _owned(owned, slots)}
+
+
+def slice_indices(indices, slots: int, owned, sizes=None) -> dict:
+    """{slot: sample indices} for the `owned` slots of one step's global index list.
+
+    For samplers that yield the indices of a global batch (the same list on every rank).
+    """
+    idx = np.asarray(indices)
+    ranges = slot_ranges(len(idx), slots, sizes)
+    return {s: idx[ranges[s][0]:ranges[s][1]] for s in _owned(owned, slots)}
+
+
+def stream_batch(stream: SlotStream, step: int, owned, X, y) -> dict:
+    """{slot: (X[idx], y[idx])} of step `step` of a seeded `SlotStream` (the CLI's data order).
+
+    `SlotStream(n, batch, slots, seed)` walks seeded permutations of the n samples, one global
+    batch per step; a resumed run continues at the same position because the position is a
+    function of the step alone.
+    """
+    out = {}
+    for s in _owned(owned, len(stream.sizes)):
+        idx = stream.indices(step, s)
+        out[s] = (X[idx], y[idx])
+    return out

@@ -72,13 +72,20 @@ ADVICE: dict[str, str] = {
     "mutant-unobservable": "the data gives the mutant the declared bits, so it proves nothing; use order-sensitive data",
     # checkpoints
     "checkpoint-exists": "a published step is immutable; save under a new step",
-    "checkpoint-missing": "no checkpoint there; check the path or start without --resume",
-    "checkpoint-corrupt": "a shard's sha256 differs from its manifest; restore an earlier checkpoint",
-    "checkpoint-shard-missing": "a shard named by the manifest is absent; restore an earlier checkpoint",
+    "checkpoint-missing": "no checkpoint there; check the path (`--resume` on a directory with no step at all starts at step 0 and says so)",
+    "checkpoint-corrupt": "a file of the step differs from the sha256 that covers it; resume from an earlier step with --resume-from DIR/step-NNNNNNNN (`alpha-mpi checkpoint verify DIR --all` shows which steps verify)",
+    "checkpoint-shard-missing": "a file named by the manifest is absent; resume from an earlier step with --resume-from DIR/step-NNNNNNNN",
     "checkpoint-path-escape": "a manifest entry points outside the checkpoint directory; refuse this checkpoint",
     "checkpoint-format-version": "this checkpoint was written by another format version; use a matching alpha_mpi",
-    "checkpoint-manifest": "the manifest is malformed; restore an earlier checkpoint",
+    "checkpoint-manifest": "the manifest is malformed; resume from an earlier step with --resume-from DIR/step-NNNNNNNN",
     "checkpoint-config-mismatch": "resume with the saved run's --slots/--batch/--seed/--hidden/--data/--optimizer/--lr (see `alpha-mpi checkpoint inspect`)",
+    "checkpoint-latest-invalid": "`latest` must be a regular file that alpha_mpi wrote (`step-NNNNNNNN <sha256>`); delete it to resume from the newest step that verifies, or pass --resume-from DIR/step-NNNNNNNN",
+    "checkpoint-shard-invalid": "a shard's safetensors header disagrees with its manifest entry (dtype, shape, size); restore an earlier checkpoint",
+    "checkpoint-data-mismatch": "resume with the data the checkpoint was trained on (the same --data file, or the same --seed for the synthetic task); start a fresh run for other data",
+    "checkpoint-locked": "another trainer holds this checkpoint directory; wait for it to end, stop it, or use another --checkpoint-dir",
+    "checkpoint-write-failed": "free disk space or fix permissions on the checkpoint directory; the previous published step is intact",
+    "checkpoint-dir-is-step": "give the checkpoint directory (the parent of step-NNNNNNNN) as --checkpoint-dir; choose a step with --resume-from",
+    "model-invalid": "give a model with at least one input feature, hidden unit and class, small enough for memory",
     # user models (alpha_mpi.learning.Model, alpha_mpi.torch)
     "model-protocol": "implement alpha_mpi.learning.Model: n_params (int >= 1), init(seed) -> float64 array (n_params,), loss_and_grad_sum(params, X, y, grad_out) -> float (see help(alpha_mpi.learning.Model))",
     "model-nondeterministic": "a slot's gradient must have the same bits on every call: fix the BLAS / intra-op threads (threadpoolctl, torch.set_num_threads) and use deterministic kernels only",
@@ -92,6 +99,7 @@ ADVICE: dict[str, str] = {
     # tools
     "usage": "see `alpha-mpi --help`",
     "data-invalid": "give an .npz with float arrays X (n, d) and integer labels y (n,)",
+    "output-unwritable": "give --json a path in an existing, writable directory",
 }
 
 

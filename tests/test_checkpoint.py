@@ -16,6 +16,7 @@ from alpha_mpi.learning.data import SlotStream, synthetic
 from alpha_mpi.model import build
 from alpha_mpi.refusals import Refusal
 
+from ckpt_tools import edit_root, rewrite_component, shard_file, step_dir
 from conftest import bits
 
 SLOTS, BATCH = 4, 29
@@ -112,30 +113,6 @@ def test_second_save_of_a_step_is_refused(saved):
     assert e.value.code == "checkpoint-exists"
 
 
-def step_dir(root):
-    return os.path.join(root, open(os.path.join(root, "latest")).read().strip())
-
-
-def rewrite_component(root, name, edit):
-    """Edit a component manifest and re-seal its sha256 in the root manifest (so only `edit` is wrong)."""
-    import hashlib
-
-    d = step_dir(root)
-    mpath = os.path.join(d, name, "manifest.json")
-    comp = json.load(open(mpath))
-    edit(comp)
-    body = json.dumps(comp).encode()
-    open(mpath, "wb").write(body)
-    rm = json.load(open(os.path.join(d, "manifest.json")))
-    rm["components"][name]["sha256"] = hashlib.sha256(body).hexdigest()
-    json.dump(rm, open(os.path.join(d, "manifest.json"), "w"))
-
-
-def shard_file(root, name="params"):
-    d = os.path.join(step_dir(root), name)
-    return os.path.join(d, sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))[0])
-
-
 def corrupt(root):
     f = shard_file(root)
     b = bytearray(open(f, "rb").read())
@@ -160,17 +137,18 @@ def escape_symlink(root):
 
 
 def bad_version(root):
-    p = os.path.join(step_dir(root), "manifest.json")
-    m = json.load(open(p))
-    m["version"] = 99
-    json.dump(m, open(p, "w"))
+    edit_root(root, lambda m: m.update(version=99))
 
 
 def bad_profile(root):
-    p = os.path.join(step_dir(root), "manifest.json")
-    m = json.load(open(p))
-    m["contract"]["profile"]["subnormals"] = "flush-to-zero"
-    json.dump(m, open(p, "w"))
+    """A checkpoint saved under another profile: contract and its digest both say flush-to-zero."""
+    from alpha_mpi.numerics import NumericalContract
+
+    def edit(m):
+        m["contract"]["profile"]["subnormals"] = "flush-to-zero"
+        m["contract_digest"] = NumericalContract.from_dict(m["contract"]).digest
+
+    edit_root(root, edit)
 
 
 CASES = [
@@ -182,7 +160,7 @@ CASES = [
     (escape_symlink, "checkpoint-path-escape"),
     (bad_version, "checkpoint-format-version"),
     (lambda r: rewrite_component(r, "params", lambda c: c["shards"].pop()), "checkpoint-manifest"),
-    (lambda r: open(os.path.join(r, "latest"), "w").write("../../elsewhere\n"), "checkpoint-path-escape"),
+    (lambda r: open(os.path.join(r, "latest"), "w").write("../../elsewhere\n"), "checkpoint-latest-invalid"),
 ]
 
 

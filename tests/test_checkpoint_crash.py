@@ -2,7 +2,8 @@
 
 After every kill the previous checkpoint restores and verifies, `latest` never names a partial
 step, and the next save succeeds. Kill points are publication filesystem operations chosen at
-random (seeded) through ALPHA_MPI_CKPT_CRASH_AT, plus kills at random wall-clock moments.
+random (seeded) through the store's explicit test hook (`store.hooks.point`, set by the saver
+script from its CRASH_AT argument), plus kills at random wall-clock moments.
 """
 
 import os
@@ -20,12 +21,8 @@ SAVER = os.path.join(HERE, "mpi_scripts", "ckpt_saver.py")
 
 
 def run_saver(root, first, crash_at=None, kill_after=None):
-    env = dict(os.environ)
-    env.pop("ALPHA_MPI_CKPT_CRASH_AT", None)
-    if crash_at is not None:
-        env["ALPHA_MPI_CKPT_CRASH_AT"] = str(crash_at)
-    p = subprocess.Popen([sys.executable, SAVER, root, "1" if first else "0"], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=env)
+    args = [sys.executable, SAVER, root, "1" if first else "0"] + ([str(crash_at)] if crash_at is not None else [])
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if kill_after is not None:
         time.sleep(kill_after)
         p.send_signal(signal.SIGKILL)

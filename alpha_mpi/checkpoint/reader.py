@@ -1,104 +1,115 @@
 """Reading a checkpoint from its path alone: the manifest tree is self-describing.
 
-`open_checkpoint(path)` accepts the checkpoint directory (follows `latest`) or a step directory.
-Every path in a manifest is checked to stay inside the step directory; every shard that is read
-is hashed against its manifest entry first; the shards of each component must tile its length.
+`open_checkpoint(path)` accepts the checkpoint directory (reads `latest` as data) or a step
+directory. Before any field is used, the root manifest's sha256 is compared with its seal
+(`manifest.sha256`, and with `latest` when reached through it); every field is then typed and
+validated (schema.py). Every path in a manifest is checked to stay inside the step directory;
+every shard that is read is hashed against its manifest entry and its safetensors header is
+compared with the entry's dtype and shape; the shards of each component must tile its length.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 
 import numpy as np
-from safetensors import safe_open
 
-from ..refusals import CheckpointRefusal
-from .layout import FORMAT, LATEST, MANIFEST, VERSION, safe_join
+from ..refusals import CheckpointRefusal, Refusal
+from . import schema, shardfile
+from .layout import (LATEST, MANIFEST, MAX_POINTER, SEAL, is_real_dir, parse_latest, parse_seal, published_steps,
+                     read_small, safe_join, step_name, step_of)
 
-
-def _load_json(path: str, what: str, sha256: str | None = None) -> dict:
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise CheckpointRefusal("checkpoint-shard-missing" if sha256 else "checkpoint-missing", f"{what} {path} is missing")
-    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
-        raise CheckpointRefusal("checkpoint-corrupt", f"{what} {path} does not match the sha256 its parent manifest names")
-    try:
-        obj = json.loads(data)
-    except ValueError as e:
-        raise CheckpointRefusal("checkpoint-manifest", f"{what} {path} is not valid JSON: {e}")
-    if not isinstance(obj, dict):
-        raise CheckpointRefusal("checkpoint-manifest", f"{what} {path} is not a JSON object")
-    return obj
+MAX_ROOT_MANIFEST = 16 << 20
+MAX_COMPONENT_MANIFEST = 256 << 20
 
 
-def _check_format(obj: dict, path: str) -> None:
-    if obj.get("format") != FORMAT:
-        raise CheckpointRefusal("checkpoint-manifest", f"{path} is not an {FORMAT} manifest")
-    if obj.get("version") != VERSION:
-        raise CheckpointRefusal(
-            "checkpoint-format-version", f"{path} has format version {obj.get('version')!r}; this alpha_mpi reads {VERSION}"
-        )
+def read_latest(root: str):
+    """(step directory, manifest sha256) that `root/latest` names, or None when there is none.
+
+    `latest` is read as data: a symlink, a device, a FIFO, an oversized file or anything but
+    `step-NNNNNNNN <sha256>` is refused (`checkpoint-latest-invalid`) and its content is never
+    shown; the step it names must be a real directory inside `root`.
+    """
+    pointer = os.path.join(root, LATEST)
+    if not os.path.lexists(pointer):
+        return None
+    name, sha = parse_latest(read_small(pointer, "latest pointer", MAX_POINTER), pointer)
+    step_dir = os.path.join(root, name)
+    if not is_real_dir(step_dir):
+        raise CheckpointRefusal("checkpoint-missing", f"{pointer} names {name}, which is not a directory in {root}",
+                                path=step_dir)
+    return step_dir, sha
 
 
-def resolve(path: str) -> str:
-    """The step directory a path names: itself, or the one its `latest` pointer names."""
-    if os.path.isfile(os.path.join(path, MANIFEST)):
-        return path
-    pointer = os.path.join(path, LATEST)
-    if not os.path.isfile(pointer):
-        raise CheckpointRefusal("checkpoint-missing", f"{path} has neither {MANIFEST} nor a {LATEST} pointer")
-    with open(pointer) as f:
-        name = f.read().strip()
-    step_dir = safe_join(path, name, "latest pointer")
-    if not os.path.isfile(os.path.join(step_dir, MANIFEST)):
-        raise CheckpointRefusal("checkpoint-missing", f"{LATEST} names {name}, which has no {MANIFEST}")
-    return step_dir
+def is_step_dir(path: str) -> bool:
+    return os.path.lexists(os.path.join(path, MANIFEST))
+
+
+def resolve(path: str):
+    """(step directory, expected manifest sha256 or None) that a path names: itself, or the step
+    its `latest` names."""
+    if is_step_dir(path):
+        return path, None
+    found = read_latest(path)
+    if found is None:
+        steps = published_steps(path)
+        extra = (f"; it holds {', '.join(step_name(k) for k in steps[-3:])} but no {LATEST} pointer "
+                 f"(`alpha-mpi checkpoint verify {path} --all` shows which verify)") if steps else ""
+        raise CheckpointRefusal("checkpoint-missing", f"{path} has neither {MANIFEST} nor a {LATEST} pointer{extra}",
+                                path=path)
+    return found
+
+
+def _root_bytes(step_dir: str, expected: str | None):
+    data = read_small(os.path.join(step_dir, MANIFEST), "root manifest", MAX_ROOT_MANIFEST)
+    actual = hashlib.sha256(data).hexdigest()
+    seal_path = os.path.join(step_dir, SEAL)
+    if not os.path.lexists(seal_path):
+        try:
+            version = schema.loads(data, "root manifest").get("version")
+        except Refusal:
+            version = None
+        if version not in (None, 2) and type(version) is int:
+            raise CheckpointRefusal("checkpoint-format-version",
+                                    f"{step_dir} has format version {version} (no {SEAL} seal); this alpha_mpi reads 2")
+        raise CheckpointRefusal("checkpoint-corrupt", f"{step_dir} has no {SEAL}: its root manifest is not sealed",
+                                path=step_dir)
+    sealed = parse_seal(read_small(seal_path, "manifest seal", MAX_POINTER, "checkpoint-corrupt"), seal_path)
+    if sealed != actual:
+        raise CheckpointRefusal("checkpoint-corrupt",
+                                f"{step_dir}/{MANIFEST} does not match the sha256 in its {SEAL}", path=step_dir)
+    if expected is not None and expected != actual:
+        raise CheckpointRefusal("checkpoint-corrupt",
+                                f"{step_dir}/{MANIFEST} does not match the sha256 the {LATEST} pointer names", path=step_dir)
+    return data, actual
 
 
 class Checkpoint:
-    def __init__(self, path: str):
-        self.dir = resolve(path)
-        self.manifest = _load_json(os.path.join(self.dir, MANIFEST), "root manifest")
-        _check_format(self.manifest, self.dir)
-        self.step = self.manifest.get("step")
-        comps = self.manifest.get("components")
-        if not isinstance(comps, dict) or not comps or not isinstance(self.step, int):
-            raise CheckpointRefusal("checkpoint-manifest", f"{self.dir}: root manifest lacks step or components")
+    def __init__(self, path: str, expected_sha256: str | None = None):
+        self.dir, latest_sha = resolve(path)
+        data, self.manifest_sha256 = _root_bytes(self.dir, expected_sha256 or latest_sha)
+        where = os.path.join(self.dir, MANIFEST)
+        self.manifest = schema.loads(data, f"root manifest {where}")
+        schema.validate_root(self.manifest, step_of(os.path.basename(os.path.normpath(self.dir))), where)
+        self.step = self.manifest["step"]
         self.components = {}
-        for name, ref in sorted(comps.items()):
-            if not isinstance(ref, dict) or "path" not in ref or "sha256" not in ref:
-                raise CheckpointRefusal("checkpoint-manifest", f"component {name!r} entry is malformed")
+        for name, ref in sorted(self.manifest["components"].items()):
             mpath = safe_join(self.dir, ref["path"], f"component {name}")
-            comp = _load_json(mpath, f"component manifest {name}", ref["sha256"])
-            _check_format(comp, mpath)
-            self.components[name] = self._validate_component(name, comp, os.path.dirname(mpath))
+            body = read_small(mpath, f"component manifest {name}", MAX_COMPONENT_MANIFEST, "checkpoint-shard-missing")
+            if hashlib.sha256(body).hexdigest() != ref["sha256"]:
+                raise CheckpointRefusal("checkpoint-corrupt",
+                                        f"component manifest {mpath} does not match the sha256 its root manifest names")
+            comp = schema.loads(body, f"component manifest {mpath}")
+            shards = schema.validate_component(name, comp, mpath)
+            cdir = os.path.dirname(mpath)
+            self.components[name] = {
+                "length": comp["length"],
+                "shards": [dict(e, file=safe_join(cdir, e["path"], f"shard of {name}")) for e in shards],
+            }
         self._verified = set()
 
-    def _validate_component(self, name, comp, cdir):
-        length = comp.get("length")
-        shards = comp.get("shards")
-        if not isinstance(length, int) or length < 1 or not isinstance(shards, list) or not shards:
-            raise CheckpointRefusal("checkpoint-manifest", f"component {name}: length or shards missing")
-        pos = 0
-        out = []
-        for e in sorted(shards, key=lambda e: e.get("start", -1) if isinstance(e, dict) else -1):
-            if not isinstance(e, dict) or not all(k in e for k in ("path", "start", "stop", "sha256", "bytes", "dtype")):
-                raise CheckpointRefusal("checkpoint-manifest", f"component {name}: a shard entry is malformed")
-            if e["dtype"] != "float64" or e["start"] != pos or e["stop"] <= e["start"]:
-                raise CheckpointRefusal(
-                    "checkpoint-manifest", f"component {name}: shards do not tile [0, {length}) at {pos} ({e['start']}..{e['stop']})"
-                )
-            pos = e["stop"]
-            out.append(dict(e, file=safe_join(cdir, e["path"], f"shard of {name}")))
-        if pos != length:
-            raise CheckpointRefusal("checkpoint-manifest", f"component {name}: shards end at {pos}, length is {length}")
-        return {"length": length, "shards": out}
-
-    def _verify_shard(self, e) -> None:
+    def _verify_shard(self, name: str, e) -> None:
         if e["file"] in self._verified:
             return
         h = hashlib.sha256()
@@ -108,44 +119,50 @@ class Checkpoint:
                 for block in iter(lambda: f.read(1 << 22), b""):
                     h.update(block)
                     size += len(block)
+                    if size > e["bytes"]:
+                        break
+                if size == e["bytes"] and h.hexdigest() == e["sha256"]:
+                    f.seek(0)
+                    shardfile.check_header(f, e["file"], size, name, e["start"], e["stop"])
         except FileNotFoundError:
             raise CheckpointRefusal("checkpoint-shard-missing", f"shard {e['file']} named by the manifest is missing")
+        except IsADirectoryError:
+            raise CheckpointRefusal("checkpoint-corrupt", f"shard {e['file']} is a directory")
         if size != e["bytes"] or h.hexdigest() != e["sha256"]:
             raise CheckpointRefusal("checkpoint-corrupt", f"shard {e['file']} does not match its manifest sha256/size")
         self._verified.add(e["file"])
 
     def length(self, component: str) -> int:
-        return self.components[component]["length"]
-
-    def read_range(self, component: str, start: int, stop: int) -> np.ndarray:
-        """Values [start, stop) of a component, read partially from whichever shards hold them."""
         comp = self.components.get(component)
         if comp is None:
             raise CheckpointRefusal("checkpoint-manifest", f"no component {component!r} (has {sorted(self.components)})")
-        if not 0 <= start <= stop <= comp["length"]:
-            raise CheckpointRefusal("checkpoint-manifest", f"{component}: range [{start}, {stop}) outside [0, {comp['length']})")
+        return comp["length"]
+
+    def read_range(self, component: str, start: int, stop: int) -> np.ndarray:
+        """Values [start, stop) of a component, read partially from whichever shards hold them."""
+        length = self.length(component)
+        if not 0 <= start <= stop <= length:
+            raise CheckpointRefusal("checkpoint-manifest", f"{component}: range [{start}, {stop}) outside [0, {length})")
         out = np.empty(stop - start)
-        for e in comp["shards"]:
+        for e in self.components[component]["shards"]:
             lo, hi = max(start, e["start"]), min(stop, e["stop"])
             if lo >= hi:
                 continue
-            self._verify_shard(e)
-            with safe_open(e["file"], framework="numpy") as f:
-                piece = f.get_slice("values")[lo - e["start"] : hi - e["start"]]
-            out[lo - start : hi - start] = piece
+            self._verify_shard(component, e)
+            out[lo - start : hi - start] = shardfile.read_values(e["file"], e["bytes"], component, e["start"], e["stop"], lo, hi)
         return out
 
     def verify(self) -> dict:
-        """Re-hash every shard and check the manifest tree; returns a summary."""
+        """Re-hash every shard and check its header; returns a summary."""
         total = 0
-        for comp in self.components.values():
+        for name, comp in self.components.items():
             for e in comp["shards"]:
                 self._verified.discard(e["file"])
-                self._verify_shard(e)
+                self._verify_shard(name, e)
                 total += e["bytes"]
         return {
-            "path": self.dir, "step": self.step, "order_id": self.manifest.get("order_id"),
-            "contract_digest": self.manifest.get("contract_digest"),
+            "path": self.dir, "step": self.step, "manifest_sha256": self.manifest_sha256,
+            "order_id": self.manifest.get("order_id"), "contract_digest": self.manifest.get("contract_digest"),
             "components": {k: {"length": v["length"], "shards": len(v["shards"])} for k, v in self.components.items()},
             "bytes": total,
         }
@@ -153,3 +170,19 @@ class Checkpoint:
 
 def open_checkpoint(path: str) -> Checkpoint:
     return Checkpoint(path)
+
+
+def newest_verifying(root: str, below=None):
+    """(Checkpoint, [(step, refusal code)] of newer steps that did not verify) for the newest
+    step directory in `root` that verifies completely, or (None, skipped)."""
+    skipped = []
+    for k in reversed(published_steps(root)):
+        if below is not None and k >= below:
+            continue
+        try:
+            ck = Checkpoint(os.path.join(root, step_name(k)))
+            ck.verify()
+            return ck, skipped
+        except Refusal as e:
+            skipped.append((k, e.code))
+    return None, skipped

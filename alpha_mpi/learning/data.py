@@ -35,24 +35,67 @@ def synthetic(seed: int, n: int = 8192, n_eval: int = 2048, inputs: int = 128, c
     return Dataset(X[:n], y[:n], X[n:], y[n:], classes, f"synthetic(seed={seed})")
 
 
+MAX_CLASSES = 1 << 16  # labels 0..C-1; a label of 10^9 would make the output layer gigabytes
+
+
 def load_npz(path: str, eval_fraction: float = 0.2) -> Dataset:
-    """User data: an .npz with X (n, d) floats and y (n,) integer labels 0..C-1."""
+    """User data: an .npz with X (n, d) real numbers and y (n,) integer labels 0..C-1.
+
+    Refused by name (`data-invalid`), before anything is allocated for the model: a file that is
+    not an .npz archive (an .npy array, text), missing arrays, object arrays (never unpickled),
+    complex, boolean or string X, no feature column, NaN/Inf, non-integer or negative labels, and
+    labels whose range would need more than MAX_CLASSES output classes.
+    """
     try:
-        with np.load(path, allow_pickle=False) as f:
-            if "X" not in f or "y" not in f:
-                raise Refusal("data-invalid", f"{path} has arrays {sorted(f.files)}, needs X and y")
+        f = np.load(path, allow_pickle=False)
+        if not isinstance(f, np.lib.npyio.NpzFile):
+            raise Refusal("data-invalid", f"{path} is a single .npy array, not an .npz archive with arrays X and y "
+                                          f"(save it with np.savez(path, X=X, y=y))")
+        with f:
+            if "X" not in f.files or "y" not in f.files:
+                raise Refusal("data-invalid", f"{path} has arrays {sorted(f.files)[:10]}, needs X and y")
             X, y = np.asarray(f["X"]), np.asarray(f["y"])
-    except (OSError, ValueError) as e:
-        raise Refusal("data-invalid", f"cannot read {path}: {e}")
+    except Refusal:
+        raise
+    except (OSError, ValueError, EOFError) as e:
+        raise Refusal("data-invalid", f"cannot read {path} as an .npz archive: {str(e)[:200]}")
+    except Exception as e:  # zipfile.BadZipFile and friends: still named
+        raise Refusal("data-invalid", f"cannot read {path} as an .npz archive ({type(e).__name__}: {str(e)[:160]})")
     if X.ndim != 2 or y.ndim != 1 or len(X) != len(y) or len(y) < 2:
-        raise Refusal("data-invalid", f"{path}: X must be (n, d) and y (n,), got {X.shape} and {y.shape}")
-    if not np.issubdtype(y.dtype, np.integer) or y.min() < 0:
-        raise Refusal("data-invalid", f"{path}: y must hold integer labels >= 0")
+        raise Refusal("data-invalid", f"{path}: X must be (n, d) and y (n,) with n >= 2, got {X.shape} and {y.shape}")
+    if X.shape[1] < 1:
+        raise Refusal("data-invalid", f"{path}: X has no feature column (shape {X.shape}); it needs d >= 1")
+    if np.iscomplexobj(X):
+        raise Refusal("data-invalid", f"{path}: X is complex ({X.dtype}); give real numbers (the imaginary part "
+                                      f"would be dropped)")
+    if not (np.issubdtype(X.dtype, np.floating) or np.issubdtype(X.dtype, np.integer)) or X.dtype == np.bool_:
+        raise Refusal("data-invalid", f"{path}: X must hold real numbers (float or integer), found {X.dtype}")
+    if not np.issubdtype(y.dtype, np.integer) or y.dtype == np.bool_:
+        raise Refusal("data-invalid", f"{path}: y must hold integer labels, found {y.dtype}")
+    if y.min() < 0:
+        raise Refusal("data-invalid", f"{path}: y holds the negative label {int(y.min())}; labels are 0..C-1")
+    top = int(y.max())
+    if top >= MAX_CLASSES:
+        raise Refusal("data-invalid", f"{path}: y holds the label {top}, so the model would need {top + 1} output "
+                                      f"classes (more than {MAX_CLASSES}); relabel to 0..C-1")
     X = X.astype(np.float64)
     if not np.all(np.isfinite(X)):
         raise Refusal("data-invalid", f"{path}: X holds NaN or Inf")
     k = max(1, int(len(y) * eval_fraction))
-    return Dataset(X[k:], y[k:].astype(np.int64), X[:k], y[:k].astype(np.int64), int(y.max()) + 1, path)
+    return Dataset(X[k:], y[k:].astype(np.int64), X[:k], y[:k].astype(np.int64), top + 1, path)
+
+
+def fingerprint(data: Dataset) -> dict:
+    """What a checkpoint records about its data, compared on resume: sample count, a sha256 over
+    the arrays (training and held-out, as little-endian float64 / int64) and the source name."""
+    import hashlib
+
+    h = hashlib.sha256(b"alpha-mpi/data/v1\0")
+    for a, dt in ((data.X, "<f8"), (data.y, "<i8"), (data.X_eval, "<f8"), (data.y_eval, "<i8")):
+        a = np.ascontiguousarray(a, dtype=dt)
+        h.update(repr(a.shape).encode())
+        h.update(a.tobytes())
+    return {"samples": int(len(data.y)), "sha256": h.hexdigest(), "source": str(data.name)[:4096]}
 
 
 def slot_sizes(batch: int, slots: int) -> list:

@@ -15,7 +15,20 @@ from threadpoolctl import threadpool_limits
 
 
 class MLP:
+    MAX_PARAMS = 1 << 28  # 2 GiB per float64 vector; a learner holds several (params, moments, one per slot)
+
     def __init__(self, inputs: int, hidden: int, classes: int):
+        from ..refusals import Refusal
+
+        for name, v in (("inputs", inputs), ("hidden", hidden), ("classes", classes)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise Refusal("model-invalid", f"MLP {name} must be an integer >= 1, got {v!r}")
+        inputs, hidden, classes = int(inputs), int(hidden), int(classes)
+        total = inputs * hidden + hidden + hidden * classes + classes
+        if total > self.MAX_PARAMS:
+            raise Refusal("model-invalid", f"an MLP of {inputs} inputs, {hidden} hidden units and {classes} classes has "
+                                           f"{total} parameters ({total * 8 / 2**30:.1f} GiB per float64 vector), more "
+                                           f"than the {self.MAX_PARAMS} allowed")
         self.d, self.h, self.c = inputs, hidden, classes
         shapes = [("W1", (inputs, hidden)), ("b1", (hidden,)), ("W2", (hidden, classes)), ("b2", (classes,))]
         self.slices = {}

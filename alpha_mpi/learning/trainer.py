@@ -35,6 +35,8 @@ class TrainConfig:
     resume: bool = False
     timeout: float | None = None
     adopt_contract: bool = False
+    resume_from: str | None = None
+    adopt_lr: bool = False
 
 
 def digest(params: np.ndarray) -> str:
@@ -84,17 +86,23 @@ def train(comm, cfg: TrainConfig, out=print) -> dict:
     ckpt = None
     if cfg.checkpoint_dir:
         from ..checkpoint import Checkpointer
+        from .data import fingerprint
 
-        ckpt = Checkpointer(comm, cfg.checkpoint_dir, learner, cfg, adopt_contract=cfg.adopt_contract, timeout=cfg.timeout)
-        if cfg.resume:
-            restored = ckpt.restore_latest()
-            if restored is not None:
-                say(f"# resumed from {restored} at step {learner.step}")
+        # Rank 0 locks the directory first: a second trainer on it is refused before it reads or writes.
+        ckpt = Checkpointer(comm, cfg.checkpoint_dir, learner, cfg, adopt_contract=cfg.adopt_contract,
+                            adopt_lr=cfg.adopt_lr, data=fingerprint(data), timeout=cfg.timeout)
+        if cfg.resume or cfg.resume_from:
+            for line in ckpt.resume(path=cfg.resume_from).lines:
+                say(line)
     say(f"# alpha-mpi train: {data.name}, {model.n_params} parameters, {cfg.slots} slots on {comm.Get_size()} ranks, "
         f"batch {cfg.batch}, {cfg.optimizer} lr {cfg.lr:g}, topology {cfg.topology}, partition {cfg.partition}")
     say(f"# order id {learner.order_id}")
     mem = learner.memory()
     say("# memory per rank: " + ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in mem.items()))
+    start_step = learner.step
+    if start_step >= cfg.steps:
+        say(f"# nothing to train: the state is at step {start_step}, " +
+            ("--steps" if start_step == cfg.steps else f"past --steps") + f" {cfg.steps}")
     stop = StopFlag().install()
     preempted = False
     t_start = time.perf_counter()
@@ -122,18 +130,23 @@ def train(comm, cfg: TrainConfig, out=print) -> dict:
                 tm = learner.times
                 say(f"step {learner.step:5d}/{cfg.steps}  loss {loss:.6f}  samples/s {samples / el:9.0f}  "
                     f"compute {tm['compute']:.2f}s  combine {tm['combine']:.2f}s  update {tm['update']:.2f}s")
+        if ckpt and not preempted and not ckpt.has(learner.step):
+            ckpt.save()  # the final state is always saved
     finally:
         stop.restore()
+        if ckpt:
+            ckpt.close()
     params = learner.final_params()
     acc = float(np.mean(model.predict(params, data.X_eval) == data.y_eval))
     result = {
-        "steps": learner.step, "loss": float(loss), "accuracy": acc, "digest": digest(params),
+        "steps": learner.step, "loss": float(loss) if learner.step > start_step else None, "accuracy": acc, "digest": digest(params),
         "order_id": learner.order_id, "preempted": preempted, "memory": mem, "config": asdict(cfg),
         "seconds": time.perf_counter() - t_start,
     }
     if preempted:  # not the run's final state: keep it out of `state digest:` parsers
         say(f"# state digest at step {learner.step}: {result['digest']}")
     else:
-        say(f"final loss {loss:.6f}  accuracy {acc:.4f}  ({learner.step} steps, {result['seconds']:.1f}s)")
+        shown = f"{loss:.6f}" if result["loss"] is not None else "n/a (no step run)"
+        say(f"final loss {shown}  accuracy {acc:.4f}  ({learner.step} steps, {result['seconds']:.1f}s)")
         say(f"state digest: {result['digest']}")
     return result

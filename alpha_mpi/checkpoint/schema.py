@@ -1,0 +1,324 @@
+"""Strict reading of checkpoint manifests: JSON as data, every field typed and validated.
+
+Every malformed field is a named refusal (`checkpoint-manifest`), never a KeyError, TypeError or
+RecursionError: duplicate keys, NaN/Infinity, unknown keys, wrong types, out-of-range numbers
+and nesting deeper than a manifest needs are all refused with the field's name.
+
+Fields that can be derived are checked against their derivation: the step in the directory name,
+the scalars' step, the data position (step x batch), the contract digest (recomputed from the
+contract), the order id (one of the contract's), and Adam's carried bias powers b1^t, b2^t
+(recomputed by the same repeated multiplication the optimizer does).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+from ..refusals import CheckpointRefusal
+from .layout import FORMAT, HEX64, MANIFEST, VERSION, shard_name
+
+MAX_DEPTH = 32
+NAME_RE = re.compile(r"[a-z][a-z0-9_]*(\.[a-z0-9_]+)*")
+ROOT_REQUIRED = {"format", "version", "step", "components"}
+ROOT_OPTIONAL = {"order_id", "contract", "contract_digest", "contract_history", "resume_history", "config",
+                 "scalars", "data", "saved_on_ranks"}
+LEARNER_FIELDS = ("order_id", "contract", "contract_digest", "config", "scalars", "data")
+OPTIMIZERS = {"adam": {"hyper": ("lr", "b1", "b2", "eps"), "scalars": ("b1t", "b2t", "steps")},
+              "sgd": {"hyper": ("lr", "momentum"), "scalars": ("steps",)}}
+PARTITIONS = ("none", "state", "grads", "params")
+STREAMS = ("permutation-v1",)
+
+
+def bad(message: str, code: str = "checkpoint-manifest", **context):
+    return CheckpointRefusal(code, message, **context)
+
+
+def _no_dupes(pairs):
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise bad(f"key {k!r} appears twice")
+        out[k] = v
+    return out
+
+
+def _no_constant(name):
+    raise bad(f"{name} is not a JSON number (manifests hold finite numbers only)")
+
+
+def _depth(obj, limit: int, what: str) -> None:
+    stack = [(obj, 1)]
+    while stack:
+        o, d = stack.pop()
+        if d > limit:
+            raise bad(f"{what} nests deeper than {limit} levels")
+        if isinstance(o, dict):
+            stack.extend((v, d + 1) for v in o.values())
+        elif isinstance(o, list):
+            stack.extend((v, d + 1) for v in o)
+
+
+def loads(data: bytes, what: str) -> dict:
+    """A JSON object from bytes, strictly (UTF-8, no duplicate keys, no NaN, bounded depth)."""
+    try:
+        text = data.decode("utf-8")
+        obj = json.loads(text, object_pairs_hook=_no_dupes, parse_constant=_no_constant)
+    except CheckpointRefusal as e:
+        raise bad(f"{what}: {e.message}")
+    except UnicodeDecodeError as e:
+        raise bad(f"{what} is not UTF-8 text (byte {e.start})")
+    except RecursionError:
+        raise bad(f"{what} nests too deeply to be a manifest")
+    except ValueError as e:
+        raise bad(f"{what} is not valid JSON: {str(e)[:120]}")
+    if not isinstance(obj, dict):
+        raise bad(f"{what} is not a JSON object")
+    _depth(obj, MAX_DEPTH, what)
+    return obj
+
+
+# ------------------------------------------------------------------------------ typed fields
+def keys(obj, what: str, required, optional=()):
+    if not isinstance(obj, dict):
+        raise bad(f"{what} must be an object, found {type(obj).__name__}")
+    missing = sorted(set(required) - set(obj))
+    extra = sorted(set(obj) - set(required) - set(optional))
+    if missing or extra:
+        raise bad(f"{what}: missing {missing}, unknown {[k[:40] for k in extra[:5]]}")
+    return obj
+
+
+def integer(v, what: str, lo: int = 0, hi: int = 2**53):
+    if type(v) is not int or not lo <= v <= hi:
+        raise bad(f"{what} must be an integer in [{lo}, {hi}], found {_show(v)}")
+    return v
+
+
+def number(v, what: str, positive: bool = False):
+    if type(v) not in (int, float) or not math.isfinite(v) or (positive and not v > 0):
+        raise bad(f"{what} must be a finite{' positive' if positive else ''} number, found {_show(v)}")
+    return float(v)
+
+
+def text(v, what: str, pattern=None, choices=None, limit: int = 4096):
+    if not isinstance(v, str) or len(v) > limit:
+        raise bad(f"{what} must be a string, found {_show(v)}")
+    if pattern is not None and not pattern.fullmatch(v):
+        raise bad(f"{what} is not of the expected form, found {_show(v)}")
+    if choices is not None and v not in choices:
+        raise bad(f"{what} must be one of {list(choices)}, found {_show(v)}")
+    return v
+
+
+def digest(v, what: str):
+    return text(v, what, HEX64)
+
+
+def _show(v) -> str:
+    r = repr(v) if isinstance(v, (int, float, str, bool, type(None))) else type(v).__name__
+    return r if len(r) <= 80 else r[:77] + "..."
+
+
+def scalar(v, what: str):
+    if v is None or type(v) in (bool, int, str) or (type(v) is float and math.isfinite(v)):
+        if isinstance(v, str) and len(v) > 4096:
+            raise bad(f"{what} is longer than 4096 characters")
+        return v
+    raise bad(f"{what} must be a JSON scalar (string, number, true/false or null), found {_show(v)}")
+
+
+def _path_code(path) -> str:
+    """A path that would leave the step directory is an escape; any other wrong path is malformed."""
+    if isinstance(path, str) and (path.startswith(("/", "~", "\\")) or ".." in path.replace("\\", "/").split("/")
+                                  or "\0" in path):
+        return "checkpoint-path-escape"
+    return "checkpoint-manifest"
+
+
+# ------------------------------------------------------------------------------ root manifest
+def validate_root(m: dict, dir_step, where: str) -> None:
+    """Check every field of a root manifest that is present; refuse what is malformed."""
+    if m.get("format") != FORMAT:
+        raise bad(f"{where} is not an {FORMAT} manifest")
+    if m.get("version") != VERSION:
+        raise CheckpointRefusal("checkpoint-format-version",
+                                f"{where} has format version {_show(m.get('version'))}; this alpha_mpi reads {VERSION}")
+    keys(m, "root manifest", ROOT_REQUIRED, ROOT_OPTIONAL)
+    step = integer(m["step"], "step")
+    if dir_step is not None and step != dir_step:
+        raise bad(f"root manifest says step {step}, its directory is step {dir_step}")
+    comps = m["components"]
+    if not isinstance(comps, dict) or not comps:
+        raise bad("components must be a non-empty object")
+    for name, ref in comps.items():
+        text(name, "component name", NAME_RE, limit=64)
+        keys(ref, f"component {name}", ("path", "sha256"))
+        if ref["path"] != f"{name}/{MANIFEST}":
+            raise bad(f"component {name} path must be {name}/{MANIFEST}, found {_show(ref['path'])}",
+                      code=_path_code(ref["path"]))
+        digest(ref["sha256"], f"component {name} sha256")
+    if "saved_on_ranks" in m:
+        integer(m["saved_on_ranks"], "saved_on_ranks", 1, 2**31)
+    config = m.get("config", {})
+    if not isinstance(config, dict):
+        raise bad("config must be an object")
+    for k, v in config.items():
+        text(k, "config key", NAME_RE, limit=64)
+        scalar(v, f"config.{k}")
+    if "contract" in m or "contract_digest" in m or "order_id" in m:
+        _contract(m)
+    chist = m.get("contract_history", [])
+    if not isinstance(chist, list):
+        raise bad("contract_history must be a list")
+    for i, h in enumerate(chist):
+        keys(h, f"contract_history[{i}]", ("from", "to", "at_step"))
+        digest(h["from"], f"contract_history[{i}].from")
+        digest(h["to"], f"contract_history[{i}].to")
+        integer(h["at_step"], f"contract_history[{i}].at_step", 0, step)
+    hist = m.get("resume_history", [])
+    if not isinstance(hist, list):
+        raise bad("resume_history must be a list")
+    for i, h in enumerate(hist):
+        keys(h, f"resume_history[{i}]", ("at_step", "field", "from", "to"))
+        integer(h["at_step"], f"resume_history[{i}].at_step", 0, step)
+        field = text(h["field"], f"resume_history[{i}].field", choices=("lr", "steps"))
+        for end in ("from", "to"):
+            if field == "lr":
+                number(h[end], f"resume_history[{i}].{end}", positive=True)
+            else:
+                integer(h[end], f"resume_history[{i}].{end}")
+    if "scalars" in m:
+        _scalars(m["scalars"], step, config)
+    if "data" in m:
+        _data(m["data"], step, config)
+
+
+def _contract(m: dict) -> None:
+    from ..numerics import NumericalContract
+    from ..refusals import Refusal
+
+    for k in ("order_id", "contract", "contract_digest"):
+        if k not in m:
+            raise bad(f"root manifest has {', '.join(x for x in ('order_id', 'contract', 'contract_digest') if x in m)} "
+                      f"but not {k}")
+    order_id = text(m["order_id"], "order_id", re.compile(r"[0-9a-zA-Z:_.-]{1,200}"))
+    digest(m["contract_digest"], "contract_digest")
+    try:
+        c = NumericalContract.from_dict(m["contract"])
+    except Refusal as e:
+        raise bad(f"contract: [{e.code}] {e.message}")
+    except (KeyError, TypeError, ValueError, AttributeError) as e:  # a contract parser gap: still named
+        raise bad(f"contract is malformed ({type(e).__name__}: {str(e)[:80]})")
+    if _canon(c.to_dict()) != _canon(m["contract"]):
+        raise bad("contract is not in the canonical form NumericalContract.to_dict() writes")
+    if c.digest != m["contract_digest"]:
+        raise bad(f"contract_digest {m['contract_digest'][:16]}... is not the digest of the contract "
+                  f"({c.digest[:16]}...)")
+    if order_id not in c.order_ids:
+        raise bad(f"order_id {order_id[:24]!r} is not an order the contract names")
+
+
+def _canon(obj) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+def _scalars(sc, step: int, config: dict) -> None:
+    if not isinstance(sc, dict):
+        raise bad("scalars must be an object")
+    if "step" in sc and integer(sc["step"], "scalars.step") != step:
+        raise bad(f"scalars.step {sc['step']} differs from the manifest step {step}")
+    opt = sc.get("optimizer")
+    if opt not in OPTIMIZERS or "optimizer_hyper" not in sc:
+        # Another learner (e.g. alpha_mpi.torch): its own load validates its scalars; here only JSON.
+        return
+    spec = OPTIMIZERS[opt]
+    keys(sc, "scalars", ("step", "optimizer", "optimizer_hyper", "optimizer_scalars", "partition_saved"))
+    text(sc["partition_saved"], "scalars.partition_saved", choices=PARTITIONS)
+    if "optimizer" in config and config["optimizer"] != opt:
+        raise bad(f"scalars.optimizer {opt!r} differs from config.optimizer {_show(config['optimizer'])}")
+    hyper = keys(sc["optimizer_hyper"], "scalars.optimizer_hyper", spec["hyper"])
+    for k in spec["hyper"]:
+        number(hyper[k], f"scalars.optimizer_hyper.{k}", positive=(k != "momentum"))
+    if "lr" in config and config["lr"] != hyper["lr"]:
+        raise bad(f"config.lr {_show(config['lr'])} differs from scalars.optimizer_hyper.lr {hyper['lr']!r}")
+    s = keys(sc["optimizer_scalars"], "scalars.optimizer_scalars", spec["scalars"])
+    if integer(s["steps"], "scalars.optimizer_scalars.steps") != step:
+        raise bad(f"scalars.optimizer_scalars.steps {s['steps']} differs from the manifest step {step}")
+    if opt == "adam":
+        for k, base in (("b1t", "b1"), ("b2t", "b2")):
+            want = bias_power(hyper[base], step)
+            got = number(s[k], f"scalars.optimizer_scalars.{k}")
+            if type(s[k]) is not float or got != want:
+                raise bad(f"scalars.optimizer_scalars.{k} {got!r} is not {base}^(t+1) = {want!r} at step {step} "
+                          f"(carried by repeated multiplication)")
+    elif not 0 <= hyper["momentum"] < 1:
+        raise bad(f"scalars.optimizer_hyper.momentum {hyper['momentum']!r} is outside [0, 1)")
+
+
+def bias_power(b: float, steps: int) -> float:
+    """b^(steps+1) as Adam carries it: b, then multiplied by b once per step (never pow())."""
+    x = b
+    for _ in range(steps):
+        x *= b
+    return x
+
+
+def _data(d, step: int, config: dict) -> None:
+    keys(d, "data", ("stream", "position"), ("samples", "sha256", "source"))
+    text(d["stream"], "data.stream", choices=STREAMS)
+    pos = integer(d["position"], "data.position", 0, 2**62)
+    batch = config.get("batch")
+    if type(batch) is int and pos != step * batch:
+        raise bad(f"data.position {pos} is not step x batch = {step} x {batch}")
+    if "samples" in d:
+        integer(d["samples"], "data.samples", 1, 2**62)
+    if "sha256" in d:
+        digest(d["sha256"], "data.sha256")
+    if "source" in d:
+        text(d["source"], "data.source")
+
+
+# ------------------------------------------------------------------------------ components
+SHARD_KEYS = ("path", "start", "stop", "dtype", "shape", "bytes", "sha256")
+
+
+def validate_component(name: str, comp: dict, where: str) -> list:
+    """The component's shard entries, sorted, checked to tile [0, length) exactly."""
+    if comp.get("format") != FORMAT:
+        raise bad(f"{where} is not an {FORMAT} manifest")
+    if comp.get("version") != VERSION:
+        raise CheckpointRefusal("checkpoint-format-version",
+                                f"{where} has format version {_show(comp.get('version'))}; this alpha_mpi reads {VERSION}")
+    keys(comp, f"component {name}", ("format", "version", "component", "length", "dtype", "shards"))
+    if comp["component"] != name:
+        raise bad(f"component manifest {where} names component {_show(comp['component'])}, expected {name!r}")
+    length = integer(comp["length"], f"component {name} length", 1, 2**48)
+    if comp["dtype"] != "float64":
+        raise bad(f"component {name} dtype must be float64, found {_show(comp['dtype'])}")
+    shards = comp["shards"]
+    if not isinstance(shards, list) or not shards:
+        raise bad(f"component {name}: shards must be a non-empty list")
+    for i, e in enumerate(shards):
+        keys(e, f"component {name} shard {i}", SHARD_KEYS)
+        a = integer(e["start"], f"{name} shard {i} start", 0, length)
+        b = integer(e["stop"], f"{name} shard {i} stop", 0, length)
+        if e["dtype"] != "float64" or e["shape"] != [b - a] or b <= a:
+            raise bad(f"component {name} shard {i}: dtype {_show(e['dtype'])} shape {_show(e['shape'])} is not "
+                      f"float64 [{b - a}] for range [{a}, {b})")
+        if e["path"] != shard_name(a, b):
+            raise bad(f"component {name} shard {i}: path {_show(e['path'])} is not {shard_name(a, b)}",
+                      code=_path_code(e["path"]))
+        integer(e["bytes"], f"{name} shard {i} bytes", 8 + 8 * (b - a), 2**62)
+        digest(e["sha256"], f"{name} shard {i} sha256")
+    out = sorted(shards, key=lambda e: e["start"])
+    pos = 0
+    for e in out:
+        if e["start"] != pos:
+            raise bad(f"component {name}: shards do not tile [0, {length}): a gap or overlap at {pos} "
+                      f"(next shard starts at {e['start']})")
+        pos = e["stop"]
+    if pos != length:
+        raise bad(f"component {name}: shards end at {pos}, length is {length}")
+    return out

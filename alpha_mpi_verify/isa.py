@@ -53,7 +53,10 @@ def kernel_build_id(flags) -> str:
 def toolchain():
     """Paths of the tools, or (None, reason) when something is missing."""
     if platform.machine() not in ("x86_64", "AMD64"):
-        return None, f"the conformance pair is x86-64 native + AArch64 emulated; this host is {platform.machine()}"
+        return (
+            None,
+            f"the conformance pair is x86-64 native + AArch64 emulated; this host is {platform.machine()}",
+        )
     cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
     if not cc:
         return None, "no native C compiler (gcc) on PATH"
@@ -61,8 +64,9 @@ def toolchain():
     qemu = next((q for q in map(shutil.which, QEMU) if q), None)
     missing = [name for name, path in ((CROSS_CC, cross), ("qemu-aarch64", qemu)) if not path]
     if missing:
-        return None, (f"{' and '.join(missing)} not found; install the Debian packages "
-                      f"{' '.join(APT_PACKAGES)}")
+        return None, (
+            f"{' and '.join(missing)} not found; install the Debian packages {' '.join(APT_PACKAGES)}"
+        )
     return {"cc": cc, "cross": cross, "qemu": qemu}, None
 
 
@@ -80,19 +84,37 @@ def build_commands(tools, workdir, flags):
         "x86_64": [tools["cc"], *flags, *inc, *src, "-o", str(w / "drv_x86_64"), "-lm"],
         "aarch64": [tools["cross"], *flags, *inc, *src, "-static", "-o", str(w / "drv_aarch64"), "-lm"],
         # negative control 1: FMA contraction allowed (AArch64 has fmadd/fmla)
-        "aarch64_fma": [tools["cross"], *with_contract(flags, "fast"), *inc, *src, "-static",
-                        "-o", str(w / "drv_aarch64_fma"), "-lm"],
+        "aarch64_fma": [
+            tools["cross"],
+            *with_contract(flags, "fast"),
+            *inc,
+            *src,
+            "-static",
+            "-o",
+            str(w / "drv_aarch64_fma"),
+            "-lm",
+        ],
         # negative control 2: reciprocal-square-root route for Adam (driver-only macro)
-        "x86_64_rsqrt": [tools["cc"], *flags, "-DAK_CONFORMANCE_RSQRT", *inc, *src,
-                         "-o", str(w / "drv_x86_64_rsqrt"), "-lm"],
+        "x86_64_rsqrt": [
+            tools["cc"],
+            *flags,
+            "-DAK_CONFORMANCE_RSQRT",
+            *inc,
+            *src,
+            "-o",
+            str(w / "drv_x86_64_rsqrt"),
+            "-lm",
+        ],
     }
 
 
 def build_all(tools, workdir, flags, names=None):
     cmds = build_commands(tools, workdir, flags)
     names = list(cmds) if names is None else names
-    procs = {n: subprocess.Popen(cmds[n], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for n in names}
+    procs = {
+        n: subprocess.Popen(cmds[n], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for n in names
+    }
     for n, p in procs.items():
         out, _ = p.communicate(timeout=300)
         if p.returncode:
@@ -121,7 +143,7 @@ def read_sections(path):
         raise ValueError(f"{path}: not a conformance output (magic {data[:8]!r})")
     pos, out = 8, {}
     while pos < len(data):
-        name = data[pos:pos + 16].rstrip(b"\0").decode()
+        name = data[pos : pos + 16].rstrip(b"\0").decode()
         count, elem = np.frombuffer(data, dtype="<u8", count=2, offset=pos + 16)
         pos += 32
         dt = {8: "<u8", 4: "<u4"}[int(elem)]
@@ -136,8 +158,20 @@ def _is_nan(bits):
     return (bits & 0x7FF0000000000000 == 0x7FF0000000000000) & (bits & 0x000FFFFFFFFFFFFF != 0)
 
 
-FLOAT_SECTIONS = {"add", "tree_eval", "fold", "chain_prog", "adam_p", "adam_m", "adam_v", "sgd_p",
-                  "sgd_buf", "sgd0_p", "round_binary64", "widen_binary32"}
+FLOAT_SECTIONS = {
+    "add",
+    "tree_eval",
+    "fold",
+    "chain_prog",
+    "adam_p",
+    "adam_m",
+    "adam_v",
+    "sgd_p",
+    "sgd_buf",
+    "sgd0_p",
+    "round_binary64",
+    "widen_binary32",
+}
 
 
 def compare(a, b):

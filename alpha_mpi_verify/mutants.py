@@ -41,7 +41,8 @@ from alpha_mpi import oracle
 from alpha_mpi.model import Branch, Leaf, ParticipantGroup
 from alpha_mpi.model.tree import leaf_sequence, postorder
 from alpha_mpi.numerics.oracle_check import OracleMismatch, check_against_oracle, component_names
-from alpha_mpi.planning import Plan, plan as make_plan, simulate
+from alpha_mpi.planning import Plan, simulate
+from alpha_mpi.planning import plan as make_plan
 from alpha_mpi.refusals import Refusal
 
 KINDS = ("swap-across-subtrees", "duplicated-mass", "duplicated-leaf", "moved-leaf", "reassociated")
@@ -149,7 +150,9 @@ def _stamp(declared: Plan, mutated: Plan) -> Plan:
 
 def _plan_tree(declared: Plan, tree) -> Plan:
     slots = [lf.slot for lf in leaf_sequence(tree)]
-    p = make_plan(tree, declared.delivery, declared.layout, size=declared.size, coverage=ParticipantGroup(slots))
+    p = make_plan(
+        tree, declared.delivery, declared.layout, size=declared.size, coverage=ParticipantGroup(slots)
+    )
     return _stamp(declared, p)
 
 
@@ -173,7 +176,10 @@ def _swap_across(declared: Plan):
                 if x.owner == y.owner or (b.left is x and b.right is y):
                     continue
                 tree = _rebuild(declared.tree, {id(x): Leaf(y.slot, y.owner), id(y): Leaf(x.slot, x.owner)})
-                desc = f"slots {x.slot}@r{x.owner} and {y.slot}@r{y.owner} trade places across the subtrees of a branch at r{b.owner}"
+                desc = (
+                    f"slots {x.slot}@r{x.owner} and {y.slot}@r{y.owner} trade places "
+                    f"across the subtrees of a branch at r{b.owner}"
+                )
                 return _plan_tree(declared, tree), tree, desc
     raise _not_applicable(kind, "no branch has leaves of two ranks on its two sides")
 
@@ -188,7 +194,10 @@ def _moved_leaf(declared: Plan):
     first = leaf_sequence(pruned)[0]
     moved = Leaf(x.slot, x.owner)
     tree = _rebuild(pruned, {id(first): Branch(moved, first, first.owner)})
-    desc = f"slot {x.slot}@r{x.owner} moved from the last position to the first (before slot {first.slot}@r{first.owner})"
+    desc = (
+        f"slot {x.slot}@r{x.owner} moved from the last position to the first "
+        f"(before slot {first.slot}@r{first.owner})"
+    )
     return _plan_tree(declared, tree), tree, desc
 
 
@@ -208,7 +217,11 @@ def _commuted(declared: Plan):
     for b in _preorder_branches(declared.tree):
         if b.left.owner != b.right.owner:
             tree = _rebuild(declared.tree, {id(b): Branch(b.right, b.left, b.owner)})
-            return _plan_tree(declared, tree), tree, f"the operands of a branch at r{b.owner} swapped (b+a for a+b)"
+            return (
+                _plan_tree(declared, tree),
+                tree,
+                f"the operands of a branch at r{b.owner} swapped (b+a for a+b)",
+            )
     raise _not_applicable(kind, "no branch has operands on two ranks")
 
 
@@ -234,7 +247,9 @@ def _duplicated_leaf(declared: Plan):
 def _duplicated_mass(declared: Plan):
     kind = "duplicated-mass"
     if "mass" not in declared.layout.offsets:
-        raise _not_applicable(kind, f"the layout {declared.layout.key()} has no mass component (use Layout.weighted)")
+        raise _not_applicable(
+            kind, f"the layout {declared.layout.key()} has no mass component (use Layout.weighted)"
+        )
     x = _wire_leaf(declared, kind)
     desc = f"slot {x.slot}@r{x.owner} sends its mass doubled (its weight counted twice)"
     return declared, declared.tree, desc, x.slot
@@ -298,7 +313,10 @@ def run(comm, m: Mutant, mine: dict, *, timeout=None, contract: str = ""):
 def oracle_verdict(declared: Plan, data: dict, result) -> None:
     """The independent oracle of the DECLARED tree refuses a result that is not its bits."""
     check_against_oracle(
-        declared.tree, {s: flatten(v) for s, v in data.items()}, result, layout=declared.layout,
+        declared.tree,
+        {s: flatten(v) for s, v in data.items()},
+        result,
+        layout=declared.layout,
         what=f"the result of plan {declared.identity[:12]}",
     )
 
@@ -323,6 +341,15 @@ def refute(comm, m: Mutant, data: dict, *, timeout=None, contract: str = "") -> 
 
 
 __all__ = [
-    "KINDS", "CONTROLS", "Mutant", "MutantRun", "mutant", "build_mutants", "run", "refute",
-    "oracle_verdict", "flatten", "component_names",
+    "KINDS",
+    "CONTROLS",
+    "Mutant",
+    "MutantRun",
+    "mutant",
+    "build_mutants",
+    "run",
+    "refute",
+    "oracle_verdict",
+    "flatten",
+    "component_names",
 ]

@@ -141,7 +141,9 @@ class NumericalContract:
     def with_evidence(self, evidence) -> NumericalContract:
         """The same BoundedDifference contract carrying `evidence` (same digest); refuses others."""
         if not isinstance(self.relation, BoundedDifference):
-            raise invalid(f"only a BoundedDifference contract carries evidence; this one is {self.relation.kind}")
+            raise invalid(
+                f"only a BoundedDifference contract carries evidence; this one is {self.relation.kind}"
+            )
         return replace(self, relation=self.relation.with_evidence(evidence))
 
     def authorize(self, plan=None) -> NumericalContract:
@@ -182,7 +184,9 @@ def as_contract(c, what: str) -> NumericalContract:
     raise invalid(f"{what} is not a NumericalContract or its to_dict(), got {type(c).__name__}")
 
 
-def numerical_compatibility(ours, theirs, *, ours_name: str = "this run", theirs_name: str = "the peer") -> None:
+def numerical_compatibility(
+    ours, theirs, *, ours_name: str = "this run", theirs_name: str = "the peer"
+) -> None:
     """Refuse a peer or checkpoint whose profile (NumericalProfileMismatch) or operation order
     (NumericalOrderMismatch) differs from ours; return None when they are compatible.
 
@@ -228,7 +232,9 @@ def _optimizer_formula(optimizer):
     raise invalid(f"optimizer must be a formula id ({known}) or a Formula, got {optimizer!r}")
 
 
-def contract_for_plan(plan, optimizer=None, *, normalize=None, relation=None, contributions: str = "binary64"):
+def contract_for_plan(
+    plan, optimizer=None, *, normalize=None, relation=None, contributions: str = "binary64"
+):
     """The standard contract of a combine plan (and the learner using it).
 
     profile: binary64, nearest-even, subnormals preserved, FiniteOrRefuse; contributions enter

@@ -104,7 +104,10 @@ CONVERSIONS = {c.kind: c for c in (KeepFormat, WidenBinary32, RoundBinary64)}
 SITE_SEQUENCES = {
     ("KeepFormat",): "binary64 contributions, unchanged",
     ("WidenBinary32",): "binary32 contributions, widened exactly",
-    ("RoundBinary64", "WidenBinary32"): "binary64 contributions narrowed to binary32 (nearest-even), then widened",
+    (
+        "RoundBinary64",
+        "WidenBinary32",
+    ): "binary64 contributions narrowed to binary32 (nearest-even), then widened",
 }
 
 

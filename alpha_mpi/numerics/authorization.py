@@ -19,10 +19,18 @@ from ..refusals import NumericalOrderMismatch, NumericalProfileMismatch
 from .evidence import SUITES, kernel_build_id
 from .oracle_check import compare
 
-__all__ = ["EXECUTABLE", "kernel_build_id", "check_live_profile", "check_evidence", "authorize", "claim_equal"]
+__all__ = [
+    "EXECUTABLE",
+    "kernel_build_id",
+    "check_live_profile",
+    "check_evidence",
+    "authorize",
+    "claim_equal",
+]
 
 #: The one profile this process executes (authorize refuses others).
 EXECUTABLE = {"rounding": "nearest-even", "subnormals": "preserved", "exceptional": "FiniteOrRefuse"}
+
 
 def check_live_profile(profile: Profile) -> dict:
     """Refuse a profile this process cannot execute, or a floating-point environment that is off
@@ -78,7 +86,8 @@ def check_evidence(relation: BoundedDifference) -> ConformanceEvidence:
     if ev.build_id != live:
         raise ContractRefusal(
             "evidence-build-mismatch",
-            f"the evidence was recorded for kernel build {ev.build_id[:16]}, this process runs build {live[:16]}",
+            f"the evidence was recorded for kernel build {ev.build_id[:16]}, "
+            f"this process runs build {live[:16]}",
             recorded=ev.build_id,
             live=live,
         )
@@ -131,7 +140,8 @@ def claim_equal(contract, result, reference, *, layout=None) -> None:
     if isinstance(c.relation, Unchecked):
         raise ContractRefusal(
             "unchecked-claimed-equal",
-            f"contract {c.digest[:16]} is Unchecked: its results may be used but never claimed equal to a reference",
+            f"contract {c.digest[:16]} is Unchecked: its results may be used "
+            "but never claimed equal to a reference",
         )
     if isinstance(c.relation, BitIdentical):
         compare(result, reference, layout=layout, what=f"contract {c.digest[:16]} (BitIdentical)")

@@ -4,5 +4,12 @@
 from .conversion import convert_contribution
 from .evidence import SUITES, ConformanceSuite, kernel_tree, measure_evidence, oracle_convert, suite
 
-__all__ = ["ConformanceSuite", "SUITES", "suite", "measure_evidence", "convert_contribution", "kernel_tree",
-           "oracle_convert"]
+__all__ = [
+    "ConformanceSuite",
+    "SUITES",
+    "suite",
+    "measure_evidence",
+    "convert_contribution",
+    "kernel_tree",
+    "oracle_convert",
+]

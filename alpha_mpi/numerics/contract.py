@@ -41,14 +41,45 @@ from ..model.relation import (
 
 _as_contract = as_contract
 
-_AUTHORIZE = ("EXECUTABLE", "kernel_build_id", "check_live_profile", "check_evidence", "authorize", "claim_equal")
+_AUTHORIZE = (
+    "EXECUTABLE",
+    "kernel_build_id",
+    "check_live_profile",
+    "check_evidence",
+    "authorize",
+    "claim_equal",
+)
 
 __all__ = [
-    "FORMAT_NAME", "FORMAT_VERSION", "DEFAULT_SUITE", "ROUNDINGS", "SUBNORMALS", "EXCEPTIONAL", "FORMATS",
-    "SITES", "CONVERSIONS", "SITE_SEQUENCES", "RELATIONS", "ContractRefusal", "Conversion", "KeepFormat",
-    "WidenBinary32", "RoundBinary64", "Profile", "CombineOrder", "Formula", "BitIdentical", "Unchecked",
-    "Tolerance", "ConformanceEvidence", "BoundedDifference", "NumericalContract", "Contract",
-    "numerical_compatibility", "contract_for_plan", *_AUTHORIZE,
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "DEFAULT_SUITE",
+    "ROUNDINGS",
+    "SUBNORMALS",
+    "EXCEPTIONAL",
+    "FORMATS",
+    "SITES",
+    "CONVERSIONS",
+    "SITE_SEQUENCES",
+    "RELATIONS",
+    "ContractRefusal",
+    "Conversion",
+    "KeepFormat",
+    "WidenBinary32",
+    "RoundBinary64",
+    "Profile",
+    "CombineOrder",
+    "Formula",
+    "BitIdentical",
+    "Unchecked",
+    "Tolerance",
+    "ConformanceEvidence",
+    "BoundedDifference",
+    "NumericalContract",
+    "Contract",
+    "numerical_compatibility",
+    "contract_for_plan",
+    *_AUTHORIZE,
 ]
 
 

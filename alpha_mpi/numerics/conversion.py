@@ -37,14 +37,20 @@ def convert_contribution(kinds, x, out=None, scratch32=None, *, passthrough_nonf
         return x, -1
     if kinds == ("WidenBinary32",):
         if not isinstance(x, np.ndarray) or x.dtype != _F32:
-            raise KernelRefusal("dtype-invalid", f"a WidenBinary32 site takes float32 contributions, got {getattr(x, 'dtype', type(x))}")
+            raise KernelRefusal(
+                "dtype-invalid",
+                f"a WidenBinary32 site takes float32 contributions, got {getattr(x, 'dtype', type(x))}",
+            )
         x32 = np.ascontiguousarray(x).reshape(-1)
         out = np.empty(x32.size) if out is None else out
         kernel.widen_binary32(out, x32)
         return out, -1
     if kinds == ("RoundBinary64", "WidenBinary32"):
         if not isinstance(x, np.ndarray) or x.dtype != np.float64:
-            raise KernelRefusal("dtype-invalid", f"a RoundBinary64 site takes float64 contributions, got {getattr(x, 'dtype', type(x))}")
+            raise KernelRefusal(
+                "dtype-invalid",
+                f"a RoundBinary64 site takes float64 contributions, got {getattr(x, 'dtype', type(x))}",
+            )
         x64 = np.ascontiguousarray(x).reshape(-1)
         s32 = np.empty(x64.size, dtype=_F32) if scratch32 is None else scratch32
         out = np.empty(x64.size) if out is None else out

@@ -92,7 +92,10 @@ class ConformanceSuite:
     def sample(self, nslots: int, n: int, seed) -> dict:
         """slot -> float64 vector drawn from the suite's domain (also for tests and demos)."""
         if nslots > self.max_slots:
-            raise Refusal("data-invalid", f"suite {self.name!r} covers at most {self.max_slots} slots, asked for {nslots}")
+            raise Refusal(
+                "data-invalid",
+                f"suite {self.name!r} covers at most {self.max_slots} slots, asked for {nslots}",
+            )
         rng = np.random.default_rng(seed)
         lo, hi = self.exponents
         out = {}
@@ -139,7 +142,9 @@ SUITES: dict = {
         n=64,
         exponents=(-8, 7),
         conversions=("RoundBinary64", "WidenBinary32"),
-        description="combine contributions narrowed to binary32 (nearest-even) and widened, vs the binary64 tree",
+        description=(
+            "combine contributions narrowed to binary32 (nearest-even) and widened, vs the binary64 tree"
+        ),
     ),
 }
 
@@ -158,7 +163,10 @@ def kernel_build_id() -> str:
 def suite(name: str) -> ConformanceSuite:
     s = SUITES.get(name)
     if s is None:
-        raise ContractRefusal("conformance-suite-unknown", f"suite {name!r} is not registered (known: {', '.join(sorted(SUITES))})")
+        raise ContractRefusal(
+            "conformance-suite-unknown",
+            f"suite {name!r} is not registered (known: {', '.join(sorted(SUITES))})",
+        )
     return s
 
 

@@ -86,7 +86,8 @@ class ContractCombiner:
                     "non-finite-contribution",
                     f"slot {slot} element {i} = {v!r} rounds beyond binary32's range at the RoundBinary64 "
                     f"site (step {self.combiner.step - 1}); nothing was applied",
-                    slot=slot, index=i,
+                    slot=slot,
+                    index=i,
                 ) from e
             raise
 

@@ -100,7 +100,9 @@ def compare(result, reference, *, layout=None, tolerance=None, what="the result"
     )
 
 
-def check_against_oracle(tree, data, result, *, layout=None, tolerance=None, what="the executed result") -> list:
+def check_against_oracle(
+    tree, data, result, *, layout=None, tolerance=None, what="the executed result"
+) -> list:
     """Evaluate the DECLARED `tree` with the oracle over `data` (slot -> vector) and compare the
     executed `result` with it; refuse with `oracle-mismatch` naming the coordinates. Returns the
     oracle's answer (a list of floats)."""

@@ -38,9 +38,20 @@ def parser(description: str, steps: int = 40):
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--checkpoint-dir", default=None)
     p.add_argument("--checkpoint-every", type=int, default=0)
-    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
-    p.add_argument("--stop-after", type=int, default=None, help="save a checkpoint after this step and exit (an interruption)")
-    p.add_argument("--ddp", action="store_true", help="train with torch DistributedDataParallel (gloo) instead, for comparison")
+    p.add_argument(
+        "--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir"
+    )
+    p.add_argument(
+        "--stop-after",
+        type=int,
+        default=None,
+        help="save a checkpoint after this step and exit (an interruption)",
+    )
+    p.add_argument(
+        "--ddp",
+        action="store_true",
+        help="train with torch DistributedDataParallel (gloo) instead, for comparison",
+    )
     return p
 
 
@@ -64,17 +75,21 @@ def run(make_model, description: str, argv=None) -> str:
         where = dp.restore(a.checkpoint_dir, opt, config=config, missing_ok=True)
         if where:
             say(f"# resumed from {where} at step {dp.steps}")
-    say(f"# {description}: {dp.n} parameters ({str(dp.dtype).replace('torch.', '')}), {a.slots} slots on "
-        f"{comm.Get_size()} ranks, batch {a.batch}, Adam lr {a.lr:g}, order id {dp.order_id[:16]}")
+    say(
+        f"# {description}: {dp.n} parameters ({str(dp.dtype).replace('torch.', '')}), {a.slots} slots on "
+        f"{comm.Get_size()} ranks, batch {a.batch}, Adam lr {a.lr:g}, order id {dp.order_id[:16]}"
+    )
     loss = float("nan")
     while dp.steps < a.steps:
         idx = torch.from_numpy(stream.indices(dp.steps, 0))
-        loss = dp.step(Xtr[idx], ytr[idx], loss_fn)   # every rank: the same global batch
+        loss = dp.step(Xtr[idx], ytr[idx], loss_fn)  # every rank: the same global batch
         opt.step()
         opt.zero_grad()
         if dp.steps % a.log_every == 0:
             say(f"step {dp.steps:4d}  loss {loss:.6f}")
-        if a.checkpoint_dir and ((a.checkpoint_every and dp.steps % a.checkpoint_every == 0) or dp.steps == a.stop_after):
+        if a.checkpoint_dir and (
+            (a.checkpoint_every and dp.steps % a.checkpoint_every == 0) or dp.steps == a.stop_after
+        ):
             dp.save(a.checkpoint_dir, opt, config=config)
         if a.stop_after is not None and dp.steps == a.stop_after:
             say(f"# stopped after step {dp.steps} (checkpoint saved)")
@@ -99,8 +114,12 @@ def init_gloo(comm):
         s.close()
     comm.Bcast(port, root=0)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{int(port[0])}",
-                            rank=comm.Get_rank(), world_size=comm.Get_size())
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{int(port[0])}",
+        rank=comm.Get_rank(),
+        world_size=comm.Get_size(),
+    )
     return dist
 
 
@@ -113,7 +132,7 @@ def _run_ddp(model, a, comm, Xtr, ytr, Xev, yev, stream, say) -> str:
     loss = torch.tensor(float("nan"))
     for t in range(a.steps):
         idx = torch.from_numpy(stream.indices(t, 0))
-        mine = idx[r * len(idx) // p:(r + 1) * len(idx) // p]  # this rank's share of the global batch
+        mine = idx[r * len(idx) // p : (r + 1) * len(idx) // p]  # this rank's share of the global batch
         loss = loss_fn(ddp(Xtr[mine]), ytr[mine])
         loss.backward()
         opt.step()

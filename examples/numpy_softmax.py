@@ -26,7 +26,7 @@ class SoftmaxRegression:
         self.n_params = inputs * classes + classes
 
     def _split(self, params):
-        return params[: self.d * self.c].reshape(self.d, self.c), params[self.d * self.c:]
+        return params[: self.d * self.c].reshape(self.d, self.c), params[self.d * self.c :]
 
     def init(self, seed: int) -> np.ndarray:
         """Small seeded weights, zero bias: a function of the seed alone."""
@@ -80,7 +80,9 @@ def main(argv=None) -> str:
     say = print if comm.Get_rank() == 0 else (lambda *x, **k: None)
     data = synthetic(3, n=4096, n_eval=512, inputs=32, classes=5)
     model = SoftmaxRegression(data.inputs, data.classes)
-    learner = DataParallelLearner(comm, model, slots=a.slots, optimizer="adam", lr=5e-3, partition=a.partition, seed=1)
+    learner = DataParallelLearner(
+        comm, model, slots=a.slots, optimizer="adam", lr=5e-3, partition=a.partition, seed=1
+    )
     stream = SlotStream(len(data.y), a.batch, a.slots, seed=1)
     config = {"slots": a.slots, "batch": a.batch, "seed": 1}
     if a.resume and a.checkpoint_dir and learner.restore(a.checkpoint_dir, config, missing_ok=True):
@@ -94,7 +96,10 @@ def main(argv=None) -> str:
             return digest(learner.final_params())
     params = learner.final_params()
     acc = float(np.mean(model.predict(params, data.X_eval) == data.y_eval))
-    say(f"# softmax regression, {model.n_params} parameters, {a.slots} slots on {comm.Get_size()} ranks, partition {a.partition}")
+    say(
+        f"# softmax regression, {model.n_params} parameters, {a.slots} slots on {comm.Get_size()} ranks, "
+        f"partition {a.partition}"
+    )
     say(f"final loss {loss:.6f}  eval accuracy {acc:.4f}")
     d = digest(params)
     say(f"digest: {d}")

@@ -1,9 +1,9 @@
 """A small torch CNN on scikit-learn's bundled 8x8 digits with alpha_mpi.torch.DataParallel.
 
-    mpiexec -n 1 python examples/torch_cnn.py      # one `digest:` line on 1, 2 and 4 ranks
-    mpiexec -n 4 python examples/torch_cnn.py
-    mpiexec -n 4 python examples/torch_cnn.py --steps 20 --stop-after 10 --checkpoint-dir /tmp/ck
-    mpiexec -n 2 python examples/torch_cnn.py --steps 20 --resume --checkpoint-dir /tmp/ck   # same digest
+mpiexec -n 1 python examples/torch_cnn.py      # one `digest:` line on 1, 2 and 4 ranks
+mpiexec -n 4 python examples/torch_cnn.py
+mpiexec -n 4 python examples/torch_cnn.py --steps 20 --stop-after 10 --checkpoint-dir /tmp/ck
+mpiexec -n 2 python examples/torch_cnn.py --steps 20 --resume --checkpoint-dir /tmp/ck   # same digest
 """
 
 import torch
@@ -15,8 +15,10 @@ class DigitsCNN(torch.nn.Module):
     def __init__(self, classes: int = 10):
         super().__init__()
         self.features = torch.nn.Sequential(
-            torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.ReLU(),
-            torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU(),
+            torch.nn.Conv2d(1, 8, 3, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(8, 16, 3, padding=1),
+            torch.nn.ReLU(),
             torch.nn.MaxPool2d(2),
         )
         self.classifier = torch.nn.Linear(16 * 4 * 4, classes)

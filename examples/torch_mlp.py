@@ -14,7 +14,9 @@ import torch
 
 def factory(inputs: int = 64, classes: int = 10, hidden: int = 128) -> torch.nn.Module:
     """(batch, inputs) -> (batch, classes) logits."""
-    return torch.nn.Sequential(torch.nn.Linear(inputs, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, classes))
+    return torch.nn.Sequential(
+        torch.nn.Linear(inputs, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, classes)
+    )
 
 
 if __name__ == "__main__":

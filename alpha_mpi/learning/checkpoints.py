@@ -41,8 +41,14 @@ def checkpointer(learner, directory: str, *, config=None, adopt_contract: bool =
     key = (os.path.abspath(directory), adopt_contract, tuple(sorted((k, repr(v)) for k, v in cfg.items())))
     ck = cache.get(key)
     if ck is None:
-        ck = cache[key] = Checkpointer(learner.comm, directory, learner, cfg, adopt_contract=adopt_contract,
-                                       timeout=timeout if timeout is not None else getattr(learner, "timeout", None))
+        ck = cache[key] = Checkpointer(
+            learner.comm,
+            directory,
+            learner,
+            cfg,
+            adopt_contract=adopt_contract,
+            timeout=timeout if timeout is not None else getattr(learner, "timeout", None),
+        )
     return ck
 
 
@@ -53,8 +59,15 @@ def save(learner, directory: str, *, config=None, timeout=None) -> str:
     return checkpointer(learner, directory, config=config, timeout=timeout).save()
 
 
-def restore(learner, directory: str, *, config=None, adopt_contract: bool = False, missing_ok: bool = False,
-            timeout=None):
+def restore(
+    learner,
+    directory: str,
+    *,
+    config=None,
+    adopt_contract: bool = False,
+    missing_ok: bool = False,
+    timeout=None,
+):
     """Load the checkpoint at `directory` (a checkpoint directory, whose `latest` is followed, or
     one step directory) into the learner, whatever the rank count was at save time; returns the
     step directory read. With `missing_ok`, a directory without any checkpoint returns None
@@ -62,8 +75,12 @@ def restore(learner, directory: str, *, config=None, adopt_contract: bool = Fals
     ck = checkpointer(learner, directory, config=config, adopt_contract=adopt_contract, timeout=timeout)
     from ..checkpoint.layout import LATEST, MANIFEST
 
-    if not (os.path.isfile(os.path.join(directory, MANIFEST)) or os.path.exists(os.path.join(directory, LATEST))):
+    if not (
+        os.path.isfile(os.path.join(directory, MANIFEST)) or os.path.exists(os.path.join(directory, LATEST))
+    ):
         if missing_ok:
             return None
-        raise CheckpointRefusal("checkpoint-missing", f"{directory} holds no checkpoint (no {LATEST} pointer, no {MANIFEST})")
+        raise CheckpointRefusal(
+            "checkpoint-missing", f"{directory} holds no checkpoint (no {LATEST} pointer, no {MANIFEST})"
+        )
     return ck.restore(directory)

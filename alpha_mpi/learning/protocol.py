@@ -15,7 +15,7 @@ slot twice and refuses a model whose gradient is not the same bits both times
 `model_from_spec("module:factory", inputs, classes)` is how `alpha-mpi train --model` finds a
 user's model: `module` is imported from the working directory or PYTHONPATH and
 `factory(inputs, classes)` returns a Model or a `torch.nn.Module` (wrapped in
-`alpha_mpi.torch.ModuleModel`, trained in binary64 with summed cross-entropy).
+`alpha_mpi.learning.torch_model.ModuleModel`, trained in binary64 with summed cross-entropy).
 """
 
 from __future__ import annotations
@@ -58,7 +58,9 @@ class Model(Protocol):
         """Initial parameters: float64, shape (n_params,), the same bits for the same seed."""
         ...
 
-    def loss_and_grad_sum(self, params: np.ndarray, X: np.ndarray, y: np.ndarray, grad_out: np.ndarray) -> float:
+    def loss_and_grad_sum(
+        self, params: np.ndarray, X: np.ndarray, y: np.ndarray, grad_out: np.ndarray
+    ) -> float:
         """Write Σ_i ∇loss_i of the slot (X, y) into grad_out; return Σ_i loss_i."""
         ...
 
@@ -68,8 +70,11 @@ REQUIRED_METHODS = {"init": 1, "loss_and_grad_sum": 4}
 
 
 def _refuse(model, what: str) -> Refusal:
-    return Refusal("model-protocol", f"{type(model).__name__} does not satisfy alpha_mpi.learning.Model: {what}",
-                   member=what.split(" ", 1)[0])
+    return Refusal(
+        "model-protocol",
+        f"{type(model).__name__} does not satisfy alpha_mpi.learning.Model: {what}",
+        member=what.split(" ", 1)[0],
+    )
 
 
 def _check_arity(model, name: str, count: int) -> None:
@@ -119,30 +124,46 @@ def _probe(model, n: int, probe, seed: int) -> None:
     X, y = probe
     p = model.init(seed)
     if not isinstance(p, np.ndarray) or p.dtype != np.float64 or p.shape != (n,):
-        raise _refuse(model, f"init({seed}) returned {type(p).__name__} "
-                      f"{getattr(p, 'dtype', '')} {getattr(p, 'shape', '')}; it must be a float64 array of shape ({n},)")
+        raise _refuse(
+            model,
+            f"init({seed}) returned {type(p).__name__} "
+            f"{getattr(p, 'dtype', '')} {getattr(p, 'shape', '')}; "
+            f"it must be a float64 array of shape ({n},)",
+        )
     if not np.all(np.isfinite(p)):
         raise _refuse(model, f"init({seed}) returned non-finite parameters")
     again = model.init(seed)
     if not np.array_equal(p.view(np.uint64), np.asarray(again, dtype=np.float64).view(np.uint64)):
-        raise Refusal("model-nondeterministic", f"{type(model).__name__}.init({seed}) gave other bits on a second call")
+        raise Refusal(
+            "model-nondeterministic", f"{type(model).__name__}.init({seed}) gave other bits on a second call"
+        )
     before = p.copy()
     grads, losses = [], []
     for _ in range(2):
         g = np.full(n, np.nan)
         loss = model.loss_and_grad_sum(p, X, y, g)
         if isinstance(loss, bool) or not isinstance(loss, (float, int, np.floating, np.integer)):
-            raise _refuse(model, f"loss_and_grad_sum returned {type(loss).__name__}; it must return the slot's loss sum as a float")
+            raise _refuse(
+                model,
+                f"loss_and_grad_sum returned {type(loss).__name__}; "
+                "it must return the slot's loss sum as a float",
+            )
         if not np.all(np.isfinite(g)):
-            raise _refuse(model, "loss_and_grad_sum left non-finite values in grad_out (it must overwrite every element)")
+            raise _refuse(
+                model,
+                "loss_and_grad_sum left non-finite values in grad_out (it must overwrite every element)",
+            )
         grads.append(g)
         losses.append(float(loss))
     if not np.array_equal(p.view(np.uint64), before.view(np.uint64)):
         raise _refuse(model, "loss_and_grad_sum modified params (it must only write grad_out)")
-    if not np.array_equal(grads[0].view(np.uint64), grads[1].view(np.uint64)) or \
-            np.float64(losses[0]).view(np.uint64) != np.float64(losses[1]).view(np.uint64):
-        raise Refusal("model-nondeterministic",
-                      f"{type(model).__name__}.loss_and_grad_sum gave other bits for the same slot on a second call")
+    if not np.array_equal(grads[0].view(np.uint64), grads[1].view(np.uint64)) or np.float64(losses[0]).view(
+        np.uint64
+    ) != np.float64(losses[1]).view(np.uint64):
+        raise Refusal(
+            "model-nondeterministic",
+            f"{type(model).__name__}.loss_and_grad_sum gave other bits for the same slot on a second call",
+        )
 
 
 def model_from_spec(spec: str, inputs: int, classes: int):
@@ -151,8 +172,8 @@ def model_from_spec(spec: str, inputs: int, classes: int):
     `module` is imported with the working directory first on the path (then PYTHONPATH);
     `factory(inputs, classes)` must return a `Model` or a `torch.nn.Module` mapping a
     (batch, inputs) float tensor to (batch, classes) logits; a module is wrapped in
-    `alpha_mpi.torch.ModuleModel` (binary64, summed cross-entropy). Refuses with `model-factory`
-    or `model-protocol`.
+    `ModuleModel` (alpha_mpi.learning.torch_model, re-exported by alpha_mpi.torch: binary64,
+    summed cross-entropy). Refuses with `model-factory` or `model-protocol`.
     """
     if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
         raise Refusal("model-factory", f"--model {spec!r} is not of the form module:factory")
@@ -169,7 +190,7 @@ def model_from_spec(spec: str, inputs: int, classes: int):
         raise Refusal("model-factory", f"{mod_name} has no callable {attr!r}")
     model = factory(inputs, classes)
     if _is_torch_module(model):
-        from ..torch import ModuleModel
+        from .torch_model import ModuleModel
 
         return ModuleModel(model)
     return check_model(model)

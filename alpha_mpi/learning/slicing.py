@@ -33,10 +33,14 @@ def slot_ranges(batch: int, slots: int, sizes=None) -> list:
     if isinstance(slots, bool) or not isinstance(slots, (int, np.integer)) or slots < 1:
         raise Refusal("usage", f"slots must be an int >= 1, got {slots!r}")
     if batch < slots:
-        raise Refusal("usage", f"a batch of {batch} samples cannot fill {slots} slots: every slot needs a sample")
+        raise Refusal(
+            "usage", f"a batch of {batch} samples cannot fill {slots} slots: every slot needs a sample"
+        )
     sizes = slot_sizes(batch, slots) if sizes is None else [int(k) for k in sizes]
     if len(sizes) != slots or sum(sizes) != batch or min(sizes) < 1:
-        raise Refusal("usage", f"slot sizes {sizes} must be {slots} counts >= 1 adding up to the batch {batch}")
+        raise Refusal(
+            "usage", f"slot sizes {sizes} must be {slots} counts >= 1 adding up to the batch {batch}"
+        )
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
     return [(int(offsets[s]), int(offsets[s + 1])) for s in range(slots)]
 
@@ -57,7 +61,7 @@ def slice_batch(X, y, slots: int, owned, sizes=None) -> dict:
     if len(X) != len(y):
         raise Refusal("data-invalid", f"X has {len(X)} samples, y has {len(y)}")
     ranges = slot_ranges(len(y), slots, sizes)
-    return {s: (X[ranges[s][0]:ranges[s][1]], y[ranges[s][0]:ranges[s][1]]) for s in _owned(owned, slots)}
+    return {s: (X[ranges[s][0] : ranges[s][1]], y[ranges[s][0] : ranges[s][1]]) for s in _owned(owned, slots)}
 
 
 def slice_indices(indices, slots: int, owned, sizes=None) -> dict:
@@ -67,7 +71,7 @@ def slice_indices(indices, slots: int, owned, sizes=None) -> dict:
     """
     idx = np.asarray(indices)
     ranges = slot_ranges(len(idx), slots, sizes)
-    return {s: idx[ranges[s][0]:ranges[s][1]] for s in _owned(owned, slots)}
+    return {s: idx[ranges[s][0] : ranges[s][1]] for s in _owned(owned, slots)}
 
 
 def stream_batch(stream: SlotStream, step: int, owned, X, y) -> dict:

@@ -22,5 +22,5 @@ from ._env import environment, fix_environment, require_torch  # noqa: F401
 
 require_torch()
 
+from ..learning.torch_model import ModuleModel, summed_cross_entropy  # noqa: E402,F401
 from .data_parallel import BUFFER_RULES, DataParallel, parameter_digest, torch_contract  # noqa: E402,F401
-from .module_model import ModuleModel  # noqa: E402,F401

@@ -21,6 +21,8 @@ import numpy as np
 
 from ..refusals import CheckpointRefusal, Refusal
 from ._env import require_torch
+from .convert import from64 as _from64
+from .convert import into64 as _into64
 
 torch = require_torch()
 
@@ -58,7 +60,10 @@ class TorchCheckpointView:
         if optimizer is not None:
             held = [p for g in optimizer.param_groups for p in g["params"]]
             if {id(p) for p in held} != {id(p) for p in dp.params} or len(held) != len(dp.params):
-                raise Refusal("torch-optimizer-state", "the optimizer must hold exactly the module's trainable parameters")
+                raise Refusal(
+                    "torch-optimizer-state",
+                    "the optimizer must hold exactly the module's trainable parameters",
+                )
 
     # the members Checkpointer reads -------------------------------------------------------------
     @property
@@ -87,24 +92,26 @@ class TorchCheckpointView:
         if dp.float_buffers:
             out["buffers"] = [b for _, b in dp.float_buffers]
         if self.optimizer is not None:
-            keys = sorted({k for p in dp.params for k, v in self.optimizer.state.get(p, {}).items() if _is_vector(v, p)})
+            keys = sorted(
+                {k for p in dp.params for k, v in self.optimizer.state.get(p, {}).items() if _is_vector(v, p)}
+            )
             for k in keys:
                 ts = [self.optimizer.state.get(p, {}).get(k) for p in dp.params]
                 if any(t is None for t in ts):
-                    raise Refusal("torch-optimizer-state", f"optimizer state {k!r} exists for some parameters only")
+                    raise Refusal(
+                        "torch-optimizer-state", f"optimizer state {k!r} exists for some parameters only"
+                    )
                 out[f"optimizer.{k}"] = ts
         return out
 
     def checkpoint_pieces(self) -> dict:
         """name -> (length, [(start, stop, float64 values)]) for the range this rank writes."""
-        from .data_parallel import _into64
-
         out = {}
         for name, ts in self._vectors().items():
             flat = np.empty(sum(t.numel() for t in ts))
             off = 0
             for t in ts:
-                _into64(flat[off:off + t.numel()], t)
+                _into64(flat[off : off + t.numel()], t)
                 off += t.numel()
             a, b = self._own(flat.size)
             if b > a:
@@ -114,8 +121,13 @@ class TorchCheckpointView:
     def checkpoint_scalars(self) -> dict:
         """JSON scalars: step, optimizer class, hyperparameters and scalar state, int buffers."""
         dp = self.dp
-        sc = {"step": dp.steps, "optimizer": None, "framework": "torch", "dtype": str(dp.dtype).replace("torch.", ""),
-              "int_buffers": {k: b.reshape(-1).tolist() for k, b in dp.other_buffers}}
+        sc = {
+            "step": dp.steps,
+            "optimizer": None,
+            "framework": "torch",
+            "dtype": str(dp.dtype).replace("torch.", ""),
+            "int_buffers": {k: b.reshape(-1).tolist() for k, b in dp.other_buffers},
+        }
         opt = self.optimizer
         if opt is not None:
             sc["optimizer"] = type(opt).__name__
@@ -127,32 +139,50 @@ class TorchCheckpointView:
                         continue  # a vector: saved as optimizer.<k>
                     if isinstance(v, torch.Tensor):
                         if v.numel() != 1:
-                            raise Refusal("torch-optimizer-state", f"optimizer state {k!r} has shape {tuple(v.shape)}, not the parameter's {tuple(p.shape)}")
-                        entry = {"value": float(v), "dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape)}
+                            raise Refusal(
+                                "torch-optimizer-state",
+                                f"optimizer state {k!r} has shape {tuple(v.shape)}, "
+                                f"not the parameter's {tuple(p.shape)}",
+                            )
+                        entry = {
+                            "value": float(v),
+                            "dtype": str(v.dtype).replace("torch.", ""),
+                            "shape": list(v.shape),
+                        }
                     elif v is None or isinstance(v, (int, float, bool)):
                         entry = {"value": v, "dtype": None}
                     else:
-                        raise Refusal("torch-optimizer-state", f"optimizer state {k!r} is a {type(v).__name__}")
+                        raise Refusal(
+                            "torch-optimizer-state", f"optimizer state {k!r} is a {type(v).__name__}"
+                        )
                     scalars.setdefault(k, [None] * len(dp.params))[i] = entry
             sc["optimizer_scalars"] = scalars
         return sc
 
     def load_checkpoint(self, ck) -> None:
         """Read every vector whole (any rank count at save time) into the module and optimizer."""
-        from .data_parallel import _from64
-
         dp, opt = self.dp, self.optimizer
         sc = ck.manifest["scalars"]
         if sc.get("framework") != "torch":
-            raise CheckpointRefusal("checkpoint-config-mismatch", "this checkpoint was not written by alpha_mpi.torch.DataParallel")
+            raise CheckpointRefusal(
+                "checkpoint-config-mismatch",
+                "this checkpoint was not written by alpha_mpi.torch.DataParallel",
+            )
         if ck.length("params") != dp.n:
-            raise CheckpointRefusal("checkpoint-config-mismatch", f"checkpoint has {ck.length('params')} parameters, this module {dp.n}")
+            raise CheckpointRefusal(
+                "checkpoint-config-mismatch",
+                f"checkpoint has {ck.length('params')} parameters, this module {dp.n}",
+            )
         saved_opt = sc.get("optimizer")
         if opt is not None and saved_opt not in (None, type(opt).__name__):
-            raise CheckpointRefusal("checkpoint-config-mismatch", f"checkpoint optimizer {saved_opt}, now {type(opt).__name__}")
+            raise CheckpointRefusal(
+                "checkpoint-config-mismatch", f"checkpoint optimizer {saved_opt}, now {type(opt).__name__}"
+            )
         if opt is not None and saved_opt is not None and sc.get("optimizer_hyper") != _hyper(opt):
-            raise CheckpointRefusal("checkpoint-config-mismatch",
-                                    f"optimizer hyperparameters differ: saved {sc.get('optimizer_hyper')}, now {_hyper(opt)}")
+            raise CheckpointRefusal(
+                "checkpoint-config-mismatch",
+                f"optimizer hyperparameters differ: saved {sc.get('optimizer_hyper')}, now {_hyper(opt)}",
+            )
         with torch.no_grad():
             self._read(ck, "params", [p.data for p in dp.params], _from64)
             if dp.float_buffers:
@@ -162,7 +192,7 @@ class TorchCheckpointView:
         if opt is not None:
             opt.state.clear()
             if saved_opt is not None:
-                names = [c[len("optimizer."):] for c in ck.components if c.startswith("optimizer.")]
+                names = [c[len("optimizer.") :] for c in ck.components if c.startswith("optimizer.")]
                 for k in names:
                     ts = [torch.empty_like(p, memory_format=torch.contiguous_format) for p in dp.params]
                     self._read(ck, f"optimizer.{k}", ts, _from64)
@@ -182,9 +212,12 @@ class TorchCheckpointView:
     def _read(ck, name, tensors, convert) -> None:
         total = sum(t.numel() for t in tensors)
         if ck.length(name) != total:
-            raise CheckpointRefusal("checkpoint-config-mismatch", f"component {name} has {ck.length(name)} values, this module {total}")
+            raise CheckpointRefusal(
+                "checkpoint-config-mismatch",
+                f"component {name} has {ck.length(name)} values, this module {total}",
+            )
         flat = ck.read_range(name, 0, total)
         off = 0
         for t in tensors:
-            convert(t, flat[off:off + t.numel()])
+            convert(t, flat[off : off + t.numel()])
             off += t.numel()

@@ -41,8 +41,10 @@ from .. import kernel
 from ..execution import Allreducer
 from ..model import Layout, ReplicateAll, build, star
 from ..planning import plan
-from ..refusals import KernelRefusal, Refusal
+from ..refusals import Refusal
 from ._env import check_environment, fix_environment, require_torch
+from .convert import from64 as _from64
+from .convert import into64 as _into64
 
 torch = require_torch()
 
@@ -50,11 +52,15 @@ BUFFER_RULES = ("refuse", "slot-mean")
 
 #: The round-once site of float32 models, as the contract names it (an operation: the profile's
 #: conversion sites are contribution sites).
-ROUND_ONCE_V1 = ("g32=RoundBinary64@gradient(g) (kernel.round_binary64, nearest-even, binary64->binary32), "
-                 "once per step per coordinate, into each parameter's .grad")
-BUFFER_SLOT_MEAN_V1 = ("every slot's forward starts from the step's buffers; floating buffer b="
-                       "RoundBinary64@buffer((sum over slots in the combine order of WidenBinary32(b_s))/S); "
-                       "integer buffer b=b_s (equal for every slot)")
+ROUND_ONCE_V1 = (
+    "g32=RoundBinary64@gradient(g) (kernel.round_binary64, nearest-even, binary64->binary32), "
+    "once per step per coordinate, into each parameter's .grad"
+)
+BUFFER_SLOT_MEAN_V1 = (
+    "every slot's forward starts from the step's buffers; floating buffer b="
+    "RoundBinary64@buffer((sum over slots in the combine order of WidenBinary32(b_s))/S); "
+    "integer buffer b=b_s (equal for every slot)"
+)
 
 
 def _default_topology() -> str:
@@ -80,18 +86,23 @@ def torch_contract(order_id: str, dtype, env: dict, buffers: str = "refuse"):
     from ..numerics import BitIdentical, CombineOrder, Formula, NumericalContract, Profile, WidenBinary32
 
     f32 = dtype == torch.float32
-    profile = Profile(("binary64", "binary32"), conversions=(WidenBinary32("contribution"),)) if f32 else Profile()
+    profile = (
+        Profile(("binary64", "binary32"), conversions=(WidenBinary32("contribution"),)) if f32 else Profile()
+    )
     ops = [CombineOrder(order_id), Formula.named("normalize-once")]
     if f32:
         ops.append(Formula("round-binary64-once-v1", ROUND_ONCE_V1))
     if buffers == "slot-mean":
         ops.append(Formula("buffers-slot-mean-v1", BUFFER_SLOT_MEAN_V1))
-    ops.append(Formula(
-        "torch-slot-gradient-v1",
-        f"per slot: .grad=None; loss=loss_fn(module(X_s),y_s) (a sum); loss.backward(); torch {env['torch']}; "
-        f"set_num_threads({env['threads']}); use_deterministic_algorithms({env['deterministic']}); "
-        f"parameters {_dtype_name(dtype)}",
-    ))
+    ops.append(
+        Formula(
+            "torch-slot-gradient-v1",
+            "per slot: .grad=None; loss=loss_fn(module(X_s),y_s) (a sum); loss.backward(); "
+            f"torch {env['torch']}; "
+            f"set_num_threads({env['threads']}); use_deterministic_algorithms({env['deterministic']}); "
+            f"parameters {_dtype_name(dtype)}",
+        )
+    )
     return NumericalContract(profile, tuple(ops), BitIdentical())
 
 
@@ -103,32 +114,6 @@ def parameter_digest(module) -> str:
         if p.requires_grad:
             h.update(np.ascontiguousarray(p.detach().cpu().numpy().reshape(-1), dtype="<f8").tobytes())
     return h.hexdigest()
-
-
-def _flat(t) -> np.ndarray:
-    """A writable numpy view of a contiguous CPU tensor, flattened."""
-    return t.detach().numpy().reshape(-1)
-
-
-def _into64(out64: np.ndarray, t) -> None:
-    """out64 = t exactly: WidenBinary32 for float32, a copy for float64."""
-    a = _flat(t.contiguous())
-    if a.dtype == np.float32:
-        kernel.widen_binary32(out64, a)
-    else:
-        np.copyto(out64, a)
-
-
-def _from64(t, x64: np.ndarray) -> None:
-    """t = x64: RoundBinary64 (nearest-even, refuses non-finite) for float32, a copy for float64."""
-    a = _flat(t)
-    if a.dtype == np.float32:
-        kernel.round_binary64(a, x64)
-    else:
-        if not np.all(np.isfinite(x64)):
-            i = int(np.flatnonzero(~np.isfinite(x64))[0])
-            raise KernelRefusal("non-finite-combined", f"combined value [{i}] = {x64[i]!r} is not finite")
-        np.copyto(a, x64)
 
 
 class DataParallel:
@@ -153,17 +138,34 @@ class DataParallel:
     `params` (the trainable parameters in order), `n` (their element count).
     """
 
-    def __init__(self, module, comm, *, slots: int, topology: str | None = None, threads: int = 1,
-                 buffers: str = "refuse", timeout=None, realization: str = "auto"):
+    def __init__(
+        self,
+        module,
+        comm,
+        *,
+        slots: int,
+        topology: str | None = None,
+        threads: int = 1,
+        buffers: str = "refuse",
+        timeout=None,
+        realization: str = "auto",
+    ):
         kernel.fpenv_check()
         if not isinstance(module, torch.nn.Module):
-            raise Refusal("torch-module-unsupported", f"DataParallel needs a torch.nn.Module, got {type(module).__name__}")
+            raise Refusal(
+                "torch-module-unsupported",
+                f"DataParallel needs a torch.nn.Module, got {type(module).__name__}",
+            )
         if buffers not in BUFFER_RULES:
             raise Refusal("usage", f"buffers must be one of {', '.join(BUFFER_RULES)}, got {buffers!r}")
         self.module, self.comm, self.timeout = module, comm, timeout
         self.size, self.rank = comm.Get_size(), comm.Get_rank()
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < self.size:
-            raise Refusal("placement-invalid", f"{slots!r} slots on {self.size} ranks leaves ranks without a contribution; use slots >= ranks")
+            raise Refusal(
+                "placement-invalid",
+                f"{slots!r} slots on {self.size} ranks leaves ranks without a contribution; "
+                "use slots >= ranks",
+            )
         self.slots = slots
         self.topology = _default_topology() if topology is None else topology
         self.params = [p for p in module.parameters() if p.requires_grad]
@@ -172,17 +174,24 @@ class DataParallel:
             raise Refusal("torch-module-unsupported", f"{type(module).__name__} has no trainable parameters")
         dtypes = sorted({_dtype_name(p.dtype) for p in self.params})
         if len(dtypes) != 1 or dtypes[0] not in ("float32", "float64"):
-            raise Refusal("torch-module-unsupported", f"trainable parameters have dtypes {dtypes}; use one of float32, float64 (module.float() or module.double())")
+            raise Refusal(
+                "torch-module-unsupported",
+                f"trainable parameters have dtypes {dtypes}; use one of float32, float64 "
+                "(module.float() or module.double())",
+            )
         off_cpu = [names.get(id(p), "?") for p in self.params if p.device.type != "cpu"]
         if off_cpu:
             raise Refusal("torch-module-unsupported", f"parameters {off_cpu[:4]} are not on the CPU")
         self.dtype = self.params[0].dtype
         named_buffers = list(module.named_buffers())
         if named_buffers and buffers == "refuse":
-            raise Refusal("torch-buffers-refused", f"{type(module).__name__} has buffers "
-                          f"{[k for k, _ in named_buffers][:6]}{' ...' if len(named_buffers) > 6 else ''}; "
-                          "their per-slot updates have no rank-count-independent meaning unless a rule is chosen",
-                          buffers=[k for k, _ in named_buffers])
+            raise Refusal(
+                "torch-buffers-refused",
+                f"{type(module).__name__} has buffers "
+                f"{[k for k, _ in named_buffers][:6]}{' ...' if len(named_buffers) > 6 else ''}; "
+                "their per-slot updates have no rank-count-independent meaning unless a rule is chosen",
+                buffers=[k for k, _ in named_buffers],
+            )
         self.buffer_rule = buffers
         self.float_buffers = [(k, b) for k, b in named_buffers if b.is_floating_point()]
         self.other_buffers = [(k, b) for k, b in named_buffers if not b.is_floating_point()]
@@ -209,9 +218,14 @@ class DataParallel:
         self.my_slots = self.plan.slots_of(self.rank)
         self.order_id = self.plan.order_id
         self.contract = torch_contract(self.order_id, self.dtype, self.env, buffers)
-        self.conversions = (("WidenBinary32", "contribution"), ("RoundBinary64", "gradient")) \
-            if self.dtype == torch.float32 else (("KeepFormat", "contribution"),)
-        self.reducer = Allreducer(comm, self.plan, timeout=timeout, contract=self.contract.digest, realization=realization)
+        self.conversions = (
+            (("WidenBinary32", "contribution"), ("RoundBinary64", "gradient"))
+            if self.dtype == torch.float32
+            else (("KeepFormat", "contribution"),)
+        )
+        self.reducer = Allreducer(
+            comm, self.plan, timeout=timeout, contract=self.contract.digest, realization=realization
+        )
         self.realization = self.reducer.realization
         self.payloads = {s: np.zeros(self.layout.total) for s in self.my_slots}
         self.reduced = np.empty(self.layout.total)
@@ -238,14 +252,14 @@ class DataParallel:
         if self.rank == 0:
             off = 0
             for t in tensors:
-                _into64(mine[off:off + t.numel()], t)
+                _into64(mine[off : off + t.numel()], t)
                 off += t.numel()
         out = bc.run({self.rank: mine}, out=np.empty(total))
         bc.free()
         off = 0
         with torch.no_grad():
             for t in tensors:
-                _from64(t, out[off:off + t.numel()])
+                _from64(t, out[off : off + t.numel()])
                 off += t.numel()
 
     def step(self, X, y, loss_fn, *, sizes=None) -> float:
@@ -266,13 +280,22 @@ class DataParallel:
         """`step` for a batch already cut: {slot: (X_s, y_s)} for exactly `my_slots`."""
         reduction = getattr(loss_fn, "reduction", "sum")
         if reduction != "sum":
-            raise Refusal("torch-loss-invalid", f"{type(loss_fn).__name__} has reduction={reduction!r}; the slot loss must be a sum")
+            raise Refusal(
+                "torch-loss-invalid",
+                f"{type(loss_fn).__name__} has reduction={reduction!r}; the slot loss must be a sum",
+            )
         missing = [s for s in self.my_slots if s not in batch]
         if missing or len(batch) != len(self.my_slots):
-            raise Refusal("contribution-missing", f"batch holds slots {sorted(batch)}, this rank owns {self.my_slots}")
+            raise Refusal(
+                "contribution-missing", f"batch holds slots {sorted(batch)}, this rank owns {self.my_slots}"
+            )
         check_environment(self.env)
         n = self.n
-        start = [b.detach().clone() for _, b in self.float_buffers + self.other_buffers] if self.buffer_rule == "slot-mean" else None
+        start = (
+            [b.detach().clone() for _, b in self.float_buffers + self.other_buffers]
+            if self.buffer_rule == "slot-mean"
+            else None
+        )
         try:
             for s in self.my_slots:
                 Xs, ys = batch[s]
@@ -285,8 +308,11 @@ class DataParallel:
                     p.grad = None
                 loss = loss_fn(self.module(Xs), ys)
                 if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
-                    raise Refusal("torch-loss-invalid", f"loss_fn returned {type(loss).__name__} "
-                                  f"{tuple(getattr(loss, 'shape', ()))}; it must return a scalar tensor with a graph")
+                    raise Refusal(
+                        "torch-loss-invalid",
+                        f"loss_fn returned {type(loss).__name__} "
+                        f"{tuple(getattr(loss, 'shape', ()))}; it must return a scalar tensor with a graph",
+                    )
                 loss.backward()
                 for p, (a, b) in zip(self.params, self.offsets):
                     if p.grad is None:
@@ -304,10 +330,10 @@ class DataParallel:
             for p, (a, b) in zip(self.params, self.offsets):
                 _from64(p.grad, self._g[a:b])  # RoundBinary64@gradient for float32
             if self.nb:
-                np.divide(red[n:n + self.nb], float(self.slots), out=self._b)
+                np.divide(red[n : n + self.nb], float(self.slots), out=self._b)
                 with torch.no_grad():
                     for (_, t), (a, b) in zip(self.float_buffers, self.buffer_offsets):
-                        _from64(t, self._b[a - n:b - n])
+                        _from64(t, self._b[a - n : b - n])
             loss_mean = float(red[self.loss_at] / red[self.mass_at])
         except Exception:
             for p in self.params:
@@ -333,15 +359,27 @@ class DataParallel:
 
         return save(self._view(optimizer), directory, config=config)
 
-    def restore(self, directory: str, optimizer=None, *, config=None, adopt_contract: bool = False,
-                missing_ok: bool = False):
+    def restore(
+        self,
+        directory: str,
+        optimizer=None,
+        *,
+        config=None,
+        adopt_contract: bool = False,
+        missing_ok: bool = False,
+    ):
         """Load a checkpoint saved on any rank count into the module and `optimizer` (built
         over the module's parameters with the saved hyperparameters); sets `steps`. Returns
         the step directory, or None with `missing_ok` when there is none. Collective."""
         from ..learning.checkpoints import restore
 
-        return restore(self._view(optimizer), directory, config=config, adopt_contract=adopt_contract,
-                       missing_ok=missing_ok)
+        return restore(
+            self._view(optimizer),
+            directory,
+            config=config,
+            adopt_contract=adopt_contract,
+            missing_ok=missing_ok,
+        )
 
     def _view(self, optimizer):
         from .checkpointing import TorchCheckpointView

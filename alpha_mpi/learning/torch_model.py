@@ -1,4 +1,9 @@
-"""`ModuleModel`: a torch module as an `alpha_mpi.learning.Model` (binary64, the C optimizers).
+"""`ModuleModel`: a torch module as an `alpha_mpi.learning.Model` (binary64, the C optimizers),
+and the torch settings a slot's bits depend on (threads, deterministic algorithms).
+
+Lives in the learning layer and imports only the third-party `torch`, so that
+`alpha_mpi.learning.model_from_spec` can wrap a module without importing `alpha_mpi.torch`
+(which builds on alpha_mpi.learning); `alpha_mpi.torch` re-exports it.
 
     learner = DataParallelLearner(comm, ModuleModel(net), slots=8, optimizer="adam", partition="grads")
 
@@ -16,7 +21,51 @@ from __future__ import annotations
 import numpy as np
 
 from ..refusals import Refusal
-from ._env import check_environment, fix_environment, require_torch
+
+
+def require_torch():
+    """The `torch` module, or a `torch-unavailable` refusal naming the extra to install."""
+    try:
+        import torch
+    except ImportError as e:
+        raise Refusal(
+            "torch-unavailable", f"alpha_mpi.torch needs PyTorch, which does not import here: {e}"
+        ) from None
+    return torch
+
+
+def fix_environment(threads: int) -> dict:
+    """Set torch's intra-op threads to `threads` and deterministic algorithms on; return the
+    settings, as the contract records them. A slot's forward and backward then compute the same
+    bits on whichever rank runs them (same shapes, same threads, same kernels)."""
+    torch = require_torch()
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise Refusal("usage", f"threads must be an int >= 1, got {threads!r}")
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True)
+    return environment()
+
+
+def environment() -> dict:
+    """torch's live settings that a slot's bits depend on."""
+    torch = require_torch()
+    return {
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "deterministic": bool(torch.are_deterministic_algorithms_enabled()),
+    }
+
+
+def check_environment(expected: dict) -> None:
+    """Refuse (`torch-environment-changed`) when the live settings differ from `expected`."""
+    live = environment()
+    diff = [f"{k}: contract {expected[k]!r}, now {live[k]!r}" for k in expected if live.get(k) != expected[k]]
+    if diff:
+        raise Refusal(
+            "torch-environment-changed",
+            "torch settings changed since DataParallel fixed them: " + "; ".join(diff),
+        )
+
 
 torch = require_torch()
 
@@ -40,11 +89,16 @@ class ModuleModel:
 
     def __init__(self, module, *, loss_fn=None, threads: int = 1):
         if not isinstance(module, torch.nn.Module):
-            raise Refusal("model-protocol", f"ModuleModel needs a torch.nn.Module, got {type(module).__name__}")
+            raise Refusal(
+                "model-protocol", f"ModuleModel needs a torch.nn.Module, got {type(module).__name__}"
+            )
         bufs = [k for k, _ in module.named_buffers()]
         if bufs:
-            raise Refusal("torch-buffers-refused", f"{type(module).__name__} has buffers {bufs[:6]}; "
-                          "the Model protocol carries parameters only", buffers=bufs)
+            raise Refusal(
+                "torch-buffers-refused",
+                f"{type(module).__name__} has buffers {bufs[:6]}; the Model protocol carries parameters only",
+                buffers=bufs,
+            )
         self.module = module.double()
         self.params = [p for p in self.module.parameters() if p.requires_grad]
         if not self.params:
@@ -79,7 +133,9 @@ class ModuleModel:
             out[a:b] = p.detach().numpy().reshape(-1)
         return out
 
-    def loss_and_grad_sum(self, params: np.ndarray, X: np.ndarray, y: np.ndarray, grad_out: np.ndarray) -> float:
+    def loss_and_grad_sum(
+        self, params: np.ndarray, X: np.ndarray, y: np.ndarray, grad_out: np.ndarray
+    ) -> float:
         """Write Σ_i ∇loss_i of the slot into grad_out; return Σ_i loss_i (one forward, one backward)."""
         check_environment(self.env)
         self._load(params)
@@ -100,4 +156,6 @@ class ModuleModel:
         """Labels: argmax of the module's logits."""
         self._load(params)
         with torch.no_grad():
-            return self.module(torch.from_numpy(np.ascontiguousarray(X, dtype=np.float64))).argmax(dim=1).numpy()
+            return (
+                self.module(torch.from_numpy(np.ascontiguousarray(X, dtype=np.float64))).argmax(dim=1).numpy()
+            )

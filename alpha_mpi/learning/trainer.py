@@ -37,6 +37,7 @@ class TrainConfig:
     adopt_contract: bool = False
     resume_from: str | None = None
     adopt_lr: bool = False
+    model: str | None = None  # "module:factory" (alpha_mpi.learning.model_from_spec); None: the built-in MLP
 
 
 def digest(params: np.ndarray) -> str:
@@ -69,7 +70,12 @@ class StopFlag:
 
 def build(comm, cfg: TrainConfig):
     data = load_npz(cfg.data) if cfg.data else synthetic(cfg.seed)
-    model = MLP(data.inputs, cfg.hidden, data.classes)
+    if cfg.model:  # a user's model: a Model or an nn.Module (summed cross-entropy, binary64)
+        from .protocol import model_from_spec
+
+        model = model_from_spec(cfg.model, data.inputs, data.classes)
+    else:
+        model = MLP(data.inputs, cfg.hidden, data.classes)
     learner = DataParallelLearner(
         comm, model, slots=cfg.slots, topology=cfg.topology, optimizer=cfg.optimizer, lr=cfg.lr,
         momentum=cfg.momentum, partition=cfg.partition, seed=cfg.seed, timeout=cfg.timeout,
@@ -137,7 +143,8 @@ def train(comm, cfg: TrainConfig, out=print) -> dict:
         if ckpt:
             ckpt.close()
     params = learner.final_params()
-    acc = float(np.mean(model.predict(params, data.X_eval) == data.y_eval))
+    predict = getattr(model, "predict", None)  # optional in the Model protocol
+    acc = float(np.mean(predict(params, data.X_eval) == data.y_eval)) if predict else float("nan")
     result = {
         "steps": learner.step, "loss": float(loss) if learner.step > start_step else None, "accuracy": acc, "digest": digest(params),
         "order_id": learner.order_id, "preempted": preempted, "memory": mem, "config": asdict(cfg),

@@ -52,6 +52,11 @@ def parser():
                    help="shard optimizer state, gradients or parameters (all bit-identical; default none)")
     p.add_argument("--seed", type=_at_least(0), default=0)
     p.add_argument("--hidden", type=_at_least(1), default=700, help="hidden units (default 700: about 1e5 parameters)")
+    p.add_argument("--model", default=None, metavar="MODULE:FACTORY",
+                   help="your own model: MODULE importable from the working directory or PYTHONPATH, "
+                        "FACTORY(inputs, classes) returning an alpha_mpi.learning.Model or a torch.nn.Module "
+                        "((batch, inputs) -> (batch, classes) logits, summed cross-entropy, binary64); "
+                        "default: the built-in MLP (--hidden)")
     p.add_argument("--data", default=None, help="an .npz with X (n, d) and y (n,) instead of the synthetic task")
     p.add_argument("--log-every", type=_at_least(1), default=10)
     p.add_argument("--timeout", type=_real(0.0), default=None, help="seconds a rank waits for a peer (default ALPHA_MPI_TIMEOUT or 30)")
@@ -97,7 +102,7 @@ def run(argv) -> int:
         topology=a.topology, partition=a.partition, seed=a.seed, hidden=a.hidden, data=a.data,
         log_every=a.log_every, checkpoint_dir=a.checkpoint_dir, checkpoint_every=a.checkpoint_every,
         resume=a.resume, timeout=a.timeout, adopt_contract=a.adopt_contract,
-        resume_from=a.resume_from, adopt_lr=a.adopt_lr,
+        resume_from=a.resume_from, adopt_lr=a.adopt_lr, model=a.model,
     )
     comm = MPI.COMM_WORLD
     result = train(comm, cfg, out=lambda s: print(s, flush=True))

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Docs stage: builds the API reference (mkdocs.yml, docs/) with `mkdocs build --strict`, so a
+# warning (a broken reference, a docstring griffe cannot read) fails the build. Installs the
+# `docs` extra's packages (pyproject.toml) in its own venv; the package itself is read from the
+# sources (mkdocstrings/griffe, no import), so neither the kernel nor MPI is needed.
+#
+#   .ci/docs.sh                        # builds into site/
+#   DOCS_VENV=/tmp/docs .ci/docs.sh    # reuse a venv between runs
+set -uo pipefail
+cd "$(dirname "$0")/.."
+VENV=${DOCS_VENV:-$(mktemp -d)/docs}
+if [ ! -x "$VENV/bin/mkdocs" ]; then
+  # The docs extra, read from pyproject.toml (one list of versions).
+  mapfile -t REQS < <(python3 - <<'PY'
+import re
+text = open("pyproject.toml").read()
+m = re.search(r'^docs\s*=\s*\[(.*?)\]', text, re.M | re.S)
+print("\n".join(re.findall(r'"([^"]+)"', m.group(1))) if m else "")
+PY
+)
+  [ "${#REQS[@]}" -gt 0 ] && [ -n "${REQS[0]}" ] || { echo "!! no docs extra in pyproject.toml"; exit 1; }
+  python3 -m venv "$VENV" && "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${REQS[@]}" \
+    || { echo "!! could not install the docs packages: ${REQS[*]}"; exit 1; }
+fi
+echo "== mkdocs build --strict"
+if NO_MKDOCS_2_WARNING=1 "$VENV/bin/mkdocs" build --strict --site-dir "${DOCS_SITE:-site}"; then
+  echo "== docs passed"
+else
+  echo "== docs FAILED"; exit 1
+fi

@@ -11,6 +11,8 @@ from collections import Counter
 from ..refusals import ModelRefusal
 from .tree import leaf_sequence
 
+__all__ = ["OrderedMembers", "ParticipantGroup", "default_coverage", "check_coverage"]
+
 
 def _as_slots(members, what):
     try:
@@ -33,6 +35,7 @@ class OrderedMembers:
             raise ModelRefusal("coverage-invalid", f"OrderedMembers lists slots {dup[:5]} twice")
 
     def key(self) -> str:
+        """Canonical text form (what plan digests include)."""
         return "ordered:" + ",".join(map(str, self.members))
 
     def __repr__(self):
@@ -54,6 +57,7 @@ class ParticipantGroup:
         self.members = frozenset(_as_slots(members, "ParticipantGroup"))
 
     def key(self) -> str:
+        """Canonical text form (what plan digests include)."""
         return "group:" + ",".join(map(str, sorted(self.members)))
 
     def __repr__(self):

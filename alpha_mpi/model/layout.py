@@ -9,8 +9,19 @@ from __future__ import annotations
 
 from ..refusals import ModelRefusal
 
+__all__ = ["Layout", "as_layout"]
+
 
 class Layout:
+    """The named binary64 components of one payload, in the order they travel.
+
+    `Layout(("numerator", 1000), ("mass", 1))` (or one list of such pairs): each component a
+    (identifier, element count >= 1) pair, each name once. `Layout.vector(n)` is one component
+    `x`; `Layout.weighted(n)` is `numerator[n]` + `mass[1]`. Attributes: `components` (the
+    pairs), `offsets` (name -> (start, end) in the flat payload), `total` (elements), `nbytes`.
+    Immutable, hashable, equal by components. Refuses anything else with `layout-invalid`.
+    """
+
     __slots__ = ("components", "total", "offsets")
 
     def __init__(self, *components):
@@ -47,6 +58,7 @@ class Layout:
 
     @classmethod
     def vector(cls, n: int) -> "Layout":
+        """One component `x` of n coordinates."""
         return cls(("x", n))
 
     @classmethod
@@ -56,9 +68,11 @@ class Layout:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of one payload (8 per binary64 element)."""
         return 8 * self.total
 
     def key(self) -> str:
+        """Canonical text form, `name:count,...` (what plan and frame digests include)."""
         return ",".join(f"{n}:{c}" for n, c in self.components)
 
     def __repr__(self):
@@ -72,6 +86,7 @@ class Layout:
 
 
 def as_layout(layout) -> Layout:
+    """`layout` itself, or `Layout.vector(n)` for an element count n; refuses anything else."""
     if isinstance(layout, Layout):
         return layout
     if isinstance(layout, int) and not isinstance(layout, bool):

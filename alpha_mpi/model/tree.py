@@ -19,6 +19,9 @@ import struct
 
 from ..refusals import ModelRefusal
 
+__all__ = ["OPERATION", "Node", "Leaf", "Branch", "postorder", "leaf_sequence", "expression", "owners"]
+
+#: The one operation a branch performs (part of every order digest).
 OPERATION = b"add-binary64-nearest-even"
 _ORDER_TAG = b"alpha-mpi/order/v1\0"
 _TREE_TAG = b"alpha-mpi/tree/v1\0"
@@ -34,6 +37,12 @@ def _check_index(value, what: str, code: str) -> int:
 
 
 class Node:
+    """A node of a combine tree: a `Leaf` or a `Branch` (never built directly).
+
+    Attributes: `owner` (the rank that holds or evaluates it), `leaves` (leaf count), `depth`;
+    `order_id` and `identity` (see below). Immutable; equal and hashed by placed digest.
+    """
+
     __slots__ = ("owner", "_order", "_placed", "leaves", "depth")
 
     def __eq__(self, other):
@@ -142,4 +151,5 @@ def expression(root: Node, placed: bool = False) -> str:
 
 
 def owners(root: Node) -> set:
+    """The ranks that own a node of the tree."""
     return {n.owner for n in postorder(root)}

@@ -36,6 +36,25 @@ _LAZY = {
 }
 
 
+#: The public names: the eager ones above, then the lazy ones (`dir(alpha_mpi)` lists both).
+__all__ = [
+    "Branch",
+    "DeliverTo",
+    "Layout",
+    "Leaf",
+    "OrderedMembers",
+    "ParticipantGroup",
+    "ReplicateAll",
+    "hierarchy",
+    "star",
+    "plan",
+    "plan_assembly",
+    "simulate",
+    "Refusal",
+    *_LAZY,
+]
+
+
 def __getattr__(name):
     target = _LAZY.get(name)
     if target is None:
@@ -44,3 +63,7 @@ def __getattr__(name):
 
     module = importlib.import_module(target, __name__)
     return getattr(module, name)
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

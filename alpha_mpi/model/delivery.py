@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from ..refusals import ModelRefusal
 
+__all__ = ["ReplicateAll", "DeliverTo", "check_delivery"]
+
 
 class ReplicateAll:
     """Send the result back down the tree so every owner in the tree holds it."""
 
     def key(self) -> str:
+        """Canonical text form (what plan digests include)."""
         return "replicate-all"
 
     def __repr__(self):
@@ -33,6 +36,7 @@ class DeliverTo:
         self.target = target
 
     def key(self) -> str:
+        """Canonical text form (what plan digests include)."""
         return f"deliver-to:{self.target}"
 
     def __repr__(self):
@@ -46,5 +50,6 @@ class DeliverTo:
 
 
 def check_delivery(delivery) -> None:
+    """Refuse (`delivery-invalid`) anything but a delivery of this module."""
     if not isinstance(delivery, (ReplicateAll, DeliverTo)):
         raise ModelRefusal("delivery-invalid", f"unknown delivery {delivery!r}")

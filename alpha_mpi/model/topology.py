@@ -12,6 +12,17 @@ from collections.abc import Mapping
 from ..refusals import ModelRefusal
 from .tree import Branch, Leaf, Node, leaf_sequence
 
+__all__ = [
+    "block_owners",
+    "placement",
+    "star",
+    "hierarchy",
+    "parse_topology",
+    "build",
+    "heap_preorder",
+    "classify",
+]
+
 
 def _slots(slots) -> list:
     if isinstance(slots, int) and not isinstance(slots, bool):
@@ -104,6 +115,7 @@ def parse_topology(text: str):
 
 
 def build(topology: str, slots, owners=None) -> Node:
+    """The tree a topology string names (parse_topology) over `slots`, placed by `owners`."""
     kind, arg = parse_topology(topology)
     if kind == "star":
         return star(slots, owners, hub=arg)

@@ -8,6 +8,19 @@ exceptions say the same thing.
 
 from __future__ import annotations
 
+__all__ = [
+    "ADVICE",
+    "Refusal",
+    "ModelRefusal",
+    "PlanRefusal",
+    "KernelRefusal",
+    "FrameRefusal",
+    "PeerTimeout",
+    "NumericalProfileMismatch",
+    "NumericalOrderMismatch",
+    "CheckpointRefusal",
+]
+
 ADVICE: dict[str, str] = {
     # model / coverage
     "tree-malformed": "build trees from Leaf and Branch only (or the star/hierarchy builders)",
@@ -138,11 +151,15 @@ class PeerTimeout(Refusal):
 
 
 class NumericalProfileMismatch(Refusal):
+    """A peer, checkpoint or plan whose numerical profile (formats, rounding, subnormals, exceptional values, conversions) differ from ours."""
+
     def __init__(self, message: str, **context):
         super().__init__("numerical-profile-mismatch", message, **context)
 
 
 class NumericalOrderMismatch(Refusal):
+    """A peer, checkpoint or plan whose numerical operations (combine order id, formula ids and texts) differ from ours."""
+
     def __init__(self, message: str, **context):
         super().__init__("numerical-order-mismatch", message, **context)
 

@@ -14,7 +14,18 @@ import numpy as np
 from .. import oracle
 from ..refusals import Refusal
 
+__all__ = [
+    "INFINITE_ULP",
+    "OracleMismatch",
+    "ulp_distance",
+    "differences",
+    "component_names",
+    "compare",
+    "check_against_oracle",
+]
+
 _MAG = np.uint64(0x7FFFFFFFFFFFFFFF)
+#: The ulp distance reported when either side is non-finite.
 INFINITE_ULP = 1 << 64
 
 

@@ -28,6 +28,20 @@ import numpy as np
 
 from alpha_mpi._kernel_build import BASE_CFLAGS, build_id
 
+__all__ = [
+    "N_DEFAULT",
+    "APT_PACKAGES",
+    "toolchain",
+    "base_cflags",
+    "kernel_build_id",
+    "build_commands",
+    "build_all",
+    "run_driver",
+    "read_sections",
+    "compare",
+    "run_conformance",
+]
+
 ROOT = Path(__file__).resolve().parents[1]
 CSRC = ROOT / "csrc"
 DRIVER = CSRC / "conformance_driver.c"
@@ -71,6 +85,7 @@ def toolchain():
 
 
 def with_contract(flags, mode):
+    """`flags` with -ffp-contract set to `mode` (the FMA negative control uses `fast`)."""
     return [f for f in flags if not f.startswith("-ffp-contract")] + [f"-ffp-contract={mode}"]
 
 
@@ -109,6 +124,7 @@ def build_commands(tools, workdir, flags):
 
 
 def build_all(tools, workdir, flags, names=None):
+    """Compile the drivers `names` (default: all) in parallel; name -> executable path."""
     cmds = build_commands(tools, workdir, flags)
     names = list(cmds) if names is None else names
     procs = {
@@ -123,6 +139,7 @@ def build_all(tools, workdir, flags, names=None):
 
 
 def run_driver(tools, name, exe, workdir, n=N_DEFAULT, seed=20240601):
+    """Run one driver (AArch64 ones under qemu) over n generated elements; its output path."""
     out = Path(workdir) / f"out_{name}.bin"
     cmd = [str(exe), str(out), str(n), str(seed)]
     if name.startswith("aarch64"):

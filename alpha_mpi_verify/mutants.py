@@ -76,6 +76,7 @@ class Mutant:
         return {s: self._transform(s, flatten(v)) for s, v in mine.items()}
 
     def data(self, data: dict) -> dict:
+        """`data` (slot -> payload) as this mutant feeds it to the executor."""
         return {s: self._transform(s, flatten(v)) for s, v in data.items()}
 
     def expected(self, data: dict) -> list:
@@ -83,14 +84,17 @@ class Mutant:
         return oracle.evaluate(self.tree, {s: v.tolist() for s, v in self.data(data).items()})
 
     def declared_result(self, data: dict) -> list:
+        """The oracle's value of the DECLARED tree over `data`."""
         return oracle.evaluate(self.declared.tree, {s: flatten(v).tolist() for s, v in data.items()})
 
     def observable_coordinates(self, data: dict) -> list:
+        """Coordinates where the mutant's bits differ from the declared order's on `data`."""
         a = np.asarray(self.expected(data), dtype=np.float64).view(np.uint64)
         b = np.asarray(self.declared_result(data), dtype=np.float64).view(np.uint64)
         return np.nonzero(a != b)[0].tolist()
 
     def require_observable(self, data: dict) -> list:
+        """`observable_coordinates(data)`, refusing (`mutant-unobservable`) when there are none."""
         coords = self.observable_coordinates(data)
         if not coords:
             raise Refusal(
@@ -103,6 +107,7 @@ class Mutant:
 
 
 def flatten(value) -> np.ndarray:
+    """A payload (an array, or a tuple of component arrays) as one float64 vector."""
     if isinstance(value, tuple):
         return np.concatenate([np.ravel(np.asarray(p, dtype=np.float64)) for p in value])
     return np.ascontiguousarray(value, dtype=np.float64).reshape(-1)

@@ -79,6 +79,9 @@ def kernel_tree(tree, leaves: dict) -> np.ndarray:
 
 @dataclass(frozen=True)
 class ConformanceSuite:
+    """A registered suite: seeded data over 2..max_slots slots (`sample`, `case`) and the
+    conversion sequence it measures; `run_case(i)` runs case i on the kernel and the oracle."""
+
     name: str
     size: int  # cases
     seed: int
@@ -161,6 +164,7 @@ def kernel_build_id() -> str:
 
 
 def suite(name: str) -> ConformanceSuite:
+    """The registered suite `name`; refuses an unknown one (`conformance-suite-unknown`)."""
     s = SUITES.get(name)
     if s is None:
         raise ContractRefusal(

@@ -50,6 +50,7 @@ class ContractCombiner:
 
     @property
     def step(self) -> int:
+        """The Combiner's step counter (runs completed)."""
         return self.combiner.step
 
     def _flat(self, value):
@@ -92,4 +93,5 @@ class ContractCombiner:
             raise
 
     def free(self) -> None:
+        """Release the Combiner's communicator and requests (collective)."""
         self.combiner.free()

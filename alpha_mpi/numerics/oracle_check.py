@@ -37,6 +37,7 @@ class OracleMismatch(Refusal):
 
     @property
     def coordinates(self) -> list:
+        """The coordinates whose bits differ (or lie outside the tolerance)."""
         return self.context.get("coordinates", [])
 
 

@@ -139,7 +139,7 @@ def build_all(tools, workdir, flags, names=None):
 
 
 def run_driver(tools, name, exe, workdir, n=N_DEFAULT, seed=20240601):
-    """Run one driver (AArch64 ones under qemu) over n generated elements; its output path."""
+    """Run one driver (AArch64 ones under qemu) over n generated elements; its sections."""
     out = Path(workdir) / f"out_{name}.bin"
     cmd = [str(exe), str(out), str(n), str(seed)]
     if name.startswith("aarch64"):

@@ -76,8 +76,8 @@ FORBIDDEN_PREFIXES = ("-mlow-precision-", "-mrecip=", "-ffp-contract=fast", "-ff
 _HERE = Path(__file__).resolve().parent
 ROOT = _HERE.parent
 CSRC = ROOT / "csrc"
-KERNEL_SOURCES = ("alpha_kernel.c",)
-KERNEL_HEADERS = ("alpha_kernel.h",)
+KERNEL_SOURCES = ("alpha_kernel.c", "pairwise.c")
+KERNEL_HEADERS = ("alpha_kernel.h", "pairwise.h")
 
 
 def _refusal(message: str, **context) -> Exception:
@@ -194,6 +194,20 @@ const char *ak_compiler(void);
 const char *ak_arch(void);
 const char *ak_build_flags(void);
 const char *ak_build_id(void);
+
+#define AP_BLOCK ...
+#define AP_CAPACITY ...
+#define AP_MAX_K ...
+#define AP_ERR_OVERFLOW ...
+#define AP_ERR_INVALID ...
+#define AP_ERR_BAD_ARGUMENT ...
+int64_t ap_summary(const double *const *xs, const double *const *ys, int32_t k,
+                   int64_t offset, int64_t len, int64_t n, int64_t *out, int64_t cap,
+                   int32_t *nonfinite);
+int64_t ap_merge(const int64_t *a, int64_t ma, const int64_t *b, int64_t mb, int64_t *out,
+                 int64_t cap, int64_t n, int32_t k);
+int ap_node_value(const double *x, const double *y, int64_t lo, int64_t hi, int64_t n,
+                  double *value);
 """
 
 
@@ -210,6 +224,7 @@ def make_ffi(flags=None):
     ffi.set_source(
         "alpha_mpi._alpha_kernel",
         '#include "alpha_kernel.h"\n'
+        '#include "pairwise.h"\n'
         f"const char *ak_build_flags(void) {{ return {_c_string(' '.join(flags))}; }}\n"
         f"const char *ak_build_id(void) {{ return {_c_string(bid)}; }}\n",
         sources=[_source_path(s) for s in KERNEL_SOURCES],

@@ -71,6 +71,13 @@ ADVICE: dict[str, str] = {
     "peer-failed": "another rank refused or crashed; see that rank's error",
     "executor-reentrant": "wait for one combine to finish before starting another on the same plan",
     "combiner-broken": "this combiner refused earlier and its channel may hold stale frames; build a new one on every rank",
+    # distributed arrays (alpha_mpi.arrays)
+    "array-block-invalid": "pass this rank's block as a 1-D float64 array x (and y of the same length) with integers 0 <= offset, offset + len(x) <= n",
+    "array-batch-invalid": "pass dots() a list of 1..4096 (x, y) pairs of blocks, the same number on every rank",
+    "array-length-mismatch": "every rank must pass the same global length n",
+    "array-coverage-hole": "the ranks' blocks must cover [0, n) without a gap (empty blocks are fine); check each rank's offset and length",
+    "array-coverage-overlap": "each global index must belong to exactly one rank's block; check each rank's offset and length",
+    "array-channel-broken": "an earlier array reduction on this communicator timed out or failed mid-exchange and frames may still be in flight; call alpha_mpi.arrays.reset(comm) on every rank, or restart the job",
     # contracts
     "numerical-profile-mismatch": "both sides must use the same numerical profile; adopt the new contract explicitly",
     "numerical-order-mismatch": "both sides must use the same operation order (tree order id, optimizer formula)",

@@ -1,0 +1,17 @@
+"""Decomposition-independent reductions of distributed float64 vectors (for solvers).
+
+    from alpha_mpi import arrays
+    r = arrays.dot(comm, x_local, y_local, offset, n)      # the same float on every rank
+
+`x_local` is this rank's contiguous block [offset, offset + len) of a global vector of length
+n; blocks are disjoint and cover [0, n), any sizes, any order, empty blocks allowed. The result
+is the pairwise binary tree over the global indices (csrc/pairwise.h), so its bits depend on
+the data and n only: 1, 2, 3 or 1000 ranks, even or uneven blocks, all give the same bits.
+
+- `sum`, `dot`, `norm2`, `dots` (k inner products in one exchange): alpha_mpi.arrays.api
+- the tree, the exchange schedule and the coverage verdicts, as pure functions: .tree
+- the exchange over MPI (point-to-point frames, bounded waits): .exchange
+"""
+
+from .api import dot, dots, norm2, reset, sum  # noqa: F401,A004
+from .tree import schedule, simulate, summary_ranges  # noqa: F401

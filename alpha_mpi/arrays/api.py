@@ -1,0 +1,209 @@
+"""sum, dot, norm2 and dots of distributed float64 vectors: the pairwise tree over global indices.
+
+Every function is collective over `comm`: every rank calls it, in the same order, with its own
+contiguous block `x` = elements [offset, offset + len(x)) of one global vector of length n.
+The blocks must be disjoint and cover [0, n) (empty blocks are fine; any rank order). Every
+rank gets the same Python float, and its bits depend only on the data and n: never on the
+number of ranks nor on where the blocks begin and end.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+
+import numpy as np
+
+from ..execution.transport import timeout_from_env
+from ..kernel import ffi, lib
+from ..refusals import PlanRefusal, Refusal
+from . import tree as T
+from .exchange import Channel
+
+__all__ = ["sum", "dot", "norm2", "dots", "reset"]
+
+_F64 = np.dtype(np.float64)
+_DARR = ffi.typeof("double[]")
+_CHANNELS: dict = {}
+_MAX_N = 1 << 62
+
+
+def sum(comm, x, offset, n, *, timeout=None) -> float:  # noqa: A001 - the natural name
+    """Σ x_i over the global vector (the pairwise tree over [0, n)); the same float on every rank."""
+    return _reduce(comm, "sum", (x,), None, offset, n, timeout)[0]
+
+
+def dot(comm, x, y, offset, n, *, timeout=None) -> float:
+    """Σ x_i·y_i over the global vectors: each product rounded once (no FMA), then the pairwise
+    tree over [0, n). x and y are this rank's blocks of one length."""
+    return _reduce(comm, "dot", (x,), (y,), offset, n, timeout)[0]
+
+
+def norm2(comm, x, offset, n, *, timeout=None) -> float:
+    """sqrt(Σ x_i·x_i): the pairwise tree of the squares, then one correctly rounded square
+    root. No scaling: |x_i| above ~1e154 overflows and is refused (non-finite-combined)."""
+    return math.sqrt(_reduce(comm, "norm2", (x,), (x,), offset, n, timeout)[0])
+
+
+def dots(comm, pairs, offset, n, *, timeout=None) -> list:
+    """[dot(x, y) for (x, y) in pairs] in one exchange (one latency for k inner products), the
+    same bits as k calls of dot. Every pair is a block of the same [offset, offset + len)."""
+    try:
+        pairs = list(pairs)
+        if not 1 <= len(pairs) <= T.MAX_BATCH or not all(isinstance(p, (tuple, list)) and len(p) == 2 for p in pairs):
+            raise TypeError
+    except TypeError:
+        return _reduce(comm, "dot", None, None, offset, n, timeout, bad_batch=pairs)
+    return _reduce(comm, "dot", tuple(p[0] for p in pairs), tuple(p[1] for p in pairs), offset, n, timeout)
+
+
+def reset(comm) -> None:
+    """Forget alpha_mpi.arrays' duplicate of `comm` (after a peer-timeout left it broken).
+    Collective: call it on every rank; the next reduction duplicates `comm` again."""
+    ch = _CHANNELS.pop(comm.py2f(), None)
+    if ch is not None:
+        ch.free()
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def _channel(comm) -> Channel:
+    key = comm.py2f()
+    ch = _CHANNELS.get(key)
+    if ch is None:
+        ch = _CHANNELS[key] = Channel(comm)
+    if ch.broken is not None:
+        raise Refusal("array-channel-broken", f"an earlier array reduction on this communicator ended with [{ch.broken}]")
+    return ch
+
+
+def _block(a, what: str, op: str):
+    if type(a) is np.ndarray and a.dtype == _F64 and a.ndim == 1:
+        return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+    if not isinstance(a, np.ndarray):
+        raise Refusal("dtype-invalid", f"{op}: {what} is a {type(a).__name__}, expected a numpy float64 array")
+    if a.dtype != _F64:
+        raise Refusal("dtype-invalid", f"{op}: {what} is {a.dtype}, expected native float64 "
+                      "(binary32 widens exactly: x.astype(np.float64))")
+    raise Refusal("array-block-invalid", f"{op}: {what} has shape {a.shape}, expected a 1-D block")
+
+
+def _inputs(op, xs, ys, offset, n):
+    """Checked (xs, ys, length, offset, n); raises the rank's own refusal."""
+    xs = tuple(_block(a, f"x[{j}]" if len(xs) > 1 else "x", op) for j, a in enumerate(xs))
+    if ys is not None and op != "norm2":
+        ys = tuple(_block(a, f"y[{j}]" if len(ys) > 1 else "y", op) for j, a in enumerate(ys))
+    elif ys is not None:
+        ys = xs
+    length = xs[0].shape[0]
+    for name, group in (("x", xs), ("y", ys or ())):
+        for j, a in enumerate(group):
+            if a.shape[0] != length:
+                raise Refusal("array-block-invalid", f"{op}: {name}[{j}] has {a.shape[0]} elements, x[0] has "
+                              f"{length}; every block of one call covers the same [offset, offset + len)")
+    try:
+        offset, n = operator.index(offset), operator.index(n)
+    except TypeError:
+        raise Refusal("array-block-invalid", f"{op}: offset and n must be integers, got {offset!r} and {n!r}") from None
+    if not (0 <= offset and offset + length <= n < _MAX_N):
+        raise Refusal("array-block-invalid", f"{op}: this rank's block [{offset}, {offset + length}) is not inside "
+                      f"[0, {n}) (expected 0 <= offset, offset + len(x) <= n < 2^62)")
+    return xs, ys, length, offset, n
+
+
+def _reduce(comm, op, xs, ys, offset, n, timeout, bad_batch=None):
+    ch = _channel(comm)
+    k = len(xs) if xs is not None else 1
+    err, status, detail = None, T.STATUS_OK, ""
+    ch.call_timeout = ch.timeout
+    try:
+        if timeout is not None:
+            ch.call_timeout = timeout_from_env(timeout)
+        if bad_batch is not None:
+            raise Refusal("array-batch-invalid", f"dots: expected a list of 1..{T.MAX_BATCH} (x, y) pairs, got "
+                          f"{type(bad_batch).__name__} {bad_batch!r:.60}")
+        xs, ys, length, offset, n = _inputs(op, xs, ys, offset, n)
+    except Refusal as e:
+        err = e
+        status = T.STATUS_REFUSED + (T.LOCAL_CODES.index(e.code) if e.code in T.LOCAL_CODES else len(T.LOCAL_CODES))
+    ex = ch.exchange(op, k)
+    m = 0
+    if err is None:
+        held = [ffi.from_buffer(_DARR, a) for a in xs]
+        px = ex.xs_ptrs
+        for j in range(k):
+            px[j] = held[j]
+        py = ffi.NULL
+        if ys is not None:
+            held_y = held if ys is xs else [ffi.from_buffer(_DARR, a) for a in ys]
+            py = ex.ys_ptrs
+            for j in range(k):
+                py[j] = held_y[j]
+        m = lib.ap_summary(px, py, k, offset, length, n, ex.state[0], T.CAPACITY, ex.nonfinite)
+        if m < 0:
+            raise PlanRefusal("plan-simulation-failed", f"{op}: the kernel refused a checked block (status {m})")
+        if ex.nonfinite[0]:
+            detail = _first_nonfinite(xs, ys, offset, length)
+            if detail:
+                status = T.STATUS_NONFINITE
+        row = (offset, length, n, status)
+    else:
+        row, n = (0, 0, 0, status), 0
+    try:
+        m = ex.run(row, m, n)
+        if err is not None:
+            raise err
+        ex = _verdict(ch, ex, op, k, m, row, n, detail)
+    finally:
+        ch.step += 1
+    values = ex.root_values.tolist() if n else [0.0] * k
+    for v in values:
+        if not math.isfinite(v):
+            raise Refusal("non-finite-combined", f"{op}: the result is {v} although every input is finite "
+                          "(a product or a partial sum overflowed); nothing was reduced")
+    return values
+
+
+def _verdict(ch, ex, op, k, m_local, row, n, detail):
+    """Refuse by name (the same on every rank) or return the exchange whose state is the root."""
+    if ex.frame_error is not None:
+        raise ex.frame_error
+    tb = ex.table.tobytes()
+    if tb != ex.valid:
+        rows = ex.rows()
+        try:
+            T.check_rows(rows, op)
+        except Refusal as e:
+            if e.code == "non-finite-contribution" and detail:
+                raise Refusal(e.code, f"{op}: this rank ({ch.rank}) holds {detail}; {e.message}", **e.context) from None
+            raise
+        ex.valid, ex.valid_order = tb, (None if T.in_rank_order(rows) else T.sorted_order(rows))
+    if ex.valid_order is not None:  # out of rank order: every rank runs the sorted exchange
+        ex2 = ch.exchange(op, k, ex.valid_order)
+        ex2.copy_local_from(ex, int(ex.swords[0][0]) if ex.rounds else 0)
+        ex2.run(row, int(ex.swords[0][0]) if ex.rounds else 0, n)
+        if ex2.frame_error is not None:
+            raise ex2.frame_error
+        tb2 = ex2.table.tobytes()
+        if tb2 != ex2.valid:
+            T.check_rows(ex2.rows(), op)
+            ex2.valid, ex2.valid_order = tb2, None
+        ex = ex2
+    final = ex.final
+    if ex.flags or not ((final[0] == 1 and final[2] == 0 and final[3] == n) or (n == 0 and final[0] == 0)):
+        raise PlanRefusal("plan-simulation-failed", f"{op}: the blocks cover [0, {n}) but the merged summary is "
+                          f"{int(final[0])} records (flags {ex.flags}), not the root")
+    return ex
+
+
+def _first_nonfinite(xs, ys, offset, length) -> str:
+    """'x[i] = nan' for the first NaN/Inf among this rank's inputs, or '' (then a product or
+    partial sum overflowed from finite inputs)."""
+    for name, group in (("x", xs), ("y", ys if ys is not None and ys is not xs else ())):
+        for j, a in enumerate(group):
+            i = lib.ak_first_nonfinite(ffi.from_buffer(_DARR, a), length)
+            if i >= 0:
+                label = name if len(group) == 1 else f"{name}[{j}]"
+                return f"{label}[{i}] = {float(a[i])!r} (global index {offset + i})"
+    return ""

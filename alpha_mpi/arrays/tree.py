@@ -1,0 +1,251 @@
+"""The pairwise tree over global indices and the summary exchange, as pure functions.
+
+Nothing here needs MPI, numpy or the kernel: every rank computes the same schedule from the
+communicator size alone, and a test can print, check and simulate it in one process.
+
+The tree (written down once, in csrc/pairwise.h): node [lo, hi) splits at
+lo + 2^floor(log2(hi - lo - 1)); the root is [0, n). A rank's block [offset, offset + len)
+becomes a *summary*: the maximal nodes inside the block, each with its value. Summaries of
+adjacent blocks merge by joining sibling nodes, so any way of cutting [0, n) into blocks ends
+in the same root value, bit for bit.
+
+The exchange is a dissemination allgather over ranks (Bruck's index rotation): in round i
+(d = 2^i) rank r sends its merged state to r - d and receives from r + d (mod p). After round i
+rank r holds the coverage rows of ranks r .. r + min(2^(i+1), p) - 1 and the merged summary of
+their blocks; after ceil(log2 p) rounds every rank holds every row and the root. Any p, one
+send and one receive per round. Where p is not a power of two the last round brings some
+blocks twice; merging a node with itself keeps it once, so that is harmless. A frame carries
+a fixed number of rows (the new ones only) and a fixed summary capacity, so every receive has
+one exact size that depends on p, the round and the batch size only, never on the data.
+
+Capacity: the blocks of ranks r .. r + g - 1 (mod p) form at most two runs of [0, n) when the
+non-empty blocks are in rank order, and two runs have at most 2 * 64 + 1 maximal nodes. When
+they are not in rank order, the coverage rows (which every rank has after the first exchange)
+say so on every rank alike, and every rank then runs a second exchange over the ranks sorted
+by offset (`sorted_order`), which again has at most two runs per window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..refusals import PlanRefusal, Refusal
+
+CAPACITY = 132  # records per summary; csrc/pairwise.h AP_CAPACITY (checked when the kernel loads)
+ROW_WORDS = 4  # a coverage row: offset, len, n, status (int64 each)
+HEAD_WORDS = 2  # a payload starts with: record count, flags
+MAX_BATCH = 4096  # csrc/pairwise.h AP_MAX_K
+
+# Row status. A rank that refuses its own inputs still takes part in the exchange with a
+# refused row, so that no peer waits for it and every rank can name it.
+STATUS_OK = 0
+STATUS_NONFINITE = 1  # a NaN or Inf among this rank's inputs
+STATUS_BROKEN = 2  # this row did not arrive intact (written by the rank that got a bad frame)
+STATUS_REFUSED = 16  # + index in LOCAL_CODES: the rank refused its inputs with that code
+LOCAL_CODES = ("dtype-invalid", "array-block-invalid", "array-batch-invalid", "kernel-bad-argument", "usage")
+
+# Payload flags word (OR-ed along the exchange).
+FLAG_OVERFLOW = 1  # a merge had more nodes than CAPACITY (possible only out of rank order)
+FLAG_INVALID = 2  # a merge met partially overlapping nodes (overlapping blocks, another n)
+
+
+# ----------------------------------------------------------------------------- the tree
+
+
+def split(lo: int, hi: int) -> int:
+    """Where the node [lo, hi) (hi - lo >= 2) splits: lo + the largest power of two < size."""
+    return lo + (1 << ((hi - lo - 1).bit_length() - 1))
+
+
+def is_node(lo: int, hi: int, n: int) -> bool:
+    """[lo, hi) is a node of the tree over [0, n)."""
+    if not 0 <= lo < hi <= n:
+        return False
+    size = hi - lo
+    p = 1 << (size - 1).bit_length()  # the smallest power of two >= size
+    return lo % p == 0 and (size == p or hi == n)
+
+
+def blocks(offset: int, length: int, n: int) -> list:
+    """The maximal complete aligned blocks inside [offset, offset + length), left to right
+    (what the C kernel evaluates before merging siblings)."""
+    out, pos, end = [], offset, offset + length
+    while pos < end:
+        size = (pos & -pos) if pos else 1 << (end.bit_length() - 1)
+        while size > end - pos:
+            size >>= 1
+        out.append((pos, pos + size))
+        pos += size
+    return out
+
+
+def merge_ranges(ranges, n: int) -> list:
+    """Node ranges after joining adjacent siblings (the shape of ap_merge's result)."""
+    out: list = []
+    for lo, hi in sorted(ranges, key=lambda r: (r[0], -r[1])):
+        if out and lo < out[-1][1]:
+            if hi <= out[-1][1]:
+                continue
+            raise PlanRefusal("plan-simulation-failed", f"nodes {out[-1]} and {(lo, hi)} overlap partially")
+        out.append((lo, hi))
+        while len(out) >= 2 and out[-2][1] == out[-1][0] and is_node(out[-2][0], out[-1][1], n) \
+                and split(out[-2][0], out[-1][1]) == out[-2][1]:
+            out[-2:] = [(out[-2][0], out[-1][1])]
+    return out
+
+
+def summary_ranges(offset: int, length: int, n: int) -> list:
+    """The node ranges of a block's summary (each one a node; at most 2 * 63 + 1)."""
+    return merge_ranges(blocks(offset, length, n), n)
+
+
+# ----------------------------------------------------------------------------- the exchange
+
+
+def rounds(size: int) -> int:
+    """ceil(log2 size): the number of exchange rounds for `size` ranks."""
+    return (size - 1).bit_length()
+
+
+def rows_in_round(size: int, index: int) -> int:
+    """Coverage rows a frame of round `index` carries: the ones the receiver lacks."""
+    d = 1 << index
+    return min(d, size - d)
+
+
+def frame_words(size: int, index: int, k: int) -> int:
+    """Payload length (8-byte words) of a round-`index` frame for batches of k values."""
+    return HEAD_WORDS + ROW_WORDS * rows_in_round(size, index) + CAPACITY * (2 + k)
+
+
+@dataclass(frozen=True)
+class Round:
+    """One round of one rank: send the state to `send_to`, receive `rows` rows and a summary
+    from `recv_from`. String form: ``R1 >3 <0 g2`` (round 1, to rank 3, from rank 0, 2 rows)."""
+
+    index: int
+    send_to: int
+    recv_from: int
+    rows: int
+
+    def __str__(self) -> str:
+        return f"R{self.index} >{self.send_to} <{self.recv_from} g{self.rows}"
+
+    @staticmethod
+    def parse(text: str) -> "Round":
+        try:
+            r, s, v, g = text.split()
+            if r[0] != "R" or s[0] != ">" or v[0] != "<" or g[0] != "g":
+                raise ValueError
+            return Round(int(r[1:]), int(s[1:]), int(v[1:]), int(g[1:]))
+        except (ValueError, IndexError):
+            raise PlanRefusal("step-parse-error", f"cannot read round {text!r} (expected like 'R1 >3 <0 g2')") from None
+
+
+def schedule(size: int, rank: int, order=None) -> tuple:
+    """The rounds of `rank` on `size` ranks. `order` lists the ranks in exchange order (the
+    default is rank order); position v sends to order[v - d] and receives from order[v + d]."""
+    order = tuple(range(size)) if order is None else tuple(order)
+    if sorted(order) != list(range(size)) or not 0 <= rank < size:
+        raise PlanRefusal("plan-rank-mismatch", f"order {order} is not a permutation of ranks 0..{size - 1} containing {rank}")
+    v = order.index(rank)
+    return tuple(
+        Round(i, order[(v - (1 << i)) % size], order[(v + (1 << i)) % size], rows_in_round(size, i))
+        for i in range(rounds(size))
+    )
+
+
+def simulate(size: int, order=None) -> list:
+    """Run the schedules of all ranks on sets (no MPI) and check the protocol: every send has
+    its matching receive in the same round, and every rank ends with every rank's row exactly
+    once and every rank's block. Returns, per rank, the ranks its rows came from in row order
+    (row j = order[v + j]). Raises plan-simulation-failed otherwise."""
+    order = tuple(range(size)) if order is None else tuple(order)
+    plans = [schedule(size, r, order) for r in range(size)]
+    rows = {r: [r] for r in range(size)}  # rotated rows each rank holds
+    blocks_seen = {r: {r} for r in range(size)}
+    for i in range(rounds(size)):
+        sent = {r: (list(rows[r]), set(blocks_seen[r])) for r in range(size)}
+        for r in range(size):
+            step = plans[r][i]
+            back = plans[step.recv_from][i]
+            if back.send_to != r or back.rows != step.rows:
+                raise PlanRefusal("plan-simulation-failed", f"round {i}: rank {r} expects {step}, peer plans {back}")
+            got_rows, got_blocks = sent[step.recv_from]
+            rows[r] += got_rows[: step.rows]
+            blocks_seen[r] |= got_blocks
+    for r in range(size):
+        v = order.index(r)
+        want = [order[(v + j) % size] for j in range(size)]
+        if rows[r] != want or blocks_seen[r] != set(range(size)):
+            raise PlanRefusal("plan-simulation-failed", f"rank {r} ends with rows {rows[r]}, expected {want}")
+    return [rows[r] for r in range(size)]
+
+
+# ----------------------------------------------------------------------------- verdicts
+
+
+@dataclass(frozen=True)
+class Row:
+    """What one rank declared: its block [offset, offset + length) of [0, n), and a status."""
+
+    rank: int
+    offset: int
+    length: int
+    n: int
+    status: int
+
+
+def status_code(status: int) -> str:
+    i = status - STATUS_REFUSED
+    return LOCAL_CODES[i] if 0 <= i < len(LOCAL_CODES) else "peer-failed"
+
+
+def check_rows(rows, what: str) -> None:
+    """Refuse, by name, anything that stops the rows from describing one reduction: a rank that
+    refused its inputs (peer-failed), a row that did not arrive intact (peer-failed), ranks
+    that disagree on n (array-length-mismatch), holes and overlaps (array-coverage-hole,
+    array-coverage-overlap), NaN/Inf inputs (non-finite-contribution). Every rank calls this
+    on the same rows, so every rank raises the same refusal. `rows` are in rank order."""
+    refused = [r for r in rows if r.status >= STATUS_REFUSED]
+    if refused:
+        names = ", ".join(f"rank {r.rank} [{status_code(r.status)}]" for r in refused)
+        raise Refusal("peer-failed", f"{what}: {names} refused its inputs, so nothing was reduced",
+                      ranks=[r.rank for r in refused])
+    broken = [r.rank for r in rows if r.status == STATUS_BROKEN]
+    if broken:
+        raise Refusal("peer-failed", f"{what}: the summaries of ranks {broken} did not arrive intact "
+                      "(a rank that received a bad frame names it)", ranks=broken)
+    ns = sorted({r.n for r in rows})
+    if len(ns) > 1:
+        says = "; ".join(f"n = {v} on ranks {[r.rank for r in rows if r.n == v]}" for v in ns)
+        raise Refusal("array-length-mismatch", f"{what}: the ranks disagree on the global length ({says})", lengths=ns)
+    n = ns[0] if ns else 0
+    pos, owner = 0, None
+    for r in sorted((r for r in rows if r.length), key=lambda r: (r.offset, r.rank)):
+        if r.offset > pos:
+            raise Refusal("array-coverage-hole", f"{what}: no rank holds [{pos}, {r.offset}) of [0, {n}) "
+                          f"(expected a block starting at {pos}; the next one, rank {r.rank}'s, starts at {r.offset})",
+                          hole=(pos, r.offset))
+        if r.offset < pos:
+            raise Refusal("array-coverage-overlap", f"{what}: ranks {owner} and {r.rank} both hold "
+                          f"[{r.offset}, {min(pos, r.offset + r.length)}) of [0, {n})",
+                          ranks=(owner, r.rank), overlap=(r.offset, min(pos, r.offset + r.length)))
+        pos, owner = r.offset + r.length, r.rank
+    if pos < n:
+        raise Refusal("array-coverage-hole", f"{what}: no rank holds [{pos}, {n}) of [0, {n})", hole=(pos, n))
+    bad = [r.rank for r in rows if r.status == STATUS_NONFINITE]
+    if bad:
+        raise Refusal("non-finite-contribution", f"{what}: the blocks of ranks {bad} hold NaN or Inf; nothing was "
+                      "reduced (FiniteOrRefuse)", ranks=bad)
+
+
+def in_rank_order(rows) -> bool:
+    """The non-empty blocks come in rank order (one exchange suffices)."""
+    offsets = [r.offset for r in rows if r.length]
+    return all(a < b for a, b in zip(offsets, offsets[1:]))
+
+
+def sorted_order(rows) -> tuple:
+    """An exchange order with the non-empty blocks in index order (empty blocks last)."""
+    return tuple(r.rank for r in sorted(rows, key=lambda r: (r.length == 0, r.offset, r.rank)))

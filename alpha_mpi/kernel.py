@@ -15,29 +15,17 @@ buffers), checks dtype / contiguity / writeability / length, wraps the buffers w
     kernel-unavailable    the compiled module is missing
 
 Evaluation orders (Adam, SGD, tree programs) are documented once, in csrc/alpha_kernel.h.
+The floating-point environment check and the build identity live in kernel_env.py (re-exported
+here); the compiled module is loaded once, by _kernel_lib.py (`ffi`, `lib`).
 """
 
 from __future__ import annotations
 
-import platform
-
 import numpy as np
 
+from ._kernel_lib import ffi, lib
+from .kernel_env import build_info, fpenv_check, fpenv_state
 from .refusals import KernelRefusal
-
-try:
-    from ._alpha_kernel import ffi, lib
-except ImportError as _exc:  # pragma: no cover - exercised only on a broken install
-    _IMPORT_ERROR = _exc
-
-    class _Missing:
-        def __getattr__(self, name):
-            raise KernelRefusal(
-                "kernel-unavailable",
-                f"the compiled kernel alpha_mpi._alpha_kernel could not be imported ({_IMPORT_ERROR})",
-            )
-
-    ffi = lib = _Missing()
 
 __all__ = [
     "add",
@@ -92,14 +80,20 @@ def _f64(a, name, fn, writable=False):
         pass
     except (ValueError, BufferError, TypeError):
         if isinstance(a, _ND) and writable and not a.flags.writeable:
-            raise KernelRefusal("kernel-bad-argument", f"{fn}: output {name} is read-only", argument=name) from None
+            raise KernelRefusal(
+                "kernel-bad-argument", f"{fn}: output {name} is read-only", argument=name
+            ) from None
         raise KernelRefusal(
             "kernel-bad-argument",
             f"{fn}: {name} must be a C-contiguous array (got strides {getattr(a, 'strides', None)})",
             argument=name,
         ) from None
     if not isinstance(a, _ND):
-        raise KernelRefusal("dtype-invalid", f"{fn}: {name} must be a numpy float64 array, got {type(a).__name__}", argument=name)
+        raise KernelRefusal(
+            "dtype-invalid",
+            f"{fn}: {name} must be a numpy float64 array, got {type(a).__name__}",
+            argument=name,
+        )
     raise KernelRefusal("dtype-invalid", f"{fn}: {name} must be native float64, got {a.dtype}", argument=name)
 
 
@@ -140,14 +134,19 @@ def _program(program):
     try:
         arr = np.asarray(program)
     except (TypeError, ValueError) as exc:
-        raise KernelRefusal("kernel-bad-program", f"a tree program is a sequence of int32, got {program!r}") from exc
+        raise KernelRefusal(
+            "kernel-bad-program", f"a tree program is a sequence of int32, got {program!r}"
+        ) from exc
     if arr.ndim != 1 or arr.size == 0 or arr.dtype.kind not in "iu":
         raise KernelRefusal(
             "kernel-bad-program",
-            f"a tree program is a non-empty 1-D sequence of integers (input index >= 0, -1 = add), got {program!r}",
+            "a tree program is a non-empty 1-D sequence of integers (input index >= 0, -1 = add), "
+            f"got {program!r}",
         )
     if int(arr.min()) < OP_ADD or int(arr.max()) > 2**31 - 1:
-        raise KernelRefusal("kernel-bad-program", f"tree program values must lie in -1 .. 2**31-1, got {program!r}")
+        raise KernelRefusal(
+            "kernel-bad-program", f"tree program values must lie in -1 .. 2**31-1, got {program!r}"
+        )
     return np.ascontiguousarray(arr, dtype=_I32)
 
 
@@ -196,7 +195,9 @@ def _pointer_array(fn, out, inputs):
         buf = _f64(a, f"inputs[{j}]", fn)
         if a.size != n:
             raise KernelRefusal(
-                "kernel-bad-argument", f"{fn}: inputs[{j}] has {a.size} elements, expected {n}", argument=f"inputs[{j}]"
+                "kernel-bad-argument",
+                f"{fn}: inputs[{j}] has {a.size} elements, expected {n}",
+                argument=f"inputs[{j}]",
             )
         keep[j] = buf
         ptrs[j] = buf
@@ -246,12 +247,17 @@ def _update_refusal(fn, st, idx, which, scalars, which_names, arrays, scalar_nam
         name = scalar_names[idx]
         raise KernelRefusal(
             code,
-            f"{fn}: scalar {name} = {scalars[idx]!r} is not finite; expected a finite binary64; state unchanged",
+            f"{fn}: scalar {name} = {scalars[idx]!r} is not finite; expected a finite binary64; "
+            "state unchanged",
             array=name,
             index=None,
         )
     if which == _W_INTERMEDIATE:
-        name = "intermediate (g*g, mhat, vhat, sqrt(vhat)+eps or lr*mhat)" if fn.startswith("adam") else "intermediate (lr*step)"
+        name = (
+            "intermediate (g*g, mhat, vhat, sqrt(vhat)+eps or lr*mhat)"
+            if fn.startswith("adam")
+            else "intermediate (lr*step)"
+        )
         raise KernelRefusal(
             code,
             f"{fn}: {name} at element {idx} is not finite (bias corrections 1-b1t/1-b2t zero? "
@@ -284,16 +290,37 @@ def adam_step(p, m, v, g, p_out, m_out, v_out, *, lr, b1, b2, eps, b1t, b2t, all
     fn = "adam_step"
     n = p.size
     bp, bm, bv, bg = _f64(p, "p", fn), _f64(m, "m", fn), _f64(v, "v", fn), _f64(g, "g", fn)
-    op, om, ov = _f64(p_out, "p_out", fn, True), _f64(m_out, "m_out", fn, True), _f64(v_out, "v_out", fn, True)
-    if not (m.size == n and v.size == n and g.size == n and p_out.size == n and m_out.size == n and v_out.size == n):
-        _same_size(fn, n, (("m", m), ("v", v), ("g", g), ("p_out", p_out), ("m_out", m_out), ("v_out", v_out)))
+    op, om, ov = (
+        _f64(p_out, "p_out", fn, True),
+        _f64(m_out, "m_out", fn, True),
+        _f64(v_out, "v_out", fn, True),
+    )
+    if not (
+        m.size == n
+        and v.size == n
+        and g.size == n
+        and p_out.size == n
+        and m_out.size == n
+        and v_out.size == n
+    ):
+        _same_size(
+            fn, n, (("m", m), ("v", v), ("g", g), ("p_out", p_out), ("m_out", m_out), ("v_out", v_out))
+        )
     idx = ffi.new("int64_t *")
     which = ffi.new("int *")
-    st = lib.ak_adam(bp, bm, bv, bg, op, om, ov, n, lr, b1, b2, eps, b1t, b2t, 1 if allow_inplace else 0, idx, which)
+    st = lib.ak_adam(
+        bp, bm, bv, bg, op, om, ov, n, lr, b1, b2, eps, b1t, b2t, 1 if allow_inplace else 0, idx, which
+    )
     if st:
         _update_refusal(
-            fn, st, idx[0], which[0], (lr, b1, b2, eps, b1t, b2t), _ADAM_WHICH,
-            {"p": p, "m": m, "v": v, "g": g, "p_out": p_out, "m_out": m_out, "v_out": v_out}, _ADAM_SCALARS,
+            fn,
+            st,
+            idx[0],
+            which[0],
+            (lr, b1, b2, eps, b1t, b2t),
+            _ADAM_WHICH,
+            {"p": p, "m": m, "v": v, "g": g, "p_out": p_out, "m_out": m_out, "v_out": v_out},
+            _ADAM_SCALARS,
         )
 
 
@@ -311,8 +338,16 @@ def adam_step_inplace_checked(p, m, v, g, *, lr, b1, b2, eps, b1t, b2t):
     st = lib.ak_adam_inplace_checked(bp, bm, bv, bg, n, lr, b1, b2, eps, b1t, b2t, idx, which)
     if st:
         arrays = {"p": p, "m": m, "v": v, "g": g}
-        _update_refusal(fn, st, idx[0], which[0], (lr, b1, b2, eps, b1t, b2t),
-                        {0: ("p", "p"), 1: ("m", "m"), 2: ("v", "v"), 3: ("g", "g")}, arrays, _ADAM_SCALARS)
+        _update_refusal(
+            fn,
+            st,
+            idx[0],
+            which[0],
+            (lr, b1, b2, eps, b1t, b2t),
+            {0: ("p", "p"), 1: ("m", "m"), 2: ("v", "v"), 3: ("g", "g")},
+            arrays,
+            _ADAM_SCALARS,
+        )
 
 
 def sgd_step(p, buf, g, p_out, buf_out, *, lr, momentum, allow_inplace=False):
@@ -341,8 +376,16 @@ def sgd_step(p, buf, g, p_out, buf_out, *, lr, momentum, allow_inplace=False):
     if st:
         if st == lib.AK_ERR_BAD_ARGUMENT and (buf is None or buf_out is None):
             _bad_argument(fn, f"momentum {momentum!r} != 0 needs both buf and buf_out arrays")
-        _update_refusal(fn, st, idx[0], which[0], (lr, momentum), _SGD_WHICH,
-                        {"p": p, "buf": buf, "g": g, "p_out": p_out, "buf_out": buf_out}, _SGD_SCALARS)
+        _update_refusal(
+            fn,
+            st,
+            idx[0],
+            which[0],
+            (lr, momentum),
+            _SGD_WHICH,
+            {"p": p, "buf": buf, "g": g, "p_out": p_out, "buf_out": buf_out},
+            _SGD_SCALARS,
+        )
 
 
 # ----------------------------------------------------------------------------- conversions
@@ -353,7 +396,10 @@ def widen_binary32(out, x32):
     fn = "widen_binary32"
     o = _f64(out, "out", fn, True)
     if not isinstance(x32, _ND) or x32.dtype != _F32:
-        raise KernelRefusal("dtype-invalid", f"{fn}: x32 must be a native float32 array, got {getattr(x32, 'dtype', type(x32))}")
+        raise KernelRefusal(
+            "dtype-invalid",
+            f"{fn}: x32 must be a native float32 array, got {getattr(x32, 'dtype', type(x32))}",
+        )
     if not x32.flags.c_contiguous:
         raise KernelRefusal("kernel-bad-argument", f"{fn}: x32 must be C-contiguous")
     if x32.size != out.size:
@@ -369,7 +415,10 @@ def round_binary64(out32, x64):
     refuses with non-finite-output."""
     fn = "round_binary64"
     if not isinstance(out32, _ND) or out32.dtype != _F32:
-        raise KernelRefusal("dtype-invalid", f"{fn}: out32 must be a native float32 array, got {getattr(out32, 'dtype', type(out32))}")
+        raise KernelRefusal(
+            "dtype-invalid",
+            f"{fn}: out32 must be a native float32 array, got {getattr(out32, 'dtype', type(out32))}",
+        )
     if not out32.flags.c_contiguous or not out32.flags.writeable:
         raise KernelRefusal("kernel-bad-argument", f"{fn}: out32 must be C-contiguous and writeable")
     x = _f64(x64, "x64", fn)
@@ -383,7 +432,9 @@ def round_binary64(out32, x64):
         i = int(idx[0])
         val = float(x64.reshape(-1)[i])
         if st == lib.AK_ERR_NONFINITE_INPUT:
-            raise KernelRefusal("non-finite-input", f"{fn}: x64[{i}] = {val!r} is not finite", array="x64", index=i)
+            raise KernelRefusal(
+                "non-finite-input", f"{fn}: x64[{i}] = {val!r} is not finite", array="x64", index=i
+            )
         raise KernelRefusal(
             "non-finite-output",
             f"{fn}: x64[{i}] = {val!r} rounds beyond binary32's range (to Inf)",
@@ -391,73 +442,3 @@ def round_binary64(out32, x64):
             index=i,
         )
     return out32
-
-
-# ----------------------------------------------------------------------------- FP environment
-
-_REGISTER = {"x86_64": "MXCSR", "aarch64": "FPCR"}
-
-
-def fpenv_state():
-    """The floating-point environment of the calling thread, as the kernel sees it."""
-    raw = ffi.new("uint32_t *")
-    flags = lib.ak_fpenv_check(raw)
-    arch = ffi.string(lib.ak_arch()).decode()
-    return {
-        "arch": arch,
-        "register": _REGISTER.get(arch, "none"),
-        "raw": int(raw[0]),
-        "rounding_nearest": not (flags & lib.AK_FPENV_ROUNDING),
-        "ftz": bool(flags & lib.AK_FPENV_FTZ),
-        "daz": bool(flags & lib.AK_FPENV_DAZ),
-        "on_profile": flags == 0,
-    }
-
-
-def fpenv_check():
-    """Refuse (fp-environment-off-profile) unless rounding is to nearest and FTZ/DAZ are off.
-    Returns fpenv_state() when the environment is on profile."""
-    s = fpenv_state()
-    if s["on_profile"]:
-        return s
-    wrong = []
-    if not s["rounding_nearest"]:
-        wrong.append("rounding mode is not round-to-nearest-even")
-    if s["ftz"]:
-        wrong.append("flush-to-zero (FTZ) is on")
-    if s["daz"]:
-        wrong.append("denormals-are-zero (DAZ) is on")
-    raise KernelRefusal(
-        "fp-environment-off-profile",
-        f"expected round-to-nearest with subnormals preserved, found: {'; '.join(wrong)} "
-        f"({s['register']} = 0x{s['raw']:08x})",
-        **s,
-    )
-
-
-# ------------------------------------------------------------------ verification hook
-
-
-def _set_ftz_daz(ftz, daz):
-    """Verification hook, not product API: switch FTZ / DAZ of the calling thread (x86-64,
-    AArch64) so that the fp-environment refusal can be exercised in-process. Reached only from
-    `alpha_mpi_verify.fpenv` (set_ftz_daz, ftz_daz); no product code calls it."""
-    if lib.ak_fpenv_set_ftz_daz(1 if ftz else 0, 1 if daz else 0):
-        raise KernelRefusal("kernel-bad-argument", f"cannot set FTZ/DAZ on {platform.machine()}")
-
-
-# ----------------------------------------------------------------------------- identity
-
-
-def build_info():
-    """Flags, compiler and machine of the compiled kernel, and its build_id (sha256 of the
-    C sources and flags at build time): the identity conformance evidence names."""
-    flags = ffi.string(lib.ak_build_flags()).decode()
-    return {
-        "build_id": ffi.string(lib.ak_build_id()).decode(),
-        "flags": flags.split(),
-        "compiler": ffi.string(lib.ak_compiler()).decode(),
-        "arch": ffi.string(lib.ak_arch()).decode(),
-        "machine": platform.machine(),
-        "module": getattr(__import__("alpha_mpi._alpha_kernel", fromlist=["x"]), "__file__", None),
-    }

@@ -145,7 +145,7 @@ int ak_fpenv_check(uint32_t *raw);
 
 /* Verification hook, never called by the product: switch FTZ/DAZ on or off in the
  * calling thread so that the refusal can be exercised in-process (reached only through
- * alpha_mpi.kernel._set_ftz_daz from alpha_mpi_verify.fpenv). Returns 0, or -1 where
+ * alpha_mpi.kernel_env._set_ftz_daz from alpha_mpi_verify.fpenv). Returns 0, or -1 where
  * unsupported. */
 int ak_fpenv_set_ftz_daz(int ftz, int daz);
 

@@ -4,7 +4,7 @@ Layers, each depending only on those above it:
 
     1 model      alpha_mpi.model, refusals, oracle (the independent oracle: no planner, no kernel)
     2 planning   alpha_mpi.planning
-    3 kernel     alpha_mpi.kernel, _kernel_build, _alpha_kernel, numerics (authorization, evidence)
+    3 kernel     alpha_mpi.kernel, kernel_env, _kernel_lib, _kernel_build, _alpha_kernel, numerics
     4 execution  alpha_mpi.execution, arrays, numerics.execute (ContractCombiner)
     5 learning   alpha_mpi.learning, checkpoint, torch
     6 tools      alpha_mpi.tools, cli, bench, __main__
@@ -39,6 +39,8 @@ LAYERS = {
     "alpha_mpi.oracle": 1,
     "alpha_mpi.planning": 2,
     "alpha_mpi.kernel": 3,
+    "alpha_mpi.kernel_env": 3,
+    "alpha_mpi._kernel_lib": 3,
     "alpha_mpi._kernel_build": 3,
     "alpha_mpi._alpha_kernel": 3,
     "alpha_mpi.numerics": 3,

@@ -12,10 +12,14 @@ VENV=${DOCS_VENV:-$(mktemp -d)/docs}
 if [ ! -x "$VENV/bin/mkdocs" ]; then
   # The docs extra, read from pyproject.toml (one list of versions).
   mapfile -t REQS < <(python3 - <<'PY'
-import re
-text = open("pyproject.toml").read()
-m = re.search(r'^docs\s*=\s*\[(.*?)\]', text, re.M | re.S)
-print("\n".join(re.findall(r'"([^"]+)"', m.group(1))) if m else "")
+try:
+    import tomllib
+    extras = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]
+    print("\n".join(extras.get("docs", [])))
+except ImportError:  # Python < 3.11: the extra is one line, `docs = ["...", ...]`
+    import re
+    m = re.search(r'^docs\s*=\s*\[(.*)\]\s*$', open("pyproject.toml").read(), re.M)
+    print("\n".join(re.findall(r'"([^"]+)"', m.group(1))) if m else "")
 PY
 )
   [ "${#REQS[@]}" -gt 0 ] && [ -n "${REQS[0]}" ] || { echo "!! no docs extra in pyproject.toml"; exit 1; }

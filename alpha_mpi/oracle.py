@@ -114,7 +114,9 @@ def evaluate(tree, leaf_values):
             if expanded:
                 right = values.pop()
                 left = values.pop()
-                values.append([x + y for x, y in zip(left, right)] if len(left) == len(right) else _mismatch())
+                values.append(
+                    [x + y for x, y in zip(left, right)] if len(left) == len(right) else _mismatch()
+                )
             else:
                 stack.append((node, True))
                 stack.append((node.right, False))
@@ -170,9 +172,16 @@ def adam(p, m, v, g, lr, b1, b2, eps, b1t, b2t):
         den = _sqrt(vhat) + eps
         num = lr * mhat
         p1 = pi - _div(num, den)
-        for name, x in (("m_out", m1), ("intermediate", gg), ("v_out", v1), ("intermediate", mhat),
-                        ("intermediate", vhat), ("intermediate", den), ("intermediate", num),
-                        ("p_out", p1)):
+        for name, x in (
+            ("m_out", m1),
+            ("intermediate", gg),
+            ("v_out", v1),
+            ("intermediate", mhat),
+            ("intermediate", vhat),
+            ("intermediate", den),
+            ("intermediate", num),
+            ("p_out", p1),
+        ):
             if not _isfinite(x):
                 raise OracleRefusal("non-finite-output", name, i)
         po[i], mo[i], vo[i] = p1, m1, v1

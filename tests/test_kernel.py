@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from alpha_mpi import kernel as K
-from alpha_mpi_verify import fpenv
 from alpha_mpi import oracle as O
 from alpha_mpi.refusals import KernelRefusal
+from alpha_mpi_verify import fpenv
 
 ROOT = Path(__file__).resolve().parents[1]
 N = 100_000
@@ -36,7 +36,9 @@ def mixed(rng, n, *, finite_sum_safe=False):
     sign = np.where(rng.random(n) < 0.5, -1.0, 1.0)
     x = rng.standard_normal(n) * 10.0 ** rng.uniform(-3, 3, n)
     sub = (rng.integers(1, 2**52, n, dtype=np.uint64)).view(np.float64) * sign  # subnormals
-    big = sign * 10.0 ** rng.uniform(250 if not finite_sum_safe else 200, 300 if not finite_sum_safe else 280, n)
+    big = sign * 10.0 ** rng.uniform(
+        250 if not finite_sum_safe else 200, 300 if not finite_sum_safe else 280, n
+    )
     tiny = sign * 10.0 ** rng.uniform(-307, -290, n)
     one = sign * (1.0 + rng.integers(0, 2**20, n) * 2.0**-52)  # ulp-level differences near 1
     eps = sign * 2.0 ** rng.integers(-60, -40, n).astype(np.float64)
@@ -60,7 +62,9 @@ def assert_bits(kernel_out, oracle_list):
     nan_g, nan_w = np.isnan(got), np.isnan(want)
     assert np.array_equal(nan_g, nan_w), f"NaN class differs at {np.flatnonzero(nan_g != nan_w)[:5]}"
     diff = np.flatnonzero((got.view(np.uint64) != want.view(np.uint64)) & ~nan_g)
-    assert diff.size == 0, f"{diff.size} elements differ, first {diff[:5]}: {got[diff[:3]]} vs {want[diff[:3]]}"
+    assert diff.size == 0, (
+        f"{diff.size} elements differ, first {diff[:5]}: {got[diff[:3]]} vs {want[diff[:3]]}"
+    )
 
 
 class Leaf:
@@ -149,7 +153,7 @@ def test_tree_eval_matches_oracle_and_order_is_observable():
     # the order matters on this data: every pair of shapes differs somewhere
     names = list(results)
     for i, a in enumerate(names):
-        for b in names[i + 1:]:
+        for b in names[i + 1 :]:
             assert np.count_nonzero(u64(results[a]) != u64(results[b])) > 100, (a, b)
 
 
@@ -240,7 +244,7 @@ def trees(draw):
     nodes = [Leaf(s) for s in slots]
     while len(nodes) > 1:
         i = draw(st.integers(0, len(nodes) - 2))
-        nodes[i:i + 2] = [Branch(nodes[i], nodes[i + 1])]
+        nodes[i : i + 2] = [Branch(nodes[i], nodes[i + 1])]
     return k, nodes[0]
 
 
@@ -440,7 +444,7 @@ def test_adam_refuses_nonfinite_input_state_untouched(arr, bad):
         assert e.value.context["index"] == pos and e.value.context["array"] == arr
         for k, a in d.items():
             assert np.array_equal(u64(a), before[k])
-        r = _oracle_verdict(lambda: O.adam(p, m, v, g, b1t=b1t, b2t=b2t, **HP))
+        r = _oracle_verdict(lambda p=p, m=m, v=v, g=g: O.adam(p, m, v, g, b1t=b1t, b2t=b2t, **HP))
         assert (r.code, r.array, r.index) == ("non-finite-input", arr, pos)
         # the in-place checked variant leaves the state alone as well
         with pytest.raises(KernelRefusal) as e:
@@ -553,7 +557,7 @@ def test_sgd_refuses_nonfinite_state_untouched(arr, bad):
             K.sgd_step(p, buf, g, np.empty(n), np.empty(n), lr=0.01, momentum=0.9)
         assert e.value.code == "non-finite-input"
         assert (e.value.context["array"], e.value.context["index"]) == (arr, pos)
-        r = _oracle_verdict(lambda: O.sgd(p, buf, g, 0.01, 0.9))
+        r = _oracle_verdict(lambda p=p, buf=buf, g=g: O.sgd(p, buf, g, 0.01, 0.9))
         assert (r.code, r.array, r.index) == ("non-finite-input", arr, pos)
         for k, a in d.items():
             assert np.array_equal(u64(a), before[k])
@@ -633,7 +637,9 @@ def test_fpenv_on_profile():
 
 
 @pytest.mark.skipif(K.fpenv_state()["arch"] not in ("x86_64", "aarch64"), reason="no FTZ/DAZ control here")
-@pytest.mark.parametrize("ftz,daz,word", [(1, 0, "flush-to-zero"), (0, 1, "denormals-are-zero"), (1, 1, "flush-to-zero")])
+@pytest.mark.parametrize(
+    "ftz,daz,word", [(1, 0, "flush-to-zero"), (0, 1, "denormals-are-zero"), (1, 1, "flush-to-zero")]
+)
 def test_fpenv_refuses_ftz_daz(ftz, daz, word):
     before = K.fpenv_state()
     try:
@@ -657,8 +663,18 @@ def test_fpenv_refuses_ftz_daz(ftz, daz, word):
 
 @pytest.mark.parametrize(
     "extra",
-    ["-ffast-math", "-O2 -Ofast", "-ffp-contract=fast", "-ffp-contract=on", "-funsafe-math-optimizations",
-     "-mlow-precision-recip-sqrt", "-freciprocal-math", "-ffinite-math-only", "-fassociative-math", "-mrecip"],
+    [
+        "-ffast-math",
+        "-O2 -Ofast",
+        "-ffp-contract=fast",
+        "-ffp-contract=on",
+        "-funsafe-math-optimizations",
+        "-mlow-precision-recip-sqrt",
+        "-freciprocal-math",
+        "-ffinite-math-only",
+        "-fassociative-math",
+        "-mrecip",
+    ],
 )
 def test_build_refuses_fast_math(extra):
     from alpha_mpi import _kernel_build as kb
@@ -678,8 +694,14 @@ def test_build_allows_value_safe_flags():
 
 def test_build_script_stops_with_code():
     env = dict(os.environ, ALPHA_MPI_CFLAGS="-ffast-math")
-    r = subprocess.run([sys.executable, str(ROOT / "alpha_mpi" / "_kernel_build.py")], env=env,
-                       capture_output=True, text=True, cwd=ROOT, timeout=60)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "alpha_mpi" / "_kernel_build.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
     assert r.returncode != 0 and "fast-math-refused" in r.stderr
 
 
@@ -690,7 +712,9 @@ def test_build_info_identity():
     assert "-ffp-contract=off" in info["flags"] and "-ffast-math" not in info["flags"]
     assert len(info["build_id"]) == 64
     if (kb.CSRC / "alpha_kernel.c").exists():
-        assert info["build_id"] == kb.build_id(info["flags"]), "compiled kernel is stale: rebuild (pip install -e .)"
+        assert info["build_id"] == kb.build_id(info["flags"]), (
+            "compiled kernel is stale: rebuild (pip install -e .)"
+        )
 
 
 def test_build_refuses_fast_math_in_cflags_too():

@@ -15,9 +15,9 @@ import pytest
 
 from alpha_mpi import DeliverTo, Layout, Refusal, ReplicateAll, hierarchy, oracle, plan, star
 from alpha_mpi.model import Branch, Leaf
-from alpha_mpi_verify.mutants import CONTROLS, KINDS, build_mutants, mutant, oracle_verdict, refute, run
 from alpha_mpi.numerics import OracleMismatch, contract_for_plan
 from alpha_mpi.planning import simulate
+from alpha_mpi_verify.mutants import CONTROLS, KINDS, build_mutants, mutant, oracle_verdict, refute, run
 
 from conftest import agree, order_sensitive
 
@@ -63,7 +63,9 @@ def test_control_the_declared_plan_passes_the_oracle(world, topology, delivery):
             verdict = "accepted"
         except OracleMismatch as e:
             verdict = f"refused: {e}"
-    agree(world, verdict == ("accepted" if rank in p.receivers else "not a receiver"), f"rank {rank}: {verdict}")
+    agree(
+        world, verdict == ("accepted" if rank in p.receivers else "not a receiver"), f"rank {rank}: {verdict}"
+    )
 
 
 @pytest.mark.mpi(min_size=2)
@@ -93,8 +95,14 @@ def test_mutant_runs_to_completion_and_the_oracle_refuses_it(world, kind, topolo
     if ok and kind == "duplicated-mass" and rank in p.receivers:
         # Only the weight mass differs; the numerator is exactly the declared one.
         want = oracle.evaluate(p.tree, {s: v.tolist() for s, v in data.items()})
-        ok = r.refusal.context["components"] == ["mass[0]"] and r.result[-1] == want[-1] + data[m.double_mass_of][-1]
-        why = f"mass: components {r.refusal.context['components'][:4]}, mass {r.result[-1]} vs declared {want[-1]}"
+        ok = (
+            r.refusal.context["components"] == ["mass[0]"]
+            and r.result[-1] == want[-1] + data[m.double_mass_of][-1]
+        )
+        why = (
+            f"mass: components {r.refusal.context['components'][:4]}, "
+            f"mass {r.result[-1]} vs declared {want[-1]}"
+        )
     agree(world, ok, why)  # once on every rank (agree is collective)
 
 

@@ -25,7 +25,12 @@ class Layout:
     __slots__ = ("components", "total", "offsets")
 
     def __init__(self, *components):
-        if len(components) == 1 and isinstance(components[0], (list, tuple)) and components[0] and isinstance(components[0][0], (list, tuple)):
+        if (
+            len(components) == 1
+            and isinstance(components[0], (list, tuple))
+            and components[0]
+            and isinstance(components[0][0], (list, tuple))
+        ):
             components = tuple(components[0])
         if not components:
             raise ModelRefusal("layout-invalid", "a layout needs at least one component")
@@ -41,7 +46,9 @@ class Layout:
             if name in names:
                 raise ModelRefusal("layout-invalid", f"component {name!r} appears twice")
             if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-                raise ModelRefusal("layout-invalid", f"component {name!r} count must be an int >= 1, got {count!r}")
+                raise ModelRefusal(
+                    "layout-invalid", f"component {name!r} count must be an int >= 1, got {count!r}"
+                )
             names.add(name)
             comps.append((name, count))
         object.__setattr__(self, "components", tuple(comps))
@@ -57,12 +64,12 @@ class Layout:
         raise AttributeError("Layout is immutable")
 
     @classmethod
-    def vector(cls, n: int) -> "Layout":
+    def vector(cls, n: int) -> Layout:
         """One component `x` of n coordinates."""
         return cls(("x", n))
 
     @classmethod
-    def weighted(cls, n: int, mass: int = 1) -> "Layout":
+    def weighted(cls, n: int, mass: int = 1) -> Layout:
         """A gradient sum of n coordinates plus its sample-count mass."""
         return cls(("numerator", n), ("mass", mass))
 

@@ -143,9 +143,7 @@ def expression(root: Node, placed: bool = False) -> str:
         if isinstance(node, Leaf):
             text = f"s{node.slot}" + (f"@{node.owner}" if placed else "")
         else:
-            text = f"({parts[id(node.left)]}+{parts[id(node.right)]})" + (
-                f"@{node.owner}" if placed else ""
-            )
+            text = f"({parts[id(node.left)]}+{parts[id(node.right)]})" + (f"@{node.owner}" if placed else "")
         parts[id(node)] = text
     return parts[id(root)]
 

@@ -332,6 +332,9 @@ class Checkpointer:
         optimizer = saved.get("optimizer", now.get("optimizer"))
         diffs, changes = [], []
         for k in SAME_ON_RESUME:
+            if k in now and k not in saved and saved:
+                diffs.append(f"{k}: the checkpoint's config does not record it, now {now[k]!r}")
+                continue
             if k not in saved or k not in now or saved[k] == now[k]:
                 continue
             if k == "momentum" and optimizer != "sgd":

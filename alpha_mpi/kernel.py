@@ -62,6 +62,7 @@ _SGD_SCALARS = ("lr", "momentum")
 # AK_W_* -> (input name, output name)
 _ADAM_WHICH = {0: ("p", "p_out"), 1: ("m", "m_out"), 2: ("v", "v_out"), 3: ("g", "g")}
 _SGD_WHICH = {0: ("p", "p_out"), 3: ("g", "g"), 4: ("buf", "buf_out")}
+_ADAM_INPLACE_WHICH = {0: ("p", "p"), 1: ("m", "m"), 2: ("v", "v"), 3: ("g", "g")}
 _W_SCALAR = 5
 _W_INTERMEDIATE = 6
 
@@ -312,16 +313,9 @@ def adam_step(p, m, v, g, p_out, m_out, v_out, *, lr, b1, b2, eps, b1t, b2t, all
         bp, bm, bv, bg, op, om, ov, n, lr, b1, b2, eps, b1t, b2t, 1 if allow_inplace else 0, idx, which
     )
     if st:
-        _update_refusal(
-            fn,
-            st,
-            idx[0],
-            which[0],
-            (lr, b1, b2, eps, b1t, b2t),
-            _ADAM_WHICH,
-            {"p": p, "m": m, "v": v, "g": g, "p_out": p_out, "m_out": m_out, "v_out": v_out},
-            _ADAM_SCALARS,
-        )
+        arrays = {"p": p, "m": m, "v": v, "g": g, "p_out": p_out, "m_out": m_out, "v_out": v_out}
+        scalars = (lr, b1, b2, eps, b1t, b2t)
+        _update_refusal(fn, st, idx[0], which[0], scalars, _ADAM_WHICH, arrays, _ADAM_SCALARS)
 
 
 def adam_step_inplace_checked(p, m, v, g, *, lr, b1, b2, eps, b1t, b2t):
@@ -338,16 +332,8 @@ def adam_step_inplace_checked(p, m, v, g, *, lr, b1, b2, eps, b1t, b2t):
     st = lib.ak_adam_inplace_checked(bp, bm, bv, bg, n, lr, b1, b2, eps, b1t, b2t, idx, which)
     if st:
         arrays = {"p": p, "m": m, "v": v, "g": g}
-        _update_refusal(
-            fn,
-            st,
-            idx[0],
-            which[0],
-            (lr, b1, b2, eps, b1t, b2t),
-            {0: ("p", "p"), 1: ("m", "m"), 2: ("v", "v"), 3: ("g", "g")},
-            arrays,
-            _ADAM_SCALARS,
-        )
+        scalars = (lr, b1, b2, eps, b1t, b2t)
+        _update_refusal(fn, st, idx[0], which[0], scalars, _ADAM_INPLACE_WHICH, arrays, _ADAM_SCALARS)
 
 
 def sgd_step(p, buf, g, p_out, buf_out, *, lr, momentum, allow_inplace=False):
@@ -376,16 +362,8 @@ def sgd_step(p, buf, g, p_out, buf_out, *, lr, momentum, allow_inplace=False):
     if st:
         if st == lib.AK_ERR_BAD_ARGUMENT and (buf is None or buf_out is None):
             _bad_argument(fn, f"momentum {momentum!r} != 0 needs both buf and buf_out arrays")
-        _update_refusal(
-            fn,
-            st,
-            idx[0],
-            which[0],
-            (lr, momentum),
-            _SGD_WHICH,
-            {"p": p, "buf": buf, "g": g, "p_out": p_out, "buf_out": buf_out},
-            _SGD_SCALARS,
-        )
+        arrays = {"p": p, "buf": buf, "g": g, "p_out": p_out, "buf_out": buf_out}
+        _update_refusal(fn, st, idx[0], which[0], (lr, momentum), _SGD_WHICH, arrays, _SGD_SCALARS)
 
 
 # ----------------------------------------------------------------------------- conversions

@@ -41,14 +41,8 @@ from ..model.relation import (
 
 _as_contract = as_contract
 
-_AUTHORIZE = (
-    "EXECUTABLE",
-    "kernel_build_id",
-    "check_live_profile",
-    "check_evidence",
-    "authorize",
-    "claim_equal",
-)
+# Loaded on first use (they need the kernel): see numerics/authorization.py.
+_AUTHORIZE = "EXECUTABLE kernel_build_id check_live_profile check_evidence authorize claim_equal".split()
 
 __all__ = [
     "FORMAT_NAME",

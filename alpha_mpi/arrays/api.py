@@ -16,13 +16,14 @@ import numpy as np
 
 from ..execution.transport import timeout_from_env
 from ..kernel import ffi, lib
-from ..refusals import PlanRefusal, Refusal
+from ..refusals import KernelRefusal, PlanRefusal, Refusal
 from . import tree as T
 from .exchange import Channel
 
 __all__ = ["sum", "dot", "norm2", "dots", "reset"]
 
 _F64 = np.dtype(np.float64)
+_ND = np.ndarray
 _DARR = ffi.typeof("double[]")
 _CHANNELS: dict = {}
 _MAX_N = 1 << 62
@@ -91,21 +92,38 @@ def _block(a, what: str, op: str):
 
 def _inputs(op, xs, ys, offset, n):
     """Checked (xs, ys, length, offset, n); raises the rank's own refusal."""
-    xs = tuple(_block(a, f"x[{j}]" if len(xs) > 1 else "x", op) for j, a in enumerate(xs))
-    if ys is not None and op != "norm2":
-        ys = tuple(_block(a, f"y[{j}]" if len(ys) > 1 else "y", op) for j, a in enumerate(ys))
-    elif ys is not None:
-        ys = xs
+    if len(xs) == 1 and type(offset) is int and type(n) is int:  # the common case, no formatting
+        x = xs[0]
+        if type(x) is _ND and x.dtype is _F64 and x.ndim == 1 and x.flags.c_contiguous:
+            length = x.shape[0]
+            if ys is not None and op != "norm2":
+                y = ys[0]
+                ok = type(y) is _ND and y.dtype is _F64 and y.ndim == 1 and y.flags.c_contiguous \
+                    and y.shape[0] == length
+            else:
+                ok, ys = True, (xs if ys is not None else None)
+            if ok and 0 <= offset and offset + length <= n < _MAX_N:
+                return xs, ys, length, offset, n
+    return _inputs_checked(op, xs, ys, offset, n)
+
+
+def _inputs_checked(op, xs, ys, offset, n):
+    xs = tuple([_block(a, f"x[{j}]" if len(xs) > 1 else "x", op) for j, a in enumerate(xs)])
+    if ys is None or op == "norm2":
+        ys = xs if ys is not None else None
+    else:
+        ys = tuple([_block(a, f"y[{j}]" if len(ys) > 1 else "y", op) for j, a in enumerate(ys)])
     length = xs[0].shape[0]
     for name, group in (("x", xs), ("y", ys or ())):
         for j, a in enumerate(group):
             if a.shape[0] != length:
                 raise Refusal("array-block-invalid", f"{op}: {name}[{j}] has {a.shape[0]} elements, x[0] has "
                               f"{length}; every block of one call covers the same [offset, offset + len)")
-    try:
-        offset, n = operator.index(offset), operator.index(n)
-    except TypeError:
-        raise Refusal("array-block-invalid", f"{op}: offset and n must be integers, got {offset!r} and {n!r}") from None
+    if type(offset) is not int or type(n) is not int:
+        try:
+            offset, n = operator.index(offset), operator.index(n)
+        except TypeError:
+            raise Refusal("array-block-invalid", f"{op}: offset and n must be integers, got {offset!r} and {n!r}") from None
     if not (0 <= offset and offset + length <= n < _MAX_N):
         raise Refusal("array-block-invalid", f"{op}: this rank's block [{offset}, {offset + length}) is not inside "
                       f"[0, {n}) (expected 0 <= offset, offset + len(x) <= n < 2^62)")
@@ -141,23 +159,23 @@ def _reduce(comm, op, xs, ys, offset, n, timeout, bad_batch=None):
             for j in range(k):
                 py[j] = held_y[j]
         m = lib.ap_summary(px, py, k, offset, length, n, ex.state[0], T.CAPACITY, ex.nonfinite)
-        if m < 0:
-            raise PlanRefusal("plan-simulation-failed", f"{op}: the kernel refused a checked block (status {m})")
-        if ex.nonfinite[0]:
+        if m < 0:  # cannot happen for checked inputs; refused like a local refusal (peers finish)
+            err = KernelRefusal("kernel-bad-argument", f"{op}: the kernel refused the block (status {m})")
+            status, m = T.STATUS_REFUSED + T.LOCAL_CODES.index("kernel-bad-argument"), 0
+        elif ex.nonfinite[0]:
             detail = _first_nonfinite(xs, ys, offset, length)
             if detail:
                 status = T.STATUS_NONFINITE
-        row = (offset, length, n, status)
-    else:
-        row, n = (0, 0, 0, status), 0
+    row = (offset, length, n, status) if err is None else (0, 0, 0, status)
+    if err is not None:
+        n = 0
     try:
         m = ex.run(row, m, n)
         if err is not None:
             raise err
-        ex = _verdict(ch, ex, op, k, m, row, n, detail)
+        values = _verdict(ch, ex, op, k, m, row, n, detail)
     finally:
         ch.step += 1
-    values = ex.root_values.tolist() if n else [0.0] * k
     for v in values:
         if not math.isfinite(v):
             raise Refusal("non-finite-combined", f"{op}: the result is {v} although every input is finite "
@@ -166,7 +184,7 @@ def _reduce(comm, op, xs, ys, offset, n, timeout, bad_batch=None):
 
 
 def _verdict(ch, ex, op, k, m_local, row, n, detail):
-    """Refuse by name (the same on every rank) or return the exchange whose state is the root."""
+    """Refuse by name (the same on every rank) or return the root's values."""
     if ex.frame_error is not None:
         raise ex.frame_error
     tb = ex.table.tobytes()
@@ -190,11 +208,11 @@ def _verdict(ch, ex, op, k, m_local, row, n, detail):
             T.check_rows(ex2.rows(), op)
             ex2.valid, ex2.valid_order = tb2, None
         ex = ex2
-    final = ex.final
-    if ex.flags or not ((final[0] == 1 and final[2] == 0 and final[3] == n) or (n == 0 and final[0] == 0)):
+    values = ex.root(n)
+    if values is None:
         raise PlanRefusal("plan-simulation-failed", f"{op}: the blocks cover [0, {n}) but the merged summary is "
-                          f"{int(final[0])} records (flags {ex.flags}), not the root")
-    return ex
+                          f"{int(ex.final[0])} records (flags {ex.flags}), not the root")
+    return values
 
 
 def _first_nonfinite(xs, ys, offset, length) -> str:

@@ -22,12 +22,13 @@ the receives of all rounds are started together at the beginning of a call.
 
 from __future__ import annotations
 
+import struct
 import sys
 
 import numpy as np
 from mpi4py import MPI
 
-from ..execution.frames import HEADER, FrameSpec, frame_buffer, payload
+from ..execution.frames import HEADER, FrameSpec, frame_buffer, patch, payload
 from ..execution.transport import Waiter, debug_enabled, library_comm, log, mark_broken
 from ..kernel import ffi, lib
 from ..refusals import FrameRefusal, Refusal
@@ -42,6 +43,11 @@ if lib.AP_CAPACITY != T.CAPACITY or lib.AP_MAX_K != T.MAX_BATCH:  # pragma: no c
 _TAG = 21
 _FALLBACK_EDGES = 64  # rounds of the second exchange (blocks out of rank order) start here
 _W_ROWS = T.HEAD_WORDS
+_ROW = struct.Struct("<4q")  # offset, len, n, status
+_HEAD = struct.Struct("<2q")  # record count, flags
+_FINAL = struct.Struct("<4q")  # record count, flags, lo and hi of the first record
+_ROW_BYTES = 8 * T.ROW_WORDS
+_HEAD_BYTES = 8 * T.HEAD_WORDS
 
 
 class Channel:
@@ -103,8 +109,9 @@ class Exchange:
 
         self.table = np.zeros((p, T.ROW_WORDS), dtype=np.int64)  # row j: rank order[v + j]
         self.sbuf, self.rbuf, self.swords, self.rwords, self.srows, self.rrows = [], [], [], [], [], []
-        self.rnodes, self.state, self.sspec, self.rspec, self.expect = [], [], [], [], []
+        self.rnodes, self.state, self.sspec, self.rspec = [], [], [], []
         self.sreq, self.rreq, self.smv, self.rmv, self.rstatus = [], [], [], [], []
+        self.spmv, self.rpmv, self.rbytes = [], [], []
         for rd in self.rounds:
             words = T.frame_words(p, rd.index, k)
             layout = f"pairwise-array-round:{rd.index}:rows={rd.rows}:k={k}"
@@ -122,17 +129,19 @@ class Exchange:
             self.rrows.append(rw[_W_ROWS:nodes].reshape(rd.rows, T.ROW_WORDS))
             self.state.append(i64ptr(sw[nodes:]))
             self.rnodes.append(i64ptr(rw[nodes:]))
-            self.expect.append(np.zeros(HEADER, dtype=np.uint8))  # the header due, written per step
             self.smv.append(memoryview(sb)), self.rmv.append(memoryview(rb))
+            self.spmv.append(memoryview(sb)[HEADER:]), self.rpmv.append(memoryview(rb)[HEADER:])
+            self.rbytes.append(rb.nbytes)
             self.sreq.append(ch.comm.Send_init(sb, dest=rd.send_to, tag=_TAG))
             self.rreq.append(ch.comm.Recv_init(rb, source=rd.recv_from, tag=_TAG))
             self.rstatus.append(MPI.Status())
+        self.tmv = memoryview(self.table).cast("B")
         self.final = np.zeros(T.HEAD_WORDS + T.CAPACITY * w, dtype=np.int64)
+        self.fmv = memoryview(self.final).cast("B")
+        self.values = struct.Struct(f"<{k}d")  # the root's values, after its lo and hi
         self.state.append(i64ptr(self.final[T.HEAD_WORDS:]))
         # Where the local summary goes (round 0's frame) and where the root ends (final).
         self.local_words = self.swords[0][_W_ROWS + T.ROW_WORDS:] if self.rounds else self.final[T.HEAD_WORDS:]
-        self.root_values = self.final[T.HEAD_WORDS:T.HEAD_WORDS + w].view(np.float64)[2:]
-        self.root_range = self.final[T.HEAD_WORDS:T.HEAD_WORDS + 2]
         self.valid = None  # the table bytes that last passed every check
         self.valid_order = None  # with them: None (rank order) or the sorted exchange order
         self.flags = 0
@@ -145,57 +154,68 @@ class Exchange:
     def run(self, row, m: int, n: int) -> int:
         """Exchange (row, the m-record local summary already in place); returns the record count
         of the merged state in `final` and sets `self.flags` and `self.frame_error`."""
-        ch, table, k = self.ch, self.table, self.k
+        ch, tmv, k, cap = self.ch, self.tmv, self.k, T.CAPACITY
         step = ch.step
-        table[0] = row
+        _ROW.pack_into(tmv, 0, *row)
         flags = 0
         self.frame_error = None
-        cap = T.CAPACITY
-        if self.rreq:
-            MPI.Prequest.Startall(self.rreq)
+        merge = lib.ap_merge
+        rreq = self.rreq
+        if len(rreq) == 1:
+            rreq[0].Start()
+        elif rreq:
+            MPI.Prequest.Startall(rreq)
         started = 0
         try:
             for i, rd in enumerate(self.rounds):
-                sw = self.swords[i]
-                sw[0] = m
-                sw[1] = flags
-                self.srows[i][:] = table[: rd.rows]
-                sb = self.sbuf[i]
-                self.sspec[i].write(sb, step, 0)
+                pmv = self.spmv[i]
+                _HEAD.pack_into(pmv, 0, m, flags)
+                g = _ROW_BYTES * rd.rows
+                pmv[_HEAD_BYTES:_HEAD_BYTES + g] = tmv[:g]
+                patch(self.smv[i], step, 0)
                 self.sreq[i].Start()
                 started += 1
                 if ch.debug:
-                    log(ch.rank, f"send -> {rd.send_to} edge {self.sspec[i].edge} step {step} {sb.nbytes}B")
+                    log(ch.rank, f"send -> {rd.send_to} round {i} step {step} {self.sbuf[i].nbytes}B")
                 bad = self._receive(i, rd, step)
-                d = 1 << i
+                d = _ROW_BYTES << i
                 nxt = self.state[i + 1]
                 if bad is None:
-                    rw = self.rwords[i]
-                    rm, rflags = int(rw[0]), int(rw[1])
-                    table[d:d + rd.rows] = self.rrows[i]
+                    rp = self.rpmv[i]
+                    rm, rflags = _HEAD.unpack_from(rp, 0)
+                    tmv[d:d + g] = rp[_HEAD_BYTES:_HEAD_BYTES + g]
                     flags |= rflags & (T.FLAG_OVERFLOW | T.FLAG_INVALID)
-                    if 0 <= rm <= cap:
-                        m2 = lib.ap_merge(self.state[i], m, self.rnodes[i], rm, nxt, cap, n, k)
-                    else:
-                        m2 = lib.AP_ERR_INVALID
+                    m2 = merge(self.state[i], m, self.rnodes[i], rm, nxt, cap, n, k) if 0 <= rm <= cap \
+                        else lib.AP_ERR_INVALID
                 else:
                     self.frame_error = self.frame_error or bad
-                    table[d:d + rd.rows] = (0, 0, 0, T.STATUS_BROKEN)
-                    m2 = lib.ap_merge(self.state[i], m, ffi.NULL, 0, nxt, cap, n, k)
+                    for j in range(rd.rows):
+                        _ROW.pack_into(tmv, d + _ROW_BYTES * j, 0, 0, 0, T.STATUS_BROKEN)
+                    m2 = merge(self.state[i], m, ffi.NULL, 0, nxt, cap, n, k)
                 if m2 < 0:
                     flags |= T.FLAG_OVERFLOW if m2 == lib.AP_ERR_OVERFLOW else T.FLAG_INVALID
                     m2 = 0
                 m = m2
-            wait, t = ch.waiter.wait, ch.call_timeout
-            for i in range(started):
-                wait(self.sreq[i], None, self.rounds[i].send_to, f"array {self.op} send of round {i}", step, t)
+            if started:
+                wait, t = ch.waiter.wait, ch.call_timeout
+                for i in range(started):
+                    if not self.sreq[i].Test():
+                        wait(self.sreq[i], None, self.rounds[i].send_to, f"array {self.op} send of round {i}", step, t)
         except BaseException as e:
             self._abandon(getattr(e, "code", type(e).__name__))
             raise
-        self.final[0] = m
-        self.final[1] = flags
+        _HEAD.pack_into(self.fmv, 0, m, flags)
         self.flags = flags
         return m
+
+    def root(self, n: int):
+        """The root's k values if `final` is exactly the root node [0, n), else None."""
+        count, flags, lo, hi = _FINAL.unpack_from(self.fmv, 0)
+        if flags:
+            return None
+        if count == 1 and lo == 0 and hi == n:
+            return list(self.values.unpack_from(self.fmv, 32))
+        return [0.0] * self.k if n == 0 and count == 0 else None
 
     def _receive(self, i, rd, step):
         """Wait (bounded) for round i's frame; None when its header is byte for byte the one due,
@@ -207,9 +227,7 @@ class Exchange:
         except FrameRefusal as e:  # a longer frame than planned was truncated: another batch size
             return e
         nbytes = status.Get_count(MPI.BYTE)
-        due = self.expect[i]
-        self.rspec[i].write(due, step, 0)
-        if nbytes == self.rbuf[i].nbytes and self.rmv[i][:HEADER] == memoryview(due):
+        if nbytes == self.rbytes[i] and self.rspec[i].fast_check(self.rmv[i], step) == 0:
             if self.ch.debug:
                 log(self.ch.rank, f"recv <- {rd.recv_from} round {i} step {step} {nbytes}B")
             return None

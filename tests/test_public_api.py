@@ -1,0 +1,134 @@
+"""The public surface: `__all__` on the public modules, docstrings on their names, the names that
+moved still importable where they were, and the verification hook outside the product API."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import subprocess
+import sys
+
+import pytest
+
+import alpha_mpi
+from alpha_mpi import kernel
+
+# Modules whose every `__all__` name must resolve and carry a docstring (classes and functions).
+DOCUMENTED = [
+    "alpha_mpi.model",
+    "alpha_mpi.model.contract",
+    "alpha_mpi.model.profile",
+    "alpha_mpi.model.operations",
+    "alpha_mpi.model.relation",
+    "alpha_mpi.model.formulas",
+    "alpha_mpi.model.tree",
+    "alpha_mpi.model.topology",
+    "alpha_mpi.model.coverage",
+    "alpha_mpi.model.delivery",
+    "alpha_mpi.model.layout",
+    "alpha_mpi.numerics.authorization",
+    "alpha_mpi.numerics.evidence",
+    "alpha_mpi.numerics.conversion",
+    "alpha_mpi.numerics.oracle_check",
+    "alpha_mpi.refusals",
+    "alpha_mpi.oracle",
+    "alpha_mpi.kernel",
+    "alpha_mpi.kernel_env",
+]
+
+
+@pytest.mark.parametrize("name", DOCUMENTED)
+def test_public_modules_declare_and_document_their_names(name):
+    module = importlib.import_module(name)
+    assert module.__doc__, f"{name} has no module docstring"
+    assert isinstance(getattr(module, "__all__", None), (list, tuple)), f"{name} has no __all__"
+    undocumented = []
+    for n in module.__all__:
+        obj = getattr(module, n)  # every name resolves
+        if (inspect.isclass(obj) or inspect.isfunction(obj)) and not (obj.__doc__ or "").strip():
+            undocumented.append(n)
+    assert not undocumented, f"{name}: no docstring on {undocumented}"
+
+
+def test_dir_of_the_package_shows_the_lazy_names():
+    names = dir(alpha_mpi)
+    for n in (
+        "combine",
+        "Combiner",
+        "allreduce",
+        "Allreducer",
+        "reduce_scatter",
+        "assemble",
+        "NumericalContract",
+        "contract_for_plan",
+        "numerical_compatibility",
+        "plan",
+        "star",
+        "Layout",
+        "Refusal",
+    ):
+        assert n in names and n in alpha_mpi.__all__, n
+
+
+def test_numerics_lists_its_lazy_names_too():
+    import alpha_mpi.numerics as numerics
+
+    for n in ("authorize", "claim_equal", "measure_evidence", "SUITES", "ContractCombiner", "OracleMismatch"):
+        assert n in dir(numerics) and n in numerics.__all__, n
+
+
+def test_names_that_moved_are_still_importable_where_they_were():
+    import alpha_mpi.model.contract as model_contract
+    import alpha_mpi.numerics as numerics
+    import alpha_mpi.numerics.conformance as conformance
+    import alpha_mpi.numerics.contract as old_contract
+    import alpha_mpi.numerics.formulas as old_formulas
+
+    for name in ("NumericalContract", "contract_for_plan", "numerical_compatibility"):
+        assert getattr(alpha_mpi, name) is getattr(numerics, name) is getattr(model_contract, name)
+        assert getattr(old_contract, name) is getattr(model_contract, name)
+    for name in ("authorize", "claim_equal", "check_live_profile", "kernel_build_id"):
+        assert getattr(old_contract, name) is getattr(numerics, name)
+    for name in ("SUITES", "measure_evidence", "ConformanceSuite", "convert_contribution"):
+        assert getattr(conformance, name) is getattr(numerics, name)
+    for name in old_contract.__all__:
+        getattr(old_contract, name)  # every name of the old module resolves
+    assert old_contract.EXECUTABLE["subnormals"] == "preserved" and callable(old_contract.check_evidence)
+    assert old_contract.DEFAULT_SUITE in numerics.SUITES and len(numerics.kernel_build_id()) == 64
+    assert "adam-v1" in old_formulas.FORMULAS and old_formulas.assignments(old_formulas.ADAM_V1)
+    assert issubclass(old_contract.ContractRefusal, alpha_mpi.Refusal)
+
+
+def test_contracts_and_the_model_import_without_numpy_or_the_kernel():
+    code = (
+        "import sys, alpha_mpi.model, alpha_mpi.numerics, alpha_mpi.numerics.contract;"
+        "from alpha_mpi.numerics import NumericalContract, numerical_compatibility;"
+        "heavy = ('numpy', 'alpha_mpi.kernel', 'alpha_mpi._alpha_kernel', 'mpi4py');"
+        "bad = [m for m in heavy if m in sys.modules];"
+        "print(','.join(bad))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"loaded at import: {out.stdout.strip()}"
+
+
+def test_the_product_has_no_test_only_api():
+    assert not hasattr(kernel, "set_ftz_daz_for_tests")
+    assert not [n for n in kernel.__all__ if "test" in n or "ftz" in n]
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("alpha_mpi.mutants")
+
+
+@pytest.mark.skipif(
+    kernel.fpenv_state()["arch"] not in ("x86_64", "aarch64"), reason="no FTZ/DAZ control here"
+)
+def test_the_verification_hook_switches_ftz_and_restores_it():
+    from alpha_mpi import Refusal
+    from alpha_mpi_verify.fpenv import ftz_daz
+
+    assert kernel.fpenv_check()["on_profile"]
+    with ftz_daz(ftz=True, daz=False):
+        assert kernel.fpenv_state()["ftz"]
+        with pytest.raises(Refusal) as e:
+            kernel.fpenv_check()
+        assert e.value.code == "fp-environment-off-profile"
+    assert kernel.fpenv_check()["on_profile"]

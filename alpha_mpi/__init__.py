@@ -14,6 +14,7 @@ from .model import (  # noqa: F401
     ParticipantGroup,
     ReplicateAll,
     hierarchy,
+    pairwise,
     star,
 )
 from .planning import plan, plan_assembly, simulate  # noqa: F401
@@ -46,6 +47,7 @@ __all__ = [
     "ParticipantGroup",
     "ReplicateAll",
     "hierarchy",
+    "pairwise",
     "star",
     "plan",
     "plan_assembly",

@@ -32,7 +32,7 @@ ADVICE: dict[str, str] = {
     "coverage-unknown-leaf": "remove leaves that are not members of the declared coverage",
     "coverage-order-mismatch": "order the leaves exactly as the OrderedMembers list declares",
     "coverage-invalid": "declare coverage as OrderedMembers([...]) or ParticipantGroup(range(...))",
-    "topology-invalid": "use 'star', 'star:HUB' or 'hierarchy:K' with K >= 1",
+    "topology-invalid": "use 'pairwise', 'star', 'star:HUB' or 'hierarchy:K' with K >= 1",
     "placement-invalid": "give owners as a rank count, a list with one rank per slot, or a slot->rank mapping",
     # delivery / planning
     "delivery-target-not-owner": "DeliverTo must name a rank that owns at least one leaf",
@@ -69,6 +69,12 @@ ADVICE: dict[str, str] = {
     "contribution-shape": "each contribution must have the layout's element count",
     "peer-timeout": "a peer did not send within the bound; check the peer's log (it may have crashed) or raise ALPHA_MPI_TIMEOUT",
     "peer-failed": "another rank refused or crashed; see that rank's error",
+    "realization-inapplicable": "choose one of the realizations the message lists (tree, scatter and replicate apply to every tree), or realization='auto'",
+    "peer-refused": "another rank refused this combine before its arithmetic (see that rank's error); every rank completed the round, nothing was applied, and the next call works",
+    "frame-payload-corrupt": "a frame's payload checksum failed (corrupted in transit or in memory); nothing was applied; rerun and check the interconnect and memory",
+    "out-invalid": "pass out= as a writeable C-contiguous float64 array of the result's length, or leave it out",
+    "calibration-invalid": "write the file with `alpha-mpi bench calibrate --out FILE` (JSON with alpha, beta, gamma in seconds), or unset ALPHA_MPI_CALIBRATION",
+    "plan-delivery-mismatch": "give the delivery the plan was made with (or none), and use reduce_scatter / mode='reduce-scatter' for chunks",
     "executor-reentrant": "wait for one combine to finish before starting another on the same plan",
     "combiner-broken": "this combiner refused earlier and its channel may hold stale frames; build a new one on every rank",
     # distributed arrays (alpha_mpi.arrays)

@@ -37,7 +37,7 @@ def tamper(buf, field, fix_crc=True):
     new = bytes(b ^ 0x5A for b in old) if isinstance(old, bytes) else old + 1
     struct.pack_into("<" + fmt, buf, off, new)
     if fix_crc:
-        struct.pack_into("<I", buf, 100, zlib.crc32(bytes(buf[:100])))
+        struct.pack_into("<I", buf, 124, zlib.crc32(bytes(buf[:124])))
 
 
 def test_a_good_frame_passes_and_returns_flags():
@@ -91,4 +91,44 @@ def test_a_bad_timeout_is_refused_not_replaced(monkeypatch, bad):
     monkeypatch.setenv("ALPHA_MPI_TIMEOUT", "2.5")
     assert timeout_from_env() == 2.5 and timeout_from_env(7) == 7.0
     monkeypatch.delenv("ALPHA_MPI_TIMEOUT")
-    assert timeout_from_env() == 30.0
+    assert timeout_from_env() == 300.0  # minutes, for dead peers: a slow peer must survive it
+
+
+def test_every_single_bit_flip_in_a_header_is_refused_as_a_checksum():
+    """A corrupted header names corruption, never a version or a foreign peer."""
+    s = FrameSpec(**SPEC)
+    buf = frame_buffer(5)
+    s.write(buf, 7, flags=1)
+    for byte in range(HEADER):
+        for bit in range(8):
+            bad = buf.copy()
+            bad[byte] ^= 1 << bit
+            with pytest.raises(Refusal) as e:
+                s.check(bad, 7, bad.nbytes)
+            assert e.value.code == "frame-checksum", (byte, bit, e.value.code)
+            assert s.fast_check(memoryview(bad), 7) == -1
+
+
+def test_refusal_and_flags_travel_in_the_header_and_the_fast_check_agrees():
+    from alpha_mpi.execution.frames import FLAG_REFUSED, refusal_of
+
+    s = FrameSpec(**SPEC)
+    buf = frame_buffer(5)
+    s.write(buf, 9, flags=FLAG_REFUSED, refused=3, code="dtype-invalid")
+    assert s.check(buf, 9, buf.nbytes) == FLAG_REFUSED == s.fast_check(memoryview(buf), 9)
+    assert refusal_of(memoryview(buf)) == (3, "dtype-invalid")
+    assert s.fast_check(memoryview(buf), 8) == -1  # another step: the slow check names it
+    with pytest.raises(Refusal) as e:
+        s.check(buf, 8, buf.nbytes)
+    assert e.value.code == "frame-step-mismatch"
+
+
+def test_a_version_1_frame_is_named_as_another_format_version():
+    s = FrameSpec(**SPEC)
+    buf = frame_buffer(5)
+    s.write(buf, 0)
+    struct.pack_into("<H", buf, 8, 1)
+    struct.pack_into("<I", buf, 100, zlib.crc32(bytes(buf[:100])))  # the v1 CRC position
+    with pytest.raises(Refusal) as e:
+        s.check(buf, 0, buf.nbytes)
+    assert e.value.code == "frame-version"

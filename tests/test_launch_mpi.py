@@ -62,7 +62,9 @@ def test_ten_slots_on_two_ranks_match_the_same_oracle():
 def test_debug_log_names_every_frame():
     r, _ = launch(2, "ten_owners.py", env={"ALPHA_MPI_DEBUG": "1"})
     assert r.returncode == 0, r.stderr
-    sends = re.findall(r"^r(\d) \| send -> (\d) edge (\d+) step (\d+) (\d+)B$", r.stderr, re.M)
-    recvs = re.findall(r"^r(\d) \| recv <- (\d) edge (\d+) step (\d+) (\d+)B$", r.stderr, re.M)
+    sends = re.findall(r"^r(\d) \| send -> (\d) (\w+) frame (\d+) step (\d+) (\d+)B$", r.stderr, re.M)
+    recvs = re.findall(r"^r(\d) \| recv <- (\d) (\w+) frame (\d+) step (\d+) (\d+)B$", r.stderr, re.M)
     assert sends and len(sends) == len(recvs)
-    assert {s[4] for s in sends} == {str(128 + 8 * 2048)}
+    assert {s[5] for s in sends} == {str(128 + 8 * 2048)}
+    # every frame sent is received, by the rank it names, with the same index and step
+    assert sorted((s[2], s[0], s[1], s[3], s[4]) for s in sends) == sorted((r[2], r[1], r[0], r[3], r[4]) for r in recvs)

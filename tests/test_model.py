@@ -77,7 +77,8 @@ def test_hierarchy_is_a_heap_folding_own_then_children():
     assert classify(t) == "hierarchy:2"
     assert expression(hierarchy(range(4), 1, 3)) == "(((s0+s1)+s2)+s3)"  # fanout >= n-1 is a star
     assert classify(Branch(Leaf(0), Branch(Leaf(1), Branch(Leaf(2), Leaf(3))))) == "hierarchy:1"
-    assert classify(Branch(Branch(Leaf(0), Leaf(1)), Branch(Leaf(2), Leaf(3)))) == "custom"
+    assert classify(Branch(Branch(Leaf(0), Leaf(1)), Branch(Leaf(2), Leaf(3)))) == "pairwise"
+    assert classify(Branch(Leaf(0), Branch(Branch(Leaf(1), Leaf(2)), Leaf(3)))) == "custom"
 
 
 def test_deep_chains_do_not_recurse():

@@ -1,6 +1,21 @@
-"""Execution layer: runs plans over mpi4py with identity-checked frames (point-to-point only)."""
+"""Execution layer: runs realizations of declared trees over mpi4py (point-to-point only).
 
+One executor (engine.Engine) runs every realization's program; frames.py owns headers,
+transport.py owns waits, bounds and the debug log.
+"""
+
+from .allreduce import (  # noqa: F401
+    REALIZATIONS,
+    Allreducer,
+    Combiner,
+    ScatterCombiner,
+    allreduce,
+    choose_realization,
+    combine,
+    reduce_scatter,
+)
 from .assembly import Assembler, assemble  # noqa: F401
-from .combiner import Combiner, combine  # noqa: F401
-from .allreduce import Allreducer, allreduce, reduce_scatter  # noqa: F401
-from .scatter import ScatterCombiner  # noqa: F401
+from .engine import Engine  # noqa: F401
+
+__all__ = ["Allreducer", "Combiner", "ScatterCombiner", "Engine", "Assembler", "allreduce", "combine",
+           "reduce_scatter", "assemble", "choose_realization", "REALIZATIONS"]

@@ -1,114 +1,84 @@
-"""Allreduce by a declared tree, realized by the tree schedule or the scatter schedule (layer 4).
+"""Allreduce and reduce-scatter by a declared tree, by any realization of it (layer 4).
 
-Both realizations evaluate every coordinate in the declared order, so they give the same bits and
-share one order id; they differ in where coordinates are computed and what moves:
+Every realization evaluates every coordinate in the declared order, so they all give the tree's
+bits and share its order id; they differ in where coordinates are computed and what moves
+(planning/realize.py). `auto` picks the applicable realization with the lowest α–β–γ estimate
+(planning/cost.py): typically butterfly for small payloads and halving for large ones on a
+pairwise tree over 2^k ranks; replicate, tree or scatter for other trees. The choice depends
+only on the tree plan, the rank count and the calibration, so every rank makes the same one
+(give every rank the same ALPHA_MPI_CALIBRATION).
 
-- "tree" (execution/combiner.py): the payload travels up the placed tree and back down. Fewest
-  messages and hops per rank: the latency realization for small payloads.
-- "scatter" (execution/scatter.py): coordinates cut into one chunk per rank, each chunk's whole
-  tree evaluated at its owner, chunks gathered: every rank moves 2(p-1)/p of the vector: the
-  bandwidth realization for large payloads.
-
-"auto" picks by payload size: scatter from `crossover_bytes` up (argument, else the environment
-variable ALPHA_MPI_CROSSOVER_BYTES, else p * DEFAULT_CROSSOVER_BYTES_PER_RANK, measured on the
-development machine with `alpha-mpi bench allreduce`: the tree and scatter realizations cost the
-same at about 64 KiB per rank, i.e. 128 KiB at p = 2 and 256 KiB at p = 4). Every rank must
-choose the same: the choice depends only on the layout, p and the crossover, so give every rank
-the same environment. A rank that runs the other realization is refused by name (its frames name
-another plan identity), or times out with peer-timeout.
+Convenience calls (`allreduce`, `combine`, `reduce_scatter`) cache their executor per
+communicator, tree, layout, delivery and realization: no re-planning in loops.
 """
 
 from __future__ import annotations
 
-import os
+import numpy as np
 
-from ..model.delivery import ReplicateAll
-from ..planning import Plan, plan as make_plan
-from ..planning.scatter_plan import ReduceScatter, ScatterPlan, plan_scatter
+from ..model.delivery import ReduceScatter, ReplicateAll
+from ..planning import Plan
+from ..planning.cost import choose, load_calibration
+from ..planning.realize import REDUCE_SCATTER, applicable, as_tree_plan, realize
+from ..planning.realize import REALIZATIONS as NAMES
+from ..planning.scatter_plan import ScatterPlan
 from ..refusals import PlanRefusal, Refusal
-from .combiner import Combiner, _cached_comm, _infer_layout
-from .scatter import ScatterCombiner
+from .engine import Engine
 from .transport import library_comm
 
-# Payload bytes per rank from which "auto" uses the scatter realization: the crossover is
-# p * DEFAULT_CROSSOVER_BYTES_PER_RANK. Measured with benchmarks/sweep_allreduce.sh (MPICH
-# 5.0.2, 2-core KVM guest): tree and scatter break even at 64-128 KiB for p = 2 and at 128-256
-# KiB for p = 4 (see README "Benchmarks"). Override per call (crossover_bytes=, absolute bytes)
-# or per job (ALPHA_MPI_CROSSOVER_BYTES, absolute bytes).
-DEFAULT_CROSSOVER_BYTES_PER_RANK = 64 * 1024
-
-REALIZATIONS = ("auto", "tree", "scatter")
+REALIZATIONS = ("auto",) + NAMES
 
 
-def default_crossover(size: int) -> int:
-    """The built-in crossover for `size` ranks (bytes of payload)."""
-    return max(1, int(size)) * DEFAULT_CROSSOVER_BYTES_PER_RANK
-
-
-def crossover_from_env(crossover_bytes=None, size: int = 2) -> int:
-    """The crossover in payload bytes: the argument, else ALPHA_MPI_CROSSOVER_BYTES, else the
-    built-in default for `size` ranks."""
-    if crossover_bytes is not None:
-        value, source = crossover_bytes, "crossover_bytes"
-    else:
-        value, source = os.environ.get("ALPHA_MPI_CROSSOVER_BYTES"), "ALPHA_MPI_CROSSOVER_BYTES"
-        if value in (None, ""):
-            return default_crossover(size)
-    try:
-        out = int(value)
-    except (TypeError, ValueError):
-        raise Refusal("usage", f"{source} must be a byte count, got {value!r}") from None
-    if out < 0:
-        raise Refusal("usage", f"{source} must be >= 0, got {out}")
-    return out
-
-
-def choose_realization(payload_bytes: int, realization: str = "auto", crossover_bytes=None, size: int = 2) -> str:
-    """'tree' or 'scatter' for a payload of `payload_bytes` on `size` ranks."""
+def _check_realization(realization: str) -> None:
     if realization not in REALIZATIONS:
         raise Refusal("usage", f"realization must be one of {', '.join(REALIZATIONS)}, got {realization!r}")
-    if realization != "auto":
-        return realization
-    return "scatter" if payload_bytes >= crossover_from_env(crossover_bytes, size) else "tree"
+
+
+def choose_realization(tp: Plan, realization: str = "auto", mode: str = "allreduce", calibration=None):
+    """(name, estimates {name: seconds}) for tree plan `tp`: `realization` itself if not auto
+    (refused by name if inapplicable), else the applicable one with the lowest estimate."""
+    _check_realization(realization)
+    ok = [k for k, why in applicable(tp, mode).items() if why is None]
+    cal = calibration if calibration is not None else load_calibration()
+    best, est = choose(tp, ok, cal, mode)
+    return (best if realization == "auto" else realization), est
 
 
 class Allreducer:
-    """Combine by `tree` repeatedly on `comm` with the realization chosen for the payload size.
+    """Combine by `tree` repeatedly on `comm` with one realization of it. Build it on every rank
+    (collectively: it duplicates the communicator).
 
-    Build it on every rank (collectively: it duplicates the communicator). `tree` is a tree
-    (Node) or a tree Plan; `layout` a Layout or an element count (taken from the Plan if None).
-    `.realization` says which realization runs, `.plan` its plan, `.order_id` the declared order
-    (the same for both realizations). `run(contributions, out=None)` returns the combined payload
-    where delivery reaches this rank, else None (`out` is then left as it was).
+    `tree`: a tree (Node, with `layout`: a Layout or an element count) or a tree Plan.
+    `realization`: "auto" (default), "tree", "scatter", "replicate", "butterfly", "halving";
+    one that cannot realize this tree on this many ranks is refused (`realization-inapplicable`,
+    naming the ones that apply). `mode="reduce-scatter"`: rank r ends with chunk r only.
+    `.realization` says what runs, `.estimates` the model's seconds per applicable realization,
+    `.plan` the Program, `.order_id` the declared order (the same for every realization).
+    `run(contributions, out=None, timeout=None)` returns the combined payload where delivery
+    reaches this rank, else None; in reduce-scatter mode (start, stop, chunk).
     """
 
     def __init__(self, comm, tree, layout=None, delivery=None, realization: str = "auto", crossover_bytes=None, *,
-                 timeout=None, contract: str = "", segment=None, depth=None, coverage=None, dup: bool = True):
+                 timeout=None, contract: str = "", segment=None, depth=None, coverage=None, dup: bool = True,
+                 mode: str = "allreduce", calibration=None):
         size = comm.Get_size()
         if isinstance(tree, Plan):
-            tree_plan = tree
-            if tree_plan.size != size:
-                raise PlanRefusal("plan-rank-mismatch", f"plan is for {tree_plan.size} ranks, communicator has {size}")
-            if delivery is not None and delivery != tree_plan.delivery:
-                raise PlanRefusal("plan-rank-mismatch", f"delivery {delivery!r} differs from the plan's {tree_plan.delivery!r}")
-        else:
-            if layout is None:
-                raise Refusal("contribution-shape", "Allreducer needs a layout (a Layout or an element count) with a tree")
-            tree_plan = make_plan(tree, ReplicateAll() if delivery is None else delivery, layout, size=size, coverage=coverage)
-        if isinstance(tree_plan.delivery, ReduceScatter):  # pragma: no cover - plan() refuses it
-            raise PlanRefusal("plan-rank-mismatch", "use reduce_scatter() / ScatterCombiner for ReduceScatter")
-        self.tree_plan = tree_plan
-        self.order_id = tree_plan.order_id
-        self.crossover_bytes = crossover_from_env(crossover_bytes, size)
-        self.realization = choose_realization(tree_plan.layout.nbytes, realization, self.crossover_bytes, size)
+            if tree.size != size:
+                raise PlanRefusal("plan-rank-mismatch", f"plan is for {tree.size} ranks, communicator has {size}")
+            if delivery is not None and delivery != tree.delivery:
+                raise PlanRefusal("plan-delivery-mismatch", f"delivery {delivery!r} differs from the plan's {tree.delivery!r}")
+        elif layout is None:
+            raise Refusal("contribution-shape", "Allreducer needs a layout (a Layout or an element count) with a tree")
+        tp = as_tree_plan(tree, ReplicateAll() if delivery is None else delivery, layout, size=size, coverage=coverage)
+        self.tree_plan = tp
+        self.order_id = tp.order_id
+        self.realization, self.estimates = choose_realization(tp, realization, mode, calibration)
+        self.estimate = self.estimates.get(self.realization)
+        self.plan = realize(tp, self.realization, mode=mode, segment=segment)
         self.comm = library_comm(comm) if dup else comm
         self._owns_comm = dup
-        if self.realization == "tree":
-            self.plan = tree_plan
-            self.executor = Combiner(self.comm, tree_plan, timeout=timeout, contract=contract, dup=False)
-        else:
-            self.plan = plan_scatter(tree_plan, segment=segment)
-            self.executor = ScatterCombiner(self.comm, self.plan, timeout=timeout, contract=contract, dup=False, depth=depth)
+        self.executor = Engine(self.comm, self.plan, timeout=timeout, contract=contract, dup=False)
+        self.slots = self.executor.slots
 
     @property
     def identity(self) -> str:
@@ -118,10 +88,24 @@ class Allreducer:
     def broken(self):
         return self.executor.broken
 
-    def run(self, contributions, out=None):
-        return self.executor.run(contributions, out=out)
+    @property
+    def step(self) -> int:
+        return self.executor.step
+
+    def run(self, contributions, out=None, *, timeout=None):
+        return self.executor.run(contributions, out=out, timeout=timeout)
 
     __call__ = run
+
+    def reduce_scatter_run(self, contributions, out=None, *, timeout=None):
+        """Reduce-scatter mode only: (start, stop, values of coordinates start..stop-1)."""
+        if self.plan.mode != "reduce-scatter":
+            raise PlanRefusal("plan-delivery-mismatch", "this Allreducer delivers the whole result; build it with mode='reduce-scatter'")
+        return self.executor.run(contributions, out=out, timeout=timeout)
+
+    def describe(self) -> str:
+        est = ", ".join(f"{k} {v * 1e6:.1f} us" for k, v in sorted(self.estimates.items(), key=lambda kv: kv[1]))
+        return f"realization {self.realization} (model estimates: {est})"
 
     def free(self) -> None:
         """Free the persistent requests (and the duplicated communicator, if this made one)."""
@@ -131,60 +115,120 @@ class Allreducer:
             self.comm.Free()
 
 
+class Combiner(Engine):
+    """The tree realization of a tree Plan, exactly as placed (reduce up, deliver down)."""
+
+    def __init__(self, comm, plan: Plan, *, timeout=None, contract: str = "", dup: bool = True):
+        if not isinstance(plan, Plan):
+            raise PlanRefusal("plan-rank-mismatch", f"Combiner runs a tree Plan (alpha_mpi.plan), got {type(plan).__name__}")
+        if plan.size != comm.Get_size():
+            raise PlanRefusal("plan-rank-mismatch", f"plan is for {plan.size} ranks, communicator has {comm.Get_size()}")
+        super().__init__(comm, realize(plan, "tree"), timeout=timeout, contract=contract, dup=dup)
+        self.tree_plan = plan
+
+
+class ScatterCombiner(Engine):
+    """The scatter realization described by a ScatterPlan (planning/scatter_plan.py)."""
+
+    def __init__(self, comm, splan: ScatterPlan, *, timeout=None, contract: str = "", dup: bool = True, depth=None):
+        if not isinstance(splan, ScatterPlan):
+            raise PlanRefusal("plan-rank-mismatch", f"ScatterCombiner runs a ScatterPlan (plan_scatter), got {type(splan).__name__}")
+        mode = "reduce-scatter" if isinstance(splan.delivery, ReduceScatter) else "allreduce"
+        tp = as_tree_plan(splan.tree, None if mode == "reduce-scatter" else splan.delivery, splan.layout,
+                          size=splan.size, coverage=splan.coverage)
+        super().__init__(comm, realize(tp, "scatter", mode=mode, segment=splan.segment), timeout=timeout,
+                         contract=contract, dup=dup)
+        self.scatter_plan = splan
+
+    def reduce_scatter_run(self, contributions, out=None, *, timeout=None):
+        if self.program.mode != "reduce-scatter":
+            raise PlanRefusal("plan-delivery-mismatch", "this plan delivers the whole result; plan it with ReduceScatter()")
+        return self.run(contributions, out=out, timeout=timeout)
+
+
+# -- convenience calls, cached ------------------------------------------------------------------
 _CACHE: dict = {}
+_COMMS: dict = {}
 
 
-def _tree_plan(comm, tree, contributions, delivery, layout, coverage):
-    if isinstance(tree, Plan):
-        return tree
-    if layout is None:
-        layout = _infer_layout(contributions)
-    return make_plan(tree, delivery, layout, size=comm.Get_size(), coverage=coverage)
+def _cached_comm(comm):
+    key = comm.py2f()
+    c = _COMMS.get(key)
+    if c is None:
+        c = _COMMS[key] = library_comm(comm)
+    return c
+
+
+def _infer_layout(contributions):
+    from ..model import Layout
+
+    if isinstance(contributions, dict):
+        for value in contributions.values():
+            if isinstance(value, tuple):
+                return Layout(*[(n, int(np.size(v))) for n, v in zip(("numerator", "mass"), value)])
+            return Layout.vector(int(np.size(value)))
+    raise Refusal(
+        "contribution-missing",
+        "this rank passed no contributions, so the payload size is unknown; pass layout= (every rank the same)",
+    )
+
+
+def _key_of(layout, contributions):
+    if layout is not None:
+        return layout if not hasattr(layout, "key") else layout.key()
+    if type(contributions) is dict:
+        for v in contributions.values():
+            if type(v) is np.ndarray:
+                return ("n", v.size)
+            break
+    return ("layout", _infer_layout(contributions).key())
+
+
+def _cached(comm, tree, contributions, delivery, layout, realization, mode, coverage, segment, timeout):
+    """The cached Allreducer for these arguments (built collectively on first use)."""
+    tkey = tree.identity if isinstance(tree, Plan) else tree._placed if hasattr(tree, "_placed") else id(tree)
+    key = (comm.py2f(), tkey, _key_of(layout, contributions), delivery, realization, mode,
+           None if coverage is None else coverage.key(), segment)
+    a = _CACHE.get(key)
+    if a is None or a.broken is not None:
+        if not isinstance(tree, Plan) and layout is None:
+            layout = _infer_layout(contributions)
+        a = _CACHE[key] = Allreducer(_cached_comm(comm), tree, layout, delivery, realization, timeout=timeout,
+                                     segment=segment, coverage=coverage, dup=False, mode=mode)
+    return a
 
 
 def allreduce(comm, tree, contributions, delivery=None, *, layout=None, out=None, realization: str = "auto",
               crossover_bytes=None, timeout=None, segment=None, coverage=None):
     """Combine `contributions` (slot -> float64 array, or (numerator, mass) tuple) by `tree`
-    (a Node or a tree Plan) with the realization chosen by payload size (see the module
-    docstring). Returns the combined payload where delivery reaches this rank, else None.
-    Executors are cached per communicator, plan and realization (no re-planning in loops)."""
-    tp = _tree_plan(comm, tree, contributions, delivery, layout, coverage)
-    crossover = crossover_from_env(crossover_bytes, tp.size)
-    chosen = choose_realization(tp.layout.nbytes, realization, crossover, tp.size)
-    key = ("allreduce", comm.py2f(), tp.identity, chosen, segment)
-    a = _CACHE.get(key)
-    if a is None or a.broken is not None:
-        a = _CACHE[key] = Allreducer(_cached_comm(comm), tp, realization=chosen, timeout=timeout, segment=segment, dup=False)
-    return a.run(contributions, out=out)
+    (a Node or a tree Plan) with the chosen realization. Returns the combined payload where
+    delivery reaches this rank, else None. Executors are cached (see the module docstring)."""
+    a = _cached(comm, tree, contributions, delivery, layout, realization, "allreduce", coverage, segment, timeout)
+    return a.run(contributions, out=out, timeout=timeout)
 
 
-def reduce_scatter(comm, tree, contributions, *, layout=None, out=None, timeout=None, segment=None, coverage=None):
-    """Reduce by `tree` and keep chunk c of the result at rank c only (the scatter realization
-    without its gather). Returns (start, stop, values of coordinates start..stop-1) on every
-    rank; chunks are contiguous, in rank order, sizes differing by at most one (possibly empty
-    when the payload has fewer coordinates than ranks). `out`: an array of the chunk's length
-    or of the whole payload (then the chunk is written at out[start:stop]). A non-finite
-    combine is refused on every rank."""
+def combine(comm, tree, contributions, delivery=None, *, layout=None, out=None, timeout=None):
+    """Combine by the tree realization exactly as placed (see `allreduce` for the others)."""
+    a = _cached(comm, tree, contributions, delivery, layout, "tree", "allreduce", None, None, timeout)
+    return a.run(contributions, out=out, timeout=timeout)
+
+
+def reduce_scatter(comm, tree, contributions, *, layout=None, out=None, timeout=None, segment=None, coverage=None,
+                   realization: str = "auto"):
+    """Reduce by `tree` and keep chunk r of the result at rank r only. Returns (start, stop,
+    values of coordinates start..stop-1) on every rank (a chunk may be empty). `out`: an array
+    of the chunk's length or of the whole payload (the chunk is then written at out[start:stop]).
+    Realizations: halving (pairwise trees on 2^k ranks) or scatter (any tree)."""
     if isinstance(tree, ScatterPlan):
-        sp = tree
-    else:
-        if isinstance(tree, Plan):
-            base = tree
-        else:
-            if layout is None:
-                layout = _infer_layout(contributions)
-            base = make_plan(tree, None, layout, size=comm.Get_size(), coverage=coverage)
-        sp = plan_scatter(base, ReduceScatter(), segment=segment)
-    if not isinstance(sp.delivery, ReduceScatter):
-        raise PlanRefusal("plan-rank-mismatch", "reduce_scatter() needs a plan made with ReduceScatter()")
-    if sp.size != comm.Get_size():
-        raise PlanRefusal("plan-rank-mismatch", f"plan is for {sp.size} ranks, communicator has {comm.Get_size()}")
-    key = ("reduce-scatter", comm.py2f(), sp.identity)
-    c = _CACHE.get(key)
-    if c is None or c.broken is not None:
-        c = _CACHE[key] = ScatterCombiner(_cached_comm(comm), sp, timeout=timeout, dup=False)
-    return c.reduce_scatter_run(contributions, out=out)
+        if not isinstance(tree.delivery, ReduceScatter):
+            raise PlanRefusal("plan-delivery-mismatch", "reduce_scatter() needs a plan made with ReduceScatter()")
+        segment, realization, tree = tree.segment, "scatter", as_tree_plan(tree.tree, None, tree.layout, size=tree.size,
+                                                                            coverage=tree.coverage)
+    if realization not in ("auto",) + REDUCE_SCATTER:
+        raise Refusal("usage", f"reduce_scatter realizations are auto, {', '.join(REDUCE_SCATTER)}; got {realization!r}")
+    a = _cached(comm, tree, contributions, None, layout, realization, "reduce-scatter", coverage, segment, timeout)
+    return a.run(contributions, out=out, timeout=timeout)
 
 
-__all__ = ["Allreducer", "allreduce", "reduce_scatter", "choose_realization", "default_crossover",
-           "DEFAULT_CROSSOVER_BYTES_PER_RANK", "ReduceScatter"]
+__all__ = ["Allreducer", "Combiner", "ScatterCombiner", "allreduce", "combine", "reduce_scatter",
+           "choose_realization", "REALIZATIONS", "ReduceScatter"]

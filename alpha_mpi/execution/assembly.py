@@ -7,15 +7,13 @@ frames (phase "assemble"), receives name their source and have the exact piece s
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 from mpi4py import MPI
 
 from ..planning.assembly import AssemblyPlan
-from ..refusals import FrameRefusal, PlanRefusal, Refusal
+from ..refusals import PlanRefusal, Refusal
 from .frames import FrameSpec, frame_buffer, payload
-from .transport import TAG, cancel_all, debug_enabled, library_comm, log, timeout_from_env, wait_one
+from .transport import TAG, Waiter, cancel_receives, debug_enabled, library_comm, log, mark_broken
 
 
 class Assembler:
@@ -28,7 +26,8 @@ class Assembler:
         self.plan = aplan
         self.comm = library_comm(comm) if dup else comm
         self.rank = rank = self.comm.Get_rank()
-        self.timeout = timeout_from_env(timeout)
+        self.waiter = Waiter(self.comm, timeout)
+        self.timeout = self.waiter.timeout
         self.debug = debug_enabled()
         self.step = 0
         self.broken = None
@@ -72,7 +71,6 @@ class Assembler:
         for (a, b), v in pieces.items():
             if not isinstance(v, np.ndarray) or v.dtype != np.float64 or v.size != b - a:
                 raise Refusal("contribution-shape", f"range [{a}, {b}) needs {b - a} float64 values")
-        deadline = time.monotonic() + self.timeout
         self.flags = flags
         try:
             for r in self.recvs:
@@ -90,20 +88,18 @@ class Assembler:
                 for (a, b), v in pieces.items():
                     out[a:b] = v
             for s, spec, buf, pl, (a, b), req, status in self.recvs:
-                try:
-                    wait_one(req, status, deadline, (s.peer, s.index, "assemble", self.step, self.timeout))
-                except MPI.Exception as e:
-                    raise FrameRefusal("frame-size-mismatch", f"assemble edge {s.index} from rank {s.peer}: {e.Get_error_string().strip()}")
+                self.waiter.wait(req, status, s.peer, f"assemble frame {s.index}", self.step)
                 self.flags |= spec.check(buf, self.step, status.Get_count(MPI.BYTE))
                 if self.debug:
                     log(self.rank, f"recv <- {s.peer} edge {s.index} step {self.step} {buf.nbytes}B")
                 out[a:b] = pl
             for s, spec, buf, pl, rng, req in self.sends:
-                wait_one(req, None, deadline, (s.peer, s.index, "assemble send", self.step, self.timeout))
+                self.waiter.wait(req, None, s.peer, f"assemble frame {s.index}", self.step)
             return out if receiver else None
         except Refusal as e:
             self.broken = e.code
-            cancel_all([r[5] for r in self.recvs] + [x[5] for x in self.sends])
+            cancel_receives([r[5] for r in self.recvs])  # never a send: see transport
+            mark_broken(self.rank, e.code, [x[5] for x in self.sends])
             raise
         finally:
             self.step += 1

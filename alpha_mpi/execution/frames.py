@@ -1,28 +1,33 @@
-"""Frames: one contiguous buffer per message, a fixed little-endian header then the payload.
+"""Frames: a fixed little-endian header, then the payload (the one owner of writing and checking).
 
-Header (128 bytes, so the payload starts 64-byte aligned within the buffer):
+A frame is one buffer (header in front of its payload: one MPI message) or, for payloads of
+64 KiB and more, a header message followed by the payload message straight from or into its
+place (no copy of user data); see planning/program.py. Header (128 bytes, format version 2):
 
     off size field
       0    8 magic b"ALPHAMPI"
       8    2 format version
-     10    1 phase (1 reduce, 2 deliver, 3 assemble)
-     11    1 flags (bit 0: the combined value is non-finite upstream)
+     10    1 phase (PHASE_CODE)
+     11    1 flags (bit 0 non-finite upstream, bit 1 a rank refused, bit 2 payload crc present)
      12    4 header size (128)
-     16    8 topology code (sha256 of the shape name: star, hierarchy:K, ...)
-     24   16 order identity (plan order id: tree order + payload layout)
-     40   16 identity (plan identity: placement, delivery, layout, realization)
+     16    8 topology code (sha256 of the shape name: star, hierarchy:K, pairwise, ...)
+     24   16 order identity (tree order + payload layout)
+     40   16 identity (the realization's plan identity: placement, delivery, layout, realization)
      56    8 contract digest (numerical contract; zero when none is named)
-     64    8 step (advances by one per combine on a plan)
-     72    4 edge index
+     64    8 step (advances by one per run of a plan)
+     72    4 message index
      76    4 sender rank
      80    4 receiver rank
-     84    8 layout digest
+     84    8 layout digest (what the payload holds: components, coordinate range, pieces)
      92    8 element count
-    100    4 crc32 of bytes 0..99
-    104   24 reserved (zero)
+    100    4 refusing rank + 1 (0: none), when flag bit 1 is set
+    104    4 refusal code (first 4 bytes of sha256 of the code)
+    108    4 payload crc32 (when flag bit 2 is set)
+    112   12 reserved (zero)
+    124    4 crc32 of bytes 0..123
 
-The receiver knows exactly which frame it expects and checks every field before any arithmetic;
-the first field that differs names the refusal.
+A check is one bytes comparison with the expected header (step patched; flags, refusal and
+payload crc free) plus the CRC; only when it differs does `FrameSpec.check` name the field.
 """
 
 from __future__ import annotations
@@ -33,23 +38,24 @@ import zlib
 
 import numpy as np
 
-from ..refusals import FrameRefusal
+from ..refusals import ADVICE, FrameRefusal
 
 MAGIC = b"ALPHAMPI"
-VERSION = 1
+VERSION = 2
 HEADER = 128
-_FMT = struct.Struct("<8sHBBI8s16s16s8sQIII8sQ")
-_CRC = struct.Struct("<I")
-PHASE_CODE = {"r": 1, "d": 2, "a": 3}
-PHASE_NAME = {1: "reduce", 2: "deliver", 3: "assemble"}
-# Scatter realization (planning/scatter_plan.py): leaf pieces to chunk owners, reduced chunks out.
-PHASE_CODE.update({"s": 4, "g": 5})
-PHASE_NAME.update({4: "scatter", 5: "gather"})
+_FMT = struct.Struct("<8sHBBI8s16s16s8sQIII8sQ")  # bytes 0..99
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+PHASE_CODE = {"r": 1, "d": 2, "a": 3, "s": 4, "g": 5, "x": 6, "h": 7, "u": 8, "o": 9, "f": 10}
+PHASE_NAME = {1: "reduce", 2: "deliver", 3: "assemble", 4: "scatter", 5: "gather", 6: "exchange",
+              7: "halving", 8: "allgather", 9: "operands", 10: "flags"}
 FLAG_NONFINITE = 1
+FLAG_REFUSED = 2
+FLAG_PAYLOAD_CRC = 4
 if _FMT.size != 100:  # the layout above is part of the wire format
     raise ImportError("alpha_mpi frame header layout changed size")
 
-_STEP_OFF, _FLAGS_OFF, _CRC_OFF = 64, 11, 100
+_FLAGS_OFF, _STEP_OFF, _REFUSED_OFF, _CODE_OFF, _PCRC_OFF, _CRC_OFF = 11, 64, 100, 104, 108, 124
 
 
 def short_digest(text: str, n: int) -> bytes:
@@ -63,10 +69,23 @@ def short_digest(text: str, n: int) -> bytes:
     return hashlib.sha256(text.encode()).digest()[:n]
 
 
-class FrameSpec:
-    """What one planned frame must say. Built once per plan and edge; patched per step."""
+def code_tag(code: str) -> bytes:
+    return hashlib.sha256(code.encode()).digest()[:4]
 
-    __slots__ = ("phase", "edge", "sender", "receiver", "count", "fields", "topology", "order", "identity", "contract", "layout")
+
+_CODE_OF_TAG = {code_tag(c): c for c in ADVICE}
+
+
+def code_of_tag(tag: bytes) -> str:
+    """The refusal code a header names (or a placeholder for a code this version lacks)."""
+    return _CODE_OF_TAG.get(bytes(tag), "unknown-code-" + bytes(tag).hex())
+
+
+class FrameSpec:
+    """What one planned frame must say. Built once per plan and message; patched per step."""
+
+    __slots__ = ("phase", "edge", "sender", "receiver", "count", "topology", "order", "identity", "contract",
+                 "layout", "expect", "where")
 
     def __init__(self, *, phase, edge, sender, receiver, count, topology, order_id, identity, layout_key, contract=""):
         self.phase = PHASE_CODE[phase]
@@ -76,35 +95,52 @@ class FrameSpec:
         self.identity = short_digest(identity, 16)
         self.contract = short_digest(contract, 8) if contract else b"\0" * 8
         self.layout = short_digest(layout_key, 8)
+        tmp = bytearray(HEADER)
+        self._pack(tmp, 0, 0)
+        self.expect = bytes(tmp[:_CRC_OFF])  # step 0, no flags
+        self.where = f"{PHASE_NAME[self.phase]} frame {edge} from rank {sender}"
 
-    def write(self, buf: np.ndarray, step: int, flags: int = 0) -> None:
-        """Write the header into the first HEADER bytes of a uint8 frame buffer."""
+    def _pack(self, buf, step: int, flags: int) -> None:
         _FMT.pack_into(
             buf, 0, MAGIC, VERSION, self.phase, flags, HEADER, self.topology, self.order,
             self.identity, self.contract, step, self.edge, self.sender, self.receiver, self.layout, self.count,
         )
-        _CRC.pack_into(buf, _CRC_OFF, zlib.crc32(buf[:_CRC_OFF]))
 
-    def check(self, buf: np.ndarray, step: int, nbytes_received: int) -> int:
-        """Refuse unless the received frame is exactly the one expected; return its flags."""
+    @property
+    def nbytes(self) -> int:
+        return 8 * self.count
+
+    def write(self, buf, step: int, flags: int = 0, refused: int = -1, code: str = "", payload_crc: int = 0) -> None:
+        """Write the whole header into the first HEADER bytes of a uint8 buffer."""
+        mv = memoryview(buf).cast("B") if not isinstance(buf, memoryview) else buf
+        mv[:_CRC_OFF] = self.expect
+        patch(mv, step, flags, refused, code_tag(code) if code else b"\0\0\0\0", payload_crc)
+
+    def check(self, buf, step: int, nbytes_received: int, split: bool = False) -> int:
+        """Refuse unless the received header is exactly the one expected; return its flags.
+        `nbytes_received`: bytes of the message (the header message only, when `split`)."""
         ctx = dict(edge=self.edge, peer=self.sender, step=step)
-        where = f"{PHASE_NAME[self.phase]} edge {self.edge} from rank {self.sender} (step {step})"
-        expected_bytes = HEADER + 8 * self.count
+        where = f"{self.where} (step {step})"
+        expected_bytes = HEADER if split else HEADER + 8 * self.count
         if nbytes_received < HEADER:
             raise FrameRefusal("frame-size-mismatch", f"{where}: {nbytes_received} bytes arrived, less than a header", **ctx)
-        f = _FMT.unpack_from(buf, 0)
+        h = bytes(memoryview(buf).cast("B")[:HEADER])
+        f = _FMT.unpack_from(h, 0)
         (magic, version, phase, flags, hsize, topo, order, ident, contract, fstep, edge, sender, receiver, layout, count) = f
+        if magic == MAGIC and version != VERSION:
+            if version == 1 and _U32.unpack_from(h, 100)[0] == zlib.crc32(h[:100]):
+                raise FrameRefusal("frame-version", f"{where}: format version {version}, expected {VERSION}", **ctx)
+        if _U32.unpack_from(h, _CRC_OFF)[0] != zlib.crc32(h[:_CRC_OFF]) or hsize != HEADER:
+            raise FrameRefusal(
+                "frame-checksum", f"{where}: the header's checksum does not match its contents (corrupted in transit"
+                + (")" if magic == MAGIC else ", or not an alpha_mpi frame)"), **ctx)
         if magic != MAGIC:
             raise FrameRefusal("frame-magic", f"{where}: magic {magic!r}, expected {MAGIC!r}", **ctx)
         if version != VERSION:
             raise FrameRefusal("frame-version", f"{where}: format version {version}, expected {VERSION}", **ctx)
-        (crc,) = _CRC.unpack_from(buf, _CRC_OFF)
-        if crc != zlib.crc32(buf[:_CRC_OFF]) or hsize != HEADER:
-            raise FrameRefusal("frame-checksum", f"{where}: header checksum does not match its contents", **ctx)
         if nbytes_received != expected_bytes:
             raise FrameRefusal(
-                "frame-size-mismatch", f"{where}: {nbytes_received} bytes arrived, expected {expected_bytes}", **ctx
-            )
+                "frame-size-mismatch", f"{where}: {nbytes_received} bytes arrived, expected {expected_bytes}", **ctx)
         if topo != self.topology:
             raise FrameRefusal(
                 "frame-topology-mismatch",
@@ -114,14 +150,17 @@ class FrameSpec:
         if order != self.order:
             raise FrameRefusal("frame-order-mismatch", f"{where}: order id {order.hex()}, expected {self.order.hex()}", **ctx)
         if ident != self.identity:
-            raise FrameRefusal("frame-identity-mismatch", f"{where}: plan identity {ident.hex()}, expected {self.identity.hex()}", **ctx)
+            raise FrameRefusal(
+                "frame-identity-mismatch",
+                f"{where}: plan identity {ident.hex()}, expected {self.identity.hex()} (the peer runs another "
+                "realization, placement, delivery or rank count of this order)", **ctx)
         if contract != self.contract:
             raise FrameRefusal("frame-identity-mismatch", f"{where}: contract {contract.hex()}, expected {self.contract.hex()}", **ctx)
         if (phase, edge, sender, receiver) != (self.phase, self.edge, self.sender, self.receiver):
             raise FrameRefusal(
                 "frame-routing-mismatch",
-                f"{where}: frame says phase {phase} edge {edge} from {sender} to {receiver}, expected phase "
-                f"{self.phase} edge {self.edge} from {self.sender} to {self.receiver}",
+                f"{where}: frame says phase {phase} message {edge} from {sender} to {receiver}, expected phase "
+                f"{self.phase} message {self.edge} from {self.sender} to {self.receiver}",
                 **ctx,
             )
         if fstep != step:
@@ -129,10 +168,42 @@ class FrameSpec:
         if layout != self.layout or count != self.count:
             raise FrameRefusal(
                 "frame-size-mismatch",
-                f"{where}: {count} elements / {nbytes_received} bytes, expected {self.count} / {expected_bytes}",
-                **ctx,
+                f"{where}: {count} elements, expected {self.count} (another payload layout)", **ctx,
             )
+        if h[112:124] != bytes(12):
+            raise FrameRefusal("frame-checksum", f"{where}: reserved header bytes are not zero", **ctx)
         return flags
+
+    def fast_check(self, mv, step: int) -> int:
+        """The frame's flags if its header is byte for byte the expected one (step patched;
+        flags, refusal and payload crc free) with a valid CRC; -1 otherwise (then `check`
+        names what differs)."""
+        h = mv[:_CRC_OFF].tobytes()
+        e = self.expect
+        if (h[:_FLAGS_OFF] != e[:_FLAGS_OFF] or h[_FLAGS_OFF + 1:_STEP_OFF] != e[_FLAGS_OFF + 1:_STEP_OFF]
+                or h[_STEP_OFF + 8:_REFUSED_OFF] != e[_STEP_OFF + 8:_REFUSED_OFF] or h[112:] != e[112:]
+                or _U64.unpack_from(h, _STEP_OFF)[0] != step or _U32.unpack_from(mv, _CRC_OFF)[0] != zlib.crc32(h)):
+            return -1
+        return h[_FLAGS_OFF]
+
+
+def patch(mv, step: int, flags: int, refused: int = -1, code: bytes = b"\0\0\0\0", payload_crc: int = 0) -> None:
+    """Patch the per-run fields of a header written from its template, then its CRC."""
+    _U64.pack_into(mv, _STEP_OFF, step)
+    mv[_FLAGS_OFF] = flags
+    _U32.pack_into(mv, _REFUSED_OFF, refused + 1)
+    mv[_CODE_OFF:_CODE_OFF + 4] = code
+    _U32.pack_into(mv, _PCRC_OFF, payload_crc)
+    _U32.pack_into(mv, _CRC_OFF, zlib.crc32(mv[:_CRC_OFF]))
+
+
+def refusal_of(mv) -> tuple:
+    """(refusing rank, code) a header names (flag bit 1)."""
+    return _U32.unpack_from(mv, _REFUSED_OFF)[0] - 1, code_of_tag(mv[_CODE_OFF:_CODE_OFF + 4])
+
+
+def payload_crc_of(mv) -> int:
+    return _U32.unpack_from(mv, _PCRC_OFF)[0]
 
 
 def frame_buffer(count: int) -> np.ndarray:
@@ -142,3 +213,8 @@ def frame_buffer(count: int) -> np.ndarray:
 
 def payload(buf: np.ndarray) -> np.ndarray:
     return buf[HEADER:].view(np.float64)
+
+
+__all__ = ["MAGIC", "VERSION", "HEADER", "PHASE_CODE", "PHASE_NAME", "FLAG_NONFINITE", "FLAG_REFUSED",
+           "FLAG_PAYLOAD_CRC", "FrameSpec", "patch", "refusal_of", "payload_crc_of", "code_tag", "code_of_tag",
+           "frame_buffer", "payload", "short_digest"]

@@ -1,34 +1,47 @@
-"""Transport: mpi4py buffer point-to-point only, with bounded waits and a debug log.
+"""Transport: mpi4py buffer point-to-point only; the one owner of waits, time bounds and the log.
 
-Only upper-case buffer methods are used (Isend/Irecv, Send_init/Recv_init + Startall): no MPI
-collective touches data and nothing is pickled. Receives always name their source. Every wait is
-bounded: `wait_one` polls and gives up with `peer-timeout`, naming the peer, edge and step.
+Only upper-case buffer methods are used (Isend/Irecv, Send_init/Recv_init + Start): no MPI
+collective touches data and nothing is pickled. Receives always name their source.
+
+Waits. Every wait is bounded, per wait: a wait that sees no completion within the bound raises
+`peer-timeout` naming the peer and the frame. The bound exists for dead peers, not slow ones: the
+default (DEFAULT_TIMEOUT, 5 minutes, like other distributed runtimes) survives a peer that spends
+minutes in evaluation or a checkpoint write; set it per job (ALPHA_MPI_TIMEOUT) or per call.
+Idle policy: poll, then yield the core between polls (sched_yield returns at once on a dedicated
+core and lets an oversubscribed peer run), then after SLEEP_AFTER seconds back off with sleeps up
+to 1 ms, so a slow or dead peer does not cost a core. With more ranks on the node than cores,
+yield from the first empty poll. ALPHA_MPI_SPIN=1 never yields or sleeps (dedicated cores only).
+
+Failures. A send is never cancelled (MPI_Cancel of a pending send crashes some MPI libraries).
+After a genuine failure (a dead peer, a broken frame) frames may still be in flight, so the job
+cannot finish cleanly: `mark_broken` records it, and at interpreter exit the whole job is aborted
+(MPI_Abort, exit status 70) instead of hanging in MPI_Finalize.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import time
 
 from mpi4py import MPI
 
-from ..refusals import PeerTimeout, Refusal
+from ..refusals import FrameRefusal, PeerTimeout, Refusal
 
-DEFAULT_TIMEOUT = 30.0
-# Tags separate phases, so a deliver frame can never match a reduce receive. Within a phase,
-# frames between two ranks are sent and their receives posted in increasing edge order, and MPI's
-# non-overtaking rule (same source, tag and communicator) then pairs them exactly.
-TAG = {"r": 11, "d": 12, "a": 13}
-# The scatter realization shares the tree realization's tags on purpose (scatter with reduce,
-# gather with deliver): a peer that runs the other realization of the same order then meets a
-# frame it did not plan and refuses it by name, instead of both sides waiting for a timeout.
-TAG.update({"s": 11, "g": 12})
+DEFAULT_TIMEOUT = 300.0
+ABORT_STATUS = 70
+POLLS_BEFORE_YIELD = 200
+SLEEP_AFTER = 0.005
+_yield = getattr(os, "sched_yield", lambda: time.sleep(0))
+# Tags: combine frames use 2*seq (header) and 2*seq + 1 (payload) from TAG_BASE up; assembly its own.
+TAG = {"a": 13}
+TAG_BASE = 100
 
 
 def timeout_from_env(timeout=None) -> float:
-    """Seconds a wait may take: the argument, else ALPHA_MPI_TIMEOUT, else 30. A bad value is
-    refused rather than replaced, so a job never runs with a bound nobody chose."""
+    """Seconds one wait may take: the argument, else ALPHA_MPI_TIMEOUT, else DEFAULT_TIMEOUT. A
+    bad value is refused rather than replaced, so a job never runs with a bound nobody chose."""
     source = "timeout" if timeout is not None else "ALPHA_MPI_TIMEOUT"
     value = timeout if timeout is not None else os.environ.get("ALPHA_MPI_TIMEOUT", "") or DEFAULT_TIMEOUT
     try:
@@ -38,6 +51,11 @@ def timeout_from_env(timeout=None) -> float:
     if not seconds > 0 or seconds == float("inf"):
         raise Refusal("usage", f"{source} must be a finite number of seconds > 0, got {value!r}")
     return seconds
+
+
+def spin_from_env() -> bool:
+    """ALPHA_MPI_SPIN=1: waits never yield or sleep (benchmarks on dedicated cores)."""
+    return os.environ.get("ALPHA_MPI_SPIN", "") not in ("", "0")
 
 
 def debug_enabled() -> bool:
@@ -51,47 +69,149 @@ def log(rank: int, text: str) -> None:
 
 def library_comm(comm):
     """A duplicate of `comm` that only alpha_mpi uses, so user messages can never match ours.
-
-    Dup is a communicator-management call (no user data moves). The caller keeps the result.
-    """
+    Dup is a communicator-management call (no user data moves). The caller keeps the result."""
     return comm.Dup()
 
 
-def wait_one(req, status, deadline: float, what) -> None:
-    """Complete `req` or raise PeerTimeout at `deadline`. Spins briefly, then backs off.
+_OVERSUBSCRIBED: dict = {}
 
-    Sleeping matters: alpha_mpi runs oversubscribed (5 ranks on 2 cores in CI), where pure
-    spinning starves the very peer being waited for.
-    """
-    if req.Test(status):
-        return
-    spins = 0
-    pause = 2e-5
-    while True:
-        if req.Test(status):
-            return
-        spins += 1
-        if spins > 200:
-            now = time.monotonic()
-            if now > deadline:
-                peer, edge, phase, step, timeout = what
+
+def polls_before_yield(comm) -> int:
+    """1 when this node runs more ranks of `comm` than it has cores, else POLLS_BEFORE_YIELD.
+    Collective over `comm` (a communicator-management call, no data) the first time per comm."""
+    key = comm.py2f()
+    v = _OVERSUBSCRIBED.get(key)
+    if v is None:
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        try:
+            v = local.Get_size() > (os.cpu_count() or 1)
+        finally:
+            local.Free()
+        _OVERSUBSCRIBED[key] = v
+    return 1 if v else POLLS_BEFORE_YIELD
+
+
+class Waiter:
+    """The wait policy of one executor: its bound, idle behaviour and error naming."""
+
+    __slots__ = ("timeout", "spin", "before_yield", "rank")
+
+    def __init__(self, comm, timeout=None):
+        self.timeout = timeout_from_env(timeout)
+        self.spin = spin_from_env()
+        self.before_yield = polls_before_yield(comm)
+        self.rank = comm.Get_rank()
+
+    def wait(self, req, status, peer: int, what: str, step: int, timeout: float | None = None) -> None:
+        """Complete `req` or raise peer-timeout after `timeout` seconds without completion.
+        `what` names the frame ("exchange frame 3"); MPI errors are named (truncation: the peer
+        runs another plan; anything else: the peer failed)."""
+        try:
+            if req.Test(status):
+                return
+            bound = self.timeout if timeout is None else timeout
+            deadline = time.monotonic() + bound
+            polls, sleep_from, pause = 0, None, 5e-5
+            spin, before = self.spin, self.before_yield
+            while not req.Test(status):
+                polls += 1
+                if polls < before:
+                    continue
+                if spin:
+                    if polls & 4095 or time.monotonic() <= deadline:
+                        continue
+                else:
+                    now = time.monotonic()
+                    if now <= deadline:
+                        if sleep_from is None:
+                            sleep_from = now + SLEEP_AFTER
+                        if now < sleep_from:
+                            _yield()
+                        else:
+                            time.sleep(pause)
+                            pause = min(pause * 2, 1e-3)
+                        continue
                 raise PeerTimeout(
                     "peer-timeout",
-                    f"no {phase} frame for edge {edge} from rank {peer} at step {step} within {timeout:g} s",
-                    peer=peer,
-                    edge=edge,
-                    step=step,
+                    f"rank {self.rank}: {what} with rank {peer} did not complete within {bound:g} s at step {step} "
+                    "(the peer is stopped, dead or far behind)",
+                    peer=peer, step=step,
                 )
-            time.sleep(pause)
-            pause = min(pause * 2, 1e-3)
+        except MPI.Exception as e:
+            raise mpi_failure(e, peer, what, step) from None
 
 
-def cancel_all(requests) -> None:
-    """Best effort: cancel and free outstanding requests after a refusal."""
-    for req in requests:
+def mpi_failure(e, peer: int, what: str, step: int) -> Refusal:
+    """Name an MPI error on a frame: a truncated receive means the peer sent a longer frame than
+    planned (another plan); any other error means the peer or the transport failed."""
+    text = e.Get_error_string().strip()
+    if e.Get_error_class() == MPI.ERR_TRUNCATE:
+        return FrameRefusal("frame-size-mismatch",
+                            f"{what} from rank {peer} (step {step}): longer than planned ({text}); the peer runs "
+                            "another plan, realization or layout", peer=peer, step=step)
+    return Refusal("peer-failed", f"{what} with rank {peer} (step {step}) failed in MPI: {text} (the peer died "
+                   "or the interconnect failed)", peer=peer, step=step)
+
+
+# ---------------------------------------------------------------------------------------------
+_BROKEN: list = []
+_ABORT_AT_EXIT = [True]
+# A dead or stopped peer never lets the job end by itself (the launcher waits for every
+# process): after these, the job is aborted at exit whatever this process still has pending.
+_FATAL = frozenset(("peer-timeout", "peer-failed"))
+
+
+def set_abort_at_exit(enabled: bool) -> None:
+    """Whether a process that saw a failed combine aborts the job at exit (default True). Turn it
+    off only where something else ends the job: a test harness that provokes failures on
+    purpose, or an application that handles failures with a fault-tolerant MPI."""
+    _ABORT_AT_EXIT[0] = bool(enabled)
+
+
+def mark_broken(rank: int, code: str, pending_sends=()) -> None:
+    """Record a failure that may leave frames in flight. At exit the job is aborted if the
+    failure was a dead or stopped peer, or if a send of this process is still incomplete."""
+    if not _BROKEN:
+        atexit.register(_abort_if_broken)
+    _BROKEN.append((rank, code, tuple(pending_sends)))
+
+
+def _incomplete(reqs) -> bool:
+    for req in reqs:
+        try:
+            if not req.Test():
+                return True
+        except Exception:
+            return True
+    return False
+
+
+def _abort_if_broken() -> None:
+    # Registered after mpi4py's own MPI_Finalize hook, so it runs first (atexit is LIFO).
+    if not _ABORT_AT_EXIT[0] or not _BROKEN or not MPI.Is_initialized() or MPI.Is_finalized():
+        return
+    for rank, code, sends in _BROKEN:
+        if code in _FATAL or _incomplete(sends):
+            sys.stderr.write(f"r{rank} | alpha_mpi: a combine failed [{code}] and the job cannot end cleanly (a peer is "
+                             f"gone or frames are in flight); aborting it with exit status {ABORT_STATUS} instead of "
+                             "hanging in MPI_Finalize\n")
+            sys.stderr.flush()
+            MPI.COMM_WORLD.Abort(ABORT_STATUS)
+            return
+
+
+def cancel_receives(reqs) -> None:
+    """Cancel receives still pending after a failure (never sends: cancelling a pending send
+    crashes some MPI libraries)."""
+    for req in reqs:
         try:
             if req != MPI.REQUEST_NULL and not req.Test():
                 req.Cancel()
                 req.Test()
         except Exception:
             pass
+
+
+__all__ = ["DEFAULT_TIMEOUT", "ABORT_STATUS", "TAG", "TAG_BASE", "Waiter", "timeout_from_env", "spin_from_env",
+           "debug_enabled", "log", "library_comm", "polls_before_yield", "mark_broken", "mpi_failure", "set_abort_at_exit",
+           "cancel_receives"]

@@ -3,12 +3,12 @@ contracts as data. Pure Python: no MPI, no numpy, no kernel."""
 
 from .contract import NumericalContract, contract_for_plan, numerical_compatibility
 from .coverage import OrderedMembers, ParticipantGroup, check_coverage  # noqa: F401
-from .delivery import DeliverTo, ReplicateAll  # noqa: F401
+from .delivery import DeliverTo, ReduceScatter, ReplicateAll  # noqa: F401
 from .layout import Layout  # noqa: F401
 from .operations import CombineOrder, Formula
 from .profile import KeepFormat, Profile, RoundBinary64, WidenBinary32
 from .relation import BitIdentical, BoundedDifference, ConformanceEvidence, Tolerance, Unchecked
-from .topology import block_owners, build, classify, hierarchy, parse_topology, star  # noqa: F401
+from .topology import block_owners, build, classify, hierarchy, pairwise, parse_topology, star  # noqa: F401
 from .tree import Branch, Leaf, Node, expression, leaf_sequence, postorder  # noqa: F401
 
 __all__ = [
@@ -16,12 +16,14 @@ __all__ = [
     "ParticipantGroup",
     "check_coverage",
     "DeliverTo",
+    "ReduceScatter",
     "ReplicateAll",
     "Layout",
     "block_owners",
     "build",
     "classify",
     "hierarchy",
+    "pairwise",
     "parse_topology",
     "star",
     "Branch",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..refusals import ModelRefusal
 
-__all__ = ["ReplicateAll", "DeliverTo", "check_delivery"]
+__all__ = ["ReplicateAll", "DeliverTo", "ReduceScatter", "check_delivery"]
 
 
 class ReplicateAll:
@@ -47,6 +47,22 @@ class DeliverTo:
 
     def __hash__(self):
         return hash(("deliver-to", self.target))
+
+
+class ReduceScatter:
+    """Keep each reduced chunk at its owner: rank r ends with its chunk only (the learners' mode)."""
+
+    def key(self) -> str:
+        return "reduce-scatter"
+
+    def __repr__(self):
+        return "ReduceScatter()"
+
+    def __eq__(self, other):
+        return isinstance(other, ReduceScatter)
+
+    def __hash__(self):
+        return hash("reduce-scatter")
 
 
 def check_delivery(delivery) -> None:

@@ -17,6 +17,9 @@ __all__ = [
     "placement",
     "star",
     "hierarchy",
+    "pairwise_split",
+    "pairwise",
+    "TOPOLOGIES",
     "parse_topology",
     "build",
     "heap_preorder",
@@ -99,10 +102,48 @@ def hierarchy(slots, owners=None, fanout: int = 2) -> Node:
     return sub[0]
 
 
+def pairwise_split(lo: int, hi: int) -> int:
+    """Where the pairwise tree splits [lo, hi) (hi - lo >= 2): lo + 2**floor(log2(hi - lo - 1)).
+
+    The left part is the largest power of two below the length, so every power-of-two-aligned
+    block of positions is a complete subtree (the property the butterfly realizations need)."""
+    return lo + (1 << ((hi - lo - 1).bit_length() - 1))
+
+
+def pairwise(slots, owners=None) -> Node:
+    """The balanced binary tree over slot positions: [lo, hi) split at pairwise_split(lo, hi).
+
+    Each branch sits at the owner of its first slot. Placed in contiguous blocks with a
+    power-of-two rank count and slot count, each rank's block is one complete subtree and the
+    rank-level top is balanced: the butterfly and halving realizations then apply.
+    """
+    slots = _slots(slots)
+    place = placement(slots, owners)
+    # Iterative (no recursion limit): a stack of (lo, hi, expanded) ranges.
+    done: dict = {}
+    stack = [(0, len(slots), False)]
+    while stack:
+        lo, hi, expanded = stack.pop()
+        if hi - lo == 1:
+            done[(lo, hi)] = Leaf(slots[lo], place[lo])
+            continue
+        mid = pairwise_split(lo, hi)
+        if expanded:
+            done[(lo, hi)] = Branch(done.pop((lo, mid)), done.pop((mid, hi)), place[lo])
+        else:
+            stack.extend([(lo, hi, True), (mid, hi, False), (lo, mid, False)])
+    return done[(0, len(slots))]
+
+
+TOPOLOGIES = "pairwise | star | star:HUB | hierarchy:K"
+
+
 def parse_topology(text: str):
-    """'star', 'star:HUB', 'hierarchy:K' -> (kind, parameter)."""
+    """'pairwise', 'star', 'star:HUB', 'hierarchy:K' -> (kind, parameter)."""
     kind, _, arg = str(text).partition(":")
     try:
+        if kind == "pairwise" and not arg:
+            return ("pairwise", None)
         if kind == "star":
             return ("star", int(arg) if arg else None)
         if kind == "hierarchy":
@@ -117,6 +158,8 @@ def parse_topology(text: str):
 def build(topology: str, slots, owners=None) -> Node:
     """The tree a topology string names (parse_topology) over `slots`, placed by `owners`."""
     kind, arg = parse_topology(topology)
+    if kind == "pairwise":
+        return pairwise(slots, owners)
     if kind == "star":
         return star(slots, owners, hub=arg)
     return hierarchy(slots, owners, fanout=arg)
@@ -133,7 +176,7 @@ def heap_preorder(n: int, k: int) -> list:
 
 
 def classify(tree: Node) -> str:
-    """Name the shape of a tree: 'single', 'star', 'hierarchy:K' or 'custom'.
+    """Name the shape of a tree: 'single', 'star', 'pairwise', 'hierarchy:K' or 'custom'.
 
     Derived from the order (owners erased), so every rank names a tree's topology the same way
     and frames can tell a star peer from a hierarchy peer. Two slots form both a star and any
@@ -148,6 +191,8 @@ def classify(tree: Node) -> str:
         node = node.left
     if isinstance(node, Leaf):
         return "star"
+    if pairwise(seq)._order == tree._order:
+        return "pairwise"
     for k in range(1, min(n - 1, 64) + 1):
         slots = [None] * n
         for pos, s in zip(heap_preorder(n, k), seq):

@@ -35,7 +35,7 @@ import json
 from dataclasses import dataclass, field
 
 from ..model.coverage import check_coverage, default_coverage
-from ..model.delivery import DeliverTo, ReplicateAll, check_delivery
+from ..model.delivery import DeliverTo, ReduceScatter, ReplicateAll, check_delivery
 from ..model.layout import Layout, as_layout
 from ..model.topology import classify
 from ..model.tree import Branch, Leaf, Node, expression, leaf_sequence, postorder
@@ -47,22 +47,6 @@ from .steps import Step
 # buffers of a 2-4 deep pipeline stay in L2/L3, large enough that per-frame overhead (~10 us of
 # Python and MPI) stays under a few percent of the copy time.
 DEFAULT_SEGMENT = 1 << 16
-
-
-class ReduceScatter:
-    """Keep each reduced chunk at its owner: rank c ends with chunk c only (the learners' mode)."""
-
-    def key(self) -> str:
-        return "reduce-scatter"
-
-    def __repr__(self):
-        return "ReduceScatter()"
-
-    def __eq__(self, other):
-        return isinstance(other, ReduceScatter)
-
-    def __hash__(self):
-        return hash("reduce-scatter")
 
 
 def chunk_bounds(n: int, size: int) -> tuple:

@@ -13,7 +13,7 @@ def run(argv) -> int:
     p = subparser("plan", "Plan a combine tree and print each rank's protocol (pure; no MPI needed).")
     p.add_argument("--slots", type=int, default=8, help="number of logical contributions (default 8)")
     p.add_argument("--ranks", type=int, default=4, help="ranks the slots are placed on, in contiguous blocks (default 4)")
-    p.add_argument("--topology", default="hierarchy:2", help="star | star:HUB | hierarchy:K (default hierarchy:2)")
+    p.add_argument("--topology", default="pairwise", help="pairwise | star | star:HUB | hierarchy:K (default pairwise)")
     p.add_argument("--deliver-to", type=int, default=None, metavar="R", help="deliver only to rank R (default: replicate to all)")
     p.add_argument("--elements", type=int, default=1, help="payload elements per contribution (default 1)")
     p.add_argument("--mass", action="store_true", help="add a one-element 'mass' component (Σ samples)")

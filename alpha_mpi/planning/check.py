@@ -1,0 +1,285 @@
+"""Symbolic run of a Program over every rank in one process (pure; no MPI).
+
+Checks, for any realization: every message is sent once and received once with the same
+description at both ends; no rank waits forever (receives block until posted and sent, a send
+completes only once its receive is posted); no region is touched while a receive into it is
+pending or written while a send from it is in flight; and every receiver ends with exactly the
+declared tree's expression in every coordinate of its result.
+
+Expressions are interned (a branch is the id of its (left, right) pair), so comparing a
+receiver's value with the declared tree costs O(1), and memory stays linear in the tree: no
+expression strings are built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..model.tree import Leaf, postorder
+from ..refusals import PlanRefusal
+
+
+@dataclass
+class Cost:
+    """Per-rank traffic of a program: messages and payload bytes sent, elements added."""
+
+    size: int
+    sends: list = field(default_factory=list)
+    bytes_sent: list = field(default_factory=list)
+    adds: list = field(default_factory=list)  # element additions evaluated
+    rounds: int = 0
+
+    @property
+    def sends_per_rank_max(self) -> int:
+        return max(self.sends, default=0)
+
+    @property
+    def bytes_per_rank_max(self) -> int:
+        return max(self.bytes_sent, default=0)
+
+    @property
+    def adds_per_rank_max(self) -> int:
+        return max(self.adds, default=0)
+
+    def to_dict(self) -> dict:
+        return {"sends_per_rank_max": self.sends_per_rank_max, "bytes_per_rank_max": self.bytes_per_rank_max,
+                "adds_per_rank_max": self.adds_per_rank_max, "rounds": self.rounds,
+                "sends": self.sends, "bytes_sent": self.bytes_sent}
+
+
+def count(program) -> Cost:
+    """Traffic per rank, read from the rank programs (no simulation)."""
+    c = Cost(program.size, rounds=program.rounds)
+    for r in range(program.size):
+        rp = program.rank(r)
+        sends = [rp.messages[o.index] for o in rp.ops if o.kind == "S"]
+        c.sends.append(len(sends))
+        c.bytes_sent.append(sum(8 * m.count for m in sends))
+        c.adds.append(sum((len(ev.inputs) - 1) * ev.output.count for ev in rp.evals))
+    return c
+
+
+class _Intern:
+    def __init__(self):
+        self.ids: dict = {}
+
+    def leaf(self, slot):
+        return self.ids.setdefault(("L", slot), len(self.ids))
+
+    def add(self, a, b):
+        return self.ids.setdefault((a, b), len(self.ids))
+
+
+def _fail(msg):
+    raise PlanRefusal("plan-simulation-failed", msg)
+
+
+class _Store:
+    """One rank's buffers: per buffer a sorted list of intervals (offset, count, coord, expr)."""
+
+    def __init__(self):
+        self.iv: dict = {}
+
+    def write(self, region, pieces):
+        """`pieces`: list of (offset within region, count, coord, expr)."""
+        old = self.iv.get(region.buf, [])
+        lo, hi = region.offset, region.offset + region.count
+        keep = []
+        for (o, c, crd, e) in old:
+            if o + c <= lo or o >= hi:
+                keep.append((o, c, crd, e))
+                continue
+            if o < lo:
+                keep.append((o, lo - o, crd, e))
+            if o + c > hi:
+                keep.append((hi, o + c - hi, crd + (hi - o), e))
+        keep.extend((lo + po, pc, crd, e) for po, pc, crd, e in pieces)
+        keep.sort()
+        self.iv[region.buf] = keep
+
+    def read(self, region, what):
+        """Pieces (offset within region, count, coord, expr) covering region, or fail."""
+        lo, hi = region.offset, region.offset + region.count
+        out, pos = [], lo
+        for (o, c, crd, e) in self.iv.get(region.buf, []):
+            if o + c <= lo or o >= hi:
+                continue
+            a, b = max(o, lo), min(o + c, hi)
+            if a != pos:
+                _fail(f"{what} reads {region} but [{pos}, {a}) holds no value")
+            out.append((a - lo, b - a, crd + (a - o), e))
+            pos = b
+        if pos != hi:
+            _fail(f"{what} reads {region} but [{pos}, {hi}) holds no value")
+        return out
+
+
+def _uniform(pieces, what):
+    """(coord of element 0, expr) when the pieces are one expression over consecutive coordinates."""
+    base, expr = pieces[0][2] - pieces[0][0], pieces[0][3]
+    for off, _, crd, e in pieces:
+        if e != expr or crd - off != base:
+            _fail(f"{what}: the input mixes expressions or coordinates")
+    return base, expr
+
+
+def check(program, leaf_slots_count=None) -> Cost:
+    """Run `program` symbolically on every rank; returns its Cost. Raises plan-simulation-failed."""
+    p = program.size
+    n = program.layout.total
+    it = _Intern()
+    ranks = [program.rank(r) for r in range(p)]
+    stores = [_Store() for _ in range(p)]
+    for r, rp in enumerate(ranks):
+        for s in rp.slots:
+            stores[r].iv[f"L{s}"] = [(0, n, 0, it.leaf(s))]
+    pcs = [0] * p
+    sent: dict = {}  # index -> pieces (snapshot)
+    posted: set = set()
+    received: set = set()
+    pending_recv = [dict() for _ in range(p)]  # rank -> index -> region
+    inflight = [dict() for _ in range(p)]  # rank -> index -> region
+    seen_msgs: dict = {}
+
+    def guard(r, region, write, what):
+        for idx, reg in pending_recv[r].items():
+            if reg.overlaps(region):
+                _fail(f"rank {r}: {what} touches {region} while message {idx} is still being received into {reg}")
+        if write:
+            for idx, reg in inflight[r].items():
+                if reg.overlaps(region):
+                    _fail(f"rank {r}: {what} writes {region} while message {idx} is still sent from {reg}")
+
+    for r, rp in enumerate(ranks):
+        for idx, m in rp.messages.items():
+            other = seen_msgs.get(idx)
+            if other is None:
+                seen_msgs[idx] = m
+            elif other != m:
+                _fail(f"message {idx} is described differently by its two ends: {other} vs {m}")
+            if r not in (m.src, m.dst) or m.src == m.dst:
+                _fail(f"rank {r} lists message {idx} between {m.src} and {m.dst}")
+
+    def step(r) -> bool:
+        rp = ranks[r]
+        st = stores[r]
+        progressed = False
+        while pcs[r] < len(rp.ops):
+            op = rp.ops[pcs[r]]
+            k, i = op.kind, op.index
+            where = f"rank {r} op {op} (#{pcs[r]})"
+            if k == "P":
+                m = rp.messages[i]
+                if m.dst != r or i in posted:
+                    _fail(f"{where}: posts a message it does not receive, or twice")
+                reg = rp.regions.get(i)
+                if reg is not None:
+                    guard(r, reg, True, where)
+                    pending_recv[r][i] = reg
+                posted.add(i)
+            elif k == "S":
+                m = rp.messages[i]
+                if m.src != r or i in sent:
+                    _fail(f"{where}: sends a message it does not own, or twice")
+                reg = rp.regions.get(i)
+                if (reg is None) != (m.count == 0) or (reg is not None and reg.count != m.count):
+                    _fail(f"{where}: region {reg} does not fit message of {m.count} elements")
+                if reg is not None:
+                    guard(r, reg, False, where)
+                    sent[i] = st.read(reg, where)
+                    inflight[r][i] = reg
+                else:
+                    sent[i] = []
+            elif k == "W":
+                m = rp.messages[i]
+                if i not in posted or m.dst != r:
+                    _fail(f"{where}: waits for a message never posted here")
+                if i not in sent:
+                    return progressed  # blocked
+                reg = pending_recv[r].pop(i, None)
+                if reg is not None:
+                    if reg.count != m.count:
+                        _fail(f"{where}: receives {m.count} elements into {reg}")
+                    st.write(reg, sent[i])
+                received.add(i)
+            elif k == "D":
+                m = rp.messages[i]
+                if m.src != r or i not in sent:
+                    _fail(f"{where}: completes a send it never started")
+                if i not in posted:
+                    return progressed  # blocked until the receive is posted
+                inflight[r].pop(i, None)
+            elif k == "E":
+                ev = rp.evals[i]
+                vals = []
+                for reg in ev.inputs:
+                    if reg.count != ev.output.count:
+                        _fail(f"{where}: input {reg} and output {ev.output} differ in length")
+                    guard(r, reg, False, where)
+                    vals.append(_uniform(st.read(reg, where), where))
+                guard(r, ev.output, True, where)
+                coords = {c for c, _ in vals}
+                if len(coords) != 1:
+                    _fail(f"{where}: adds values of different coordinates {sorted(coords)[:4]}")
+                stack = []
+                for o in ev.program:
+                    if o == -1:
+                        b_, a_ = stack.pop(), stack.pop()
+                        stack.append(it.add(a_, b_))
+                    else:
+                        stack.append(vals[o][1])
+                if len(stack) != 1:
+                    _fail(f"{where}: program leaves {len(stack)} values")
+                st.write(ev.output, [(0, ev.output.count, vals[0][0], stack[0])])
+            elif k == "C":
+                src, dst = rp.copies[i]
+                guard(r, src, False, where)
+                guard(r, dst, True, where)
+                pieces = st.read(src, where)
+                st.write(dst, pieces)
+            elif k == "F":
+                reg = rp.checks[i]
+                guard(r, reg, False, where)
+                st.read(reg, where)
+            else:
+                _fail(f"{where}: unknown op")
+            pcs[r] += 1
+            progressed = True
+        return progressed
+
+    while any(pcs[r] < len(ranks[r].ops) for r in range(p)):
+        if not any([step(r) for r in range(p)]):
+            stuck = [f"r{r}@{ranks[r].ops[pcs[r]]}" for r in range(p) if pcs[r] < len(ranks[r].ops)]
+            _fail(f"deadlock: every unfinished rank waits ({', '.join(stuck[:8])})")
+    if set(sent) != received:
+        _fail(f"messages sent but never received: {sorted(set(sent) - received)[:8]}")
+    for r in range(p):
+        if inflight[r]:
+            _fail(f"rank {r} ends with sends still in flight: {sorted(inflight[r])[:8]}")
+
+    # The declared tree's expression id.
+    ids = {}
+    for node in postorder(program.tree):
+        ids[id(node)] = it.leaf(node.slot) if isinstance(node, Leaf) else it.add(ids[id(node.left)], ids[id(node.right)])
+    want = ids[id(program.tree)]
+    for r, rp in enumerate(ranks):
+        expect_result = (r in program.receivers) or (program.mode == "reduce-scatter")
+        if rp.result is None:
+            if expect_result and (program.mode != "reduce-scatter" or program.chunks[r][1] > program.chunks[r][0]):
+                _fail(f"rank {r} should end with the result but its program names none")
+            continue
+        if program.mode == "reduce-scatter":
+            lo, hi = program.chunks[r]
+        else:
+            lo, hi = 0, n
+        if rp.result.count != hi - lo:
+            _fail(f"rank {r}'s result region {rp.result} does not span coordinates [{lo}, {hi})")
+        if hi > lo:
+            for off, c, crd, e in stores[r].read(rp.result, f"rank {r}'s result"):
+                if e != want or crd != lo + off:
+                    _fail(f"rank {r} ends with another expression than the declared tree at coordinates "
+                          f"[{lo + off}, {lo + off + c})")
+    return count(program)
+
+
+__all__ = ["Cost", "check", "count"]

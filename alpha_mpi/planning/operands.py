@@ -1,0 +1,108 @@
+"""Pre-evaluation: the maximal subtrees one rank alone owns, and fused programs for expressions.
+
+Before any communication a rank evaluates every maximal subtree whose leaves it alone owns (one
+fused kernel pass each); only those values, the *operands* of the tree's *top*, travel. The top
+is the rest of the tree, with operands as its inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..model.tree import Leaf, Node, postorder
+from .program import Eval, Region
+
+# The kernel evaluates programs with a fixed stack (AK_MAX_DEPTH = 64); stay well inside it.
+STACK_LIMIT = 32
+
+
+@dataclass(frozen=True)
+class Operand:
+    index: int  # position in the top's left-to-right operand order
+    owner: int
+    node: Node  # the subtree (a Leaf or a Branch whose leaves all sit on `owner`)
+
+
+def sole_owners(tree: Node) -> dict:
+    """id(node) -> the one rank owning every leaf below node, or None."""
+    sole = {}
+    for node in postorder(tree):
+        if isinstance(node, Leaf):
+            sole[id(node)] = node.owner
+        else:
+            a, b = sole[id(node.left)], sole[id(node.right)]
+            sole[id(node)] = a if a is not None and a == b else None
+    return sole
+
+
+def operands(tree: Node) -> list:
+    """The maximal single-owner subtrees, left to right."""
+    sole = sole_owners(tree)
+    out, stack = [], [tree]
+    while stack:
+        node = stack.pop()
+        if sole[id(node)] is not None:
+            out.append(Operand(len(out), sole[id(node)], node))
+        else:
+            stack.append(node.right)
+            stack.append(node.left)
+    return out
+
+
+def lower_expression(root: Node, input_region, out: Region, new_work) -> list:
+    """Evals computing `root` into `out`. `input_region(node)` gives the Region of a node that is
+    an input (or None for a node to expand); `new_work(count)` allocates a scratch Region.
+    Programs are cut where the postfix stack would exceed STACK_LIMIT (a right-deep chain):
+    the cut subtree is evaluated first into scratch."""
+    count = out.count
+    # Postorder over the expanded part only.
+    order, stack = [], [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if input_region(node) is not None or isinstance(node, Leaf) or expanded:
+            order.append(node)
+        else:
+            stack.append((node, True))
+            stack.append((node.right, False))
+            stack.append((node.left, False))
+    need, cuts = {}, set()
+    for node in order:
+        if input_region(node) is not None or isinstance(node, Leaf):
+            need[id(node)] = 1
+            continue
+        nl, nr = need[id(node.left)], need[id(node.right)]
+        if nl >= STACK_LIMIT:
+            cuts.add(id(node.left))
+            nl = 1
+        if nr >= STACK_LIMIT:
+            cuts.add(id(node.right))
+            nr = 1
+        need[id(node)] = max(nl, nr + 1)
+    evals, done = [], {}
+    for node in order:  # cut subtrees come before their parents in postorder
+        if id(node) in cuts:
+            region = new_work(count)
+            evals.append(_one(node, input_region, done, region))
+            done[id(node)] = region
+    evals.append(_one(root, input_region, done, out))
+    return evals
+
+
+def _one(root, input_region, done, out) -> Eval:
+    """One postfix program for `root` (not itself an input) over its inputs."""
+    inputs, prog, stack = [], [], [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if node is not root:
+            region = done.get(id(node)) or input_region(node)
+            if region is not None:
+                inputs.append(region)
+                prog.append(len(inputs) - 1)
+                continue
+        if expanded:
+            prog.append(-1)
+        else:
+            stack.append((node, True))
+            stack.append((node.right, False))
+            stack.append((node.left, False))
+    return Eval(tuple(inputs), tuple(prog), out)

@@ -1,0 +1,257 @@
+"""The one executable form of every realization: each rank's program over regions of buffers.
+
+Every realization (tree, scatter, replicate, butterfly, halving) is lowered to this format and
+run by the one executor (execution/engine.py); the symbolic simulator (planning/check.py) runs
+the same programs in one process. A rank's program is a list of ops:
+
+    P3   post the receive of message 3 (into its receive region)
+    S3   start the send of message 3 (its header carries the flags this rank has seen so far)
+    W3   wait for message 3, check its header, take its flags
+    D3   wait until the send of message 3 has completed (its region may be written again)
+    E2   evaluate fused kernel program 2 (postfix over input regions, into an output region)
+    C1   copy region pair 1
+    F0   finiteness check of region 0 (sets the non-finite flag)
+
+Buffers are named per rank: `out` (the result vector, the caller's `out` when given), `L<slot>`
+(this rank's contribution for a slot: read only), `w<i>` (work buffers the executor allocates
+once). A `framed` work buffer has room for a frame header in front of it, so a message that
+carries the whole buffer travels as ONE MPI message; any other message is a header message
+followed by a payload message straight from / into its region (no copy of user data).
+
+Matching: the k-th message from rank a to rank b in a run has MPI tag 2k (header) and 2k + 1
+(payload), so receives may be posted in any order. Hazards are the planner's job (`schedule`):
+a receive is posted only once nothing else touches its region before its W, and a region is
+written only after the sends from it have completed (D).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from ..refusals import PlanRefusal
+
+OP_KINDS = "PSWDECF"
+_OP_RE = re.compile(r"^([PSWDECF])(\d+)$")
+
+
+@dataclass(frozen=True)
+class Region:
+    """`count` elements of buffer `buf` from element `offset` on."""
+
+    buf: str
+    offset: int
+    count: int
+
+    def overlaps(self, other: "Region") -> bool:
+        return (self.buf == other.buf and self.offset < other.offset + other.count
+                and other.offset < self.offset + self.count)
+
+    def sub(self, offset: int, count: int) -> "Region":
+        return Region(self.buf, self.offset + offset, count)
+
+    def __str__(self):
+        return f"{self.buf}[{self.offset}:{self.offset + self.count}]"
+
+
+@dataclass(frozen=True)
+class BufferSpec:
+    name: str
+    count: int
+    framed: bool = False
+
+
+@dataclass(frozen=True)
+class Message:
+    """One planned frame: header (and payload) from `src` to `dst`."""
+
+    index: int  # global within the program; the header's edge field
+    phase: str  # one letter, see execution/frames.PHASE_CODE
+    src: int
+    dst: int
+    seq: int  # the seq-th message from src to dst in one run: its MPI tags are 2*seq, 2*seq + 1
+    count: int  # payload elements (0: a header-only flag frame)
+    what: str  # what the payload holds (coordinate range, pieces): part of the header's layout digest
+
+
+@dataclass(frozen=True)
+class Eval:
+    inputs: tuple  # Regions, all of one count
+    program: tuple  # postfix: i >= 0 pushes inputs[i]; -1 adds the two topmost (left first)
+    output: Region
+
+    def expression(self, names=None) -> str:
+        stack = []
+        for op in self.program:
+            if op == -1:
+                r, left = stack.pop(), stack.pop()
+                stack.append(f"({left}+{r})")
+            else:
+                stack.append(str(self.inputs[op]) if names is None else names(self.inputs[op]))
+        return stack[0]
+
+
+@dataclass(frozen=True)
+class Op:
+    kind: str
+    index: int
+
+    def __str__(self):
+        return f"{self.kind}{self.index}"
+
+    @staticmethod
+    def parse(text: str) -> "Op":
+        m = _OP_RE.match(text.strip())
+        if not m:
+            raise PlanRefusal("step-parse-error", f"cannot read op {text!r} (e.g. P3 S3 W3 D3 E2 C1 F0)")
+        return Op(m.group(1), int(m.group(2)))
+
+
+@dataclass(frozen=True)
+class RankProgram:
+    rank: int
+    slots: tuple  # the leaves this rank passes, left to right
+    buffers: tuple  # BufferSpec of the work buffers
+    messages: dict = field(repr=False)  # index -> Message, for every message this rank sends or receives
+    regions: dict = field(repr=False, default_factory=dict)  # index -> Region it is sent from / received into
+    evals: tuple = ()
+    copies: tuple = ()  # (src Region, dst Region)
+    checks: tuple = ()  # Regions
+    ops: tuple = ()
+    result: Region | None = None  # where the result lies at the end (None: delivery does not reach)
+
+    def sends(self):
+        return [self.messages[o.index] for o in self.ops if o.kind == "S"]
+
+    def receives(self):
+        return [self.messages[o.index] for o in self.ops if o.kind == "W"]
+
+    def text(self) -> str:
+        return " ".join(map(str, self.ops)) if self.ops else "(idle)"
+
+
+def schedule(logical: list, regions: dict) -> tuple:
+    """Insert P and D ops into a logical op sequence (S, W, E, C, F) of one rank.
+
+    P(m) goes right after the last op before W(m) that touches m's receive region (or first),
+    D(m) right before the first op that writes a region m's send still reads, and at the end
+    for every send still in flight. `regions` maps a message index to its Region on this rank
+    (None for a header-only frame); `logical` holds (Op, reads, writes) triples, reads/writes
+    being tuples of Regions (S and W ops need not list their message's region).
+    """
+    by_buf: dict = {}  # buffer -> indices of the ops touching it (for the backward scans)
+    for i, (op, reads, writes) in enumerate(logical):
+        touched = list(reads) + list(writes)
+        if op.kind in "SW" and regions.get(op.index) is not None:
+            touched.append(regions[op.index])
+        for t in touched:
+            by_buf.setdefault(t.buf, []).append((i, t))
+    # 1. Where each receive may be posted.
+    post_after = {}
+    for i, (op, _, _) in enumerate(logical):
+        if op.kind != "W":
+            continue
+        region = regions.get(op.index)
+        last = -1
+        if region is not None:
+            for j, t in reversed(by_buf.get(region.buf, ())):
+                if j < i and region.overlaps(t):
+                    last = j
+                    break
+        post_after.setdefault(last, []).append(op.index)
+
+    def posted(m):
+        return (Op("P", m), (), ((regions[m],) if regions.get(m) is not None else ()))
+
+    seq = [posted(m) for m in post_after.get(-1, [])]
+    for i, item in enumerate(logical):
+        seq.append(item)
+        seq.extend(posted(m) for m in post_after.get(i, []))
+    # 2. Sends complete before their region is written; the rest at the end.
+    out, inflight = [], []
+    for op, reads, writes in seq:
+        if writes and inflight:
+            keep = []
+            for m in inflight:
+                src = regions.get(m)
+                if src is not None and any(src.overlaps(w) for w in writes):
+                    out.append(Op("D", m))
+                else:
+                    keep.append(m)
+            inflight = keep
+        out.append(op)
+        if op.kind == "S":
+            inflight.append(op.index)
+    out.extend(Op("D", m) for m in inflight)
+    return tuple(out)
+
+
+class Program:
+    """A realization lowered to per-rank programs (built lazily per rank and cached).
+
+    Every rank of a job builds the same Program and runs `rank(its rank)`; identities name the
+    realization, so a peer running another realization or plan is refused by name.
+    """
+
+    def __init__(self, *, realization: str, tree, delivery, layout, size: int, coverage, topology: str,
+                 tree_order_id: str, order_id: str, identity: str, receivers, builder, mode: str = "allreduce",
+                 chunks=None, rounds: int = 0, details=None):
+        self.realization = realization
+        self.tree, self.delivery, self.layout, self.size = tree, delivery, layout, size
+        self.coverage, self.topology = coverage, topology
+        self.tree_order_id, self.order_id, self.identity = tree_order_id, order_id, identity
+        self.receivers = frozenset(receivers)
+        self.mode = mode  # "allreduce" or "reduce-scatter"
+        self.chunks = chunks  # reduce-scatter: chunks[r] = (start, stop) rank r ends with
+        self.rounds = rounds  # sequential message rounds on the critical path
+        self.details = dict(details or {})
+        self._builder = builder
+        self._ranks: dict = {}
+
+    @property
+    def payload_bytes(self) -> int:
+        return self.layout.nbytes
+
+    def rank(self, r: int) -> RankProgram:
+        if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < self.size:
+            raise PlanRefusal("plan-rank-mismatch", f"rank {r!r} is outside a program for {self.size} ranks")
+        p = self._ranks.get(r)
+        if p is None:
+            p = self._ranks[r] = self._builder(r)
+        return p
+
+    def slots_of(self, r: int) -> tuple:
+        return self.rank(r).slots
+
+    def chunk(self, r: int):
+        return None if self.chunks is None else self.chunks[r]
+
+    def describe(self, ranks=None) -> str:
+        lines = [
+            f"realization {self.realization} ({self.mode})   topology {self.topology}   delivery {self.delivery!r}   "
+            f"layout {self.layout.key()}   ranks {self.size}   rounds {self.rounds}",
+            f"order id    {self.order_id}",
+            f"identity    {self.identity}",
+            "schedule:",
+        ]
+        shown = range(self.size) if ranks is None else ranks
+        for r in shown:
+            rp = self.rank(r)
+            lines.append(f"  r{r}: {rp.text()}")
+        return "\n".join(lines)
+
+    def to_dict(self, ranks=None) -> dict:
+        shown = range(self.size) if ranks is None else ranks
+        out = {
+            "realization": self.realization, "mode": self.mode, "topology": self.topology,
+            "delivery": repr(self.delivery), "layout": self.layout.key(), "size": self.size,
+            "order_id": self.order_id, "tree_order_id": self.tree_order_id, "identity": self.identity,
+            "rounds": self.rounds, "receivers": sorted(self.receivers),
+            "ranks": {str(r): self.rank(r).text() for r in shown},
+        }
+        if self.chunks is not None:
+            out["chunks"] = [list(c) for c in self.chunks]
+        return out
+
+
+__all__ = ["Region", "BufferSpec", "Message", "Eval", "Op", "RankProgram", "Program", "schedule", "OP_KINDS"]

@@ -255,7 +255,10 @@ class DataParallel:
                 _into64(mine[off : off + t.numel()], t)
                 off += t.numel()
         out = bc.run({self.rank: mine}, out=np.empty(total))
-        bc.free()
+        # Kept, not freed: a freed communicator's handle may be reused by the next one, and the
+        # executors cache per-communicator facts by handle (execution/combiner.py
+        # polls_before_yield), which would then differ between ranks.
+        self._bcast = bc
         off = 0
         with torch.no_grad():
             for t in tensors:

@@ -98,7 +98,12 @@ def train(comm, cfg: TrainConfig, out=print) -> dict:
         ckpt = Checkpointer(comm, cfg.checkpoint_dir, learner, cfg, adopt_contract=cfg.adopt_contract,
                             adopt_lr=cfg.adopt_lr, data=fingerprint(data), timeout=cfg.timeout)
         if cfg.resume or cfg.resume_from:
-            for line in ckpt.resume(path=cfg.resume_from).lines:
+            try:
+                resumed = ckpt.resume(path=cfg.resume_from)
+            except BaseException:
+                ckpt.close()  # a refused resume leaves the directory to the next trainer at once
+                raise
+            for line in resumed.lines:
                 say(line)
     say(f"# alpha-mpi train: {data.name}, {model.n_params} parameters, {cfg.slots} slots on {comm.Get_size()} ranks, "
         f"batch {cfg.batch}, {cfg.optimizer} lr {cfg.lr:g}, topology {cfg.topology}, partition {cfg.partition}")

@@ -110,6 +110,7 @@ ADVICE: dict[str, str] = {
     "checkpoint-data-mismatch": "resume with the data the checkpoint was trained on (the same --data file, or the same --seed for the synthetic task); start a fresh run for other data",
     "checkpoint-locked": "another trainer holds this checkpoint directory; wait for it to end, stop it, or use another --checkpoint-dir",
     "checkpoint-write-failed": "free disk space or fix permissions on the checkpoint directory; the previous published step is intact",
+    "checkpoint-config-invalid": "a checkpoint's config holds JSON scalars only (string, finite number, true/false, null) under names like `batch` or `model_name`",
     "checkpoint-dir-is-step": "give the checkpoint directory (the parent of step-NNNNNNNN) as --checkpoint-dir; choose a step with --resume-from",
     "model-invalid": "give a model with at least one input feature, hidden unit and class, small enough for memory",
     # user models (alpha_mpi.learning.Model, alpha_mpi.torch)

@@ -417,3 +417,24 @@ def test_full_disk_is_named_as_such_and_keeps_the_previous_step(saved, monkeypat
     assert e.value.code == "checkpoint-write-failed" and "disk is full" in e.value.message
     monkeypatch.undo()
     assert open_checkpoint(root).step == 3
+
+
+def test_an_unsealed_version_1_step_is_refused_as_another_format(saved):
+    root, _ = saved
+    d = step_dir(root)
+    edit_root(root, lambda m: m.update(version=1))
+    os.remove(os.path.join(d, SEAL))
+    with pytest.raises(Refusal) as e:
+        open_checkpoint(d)
+    assert e.value.code == "checkpoint-format-version"
+    edit_root(root, lambda m: m.update(version=2))
+    os.remove(os.path.join(d, SEAL))
+    with pytest.raises(Refusal) as e:
+        open_checkpoint(d)
+    assert e.value.code == "checkpoint-corrupt" and "not sealed" in e.value.message
+
+
+def test_a_config_that_is_not_json_scalars_is_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(Refusal) as e:
+        Checkpointer(comm_self(), str(tmp_path / "ck"), make(), dict(CFG, layers=[1, 2]))
+    assert e.value.code == "checkpoint-config-invalid" and not (tmp_path / "ck").exists()

@@ -90,6 +90,22 @@ def test_a_latest_naming_a_broken_step_is_refused_not_skipped(tmp_path):
     assert e.value.code == "checkpoint-shard-missing"
 
 
+def test_a_complete_step_newer_than_latest_is_resumed_and_a_broken_one_refused(tmp_path):
+    from alpha_mpi.checkpoint.layout import latest_line
+
+    root = str(tmp_path / "ck")
+    saved_steps(root)
+    _, want, _ = resume(root)
+    sha2 = open_checkpoint(os.path.join(root, step_name(2))).manifest_sha256
+    open(os.path.join(root, LATEST), "wb").write(latest_line(2, sha2))  # as if killed before latest moved
+    r, got, _ = resume(root)
+    assert r.how == "newer" and r.step == 4 and state(got) == state(want) and "interrupted" in r.lines[0]
+    os.remove(os.path.join(root, step_name(4), "params", "manifest.json"))
+    with pytest.raises(Refusal) as e:
+        resume(root)
+    assert e.value.code == "checkpoint-corrupt" and step_name(4) in e.value.message
+
+
 def test_resume_from_a_chosen_step_continues_with_the_uninterrupted_bits(tmp_path):
     root, other = str(tmp_path / "ck"), str(tmp_path / "other")
     uninterrupted = saved_steps(root)  # at step 4

@@ -73,12 +73,14 @@ def check_compatible(saved: dict, learner, adopt: bool = False) -> dict | None:
 
 @dataclass
 class Resumed:
-    """What `resume()` did. `how`: latest | fallback | chosen | none. `lines`: what rank 0 says."""
+    """What `resume()` did. `how`: latest | newer (a complete step newer than latest) | fallback
+    (no latest) | chosen (--resume-from) | none. `lines`: what rank 0 says."""
 
     how: str
     path: str | None = None
     step: int = 0
     lines: list = field(default_factory=list)
+    sha: str | None = None
 
 
 class Checkpointer:
@@ -99,7 +101,10 @@ class Checkpointer:
                 if k not in NOT_SAVED:
                     schema.text(k, "config key", schema.NAME_RE, limit=64)
                     schema.scalar(v, f"config.{k}")
-            if self.rank == 0:
+        except Refusal as e:
+            failure = CheckpointRefusal("checkpoint-config-invalid", e.message)
+        try:
+            if self.rank == 0 and failure is None:
                 failure = self._open_root()
         except Refusal as e:
             failure = e
@@ -242,7 +247,7 @@ class Checkpointer:
             return info if self.rank == 0 else Resumed("none")
         step = value - 1
         target = path if itself else os.path.join(path or self.root, step_name(step))
-        got = self._load(target, expected=getattr(info, "sha", None) if self.rank == 0 else None)
+        got = self._load(target, expected=info.sha if self.rank == 0 else None)
         if self.rank != 0:
             info = Resumed("resumed", got, step)
         return info
@@ -271,12 +276,28 @@ class Checkpointer:
             r.sha = ck.manifest_sha256
             return r
         found = read_latest(root)
+        steps = published_steps(root)
         if found is not None:
             k = step_of(os.path.basename(found[0]))
-            r = Resumed("latest", found[0], k, [f"# resumed from {found[0]} at step {k}"])
-            r.sha = found[1]
-            return r
-        steps = published_steps(root)
+            if not steps or steps[-1] <= k:
+                r = Resumed("latest", found[0], k, [f"# resumed from {found[0]} at step {k}"])
+                r.sha = found[1]
+                return r
+            # A step newer than `latest`: a save was interrupted after publishing it, before it
+            # moved `latest`. It is complete if it verifies; a broken one would collide later.
+            ck, skipped = newest_verifying(root)
+            if ck is not None and ck.step > k and not skipped:
+                r = Resumed("newer", ck.dir, ck.step, [
+                    f"# {root}/latest names {step_name(k)}, but {step_name(ck.step)} is complete (a save was "
+                    f"interrupted before it moved latest): resuming from it",
+                    f"# resumed from {ck.dir} at step {ck.step}"])
+                r.sha = ck.manifest_sha256
+                return r
+            broken = ", ".join(f"{step_name(s)} [{code}]" for s, code in skipped if s > k)
+            raise CheckpointRefusal(
+                "checkpoint-corrupt",
+                f"{root} holds steps newer than the {step_name(k)} latest names that do not verify ({broken}); "
+                f"a run from step {k} would collide with them. Move them out of {root} and resume again", path=root)
         if not steps:
             return Resumed("none", None, 0, [f"# no checkpoint in {root}: starting at step 0"])
         ck, skipped = newest_verifying(root)

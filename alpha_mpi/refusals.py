@@ -106,7 +106,7 @@ ADVICE: dict[str, str] = {
     "checkpoint-manifest": "the manifest is malformed; resume from an earlier step with --resume-from DIR/step-NNNNNNNN",
     "checkpoint-config-mismatch": "resume with the saved run's --slots/--batch/--seed/--hidden/--data/--optimizer/--lr (see `alpha-mpi checkpoint inspect`)",
     "checkpoint-latest-invalid": "`latest` must be a regular file that alpha_mpi wrote (`step-NNNNNNNN <sha256>`); delete it to resume from the newest step that verifies, or pass --resume-from DIR/step-NNNNNNNN",
-    "checkpoint-shard-invalid": "a shard's safetensors header disagrees with its manifest entry (dtype, shape, size); restore an earlier checkpoint",
+    "checkpoint-shard-invalid": "a shard's safetensors header disagrees with its manifest entry (dtype, shape, size); resume from an earlier step with --resume-from DIR/step-NNNNNNNN",
     "checkpoint-data-mismatch": "resume with the data the checkpoint was trained on (the same --data file, or the same --seed for the synthetic task); start a fresh run for other data",
     "checkpoint-locked": "another trainer holds this checkpoint directory; wait for it to end, stop it, or use another --checkpoint-dir",
     "checkpoint-write-failed": "free disk space or fix permissions on the checkpoint directory; the previous published step is intact",

@@ -31,7 +31,7 @@ def run_saver(root, first, crash_at=None, kill_after=None):
 
 
 def check_previous_intact(root, allowed_steps):
-    ck = open_checkpoint(root)  # follows `latest`
+    ck = open_checkpoint(root)  # the step `latest` names
     assert ck.step in allowed_steps, ck.step
     ck.verify()
     ck.read_range("params", 0, ck.length("params"))

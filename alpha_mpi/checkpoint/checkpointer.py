@@ -84,6 +84,29 @@ class Resumed:
 
 
 class Checkpointer:
+    """Sharded checkpoints of one learner in one directory, written and read collectively.
+
+        with Checkpointer(comm, "ckpt", learner, cfg, data=fingerprint(data)) as ck:
+            for line in ck.resume().lines:   # every rank; rank 0 prints what it did
+                print(line)
+            ...
+            ck.save()                        # every rank, at the same step
+
+    Arguments:
+        comm: the learner's communicator (every rank constructs the Checkpointer).
+        root: the checkpoint directory (not a step directory: `checkpoint-dir-is-step`).
+            Rank 0 creates it and takes its lock (`checkpoint-locked` if another process holds it).
+        learner: a DataParallelLearner (or any object with `step`, `order_id`, `contract`,
+            `checkpoint_pieces()`, `checkpoint_scalars()` and `checkpoint_read`/`checkpoint_apply`
+            or `load_checkpoint`).
+        cfg: the run's configuration (a dict or a dataclass of JSON scalars), saved in every
+            manifest; on resume the keys in SAME_ON_RESUME are compared.
+        adopt_contract: resume from a checkpoint of another numerical contract (recorded).
+        adopt_lr: resume with another learning rate (recorded in `resume_history`).
+        data: the data's fingerprint (`alpha_mpi.learning.data.fingerprint`), compared on resume.
+        timeout: seconds a rank waits for the others' votes.
+    """
+
     def __init__(self, comm, root: str, learner, cfg=None, *, adopt_contract: bool = False, adopt_lr: bool = False,
                  data: dict | None = None, timeout=None):
         self.comm, self.root, self.learner = comm, root, learner

@@ -108,28 +108,33 @@ def test_random_uneven_decompositions_give_the_oracle_bits(n, draw):
         agree(w, matches_oracle(got, want), f"q={q} size={comm.Get_size()} block [{lo}, {hi}) of {n}: {got}")
 
 
-@pytest.mark.mpi(min_size=2)
+@pytest.mark.mpi(min_size=1)
 def test_large_vector_two_decompositions_same_bits():
-    """n = 2^20 + 7 on all ranks: near-even blocks, then uneven blocks out of rank order; both
-    equal the oracle (evaluated on rank 0) bit for bit, on every rank."""
+    """n = 2^20 + 7 on groups of 1, 2, 3 and 5 ranks: near-even blocks, then uneven blocks out
+    of rank order with empty ones; every result equals the oracle (evaluated once, on rank 0)
+    bit for bit, on every rank."""
     from alpha_mpi import arrays
 
     w = world()
-    p, r, n = w.Get_size(), w.Get_rank(), 2**20 + 7
+    n = 2**20 + 7
     x, y, _ = data(n)
-    even = [n * i // p for i in range(p + 1)]
-    cuts = sorted({(n * (i * i + 1)) // (p * p + 3) for i in range(1, p)} | {0, n})
-    while len(cuts) < p + 1:
-        cuts.insert(1, 0)  # empty blocks
-    uneven_order = list(range(p))[::-1]
-    got = []
-    for bounds, owner in ((even, list(range(p))), (cuts, uneven_order)):
-        b = owner.index(r)
-        lo, hi = bounds[b], bounds[b + 1]
-        got.append((arrays.sum(w, x[lo:hi], lo, n), arrays.dot(w, x[lo:hi], y[lo:hi], lo, n)))
-    want = (oracle_sum(x.tolist()), oracle_dot(x.tolist(), y.tolist())) if r == 0 else None
-    want = w.bcast(want, root=0)
-    agree(w, [tuple(map(u64, g)) for g in got] == [tuple(map(u64, want))] * 2, f"large n bits {got} vs {want}")
+    want = (oracle_sum(x.tolist()), oracle_dot(x.tolist(), y.tolist())) if w.Get_rank() == 0 else None
+    want = tuple(map(u64, w.bcast(want, root=0)))
+    for q in (1, 2, 3, 5):
+        if q > w.Get_size():
+            continue
+        comm, _ = group(q)
+        p, r = comm.Get_size(), comm.Get_rank()
+        even = [n * i // p for i in range(p + 1)]
+        cuts = sorted({(n * (i * i + 1)) // (p * p + 3) for i in range(1, p)} | {0, n})
+        while len(cuts) < p + 1:
+            cuts.insert(1, 0)  # empty blocks
+        got = []
+        for bounds, owner in ((even, list(range(p))), (cuts, list(range(p))[::-1])):
+            b = owner.index(r)
+            lo, hi = bounds[b], bounds[b + 1]
+            got.append((u64(arrays.sum(comm, x[lo:hi], lo, n)), u64(arrays.dot(comm, x[lo:hi], y[lo:hi], lo, n))))
+        agree(w, got == [want, want], f"q={q} size={p}: {got} vs {want}")
 
 
 @pytest.mark.mpi(min_size=2)
@@ -267,3 +272,23 @@ def test_nonfinite_names_the_rank_and_index():
         text = str(e)
     ok = f"ranks [{p - 1}]" in text and (r != p - 1 or f"global index {lo + 3}" in text)
     agree(w, ok, f"rank {r}: {text}")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_freed_communicator_leaves_no_stale_channel():
+    """The channel is an attribute of the user's communicator: freeing it and making another
+    one (which may reuse the handle) starts afresh, with the new group."""
+    from alpha_mpi import arrays
+
+    w = world()
+    n = 1000
+    x, y, want = data(n)
+    ok = True
+    for members in (w.Get_size(), 1, w.Get_size() - 1 or 1):
+        c = w.Split(0 if w.Get_rank() < members else 1, w.Get_rank())
+        p, r = c.Get_size(), c.Get_rank()
+        lo, hi = n * r // p, n * (r + 1) // p
+        ok &= u64(arrays.dot(c, x[lo:hi], y[lo:hi], lo, n)) == u64(want["dot"])
+        arrays.reset(c)
+        c.Free()
+    agree(w, ok, "fresh communicators give the oracle's bits")

@@ -28,7 +28,6 @@ _DARR = ffi.typeof("double[]")
 _from_buffer = ffi.from_buffer
 _summary = lib.ap_summary
 _CAP = T.CAPACITY
-_CHANNELS: dict = {}
 _MAX_N = 1 << 62
 
 
@@ -64,19 +63,34 @@ def dots(comm, pairs, offset, n, *, timeout=None) -> list:
 def reset(comm) -> None:
     """Forget alpha_mpi.arrays' duplicate of `comm` (after a peer-timeout left it broken).
     Collective: call it on every rank; the next reduction duplicates `comm` again."""
-    ch = _CHANNELS.pop(comm.py2f(), None)
+    kv = _keyval()
+    ch = comm.Get_attr(kv)
     if ch is not None:
+        comm.Delete_attr(kv)
         ch.free()
 
 
 # ----------------------------------------------------------------------------------------------
+# The channel (alpha_mpi.arrays' own Dup of the communicator, its step and its buffers) is cached
+# as an MPI attribute of the user's communicator: it goes away with that communicator, so a new
+# communicator that reuses a freed handle never meets a stale channel.
+_KEYVAL: list = []
+
+
+def _keyval() -> int:
+    if not _KEYVAL:
+        from mpi4py import MPI
+
+        _KEYVAL.append(MPI.Comm.Create_keyval())
+    return _KEYVAL[0]
 
 
 def _channel(comm) -> Channel:
-    key = comm.py2f()
-    ch = _CHANNELS.get(key)
+    kv = _KEYVAL[0] if _KEYVAL else _keyval()
+    ch = comm.Get_attr(kv)
     if ch is None:
-        ch = _CHANNELS[key] = Channel(comm)
+        ch = Channel(comm)
+        comm.Set_attr(kv, ch)
     if ch.broken is not None:
         raise Refusal("array-channel-broken", f"an earlier array reduction on this communicator ended with [{ch.broken}]")
     return ch

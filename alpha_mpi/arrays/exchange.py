@@ -74,13 +74,14 @@ class Channel:
         return ex
 
     def free(self) -> None:
+        """Free the persistent requests. The duplicate itself is left allocated on purpose:
+        execution.transport caches its oversubscription answer per communicator handle, and a
+        freed handle that MPI hands out again on some ranks only would skip that collective
+        Split_type there and hang the others (one communicator per reset, i.e. per failure)."""
         for ex in self.exchanges.values():
             ex.free()
         self.exchanges.clear()
-        try:
-            self.comm.Free()
-        except Exception:
-            pass
+        self.broken = "reset"
 
 
 class Exchange:

@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+from ckpt_tools import edit_root, rewrite_component, shard_file, step_dir
 
 from alpha_mpi import oracle
 from alpha_mpi.checkpoint import Checkpointer, open_checkpoint
@@ -16,11 +17,19 @@ from alpha_mpi.learning.data import SlotStream, synthetic
 from alpha_mpi.model import build
 from alpha_mpi.refusals import Refusal
 
-from ckpt_tools import edit_root, rewrite_component, shard_file, step_dir
 from conftest import bits
 
 SLOTS, BATCH = 4, 29
-CFG = {"slots": SLOTS, "batch": BATCH, "seed": 3, "hidden": 5, "data": None, "optimizer": "adam", "lr": 1e-2, "momentum": 0.9}
+CFG = {
+    "slots": SLOTS,
+    "batch": BATCH,
+    "seed": 3,
+    "hidden": 5,
+    "data": None,
+    "optimizer": "adam",
+    "lr": 1e-2,
+    "momentum": 0.9,
+}
 
 
 def comm_self():
@@ -31,14 +40,18 @@ def comm_self():
 
 def make(topology="hierarchy:2", partition="none"):
     model = MLP(6, 5, 3)
-    return DataParallelLearner(comm_self(), model, slots=SLOTS, topology=topology, lr=1e-2, seed=3, partition=partition), model
+    return DataParallelLearner(
+        comm_self(), model, slots=SLOTS, topology=topology, lr=1e-2, seed=3, partition=partition
+    ), model
 
 
 def train(learner, data, steps):
     stream = SlotStream(len(data.y), BATCH, SLOTS, 3)
     for _ in range(steps):
         t = learner.step
-        learner.train_step({s: (data.X[stream.indices(t, s)], data.y[stream.indices(t, s)]) for s in range(SLOTS)})
+        learner.train_step(
+            {s: (data.X[stream.indices(t, s)], data.y[stream.indices(t, s)]) for s in range(SLOTS)}
+        )
 
 
 @pytest.fixture
@@ -77,7 +90,7 @@ def test_every_shard_equals_the_oracle_state(saved, data):
     for name, want in (("params", p), ("optimizer.m", m), ("optimizer.v", v)):
         for e in ck.components[name]["shards"]:
             got = ck.read_range(name, e["start"], e["stop"])
-            assert np.array_equal(bits(got), bits(np.array(want[e["start"]:e["stop"]]))), name
+            assert np.array_equal(bits(got), bits(np.array(want[e["start"] : e["stop"]]))), name
     sc = ck.manifest["scalars"]["optimizer_scalars"]
     assert (sc["b1t"], sc["b2t"], sc["steps"]) == (b1t, b2t, 3)
 
@@ -125,7 +138,13 @@ def escape_absolute(root):
 
 
 def escape_dotdot(root):
-    rewrite_component(root, "params", lambda c: c["shards"][0].update(path="../optimizer.m/" + os.path.basename(shard_file(root, "optimizer.m"))))
+    rewrite_component(
+        root,
+        "params",
+        lambda c: c["shards"][0].update(
+            path="../optimizer.m/" + os.path.basename(shard_file(root, "optimizer.m"))
+        ),
+    )
 
 
 def escape_symlink(root):
@@ -175,7 +194,9 @@ def test_damaged_checkpoints_are_refused_by_restore_and_verify(saved, damage, co
     with pytest.raises(Refusal) as e:
         Checkpointer(comm_self(), root, again, CFG).restore_latest()
     assert e.value.code == code
-    r = subprocess.run([sys.executable, "-m", "alpha_mpi", "checkpoint", "verify", root], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "alpha_mpi", "checkpoint", "verify", root], capture_output=True, text=True
+    )
     assert r.returncode == 3 and f"[{code}]" in r.stderr
 
 
@@ -207,8 +228,14 @@ def test_config_mismatch_and_missing_checkpoint(saved, tmp_path):
 
 def test_inspect_and_verify_cli(saved):
     root, _, _ = saved
-    r = subprocess.run([sys.executable, "-m", "alpha_mpi", "checkpoint", "verify", root], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "alpha_mpi", "checkpoint", "verify", root], capture_output=True, text=True
+    )
     assert r.returncode == 0 and "ok:" in r.stdout and "step 3" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "alpha_mpi", "checkpoint", "inspect", root, "--json"], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "alpha_mpi", "checkpoint", "inspect", root, "--json"],
+        capture_output=True,
+        text=True,
+    )
     m = json.loads(r.stdout)
     assert m["step"] == 3 and m["format"] == "alpha-mpi-checkpoint"

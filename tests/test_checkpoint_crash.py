@@ -21,7 +21,9 @@ SAVER = os.path.join(HERE, "mpi_scripts", "ckpt_saver.py")
 
 
 def run_saver(root, first, crash_at=None, kill_after=None):
-    args = [sys.executable, SAVER, root, "1" if first else "0"] + ([str(crash_at)] if crash_at is not None else [])
+    args = [sys.executable, SAVER, root, "1" if first else "0"] + (
+        [str(crash_at)] if crash_at is not None else []
+    )
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if kill_after is not None:
         time.sleep(kill_after)

@@ -8,7 +8,6 @@ job holds is refused on every rank; resume on the same ranks gives the saved sta
 import os
 import tempfile
 
-import numpy as np
 import pytest
 
 from conftest import agree, bits
@@ -33,7 +32,13 @@ def step(lr, steps):
 
 
 def snapshot(lr):
-    return (lr.step, bits(lr.params).tobytes(), bits(lr.opt.m).tobytes(), bits(lr.opt.v).tobytes(), lr.opt.b1t)
+    return (
+        lr.step,
+        bits(lr.params).tobytes(),
+        bits(lr.opt.m).tobytes(),
+        bits(lr.opt.v).tobytes(),
+        lr.opt.b1t,
+    )
 
 
 def shared_dir(world):
@@ -98,11 +103,23 @@ def test_a_locked_directory_is_refused_on_every_rank(world):
     root = shared_dir(world)
     holder = None
     if world.rank == 0:  # another job (process) holds the directory
-        holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from alpha_mpi.checkpoint.lock import "
-                                   "DirectoryLock; l = DirectoryLock(sys.argv[1]); print('held', flush=True); "
-                                   "time.sleep(60)", root], stdout=subprocess.PIPE, text=True,
-                                  env={k: v for k, v in os.environ.items()  # a singleton, not a member of this job
-                                       if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "MPIR_", "OMPI_"))})
+        holder = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import sys, time; from alpha_mpi.checkpoint.lock import "
+                "DirectoryLock; l = DirectoryLock(sys.argv[1]); print('held', flush=True); "
+                "time.sleep(60)",
+                root,
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={
+                k: v
+                for k, v in os.environ.items()  # a singleton, not a member of this job
+                if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "MPIR_", "OMPI_"))
+            },
+        )
         assert holder.stdout.readline().strip() == "held"
     world.Barrier()
     code = None

@@ -12,6 +12,14 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from ckpt_tools import (
+    edit_root,
+    rewrite_component,
+    rewrite_shard,
+    seal_root,
+    step_dir,
+    tree_bytes,
+)
 
 from alpha_mpi.checkpoint import Checkpointer, open_checkpoint, shardfile
 from alpha_mpi.checkpoint.layout import LATEST, MANIFEST, SEAL
@@ -19,12 +27,20 @@ from alpha_mpi.learning import MLP, DataParallelLearner
 from alpha_mpi.learning.data import SlotStream, synthetic
 from alpha_mpi.refusals import Refusal
 
-from ckpt_tools import edit_root, rewrite_component, rewrite_shard, seal_root, shard_file, step_dir, tree_bytes
 from conftest import bits
 
 SLOTS, BATCH = 4, 29
-CFG = {"slots": SLOTS, "batch": BATCH, "seed": 3, "hidden": 5, "data": None, "optimizer": "adam", "lr": 1e-2,
-       "momentum": 0.9, "steps": 3}
+CFG = {
+    "slots": SLOTS,
+    "batch": BATCH,
+    "seed": 3,
+    "hidden": 5,
+    "data": None,
+    "optimizer": "adam",
+    "lr": 1e-2,
+    "momentum": 0.9,
+    "steps": 3,
+}
 
 
 def comm_self():
@@ -34,8 +50,9 @@ def comm_self():
 
 
 def make(partition="none", **kw):
-    return DataParallelLearner(comm_self(), MLP(6, 5, 3), slots=SLOTS, lr=kw.pop("lr", 1e-2), seed=3,
-                               partition=partition, **kw)
+    return DataParallelLearner(
+        comm_self(), MLP(6, 5, 3), slots=SLOTS, lr=kw.pop("lr", 1e-2), seed=3, partition=partition, **kw
+    )
 
 
 def train(learner, steps):
@@ -43,14 +60,23 @@ def train(learner, steps):
     stream = SlotStream(len(data.y), BATCH, SLOTS, 3)
     for _ in range(steps):
         t = learner.step
-        learner.train_step({s: (data.X[stream.indices(t, s)], data.y[stream.indices(t, s)]) for s in range(SLOTS)})
+        learner.train_step(
+            {s: (data.X[stream.indices(t, s)], data.y[stream.indices(t, s)]) for s in range(SLOTS)}
+        )
 
 
 def state(learner):
     """Everything a restore installs, as bits."""
     o = learner.opt
-    return (learner.step, bits(learner.params).tobytes(), bits(o.m).tobytes(), bits(o.v).tobytes(),
-            o.b1t.hex(), o.b2t.hex(), o.steps)
+    return (
+        learner.step,
+        bits(learner.params).tobytes(),
+        bits(o.m).tobytes(),
+        bits(o.v).tobytes(),
+        o.b1t.hex(),
+        o.b2t.hex(),
+        o.steps,
+    )
 
 
 def save(root, steps=3, cfg=CFG, **kw):
@@ -104,7 +130,7 @@ def test_every_bit_flip_of_root_manifest_seal_and_latest_is_refused_by_verify_an
                             counts[(os.path.basename(fname), e.code)] += 1
                             continue
                         pytest.fail(f"{how} accepted a flip of bit {bit} of byte {i} of {fname}")
-                os.pwrite(fd, original[i:i + 1], i)
+                os.pwrite(fd, original[i : i + 1], i)
                 assert state(victim) == before, "a refused resume changed the learner"
         finally:
             os.close(fd)
@@ -113,14 +139,26 @@ def test_every_bit_flip_of_root_manifest_seal_and_latest_is_refused_by_verify_an
     n_root = 8 * len(open(os.path.join(d, MANIFEST), "rb").read())
     assert sum(v for (f, _), v in counts.items() if f == MANIFEST) == 2 * n_root + n_root // 8
     assert n_root > 4000, n_root
-    assert {c for _, c in counts} <= {"checkpoint-corrupt", "checkpoint-latest-invalid", "checkpoint-missing"}, counts
+    assert {c for _, c in counts} <= {
+        "checkpoint-corrupt",
+        "checkpoint-latest-invalid",
+        "checkpoint-missing",
+    }, counts
     open_checkpoint(root).verify()  # intact again
 
 
 ACCEPTABLE = {  # fields a forger may change without changing what a resume installs (reported, not state)
     "config.momentum",  # Adam has no momentum: the value is recorded, never used
-    "saved_on_ranks", "contract_history", "resume_history", "config.log_every", "config.timeout",
-    "config.partition", "config.topology", "config.checkpoint_every", "config.steps", "data.source",
+    "saved_on_ranks",
+    "contract_history",
+    "resume_history",
+    "config.log_every",
+    "config.timeout",
+    "config.partition",
+    "config.topology",
+    "config.checkpoint_every",
+    "config.steps",
+    "data.source",
     "scalars.partition_saved",
 }
 
@@ -144,11 +182,11 @@ def test_resealed_flips_of_the_root_manifest_are_refused_by_name_or_change_nothi
     try:
         for i in range(len(original)):
             bit = (i * 3) % 8
-            flipped = original[:i] + bytes([original[i] ^ (1 << bit)]) + original[i + 1:]
+            flipped = original[:i] + bytes([original[i] ^ (1 << bit)]) + original[i + 1 :]
             sha = hashlib.sha256(flipped).hexdigest().encode()
             if i:
-                os.pwrite(fds["m"], original[i - 1:i], i - 1)  # undo the previous flip
-            os.pwrite(fds["m"], flipped[i:i + 1], i)  # re-seal: same lengths, so in place
+                os.pwrite(fds["m"], original[i - 1 : i], i - 1)  # undo the previous flip
+            os.pwrite(fds["m"], flipped[i : i + 1], i)  # re-seal: same lengths, so in place
             os.pwrite(fds["s"], sha, 0)
             os.pwrite(fds["l"], sha, len(b"step-00000003 "))
             try:
@@ -164,7 +202,9 @@ def test_resealed_flips_of_the_root_manifest_are_refused_by_name_or_change_nothi
                 assert state(victim) == reference
                 continue
             assert verified, f"resume accepted what verify refused (bit {bit} of byte {i})"
-            assert state(victim) == reference, f"a re-sealed flip of bit {bit} of byte {i} resumed with other bits"
+            assert state(victim) == reference, (
+                f"a re-sealed flip of bit {bit} of byte {i} resumed with other bits"
+            )
             accepted_fields.update(_changed_fields(base, json.loads(flipped)))
             outcomes["accepted"] += 1
     finally:
@@ -185,7 +225,11 @@ def _changed_fields(a, b, prefix=""):
     for k in set(a) | set(b):
         if a.get(k) != b.get(k):
             top = prefix + k
-            if isinstance(a.get(k), dict) and isinstance(b.get(k), dict) and top in ("config", "data", "scalars"):
+            if (
+                isinstance(a.get(k), dict)
+                and isinstance(b.get(k), dict)
+                and top in ("config", "data", "scalars")
+            ):
                 out += _changed_fields(a[k], b[k], top + ".")
             else:
                 out.append(top)
@@ -194,14 +238,20 @@ def _changed_fields(a, b, prefix=""):
 
 # -------------------------------------------------------------------------- forged fields by name
 def _adam_b1t(m):
-    m["scalars"]["optimizer_scalars"]["b1t"] = float(np.nextafter(m["scalars"]["optimizer_scalars"]["b1t"], 1))
+    m["scalars"]["optimizer_scalars"]["b1t"] = float(
+        np.nextafter(m["scalars"]["optimizer_scalars"]["b1t"], 1)
+    )
 
 
 FORGERIES = [
     ("b1t one ulp off", _adam_b1t, "checkpoint-manifest"),
     ("scalars step a string", lambda m: m["scalars"].update(step="3"), "checkpoint-manifest"),
     ("scalars missing", lambda m: m.pop("scalars"), "checkpoint-manifest"),
-    ("optimizer_scalars a list", lambda m: m["scalars"].update(optimizer_scalars=[1, 2]), "checkpoint-manifest"),
+    (
+        "optimizer_scalars a list",
+        lambda m: m["scalars"].update(optimizer_scalars=[1, 2]),
+        "checkpoint-manifest",
+    ),
     ("steps field", lambda m: m["scalars"]["optimizer_scalars"].update(steps=4), "checkpoint-manifest"),
     ("step", lambda m: m.update(step=4), "checkpoint-manifest"),
     ("components a list", lambda m: m.update(components=[1]), "checkpoint-manifest"),
@@ -214,7 +264,11 @@ FORGERIES = [
     ("data position", lambda m: m["data"].update(position=1), "checkpoint-manifest"),
     ("data stream", lambda m: m["data"].update(stream="other"), "checkpoint-manifest"),
     ("unknown key", lambda m: m.update(extra=1), "checkpoint-manifest"),
-    ("deep JSON", lambda m: m.update(contract_history=json.loads("[" * 200 + "]" * 200)), "checkpoint-manifest"),
+    (
+        "deep JSON",
+        lambda m: m.update(contract_history=json.loads("[" * 200 + "]" * 200)),
+        "checkpoint-manifest",
+    ),
     ("history entry", lambda m: m.update(resume_history=[{"at_step": 1}]), "checkpoint-manifest"),
     ("saved_on_ranks bool", lambda m: m.update(saved_on_ranks=True), "checkpoint-manifest"),
     ("version", lambda m: m.update(version=1), "checkpoint-format-version"),
@@ -239,9 +293,14 @@ def test_duplicate_keys_nan_bad_utf8_and_deep_nesting_are_refused(saved):
     root, _ = saved
     d = step_dir(root)
     body = open(os.path.join(d, MANIFEST), "rb").read()
-    for forged in (body.replace(b'"saved_on_ranks": 1', b'"saved_on_ranks": 1, "saved_on_ranks": 2'),
-                   body.replace(b'"lr": 0.01', b'"lr": NaN', 1), body.replace(b'"lr": 0.01', b'"lr": 1e999', 1),
-                   b"\xff" + body, b"[" * 100000 + b"]" * 100000, b'{"a": ' * 100000):
+    for forged in (
+        body.replace(b'"saved_on_ranks": 1', b'"saved_on_ranks": 1, "saved_on_ranks": 2'),
+        body.replace(b'"lr": 0.01', b'"lr": NaN', 1),
+        body.replace(b'"lr": 0.01', b'"lr": 1e999', 1),
+        b"\xff" + body,
+        b"[" * 100000 + b"]" * 100000,
+        b'{"a": ' * 100000,
+    ):
         assert forged != body
         seal_root(d, forged)
         with pytest.raises(Refusal) as e:
@@ -261,11 +320,18 @@ def _f32_shard(component, start, stop):
 SHARDS = [
     ("float32 shard, hash chain rewritten", lambda e: _f32_shard("params", e["start"], e["stop"])),
     ("giant header length", lambda e: (1 << 62).to_bytes(8, "little") + b"{}"),
-    ("shape disagrees", lambda e: shardfile.encode("params", e["start"], e["stop"] - 1,
-                                                   np.zeros(e["stop"] - e["start"] - 1))),
-    ("other component's metadata", lambda e: shardfile.encode("optimizer.m", e["start"], e["stop"],
-                                                              np.zeros(e["stop"] - e["start"]))),
-    ("truncated", lambda e: shardfile.encode("params", e["start"], e["stop"], np.zeros(e["stop"] - e["start"]))[:-8]),
+    (
+        "shape disagrees",
+        lambda e: shardfile.encode("params", e["start"], e["stop"] - 1, np.zeros(e["stop"] - e["start"] - 1)),
+    ),
+    (
+        "other component's metadata",
+        lambda e: shardfile.encode("optimizer.m", e["start"], e["stop"], np.zeros(e["stop"] - e["start"])),
+    ),
+    (
+        "truncated",
+        lambda e: shardfile.encode("params", e["start"], e["stop"], np.zeros(e["stop"] - e["start"]))[:-8],
+    ),
 ]
 
 
@@ -286,8 +352,12 @@ def test_shard_headers_are_checked_against_the_manifest(saved, forge):
 
 def test_component_manifest_types_are_named(saved):
     root, _ = saved
-    for edit in (lambda c: c.update(length="53"), lambda c: c["shards"][0].update(start=None),
-                 lambda c: c.update(shards={}), lambda c: c["shards"][0].update(shape=[1, 2])):
+    for edit in (
+        lambda c: c.update(length="53"),
+        lambda c: c["shards"][0].update(start=None),
+        lambda c: c.update(shards={}),
+        lambda c: c["shards"][0].update(shape=[1, 2]),
+    ):
         save_dir = step_dir(root)
         snapshot = tree_bytes(save_dir)
         rewrite_component(root, "params", edit)
@@ -306,19 +376,58 @@ def test_latest_symlink_to_a_secret_is_never_read_or_echoed(saved, tmp_path):
     secret.write_text("root:x:0:0:TOP-SECRET-CONTENT:/root:/bin/bash\n")
     os.remove(os.path.join(root, LATEST))
     os.symlink(str(secret), os.path.join(root, LATEST))
-    for args in (["checkpoint", "verify", root], ["checkpoint", "inspect", root], ["checkpoint", "verify", root, "--all"]):
+    for args in (
+        ["checkpoint", "verify", root],
+        ["checkpoint", "inspect", root],
+        ["checkpoint", "verify", root, "--all"],
+    ):
         r = subprocess.run([sys.executable, "-m", "alpha_mpi", *args], capture_output=True, text=True)
         assert "TOP-SECRET" not in r.stdout + r.stderr, args
-    r = subprocess.run([sys.executable, "-m", "alpha_mpi", "checkpoint", "verify", root], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "alpha_mpi", "checkpoint", "verify", root], capture_output=True, text=True
+    )
     assert r.returncode == 3 and "[checkpoint-latest-invalid]" in r.stderr, r.stderr
-    r = subprocess.run([sys.executable, "-m", "alpha_mpi", "train", "--hidden", "5", "--steps", "1", "--slots", "4",
-                        "--batch", "29", "--seed", "3", "--checkpoint-dir", root, "--resume"],
-                       capture_output=True, text=True)
-    assert r.returncode == 3 and "[checkpoint-latest-invalid]" in r.stderr and "TOP-SECRET" not in r.stdout + r.stderr
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "alpha_mpi",
+            "train",
+            "--hidden",
+            "5",
+            "--steps",
+            "1",
+            "--slots",
+            "4",
+            "--batch",
+            "29",
+            "--seed",
+            "3",
+            "--checkpoint-dir",
+            root,
+            "--resume",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert (
+        r.returncode == 3
+        and "[checkpoint-latest-invalid]" in r.stderr
+        and "TOP-SECRET" not in r.stdout + r.stderr
+    )
 
 
-@pytest.mark.parametrize("content", [b"step-00000003\0\n", b"../../etc/passwd\n", b"step-00000003\n",
-                                     b"step-00000003 " + b"0" * 64 + b"\n", b"x" * 10000, b"\xff\xfe"])
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"step-00000003\0\n",
+        b"../../etc/passwd\n",
+        b"step-00000003\n",
+        b"step-00000003 " + b"0" * 64 + b"\n",
+        b"x" * 10000,
+        b"\xff\xfe",
+    ],
+)
 def test_malformed_latest_is_refused_by_name_without_echo(saved, content):
     root, _ = saved
     open(os.path.join(root, LATEST), "wb").write(content)
@@ -354,7 +463,9 @@ def test_shard_files_are_byte_identical_across_runs_and_readable_by_safetensors(
     e = ck.components["params"]["shards"][0]
     with safe_open(e["file"], framework="numpy") as f:
         assert f.metadata() == {"component": "params", "start": str(e["start"]), "stop": str(e["stop"])}
-        assert np.array_equal(bits(f.get_tensor("values")), bits(ck.read_range("params", e["start"], e["stop"])))
+        assert np.array_equal(
+            bits(f.get_tensor("values")), bits(ck.read_range("params", e["start"], e["stop"]))
+        )
 
 
 # -------------------------------------------------------------------------- the lock
@@ -388,9 +499,18 @@ def test_one_process_shares_its_lock_and_a_killed_holder_leaves_none(tmp_path):
     r = _cli(*TINY, "--steps", "1", "--checkpoint-dir", root)
     assert r.returncode == 3 and "[checkpoint-locked]" in r.stderr  # b still holds it
     b.close()
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.path[:0] = ['tests'];"
-                               "from alpha_mpi.checkpoint.lock import DirectoryLock; l = DirectoryLock(sys.argv[1]);"
-                               "print('held', flush=True); time.sleep(60)", root], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; sys.path[:0] = ['tests'];"
+            "from alpha_mpi.checkpoint.lock import DirectoryLock; l = DirectoryLock(sys.argv[1]);"
+            "print('held', flush=True); time.sleep(60)",
+            root,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert holder.stdout.readline().strip() == "held"
     r = _cli(*TINY, "--steps", "1", "--checkpoint-dir", root)
     assert r.returncode == 3 and "[checkpoint-locked]" in r.stderr

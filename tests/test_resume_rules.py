@@ -18,13 +18,12 @@ import sys
 
 import numpy as np
 import pytest
+from test_checkpoint_trust import CFG, comm_self, make, state, train
 
 from alpha_mpi.checkpoint import Checkpointer, open_checkpoint
 from alpha_mpi.checkpoint.layout import LATEST, step_name
 from alpha_mpi.learning import MLP
 from alpha_mpi.refusals import Refusal
-
-from test_checkpoint_trust import CFG, comm_self, make, state, train
 
 
 def saved_steps(root, steps=(2, 4), cfg=CFG, data=None):
@@ -72,7 +71,9 @@ def test_latest_missing_and_newest_step_broken_is_refused_naming_the_one_that_ve
     before = state(victim)
     with Checkpointer(comm_self(), root, victim, CFG) as ck, pytest.raises(Refusal) as e:
         ck.resume()
-    assert e.value.code == "checkpoint-corrupt" and step_name(2) in e.value.message and state(victim) == before
+    assert (
+        e.value.code == "checkpoint-corrupt" and step_name(2) in e.value.message and state(victim) == before
+    )
     shutil.rmtree(os.path.join(root, step_name(2)))  # now no step verifies
     with Checkpointer(comm_self(), root, victim, CFG) as ck, pytest.raises(Refusal) as e:
         ck.resume()
@@ -205,9 +206,18 @@ def test_command_final_state_saved_loud_start_and_nothing_to_train(tmp_path):
     ck = str(tmp_path / "ck")
     r, want = cli("--steps", "5", "--checkpoint-dir", ck, "--checkpoint-every", "3", "--resume")
     assert r.returncode == 0 and f"# no checkpoint in {ck}: starting at step 0" in r.stdout, r.stderr
-    assert sorted(os.listdir(ck)) == [".lock", "latest", step_name(3), step_name(5)]  # step 5: the final state
+    assert sorted(os.listdir(ck)) == [
+        ".lock",
+        "latest",
+        step_name(3),
+        step_name(5),
+    ]  # step 5: the final state
     r, got = cli("--steps", "5", "--checkpoint-dir", ck, "--resume")
-    assert r.returncode == 0 and got == want and "nothing to train: the state is at step 5, --steps 5" in r.stdout
+    assert (
+        r.returncode == 0
+        and got == want
+        and "nothing to train: the state is at step 5, --steps 5" in r.stdout
+    )
     assert "nan" not in r.stdout and "final loss n/a (no step run)" in r.stdout
     r, got = cli("--steps", "4", "--checkpoint-dir", ck, "--resume", "--json", str(tmp_path / "r.json"))
     assert r.returncode == 0 and "past --steps 4" in r.stdout and got == want
@@ -237,29 +247,49 @@ def test_command_resume_rules_end_with_the_uninterrupted_digest(tmp_path):
     r, _ = cli("--steps", "8", "--checkpoint-dir", ck, "--resume", "--lr", "0.01", "--adopt-lr")
     assert r.returncode == 0 and "# resumed from" in r.stdout, r.stderr
     h = open_checkpoint(ck).manifest["resume_history"]
-    assert h == [{"at_step": 4, "field": "steps", "from": 4, "to": 6},
-                 {"at_step": 6, "field": "lr", "from": 2e-3, "to": 0.01},
-                 {"at_step": 6, "field": "steps", "from": 6, "to": 8}], h
+    assert h == [
+        {"at_step": 4, "field": "steps", "from": 4, "to": 6},
+        {"at_step": 6, "field": "lr", "from": 2e-3, "to": 0.01},
+        {"at_step": 6, "field": "steps", "from": 6, "to": 8},
+    ], h
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--checkpoint-every", "-1", "--checkpoint-dir", "X"], "--checkpoint-every"),
-    (["--checkpoint-every", "2"], "--checkpoint-every needs --checkpoint-dir"),
-    (["--lr", "-1"], "--lr"), (["--lr", "nan"], "--lr"), (["--momentum", "2"], "--momentum"),
-    (["--hidden", "0"], "--hidden"), (["--slots", "0"], "--slots"), (["--steps", "-3"], "--steps"),
-    (["--seed", "-1"], "--seed"), (["--timeout", "0"], "--timeout"), (["--log-every", "0"], "--log-every"),
-    (["--resume"], "--resume needs --checkpoint-dir"), (["--resume-from", "X"], "--resume-from needs"),
-    (["--resume", "--resume-from", "X", "--checkpoint-dir", "Y"], "not both"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--checkpoint-every", "-1", "--checkpoint-dir", "X"], "--checkpoint-every"),
+        (["--checkpoint-every", "2"], "--checkpoint-every needs --checkpoint-dir"),
+        (["--lr", "-1"], "--lr"),
+        (["--lr", "nan"], "--lr"),
+        (["--momentum", "2"], "--momentum"),
+        (["--hidden", "0"], "--hidden"),
+        (["--slots", "0"], "--slots"),
+        (["--steps", "-3"], "--steps"),
+        (["--seed", "-1"], "--seed"),
+        (["--timeout", "0"], "--timeout"),
+        (["--log-every", "0"], "--log-every"),
+        (["--resume"], "--resume needs --checkpoint-dir"),
+        (["--resume-from", "X"], "--resume-from needs"),
+        (["--resume", "--resume-from", "X", "--checkpoint-dir", "Y"], "not both"),
+    ],
+)
 def test_bad_flags_are_usage_errors(args, needle, tmp_path):
-    r = subprocess.run([sys.executable, "-m", "alpha_mpi", "train", *args], capture_output=True, text=True,
-                       cwd=str(tmp_path))
+    r = subprocess.run(
+        [sys.executable, "-m", "alpha_mpi", "train", *args], capture_output=True, text=True, cwd=str(tmp_path)
+    )
     assert r.returncode == 2 and needle in r.stderr, r.stderr
     assert os.listdir(tmp_path) == []  # nothing written
 
 
 def test_unwritable_json_is_refused_before_training(tmp_path):
-    r, _ = cli("--steps", "3", "--json", str(tmp_path / "missing" / "r.json"), "--checkpoint-dir", str(tmp_path / "ck"))
+    r, _ = cli(
+        "--steps",
+        "3",
+        "--json",
+        str(tmp_path / "missing" / "r.json"),
+        "--checkpoint-dir",
+        str(tmp_path / "ck"),
+    )
     assert r.returncode == 3 and "[output-unwritable]" in r.stderr and "step " not in r.stdout
     assert not (tmp_path / "ck").exists()
 

@@ -10,7 +10,6 @@ import sys
 import time
 
 import pytest
-
 from test_launch_mpi import mpiexec
 
 pytestmark = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec")
@@ -18,7 +17,21 @@ SMALL = ["--hidden", "48", "--log-every", "1000"]
 
 
 def train(n, *args, limit=180):
-    cmd = ["timeout", "-k", "5", str(limit), mpiexec(), "-n", str(n), sys.executable, "-m", "alpha_mpi", "train", *SMALL, *args]
+    cmd = [
+        "timeout",
+        "-k",
+        "5",
+        str(limit),
+        mpiexec(),
+        "-n",
+        str(n),
+        sys.executable,
+        "-m",
+        "alpha_mpi",
+        "train",
+        *SMALL,
+        *args,
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True)
     m = re.search(r"^state digest: ([0-9a-f]{64})$", r.stdout, re.M)
     return r, (m.group(1) if m else None)
@@ -32,7 +45,9 @@ def test_same_digest_on_1_2_4_ranks():
 def test_resume_on_other_rank_counts_and_modes_matches_uninterrupted(tmp_path):
     _, want = train(4, "--steps", "40")
     base = tmp_path / "base"
-    r, _ = train(4, "--steps", "20", "--checkpoint-dir", str(base), "--checkpoint-every", "20", "--partition", "grads")
+    r, _ = train(
+        4, "--steps", "20", "--checkpoint-dir", str(base), "--checkpoint-every", "20", "--partition", "grads"
+    )
     assert r.returncode == 0, r.stderr
     for n, mode in ((2, "none"), (1, "params"), (3, "state")):
         d = tmp_path / f"r{n}"
@@ -46,9 +61,23 @@ def test_resume_on_other_rank_counts_and_modes_matches_uninterrupted(tmp_path):
 
 def test_sigusr1_saves_a_checkpoint_and_exits_99(tmp_path):
     ck = tmp_path / "ck"
-    cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "alpha_mpi", "train", *SMALL,
-           "--steps", "100000", "--checkpoint-dir", str(ck)]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    cmd = [
+        mpiexec(),
+        "-n",
+        "2",
+        sys.executable,
+        "-m",
+        "alpha_mpi",
+        "train",
+        *SMALL,
+        "--steps",
+        "100000",
+        "--checkpoint-dir",
+        str(ck),
+    ]
+    p = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 60
         while not (ck.exists() or time.monotonic() > deadline):  # the trainer made its directory: it runs
@@ -61,7 +90,9 @@ def test_sigusr1_saves_a_checkpoint_and_exits_99(tmp_path):
             os.killpg(p.pid, signal.SIGKILL)
     assert p.returncode == 99, (out[-800:], err[-2000:])
     assert "stopped by signal" in out
-    r = subprocess.run([sys.executable, "-m", "alpha_mpi", "checkpoint", "verify", str(ck)], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "alpha_mpi", "checkpoint", "verify", str(ck)], capture_output=True, text=True
+    )
     assert r.returncode == 0, r.stderr
 
 
@@ -86,7 +117,19 @@ def test_user_data_and_json_result(tmp_path):
     y = (X[:, 0] > 0).astype(np.int64)
     np.savez(tmp_path / "d.npz", X=X, y=y)
     out = tmp_path / "r.json"
-    r, d = train(2, "--steps", "40", "--lr", "0.01", "--data", str(tmp_path / "d.npz"), "--batch", "64", "--json", str(out))
+    r, d = train(
+        2,
+        "--steps",
+        "40",
+        "--lr",
+        "0.01",
+        "--data",
+        str(tmp_path / "d.npz"),
+        "--batch",
+        "64",
+        "--json",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr
     res = json.loads(out.read_text())
     assert res["digest"] == d and res["accuracy"] > 0.85, res["accuracy"]

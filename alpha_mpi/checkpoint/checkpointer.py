@@ -65,8 +65,10 @@ def check_compatible(saved: dict, learner, adopt: bool = False) -> dict | None:
         if not adopt:
             from ..refusals import NumericalOrderMismatch
 
-            raise NumericalOrderMismatch(f"the checkpoint's order id {str(saved.get('order_id'))[:24]} differs from "
-                                         f"this run's {learner.order_id[:24]}")
+            raise NumericalOrderMismatch(
+                f"the checkpoint's order id {str(saved.get('order_id'))[:24]} differs from "
+                f"this run's {learner.order_id[:24]}"
+            )
         return {"from": old.digest, "to": current.digest, "at_step": saved["step"]}
     return None
 
@@ -107,8 +109,18 @@ class Checkpointer:
         timeout: seconds a rank waits for the others' votes.
     """
 
-    def __init__(self, comm, root: str, learner, cfg=None, *, adopt_contract: bool = False, adopt_lr: bool = False,
-                 data: dict | None = None, timeout=None):
+    def __init__(
+        self,
+        comm,
+        root: str,
+        learner,
+        cfg=None,
+        *,
+        adopt_contract: bool = False,
+        adopt_lr: bool = False,
+        data: dict | None = None,
+        timeout=None,
+    ):
         self.comm, self.root, self.learner = comm, root, learner
         self.size, self.rank = comm.Get_size(), comm.Get_rank()
         cfg = asdict(cfg) if cfg is not None and not isinstance(cfg, dict) else dict(cfg or {})
@@ -117,7 +129,9 @@ class Checkpointer:
         self.data = dict(data or {})
         self.history, self.resume_history = [], []
         self._lock = None
-        self._vote = Combiner(comm, plan(star(range(self.size), self.size), ReplicateAll(), 4, size=self.size), timeout=timeout)
+        self._vote = Combiner(
+            comm, plan(star(range(self.size), self.size), ReplicateAll(), 4, size=self.size), timeout=timeout
+        )
         failure = None
         try:
             for k, v in self.cfg.items():
@@ -140,7 +154,9 @@ class Checkpointer:
             return CheckpointRefusal(
                 "checkpoint-dir-is-step",
                 f"{root} is a step directory, not a checkpoint directory; pass --checkpoint-dir {parent} "
-                f"(and --resume-from {root} to start from that step)", path=root)
+                f"(and --resume-from {root} to start from that step)",
+                path=root,
+            )
         try:  # fail at start, not at the first save an hour later
             os.makedirs(root, exist_ok=True)
         except OSError as e:
@@ -170,7 +186,9 @@ class Checkpointer:
         if failure is not None:
             raise failure
         if total[0] > 0:
-            raise Refusal("peer-failed", "another rank refused or failed in the checkpoint protocol; see its error")
+            raise Refusal(
+                "peer-failed", "another rank refused or failed in the checkpoint protocol; see its error"
+            )
         return total[1] > 0, int(total[2]), total[3] > 0
 
     def has(self, step: int) -> bool:
@@ -196,7 +214,9 @@ class Checkpointer:
         try:
             for name, (length, pieces) in lr.checkpoint_pieces().items():
                 entries[name] = {"length": length, "shards": store.write_shards(tmp, name, pieces)}
-            store.write_durable(os.path.join(tmp, f".fragment-{self.rank}.json"), store.manifest_bytes(entries))
+            store.write_durable(
+                os.path.join(tmp, f".fragment-{self.rank}.json"), store.manifest_bytes(entries)
+            )
         except Refusal as e:
             failure = e
         except OSError as e:
@@ -204,7 +224,9 @@ class Checkpointer:
         self._all(failure)
         if self.rank == 0:
             try:
-                final = store.publish(self.root, step, tmp, self._root_manifest(step), self._merge_fragments(tmp))
+                final = store.publish(
+                    self.root, step, tmp, self._root_manifest(step), self._merge_fragments(tmp)
+                )
             except Refusal as e:
                 failure = e
             except OSError as e:
@@ -227,7 +249,10 @@ class Checkpointer:
         lr = self.learner
         contract = learner_contract(lr)
         config = {k: v for k, v in self.cfg.items() if k not in NOT_SAVED}
-        data = {"stream": DATA_STREAM, "position": step * config["batch"] if type(config.get("batch")) is int else 0}
+        data = {
+            "stream": DATA_STREAM,
+            "position": step * config["batch"] if type(config.get("batch")) is int else 0,
+        }
         data.update({k: v for k, v in self.data.items() if k in ("samples", "sha256", "source")})
         return {
             "order_id": lr.order_id,
@@ -264,8 +289,11 @@ class Checkpointer:
                 info = self._locate(path)
             except Refusal as e:
                 failure = e
-        _, value, itself = self._all(failure, value=0 if info.how == "none" else info.step + 1,
-                                     flag=info.how == "chosen" and info.path == path)
+        _, value, itself = self._all(
+            failure,
+            value=0 if info.how == "none" else info.step + 1,
+            flag=info.how == "chosen" and info.path == path,
+        )
         if value == 0:
             return info if self.rank == 0 else Resumed("none")
         step = value - 1
@@ -292,10 +320,16 @@ class Checkpointer:
             if newer:
                 raise CheckpointRefusal(
                     "checkpoint-exists",
-                    f"{root} already holds {step_name(max(newer))}, newer than the chosen step {ck.step}; continuing "
-                    f"from step {ck.step} here would collide with published steps. Give another --checkpoint-dir, "
-                    f"or move the newer steps out of {root}")
-            r = Resumed("chosen", ck.dir, ck.step, [f"# resumed from {ck.dir} at step {ck.step} (--resume-from)"])
+                    f"{root} already holds {step_name(max(newer))}, newer than the chosen step "
+                    f"{ck.step}; continuing "
+                    ""
+                    f"from step {ck.step} here would collide with published steps. Give another "
+                    "--checkpoint-dir, "
+                    f"or move the newer steps out of {root}",
+                )
+            r = Resumed(
+                "chosen", ck.dir, ck.step, [f"# resumed from {ck.dir} at step {ck.step} (--resume-from)"]
+            )
             r.sha = ck.manifest_sha256
             return r
         found = read_latest(root)
@@ -310,17 +344,27 @@ class Checkpointer:
             # moved `latest`. It is complete if it verifies; a broken one would collide later.
             ck, skipped = newest_verifying(root)
             if ck is not None and ck.step > k and not skipped:
-                r = Resumed("newer", ck.dir, ck.step, [
-                    f"# {root}/latest names {step_name(k)}, but {step_name(ck.step)} is complete (a save was "
-                    f"interrupted before it moved latest): resuming from it",
-                    f"# resumed from {ck.dir} at step {ck.step}"])
+                r = Resumed(
+                    "newer",
+                    ck.dir,
+                    ck.step,
+                    [
+                        f"# {root}/latest names {step_name(k)}, but {step_name(ck.step)} is "
+                        "complete (a save was "
+                        f"interrupted before it moved latest): resuming from it",
+                        f"# resumed from {ck.dir} at step {ck.step}",
+                    ],
+                )
                 r.sha = ck.manifest_sha256
                 return r
             broken = ", ".join(f"{step_name(s)} [{code}]" for s, code in skipped if s > k)
             raise CheckpointRefusal(
                 "checkpoint-corrupt",
-                f"{root} holds steps newer than the {step_name(k)} latest names that do not verify ({broken}); "
-                f"a run from step {k} would collide with them. Move them out of {root} and resume again", path=root)
+                f"{root} holds steps newer than the {step_name(k)} latest names that do not verify "
+                f"({broken}); "
+                f"a run from step {k} would collide with them. Move them out of {root} and resume again",
+                path=root,
+            )
         if not steps:
             return Resumed("none", None, 0, [f"# no checkpoint in {root}: starting at step 0"])
         ck, skipped = newest_verifying(root)
@@ -328,17 +372,30 @@ class Checkpointer:
         if ck is None:
             raise CheckpointRefusal(
                 "checkpoint-corrupt",
-                f"{root} has no {os.path.basename('latest')} pointer and none of its steps verifies ({broken}); "
-                f"nothing to resume from. Move them out of {root} to start over", path=root)
+                f"{root} has no {os.path.basename('latest')} pointer and none of its steps "
+                f"verifies ({broken}); "
+                f"nothing to resume from. Move them out of {root} to start over",
+                path=root,
+            )
         if skipped:
             raise CheckpointRefusal(
                 "checkpoint-corrupt",
-                f"{root} has no latest pointer; its newest steps do not verify ({broken}); the newest that does is "
-                f"{ck.dir}. Move the broken steps out of {root} and resume again, or pass --resume-from {ck.dir} "
-                f"with another --checkpoint-dir", path=root)
-        r = Resumed("fallback", ck.dir, ck.step, [
-            f"# {root}/latest is missing: resuming from the newest step that verifies, {ck.dir}",
-            f"# resumed from {ck.dir} at step {ck.step}"])
+                f"{root} has no latest pointer; its newest steps do not verify ({broken}); the "
+                "newest that does is "
+                f"{ck.dir}. Move the broken steps out of {root} and resume again, or pass "
+                f"--resume-from {ck.dir} "
+                f"with another --checkpoint-dir",
+                path=root,
+            )
+        r = Resumed(
+            "fallback",
+            ck.dir,
+            ck.step,
+            [
+                f"# {root}/latest is missing: resuming from the newest step that verifies, {ck.dir}",
+                f"# resumed from {ck.dir} at step {ck.step}",
+            ],
+        )
         r.sha = ck.manifest_sha256
         return r
 
@@ -349,7 +406,9 @@ class Checkpointer:
             m = ck.manifest
             missing = [k for k in schema.LEARNER_FIELDS if k not in m]
             if missing:
-                raise CheckpointRefusal("checkpoint-manifest", f"{ck.dir} is not a learner checkpoint: it lacks {missing}")
+                raise CheckpointRefusal(
+                    "checkpoint-manifest", f"{ck.dir} is not a learner checkpoint: it lacks {missing}"
+                )
             adopted = check_compatible(m, self.learner, self.adopt_contract)
             changes = self._compare_config(m)
             self._compare_data(m)
@@ -386,27 +445,39 @@ class Checkpointer:
             if k == "lr" and self.adopt_lr:
                 changes.append({"at_step": m["step"], "field": "lr", "from": saved[k], "to": now[k]})
                 continue
-            hint = "; resume with the saved --lr or pass --adopt-lr to continue with the new one" if k == "lr" else ""
+            hint = (
+                "; resume with the saved --lr or pass --adopt-lr to continue with the new one"
+                if k == "lr"
+                else ""
+            )
             diffs.append(f"{k}: saved {saved[k]!r}, now {now[k]!r}{hint}")
         hyper = m.get("scalars", {}).get("optimizer_hyper")
         live = getattr(getattr(self.learner, "opt", None), "lr", None)
         if isinstance(hyper, dict) and live is not None and hyper.get("lr") != live and "lr" not in now:
             if not self.adopt_lr:
-                diffs.append(f"lr: saved {hyper.get('lr')!r}, now {live!r}; pass adopt_lr=True to continue with it")
+                diffs.append(
+                    f"lr: saved {hyper.get('lr')!r}, now {live!r}; pass adopt_lr=True to continue with it"
+                )
             else:
                 changes.append({"at_step": m["step"], "field": "lr", "from": hyper.get("lr"), "to": live})
         if diffs:
             raise CheckpointRefusal("checkpoint-config-mismatch", "; ".join(diffs))
         if "steps" in saved and "steps" in now and saved["steps"] != now["steps"]:
-            changes.append({"at_step": m["step"], "field": "steps", "from": saved["steps"], "to": now["steps"]})
+            changes.append(
+                {"at_step": m["step"], "field": "steps", "from": saved["steps"], "to": now["steps"]}
+            )
         return changes
 
     def _compare_data(self, m: dict) -> None:
         saved = m.get("data", {})
-        diffs = [f"{k}: saved {str(saved[k])[:20]}, now {str(self.data[k])[:20]}"
-                 for k in ("samples", "sha256") if k in saved and k in self.data and saved[k] != self.data[k]]
+        diffs = [
+            f"{k}: saved {str(saved[k])[:20]}, now {str(self.data[k])[:20]}"
+            for k in ("samples", "sha256")
+            if k in saved and k in self.data and saved[k] != self.data[k]
+        ]
         if diffs:
             raise CheckpointRefusal(
                 "checkpoint-data-mismatch",
                 f"the checkpoint was trained on other data ({'; '.join(diffs)}; saved source "
-                f"{str(saved.get('source'))[:80]!r}); its stream position means nothing for this data")
+                f"{str(saved.get('source'))[:80]!r}); its stream position means nothing for this data",
+            )

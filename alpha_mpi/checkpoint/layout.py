@@ -75,18 +75,27 @@ def read_small(path: str, what: str, limit: int, missing_code: str = "checkpoint
         raise CheckpointRefusal(missing_code, f"{what} {path} is missing", path=path)
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise CheckpointRefusal("checkpoint-latest-invalid" if what == "latest pointer" else "checkpoint-path-escape",
-                                    f"{what} {path} is a symbolic link; alpha_mpi writes it as a regular file and "
-                                    f"never follows it", path=path)
+            raise CheckpointRefusal(
+                "checkpoint-latest-invalid" if what == "latest pointer" else "checkpoint-path-escape",
+                f"{what} {path} is a symbolic link; alpha_mpi writes it as a regular file and "
+                f"never follows it",
+                path=path,
+            )
         raise CheckpointRefusal(missing_code, f"cannot open {what} {path}: {e.strerror}", path=path)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise CheckpointRefusal("checkpoint-latest-invalid" if what == "latest pointer" else "checkpoint-manifest",
-                                    f"{what} {path} is not a regular file", path=path)
+            raise CheckpointRefusal(
+                "checkpoint-latest-invalid" if what == "latest pointer" else "checkpoint-manifest",
+                f"{what} {path} is not a regular file",
+                path=path,
+            )
         if st.st_size > limit:
-            raise CheckpointRefusal("checkpoint-latest-invalid" if what == "latest pointer" else "checkpoint-manifest",
-                                    f"{what} {path} holds {st.st_size} bytes, more than the {limit} it may", path=path)
+            raise CheckpointRefusal(
+                "checkpoint-latest-invalid" if what == "latest pointer" else "checkpoint-manifest",
+                f"{what} {path} holds {st.st_size} bytes, more than the {limit} it may",
+                path=path,
+            )
         chunks, total = [], 0
         while True:
             b = os.read(fd, min(1 << 20, limit + 1 - total))
@@ -95,7 +104,9 @@ def read_small(path: str, what: str, limit: int, missing_code: str = "checkpoint
             chunks.append(b)
             total += len(b)
             if total > limit:
-                raise CheckpointRefusal("checkpoint-manifest", f"{what} {path} grew past {limit} bytes while read")
+                raise CheckpointRefusal(
+                    "checkpoint-manifest", f"{what} {path} grew past {limit} bytes while read"
+                )
         return b"".join(chunks)
     finally:
         os.close(fd)
@@ -107,15 +118,20 @@ def parse_latest(data: bytes, path: str):
     if m is None:
         raise CheckpointRefusal(
             "checkpoint-latest-invalid",
-            f"{path} ({len(data)} bytes) is not one line `step-NNNNNNNN <sha256 of its manifest>` as alpha_mpi "
-            f"writes it (its content is not shown)", path=path)
+            f"{path} ({len(data)} bytes) is not one line `step-NNNNNNNN <sha256 of its manifest>` "
+            "as alpha_mpi "
+            f"writes it (its content is not shown)",
+            path=path,
+        )
     return m.group(1).decode("ascii"), m.group(2).decode("ascii")
 
 
 def parse_seal(data: bytes, path: str) -> str:
     m = _SEAL_RE.fullmatch(data)
     if m is None:
-        raise CheckpointRefusal("checkpoint-corrupt", f"{path} is not one line `<sha256>  {MANIFEST}`", path=path)
+        raise CheckpointRefusal(
+            "checkpoint-corrupt", f"{path} is not one line `<sha256>  {MANIFEST}`", path=path
+        )
     return m.group(1).decode("ascii")
 
 
@@ -144,16 +160,22 @@ def published_steps(root: str) -> list:
 def safe_join(base: str, rel: str, what: str) -> str:
     """Resolve a manifest-relative path; refuse absolute paths, `..` and symlinks that leave `base`."""
     if not isinstance(rel, str) or not rel or os.path.isabs(rel) or rel.startswith("~") or "\0" in rel:
-        raise CheckpointRefusal("checkpoint-path-escape", f"{what} path {rel!r} is absolute, empty or holds NUL", path=rel)
+        raise CheckpointRefusal(
+            "checkpoint-path-escape", f"{what} path {rel!r} is absolute, empty or holds NUL", path=rel
+        )
     parts = rel.replace("\\", "/").split("/")
     if any(p in ("..", "") for p in parts):
-        raise CheckpointRefusal("checkpoint-path-escape", f"{what} path {rel!r} steps outside with '..'", path=rel)
+        raise CheckpointRefusal(
+            "checkpoint-path-escape", f"{what} path {rel!r} steps outside with '..'", path=rel
+        )
     full = os.path.join(base, *parts)
     real_base = os.path.realpath(base)
     real = os.path.realpath(full)
     if os.path.commonpath([real_base, real]) != real_base:
         raise CheckpointRefusal(
-            "checkpoint-path-escape", f"{what} path {rel!r} resolves outside {real_base} (a symlink?)", path=rel
+            "checkpoint-path-escape",
+            f"{what} path {rel!r} resolves outside {real_base} (a symlink?)",
+            path=rel,
         )
     return full
 

@@ -37,8 +37,12 @@ class DirectoryLock:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as e:
             if e.errno == errno.ELOOP:
-                raise CheckpointRefusal("checkpoint-locked", f"{path} is a symbolic link; alpha_mpi's lock file is a regular file")
-            raise CheckpointRefusal("checkpoint-write-failed", f"cannot create the lock file {path}: {e.strerror}")
+                raise CheckpointRefusal(
+                    "checkpoint-locked", f"{path} is a symbolic link; alpha_mpi's lock file is a regular file"
+                )
+            raise CheckpointRefusal(
+                "checkpoint-write-failed", f"cannot create the lock file {path}: {e.strerror}"
+            )
         st = os.fstat(fd)
         key = (st.st_dev, st.st_ino)
         with _mutex:
@@ -55,12 +59,20 @@ class DirectoryLock:
                 if e.errno in (errno.EWOULDBLOCK, errno.EACCES, errno.EAGAIN):
                     raise CheckpointRefusal(
                         "checkpoint-locked",
-                        f"{root} is being written by another trainer ({holder}); two trainers on one checkpoint "
-                        f"directory would mix their steps", path=root)
-                raise CheckpointRefusal("checkpoint-locked", f"cannot lock {path}: {e.strerror} (does this file "
-                                                             f"system support flock?)", path=root)
+                        f"{root} is being written by another trainer ({holder}); two trainers on "
+                        "one checkpoint "
+                        f"directory would mix their steps",
+                        path=root,
+                    )
+                raise CheckpointRefusal(
+                    "checkpoint-locked",
+                    f"cannot lock {path}: {e.strerror} (does this file system support flock?)",
+                    path=root,
+                )
             os.ftruncate(fd, 0)
-            os.pwrite(fd, f"pid {os.getpid()} on host {socket.gethostname()[:64]}\n".encode("ascii", "replace"), 0)
+            os.pwrite(
+                fd, f"pid {os.getpid()} on host {socket.gethostname()[:64]}\n".encode("ascii", "replace"), 0
+            )
             _held[key] = [fd, 1]
             self.key = key
 

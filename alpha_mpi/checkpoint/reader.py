@@ -17,8 +17,20 @@ import numpy as np
 
 from ..refusals import CheckpointRefusal, Refusal
 from . import schema, shardfile
-from .layout import (LATEST, MANIFEST, MAX_POINTER, SEAL, is_real_dir, parse_latest, parse_seal, published_steps,
-                     read_small, safe_join, step_name, step_of)
+from .layout import (
+    LATEST,
+    MANIFEST,
+    MAX_POINTER,
+    SEAL,
+    is_real_dir,
+    parse_latest,
+    parse_seal,
+    published_steps,
+    read_small,
+    safe_join,
+    step_name,
+    step_of,
+)
 
 MAX_ROOT_MANIFEST = 16 << 20
 MAX_COMPONENT_MANIFEST = 256 << 20
@@ -37,8 +49,9 @@ def read_latest(root: str):
     name, sha = parse_latest(read_small(pointer, "latest pointer", MAX_POINTER), pointer)
     step_dir = os.path.join(root, name)
     if not is_real_dir(step_dir):
-        raise CheckpointRefusal("checkpoint-missing", f"{pointer} names {name}, which is not a directory in {root}",
-                                path=step_dir)
+        raise CheckpointRefusal(
+            "checkpoint-missing", f"{pointer} names {name}, which is not a directory in {root}", path=step_dir
+        )
     return step_dir, sha
 
 
@@ -54,10 +67,17 @@ def resolve(path: str):
     found = read_latest(path)
     if found is None:
         steps = published_steps(path)
-        extra = (f"; it holds {', '.join(step_name(k) for k in steps[-3:])} but no {LATEST} pointer "
-                 f"(`alpha-mpi checkpoint verify {path} --all` shows which verify)") if steps else ""
-        raise CheckpointRefusal("checkpoint-missing", f"{path} has neither {MANIFEST} nor a {LATEST} pointer{extra}",
-                                path=path)
+        extra = (
+            (
+                f"; it holds {', '.join(step_name(k) for k in steps[-3:])} but no {LATEST} pointer "
+                f"(`alpha-mpi checkpoint verify {path} --all` shows which verify)"
+            )
+            if steps
+            else ""
+        )
+        raise CheckpointRefusal(
+            "checkpoint-missing", f"{path} has neither {MANIFEST} nor a {LATEST} pointer{extra}", path=path
+        )
     return found
 
 
@@ -71,17 +91,26 @@ def _root_bytes(step_dir: str, expected: str | None):
         except Refusal:
             version = None
         if version not in (None, 2) and type(version) is int:
-            raise CheckpointRefusal("checkpoint-format-version",
-                                    f"{step_dir} has format version {version} (no {SEAL} seal); this alpha_mpi reads 2")
-        raise CheckpointRefusal("checkpoint-corrupt", f"{step_dir} has no {SEAL}: its root manifest is not sealed",
-                                path=step_dir)
+            raise CheckpointRefusal(
+                "checkpoint-format-version",
+                f"{step_dir} has format version {version} (no {SEAL} seal); this alpha_mpi reads 2",
+            )
+        raise CheckpointRefusal(
+            "checkpoint-corrupt", f"{step_dir} has no {SEAL}: its root manifest is not sealed", path=step_dir
+        )
     sealed = parse_seal(read_small(seal_path, "manifest seal", MAX_POINTER, "checkpoint-corrupt"), seal_path)
     if sealed != actual:
-        raise CheckpointRefusal("checkpoint-corrupt",
-                                f"{step_dir}/{MANIFEST} does not match the sha256 in its {SEAL}", path=step_dir)
+        raise CheckpointRefusal(
+            "checkpoint-corrupt",
+            f"{step_dir}/{MANIFEST} does not match the sha256 in its {SEAL}",
+            path=step_dir,
+        )
     if expected is not None and expected != actual:
-        raise CheckpointRefusal("checkpoint-corrupt",
-                                f"{step_dir}/{MANIFEST} does not match the sha256 the {LATEST} pointer names", path=step_dir)
+        raise CheckpointRefusal(
+            "checkpoint-corrupt",
+            f"{step_dir}/{MANIFEST} does not match the sha256 the {LATEST} pointer names",
+            path=step_dir,
+        )
     return data, actual
 
 
@@ -96,10 +125,14 @@ class Checkpoint:
         self.components = {}
         for name, ref in sorted(self.manifest["components"].items()):
             mpath = safe_join(self.dir, ref["path"], f"component {name}")
-            body = read_small(mpath, f"component manifest {name}", MAX_COMPONENT_MANIFEST, "checkpoint-shard-missing")
+            body = read_small(
+                mpath, f"component manifest {name}", MAX_COMPONENT_MANIFEST, "checkpoint-shard-missing"
+            )
             if hashlib.sha256(body).hexdigest() != ref["sha256"]:
-                raise CheckpointRefusal("checkpoint-corrupt",
-                                        f"component manifest {mpath} does not match the sha256 its root manifest names")
+                raise CheckpointRefusal(
+                    "checkpoint-corrupt",
+                    f"component manifest {mpath} does not match the sha256 its root manifest names",
+                )
             comp = schema.loads(body, f"component manifest {mpath}")
             shards = schema.validate_component(name, comp, mpath)
             cdir = os.path.dirname(mpath)
@@ -125,31 +158,41 @@ class Checkpoint:
                     f.seek(0)
                     shardfile.check_header(f, e["file"], size, name, e["start"], e["stop"])
         except FileNotFoundError:
-            raise CheckpointRefusal("checkpoint-shard-missing", f"shard {e['file']} named by the manifest is missing")
+            raise CheckpointRefusal(
+                "checkpoint-shard-missing", f"shard {e['file']} named by the manifest is missing"
+            )
         except IsADirectoryError:
             raise CheckpointRefusal("checkpoint-corrupt", f"shard {e['file']} is a directory")
         if size != e["bytes"] or h.hexdigest() != e["sha256"]:
-            raise CheckpointRefusal("checkpoint-corrupt", f"shard {e['file']} does not match its manifest sha256/size")
+            raise CheckpointRefusal(
+                "checkpoint-corrupt", f"shard {e['file']} does not match its manifest sha256/size"
+            )
         self._verified.add(e["file"])
 
     def length(self, component: str) -> int:
         comp = self.components.get(component)
         if comp is None:
-            raise CheckpointRefusal("checkpoint-manifest", f"no component {component!r} (has {sorted(self.components)})")
+            raise CheckpointRefusal(
+                "checkpoint-manifest", f"no component {component!r} (has {sorted(self.components)})"
+            )
         return comp["length"]
 
     def read_range(self, component: str, start: int, stop: int) -> np.ndarray:
         """Values [start, stop) of a component, read partially from whichever shards hold them."""
         length = self.length(component)
         if not 0 <= start <= stop <= length:
-            raise CheckpointRefusal("checkpoint-manifest", f"{component}: range [{start}, {stop}) outside [0, {length})")
+            raise CheckpointRefusal(
+                "checkpoint-manifest", f"{component}: range [{start}, {stop}) outside [0, {length})"
+            )
         out = np.empty(stop - start)
         for e in self.components[component]["shards"]:
             lo, hi = max(start, e["start"]), min(stop, e["stop"])
             if lo >= hi:
                 continue
             self._verify_shard(component, e)
-            out[lo - start : hi - start] = shardfile.read_values(e["file"], e["bytes"], component, e["start"], e["stop"], lo, hi)
+            out[lo - start : hi - start] = shardfile.read_values(
+                e["file"], e["bytes"], component, e["start"], e["stop"], lo, hi
+            )
         return out
 
     def verify(self) -> dict:
@@ -161,9 +204,14 @@ class Checkpoint:
                 self._verify_shard(name, e)
                 total += e["bytes"]
         return {
-            "path": self.dir, "step": self.step, "manifest_sha256": self.manifest_sha256,
-            "order_id": self.manifest.get("order_id"), "contract_digest": self.manifest.get("contract_digest"),
-            "components": {k: {"length": v["length"], "shards": len(v["shards"])} for k, v in self.components.items()},
+            "path": self.dir,
+            "step": self.step,
+            "manifest_sha256": self.manifest_sha256,
+            "order_id": self.manifest.get("order_id"),
+            "contract_digest": self.manifest.get("contract_digest"),
+            "components": {
+                k: {"length": v["length"], "shards": len(v["shards"])} for k, v in self.components.items()
+            },
             "bytes": total,
         }
 

@@ -22,11 +22,22 @@ from .layout import FORMAT, HEX64, MANIFEST, VERSION, shard_name
 MAX_DEPTH = 32
 NAME_RE = re.compile(r"[a-z][a-z0-9_]*(\.[a-z0-9_]+)*")
 ROOT_REQUIRED = {"format", "version", "step", "components"}
-ROOT_OPTIONAL = {"order_id", "contract", "contract_digest", "contract_history", "resume_history", "config",
-                 "scalars", "data", "saved_on_ranks"}
+ROOT_OPTIONAL = {
+    "order_id",
+    "contract",
+    "contract_digest",
+    "contract_history",
+    "resume_history",
+    "config",
+    "scalars",
+    "data",
+    "saved_on_ranks",
+}
 LEARNER_FIELDS = ("order_id", "contract", "contract_digest", "config", "scalars", "data")
-OPTIMIZERS = {"adam": {"hyper": ("lr", "b1", "b2", "eps"), "scalars": ("b1t", "b2t", "steps")},
-              "sgd": {"hyper": ("lr", "momentum"), "scalars": ("steps",)}}
+OPTIMIZERS = {
+    "adam": {"hyper": ("lr", "b1", "b2", "eps"), "scalars": ("b1t", "b2t", "steps")},
+    "sgd": {"hyper": ("lr", "momentum"), "scalars": ("steps",)},
+}
 PARTITIONS = ("none", "state", "grads", "params")
 STREAMS = ("permutation-v1",)
 
@@ -131,8 +142,9 @@ def scalar(v, what: str):
 
 def _path_code(path) -> str:
     """A path that would leave the step directory is an escape; any other wrong path is malformed."""
-    if isinstance(path, str) and (path.startswith(("/", "~", "\\")) or ".." in path.replace("\\", "/").split("/")
-                                  or "\0" in path):
+    if isinstance(path, str) and (
+        path.startswith(("/", "~", "\\")) or ".." in path.replace("\\", "/").split("/") or "\0" in path
+    ):
         return "checkpoint-path-escape"
     return "checkpoint-manifest"
 
@@ -143,8 +155,10 @@ def validate_root(m: dict, dir_step, where: str) -> None:
     if m.get("format") != FORMAT:
         raise bad(f"{where} is not an {FORMAT} manifest")
     if m.get("version") != VERSION:
-        raise CheckpointRefusal("checkpoint-format-version",
-                                f"{where} has format version {_show(m.get('version'))}; this alpha_mpi reads {VERSION}")
+        raise CheckpointRefusal(
+            "checkpoint-format-version",
+            f"{where} has format version {_show(m.get('version'))}; this alpha_mpi reads {VERSION}",
+        )
     keys(m, "root manifest", ROOT_REQUIRED, ROOT_OPTIONAL)
     step = integer(m["step"], "step")
     if dir_step is not None and step != dir_step:
@@ -156,13 +170,17 @@ def validate_root(m: dict, dir_step, where: str) -> None:
         text(name, "component name", NAME_RE, limit=64)
         keys(ref, f"component {name}", ("path", "sha256"))
         if ref["path"] != f"{name}/{MANIFEST}":
-            raise bad(f"component {name} path must be {name}/{MANIFEST}, found {_show(ref['path'])}",
-                      code=_path_code(ref["path"]))
+            raise bad(
+                f"component {name} path must be {name}/{MANIFEST}, found {_show(ref['path'])}",
+                code=_path_code(ref["path"]),
+            )
         digest(ref["sha256"], f"component {name} sha256")
     present = [k for k in LEARNER_FIELDS if k in m]
     if present and len(present) != len(LEARNER_FIELDS):
-        raise bad(f"root manifest has the learner fields {present} but lacks "
-                  f"{[k for k in LEARNER_FIELDS if k not in m]}")
+        raise bad(
+            f"root manifest has the learner fields {present} but lacks "
+            f"{[k for k in LEARNER_FIELDS if k not in m]}"
+        )
     if "saved_on_ranks" in m:
         integer(m["saved_on_ranks"], "saved_on_ranks", 1, 2**31)
     config = m.get("config", {})
@@ -205,8 +223,11 @@ def _contract(m: dict) -> None:
 
     for k in ("order_id", "contract", "contract_digest"):
         if k not in m:
-            raise bad(f"root manifest has {', '.join(x for x in ('order_id', 'contract', 'contract_digest') if x in m)} "
-                      f"but not {k}")
+            raise bad(
+                "root manifest has "
+                f"{', '.join(x for x in ('order_id', 'contract', 'contract_digest') if x in m)} "
+                f"but not {k}"
+            )
     order_id = text(m["order_id"], "order_id", re.compile(r"[0-9a-zA-Z:_.-]{1,200}"))
     digest(m["contract_digest"], "contract_digest")
     try:
@@ -218,8 +239,10 @@ def _contract(m: dict) -> None:
     if _canon(c.to_dict()) != _canon(m["contract"]):
         raise bad("contract is not in the canonical form NumericalContract.to_dict() writes")
     if c.digest != m["contract_digest"]:
-        raise bad(f"contract_digest {m['contract_digest'][:16]}... is not the digest of the contract "
-                  f"({c.digest[:16]}...)")
+        raise bad(
+            f"contract_digest {m['contract_digest'][:16]}... is not the digest of the contract "
+            f"({c.digest[:16]}...)"
+        )
     if order_id not in c.order_ids:
         raise bad(f"order_id {order_id[:24]!r} is not an order the contract names")
 
@@ -255,8 +278,10 @@ def _scalars(sc, step: int, config: dict) -> None:
             want = bias_power(hyper[base], step)
             got = number(s[k], f"scalars.optimizer_scalars.{k}")
             if type(s[k]) is not float or got != want:
-                raise bad(f"scalars.optimizer_scalars.{k} {got!r} is not {base}^(t+1) = {want!r} at step {step} "
-                          f"(carried by repeated multiplication)")
+                raise bad(
+                    f"scalars.optimizer_scalars.{k} {got!r} is not {base}^(t+1) = {want!r} at step {step} "
+                    f"(carried by repeated multiplication)"
+                )
     elif not 0 <= hyper["momentum"] < 1:
         raise bad(f"scalars.optimizer_hyper.momentum {hyper['momentum']!r} is outside [0, 1)")
 
@@ -293,8 +318,10 @@ def validate_component(name: str, comp: dict, where: str) -> list:
     if comp.get("format") != FORMAT:
         raise bad(f"{where} is not an {FORMAT} manifest")
     if comp.get("version") != VERSION:
-        raise CheckpointRefusal("checkpoint-format-version",
-                                f"{where} has format version {_show(comp.get('version'))}; this alpha_mpi reads {VERSION}")
+        raise CheckpointRefusal(
+            "checkpoint-format-version",
+            f"{where} has format version {_show(comp.get('version'))}; this alpha_mpi reads {VERSION}",
+        )
     keys(comp, f"component {name}", ("format", "version", "component", "length", "dtype", "shards"))
     if comp["component"] != name:
         raise bad(f"component manifest {where} names component {_show(comp['component'])}, expected {name!r}")
@@ -309,19 +336,27 @@ def validate_component(name: str, comp: dict, where: str) -> list:
         a = integer(e["start"], f"{name} shard {i} start", 0, length)
         b = integer(e["stop"], f"{name} shard {i} stop", 0, length)
         if e["dtype"] != "float64" or e["shape"] != [b - a] or b <= a:
-            raise bad(f"component {name} shard {i}: dtype {_show(e['dtype'])} shape {_show(e['shape'])} is not "
-                      f"float64 [{b - a}] for range [{a}, {b})")
+            raise bad(
+                f"component {name} shard {i}: dtype {_show(e['dtype'])} shape {_show(e['shape'])} is not "
+                f"float64 [{b - a}] for range [{a}, {b})"
+            )
         if e["path"] != shard_name(a, b):
-            raise bad(f"component {name} shard {i}: path {_show(e['path'])} is not {shard_name(a, b)}",
-                      code=_path_code(e["path"]))
-        integer(e["bytes"], f"{name} shard {i} bytes", 1, 2**62)  # the header check says what a wrong size holds
+            raise bad(
+                f"component {name} shard {i}: path {_show(e['path'])} is not {shard_name(a, b)}",
+                code=_path_code(e["path"]),
+            )
+        integer(
+            e["bytes"], f"{name} shard {i} bytes", 1, 2**62
+        )  # the header check says what a wrong size holds
         digest(e["sha256"], f"{name} shard {i} sha256")
     out = sorted(shards, key=lambda e: e["start"])
     pos = 0
     for e in out:
         if e["start"] != pos:
-            raise bad(f"component {name}: shards do not tile [0, {length}): a gap or overlap at {pos} "
-                      f"(next shard starts at {e['start']})")
+            raise bad(
+                f"component {name}: shards do not tile [0, {length}): a gap or overlap at {pos} "
+                f"(next shard starts at {e['start']})"
+            )
         pos = e["stop"]
     if pos != length:
         raise bad(f"component {name}: shards end at {pos}, length is {length}")

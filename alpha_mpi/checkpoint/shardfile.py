@@ -29,7 +29,9 @@ MAX_HEADER = 1 << 16  # bytes; ours are about 200
 def encode(component: str, start: int, stop: int, values: np.ndarray) -> bytes:
     arr = np.ascontiguousarray(values, dtype="<f8")
     if arr.ndim != 1 or arr.size != stop - start:
-        raise CheckpointRefusal("checkpoint-manifest", f"{component} piece [{start}, {stop}) has {arr.size} values")
+        raise CheckpointRefusal(
+            "checkpoint-manifest", f"{component} piece [{start}, {stop}) has {arr.size} values"
+        )
     header = header_bytes(component, start, stop)
     return struct.pack("<Q", len(header)) + header + arr.tobytes()
 
@@ -51,6 +53,7 @@ def file_size(component: str, start: int, stop: int) -> int:
 def check_header(f, path: str, size: int, component: str, start: int, stop: int) -> int:
     """Validate the header of an open shard file against its manifest entry; return the byte
     offset of its first value."""
+
     def bad(what):
         return CheckpointRefusal("checkpoint-shard-invalid", f"shard {path}: {what}", path=path)
 
@@ -74,9 +77,14 @@ def check_header(f, path: str, size: int, component: str, start: int, stop: int)
     count = stop - start
     if not isinstance(t, dict) or t.get("dtype") != "F64" or t.get("shape") != [count]:
         got = (t.get("dtype"), t.get("shape")) if isinstance(t, dict) else type(t).__name__
-        raise bad(f"tensor is {got!r}, the manifest says F64 shape [{count}] (float64 values {start}..{stop})")
+        raise bad(
+            f"tensor is {got!r}, the manifest says F64 shape [{count}] (float64 values {start}..{stop})"
+        )
     if t.get("data_offsets") != [0, 8 * count] or size != 8 + n + 8 * count:
-        raise bad(f"data offsets {t.get('data_offsets')!r} and file size {size} do not hold exactly {count} float64 values")
+        raise bad(
+            f"data offsets {t.get('data_offsets')!r} and file size {size} do not hold exactly "
+            f"{count} float64 values"
+        )
     meta = h.get("__metadata__")
     if meta is not None and meta != {"component": component, "start": str(start), "stop": str(stop)}:
         raise bad(f"metadata does not name component {component!r} [{start}, {stop})")
@@ -90,5 +98,7 @@ def read_values(path: str, size: int, component: str, start: int, stop: int, lo:
         f.seek(base + 8 * (lo - start))
         data = f.read(8 * (hi - lo))
     if len(data) != 8 * (hi - lo):
-        raise CheckpointRefusal("checkpoint-shard-invalid", f"shard {path} is shorter than its header says", path=path)
+        raise CheckpointRefusal(
+            "checkpoint-shard-invalid", f"shard {path} is shorter than its header says", path=path
+        )
     return np.frombuffer(data, dtype="<f8").astype(np.float64)

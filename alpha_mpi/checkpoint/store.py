@@ -22,8 +22,23 @@ import numpy as np
 
 from ..refusals import CheckpointRefusal
 from . import shardfile
-from .layout import (FORMAT, LATEST, MANIFEST, SEAL, VERSION, fsync_dir, latest_line, parse_latest, read_small,
-                     seal_line, shard_name, step_name, step_of, tmp_name, write_durable)
+from .layout import (
+    FORMAT,
+    LATEST,
+    MANIFEST,
+    SEAL,
+    VERSION,
+    fsync_dir,
+    latest_line,
+    parse_latest,
+    read_small,
+    seal_line,
+    shard_name,
+    step_name,
+    step_of,
+    tmp_name,
+    write_durable,
+)
 
 
 class Hooks:
@@ -47,8 +62,13 @@ def _point(what: str) -> None:
 def write_failed(e: OSError, what: str) -> CheckpointRefusal:
     """An OSError while writing, named: a full disk, a quota or a permission says so."""
     name = errno.errorcode.get(e.errno, "") if e.errno else ""
-    hint = {"ENOSPC": " (the disk is full)", "EDQUOT": " (disk quota exceeded)", "EACCES": " (permission denied)",
-            "EROFS": " (read-only file system)", "EPERM": " (operation not permitted)"}.get(name, "")
+    hint = {
+        "ENOSPC": " (the disk is full)",
+        "EDQUOT": " (disk quota exceeded)",
+        "EACCES": " (permission denied)",
+        "EROFS": " (read-only file system)",
+        "EPERM": " (operation not permitted)",
+    }.get(name, "")
     return CheckpointRefusal("checkpoint-write-failed", f"{what}: {e.strerror or e}{hint}", errno=name)
 
 
@@ -72,11 +92,16 @@ def prepare_tmp(root: str, step: int):
     final = os.path.join(root, step_name(step))
     current = current_latest(root)
     if current is not None and current > step:
-        raise CheckpointRefusal("checkpoint-exists", f"{root}/{LATEST} names step {current}, newer than step {step}; "
-                                                     f"published steps are never rewritten or superseded by older ones")
+        raise CheckpointRefusal(
+            "checkpoint-exists",
+            f"{root}/{LATEST} names step {current}, newer than step {step}; "
+            f"published steps are never rewritten or superseded by older ones",
+        )
     if os.path.lexists(final):
         if current == step:
-            raise CheckpointRefusal("checkpoint-exists", f"{final} is already published; a published step is never rewritten")
+            raise CheckpointRefusal(
+                "checkpoint-exists", f"{final} is already published; a published step is never rewritten"
+            )
         from .reader import Checkpoint
 
         ck = Checkpoint(final)
@@ -111,16 +136,25 @@ def write_shards(tmp: str, component: str, pieces) -> list:
         name = shard_name(start, stop)
         _point(f"write {component}/{name}")
         write_durable(os.path.join(cdir, name), data)
-        entries.append({
-            "path": name, "start": start, "stop": stop, "dtype": "float64", "shape": [stop - start],
-            "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
-        })
+        entries.append(
+            {
+                "path": name,
+                "start": start,
+                "stop": stop,
+                "dtype": "float64",
+                "shape": [stop - start],
+                "bytes": len(data),
+                "sha256": hashlib.sha256(data).hexdigest(),
+            }
+        )
     fsync_dir(cdir)
     return entries
 
 
 def manifest_bytes(obj) -> bytes:
-    return (json.dumps(obj, indent=1, sort_keys=True, ensure_ascii=True, allow_nan=False) + "\n").encode("ascii")
+    return (json.dumps(obj, indent=1, sort_keys=True, ensure_ascii=True, allow_nan=False) + "\n").encode(
+        "ascii"
+    )
 
 
 def publish(root: str, step: int, tmp: str, root_manifest: dict, components: dict) -> str:
@@ -133,8 +167,16 @@ def publish(root: str, step: int, tmp: str, root_manifest: dict, components: dic
     names = {}
     for name, comp in sorted(components.items()):
         shards = sorted(comp["shards"], key=lambda e: e["start"])
-        body = manifest_bytes({"format": FORMAT, "version": VERSION, "component": name, "length": comp["length"],
-                               "dtype": "float64", "shards": shards})
+        body = manifest_bytes(
+            {
+                "format": FORMAT,
+                "version": VERSION,
+                "component": name,
+                "length": comp["length"],
+                "dtype": "float64",
+                "shards": shards,
+            }
+        )
         _point(f"write {name}/manifest")
         write_durable(os.path.join(tmp, name, MANIFEST), body)
         fsync_dir(os.path.join(tmp, name))
@@ -148,7 +190,9 @@ def publish(root: str, step: int, tmp: str, root_manifest: dict, components: dic
     fsync_dir(tmp)
     final = os.path.join(root, step_name(step))
     if os.path.lexists(final):
-        raise CheckpointRefusal("checkpoint-exists", f"{final} appeared while saving; refusing to overwrite it")
+        raise CheckpointRefusal(
+            "checkpoint-exists", f"{final} appeared while saving; refusing to overwrite it"
+        )
     _point("rename step")
     os.rename(tmp, final)
     fsync_dir(root)

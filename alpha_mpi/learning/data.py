@@ -49,8 +49,11 @@ def load_npz(path: str, eval_fraction: float = 0.2) -> Dataset:
     try:
         f = np.load(path, allow_pickle=False)
         if not isinstance(f, np.lib.npyio.NpzFile):
-            raise Refusal("data-invalid", f"{path} is a single .npy array, not an .npz archive with arrays X and y "
-                                          f"(save it with np.savez(path, X=X, y=y))")
+            raise Refusal(
+                "data-invalid",
+                f"{path} is a single .npy array, not an .npz archive with arrays X and y "
+                f"(save it with np.savez(path, X=X, y=y))",
+            )
         with f:
             if "X" not in f.files or "y" not in f.files:
                 raise Refusal("data-invalid", f"{path} has arrays {sorted(f.files)[:10]}, needs X and y")
@@ -60,14 +63,20 @@ def load_npz(path: str, eval_fraction: float = 0.2) -> Dataset:
     except (OSError, ValueError, EOFError) as e:
         raise Refusal("data-invalid", f"cannot read {path} as an .npz archive: {str(e)[:200]}")
     except Exception as e:  # zipfile.BadZipFile and friends: still named
-        raise Refusal("data-invalid", f"cannot read {path} as an .npz archive ({type(e).__name__}: {str(e)[:160]})")
+        raise Refusal(
+            "data-invalid", f"cannot read {path} as an .npz archive ({type(e).__name__}: {str(e)[:160]})"
+        )
     if X.ndim != 2 or y.ndim != 1 or len(X) != len(y) or len(y) < 2:
-        raise Refusal("data-invalid", f"{path}: X must be (n, d) and y (n,) with n >= 2, got {X.shape} and {y.shape}")
+        raise Refusal(
+            "data-invalid", f"{path}: X must be (n, d) and y (n,) with n >= 2, got {X.shape} and {y.shape}"
+        )
     if X.shape[1] < 1:
         raise Refusal("data-invalid", f"{path}: X has no feature column (shape {X.shape}); it needs d >= 1")
     if np.iscomplexobj(X):
-        raise Refusal("data-invalid", f"{path}: X is complex ({X.dtype}); give real numbers (the imaginary part "
-                                      f"would be dropped)")
+        raise Refusal(
+            "data-invalid",
+            f"{path}: X is complex ({X.dtype}); give real numbers (the imaginary part would be dropped)",
+        )
     if not (np.issubdtype(X.dtype, np.floating) or np.issubdtype(X.dtype, np.integer)) or X.dtype == np.bool_:
         raise Refusal("data-invalid", f"{path}: X must hold real numbers (float or integer), found {X.dtype}")
     if not np.issubdtype(y.dtype, np.integer) or y.dtype == np.bool_:
@@ -76,8 +85,11 @@ def load_npz(path: str, eval_fraction: float = 0.2) -> Dataset:
         raise Refusal("data-invalid", f"{path}: y holds the negative label {int(y.min())}; labels are 0..C-1")
     top = int(y.max())
     if top >= MAX_CLASSES:
-        raise Refusal("data-invalid", f"{path}: y holds the label {top}, so the model would need {top + 1} output "
-                                      f"classes (more than {MAX_CLASSES}); relabel to 0..C-1")
+        raise Refusal(
+            "data-invalid",
+            f"{path}: y holds the label {top}, so the model would need {top + 1} output "
+            f"classes (more than {MAX_CLASSES}); relabel to 0..C-1",
+        )
     X = X.astype(np.float64)
     if not np.all(np.isfinite(X)):
         raise Refusal("data-invalid", f"{path}: X holds NaN or Inf")
@@ -109,7 +121,9 @@ class SlotStream:
 
     def __init__(self, n: int, batch: int, slots: int, seed: int, sizes=None):
         if batch < slots:
-            raise Refusal("usage", f"--batch {batch} is smaller than --slots {slots}: every slot needs a sample")
+            raise Refusal(
+                "usage", f"--batch {batch} is smaller than --slots {slots}: every slot needs a sample"
+            )
         self.n, self.batch, self.seed = n, batch, seed
         self.sizes = list(sizes) if sizes is not None else slot_sizes(batch, slots)
         if sum(self.sizes) != batch:

@@ -26,9 +26,12 @@ class MLP:
         inputs, hidden, classes = int(inputs), int(hidden), int(classes)
         total = inputs * hidden + hidden + hidden * classes + classes
         if total > self.MAX_PARAMS:
-            raise Refusal("model-invalid", f"an MLP of {inputs} inputs, {hidden} hidden units and {classes} classes has "
-                                           f"{total} parameters ({total * 8 / 2**30:.1f} GiB per float64 vector), more "
-                                           f"than the {self.MAX_PARAMS} allowed")
+            raise Refusal(
+                "model-invalid",
+                f"an MLP of {inputs} inputs, {hidden} hidden units and {classes} classes has "
+                f"{total} parameters ({total * 8 / 2**30:.1f} GiB per float64 vector), more "
+                f"than the {self.MAX_PARAMS} allowed",
+            )
         self.d, self.h, self.c = inputs, hidden, classes
         shapes = [("W1", (inputs, hidden)), ("b1", (hidden,)), ("W2", (hidden, classes)), ("b2", (classes,))]
         self.slices = {}
@@ -51,7 +54,9 @@ class MLP:
         v["W2"][...] = rng.standard_normal((self.h, self.c)) * np.sqrt(1.0 / self.h)
         return p
 
-    def loss_and_grad_sum(self, params: np.ndarray, X: np.ndarray, y: np.ndarray, grad_out: np.ndarray) -> float:
+    def loss_and_grad_sum(
+        self, params: np.ndarray, X: np.ndarray, y: np.ndarray, grad_out: np.ndarray
+    ) -> float:
         """Write Σ_i ∇loss_i into grad_out (a sum over the slot's samples, not a mean); return Σ loss_i."""
         with threadpool_limits(limits=1):
             v = self.views(params)

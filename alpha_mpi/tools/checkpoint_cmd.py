@@ -9,16 +9,26 @@ from ..cli import subparser
 
 
 def run(argv) -> int:
-    p = subparser("checkpoint", "Verify or inspect a sharded checkpoint. DIR is the checkpoint directory "
-                                "(its `latest` is read, as data) or one step directory.")
+    p = subparser(
+        "checkpoint",
+        "Verify or inspect a sharded checkpoint. DIR is the checkpoint directory "
+        "(its `latest` is read, as data) or one step directory.",
+    )
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    v = sub.add_parser("verify", help="check the seal, every manifest field, every shard's sha256 and header; "
-                                      "exit 3 on any refusal")
+    v = sub.add_parser(
+        "verify",
+        help="check the seal, every manifest field, every shard's sha256 and header; exit 3 on any refusal",
+    )
     v.add_argument("dir")
-    v.add_argument("--all", action="store_true",
-                   help="verify every step directory in DIR (newest first) and say which pass; exit 3 if any fails")
+    v.add_argument(
+        "--all",
+        action="store_true",
+        help="verify every step directory in DIR (newest first) and say which pass; exit 3 if any fails",
+    )
     v.add_argument("--json", action="store_true", help="print the summary as JSON")
-    i = sub.add_parser("inspect", help="print the root manifest: step, order id, contract, config, components")
+    i = sub.add_parser(
+        "inspect", help="print the root manifest: step, order id, contract, config, components"
+    )
     i.add_argument("dir")
     i.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
@@ -85,8 +95,16 @@ def _verify_all(root: str, as_json: bool) -> int:
             rows.append({"step": k, "dir": name, "ok": True, "bytes": s["bytes"], "latest": name == latest})
         except Refusal as e:
             failed += 1
-            rows.append({"step": k, "dir": name, "ok": False, "code": e.code, "message": e.message,
-                         "latest": name == latest})
+            rows.append(
+                {
+                    "step": k,
+                    "dir": name,
+                    "ok": False,
+                    "code": e.code,
+                    "message": e.message,
+                    "latest": name == latest,
+                }
+            )
     if as_json:
         print(json.dumps({"root": root, "latest": latest_note, "steps": rows}, indent=2))
     else:

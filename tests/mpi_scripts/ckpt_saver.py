@@ -26,7 +26,9 @@ cfg = {"slots": 8, "batch": 32, "seed": 1, "hidden": 40}
 with Checkpointer(MPI.COMM_SELF, root, learner, cfg) as ck:
     stream = SlotStream(128, 32, 8, 1)
     for t in range(4):
-        learner.train_step({s: (data.X[stream.indices(t, s)], data.y[stream.indices(t, s)]) for s in range(8)})
+        learner.train_step(
+            {s: (data.X[stream.indices(t, s)], data.y[stream.indices(t, s)]) for s in range(8)}
+        )
         if (t + 1 == 2 and save_first) or (t + 1 == 4 and not save_first):
             ck.save()
 print("saved", learner.step, "points", store.hooks.count, flush=True)

@@ -151,12 +151,16 @@ def test_lr_change_is_refused_unless_adopted_and_then_recorded(tmp_path):
 
 def test_other_data_is_refused(tmp_path):
     root = str(tmp_path / "ck")
-    saved_steps(root, data={"samples": 300, "sha256": "a" * 64, "source": "x.npz"})
+    saved_steps(root, cfg=dict(CFG, data="x.npz"), data={"samples": 300, "sha256": "a" * 64, "source": "x.npz"})
     with pytest.raises(Refusal) as e:
-        resume(root, data={"samples": 300, "sha256": "b" * 64, "source": "x.npz"})
+        resume(root, cfg=dict(CFG, data="x.npz"), data={"samples": 300, "sha256": "b" * 64, "source": "x.npz"})
     assert e.value.code == "checkpoint-data-mismatch"
-    r, learner, _ = resume(root, data={"samples": 300, "sha256": "a" * 64, "source": "moved/x.npz"})
-    assert learner.step == 4  # the same data under another name is the same data
+    moved = {"samples": 300, "sha256": "a" * 64, "source": "moved/x.npz"}
+    r, learner, _ = resume(root, cfg=dict(CFG, data="moved/x.npz"), data=moved)
+    assert learner.step == 4  # the same data under another path is the same data
+    with pytest.raises(Refusal) as e:  # without fingerprints only the path can be compared
+        resume(root, cfg=dict(CFG, data="moved/x.npz"))
+    assert e.value.code == "checkpoint-config-mismatch"
 
 
 def test_model_and_data_inputs_are_refused_by_name(tmp_path):

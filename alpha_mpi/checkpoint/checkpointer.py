@@ -442,6 +442,8 @@ class Checkpointer:
                 continue
             if k == "momentum" and optimizer != "sgd":
                 continue
+            if k == "data" and "sha256" in m.get("data", {}) and "sha256" in self.data:
+                continue  # the data's content is compared (_compare_data), not the path it was read from
             if k == "lr" and self.adopt_lr:
                 changes.append({"at_step": m["step"], "field": "lr", "from": saved[k], "to": now[k]})
                 continue

@@ -106,8 +106,12 @@ def test_batchnorm_buffers_are_refused_by_name_unless_a_rule_is_chosen():
 
 def test_slot_mean_rule_every_slot_from_the_step_buffers_then_the_mean_over_slots():
     torch.manual_seed(3)
-    net = torch.nn.Sequential(torch.nn.Linear(5, 6), torch.nn.BatchNorm1d(6), torch.nn.ReLU(), torch.nn.Linear(6, 3))
-    ref = torch.nn.Sequential(torch.nn.Linear(5, 6), torch.nn.BatchNorm1d(6), torch.nn.ReLU(), torch.nn.Linear(6, 3))
+    net = torch.nn.Sequential(
+        torch.nn.Linear(5, 6), torch.nn.BatchNorm1d(6), torch.nn.ReLU(), torch.nn.Linear(6, 3)
+    )
+    ref = torch.nn.Sequential(
+        torch.nn.Linear(5, 6), torch.nn.BatchNorm1d(6), torch.nn.ReLU(), torch.nn.Linear(6, 3)
+    )
     ref.load_state_dict(net.state_dict())
     X, y = batch(24)
     dp = DataParallel(net, comm_self(), slots=4, buffers="slot-mean")
@@ -117,7 +121,9 @@ def test_slot_mean_rule_every_slot_from_the_step_buffers_then_the_mean_over_slot
     for s in range(4):
         ref.load_state_dict(start)
         ref(X[6 * s : 6 * s + 6])
-        per_slot.append({k: v.clone() for k, v in ref.state_dict().items() if "running" in k or "tracked" in k})
+        per_slot.append(
+            {k: v.clone() for k, v in ref.state_dict().items() if "running" in k or "tracked" in k}
+        )
     dp.step(X, y, SUM)
     bn = net[1]
     for name in ("running_mean", "running_var"):
@@ -186,7 +192,9 @@ def _loop(net, opt, dp, steps, X, y):
         opt.zero_grad()
 
 
-@pytest.mark.parametrize("make_opt", [lambda p: torch.optim.Adam(p, lr=1e-2), lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)])
+@pytest.mark.parametrize(
+    "make_opt", [lambda p: torch.optim.Adam(p, lr=1e-2), lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)]
+)
 def test_save_restore_in_one_process_continues_with_the_same_bits(tmp_path, make_opt):
     X, y = batch(40)
     straight = mlp()

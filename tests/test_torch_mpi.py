@@ -42,7 +42,9 @@ def mlp(dtype=torch.float32):
 
 def bn_net():
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(), torch.nn.Linear(16, 10))
+    return torch.nn.Sequential(
+        torch.nn.Linear(64, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(), torch.nn.Linear(16, 10)
+    )
 
 
 def cnn():
@@ -54,7 +56,11 @@ def run(comm, make, steps, *, buffers="refuse", opt="adam", start=None, ckpt=Non
     torch.set_num_threads(1)
     net = make()
     dp = DataParallel(net, comm, slots=SLOTS, buffers=buffers, timeout=30)
-    o = torch.optim.Adam(net.parameters(), lr=1e-2) if opt == "adam" else torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    o = (
+        torch.optim.Adam(net.parameters(), lr=1e-2)
+        if opt == "adam"
+        else torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    )
     if start:
         dp.restore(start, o)
     stream = SlotStream(len(Y), 50, 1, 0)
@@ -147,7 +153,9 @@ def test_c_optimizers_over_a_module_model_in_every_partition_mode(world, partiti
     stream = SlotStream(len(yn), 50, SLOTS, 0)
 
     def go(comm, mode):
-        lr = DataParallelLearner(comm, ModuleModel(mlp()), slots=SLOTS, lr=1e-2, partition=mode, seed=3, timeout=30)
+        lr = DataParallelLearner(
+            comm, ModuleModel(mlp()), slots=SLOTS, lr=1e-2, partition=mode, seed=3, timeout=30
+        )
         while lr.step < 5:
             lr.train_step(stream_batch(stream, lr.step, lr.my_slots, Xn, yn))
         return digest(lr.final_params())
@@ -171,4 +179,8 @@ def test_a_nan_in_one_slot_is_refused_on_every_rank(world):
     except Refusal as e:
         code = e.code
     agree(world, code is not None and code.startswith(("non-finite", "peer-failed")), f"refused: {code}")
-    agree(world, all(p.grad is None for p in net.parameters()) and parameter_digest(net) == before, "nothing applied")
+    agree(
+        world,
+        all(p.grad is None for p in net.parameters()) and parameter_digest(net) == before,
+        "nothing applied",
+    )

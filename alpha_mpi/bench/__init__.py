@@ -20,6 +20,7 @@ COMMANDS = {
     "allreduce": ("alpha_mpi.bench.allreduce_bench", "declared-order allreduce (tree, scatter, auto) vs MPI_Allreduce"),
     "dot": ("alpha_mpi.bench.dot_bench", "sum/dot of distributed arrays (pairwise over global indices) vs MPI_Allreduce(np.dot)"),
     "train": ("alpha_mpi.bench.train_bench", "data-parallel training step time"),
+    "torch": ("alpha_mpi.bench.torch_bench", "alpha_mpi.torch vs torch DDP (gloo) step time (needs .[torch])"),
 }
 
 EXIT_USAGE = 2

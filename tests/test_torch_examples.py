@@ -1,0 +1,93 @@
+"""The torch examples and `alpha-mpi bench torch` run as a user runs them (mpiexec subprocesses):
+one digest on 1, 2 and 4 ranks, a resume 4 -> 2 equal to the uninterrupted run, torch DDP's
+digest different across rank counts, and `alpha-mpi train --model` with an nn.Module factory.
+Skips cleanly without torch (and the examples without scikit-learn)."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+
+from conftest import ROOT  # noqa: E402
+
+EXAMPLES = os.path.join(ROOT, "examples")
+
+
+def _run(n, args, timeout=300):
+    path = os.pathsep.join(p for p in (EXAMPLES, os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONPATH=path)
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    cmd = ["timeout", "-k", "5", str(timeout), mpiexec, "-n", str(n), sys.executable, *args]
+    r = subprocess.run(cmd, cwd=EXAMPLES, env=env, capture_output=True, text=True, timeout=timeout + 30)
+    assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+    return r.stdout
+
+
+def _digest(out, label="digest"):
+    found = re.findall(rf"^#? ?{label}[^:]*:\s+([0-9a-f]{{64}})$", out, re.M)
+    assert len(found) == 1, out[-1500:]
+    return found[0]
+
+
+def test_cnn_example_prints_one_digest_on_1_2_4_ranks_and_across_a_resume_4_to_2(tmp_path):
+    pytest.importorskip("sklearn")
+    args = ["torch_cnn.py", "--steps", "8"]
+    d = {n: _digest(_run(n, args)) for n in (1, 2, 4)}
+    assert len(set(d.values())) == 1, d
+    ck = str(tmp_path / "ck")
+    out = _run(4, args + ["--stop-after", "4", "--checkpoint-dir", ck])
+    assert "stopped after step 4" in out
+    out = _run(2, args + ["--resume", "--checkpoint-dir", ck])
+    assert "resumed from" in out and _digest(out) == d[1]
+
+
+def test_mlp_example_prints_one_digest_on_1_and_4_ranks():
+    pytest.importorskip("sklearn")
+    args = ["torch_mlp.py", "--steps", "8"]
+    assert _digest(_run(1, args)) == _digest(_run(4, args))
+
+
+def test_ddp_gives_another_digest_on_another_rank_count():
+    pytest.importorskip("sklearn")
+    args = ["torch_mlp.py", "--steps", "8", "--ddp"]
+    one, two = _digest(_run(1, args), "ddp digest"), _digest(_run(2, args), "ddp digest")
+    assert one != two
+
+
+def test_train_cli_with_an_nn_module_factory_partitions_and_resume(tmp_path):
+    cli = ["-m", "alpha_mpi", "train", "--model", "torch_mlp:factory", "--steps", "8", "--slots", "4"]
+    cli += ["--batch", "32", "--log-every", "100"]
+    one = _digest(_run(1, cli), "state digest")
+    assert _digest(_run(2, cli + ["--partition", "grads"]), "state digest") == one
+    ck = str(tmp_path / "ck")
+    half = list(cli)
+    half[half.index("8")] = "4"
+    _run(2, half + ["--checkpoint-dir", ck, "--checkpoint-every", "4", "--partition", "params"])
+    assert _digest(_run(1, cli + ["--checkpoint-dir", ck, "--resume"]), "state digest") == one
+
+
+def test_bench_torch_times_both_interleaved_and_prints_both_digests():
+    args = [
+        "-m",
+        "alpha_mpi",
+        "bench",
+        "torch",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--block",
+        "1",
+        "--model",
+        "mlp",
+    ]
+    out = _run(2, args)
+    assert re.search(r"^  alpha_mpi +[0-9.]+", out, re.M) and re.search(
+        r"^  DDP \(gloo\) +[0-9.]+", out, re.M
+    ), out
+    assert re.search(r"step-time ratio alpha_mpi / DDP: [0-9.]+", out), out
+    assert _digest(out, "digest alpha_mpi") != _digest(out, "digest DDP")

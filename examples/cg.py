@@ -135,8 +135,12 @@ def main(argv=None) -> int:
     ap.add_argument("--tol", type=float, default=1e-10, help="relative residual to stop at (default 1e-10)")
     ap.add_argument("--max-iters", type=int, default=2000)
     ap.add_argument("--reduce", choices=("both", "alpha", "mpi"), default="both")
-    ap.add_argument("--time", action="store_true", help="time both solves over --max-iters iterations (no stopping)")
-    ap.add_argument("--repeat", type=int, default=3, help="timed solves per variant with --time (default 3, best kept)")
+    ap.add_argument(
+        "--time", action="store_true", help="time both solves over --max-iters iterations (no stopping)"
+    )
+    ap.add_argument(
+        "--repeat", type=int, default=3, help="timed solves per variant with --time (default 3, best kept)"
+    )
     args = ap.parse_args(argv)
     comm = MPI.COMM_WORLD
     op = Poisson(comm, args.grid)
@@ -145,7 +149,8 @@ def main(argv=None) -> int:
     variants = {"alpha": alpha_dot(op), "mpi": mpi_dot(op)}
     chosen = ["alpha", "mpi"] if args.reduce == "both" else [args.reduce]
     if comm.rank == 0:
-        print(f"# CG, 2-D Poisson {args.grid} x {args.grid} (n = {op.n}), p = {comm.size}, grid rows per rank {rows.tolist()}")
+        print(f"# CG, 2-D Poisson {args.grid} x {args.grid} (n = {op.n}), p = {comm.size}, ", end="")
+        print(f"grid rows per rank {rows.tolist()}")
     best = {}
     for name in chosen:
         dot = variants[name]
@@ -162,10 +167,13 @@ def main(argv=None) -> int:
             _, hist = cg(op, dot, args.tol, args.max_iters)
         if comm.rank == 0:
             extra = f" time={best[name]:.4f}s" if args.time else ""
-            print(f"reduce={name} iterations={len(hist) - 1} residual={hist[-1]:.6e} digest={digest(hist)}{extra}")
+            line = f"reduce={name} iterations={len(hist) - 1} residual={hist[-1]:.6e} digest={digest(hist)}"
+            print(line + extra)
     if args.time and len(best) == 2 and comm.rank == 0:
-        print(f"# time alpha / mpi = {best['alpha'] / best['mpi']:.3f} over {args.max_iters} iterations "
-              f"(best of {args.repeat})")
+        print(
+            f"# time alpha / mpi = {best['alpha'] / best['mpi']:.3f} over {args.max_iters} iterations "
+            f"(best of {args.repeat})"
+        )
     sys.stdout.flush()
     return 0
 

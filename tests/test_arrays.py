@@ -10,14 +10,14 @@ import math
 
 import numpy as np
 import pytest
+from array_oracle import oracle_dot, oracle_norm2, oracle_sum, pairwise, sequential_sum
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from array_oracle import oracle_dot, oracle_norm2, oracle_sum, pairwise, sequential_sum
-from conftest import order_sensitive
-
 from alpha_mpi.arrays import local, tree
 from alpha_mpi.refusals import PlanRefusal, Refusal
+
+from conftest import order_sensitive
 
 NS = [1, 2, 3, 1000, 2**20 + 7]
 _DATA: dict = {}
@@ -36,9 +36,12 @@ def oracle(op, n, seed=0):
     key = (op, n, seed)
     if key not in _ORACLE:
         x, y = data(n, seed)
-        _ORACLE[key] = {"sum": lambda: oracle_sum(x.tolist()), "dot": lambda: oracle_dot(x.tolist(), y.tolist()),
-                        "dotyy": lambda: oracle_dot(y.tolist(), y.tolist()),
-                        "norm2": lambda: oracle_norm2(x.tolist())}[op]()
+        _ORACLE[key] = {
+            "sum": lambda: oracle_sum(x.tolist()),
+            "dot": lambda: oracle_dot(x.tolist(), y.tolist()),
+            "dotyy": lambda: oracle_dot(y.tolist(), y.tolist()),
+            "norm2": lambda: oracle_norm2(x.tolist()),
+        }[op]()
     return _ORACLE[key]
 
 
@@ -171,8 +174,10 @@ def test_small_sizes_every_length():
 
 def merged_root(xs, ys, n, bounds, order):
     """Summarize each block [lo, hi) alone, merge the summaries in `order`, return the root."""
-    parts = [local.summary([a[lo:hi] for a in xs], None if ys is None else [b[lo:hi] for b in ys], lo, n)
-             for lo, hi in zip(bounds, bounds[1:])]
+    parts = [
+        local.summary([a[lo:hi] for a in xs], None if ys is None else [b[lo:hi] for b in ys], lo, n)
+        for lo, hi in zip(bounds, bounds[1:])
+    ]
     acc = parts[order[0]]
     for j in order[1:]:
         acc = local.merge(acc, parts[j], n)

@@ -23,8 +23,18 @@ pytestmark = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec on PATH or
 
 
 def run_cg(p, *args):
-    cmd = ["timeout", "-k", "5", "120", mpiexec(), "-n", str(p), sys.executable, os.path.join(ROOT, "examples", "cg.py"),
-           *args]
+    cmd = [
+        "timeout",
+        "-k",
+        "5",
+        "120",
+        mpiexec(),
+        "-n",
+        str(p),
+        sys.executable,
+        os.path.join(ROOT, "examples", "cg.py"),
+        *args,
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     assert r.returncode == 0, r.stdout + r.stderr

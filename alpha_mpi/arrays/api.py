@@ -53,7 +53,9 @@ def dots(comm, pairs, offset, n, *, timeout=None) -> list:
     same bits as k calls of dot. Every pair is a block of the same [offset, offset + len)."""
     try:
         pairs = list(pairs)
-        if not 1 <= len(pairs) <= T.MAX_BATCH or not all(isinstance(p, (tuple, list)) and len(p) == 2 for p in pairs):
+        if not 1 <= len(pairs) <= T.MAX_BATCH or not all(
+            isinstance(p, (tuple, list)) and len(p) == 2 for p in pairs
+        ):
             raise TypeError
     except TypeError:
         return _reduce(comm, "dot", None, None, offset, n, timeout, bad_batch=pairs)
@@ -92,7 +94,10 @@ def _channel(comm) -> Channel:
         ch = Channel(comm)
         comm.Set_attr(kv, ch)
     if ch.broken is not None:
-        raise Refusal("array-channel-broken", f"an earlier array reduction on this communicator ended with [{ch.broken}]")
+        raise Refusal(
+            "array-channel-broken",
+            f"an earlier array reduction on this communicator ended with [{ch.broken}]",
+        )
     return ch
 
 
@@ -100,10 +105,15 @@ def _block(a, what: str, op: str):
     if type(a) is np.ndarray and a.dtype == _F64 and a.ndim == 1:
         return a if a.flags.c_contiguous else np.ascontiguousarray(a)
     if not isinstance(a, np.ndarray):
-        raise Refusal("dtype-invalid", f"{op}: {what} is a {type(a).__name__}, expected a numpy float64 array")
+        raise Refusal(
+            "dtype-invalid", f"{op}: {what} is a {type(a).__name__}, expected a numpy float64 array"
+        )
     if a.dtype != _F64:
-        raise Refusal("dtype-invalid", f"{op}: {what} is {a.dtype}, expected native float64 "
-                      "(binary32 widens exactly: x.astype(np.float64))")
+        raise Refusal(
+            "dtype-invalid",
+            f"{op}: {what} is {a.dtype}, expected native float64 "
+            "(binary32 widens exactly: x.astype(np.float64))",
+        )
     raise Refusal("array-block-invalid", f"{op}: {what} has shape {a.shape}, expected a 1-D block")
 
 
@@ -115,8 +125,13 @@ def _inputs(op, xs, ys, offset, n):
             length = x.shape[0]
             if ys is not None and op != "norm2":
                 y = ys[0]
-                ok = type(y) is _ND and y.dtype is _F64 and y.ndim == 1 and y.flags.c_contiguous \
+                ok = (
+                    type(y) is _ND
+                    and y.dtype is _F64
+                    and y.ndim == 1
+                    and y.flags.c_contiguous
                     and y.shape[0] == length
+                )
             else:
                 ok, ys = True, (xs if ys is not None else None)
             if ok and 0 <= offset and offset + length <= n < _MAX_N:
@@ -134,16 +149,24 @@ def _inputs_checked(op, xs, ys, offset, n):
     for name, group in (("x", xs), ("y", ys or ())):
         for j, a in enumerate(group):
             if a.shape[0] != length:
-                raise Refusal("array-block-invalid", f"{op}: {name}[{j}] has {a.shape[0]} elements, x[0] has "
-                              f"{length}; every block of one call covers the same [offset, offset + len)")
+                raise Refusal(
+                    "array-block-invalid",
+                    f"{op}: {name}[{j}] has {a.shape[0]} elements, x[0] has "
+                    f"{length}; every block of one call covers the same [offset, offset + len)",
+                )
     if type(offset) is not int or type(n) is not int:
         try:
             offset, n = operator.index(offset), operator.index(n)
         except TypeError:
-            raise Refusal("array-block-invalid", f"{op}: offset and n must be integers, got {offset!r} and {n!r}") from None
+            raise Refusal(
+                "array-block-invalid", f"{op}: offset and n must be integers, got {offset!r} and {n!r}"
+            ) from None
     if not (0 <= offset and offset + length <= n < _MAX_N):
-        raise Refusal("array-block-invalid", f"{op}: this rank's block [{offset}, {offset + length}) is not inside "
-                      f"[0, {n}) (expected 0 <= offset, offset + len(x) <= n < 2^62)")
+        raise Refusal(
+            "array-block-invalid",
+            f"{op}: this rank's block [{offset}, {offset + length}) is not inside "
+            f"[0, {n}) (expected 0 <= offset, offset + len(x) <= n < 2^62)",
+        )
     return xs, ys, length, offset, n
 
 
@@ -156,12 +179,17 @@ def _reduce(comm, op, xs, ys, offset, n, timeout, bad_batch=None):
         if timeout is not None:
             ch.call_timeout = timeout_from_env(timeout)
         if bad_batch is not None:
-            raise Refusal("array-batch-invalid", f"dots: expected a list of 1..{T.MAX_BATCH} (x, y) pairs, got "
-                          f"{type(bad_batch).__name__} {bad_batch!r:.60}")
+            raise Refusal(
+                "array-batch-invalid",
+                f"dots: expected a list of 1..{T.MAX_BATCH} (x, y) pairs, got "
+                f"{type(bad_batch).__name__} {bad_batch!r:.60}",
+            )
         xs, ys, length, offset, n = _inputs(op, xs, ys, offset, n)
     except Refusal as e:
         err = e
-        status = T.STATUS_REFUSED + (T.LOCAL_CODES.index(e.code) if e.code in T.LOCAL_CODES else len(T.LOCAL_CODES))
+        status = T.STATUS_REFUSED + (
+            T.LOCAL_CODES.index(e.code) if e.code in T.LOCAL_CODES else len(T.LOCAL_CODES)
+        )
     ex = ch.exchanges.get((op, k, None)) or ch.exchange(op, k)
     m = 0
     if err is None:
@@ -207,8 +235,11 @@ def _reduce(comm, op, xs, ys, offset, n, timeout, bad_batch=None):
         ch.step += 1
     for v in values:
         if not math.isfinite(v):
-            raise Refusal("non-finite-combined", f"{op}: the result is {v} although every input is finite "
-                          "(a product or a partial sum overflowed); nothing was reduced")
+            raise Refusal(
+                "non-finite-combined",
+                f"{op}: the result is {v} although every input is finite "
+                "(a product or a partial sum overflowed); nothing was reduced",
+            )
     return values
 
 
@@ -223,7 +254,9 @@ def _verdict(ch, ex, op, k, m_local, row, n, detail):
             T.check_rows(rows, op)
         except Refusal as e:
             if e.code == "non-finite-contribution" and detail:
-                raise Refusal(e.code, f"{op}: this rank ({ch.rank}) holds {detail}; {e.message}", **e.context) from None
+                raise Refusal(
+                    e.code, f"{op}: this rank ({ch.rank}) holds {detail}; {e.message}", **e.context
+                ) from None
             raise
         ex.valid, ex.valid_order = tb, (None if T.in_rank_order(rows) else T.sorted_order(rows))
     if ex.valid_order is not None:  # out of rank order: every rank runs the sorted exchange
@@ -239,8 +272,11 @@ def _verdict(ch, ex, op, k, m_local, row, n, detail):
         ex = ex2
     values = ex.root(n)
     if values is None:
-        raise PlanRefusal("plan-simulation-failed", f"{op}: the blocks cover [0, {n}) but the merged summary is "
-                          f"{int(ex.final[0])} records (flags {ex.flags}), not the root")
+        raise PlanRefusal(
+            "plan-simulation-failed",
+            f"{op}: the blocks cover [0, {n}) but the merged summary is "
+            f"{int(ex.final[0])} records (flags {ex.flags}), not the root",
+        )
     return values
 
 

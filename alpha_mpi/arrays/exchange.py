@@ -31,7 +31,7 @@ from mpi4py import MPI
 from ..execution.frames import HEADER, FrameSpec, frame_buffer, patch, payload
 from ..execution.transport import Waiter, debug_enabled, library_comm, log, mark_broken
 from ..kernel import ffi, lib
-from ..refusals import FrameRefusal, Refusal
+from ..refusals import FrameRefusal
 from . import tree as T
 
 if lib.AP_CAPACITY != T.CAPACITY or lib.AP_MAX_K != T.MAX_BATCH:  # pragma: no cover - a stale build
@@ -66,7 +66,7 @@ class Channel:
         self.timeout = self.waiter.timeout
         self.call_timeout = self.timeout
 
-    def exchange(self, op: str, k: int, order=None) -> "Exchange":
+    def exchange(self, op: str, k: int, order=None) -> Exchange:
         key = (op, k, order)
         ex = self.exchanges.get(key)
         if ex is None:
@@ -116,10 +116,24 @@ class Exchange:
         for rd in self.rounds:
             words = T.frame_words(p, rd.index, k)
             layout = f"pairwise-array-round:{rd.index}:rows={rd.rows}:k={k}"
-            ss = FrameSpec(phase="r", edge=edge0 + rd.index, sender=me, receiver=rd.send_to, count=words,
-                           layout_key=layout, **names)
-            rs = FrameSpec(phase="r", edge=edge0 + rd.index, sender=rd.recv_from, receiver=me, count=words,
-                           layout_key=layout, **names)
+            ss = FrameSpec(
+                phase="r",
+                edge=edge0 + rd.index,
+                sender=me,
+                receiver=rd.send_to,
+                count=words,
+                layout_key=layout,
+                **names,
+            )
+            rs = FrameSpec(
+                phase="r",
+                edge=edge0 + rd.index,
+                sender=rd.recv_from,
+                receiver=me,
+                count=words,
+                layout_key=layout,
+                **names,
+            )
             sb, rb = frame_buffer(words), frame_buffer(words)
             ss.write(sb, 0, 0)
             sw, rw = payload(sb).view(np.int64), payload(rb).view(np.int64)
@@ -140,9 +154,11 @@ class Exchange:
         self.final = np.zeros(T.HEAD_WORDS + T.CAPACITY * w, dtype=np.int64)
         self.fmv = memoryview(self.final).cast("B")
         self.values = struct.Struct(f"<{k}d")  # the root's values, after its lo and hi
-        self.state.append(i64ptr(self.final[T.HEAD_WORDS:]))
+        self.state.append(i64ptr(self.final[T.HEAD_WORDS :]))
         # Where the local summary goes (round 0's frame) and where the root ends (final).
-        self.local_words = self.swords[0][_W_ROWS + T.ROW_WORDS:] if self.rounds else self.final[T.HEAD_WORDS:]
+        self.local_words = (
+            self.swords[0][_W_ROWS + T.ROW_WORDS :] if self.rounds else self.final[T.HEAD_WORDS :]
+        )
         self.valid = None  # the table bytes that last passed every check
         self.valid_order = None  # with them: None (rank order) or the sorted exchange order
         self.flags = 0
@@ -172,7 +188,7 @@ class Exchange:
                 pmv = self.spmv[i]
                 _HEAD.pack_into(pmv, 0, m, flags)
                 g = _ROW_BYTES * rd.rows
-                pmv[_HEAD_BYTES:_HEAD_BYTES + g] = tmv[:g]
+                pmv[_HEAD_BYTES : _HEAD_BYTES + g] = tmv[:g]
                 patch(self.smv[i], step, 0)
                 self.sreq[i].Start()
                 started += 1
@@ -184,10 +200,13 @@ class Exchange:
                 if bad is None:
                     rp = self.rpmv[i]
                     rm, rflags = _HEAD.unpack_from(rp, 0)
-                    tmv[d:d + g] = rp[_HEAD_BYTES:_HEAD_BYTES + g]
+                    tmv[d : d + g] = rp[_HEAD_BYTES : _HEAD_BYTES + g]
                     flags |= rflags & (T.FLAG_OVERFLOW | T.FLAG_INVALID)
-                    m2 = merge(self.state[i], m, self.rnodes[i], rm, nxt, cap, n, k) if 0 <= rm <= cap \
+                    m2 = (
+                        merge(self.state[i], m, self.rnodes[i], rm, nxt, cap, n, k)
+                        if 0 <= rm <= cap
                         else lib.AP_ERR_INVALID
+                    )
                 else:
                     self.frame_error = self.frame_error or bad
                     for j in range(rd.rows):
@@ -201,7 +220,14 @@ class Exchange:
                 wait, t = ch.waiter.wait, ch.call_timeout
                 for i in range(started):
                     if not self.sreq[i].Test():
-                        wait(self.sreq[i], None, self.rounds[i].send_to, f"array {self.op} send of round {i}", step, t)
+                        wait(
+                            self.sreq[i],
+                            None,
+                            self.rounds[i].send_to,
+                            f"array {self.op} send of round {i}",
+                            step,
+                            t,
+                        )
         except BaseException as e:
             self._abandon(getattr(e, "code", type(e).__name__))
             raise
@@ -223,8 +249,9 @@ class Exchange:
         else the FrameRefusal that names the difference (the exchange then goes on)."""
         req, status = self.rreq[i], self.rstatus[i]
         try:
-            self.ch.waiter.wait(req, status, rd.recv_from, f"array {self.op} frame of round {i}", step,
-                                self.ch.call_timeout)
+            self.ch.waiter.wait(
+                req, status, rd.recv_from, f"array {self.op} frame of round {i}", step, self.ch.call_timeout
+            )
         except FrameRefusal as e:  # a longer frame than planned was truncated: another batch size
             return e
         nbytes = status.Get_count(MPI.BYTE)
@@ -236,9 +263,14 @@ class Exchange:
             self.rspec[i].check(self.rbuf[i], step, nbytes)
         except FrameRefusal as e:
             return e
-        return FrameRefusal("frame-identity-mismatch", f"array {self.op} round {i} from rank {rd.recv_from} "
-                            f"(step {step}): the header differs from the one due (flags or reserved bytes)",
-                            peer=rd.recv_from, edge=i, step=step)
+        return FrameRefusal(
+            "frame-identity-mismatch",
+            f"array {self.op} round {i} from rank {rd.recv_from} "
+            f"(step {step}): the header differs from the one due (flags or reserved bytes)",
+            peer=rd.recv_from,
+            edge=i,
+            step=step,
+        )
 
     def _abandon(self, code) -> None:
         """After a timeout, an MPI failure or an interrupt: frames of this step may still be in
@@ -246,7 +278,9 @@ class Exchange:
         the transport aborts the job at exit rather than hang in MPI_Finalize."""
         self.ch.broken = code
         mark_broken(self.ch.rank, str(code))
-        sys.stderr.write(f"r{self.ch.rank} | array {self.op} step {self.ch.step} abandoned [{code}]; channel broken\n")
+        sys.stderr.write(
+            f"r{self.ch.rank} | array {self.op} step {self.ch.step} abandoned [{code}]; channel broken\n"
+        )
         sys.stderr.flush()
 
     # ------------------------------------------------------------------------------------------
@@ -259,7 +293,7 @@ class Exchange:
             out[r] = T.Row(r, off, ln, n, st)
         return out
 
-    def copy_local_from(self, other: "Exchange", m: int) -> None:
+    def copy_local_from(self, other: Exchange, m: int) -> None:
         w = self.record_words * m
         self.local_words[:w] = other.local_words[:w]
 

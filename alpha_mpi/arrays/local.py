@@ -41,15 +41,20 @@ class Summary:
         if self.n == 0 and self.count == 0:
             return [0.0] * self.k
         if self.ranges() != [(0, self.n)]:
-            raise KernelRefusal("kernel-bad-argument", f"the summary covers {self.ranges()}, not [0, {self.n})")
+            raise KernelRefusal(
+                "kernel-bad-argument", f"the summary covers {self.ranges()}, not [0, {self.n})"
+            )
         return self.values()[0].tolist()
 
 
 def _check(status: int, what: str) -> int:
     if status >= 0:
         return status
-    why = {lib.AP_ERR_OVERFLOW: "more nodes than the capacity", lib.AP_ERR_INVALID: "partially overlapping nodes",
-           lib.AP_ERR_BAD_ARGUMENT: "arguments out of range"}.get(status, f"status {status}")
+    why = {
+        lib.AP_ERR_OVERFLOW: "more nodes than the capacity",
+        lib.AP_ERR_INVALID: "partially overlapping nodes",
+        lib.AP_ERR_BAD_ARGUMENT: "arguments out of range",
+    }.get(status, f"status {status}")
     raise KernelRefusal("kernel-bad-argument", f"{what}: {why}")
 
 
@@ -67,7 +72,9 @@ def summary(xs, ys, offset: int, n: int, capacity: int = T.CAPACITY) -> Summary:
         py = ffi.new("double *[]", held_y)
     words = np.zeros(capacity * (2 + k), dtype=np.int64)
     nf = ffi.new("int32_t *")
-    m = lib.ap_summary(px, py, k, offset, len(xs[0]), n, ffi.from_buffer("int64_t[]", words, True), capacity, nf)
+    m = lib.ap_summary(
+        px, py, k, offset, len(xs[0]), n, ffi.from_buffer("int64_t[]", words, True), capacity, nf
+    )
     return Summary(words, _check(m, "summary"), k, n)
 
 
@@ -75,8 +82,16 @@ def merge(a: Summary, b: Summary, n: int, capacity: int = T.CAPACITY) -> Summary
     """The union of two summaries with siblings joined (ap_merge)."""
     k = a.k
     out = np.zeros(capacity * (2 + k), dtype=np.int64)
-    m = lib.ap_merge(ffi.from_buffer("int64_t[]", a.words), a.count, ffi.from_buffer("int64_t[]", b.words), b.count,
-                     ffi.from_buffer("int64_t[]", out, True), capacity, n, k)
+    m = lib.ap_merge(
+        ffi.from_buffer("int64_t[]", a.words),
+        a.count,
+        ffi.from_buffer("int64_t[]", b.words),
+        b.count,
+        ffi.from_buffer("int64_t[]", out, True),
+        capacity,
+        n,
+        k,
+    )
     return Summary(out, _check(m, "merge"), k, n)
 
 

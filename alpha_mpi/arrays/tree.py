@@ -88,8 +88,12 @@ def merge_ranges(ranges, n: int) -> list:
                 continue
             raise PlanRefusal("plan-simulation-failed", f"nodes {out[-1]} and {(lo, hi)} overlap partially")
         out.append((lo, hi))
-        while len(out) >= 2 and out[-2][1] == out[-1][0] and is_node(out[-2][0], out[-1][1], n) \
-                and split(out[-2][0], out[-1][1]) == out[-2][1]:
+        while (
+            len(out) >= 2
+            and out[-2][1] == out[-1][0]
+            and is_node(out[-2][0], out[-1][1], n)
+            and split(out[-2][0], out[-1][1]) == out[-2][1]
+        ):
             out[-2:] = [(out[-2][0], out[-1][1])]
     return out
 
@@ -132,14 +136,16 @@ class Round:
         return f"R{self.index} >{self.send_to} <{self.recv_from} g{self.rows}"
 
     @staticmethod
-    def parse(text: str) -> "Round":
+    def parse(text: str) -> Round:
         try:
             r, s, v, g = text.split()
             if r[0] != "R" or s[0] != ">" or v[0] != "<" or g[0] != "g":
                 raise ValueError
             return Round(int(r[1:]), int(s[1:]), int(v[1:]), int(g[1:]))
         except (ValueError, IndexError):
-            raise PlanRefusal("step-parse-error", f"cannot read round {text!r} (expected like 'R1 >3 <0 g2')") from None
+            raise PlanRefusal(
+                "step-parse-error", f"cannot read round {text!r} (expected like 'R1 >3 <0 g2')"
+            ) from None
 
 
 def schedule(size: int, rank: int, order=None) -> tuple:
@@ -147,7 +153,10 @@ def schedule(size: int, rank: int, order=None) -> tuple:
     default is rank order); position v sends to order[v - d] and receives from order[v + d]."""
     order = tuple(range(size)) if order is None else tuple(order)
     if sorted(order) != list(range(size)) or not 0 <= rank < size:
-        raise PlanRefusal("plan-rank-mismatch", f"order {order} is not a permutation of ranks 0..{size - 1} containing {rank}")
+        raise PlanRefusal(
+            "plan-rank-mismatch",
+            f"order {order} is not a permutation of ranks 0..{size - 1} containing {rank}",
+        )
     v = order.index(rank)
     return tuple(
         Round(i, order[(v - (1 << i)) % size], order[(v + (1 << i)) % size], rows_in_round(size, i))
@@ -170,7 +179,9 @@ def simulate(size: int, order=None) -> list:
             step = plans[r][i]
             back = plans[step.recv_from][i]
             if back.send_to != r or back.rows != step.rows:
-                raise PlanRefusal("plan-simulation-failed", f"round {i}: rank {r} expects {step}, peer plans {back}")
+                raise PlanRefusal(
+                    "plan-simulation-failed", f"round {i}: rank {r} expects {step}, peer plans {back}"
+                )
             got_rows, got_blocks = sent[step.recv_from]
             rows[r] += got_rows[: step.rows]
             blocks_seen[r] |= got_blocks
@@ -210,34 +221,53 @@ def check_rows(rows, what: str) -> None:
     refused = [r for r in rows if r.status >= STATUS_REFUSED]
     if refused:
         names = ", ".join(f"rank {r.rank} [{status_code(r.status)}]" for r in refused)
-        raise Refusal("peer-failed", f"{what}: {names} refused its inputs, so nothing was reduced",
-                      ranks=[r.rank for r in refused])
+        raise Refusal(
+            "peer-failed",
+            f"{what}: {names} refused its inputs, so nothing was reduced",
+            ranks=[r.rank for r in refused],
+        )
     broken = [r.rank for r in rows if r.status == STATUS_BROKEN]
     if broken:
-        raise Refusal("peer-failed", f"{what}: the summaries of ranks {broken} did not arrive intact "
-                      "(a rank that received a bad frame names it)", ranks=broken)
+        raise Refusal(
+            "peer-failed",
+            f"{what}: the summaries of ranks {broken} did not arrive intact "
+            "(a rank that received a bad frame names it)",
+            ranks=broken,
+        )
     ns = sorted({r.n for r in rows})
     if len(ns) > 1:
         says = "; ".join(f"n = {v} on ranks {[r.rank for r in rows if r.n == v]}" for v in ns)
-        raise Refusal("array-length-mismatch", f"{what}: the ranks disagree on the global length ({says})", lengths=ns)
+        raise Refusal(
+            "array-length-mismatch", f"{what}: the ranks disagree on the global length ({says})", lengths=ns
+        )
     n = ns[0] if ns else 0
     pos, owner = 0, None
     for r in sorted((r for r in rows if r.length), key=lambda r: (r.offset, r.rank)):
         if r.offset > pos:
-            raise Refusal("array-coverage-hole", f"{what}: no rank holds [{pos}, {r.offset}) of [0, {n}) "
-                          f"(expected a block starting at {pos}; the next one, rank {r.rank}'s, starts at {r.offset})",
-                          hole=(pos, r.offset))
+            raise Refusal(
+                "array-coverage-hole",
+                f"{what}: no rank holds [{pos}, {r.offset}) of [0, {n}) "
+                f"(expected a block starting at {pos}; the next one, rank {r.rank}'s, starts at {r.offset})",
+                hole=(pos, r.offset),
+            )
         if r.offset < pos:
-            raise Refusal("array-coverage-overlap", f"{what}: ranks {owner} and {r.rank} both hold "
-                          f"[{r.offset}, {min(pos, r.offset + r.length)}) of [0, {n})",
-                          ranks=(owner, r.rank), overlap=(r.offset, min(pos, r.offset + r.length)))
+            raise Refusal(
+                "array-coverage-overlap",
+                f"{what}: ranks {owner} and {r.rank} both hold "
+                f"[{r.offset}, {min(pos, r.offset + r.length)}) of [0, {n})",
+                ranks=(owner, r.rank),
+                overlap=(r.offset, min(pos, r.offset + r.length)),
+            )
         pos, owner = r.offset + r.length, r.rank
     if pos < n:
         raise Refusal("array-coverage-hole", f"{what}: no rank holds [{pos}, {n}) of [0, {n})", hole=(pos, n))
     bad = [r.rank for r in rows if r.status == STATUS_NONFINITE]
     if bad:
-        raise Refusal("non-finite-contribution", f"{what}: the blocks of ranks {bad} hold NaN or Inf; nothing was "
-                      "reduced (FiniteOrRefuse)", ranks=bad)
+        raise Refusal(
+            "non-finite-contribution",
+            f"{what}: the blocks of ranks {bad} hold NaN or Inf; nothing was reduced (FiniteOrRefuse)",
+            ranks=bad,
+        )
 
 
 def in_rank_order(rows) -> bool:

@@ -56,14 +56,26 @@ def _lengths(text: str) -> list:
 
 
 def make_parser(rank: int) -> argparse.ArgumentParser:
-    p = _Parser(rank, prog="alpha-mpi bench dot",
-                description="Decomposition-independent dot products (alpha_mpi.arrays) vs MPI_Allreduce(np.dot).")
-    p.add_argument("--lengths", type=_lengths, default=DEFAULT_LENGTHS, help="local lengths (default 1e2,...,1e7)")
+    p = _Parser(
+        rank,
+        prog="alpha-mpi bench dot",
+        description="Decomposition-independent dot products (alpha_mpi.arrays) vs MPI_Allreduce(np.dot).",
+    )
+    p.add_argument(
+        "--lengths", type=_lengths, default=DEFAULT_LENGTHS, help="local lengths (default 1e2,...,1e7)"
+    )
     p.add_argument("--iters", type=int, default=300, help="timed iterations up to 1e4 elements (default 300)")
     p.add_argument("--min-iters", type=int, default=10, help="timed iterations at least (default 10)")
     p.add_argument("--warmup", type=int, default=20, help="untimed iterations per length (default 20)")
-    p.add_argument("--stat", choices=("min", "median", "mean"), default="min", help="per-rank statistic (default min)")
-    p.add_argument("--check", type=int, default=10**6, help="check bits against the whole tree up to this L (default 1e6)")
+    p.add_argument(
+        "--stat", choices=("min", "median", "mean"), default="min", help="per-rank statistic (default min)"
+    )
+    p.add_argument(
+        "--check",
+        type=int,
+        default=10**6,
+        help="check bits against the whole tree up to this L (default 1e6)",
+    )
     g = p.add_mutually_exclusive_group()
     g.add_argument("--kernel-only", action="store_true", help="only part 2 (the local kernel)")
     g.add_argument("--no-kernel", action="store_true", help="only part 1 (per call)")
@@ -78,8 +90,10 @@ def blas_info() -> str:
 
         for d in threadpool_info():
             if d.get("user_api") == "blas":
-                return (f"{d.get('internal_api')} {d.get('version')} kernel {d.get('architecture')} "
-                        f"threads {d.get('num_threads')}")
+                return (
+                    f"{d.get('internal_api')} {d.get('version')} kernel {d.get('architecture')} "
+                    f"threads {d.get('num_threads')}"
+                )
     except Exception:  # pragma: no cover - informational only
         pass
     return "unknown"
@@ -135,8 +149,15 @@ def per_call(comm, args) -> tuple:
             same &= np.float64(v).view(np.uint64) == np.float64(first).view(np.uint64) and v2 == first2
             if it >= args.warmup:
                 ta.append(t1 - t0), tm.append(t3 - t2), tk.append(t5 - t4), tm2.append(t7 - t6)
-        mine = np.array([_stat(ta, args.stat), _stat(tm, args.stat), _stat(tk, args.stat), _stat(tm2, args.stat),
-                         float(same)])
+        mine = np.array(
+            [
+                _stat(ta, args.stat),
+                _stat(tm, args.stat),
+                _stat(tk, args.stat),
+                _stat(tm2, args.stat),
+                float(same),
+            ]
+        )
         everyone = np.zeros((p, mine.size)) if r == 0 else None
         comm.Gather(mine, everyone, root=0)  # harness bookkeeping (timings), not reduced data
         oracle_ok = None
@@ -144,14 +165,28 @@ def per_call(comm, args) -> tuple:
             if r == 0:
                 parts = [_data(q, L) for q in range(p)]
                 gx, gy = np.concatenate([a for a, _ in parts]), np.concatenate([b for _, b in parts])
-                oracle_ok = np.float64(local.tree_value(gx, gy)).view(np.uint64) == np.float64(first).view(np.uint64)
+                oracle_ok = np.float64(local.tree_value(gx, gy)).view(np.uint64) == np.float64(first).view(
+                    np.uint64
+                )
         if r == 0:
             worst = everyone.max(axis=0)
             ok = bool(everyone[:, 4].all()) and oracle_ok is not False
             failed |= not ok
-            rows.append(dict(L=L, n=n, iters=iters, t_alpha=worst[0], t_mpi=worst[1], t_alpha_k2=worst[2],
-                             t_mpi_k2=worst[3], ratio=worst[0] / worst[1], ratio_k2=worst[2] / worst[3],
-                             bits="ok" if ok else "WRONG", tree_checked=oracle_ok is not None))
+            rows.append(
+                dict(
+                    L=L,
+                    n=n,
+                    iters=iters,
+                    t_alpha=worst[0],
+                    t_mpi=worst[1],
+                    t_alpha_k2=worst[2],
+                    t_mpi_k2=worst[3],
+                    ratio=worst[0] / worst[1],
+                    ratio_k2=worst[2] / worst[3],
+                    bits="ok" if ok else "WRONG",
+                    tree_checked=oracle_ok is not None,
+                )
+            )
     return rows, failed
 
 
@@ -184,11 +219,57 @@ def kernel(comm, args) -> list:
                 t3 = clock()
                 tk.append(t1 - t0), tn.append(t2 - t1), tc.append(t3 - t2)
             k, d, c = min(tk), min(tn), min(tc)
-            rows.append(dict(L=L, t_kernel=k, t_npdot=d, t_copy=c, gbs_kernel=16 * L / k / 1e9,
-                             gbs_npdot=16 * L / d / 1e9, gbs_copy=32 * L / c / 1e9, vs_npdot=d / k,
-                             vs_copy=(16 * L / k) / (32 * L / c)))
+            rows.append(
+                dict(
+                    L=L,
+                    t_kernel=k,
+                    t_npdot=d,
+                    t_copy=c,
+                    gbs_kernel=16 * L / k / 1e9,
+                    gbs_npdot=16 * L / d / 1e9,
+                    gbs_copy=32 * L / c / 1e9,
+                    vs_npdot=d / k,
+                    vs_copy=(16 * L / k) / (32 * L / c),
+                )
+            )
     comm.Barrier()
     return rows
+
+
+CALL_COLUMNS = [  # (header, key, width, format, scale)
+    ("L", "L", 10, "d", 1),
+    ("n", "n", 10, "d", 1),
+    ("iters", "iters", 6, "d", 1),
+    ("alpha_us", "t_alpha", 10, ".2f", 1e6),
+    ("MPI_us", "t_mpi", 10, ".2f", 1e6),
+    ("ratio", "ratio", 6, ".2f", 1),
+    ("alpha_k2_us", "t_alpha_k2", 12, ".2f", 1e6),
+    ("MPI_k2_us", "t_mpi_k2", 10, ".2f", 1e6),
+    ("ratio_k2", "ratio_k2", 9, ".2f", 1),
+    ("bits", "bits", 6, "s", None),
+]
+KERNEL_COLUMNS = [
+    ("L", "L", 10, "d", 1),
+    ("kernel_us", "t_kernel", 10, ".2f", 1e6),
+    ("npdot_us", "t_npdot", 10, ".2f", 1e6),
+    ("kernel_GB/s", "gbs_kernel", 12, ".2f", 1),
+    ("npdot_GB/s", "gbs_npdot", 11, ".2f", 1),
+    ("copy_GB/s", "gbs_copy", 10, ".2f", 1),
+    ("kernel/npdot", "vs_npdot", 13, ".2f", 1),
+    ("kernel/copy", "vs_copy", 12, ".2f", 1),
+]
+
+
+def _table(rows, columns) -> None:
+    """'#'-headed columns (OSU style)."""
+    head = " ".join(f"{h:>{w}}" for h, _, w, _, _ in columns)
+    print("#" + head[1:])
+    for row in rows:
+        cells = []
+        for _, key, w, fmt, scale in columns:
+            v = row[key] if scale is None else (row[key] * scale if scale != 1 else row[key])
+            cells.append(f"{v:>{w}{fmt}}")
+        print(" ".join(cells))
 
 
 def cmd(comm, argv=None) -> int:
@@ -201,22 +282,20 @@ def cmd(comm, argv=None) -> int:
     calls, failed = ([], False) if args.kernel_only else per_call(comm, args)
     kern = [] if args.no_kernel else kernel(comm, args)
     if rank == 0:
-        print(f"# alpha-mpi bench dot: p = {info['p']} on {info['cores']} cores ({info['cpu']}), {info['mpi']}, "
-              f"numpy {info['numpy']} ({info['blas']}); stat = {args.stat} per rank, max over ranks")
+        where = f"p = {info['p']} on {info['cores']} cores ({info['cpu']})"
+        print(f"# alpha-mpi bench dot: {where}, {info['mpi']}, numpy {info['numpy']} ({info['blas']})")
+        print(f"# stat = {args.stat} per rank, max over ranks; ratio = alpha / MPI (< 1 faster)")
         if info["oversubscribed"]:
             print("# oversubscribed: more ranks than cores, latencies are scheduling-bound")
         if calls:
-            print("#        L          n  iters   alpha_us     MPI_us  ratio  alpha_k2_us  MPI_k2_us  ratio_k2  bits")
-            for c in calls:
-                print(f"{c['L']:10d} {c['n']:10d} {c['iters']:6d} {c['t_alpha'] * 1e6:10.2f} {c['t_mpi'] * 1e6:10.2f} "
-                      f"{c['ratio']:6.2f} {c['t_alpha_k2'] * 1e6:12.2f} {c['t_mpi_k2'] * 1e6:10.2f} {c['ratio_k2']:9.2f}  "
-                      f"{c['bits']}{'' if c['tree_checked'] else ' (repeatable; tree not rebuilt)'}")
+            _table(calls, CALL_COLUMNS)
+            if not all(c["tree_checked"] for c in calls):
+                print(f"# bits: the same on every iteration; the whole tree checked up to L = {args.check}")
         if kern:
-            print("# local kernel on rank 0: pairwise tree vs np.dot vs copy bandwidth (GB/s of data touched)")
-            print("#        L  kernel_us   npdot_us  kernel_GB/s  npdot_GB/s  copy_GB/s  kernel/npdot  kernel/copy")
-            for k in kern:
-                print(f"{k['L']:10d} {k['t_kernel'] * 1e6:10.2f} {k['t_npdot'] * 1e6:10.2f} {k['gbs_kernel']:12.2f} "
-                      f"{k['gbs_npdot']:11.2f} {k['gbs_copy']:10.2f} {k['vs_npdot']:13.2f} {k['vs_copy']:12.2f}")
+            print(
+                "# local kernel on rank 0: pairwise tree vs np.dot vs copy bandwidth (GB/s of data touched)"
+            )
+            _table(kern, KERNEL_COLUMNS)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"machine": info, "stat": args.stat, "calls": calls, "kernel": kern}, f, indent=1)

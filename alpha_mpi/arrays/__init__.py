@@ -15,3 +15,5 @@ the data and n only: 1, 2, 3 or 1000 ranks, even or uneven blocks, all give the 
 
 from .api import dot, dots, norm2, reset, sum  # noqa: F401,A004
 from .tree import schedule, simulate, summary_ranges  # noqa: F401
+
+__all__ = ["sum", "dot", "norm2", "dots", "reset", "schedule", "simulate", "summary_ranges"]

@@ -222,7 +222,7 @@ def _reduce(comm, op, xs, ys, offset, n, timeout, bad_batch=None):
     if err is not None:
         n = 0
     try:
-        m = ex.run(row, m, n)
+        ex.run(row, m, n)
         if err is not None:
             raise err
         if ex.frame_error is None and ex.valid_order is None and ex.table.tobytes() == ex.valid:
@@ -261,8 +261,8 @@ def _verdict(ch, ex, op, k, m_local, row, n, detail):
         ex.valid, ex.valid_order = tb, (None if T.in_rank_order(rows) else T.sorted_order(rows))
     if ex.valid_order is not None:  # out of rank order: every rank runs the sorted exchange
         ex2 = ch.exchange(op, k, ex.valid_order)
-        ex2.copy_local_from(ex, int(ex.swords[0][0]) if ex.rounds else 0)
-        ex2.run(row, int(ex.swords[0][0]) if ex.rounds else 0, n)
+        ex2.copy_local_from(ex, m_local)
+        ex2.run(row, m_local, n)
         if ex2.frame_error is not None:
             raise ex2.frame_error
         tb2 = ex2.table.tobytes()

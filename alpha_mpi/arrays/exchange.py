@@ -34,6 +34,8 @@ from ..kernel import ffi, lib
 from ..refusals import FrameRefusal
 from . import tree as T
 
+__all__ = ["Channel", "Exchange"]
+
 if lib.AP_CAPACITY != T.CAPACITY or lib.AP_MAX_K != T.MAX_BATCH:  # pragma: no cover - a stale build
     raise ImportError("alpha_mpi._alpha_kernel is older than alpha_mpi/arrays (rebuild: pip install -e .)")
 

@@ -15,6 +15,8 @@ from ..kernel import ffi, lib
 from ..refusals import KernelRefusal
 from . import tree as T
 
+__all__ = ["Summary", "summary", "merge", "tree_value"]
+
 _DARR = ffi.typeof("double[]")
 
 

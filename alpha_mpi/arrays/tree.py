@@ -31,6 +31,26 @@ from dataclasses import dataclass
 
 from ..refusals import PlanRefusal, Refusal
 
+__all__ = [
+    "CAPACITY",
+    "MAX_BATCH",
+    "Round",
+    "Row",
+    "split",
+    "is_node",
+    "blocks",
+    "merge_ranges",
+    "summary_ranges",
+    "rounds",
+    "rows_in_round",
+    "frame_words",
+    "schedule",
+    "simulate",
+    "check_rows",
+    "in_rank_order",
+    "sorted_order",
+]
+
 CAPACITY = 132  # records per summary; csrc/pairwise.h AP_CAPACITY (checked when the kernel loads)
 ROW_WORDS = 4  # a coverage row: offset, len, n, status (int64 each)
 HEAD_WORDS = 2  # a payload starts with: record count, flags

@@ -1,0 +1,49 @@
+"""`alpha-mpi bench dot` under mpiexec -n 2: both tables, the JSON, bits checked, exit statuses.
+
+Single-process test: it launches its own `mpiexec -n 2` under a hard `timeout`. Speed is not
+asserted (that belongs in the benchmark's output, not in tests).
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+
+def mpiexec():
+    local = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return local if os.path.exists(local) else shutil.which("mpiexec")
+
+
+pytestmark = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec on PATH or beside the interpreter")
+
+
+def launch(*args, n=2, limit=120, cwd=None):
+    cmd = ["timeout", "-k", "5", str(limit), mpiexec(), "-n", str(n), sys.executable, "-m", "alpha_mpi.bench"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    return subprocess.run([*cmd, *args], capture_output=True, text=True, env=env, cwd=cwd)
+
+
+def test_dot_tables_and_json(tmp_path):
+    out = tmp_path / "dot.json"
+    r = launch(
+        "dot", "--lengths", "1e2,3000", "--iters", "5", "--warmup", "1", "--json", str(out), cwd=tmp_path
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("# alpha-mpi bench dot: p = 2")
+    data = json.loads(out.read_text())
+    assert [c["L"] for c in data["calls"]] == [100, 3000]
+    assert all(c["bits"] == "ok" and c["tree_checked"] for c in data["calls"])
+    assert all(c["t_alpha"] > 0 and c["t_mpi"] > 0 for c in data["calls"])
+    assert [k["L"] for k in data["kernel"]] == [100, 3000]
+    assert any(line.lstrip().startswith("3000") for line in lines)
+
+
+def test_dot_bad_option_exits_2_on_every_rank():
+    r = launch("dot", "--lengths", "zero")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "cannot read lengths" in r.stderr

@@ -1,0 +1,56 @@
+"""alpha_mpi.arrays when a peer never comes: a bounded wait, a named refusal, a broken channel,
+and a job that ends (aborted at exit, never hung). Launches its own mpiexec under `timeout`."""
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+
+def mpiexec():
+    local = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return local if os.path.exists(local) else shutil.which("mpiexec")
+
+
+pytestmark = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec on PATH or beside the interpreter")
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    import numpy as np
+    from mpi4py import MPI
+    from alpha_mpi import arrays
+    from alpha_mpi.refusals import Refusal
+
+    w = MPI.COMM_WORLD
+    r, n = w.Get_rank(), 10
+    x = np.arange(5.0) + 5 * r
+    print(f"r{r} first {arrays.sum(w, x, 5 * r, n)}", flush=True)
+    if r == 0:
+        for attempt in range(2):
+            try:
+                arrays.sum(w, x, 0, n, timeout=1.0)
+            except Refusal as e:
+                print(f"r0 refused [{e.code}]", flush=True)
+    else:
+        time.sleep(4)  # never calls: rank 0 must give up on its own
+    w.Barrier()
+    print(f"r{r} done", flush=True)
+    """
+)
+
+
+def test_a_missing_peer_is_a_named_timeout_then_a_broken_channel(tmp_path):
+    script = tmp_path / "arrays_timeout.py"
+    script.write_text(SCRIPT)
+    cmd = ["timeout", "-k", "5", "60", mpiexec(), "-n", "2", sys.executable, str(script)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+    out = r.stdout + r.stderr
+    assert "r0 first 45.0" in out and "r1 first 45.0" in out, out
+    assert "r0 refused [peer-timeout]" in out, out
+    assert "r0 refused [array-channel-broken]" in out, out
+    # frames of the abandoned step may still be in flight: the job is aborted at exit, not hung
+    assert r.returncode == 70, out  # the transport aborts at exit (ABORT_STATUS) rather than hang

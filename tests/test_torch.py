@@ -216,3 +216,13 @@ def test_save_restore_in_one_process_continues_with_the_same_bits(tmp_path, make
     with pytest.raises(Refusal) as e:
         dpo.restore(str(tmp_path / "ck"), torch.optim.Adam(other.parameters(), lr=0.5))
     assert e.value.code == "checkpoint-config-mismatch"
+
+
+def test_a_parameter_the_loss_does_not_use_gets_a_zero_gradient():
+    net = mlp()
+    net.register_parameter("unused", torch.nn.Parameter(torch.ones(4)))
+    dp = DataParallel(net, comm_self(), slots=3)
+    X, y = batch(12)
+    dp.step(X, y, SUM)
+    assert torch.equal(net.unused.grad, torch.zeros(4)) and dp.n == sum(p.numel() for p in net.parameters())
+    assert all(p.grad.shape == p.shape for p in net.parameters())

@@ -4,8 +4,9 @@ Protocol of one `step(X, y, loss_fn)` (every rank calls it, with the same global
 
 1. The batch is cut into `slots` contiguous windows (alpha_mpi.learning.slicing); this rank takes
    the slots it owns in the tree (`my_slots`).
-2. For each owned slot, separately: `.grad` cleared, `loss = loss_fn(module(X_s), y_s)` (the SUM
-   of the slot's per-sample losses), `loss.backward()`. Fixed intra-op threads and
+2. For each owned slot, separately: `loss = loss_fn(module(X_s), y_s)` (the SUM of the slot's
+   per-sample losses), then `torch.autograd.grad(loss, params)` (the slot's own backward into
+   fresh tensors; nothing accumulates across slots). Fixed intra-op threads and
    deterministic algorithms (set at construction, checked every step, named in the contract), so
    a slot's gradient has the same bits on whichever rank runs it.
 3. The slot's payload: its gradients (float32 widened exactly to binary64 by
@@ -97,7 +98,7 @@ def torch_contract(order_id: str, dtype, env: dict, buffers: str = "refuse"):
     ops.append(
         Formula(
             "torch-slot-gradient-v1",
-            "per slot: .grad=None; loss=loss_fn(module(X_s),y_s) (a sum); loss.backward(); "
+            "per slot: loss=loss_fn(module(X_s),y_s) (a sum); g_s=torch.autograd.grad(loss, params); "
             f"torch {env['torch']}; "
             f"set_num_threads({env['threads']}); use_deterministic_algorithms({env['deterministic']}); "
             f"parameters {_dtype_name(dtype)}",
@@ -230,6 +231,12 @@ class DataParallel:
         self.payloads = {s: np.zeros(self.layout.total) for s in self.my_slots}
         self.reduced = np.empty(self.layout.total)
         self._g = np.empty(n)
+        # .grad of every parameter: views of one flat buffer, written once per step.
+        self._grad_flat = torch.empty(n, dtype=self.dtype)
+        self._grad_views = [
+            self._grad_flat[a:b].view(p.shape) for p, (a, b) in zip(self.params, self.offsets)
+        ]
+        self._zeros = [torch.zeros(p.numel(), dtype=self.dtype) for p in self.params]  # unused parameters
         self._b = np.empty(self.nb)
         self.steps = 0
         self.last_loss = float("nan")
@@ -307,8 +314,6 @@ class DataParallel:
                     with torch.no_grad():
                         for (_, b), b0 in zip(self.float_buffers + self.other_buffers, start):
                             b.copy_(b0)
-                for p in self.params:
-                    p.grad = None
                 loss = loss_fn(self.module(Xs), ys)
                 if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
                     raise Refusal(
@@ -316,22 +321,20 @@ class DataParallel:
                         f"loss_fn returned {type(loss).__name__} "
                         f"{tuple(getattr(loss, 'shape', ()))}; it must return a scalar tensor with a graph",
                     )
-                loss.backward()
-                for p, (a, b) in zip(self.params, self.offsets):
-                    if p.grad is None:
-                        buf[a:b] = 0.0  # a parameter this loss does not use
-                    else:
-                        _into64(buf[a:b], p.grad)
+                # The slot's gradient: the backward of its own loss alone (fresh tensors, nothing
+                # accumulated), flattened in parameter order and widened in one call.
+                grads = torch.autograd.grad(loss, self.params, allow_unused=True)
+                flat = torch.cat([g.reshape(-1) if g is not None else z for g, z in zip(grads, self._zeros)])
+                _into64(buf[:n], flat)
                 for (_, t), (a, b) in zip(self.float_buffers, self.buffer_offsets):
                     _into64(buf[a:b], t)
                 buf[self.mass_at] = float(len(ys))
                 buf[self.loss_at] = float(loss.detach())  # float32 -> Python float: exact
             red = self.reducer.run(self.payloads, out=self.reduced)
             np.divide(red[:n], red[self.mass_at], out=self._g)  # normalised once, after the combine
-            for p in self.params:
-                p.grad = torch.empty_like(p, memory_format=torch.contiguous_format)
-            for p, (a, b) in zip(self.params, self.offsets):
-                _from64(p.grad, self._g[a:b])  # RoundBinary64@gradient for float32
+            _from64(self._grad_flat, self._g)  # RoundBinary64@gradient for float32, one call
+            for p, view in zip(self.params, self._grad_views):
+                p.grad = view
             if self.nb:
                 np.divide(red[n : n + self.nb], float(self.slots), out=self._b)
                 with torch.no_grad():

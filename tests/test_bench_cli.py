@@ -43,11 +43,12 @@ def test_allreduce_table_and_json(tmp_path):
     for col in ("t_min[us]", "t_avg[us]", "t_max[us]", "algbw[GB/s]", "busbw[GB/s]", "ratio", "bits"):
         assert col in header
     rows = [l.split() for l in lines if l and not l.startswith("#")]
-    assert len(rows) == 2 * 4  # MPI_Allreduce, auto, tree, scatter for each of two sizes
+    assert len(rows) == 2 * 7  # MPI_Allreduce, auto and the five realizations (pairwise on 2 ranks) per size
     assert {row[0] for row in rows} == {"8", "65536"}
     names = [row[1] for row in rows]
-    assert names.count("MPI_Allreduce") == 2 and names.count("tree") == 2 and names.count("scatter") == 2
-    assert any(name.startswith("auto(") for name in names)
+    for name in ("MPI_Allreduce", "butterfly", "halving", "replicate", "tree", "scatter"):
+        assert names.count(name) == 2, names
+    assert "auto(butterfly)" in names
     for row in rows:
         if row[1] != "MPI_Allreduce":
             assert row[-1] == "ok", row
@@ -55,13 +56,13 @@ def test_allreduce_table_and_json(tmp_path):
             assert float(row[-2]) == 1.0
     doc = json.loads(out.read_text())
     assert doc["machine"]["p"] == 2 and doc["bits_ok"] is True
-    assert doc["config"]["realizations"] == ["auto", "tree", "scatter"]
+    assert doc["config"]["realizations"] == ["auto", "butterfly", "halving", "replicate", "tree", "scatter"]
     res = doc["results"]
-    assert len(res) == 8
+    assert len(res) == 14
     for r_ in res:
         assert r_["t_min_us"] <= r_["t_avg_us"] <= r_["t_max_us"]
         assert r_["busbw_GBs"] == pytest.approx(r_["algbw_GBs"])  # 2(p-1)/p = 1 at p = 2
-    assert {r_["chosen"] for r_ in res if r_["requested"] == "auto"} <= {"tree", "scatter"}
+    assert {r_["chosen"] for r_ in res if r_["requested"] == "auto"} <= {"butterfly", "halving"}
     # only rank 0 prints the table
     assert r.stdout.count("# machine:") == 1
 

@@ -68,3 +68,34 @@ def test_debug_log_names_every_frame():
     assert {s[5] for s in sends} == {str(128 + 8 * 2048)}
     # every frame sent is received, by the rank it names, with the same index and step
     assert sorted((s[2], s[0], s[1], s[3], s[4]) for s in sends) == sorted((r[2], r[1], r[0], r[3], r[4]) for r in recvs)
+
+
+def test_a_40_second_straggler_survives_the_default_bound():
+    """A peer that is slow, not dead, never kills a healthy job (the default bound is minutes)."""
+    env = {k: v for k, v in os.environ.items() if k != "ALPHA_MPI_TIMEOUT"}
+    cmd = ["timeout", "-k", "5", "150", mpiexec(), "-n", "2", sys.executable,
+           os.path.join(HERE, "mpi_scripts", "straggler.py"), "40"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert len(re.findall(r"rank \d: \w+ n=\d+ ok=True", r.stdout)) == 4, r.stdout
+
+
+@pytest.mark.parametrize("how", ["stop", "kill"])
+def test_a_stopped_or_killed_peer_ends_the_job_by_itself(how):
+    bound = 3.0
+    r, elapsed = launch(3, "stopped_peer.py", how, str(bound), limit=120)
+    out = r.stdout + r.stderr
+    assert r.returncode not in (0, 124, 137), out  # non-zero, and not killed by our own timeout
+    assert "completed without its peer" not in out
+    if how == "stop":
+        # The survivors name what happened and the job is aborted at exit, not left hanging.
+        for rank in (0, 1):
+            m = re.search(rf"rank {rank}: peer-timeout after ([0-9.]+)s", out)
+            assert m, out
+            assert bound <= float(m.group(1)) < bound + 20.0
+        assert "aborting it with exit status 70" in out
+    else:
+        # A dead rank: the survivors name it (peer-failed / peer-timeout) or the launcher ends
+        # the job first; either way it ends by itself, never with a frame-size complaint.
+        assert "frame-size-mismatch" not in out
+    assert elapsed < 100

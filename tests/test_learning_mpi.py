@@ -16,13 +16,13 @@ from conftest import agree, bits
 SLOTS = 10
 
 
-def run(comm, mode, optimizer, steps, topology="hierarchy:2", data=None, model=None):
+def run(comm, mode, optimizer, steps, topology="hierarchy:2", data=None, model=None, slots=SLOTS):
     data = data or synthetic(7, n=600, n_eval=16, inputs=12, classes=4)
     model = model or MLP(12, 24, 4)
     lr = 1e-2 if optimizer == "adam" else 0.05
-    learner = DataParallelLearner(comm, model, slots=SLOTS, topology=topology, optimizer=optimizer, lr=lr,
+    learner = DataParallelLearner(comm, model, slots=slots, topology=topology, optimizer=optimizer, lr=lr,
                                   partition=mode, seed=9, timeout=20)
-    stream = SlotStream(len(data.y), 53, SLOTS, 9)  # 53 samples over 10 slots: unequal slots
+    stream = SlotStream(len(data.y), 53, slots, 9)  # 53 samples over the slots: unequal slots
     for t in range(steps):
         batch = {s: (data.X[stream.indices(t, s)], data.y[stream.indices(t, s)]) for s in learner.my_slots}
         learner.train_step(batch)
@@ -31,7 +31,24 @@ def run(comm, mode, optimizer, steps, topology="hierarchy:2", data=None, model=N
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
-@pytest.mark.parametrize("topology", ["hierarchy:2", "star"])
+def test_pairwise_over_eight_slots_gives_one_digest_in_every_mode(world, optimizer):
+    """8 slots: on 2 and 4 ranks each rank's block is one subtree, so butterfly / halving run;
+    on other rank counts replicate / scatter do. The bits are the same everywhere."""
+    from mpi4py import MPI
+
+    alone = digest(run(MPI.COMM_SELF, "none", optimizer, 12, "pairwise", slots=8).final_params())
+    for mode in ("none", "state", "grads", "params"):
+        learner = run(world, mode, optimizer, 12, "pairwise", slots=8)
+        d = digest(learner.final_params())
+        agree(world, d == alone, f"pairwise {mode} ({learner.realization}) {d[:12]} vs alone {alone[:12]}")
+        size = world.Get_size()
+        if size in (2, 4, 8):
+            agree(world, learner.realization.split()[0] in ("butterfly", "halving"), f"{mode}: {learner.realization}")
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+@pytest.mark.parametrize("topology", ["hierarchy:2", "star", "pairwise"])
 def test_all_partition_modes_and_rank_counts_end_with_one_digest(world, optimizer, topology):
     from mpi4py import MPI
 

@@ -17,9 +17,10 @@ import importlib
 import sys
 
 COMMANDS = {
-    "allreduce": ("alpha_mpi.bench.allreduce_bench", "declared-order allreduce (tree, scatter, auto) vs MPI_Allreduce"),
+    "allreduce": ("alpha_mpi.bench.allreduce_bench", "declared-order allreduce (every realization, auto) vs MPI_Allreduce"),
     "dot": ("alpha_mpi.bench.dot_bench", "sum/dot of distributed arrays (pairwise over global indices) vs MPI_Allreduce(np.dot)"),
     "train": ("alpha_mpi.bench.train_bench", "data-parallel training step time"),
+    "calibrate": ("alpha_mpi.bench.calibrate", "measure the α, β, γ of auto's cost model (writes a JSON for ALPHA_MPI_CALIBRATION)"),
     "torch": ("alpha_mpi.bench.torch_bench", "alpha_mpi.torch vs torch DDP (gloo) step time (needs .[torch])"),
 }
 

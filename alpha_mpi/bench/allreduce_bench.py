@@ -1,13 +1,14 @@
 """`alpha-mpi bench allreduce`: declared-order allreduce against MPI_Allreduce, OSU/IMB style.
 
     mpiexec -n 2 python -m alpha_mpi.bench allreduce [--sizes 8,1K,1M,64M] [--iters 100]
-        [--warmup 3] [--realizations auto,tree,scatter] [--topology star|hierarchy:K]
+        [--warmup 3] [--realizations auto,butterfly,halving,...] [--topology pairwise|star|hierarchy:K]
         [--json out.json] [--plot out.png]
 
 For each size, in one run and interleaved iteration by iteration (so that drift and other load
 on a shared machine hit every variant alike): MPI_Allreduce (the reference; baseline.py), torch
 gloo all_reduce where torch is importable, and alpha_mpi's realizations of one declared tree
-(`auto` shows which one it chose). Every iteration is preceded by a Barrier; the timed region is
+(`auto` shows which one it chose; a realization that cannot realize the tree on this many ranks
+is skipped with a note). Every iteration is preceded by a Barrier; the timed region is
 the combine call alone. Per rank the statistic (mean by default, --stat median on a noisy
 machine) of the iterations is taken; t_min / t_avg / t_max are the minimum / mean / maximum of
 that over ranks, algbw = bytes / t_max, busbw = algbw * 2(p-1)/p, ratio = t_max / t_max of
@@ -21,7 +22,8 @@ coordinates. A mismatch marks the row and makes the command exit 1.
 At --model-size (default 64 MiB) a memory-bandwidth model line is printed: the measured time of
 copy + add + copy for this rank's share (np.copyto of the (p-1)/p*n coordinates a rank receives,
 the kernel's fused add of the p pieces of its chunk, np.copyto of the (p-1)/p*n coordinates it
-gathers), run on all ranks at once, and the ratio of the scatter realization to it.
+gathers), run on all ranks at once, and the ratio of the best bandwidth realization (halving or
+scatter) to it.
 """
 
 from __future__ import annotations
@@ -100,7 +102,7 @@ def make_parser(rank: int) -> argparse.ArgumentParser:
     p = _Parser(
         rank,
         prog="alpha-mpi bench allreduce",
-        description="Declared-order allreduce (tree, scatter, auto) vs MPI_Allreduce, bits checked every iteration.",
+        description="Declared-order allreduce (every realization, auto) vs MPI_Allreduce, bits checked every iteration.",
         epilog="Run under mpiexec -n P. benchmarks/sweep_allreduce.sh runs it once per MPICH algorithm and rank count.",
     )
     p.add_argument("--sizes", type=parse_sizes, default=DEFAULT_SIZES,
@@ -108,10 +110,12 @@ def make_parser(rank: int) -> argparse.ArgumentParser:
     p.add_argument("--iters", type=int, default=100, help="timed iterations up to 1 MiB (default 100)")
     p.add_argument("--min-iters", type=int, default=10, help="timed iterations at least, for big sizes (default 10)")
     p.add_argument("--warmup", type=int, default=3, help="untimed iterations per size (default 3)")
-    p.add_argument("--realizations", default="auto,tree,scatter", help="alpha_mpi realizations to run (default auto,tree,scatter)")
-    p.add_argument("--topology", default="star", help="star | star:HUB | hierarchy:K (default star)")
+    p.add_argument("--realizations", default="auto,butterfly,halving,replicate,tree,scatter",
+                   help="alpha_mpi realizations to run (default: auto and every one that applies)")
+    p.add_argument("--topology", default="pairwise", help="pairwise | star | star:HUB | hierarchy:K (default pairwise)")
     p.add_argument("--slots-per-rank", type=int, default=1, help="leaves per rank (default 1)")
-    p.add_argument("--crossover", type=parse_size, default=None, help="bytes from which auto uses scatter (default: env / built-in)")
+    p.add_argument("--calibration", default=None, metavar="FILE",
+                   help="α, β, γ for auto's cost model (default ALPHA_MPI_CALIBRATION or built-in; see bench calibrate)")
     p.add_argument("--segment", type=int, default=None, help="scatter segment length in elements (default: built-in)")
     p.add_argument("--stat", choices=("mean", "median", "min"), default="mean", help="per-rank statistic (default mean)")
     p.add_argument("--oracle", type=int, default=4096, help="coordinates checked against the oracle (default 4096)")
@@ -179,7 +183,7 @@ class _Alpha:
     def __init__(self, comm, tree, n, realization, args, mine):
         from ..execution import Allreducer
 
-        self.a = Allreducer(comm, tree, n, realization=realization, crossover_bytes=args.crossover, segment=args.segment)
+        self.a = Allreducer(comm, tree, n, realization=realization, segment=args.segment, calibration=args.cal)
         self.requested = realization
         self.name = f"auto({self.a.realization})" if realization == "auto" else realization
         self.out = np.empty(n)
@@ -266,18 +270,20 @@ def bandwidth_model(comm, n: int, reps: int, how: str) -> dict:
 def cmd(comm, argv) -> int:
 
     from .. import oracle
-    from ..execution.allreduce import crossover_from_env, default_crossover
     from ..model import build
-    from ..planning.scatter_plan import DEFAULT_SEGMENT
+    from ..planning import plan
+    from ..planning.cost import load_calibration
+    from ..planning.gather import DEFAULT_SEGMENT
+    from ..planning.realize import REALIZATIONS, applicable
     from . import baseline
 
     rank, p = comm.Get_rank(), comm.Get_size()
     parser = make_parser(rank)
     args = parser.parse_args(argv)
     reals = [r.strip() for r in args.realizations.split(",") if r.strip()]
-    bad = [r for r in reals if r not in ("auto", "tree", "scatter")]
+    bad = [r for r in reals if r not in ("auto",) + REALIZATIONS]
     if bad or not reals:
-        parser.error(f"--realizations takes auto, tree, scatter; got {args.realizations!r}")
+        parser.error(f"--realizations takes auto, {', '.join(REALIZATIONS)}; got {args.realizations!r}")
     if args.iters < 1 or args.min_iters < 1 or args.warmup < 0 or args.slots_per_rank < 1:
         parser.error("--iters, --min-iters and --slots-per-rank must be >= 1, --warmup >= 0")
     if args.spin:
@@ -292,10 +298,13 @@ def cmd(comm, argv) -> int:
     except Exception as e:
         parser.error(f"--topology: {e}")
     gloo = (not args.no_gloo) and baseline.gloo_available()
-    crossover = crossover_from_env(args.crossover, p)
+    args.cal = load_calibration(args.calibration)
+    why = applicable(plan(tree, None, 1, size=p))
+    skipped = [r for r in reals if r != "auto" and why[r] is not None]
+    reals = [r for r in reals if r == "auto" or why[r] is None]
     config = {
         "topology": args.topology, "slots_per_rank": args.slots_per_rank, "realizations": reals,
-        "crossover_bytes": crossover, "default_crossover_bytes": default_crossover(p),
+        "skipped": {r: why[r] for r in skipped}, "calibration": args.cal.to_dict(),
         "segment": args.segment or DEFAULT_SEGMENT, "stat": args.stat, "iters": args.iters,
         "min_iters": args.min_iters, "warmup": args.warmup, "mpi_allreduce_algorithm": baseline.mpi_algorithm(),
         "spin": bool(os.environ.get("ALPHA_MPI_SPIN", "") not in ("", "0")), "gloo": gloo,
@@ -305,9 +314,11 @@ def cmd(comm, argv) -> int:
     say(f"# machine: host={info['hostname']} cpu={info['cpu']!r} cores={info['cores']} mpi={info['mpi']!r} p={p}"
         + ("  (OVERSUBSCRIBED: more ranks than cores)" if info["oversubscribed"] else ""))
     say(f"# MPI_Allreduce algorithm: {config['mpi_allreduce_algorithm']} (MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM)   "
-        f"topology={args.topology} slots/rank={args.slots_per_rank} crossover={crossover} B "
+        f"topology={args.topology} slots/rank={args.slots_per_rank} calibration={args.cal.source!r} "
         f"segment={config['segment']} stat={args.stat} spin={'on' if config['spin'] else 'off'}"
         f"{'' if gloo else '   gloo: skipped (torch not importable)' if not args.no_gloo else ''}")
+    for r in skipped:
+        say(f"# skipped {r}: {why[r]}")
     say("# t_* = min/avg/max over ranks of each rank's per-iteration " + args.stat
         + "; algbw = bytes/t_max; busbw = algbw*2(p-1)/p; ratio = t_max / t_max(MPI_Allreduce)")
     head = f"#{'bytes':>11s}  {'realization':<15s}{'t_min[us]':>11s}{'t_avg[us]':>11s}{'t_max[us]':>11s}" \
@@ -367,7 +378,7 @@ def cmd(comm, argv) -> int:
         comm.Allreduce(verdict, worst_ok, op=_MPI.MIN)
         size_ok = bool(worst_ok[0] == 1.0)
         all_ok &= size_ok
-        if size == args.model_size and any(a.a.realization == "scatter" for a in alphas):
+        if size == args.model_size and any(a.a.realization in ("scatter", "halving") for a in alphas):
             model = bandwidth_model(comm, n, max(3, min(iters, 10)), args.stat)
         for v in variants:
             v.close()
@@ -394,14 +405,15 @@ def cmd(comm, argv) -> int:
                     "bits_equal_declared": mpi_same if v.name == "MPI_Allreduce" else None,
                 })
     if model is not None and rank == 0:
-        sc = [r for r in results if r["bytes"] == args.model_size and r.get("chosen") == "scatter"]
+        sc = [r for r in results if r["bytes"] == args.model_size and r.get("chosen") in ("scatter", "halving")]
         best = min(sc, key=lambda r: r["t_max_us"]) if sc else None
-        model["scatter_t_max_us"] = best["t_max_us"] if best else None
+        model["bandwidth_t_max_us"] = best["t_max_us"] if best else None
+        model["bandwidth_realization"] = best["chosen"] if best else None
         model["ratio"] = (best["t_max_us"] / (model["total"] * 1e6)) if best else None
         say(f"# memory-bandwidth model at {human(args.model_size)}B p={p}: copy {model['copy_in'] * 1e6:.0f} us + "
             f"add {model['add'] * 1e6:.0f} us + copy {model['copy_out'] * 1e6:.0f} us = {model['total'] * 1e6:.0f} us "
             f"(np.copyto of {model['moved_elements']} + kernel add of {p} x {model['share_elements']} + np.copyto of "
-            f"{model['moved_elements']} elements, all ranks at once); scatter {best['t_max_us']:.0f} us = "
+            f"{model['moved_elements']} elements, all ranks at once); {best['realization']} {best['t_max_us']:.0f} us = "
             f"{model['ratio']:.2f} x model" if best else "")
     if not all_ok:
         say("# BITS MISMATCH: an alpha_mpi realization disagreed with another or with the oracle")

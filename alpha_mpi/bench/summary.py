@@ -92,7 +92,7 @@ def summarize(runs) -> str:
             lines.append(
                 f"# memory-bandwidth model at {human(model['bytes'])}B p={p}: copy {model['copy_in'] * 1e6:.0f} + add "
                 f"{model['add'] * 1e6:.0f} + copy {model['copy_out'] * 1e6:.0f} = {model['total'] * 1e6:.0f} us; scatter "
-                f"{model['scatter_t_max_us']:.0f} us = {model['ratio']:.2f}x model"
+                f"{model.get('bandwidth_t_max_us', model.get('scatter_t_max_us')):.0f} us = {model['ratio']:.2f}x model"
             )
             if p == 2:
                 targets["<= 1.15x memory-bandwidth model at 64 MiB p=2"].append((p, model["bytes"], model["ratio"]))

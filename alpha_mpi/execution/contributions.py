@@ -28,7 +28,13 @@ def check_contributions(contributions, slots, rank: int, count: int, layout_key:
     out = {}
     for slot, value in contributions.items():
         if isinstance(value, tuple):
-            parts = [np.ravel(np.asarray(p, dtype=np.float64)) for p in value]
+            # Parts are checked like a bare payload: a float32 / int / complex part converted
+            # here would be a silent conversion site the contract does not name.
+            for i, part in enumerate(value):
+                if not isinstance(part, np.ndarray) or part.dtype != np.float64:
+                    raise Refusal("dtype-invalid", f"slot {slot}: part {i} of the tuple must be a float64 array, got "
+                                  f"{getattr(part, 'dtype', type(part).__name__)}")
+            parts = [np.ravel(p) for p in value]
             arr = np.concatenate(parts) if len(parts) > 1 else parts[0]
         else:
             arr = value

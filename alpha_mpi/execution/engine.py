@@ -31,7 +31,7 @@ from mpi4py import MPI
 from .. import kernel
 from ..planning.builder import is_split
 from ..planning.program import Program
-from ..refusals import KernelRefusal, PlanRefusal, Refusal
+from ..refusals import FrameRefusal, KernelRefusal, PlanRefusal, Refusal
 from . import frames as fr
 from .contributions import check_contributions, refuse_nonfinite
 from .transport import TAG_BASE, Waiter, cancel_receives, debug_enabled, library_comm, log, mark_broken
@@ -334,7 +334,11 @@ class Engine:
                     log(rank, f"send -> {x.peer} {x.what} step {step} {fr.HEADER + 8 * x.m.count}B")
             elif k == W:
                 x = op[1]
-                waiter.wait(x.hreq, x.status, x.peer, x.what, step, timeout)
+                try:
+                    waiter.wait(x.hreq, x.status, x.peer, x.what, step, timeout)
+                except FrameRefusal as e:  # truncated: a longer frame; its header may say whose
+                    x.spec.check(x.hbuf, step, x.nbytes + 8, split=x.split)
+                    raise e
                 got = x.status.Get_count(MPI.BYTE)
                 f = x.spec.fast_check(x.hmv, step) if got == x.nbytes else -1
                 if f < 0:

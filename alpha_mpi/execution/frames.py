@@ -138,9 +138,6 @@ class FrameSpec:
             raise FrameRefusal("frame-magic", f"{where}: magic {magic!r}, expected {MAGIC!r}", **ctx)
         if version != VERSION:
             raise FrameRefusal("frame-version", f"{where}: format version {version}, expected {VERSION}", **ctx)
-        if nbytes_received != expected_bytes:
-            raise FrameRefusal(
-                "frame-size-mismatch", f"{where}: {nbytes_received} bytes arrived, expected {expected_bytes}", **ctx)
         if topo != self.topology:
             raise FrameRefusal(
                 "frame-topology-mismatch",
@@ -165,6 +162,10 @@ class FrameSpec:
             )
         if fstep != step:
             raise FrameRefusal("frame-step-mismatch", f"{where}: frame is for step {fstep}", **ctx)
+        # The size last: a header that names another plan says so, whatever its size.
+        if nbytes_received != expected_bytes:
+            raise FrameRefusal(
+                "frame-size-mismatch", f"{where}: {nbytes_received} bytes arrived, expected {expected_bytes}", **ctx)
         if layout != self.layout or count != self.count:
             raise FrameRefusal(
                 "frame-size-mismatch",

@@ -27,12 +27,11 @@ import time
 import numpy as np
 
 from .. import kernel
-from ..execution import Allreducer, Assembler, Combiner
-from ..execution.scatter import ScatterCombiner
-from ..model import Layout, ReplicateAll, build, star
+from ..execution import Allreducer, Assembler, choose_realization
+from ..model import Layout, ReplicateAll, build, pairwise
 from ..planning import plan
 from ..planning.assembly import plan_assembly
-from ..planning.scatter_plan import ReduceScatter, plan_scatter
+from ..planning.realize import realize
 from ..refusals import KernelRefusal, Refusal
 from .optim import make_optimizer
 
@@ -63,7 +62,8 @@ class DataParallelLearner:
         slots: the number of logical micro-batch shards per step (>= the rank count). The
             combine tree is over slots, not ranks: slot s is owned by one rank (`my_slots`) and
             its (Σ gradients, Σ samples, Σ loss) enter the tree as leaf s.
-        topology: the slot tree: "star", "star:HUB", "hierarchy:K" (and whatever
+        topology: the slot tree: "pairwise" (default: a balanced tree over slots, realized by the
+            butterfly/halving algorithms on 2^k ranks), "star", "star:HUB", "hierarchy:K" (and whatever
             alpha_mpi.model.build accepts). Part of the numerical contract: two topologies are
             two contracts, and a checkpoint saved under one is refused under the other.
         optimizer: "adam" (adam-v1) or "sgd" (sgd-momentum-v1), the C kernel formulas whose
@@ -84,7 +84,7 @@ class DataParallelLearner:
     manifests as `alpha-mpi train --checkpoint-dir`, restorable on any rank count.
     """
 
-    def __init__(self, comm, model, *, slots: int, topology: str = "hierarchy:2", optimizer: str = "adam",
+    def __init__(self, comm, model, *, slots: int, topology: str = "pairwise", optimizer: str = "adam",
                  lr: float = 1e-3, momentum: float = 0.9, partition: str = "none", seed: int = 0,
                  timeout=None, init_params=None):
         if partition not in MODES:
@@ -115,8 +115,11 @@ class DataParallelLearner:
         self.payloads = {s: np.zeros(n + 3) for s in self.my_slots}
         # Coordinate ranges of the partitioned modes: the reduce-scatter chunks of the payload,
         # clipped to the n parameters (the last chunk also holds the mass and loss words).
-        self.splan = plan_scatter(self.full_plan, ReduceScatter())
-        self.ranges = [(r, min(lo, n), min(hi, n)) for r, (lo, hi) in enumerate(self.splan.chunks) if min(hi, n) > min(lo, n)]
+        # The reduce-scatter realization (halving on a pairwise tree over 2^k ranks, else scatter)
+        # fixes the chunks, and so each rank's coordinate range in the partitioned modes.
+        self.rs_realization, _ = choose_realization(self.full_plan, "auto", "reduce-scatter")
+        self.chunks = realize(self.full_plan, self.rs_realization, mode="reduce-scatter").chunks
+        self.ranges = [(r, min(lo, n), min(hi, n)) for r, (lo, hi) in enumerate(self.chunks) if min(hi, n) > min(lo, n)]
         a, b = self.own = next(((a, b) for r, a, b in self.ranges if r == self.rank), (0, 0))
         full = model.init(seed) if init_params is None else np.array(init_params, dtype=np.float64)
         self.params = full if partition != "params" else full[a:b].copy()
@@ -129,10 +132,12 @@ class DataParallelLearner:
         else:
             # Reduced gradients exist only at their owner: reduce-scatter, then the two scalar
             # words (mass, loss) from the rank holding them to all (adding zeros is exact).
-            self.reducer = ScatterCombiner(comm, self.splan, timeout=timeout, contract=cd)
-            lo, hi = self.splan.chunks[self.rank]
+            self.reducer = Allreducer(comm, self.full_plan, realization=self.rs_realization, mode="reduce-scatter",
+                                      timeout=timeout, contract=cd)
+            lo, hi = self.chunks[self.rank]
             self.reduced = np.empty(hi - lo)
-            self.scalars = Combiner(comm, plan(star(range(self.size), self.size), ReplicateAll(), 3, size=self.size),
+            # One rank holds each word and the others add zeros (exact), so any tree gives these bits.
+            self.scalars = Allreducer(comm, plan(pairwise(range(self.size), self.size), ReplicateAll(), 3, size=self.size),
                                     timeout=timeout, contract=cd)
         self.assembler = None
         if partition != "none":
@@ -142,7 +147,7 @@ class DataParallelLearner:
         self.step = 0
         self.times = {"compute": 0.0, "combine": 0.0, "update": 0.0}
         self.order_id = self.full_plan.order_id
-        self.realization = getattr(self.reducer, "realization", "scatter (reduce-scatter)")
+        self.realization = self.reducer.realization + (" (reduce-scatter)" if partition in ("grads", "params") else "")
 
     # ------------------------------------------------------------------------------------------
     def full_params(self) -> np.ndarray:

@@ -24,7 +24,7 @@ class TrainConfig:
     optimizer: str = "adam"
     lr: float = 2e-3
     momentum: float = 0.9
-    topology: str = "hierarchy:2"
+    topology: str = "pairwise"
     partition: str = "none"
     seed: int = 0
     hidden: int = 700

@@ -13,6 +13,7 @@ expression strings are built.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, field
 
 from ..model.tree import Leaf, postorder
@@ -75,34 +76,57 @@ def _fail(msg):
 
 
 class _Store:
-    """One rank's buffers: per buffer a sorted list of intervals (offset, count, coord, expr)."""
+    """One rank's buffers: per buffer a sorted list of disjoint intervals (offset, count, coord,
+    expr) and the list of their offsets (for bisection)."""
 
     def __init__(self):
         self.iv: dict = {}
+        self.starts: dict = {}
+
+    def set(self, buf, intervals):
+        self.iv[buf] = intervals
+        self.starts[buf] = [o for o, _, _, _ in intervals]
 
     def write(self, region, pieces):
         """`pieces`: list of (offset within region, count, coord, expr)."""
         old = self.iv.get(region.buf, [])
         lo, hi = region.offset, region.offset + region.count
-        keep = []
-        for (o, c, crd, e) in old:
-            if o + c <= lo or o >= hi:
-                keep.append((o, c, crd, e))
-                continue
-            if o < lo:
-                keep.append((o, lo - o, crd, e))
-            if o + c > hi:
-                keep.append((hi, o + c - hi, crd + (hi - o), e))
-        keep.extend((lo + po, pc, crd, e) for po, pc, crd, e in pieces)
-        keep.sort()
-        self.iv[region.buf] = keep
+        i = max(0, bisect_right(self.starts.get(region.buf, []), lo) - 1)
+        keep = old[:i]
+        j = i
+        while j < len(old) and old[j][0] < hi:
+            o, c, crd, e = old[j]
+            if o + c <= lo:
+                keep.append(old[j])
+            else:
+                if o < lo:
+                    keep.append((o, lo - o, crd, e))
+                if o + c > hi:
+                    keep.append((hi, o + c - hi, crd + (hi - o), e))
+            j += 1
+        new = [(lo + po, pc, crd, e) for po, pc, crd, e in pieces]
+        merged = sorted(keep[i:] + new) if keep[i:] else new
+        # Coalesce neighbours holding one expression over consecutive coordinates, so a result
+        # gathered piece by piece reads back as one interval.
+        out = keep[:i]
+        for iv in merged + old[j:]:
+            if out and out[-1][0] + out[-1][1] == iv[0] and out[-1][2] + out[-1][1] == iv[2] and out[-1][3] == iv[3]:
+                o, c, crd, e = out[-1]
+                out[-1] = (o, c + iv[1], crd, e)
+            else:
+                out.append(iv)
+        self.set(region.buf, out)
 
     def read(self, region, what):
         """Pieces (offset within region, count, coord, expr) covering region, or fail."""
         lo, hi = region.offset, region.offset + region.count
+        ivs = self.iv.get(region.buf, [])
+        i = max(0, bisect_right(self.starts.get(region.buf, []), lo) - 1)
         out, pos = [], lo
-        for (o, c, crd, e) in self.iv.get(region.buf, []):
-            if o + c <= lo or o >= hi:
+        while i < len(ivs) and ivs[i][0] < hi:
+            o, c, crd, e = ivs[i]
+            i += 1
+            if o + c <= lo:
                 continue
             a, b = max(o, lo), min(o + c, hi)
             if a != pos:
@@ -132,7 +156,7 @@ def check(program, leaf_slots_count=None) -> Cost:
     stores = [_Store() for _ in range(p)]
     for r, rp in enumerate(ranks):
         for s in rp.slots:
-            stores[r].iv[f"L{s}"] = [(0, n, 0, it.leaf(s))]
+            stores[r].set(f"L{s}", [(0, n, 0, it.leaf(s))])
     pcs = [0] * p
     sent: dict = {}  # index -> pieces (snapshot)
     posted: set = set()

@@ -76,10 +76,14 @@ def estimate(tp, name: str, cal: Calibration, mode: str = "allreduce") -> float:
     return hops * (a + nb * b) + max(1, hops // 2) * nb * g
 
 
+# Ties (equal estimates) go to the realization with the simplest per-rank program.
+PREFERENCE = ("butterfly", "halving", "replicate", "tree", "scatter")
+
+
 def choose(tp, names, cal: Calibration, mode: str = "allreduce"):
     """(best name, {name: estimate}) among the applicable `names`."""
     est = {name: estimate(tp, name, cal, mode) for name in names}
-    return min(est, key=lambda k: (est[k], names.index(k))), est
+    return min(est, key=lambda k: (est[k], PREFERENCE.index(k))), est
 
 
 __all__ = ["Calibration", "load_calibration", "estimate", "choose", "ENV"]

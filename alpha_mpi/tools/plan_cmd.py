@@ -1,4 +1,4 @@
-"""`alpha-mpi plan`: show the tree, identities, each rank's schedule and the traffic. No MPI."""
+"""`alpha-mpi plan`: show a realization's per-rank schedule, traffic and modelled cost. No MPI."""
 
 from __future__ import annotations
 
@@ -7,6 +7,11 @@ import json
 from ..cli import subparser
 from ..model import DeliverTo, Layout, ReplicateAll, build
 from ..planning import plan, simulate
+from ..planning.check import check, count
+from ..planning.cost import estimate, load_calibration
+from ..planning.realize import REALIZATIONS, applicable, realize
+
+SHOWN_RANKS = 16  # schedules printed in text form (the cost covers every rank)
 
 
 def run(argv) -> int:
@@ -17,19 +22,60 @@ def run(argv) -> int:
     p.add_argument("--deliver-to", type=int, default=None, metavar="R", help="deliver only to rank R (default: replicate to all)")
     p.add_argument("--elements", type=int, default=1, help="payload elements per contribution (default 1)")
     p.add_argument("--mass", action="store_true", help="add a one-element 'mass' component (Σ samples)")
+    p.add_argument("--realization", choices=REALIZATIONS, default="tree",
+                   help="which realization of the tree to plan (default tree: reduce up, deliver down)")
+    p.add_argument("--reduce-scatter", action="store_true", help="plan the reduce-scatter form (halving or scatter)")
+    p.add_argument("--cost", action="store_true",
+                   help="print per-rank sends, bytes and rounds, and the α–β–γ estimate of every applicable realization")
+    p.add_argument("--check", action="store_true",
+                   help="also run the program symbolically on every rank (every receiver must end with the tree)")
+    p.add_argument("--calibration", default=None, metavar="FILE", help="α, β, γ from FILE (default ALPHA_MPI_CALIBRATION or built-in)")
     p.add_argument("--format", choices=("text", "json", "dot"), default="text")
     a = p.parse_args(argv)
     layout = Layout.weighted(a.elements) if a.mass else Layout.vector(a.elements)
     tree = build(a.topology, a.slots, a.ranks)
     delivery = ReplicateAll() if a.deliver_to is None else DeliverTo(a.deliver_to)
-    pl = plan(tree, delivery, layout, size=a.ranks)
-    traffic = simulate(pl)
+    tp = plan(tree, delivery, layout, size=a.ranks)
+    mode = "reduce-scatter" if a.reduce_scatter else "allreduce"
+    if a.realization == "tree" and not a.reduce_scatter and not a.cost and not a.check:
+        return _tree(tp, a.format)  # the tree realization's own, detailed form
+    prog = realize(tp, a.realization, mode=mode)
+    cost = check(prog) if a.check else count(prog)
+    cal = load_calibration(a.calibration)
+    est = {k: estimate(tp, k, cal, mode) for k, why in applicable(tp, mode).items() if why is None}
     if a.format == "json":
-        d = pl.to_dict()
+        d = prog.to_dict(range(min(prog.size, SHOWN_RANKS)) if prog.size > SHOWN_RANKS else None)
+        d.update(cost.to_dict())
+        d["estimate_s"] = est.get(a.realization)
+        d["estimates_s"] = est
+        d["calibration"] = cal.to_dict()
+        d["checked"] = bool(a.check)
+        print(json.dumps(d, indent=2))
+        return 0
+    if a.format == "dot":
+        print(tp.to_dot())
+        return 0
+    shown = range(min(prog.size, SHOWN_RANKS))
+    print(prog.describe(shown))
+    if prog.size > SHOWN_RANKS:
+        print(f"  ... {prog.size - SHOWN_RANKS} more ranks")
+    print(f"cost ({a.realization}, {mode}):")
+    print(f"  rounds {cost.rounds}   sends/rank max {cost.sends_per_rank_max}   bytes/rank max "
+          f"{cost.bytes_per_rank_max}   adds/rank max {cost.adds_per_rank_max}" + ("   (checked symbolically)" if a.check else ""))
+    print(f"  model ({cal.source}: α {cal.alpha * 1e6:.2f} us, β {cal.beta * 1e9:.3f} ns/B, γ {cal.gamma * 1e9:.3f} ns/B):")
+    for k, v in sorted(est.items(), key=lambda kv: kv[1]):
+        print(f"    {k:<10s} {v * 1e6:12.2f} us" + ("   <-- this plan" if k == a.realization else ""))
+    return 0
+
+
+def _tree(tp, fmt) -> int:
+    traffic = simulate(tp)
+    if fmt == "json":
+        d = tp.to_dict()
         d["traffic"] = traffic.to_dict()
         print(json.dumps(d, indent=2))
-    elif a.format == "dot":
-        print(pl.to_dot())
+    elif fmt == "dot":
+        print(tp.to_dot())
     else:
-        print(pl.describe(traffic))
+        print(tp.describe(traffic))
     return 0

@@ -47,7 +47,8 @@ def parser():
     p.add_argument("--lr", type=_real(0.0), default=None, help="learning rate (default 2e-3 for adam, 0.05 for sgd)")
     p.add_argument("--momentum", type=_real(0.0, 1.0, lo_open=False), default=0.9,
                    help="SGD momentum in [0, 1) (default 0.9; 0 = plain SGD)")
-    p.add_argument("--topology", default="hierarchy:2", help="star | hierarchy:K (default hierarchy:2)")
+    p.add_argument("--topology", default="pairwise",
+                   help="pairwise | star | star:HUB | hierarchy:K (default pairwise: a balanced tree over the slots)")
     p.add_argument("--partition", choices=("none", "state", "grads", "params"), default="none",
                    help="shard optimizer state, gradients or parameters (all bit-identical; default none)")
     p.add_argument("--seed", type=_at_least(0), default=0)

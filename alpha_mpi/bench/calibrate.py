@@ -1,0 +1,78 @@
+"""`alpha-mpi bench calibrate`: measure the α, β, γ of `auto`'s cost model on this machine.
+
+    mpiexec -n 2 alpha-mpi bench calibrate --out calibration.json
+    export ALPHA_MPI_CALIBRATION=$PWD/calibration.json      # then every rank reads the same file
+
+α (seconds per message round): the time of a one-element exchange through alpha_mpi's executor
+(butterfly on a power-of-two rank count, replicate otherwise), divided by its rounds. β (seconds
+per byte moved): a large exchange between ranks 0 and 1 (mpi4py buffer Sendrecv). γ (seconds per
+byte added): the kernel's add of two large vectors. Each figure is the median of --iters runs,
+the worst over ranks. The harness times with Barrier and reduces its timings with buffer
+collectives (never data of a combine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+
+def _median(f, iters, comm):
+    ts = []
+    for _ in range(iters):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        f()
+        ts.append(time.perf_counter() - t0)
+    mine = np.array([float(np.median(ts))])
+    worst = np.empty(1)
+    comm.Allreduce(mine, worst, op=MPI.MAX)  # harness timing
+    return float(worst[0])
+
+
+def cmd(comm, argv) -> int:
+    from .. import kernel
+    from ..execution import Allreducer
+    from ..model import pairwise
+
+    rank, p = comm.Get_rank(), comm.Get_size()
+    parser = argparse.ArgumentParser(prog="alpha-mpi bench calibrate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, metavar="FILE", help="write the calibration JSON here (rank 0)")
+    parser.add_argument("--iters", type=int, default=200, help="runs per figure (default 200)")
+    parser.add_argument("--mib", type=int, default=8, help="MiB moved / added for β and γ (default 8)")
+    try:
+        a = parser.parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+    if p < 2:
+        if rank == 0:
+            print("alpha-mpi bench calibrate: run it under mpiexec -n 2 or more (it measures messages)")
+        return 2
+    small = Allreducer(comm, pairwise(range(p), p), 1)
+    x = np.ones(1)
+    for _ in range(10):
+        small.run({rank: x})
+    alpha = _median(lambda: small.run({rank: x}), a.iters, comm) / max(1, small.plan.rounds)
+    n = (a.mib << 20) // 8
+    buf, got = np.ones(n), np.empty(n)
+    peer = {0: 1, 1: 0}.get(rank)
+
+    def exchange():
+        if peer is not None:
+            comm.Sendrecv(buf, dest=peer, recvbuf=got, source=peer)
+
+    beta = _median(exchange, max(5, a.iters // 20), comm) / (8 * n)
+    y = np.ones(n)
+    gamma = _median(lambda: kernel.add(got, buf, y), max(5, a.iters // 20), comm) / (8 * n)
+    doc = {"alpha": alpha, "beta": beta, "gamma": gamma, "ranks": p, "host": MPI.Get_processor_name(),
+           "mpi": MPI.Get_library_version().splitlines()[0].strip(), "measured_with": small.realization}
+    if rank == 0:
+        with open(a.out, "w") as f:
+            json.dump(doc, f, indent=2)
+        print(f"alpha {alpha * 1e6:.2f} us/round   beta {beta * 1e9:.3f} ns/B   gamma {gamma * 1e9:.3f} ns/B  -> {a.out}")
+    small.free()
+    return 0

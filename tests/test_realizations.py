@@ -1,0 +1,191 @@
+"""Every realization of a declared tree, planned and run symbolically in one process (no MPI).
+
+The symbolic checker executes every rank's program with interned expressions: each receiver must
+end with exactly the declared tree in every coordinate, no rank may wait forever, and no region
+may be touched while a receive into it is pending or written while a send from it is in flight.
+"""
+
+import json
+import random
+
+import pytest
+
+from alpha_mpi import Branch, DeliverTo, Leaf, Refusal, hierarchy, pairwise, plan, star
+from alpha_mpi.model import leaf_sequence
+from alpha_mpi.planning.check import check, count
+from alpha_mpi.planning.cost import Calibration, choose, estimate, load_calibration
+from alpha_mpi.planning.program import Eval, Op
+from alpha_mpi.planning.realize import REALIZATIONS, applicable, realize
+
+
+def random_tree(slots, size, seed):
+    rng = random.Random(seed)
+    nodes = [Leaf(s, rng.randrange(size)) for s in slots]
+    while len(nodes) > 1:
+        i = rng.randrange(len(nodes) - 1)
+        a, b = nodes[i], nodes[i + 1]
+        nodes[i:i + 2] = [Branch(a, b, rng.choice([a.owner, b.owner]))]
+    return nodes[0]
+
+
+TOPOLOGIES = {
+    "star": lambda s, p: star(range(s), p),
+    "hierarchy:2": lambda s, p: hierarchy(range(s), p, 2),
+    "hierarchy:3": lambda s, p: hierarchy(range(s), p, 3),
+    "pairwise": lambda s, p: pairwise(range(s), p),
+    "random": lambda s, p: random_tree(range(s), p, seed=7 * s + p),
+}
+
+
+@pytest.mark.parametrize("topology", sorted(TOPOLOGIES))
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("n", [1, 5, 9000])
+def test_every_applicable_realization_ends_with_the_declared_tree(topology, size, n):
+    for slots in (size, 2 * size, 8):
+        tree = TOPOLOGIES[topology](slots, size)
+        target = max(leaf.owner for leaf in leaf_sequence(tree))
+        for delivery in (None, DeliverTo(target)):
+            tp = plan(tree, delivery, n, size=size)
+            why = applicable(tp)
+            assert why["tree"] is why["scatter"] is why["replicate"] is None  # any tree
+            for name in REALIZATIONS:
+                if why[name] is not None:
+                    with pytest.raises(Refusal) as e:
+                        realize(tp, name)
+                    assert e.value.code == "realization-inapplicable" and "tree, scatter, replicate" in str(e.value)
+                    continue
+                prog = realize(tp, name, segment=3 if n < 100 else 4000)
+                check(prog)
+                assert prog.order_id == tp.order_id
+                assert prog.identity != tp.identity or name == "tree"
+
+
+@pytest.mark.parametrize("size", [1, 2, 4, 8])
+@pytest.mark.parametrize("n", [1, 7, 9000])
+def test_reduce_scatter_forms_end_with_their_chunk_of_the_tree(size, n):
+    for tree in (pairwise(range(2 * size), size), hierarchy(range(2 * size), size, 2)):
+        tp = plan(tree, None, n, size=size)
+        for name in ("halving", "scatter"):
+            if applicable(tp, "reduce-scatter")[name] is not None:
+                continue
+            prog = realize(tp, name, mode="reduce-scatter", segment=2 if n < 100 else 4000)
+            check(prog)
+            chunks = sorted(prog.chunks)
+            assert chunks[0][0] == 0 and chunks[-1][1] == n
+            assert all(a[1] == b[0] for a, b in zip(chunks, chunks[1:]))
+            assert max(b - a for a, b in chunks) - min(b - a for a, b in chunks) <= 1
+
+
+def test_butterfly_applies_exactly_to_balanced_rank_tops():
+    ok = plan(pairwise(range(16), 4), None, 4, size=4)
+    assert applicable(ok)["butterfly"] is None and applicable(ok)["halving"] is None
+    # A mirrored balanced top is still a butterfly (both partners add left then right).
+    mirrored = Branch(Branch(Leaf(1, 1), Leaf(0, 0), 1), Branch(Leaf(3, 3), Leaf(2, 2), 3), 1)
+    check(realize(plan(mirrored, None, 3, size=4), "butterfly"))
+    for tree, size, why in (
+        (pairwise(range(6), 3), 3, "not a power of two"),
+        (pairwise(range(6), 2), 2, "several operands"),  # blocks [0,3) [3,6) are not subtrees
+        (star(range(4), 4), 4, "not balanced"),
+        (hierarchy(range(8), 4, 2), 4, "several operands"),
+    ):
+        tp = plan(tree, None, 4, size=size)
+        assert why in applicable(tp)["butterfly"]
+        with pytest.raises(Refusal) as e:
+            realize(tp, "halving")
+        assert e.value.code == "realization-inapplicable" and e.value.context["applicable"] == [
+            "tree", "scatter", "replicate"]
+    with pytest.raises(Refusal) as e:
+        realize(ok, "tree", mode="reduce-scatter")
+    assert e.value.code == "realization-inapplicable"
+
+
+@pytest.mark.parametrize("name, sends", [("butterfly", 10), ("halving", 20), ("tree", None)])
+def test_1024_ranks_on_paper(name, sends):
+    tp = plan(pairwise(range(1024), 1024), None, 1024, size=1024)
+    cost = check(realize(tp, name))
+    if sends is not None:
+        assert cost.sends_per_rank_max == sends and cost.rounds == sends
+    if name == "halving":  # 2(p-1)/p of the vector per rank
+        assert cost.bytes_per_rank_max <= 2 * 8 * 1024
+
+
+def test_replicate_at_256_ranks_any_tree():
+    tp = plan(hierarchy(range(256), 256, 3), None, 1, size=256)
+    cost = check(realize(tp, "replicate"))
+    assert cost.rounds == 8 and cost.sends_per_rank_max == 8
+
+
+def test_the_checker_refuses_a_swapped_operand_and_a_write_under_a_send():
+    tp = plan(pairwise(range(4), 2), None, 3, size=2)
+    prog = realize(tp, "butterfly")
+    r0 = prog.rank(0)
+    ev = r0.evals[-1]
+    swapped = Eval((ev.inputs[1], ev.inputs[0]), ev.program, ev.output)
+    prog._ranks[0] = _replace(r0, evals=r0.evals[:-1] + (swapped,))
+    with pytest.raises(Refusal) as e:
+        check(prog)
+    assert e.value.code == "plan-simulation-failed" and "another expression" in str(e.value)
+    # The same data-flow with the first send's completion (D) moved to the end: an E then
+    # writes over the region the send still reads.
+    big = realize(plan(pairwise(range(2), 2), None, 9000, size=2), "butterfly")
+    r0 = big.rank(0)
+    assert any(o.kind == "D" for o in r0.ops)
+    ops = [o for o in r0.ops if o.kind != "D"] + [o for o in r0.ops if o.kind == "D"]
+    big._ranks[0] = _replace(r0, ops=tuple(ops))
+    check(big)  # one round: the E writes `out`, never the leaf it sends from, so still fine
+    four = realize(plan(pairwise(range(4), 4), None, 9000, size=4), "butterfly")
+    r0 = four.rank(0)
+    ops = [o for o in r0.ops if o.kind != "D"] + [o for o in r0.ops if o.kind == "D"]
+    four._ranks[0] = _replace(r0, ops=tuple(ops))
+    with pytest.raises(Refusal) as e:
+        check(four)
+    assert "still sent from" in str(e.value)
+
+
+def _replace(rp, **kw):
+    import dataclasses
+
+    return dataclasses.replace(rp, **kw)
+
+
+def test_ops_print_and_parse():
+    for text in ("P3", "S12", "W0", "D7", "E2", "C1", "F0"):
+        assert str(Op.parse(text)) == text
+    with pytest.raises(Refusal) as e:
+        Op.parse("X3")
+    assert e.value.code == "step-parse-error"
+
+
+def test_cost_model_prefers_latency_for_small_and_bandwidth_for_large_payloads():
+    cal = Calibration()
+    small = plan(pairwise(range(8), 4), None, 1, size=4)
+    large = plan(pairwise(range(8), 4), None, 8 << 20, size=4)
+    names = [k for k, v in applicable(small).items() if v is None]
+    assert choose(small, names, cal)[0] == "butterfly"
+    assert choose(large, names, cal)[0] == "halving"
+    other = plan(star(range(8), 3), None, 1, size=3)
+    assert choose(other, ["tree", "scatter", "replicate"], cal)[0] in ("replicate", "tree")
+    assert all(estimate(large, k, cal) > 0 for k in names)
+
+
+def test_calibration_file_changes_the_choice_and_a_bad_one_is_refused(tmp_path, monkeypatch):
+    f = tmp_path / "cal.json"
+    f.write_text(json.dumps({"alpha": 1.0, "beta": 0.0, "gamma": 0.0}))  # latency is all that costs
+    monkeypatch.setenv("ALPHA_MPI_CALIBRATION", str(f))
+    cal = load_calibration()
+    large = plan(pairwise(range(8), 4), None, 8 << 20, size=4)
+    assert choose(large, ["butterfly", "halving"], cal)[0] == "butterfly"
+    f.write_text('{"alpha": -1, "beta": 0, "gamma": 0}')
+    with pytest.raises(Refusal) as e:
+        load_calibration()
+    assert e.value.code == "calibration-invalid"
+    f.write_text("not json")
+    with pytest.raises(Refusal) as e:
+        load_calibration()
+    assert e.value.code == "calibration-invalid"
+
+
+def test_traffic_counts_without_simulation():
+    tp = plan(pairwise(range(8), 8), None, 100, size=8)
+    c = count(realize(tp, "butterfly"))
+    assert c.sends == [3] * 8 and c.bytes_sent == [3 * 800] * 8

@@ -92,6 +92,8 @@ class Engine:
         if any(r.buf == "out" for r in self._all_regions()):
             self._internal_out = np.zeros(n)
         self._zeros = None
+        self._bases, self._arrays, self._bound = {}, {}, {}
+        self._leaf_names = {s: f"L{s}" for s in self.slots}
         # Small results are computed in the internal buffer and copied to the caller's `out` once
         # the run succeeded, so a refused run leaves `out` as it was; results of 64 KiB and more
         # land in place (no copy), and `out` is unspecified after a refusal.
@@ -291,11 +293,19 @@ class Engine:
 
     def _walk(self, leaves, outarr, local, timeout):
         ffi, lib = self._ffi, self._lib
-        from_buffer, darr = ffi.from_buffer, self._darr
-        bases = {f"L{s}": from_buffer(darr, a) for s, a in leaves.items()}
-        arrays = {f"L{s}": a for s, a in leaves.items()}
+        bases, arrays, bound, names = self._bases, self._arrays, self._bound, self._leaf_names
+        # Pointers into the caller's arrays, rebuilt only when another array object comes
+        # (the learner and most loops pass the same buffers every step).
+        for s, a in leaves.items():
+            name = names[s]
+            if bound.get(name) is not a:
+                bound[name] = a
+                bases[name] = ffi.from_buffer(self._darr, a)
+            arrays[name] = a
         if outarr is not None:
-            bases["out"] = from_buffer(darr, outarr, True)
+            if bound.get("out") is not outarr:
+                bound["out"] = outarr
+                bases["out"] = ffi.from_buffer(self._darr, outarr, True)
             arrays["out"] = outarr
         step, waiter, debug, rank = self.step, self.waiter, self.debug, self.rank
         flags = fr.FLAG_REFUSED if local is not None else 0
@@ -424,6 +434,9 @@ class Engine:
                     except Exception:
                         pass
         self._msgs, self._table = {}, []
+        self._bound.clear()
+        self._bases.clear()
+        self._arrays.clear()
         if self._owns_comm:
             self._owns_comm = False
             self.comm.Free()

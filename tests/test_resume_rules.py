@@ -151,9 +151,13 @@ def test_lr_change_is_refused_unless_adopted_and_then_recorded(tmp_path):
 
 def test_other_data_is_refused(tmp_path):
     root = str(tmp_path / "ck")
-    saved_steps(root, cfg=dict(CFG, data="x.npz"), data={"samples": 300, "sha256": "a" * 64, "source": "x.npz"})
+    saved_steps(
+        root, cfg=dict(CFG, data="x.npz"), data={"samples": 300, "sha256": "a" * 64, "source": "x.npz"}
+    )
     with pytest.raises(Refusal) as e:
-        resume(root, cfg=dict(CFG, data="x.npz"), data={"samples": 300, "sha256": "b" * 64, "source": "x.npz"})
+        resume(
+            root, cfg=dict(CFG, data="x.npz"), data={"samples": 300, "sha256": "b" * 64, "source": "x.npz"}
+        )
     assert e.value.code == "checkpoint-data-mismatch"
     moved = {"samples": 300, "sha256": "a" * 64, "source": "moved/x.npz"}
     r, learner, _ = resume(root, cfg=dict(CFG, data="moved/x.npz"), data=moved)

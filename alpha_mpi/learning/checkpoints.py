@@ -24,6 +24,8 @@ import os
 
 from ..refusals import CheckpointRefusal
 
+__all__ = ["checkpointer", "save", "restore"]
+
 _ATTR = "_alpha_mpi_checkpointers"
 
 

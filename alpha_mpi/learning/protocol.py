@@ -30,6 +30,8 @@ import numpy as np
 
 from ..refusals import Refusal
 
+__all__ = ["Model", "check_model", "model_from_spec", "REQUIRED_METHODS"]
+
 
 @runtime_checkable
 class Model(Protocol):

@@ -22,6 +22,15 @@ import numpy as np
 
 from ..refusals import Refusal
 
+__all__ = [
+    "ModuleModel",
+    "summed_cross_entropy",
+    "require_torch",
+    "fix_environment",
+    "environment",
+    "check_environment",
+]
+
 
 def require_torch():
     """The `torch` module, or a `torch-unavailable` refusal naming the extra to install."""

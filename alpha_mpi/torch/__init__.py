@@ -24,3 +24,15 @@ require_torch()
 
 from ..learning.torch_model import ModuleModel, summed_cross_entropy  # noqa: E402,F401
 from .data_parallel import BUFFER_RULES, DataParallel, parameter_digest, torch_contract  # noqa: E402,F401
+
+__all__ = [
+    "BUFFER_RULES",
+    "DataParallel",
+    "ModuleModel",
+    "environment",
+    "fix_environment",
+    "parameter_digest",
+    "require_torch",
+    "summed_cross_entropy",
+    "torch_contract",
+]

@@ -26,6 +26,8 @@ from .convert import into64 as _into64
 
 torch = require_torch()
 
+__all__ = ["TorchCheckpointView"]
+
 
 def _jsonable(v):
     if isinstance(v, (bool, int, str)) or v is None:

@@ -12,6 +12,8 @@ import numpy as np
 from .. import kernel
 from ..refusals import KernelRefusal
 
+__all__ = ["into64", "from64", "flat"]
+
 
 def flat(t) -> np.ndarray:
     """A writable numpy view of a contiguous CPU tensor, flattened."""

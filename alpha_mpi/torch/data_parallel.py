@@ -49,6 +49,8 @@ from .convert import into64 as _into64
 
 torch = require_torch()
 
+__all__ = ["DataParallel", "torch_contract", "parameter_digest", "BUFFER_RULES"]
+
 BUFFER_RULES = ("refuse", "slot-mean")
 
 #: The round-once site of float32 models, as the contract names it (an operation: the profile's

@@ -189,3 +189,24 @@ def test_traffic_counts_without_simulation():
     tp = plan(pairwise(range(8), 8), None, 100, size=8)
     c = count(realize(tp, "butterfly"))
     assert c.sends == [3] * 8 and c.bytes_sent == [3 * 800] * 8
+
+
+def test_builders_name_their_shape_as_the_search_would():
+    from alpha_mpi.model.topology import classify, classify_slowly
+
+    for n in range(1, 41):
+        for t in [star(range(n)), pairwise(range(n))] + [hierarchy(range(n), None, k) for k in range(1, 7)]:
+            assert classify(t) == classify_slowly(t), (n, classify(t), classify_slowly(t))
+
+
+def test_planning_100000_slots_and_a_deep_hierarchy_stay_near_linear():
+    """A hang guard (generous bound), not a timing assertion: O(n^2) would take minutes."""
+    import subprocess
+    import sys
+
+    for args in (["--slots", "100000"], ["--slots", "16000", "--topology", "hierarchy:100000000"]):
+        r = subprocess.run([sys.executable, "-m", "alpha_mpi", "plan", "--ranks", "4", "--format", "json", *args],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        d = json.loads(r.stdout)
+        assert d["size"] == 4 and sum(d["traffic"]["sent_msgs"]) > 0

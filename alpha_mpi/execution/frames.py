@@ -145,6 +145,10 @@ class FrameSpec:
                 **ctx,
             )
         if order != self.order:
+            if count != self.count or layout != self.layout:  # the layout is part of the order id
+                raise FrameRefusal(
+                    "frame-size-mismatch",
+                    f"{where}: {count} elements of another payload layout, expected {self.count}", **ctx)
             raise FrameRefusal("frame-order-mismatch", f"{where}: order id {order.hex()}, expected {self.order.hex()}", **ctx)
         if ident != self.identity:
             raise FrameRefusal(

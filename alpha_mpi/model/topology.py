@@ -78,7 +78,7 @@ def star(slots, owners=None, hub=None) -> Node:
     acc: Node = Leaf(slots[0], place[0])
     for s, o in zip(slots[1:], place[1:]):
         acc = Branch(acc, Leaf(s, o), hub)
-    return acc
+    return _known(acc, "single" if len(slots) == 1 else "star")
 
 
 def hierarchy(slots, owners=None, fanout: int = 2) -> Node:
@@ -99,7 +99,7 @@ def hierarchy(slots, owners=None, fanout: int = 2) -> Node:
             acc = Branch(acc, sub[c], place[i])
             sub[c] = None
         sub[i] = acc
-    return sub[0]
+    return _known(sub[0], "single" if n == 1 else "star" if fanout >= n - 1 else f"hierarchy:{fanout}")
 
 
 def pairwise_split(lo: int, hi: int) -> int:
@@ -132,7 +132,8 @@ def pairwise(slots, owners=None) -> Node:
             done[(lo, hi)] = Branch(done.pop((lo, mid)), done.pop((mid, hi)), place[lo])
         else:
             stack.extend([(lo, hi, True), (mid, hi, False), (lo, mid, False)])
-    return done[(0, len(slots))]
+    n = len(slots)
+    return _known(done[(0, n)], "single" if n == 1 else "star" if n <= 3 else "pairwise")
 
 
 TOPOLOGIES = "pairwise | star | star:HUB | hierarchy:K"
@@ -175,7 +176,25 @@ def heap_preorder(n: int, k: int) -> list:
     return out
 
 
+# Shape names of trees the builders made, by order digest: classify() is then O(1) for them
+# (the builders know what classify's search would find; tests check that they agree).
+_SHAPES: dict = {}
+_SHAPES_MAX = 256
+
+
+def _known(tree: Node, name: str) -> Node:
+    if len(_SHAPES) >= _SHAPES_MAX:
+        _SHAPES.clear()
+    _SHAPES[tree._order] = name
+    return tree
+
+
 def classify(tree: Node) -> str:
+    name = _SHAPES.get(tree._order) if isinstance(tree, Node) else None
+    return name if name is not None else classify_slowly(tree)
+
+
+def classify_slowly(tree: Node) -> str:
     """Name the shape of a tree: 'single', 'star', 'pairwise', 'hierarchy:K' or 'custom'.
 
     Derived from the order (owners erased), so every rank names a tree's topology the same way

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..model.tree import expression
+from ..model.tree import Leaf, expression, postorder
 from ..refusals import PlanRefusal
 
 
@@ -78,6 +78,8 @@ def simulate(plan) -> Traffic:
     gvalue = {}
     result = {}
     pcs = [0] * size
+    ids: dict = {}
+    producer = {g.output[1]: g for g in groups if g.output[0] == "edge"}  # edge -> the group sending it
     t = Traffic(size, [0] * size, [0] * size, [0] * size, [0] * size)
 
     def run(r) -> bool:
@@ -93,11 +95,11 @@ def simulate(plan) -> Traffic:
                 for op in g.program:
                     if op == -1:
                         b, a = stack.pop(), stack.pop()
-                        stack.append(f"({a}+{b})")
+                        stack.append(ids.setdefault((a, b), len(ids)))
                         continue
                     kind, v = g.inputs[op]
                     if kind == "leaf":
-                        stack.append(f"s{v}")
+                        stack.append(ids.setdefault(("L", v), len(ids)))
                     elif kind == "edge":
                         if ("r", v) not in received[r]:
                             _fail(f"rank {r} evaluates g{g.index} before receiving edge {v}", plan, pcs, r)
@@ -118,7 +120,7 @@ def simulate(plan) -> Traffic:
                 if (s.phase, s.index) in inflight or (s.phase, s.index) in t.per_edge:
                     _fail(f"edge {s.phase}{s.index} sent twice", plan, pcs, r)
                 if s.phase == "r":
-                    g = next((g for g in groups if g.output == ("edge", s.index)), None)
+                    g = producer.get(s.index)
                     if g is None or g.index not in gvalue:
                         _fail(f"rank {r} sends edge {s.index} before computing it", plan, pcs, r)
                     value = gvalue[g.index]
@@ -154,13 +156,22 @@ def simulate(plan) -> Traffic:
     if inflight:
         _fail(f"frames sent but never received: {sorted(inflight)}", plan, pcs)
 
-    want = expression(plan.tree)
+    # Expressions are interned (a branch is the id of its operand pair): comparing with the
+    # declared tree is O(1) per rank and memory stays linear, never O(n^2) strings.
+    node_id = {}
+    for node in postorder(plan.tree):
+        node_id[id(node)] = (ids.setdefault(("L", node.slot), len(ids)) if isinstance(node, Leaf)
+                             else ids.setdefault((node_id[id(node.left)], node_id[id(node.right)]), len(ids)))
+    want = node_id[id(plan.tree)]
+    text = None
     for r in range(size):
         got = result.get(r) if r == plan.root_rank else received[r].get(("d", None))
         if r in plan.receivers:
             if got != want:
-                _fail(f"rank {r} would end with {got} instead of the declared {want}", plan, pcs, r)
-            t.results[r] = got
+                _fail(f"rank {r} would end with another expression than the declared {expression(plan.tree)}",
+                      plan, pcs, r)
+            text = text or expression(plan.tree)
+            t.results[r] = text
     if plan.root_rank not in result:
         _fail(f"root rank {plan.root_rank} never evaluates the root", plan, pcs, plan.root_rank)
     return t

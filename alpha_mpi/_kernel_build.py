@@ -208,6 +208,7 @@ int64_t ap_merge(const int64_t *a, int64_t ma, const int64_t *b, int64_t mb, int
                  int64_t cap, int64_t n, int32_t k);
 int ap_node_value(const double *x, const double *y, int64_t lo, int64_t hi, int64_t n,
                   double *value);
+int ap_block_value(const double *x, const double *y, int64_t s, int32_t portable, double *value);
 """
 
 

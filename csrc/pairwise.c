@@ -107,19 +107,21 @@ __attribute__((target("avx2"))) static double ap_small_avx2(const double *restri
 typedef double (*ap_small_fn)(const double *restrict, const double *restrict, int64_t,
                               double *restrict, double *restrict);
 
-static ap_small_fn ap_pick(int64_t s) {
+static ap_small_fn ap_pick(int64_t s, int portable) {
 #ifdef AP_HAVE_AVX2
-    if (s >= 16 && __builtin_cpu_supports("avx2")) return ap_small_avx2;
+    if (!portable && s >= 16 && __builtin_cpu_supports("avx2")) return ap_small_avx2;
 #endif
     (void)s;
+    (void)portable;
     return ap_small_c;
 }
 
 /* The balanced tree over s = 2^j terms: AP_BLOCK-term blocks combined by a binary carry,
  * which is the balanced tree above them (s / AP_BLOCK is a power of two). */
-static double ap_block(const double *x, const double *y, int64_t s, double *a, double *b) {
-    if (s <= AP_BLOCK) return ap_pick(s)(x, y, s, a, b);
-    const ap_small_fn small = ap_pick(AP_BLOCK);
+static double ap_block(const double *x, const double *y, int64_t s, double *a, double *b,
+                       int portable) {
+    if (s <= AP_BLOCK) return ap_pick(s, portable)(x, y, s, a, b);
+    const ap_small_fn small = ap_pick(AP_BLOCK, portable);
     double stack[64];
     int top = 0;
     uint64_t count = 0;
@@ -168,7 +170,7 @@ int64_t ap_summary(const double *const *xs, const double *const *ys, int32_t k,
         for (int32_t j = 0; j < k; j++) {
             const double *x = xs[j] + (pos - offset);
             const double *y = (ys && ys[j]) ? ys[j] + (pos - offset) : NULL;
-            ap_set(r + 2 + j, ap_block(x, y, (int64_t)size, a, b));
+            ap_set(r + 2 + j, ap_block(x, y, (int64_t)size, a, b, 0));
         }
         m = ap_carry(out, m + 1, n, k);
         pos += (int64_t)size;
@@ -232,5 +234,12 @@ int ap_node_value(const double *x, const double *y, int64_t lo, int64_t hi, int6
     int64_t m = ap_summary(xs, ys, 1, lo, hi - lo, n, rec, AP_CAPACITY, NULL);
     if (m != 1 || rec[0] != lo || rec[1] != hi) return AP_ERR_BAD_ARGUMENT;
     *value = ap_get(rec + 2);
+    return 0;
+}
+
+int ap_block_value(const double *x, const double *y, int64_t s, int32_t portable, double *value) {
+    if (!x || !value || s < 1 || (s & (s - 1))) return AP_ERR_BAD_ARGUMENT;
+    double a[AP_BLOCK / 2], b[AP_BLOCK / 4];
+    *value = ap_block(x, y, s, a, b, portable != 0);
     return 0;
 }

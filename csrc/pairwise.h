@@ -74,4 +74,9 @@ int64_t ap_merge(const int64_t *a, int64_t ma, const int64_t *b, int64_t mb, int
 int ap_node_value(const double *x, const double *y, int64_t lo, int64_t hi, int64_t n,
                   double *value);
 
+/* The balanced tree over s = 2^j terms starting at x (and y), with the lanes this CPU offers
+ * (portable == 0: AVX2 where present) or with the portable C lanes only (portable != 0, what
+ * AArch64 and pre-AVX2 x86 run). Both give the same bits; tests compare them on one machine. */
+int ap_block_value(const double *x, const double *y, int64_t s, int32_t portable, double *value);
+
 #endif

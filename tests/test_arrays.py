@@ -285,3 +285,22 @@ def test_nonfinite_refusal_names_the_global_index(self_comm):
     with pytest.raises(Refusal) as e:
         arrays.sum(self_comm, np.array([1.0, 2.0, np.inf]), 0, 3)
     assert "x[2] = inf" in str(e.value)
+
+
+@pytest.mark.parametrize("log2s", [0, 1, 3, 4, 5, 10, 11, 12, 16, 20])
+def test_portable_lanes_give_the_same_bits_as_the_fast_ones(log2s):
+    """The portable C lanes (what AArch64 and pre-AVX2 x86 run) and the lanes this CPU offers
+    (AVX2 here) evaluate the same balanced tree: the same bits, and the oracle's."""
+    from alpha_mpi.kernel import ffi, lib
+
+    s = 1 << log2s
+    x, y = data(s, seed=log2s)
+    px, py = ffi.from_buffer("double[]", x), ffi.from_buffer("double[]", y)
+    got = {}
+    for portable in (0, 1):
+        for name, yy in (("sum", ffi.NULL), ("dot", py)):
+            v = ffi.new("double *")
+            assert lib.ap_block_value(px, yy, s, portable, v) == 0
+            got[(name, portable)] = f64bits(v[0])
+    assert got[("sum", 0)] == got[("sum", 1)] == f64bits(pairwise(x.tolist()))
+    assert got[("dot", 0)] == got[("dot", 1)] == f64bits(oracle_dot(x.tolist(), y.tolist()))

@@ -73,22 +73,17 @@ def library_comm(comm):
     return comm.Dup()
 
 
-_OVERSUBSCRIBED: dict = {}
-
-
 def polls_before_yield(comm) -> int:
     """1 when this node runs more ranks of `comm` than it has cores, else POLLS_BEFORE_YIELD.
-    Collective over `comm` (a communicator-management call, no data) the first time per comm."""
-    key = comm.py2f()
-    v = _OVERSUBSCRIBED.get(key)
-    if v is None:
-        local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        try:
-            v = local.Get_size() > (os.cpu_count() or 1)
-        finally:
-            local.Free()
-        _OVERSUBSCRIBED[key] = v
-    return 1 if v else POLLS_BEFORE_YIELD
+    Collective over `comm` (a communicator-management call, no data). Never cached by handle:
+    MPI reuses freed handles, on some ranks and not others, and a cached answer would let those
+    ranks skip the collective while the rest wait for them."""
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        crowded = local.Get_size() > (os.cpu_count() or 1)
+    finally:
+        local.Free()
+    return 1 if crowded else POLLS_BEFORE_YIELD
 
 
 class Waiter:

@@ -88,11 +88,11 @@ def test_a_stopped_or_killed_peer_ends_the_job_by_itself(how):
     assert r.returncode not in (0, 124, 137), out  # non-zero, and not killed by our own timeout
     assert "completed without its peer" not in out
     if how == "stop":
-        # The survivors name what happened and the job is aborted at exit, not left hanging.
-        for rank in (0, 1):
-            m = re.search(rf"rank {rank}: peer-timeout after ([0-9.]+)s", out)
-            assert m, out
-            assert bound <= float(m.group(1)) < bound + 20.0
+        # A survivor names what happened and the job is aborted at exit, not left hanging (the
+        # first survivor's abort may end the other before its own bound runs out).
+        waits = [float(t) for t in re.findall(r"rank [01]: peer-timeout after ([0-9.]+)s", out)]
+        assert waits, out
+        assert all(bound <= t < bound + 20.0 for t in waits), out
         assert "aborting it with exit status 70" in out
     else:
         # A dead rank: the survivors name it (peer-failed / peer-timeout) or the launcher ends

@@ -190,6 +190,8 @@ def _known(tree: Node, name: str) -> Node:
 
 
 def classify(tree: Node) -> str:
+    """Name the shape of a tree: 'single', 'star', 'pairwise', 'hierarchy:K' or 'custom'
+    (O(1) for trees the builders made; see classify_slowly for the rules)."""
     name = _SHAPES.get(tree._order) if isinstance(tree, Node) else None
     return name if name is not None else classify_slowly(tree)
 

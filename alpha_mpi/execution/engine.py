@@ -352,7 +352,15 @@ class Engine:
                 got = x.status.Get_count(MPI.BYTE)
                 f = x.spec.fast_check(x.hmv, step) if got == x.nbytes else -1
                 if f < 0:
-                    f = x.spec.check(x.hbuf, step, got, split=x.split)
+                    try:
+                        f = x.spec.check(x.hbuf, step, got, split=x.split)
+                    except FrameRefusal as e:
+                        if e.code != "frame-checksum" or got == x.nbytes:
+                            raise
+                        # another size, and a header that did not arrive intact (some MPIs leave
+                        # a truncated receive's buffer undefined): the size is what is known
+                        raise FrameRefusal("frame-size-mismatch", f"{x.what} from rank {x.peer} (step {step}): "
+                                           f"{got} bytes arrived, expected {x.nbytes}", peer=x.peer, step=step) from None
                 if x.split:
                     waiter.wait(x.preq, x.pstatus, x.peer, x.what + " payload", step, timeout)
                     if x.pstatus.Get_count(MPI.BYTE) != 8 * x.m.count:

@@ -26,9 +26,11 @@ ENV = "ALPHA_MPI_CALIBRATION"
 
 @dataclass(frozen=True)
 class Calibration:
-    alpha: float = 12e-6  # s per message round
-    beta: float = 0.35e-9  # s per byte moved (about 2.9 GB/s through shared memory)
-    gamma: float = 0.25e-9  # s per byte added (about 4 GB/s for one fused add)
+    # `alpha-mpi bench calibrate` at p = 2 on the development machine (2-core KVM guest, MPICH
+    # 5.0.2); at p = 4 (oversubscribed) it measured alpha 53 us, beta 0.30 ns/B, gamma 0.28 ns/B.
+    alpha: float = 18.5e-6  # s per message round (Python + MPI)
+    beta: float = 0.18e-9  # s per byte moved (about 5.5 GB/s through shared memory)
+    gamma: float = 0.17e-9  # s per byte added (about 6 GB/s for one fused add)
     source: str = "built-in defaults (development machine)"
 
     def to_dict(self) -> dict:

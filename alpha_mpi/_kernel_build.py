@@ -97,9 +97,7 @@ def _refusal(message: str, **context) -> Exception:
 
 def forbidden(flags) -> list:
     """The flags among `flags` that would break bit reproducibility."""
-    return [
-        f for f in flags if f in FORBIDDEN_FLAGS or any(f.startswith(p) for p in FORBIDDEN_PREFIXES)
-    ]
+    return [f for f in flags if f in FORBIDDEN_FLAGS or any(f.startswith(p) for p in FORBIDDEN_PREFIXES)]
 
 
 def validate_extra_cflags(text: str | None, variable: str = ENV_CFLAGS) -> list:

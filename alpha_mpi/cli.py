@@ -60,7 +60,10 @@ def main(argv=None) -> int:
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
         parser.print_usage(sys.stderr)
-        print(f"alpha-mpi: error [usage] unknown command {name!r}; choose from {', '.join(COMMANDS)}", file=sys.stderr)
+        print(
+            f"alpha-mpi: error [usage] unknown command {name!r}; choose from {', '.join(COMMANDS)}",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     module = importlib.import_module(COMMANDS[name][0])
     try:

@@ -62,3 +62,31 @@ def world():
 
 def python():
     return sys.executable
+
+
+def random_tree(slots, size, seed):
+    """A random binary tree over `slots` in order, leaves and branches on random ranks."""
+    import random
+
+    from alpha_mpi import Branch, Leaf
+
+    rng = random.Random(seed)
+    nodes = [Leaf(s, rng.randrange(size)) for s in slots]
+    while len(nodes) > 1:
+        i = rng.randrange(len(nodes) - 1)
+        a, b = nodes[i], nodes[i + 1]
+        nodes[i : i + 2] = [Branch(a, b, rng.choice([a.owner, b.owner]))]
+    return nodes[0]
+
+
+def topologies():
+    """name -> builder(slots, ranks): the specification's shapes, pairwise, and a random tree."""
+    from alpha_mpi import hierarchy, pairwise, star
+
+    return {
+        "star": lambda s, p: star(range(s), p),
+        "hierarchy:2": lambda s, p: hierarchy(range(s), p, 2),
+        "hierarchy:3": lambda s, p: hierarchy(range(s), p, 3),
+        "pairwise": lambda s, p: pairwise(range(s), p),
+        "random": lambda s, p: random_tree(range(s), p, seed=7 * s + p),
+    }

@@ -6,18 +6,69 @@ The combine suite runs on it: if any code path used MPI_Allreduce & co. or a low
 
 FORBIDDEN = {
     # data collectives, blocking and non-blocking, and persistent/neighbourhood variants
-    "Allreduce", "Iallreduce", "Reduce", "Ireduce", "Bcast", "Ibcast", "Allgather", "Iallgather",
-    "Allgatherv", "Iallgatherv", "Gather", "Igather", "Gatherv", "Igatherv", "Scatter", "Iscatter",
-    "Scatterv", "Iscatterv", "Alltoall", "Ialltoall", "Alltoallv", "Ialltoallv", "Alltoallw",
-    "Ialltoallw", "Scan", "Iscan", "Exscan", "Iexscan", "Reduce_scatter", "Ireduce_scatter",
-    "Reduce_scatter_block", "Ireduce_scatter_block", "Allreduce_init", "Bcast_init", "Reduce_init",
-    "Neighbor_allgather", "Neighbor_alltoall",
+    "Allreduce",
+    "Iallreduce",
+    "Reduce",
+    "Ireduce",
+    "Bcast",
+    "Ibcast",
+    "Allgather",
+    "Iallgather",
+    "Allgatherv",
+    "Iallgatherv",
+    "Gather",
+    "Igather",
+    "Gatherv",
+    "Igatherv",
+    "Scatter",
+    "Iscatter",
+    "Scatterv",
+    "Iscatterv",
+    "Alltoall",
+    "Ialltoall",
+    "Alltoallv",
+    "Ialltoallv",
+    "Alltoallw",
+    "Ialltoallw",
+    "Scan",
+    "Iscan",
+    "Exscan",
+    "Iexscan",
+    "Reduce_scatter",
+    "Ireduce_scatter",
+    "Reduce_scatter_block",
+    "Ireduce_scatter_block",
+    "Allreduce_init",
+    "Bcast_init",
+    "Reduce_init",
+    "Neighbor_allgather",
+    "Neighbor_alltoall",
     # pickle-based point-to-point and collectives
-    "send", "recv", "isend", "irecv", "ssend", "issend", "bsend", "ibsend", "sendrecv", "mprobe",
-    "improbe", "bcast", "gather", "scatter", "allgather", "alltoall", "reduce", "allreduce", "scan",
-    "exscan", "barrier", "ibarrier",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "ssend",
+    "issend",
+    "bsend",
+    "ibsend",
+    "sendrecv",
+    "mprobe",
+    "improbe",
+    "bcast",
+    "gather",
+    "scatter",
+    "allgather",
+    "alltoall",
+    "reduce",
+    "allreduce",
+    "scan",
+    "exscan",
+    "barrier",
+    "ibarrier",
     # never a wildcard source on the library's channel
-    "Probe", "Iprobe",
+    "Probe",
+    "Iprobe",
 }
 
 
@@ -32,13 +83,18 @@ class SpyComm:
 
     def __getattr__(self, name):
         if name in FORBIDDEN:
-            raise CollectiveUsed(f"alpha_mpi called comm.{name}: data must move by planned point-to-point only")
+            raise CollectiveUsed(
+                f"alpha_mpi called comm.{name}: data must move by planned point-to-point only"
+            )
         attr = getattr(self._comm, name)
         if name in ("Dup", "Clone", "Create", "Split"):
+
             def wrapped(*a, **k):
                 return SpyComm(attr(*a, **k))
+
             return wrapped
         if callable(attr):
+
             def recorded(*a, **k):
                 self.calls.append(name)
                 if name in ("Recv_init", "Irecv", "Recv"):
@@ -46,5 +102,6 @@ class SpyComm:
                     if src is None or src < 0:
                         raise CollectiveUsed(f"comm.{name} without a named source")
                 return attr(*a, **k)
+
             return recorded
         return attr

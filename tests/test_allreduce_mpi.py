@@ -6,40 +6,22 @@ Sizes 1 and 7 leave chunks that differ in size or are empty; 9000 elements (72 K
 header + payload path; order-sensitive data makes any other order visible.
 """
 
-import random
-
 import numpy as np
 import pytest
 
-from alpha_mpi import Branch, DeliverTo, Layout, Leaf, hierarchy, oracle, pairwise, plan, star
-from alpha_mpi.execution import Allreducer, Combiner, ScatterCombiner, allreduce, reduce_scatter
+from alpha_mpi import DeliverTo, Layout, hierarchy, oracle, pairwise, plan, star
+from alpha_mpi.execution import Allreducer, ScatterCombiner, allreduce, reduce_scatter
 from alpha_mpi.planning.realize import REALIZATIONS, applicable
 from alpha_mpi.planning.scatter_plan import ReduceScatter, plan_scatter
 from alpha_mpi.refusals import Refusal
 
-from conftest import agree, bits, slot_data
+from conftest import agree, bits, slot_data, topologies
 from spycomm import SpyComm
 
 TIMEOUT = 20
 
 
-def random_tree(slots, size, seed):
-    rng = random.Random(seed)
-    nodes = [Leaf(s, rng.randrange(size)) for s in slots]
-    while len(nodes) > 1:
-        i = rng.randrange(len(nodes) - 1)
-        a, b = nodes[i], nodes[i + 1]
-        nodes[i:i + 2] = [Branch(a, b, rng.choice([a.owner, b.owner]))]
-    return nodes[0]
-
-
-TOPOLOGIES = {
-    "star": lambda s, p: star(range(s), p),
-    "hierarchy:2": lambda s, p: hierarchy(range(s), p, 2),
-    "hierarchy:3": lambda s, p: hierarchy(range(s), p, 3),
-    "pairwise": lambda s, p: pairwise(range(s), p),
-    "random": lambda s, p: random_tree(range(s), p, seed=11 * s + p),
-}
+TOPOLOGIES = topologies()
 
 
 def _want(tree, data):
@@ -70,12 +52,16 @@ def test_every_applicable_realization_equals_the_oracle_on_1_to_5_ranks(world, n
                 other_tree = star(range(slots)) if topology != "star" else pairwise(range(slots))
                 if other_tree.order_id != tree.order_id and n >= 1000:  # the data makes another order visible
                     other = _want(other_tree, data)
-                    verdicts.append((not np.array_equal(bits(other), bits(want)), f"{topology}: order visible"))
+                    verdicts.append(
+                        (not np.array_equal(bits(other), bits(want)), f"{topology}: order visible")
+                    )
                 tp = plan(tree, None, n, size=q)
                 for name, why in applicable(tp).items():
                     if why is not None:
                         continue
-                    a = Allreducer(comm, tp, realization=name, segment=3 if n < 100 else 4000, timeout=TIMEOUT)
+                    a = Allreducer(
+                        comm, tp, realization=name, segment=3 if n < 100 else 4000, timeout=TIMEOUT
+                    )
                     mine = {s: data[s] for s in a.plan.slots_of(rank)}
                     for _ in range(2):  # a second run on the same buffers and requests
                         got = a.run(mine)
@@ -84,7 +70,9 @@ def test_every_applicable_realization_equals_the_oracle_on_1_to_5_ranks(world, n
                     else:  # a rank owning no node of a random tree: ReplicateAll does not reach it
                         ok = got is None
                     verdicts.append((ok, f"p={q} {topology} {name}"))
-                    verdicts.append((all(np.array_equal(bits(mine[s]), bits(data[s])) for s in mine), "inputs intact"))
+                    verdicts.append(
+                        (all(np.array_equal(bits(mine[s]), bits(data[s])) for s in mine), "inputs intact")
+                    )
                     a.free()
         bad = [w for ok, w in verdicts if not ok]
         agree(world, not bad, f"{bad[:4]}")
@@ -106,7 +94,11 @@ def test_pairwise_on_two_or_four_ranks_runs_the_butterflies(world):
             agree(world, np.array_equal(bits(got), bits(want)), "bits")
         else:
             b = Allreducer(world, tree, n, realization="scatter", timeout=60)
-            agree(world, np.array_equal(bits(got), bits(b.run({s: data[s] for s in b.plan.slots_of(rank)}))), "1M")
+            agree(
+                world,
+                np.array_equal(bits(got), bits(b.run({s: data[s] for s in b.plan.slots_of(rank)}))),
+                "1M",
+            )
             b.free()
         a.free()
 

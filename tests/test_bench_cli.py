@@ -23,7 +23,19 @@ needs_mpiexec = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec on PATH
 
 
 def launch(*args, n=2, limit=120, cwd=None):
-    cmd = ["timeout", "-k", "5", str(limit), mpiexec(), "-n", str(n), sys.executable, "-m", "alpha_mpi.bench", *args]
+    cmd = [
+        "timeout",
+        "-k",
+        "5",
+        str(limit),
+        mpiexec(),
+        "-n",
+        str(n),
+        sys.executable,
+        "-m",
+        "alpha_mpi.bench",
+        *args,
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
 
@@ -36,13 +48,15 @@ def test_allreduce_table_and_json(tmp_path):
     assert r.returncode == 0, text
     lines = r.stdout.splitlines()
     assert lines[0].startswith("# alpha_mpi allreduce benchmark")
-    machine = next(l for l in lines if l.startswith("# machine:"))
+    machine = next(line for line in lines if line.startswith("# machine:"))
     for key in ("host=", "cpu=", "cores=", "mpi=", "p=2"):
         assert key in machine, machine
-    header = next(l for l in lines if l.startswith("#") and "bytes" in l and "realization" in l)
+    header = next(
+        line for line in lines if line.startswith("#") and "bytes" in line and "realization" in line
+    )
     for col in ("t_min[us]", "t_avg[us]", "t_max[us]", "algbw[GB/s]", "busbw[GB/s]", "ratio", "bits"):
         assert col in header
-    rows = [l.split() for l in lines if l and not l.startswith("#")]
+    rows = [line.split() for line in lines if line and not line.startswith("#")]
     assert len(rows) == 2 * 7  # MPI_Allreduce, auto and the five realizations (pairwise on 2 ranks) per size
     assert {row[0] for row in rows} == {"8", "65536"}
     names = [row[1] for row in rows]

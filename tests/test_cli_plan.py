@@ -6,7 +6,9 @@ import sys
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "alpha_mpi", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "alpha_mpi", *args], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_plan_text_output():
@@ -20,7 +22,20 @@ def test_plan_text_output():
 
 
 def test_plan_json_and_dot():
-    r = run("plan", "--slots", "7", "--ranks", "7", "--topology", "star", "--format", "json", "--elements", "4", "--mass")
+    r = run(
+        "plan",
+        "--slots",
+        "7",
+        "--ranks",
+        "7",
+        "--topology",
+        "star",
+        "--format",
+        "json",
+        "--elements",
+        "4",
+        "--mass",
+    )
     d = json.loads(r.stdout)
     assert d["topology"] == "star" and d["layout"] == "numerator:4,mass:1"
     assert sum(d["traffic"]["sent_msgs"]) == 12  # 6 leaves up, 6 results down

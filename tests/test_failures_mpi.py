@@ -53,16 +53,28 @@ def test_one_rank_refusing_is_named_on_every_rank_and_the_next_call_works(world,
         mine = {s: data[s] for s in a.slots}
         if rank == culprit:
             first = a.slots[0]
-            mine = dict(mine, **{first: BAD[bad](mine[first])}) if False else {**mine, first: BAD[bad](mine[first])}
+            mine = (
+                dict(mine, **{first: BAD[bad](mine[first])})
+                if False
+                else {**mine, first: BAD[bad](mine[first])}
+            )
         out = np.full(n, 2.5)
         _, err = _catch(lambda: a.run(mine, out=out))
         if rank == culprit:
-            want = {"float32": "dtype-invalid", "short": "contribution-shape", "tuple-int": "dtype-invalid",
-                    "not-array": "dtype-invalid"}[bad]
+            want = {
+                "float32": "dtype-invalid",
+                "short": "contribution-shape",
+                "tuple-int": "dtype-invalid",
+                "not-array": "dtype-invalid",
+            }[bad]
             ok = err is not None and err.code == want
         else:
-            ok = (err is not None and err.code == "peer-refused" and err.context["peer"] == culprit
-                  and err.context["peer_code"] in ("dtype-invalid", "contribution-shape"))
+            ok = (
+                err is not None
+                and err.code == "peer-refused"
+                and err.context["peer"] == culprit
+                and err.context["peer_code"] in ("dtype-invalid", "contribution-shape")
+            )
         agree(world, ok, f"{name} n={n} rank {rank}: {err}")
         if n < 8192:
             agree(world, np.all(out == 2.5), f"{name}: out left as it was")

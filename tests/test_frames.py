@@ -9,8 +9,18 @@ import pytest
 from alpha_mpi import Refusal
 from alpha_mpi.execution.frames import HEADER, FrameSpec, frame_buffer
 
-SPEC = dict(phase="r", edge=3, sender=1, receiver=0, count=5, topology="hierarchy:2",
-            order_id="ab" * 32, identity="cd" * 32, layout_key="numerator:4,mass:1", contract="ef" * 32)
+SPEC = dict(
+    phase="r",
+    edge=3,
+    sender=1,
+    receiver=0,
+    count=5,
+    topology="hierarchy:2",
+    order_id="ab" * 32,
+    identity="cd" * 32,
+    layout_key="numerator:4,mass:1",
+    contract="ef" * 32,
+)
 
 # (offset, struct format, code); the CRC is recomputed so only the field itself is wrong.
 FIELDS = {

@@ -24,7 +24,18 @@ pytestmark = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec on PATH or
 
 
 def launch(n, script, *args, env=None, limit=90):
-    cmd = ["timeout", "-k", "5", str(limit), mpiexec(), "-n", str(n), sys.executable, os.path.join(HERE, "mpi_scripts", script), *args]
+    cmd = [
+        "timeout",
+        "-k",
+        "5",
+        str(limit),
+        mpiexec(),
+        "-n",
+        str(n),
+        sys.executable,
+        os.path.join(HERE, "mpi_scripts", script),
+        *args,
+    ]
     e = dict(os.environ)
     e.update(env or {})
     t0 = time.monotonic()
@@ -48,7 +59,9 @@ def test_a_rank_that_leaves_makes_every_other_rank_fail_with_peer_timeout():
 def test_ten_owners_on_ten_ranks_match_the_hierarchy_oracle():
     r, _ = launch(10, "ten_owners.py", limit=120)
     assert r.returncode == 0, r.stdout + r.stderr
-    verdicts = re.findall(r"rank (\d+) (observable=\S+ hierarchy_run=\(\w+, \w+\) star_run=\(\w+, \w+\))", r.stdout)
+    verdicts = re.findall(
+        r"rank (\d+) (observable=\S+ hierarchy_run=\(\w+, \w+\) star_run=\(\w+, \w+\))", r.stdout
+    )
     assert sorted(int(k) for k, _ in verdicts) == list(range(10)), r.stdout
     assert {v for _, v in verdicts} == {"observable=True hierarchy_run=(True, False) star_run=(False, True)"}
 
@@ -67,14 +80,26 @@ def test_debug_log_names_every_frame():
     assert sends and len(sends) == len(recvs)
     assert {s[5] for s in sends} == {str(128 + 8 * 2048)}
     # every frame sent is received, by the rank it names, with the same index and step
-    assert sorted((s[2], s[0], s[1], s[3], s[4]) for s in sends) == sorted((r[2], r[1], r[0], r[3], r[4]) for r in recvs)
+    assert sorted((s[2], s[0], s[1], s[3], s[4]) for s in sends) == sorted(
+        (r[2], r[1], r[0], r[3], r[4]) for r in recvs
+    )
 
 
 def test_a_40_second_straggler_survives_the_default_bound():
     """A peer that is slow, not dead, never kills a healthy job (the default bound is minutes)."""
     env = {k: v for k, v in os.environ.items() if k != "ALPHA_MPI_TIMEOUT"}
-    cmd = ["timeout", "-k", "5", "150", mpiexec(), "-n", "2", sys.executable,
-           os.path.join(HERE, "mpi_scripts", "straggler.py"), "40"]
+    cmd = [
+        "timeout",
+        "-k",
+        "5",
+        "150",
+        mpiexec(),
+        "-n",
+        "2",
+        sys.executable,
+        os.path.join(HERE, "mpi_scripts", "straggler.py"),
+        "40",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert len(re.findall(r"rank \d: \w+ n=\d+ ok=True", r.stdout)) == 4, r.stdout

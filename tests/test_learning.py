@@ -60,7 +60,9 @@ def test_replicated_learner_equals_the_oracle(optimizer, lr, topology):
     data = synthetic(3, n=512, n_eval=16, inputs=6, classes=3)
     model = MLP(6, 5, 3)
     slots, batch = 5, 37  # 37 = 8+8+7+7+7: unequal slot sizes
-    learner = DataParallelLearner(self_comm(), model, slots=slots, topology=topology, optimizer=optimizer, lr=lr, seed=4)
+    learner = DataParallelLearner(
+        self_comm(), model, slots=slots, topology=topology, optimizer=optimizer, lr=lr, seed=4
+    )
     stream = SlotStream(len(data.y), batch, slots, 4)
     p0 = learner.params.copy()
     want = oracle_run(model, build(topology, slots, 1), p0, data, stream, slots, 6, optimizer, lr)
@@ -113,7 +115,13 @@ def test_nan_in_a_slot_refuses_the_step_and_keeps_state():
     learner = DataParallelLearner(self_comm(), model, slots=2, seed=0, lr=1e-2)
     stream = SlotStream(64, 8, 2, 0)
     learner.train_step(batches(data, stream, 2, 0))
-    before = (learner.params.copy(), learner.opt.m.copy(), learner.opt.v.copy(), learner.opt.b1t, learner.step)
+    before = (
+        learner.params.copy(),
+        learner.opt.m.copy(),
+        learner.opt.v.copy(),
+        learner.opt.b1t,
+        learner.step,
+    )
     b = batches(data, stream, 2, 1)
     X, y = b[1]
     X = X.copy()
@@ -131,7 +139,9 @@ def test_nan_in_a_slot_refuses_the_step_and_keeps_state():
 def test_overflowing_update_is_refused_with_state_intact():
     data = synthetic(1, n=64, n_eval=8, inputs=4, classes=3)
     model = MLP(4, 3, 3)
-    learner = DataParallelLearner(self_comm(), model, slots=2, optimizer="sgd", lr=1e308, momentum=0.0, seed=0)
+    learner = DataParallelLearner(
+        self_comm(), model, slots=2, optimizer="sgd", lr=1e308, momentum=0.0, seed=0
+    )
     learner.params[:] = 1e308
     before = learner.params.copy()
     with pytest.raises(Refusal) as e:

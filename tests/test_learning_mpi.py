@@ -20,8 +20,17 @@ def run(comm, mode, optimizer, steps, topology="hierarchy:2", data=None, model=N
     data = data or synthetic(7, n=600, n_eval=16, inputs=12, classes=4)
     model = model or MLP(12, 24, 4)
     lr = 1e-2 if optimizer == "adam" else 0.05
-    learner = DataParallelLearner(comm, model, slots=slots, topology=topology, optimizer=optimizer, lr=lr,
-                                  partition=mode, seed=9, timeout=20)
+    learner = DataParallelLearner(
+        comm,
+        model,
+        slots=slots,
+        topology=topology,
+        optimizer=optimizer,
+        lr=lr,
+        partition=mode,
+        seed=9,
+        timeout=20,
+    )
     stream = SlotStream(len(data.y), 53, slots, 9)  # 53 samples over the slots: unequal slots
     for t in range(steps):
         batch = {s: (data.X[stream.indices(t, s)], data.y[stream.indices(t, s)]) for s in learner.my_slots}
@@ -43,7 +52,11 @@ def test_pairwise_over_eight_slots_gives_one_digest_in_every_mode(world, optimiz
         agree(world, d == alone, f"pairwise {mode} ({learner.realization}) {d[:12]} vs alone {alone[:12]}")
         size = world.Get_size()
         if size in (2, 4, 8):
-            agree(world, learner.realization.split()[0] in ("butterfly", "halving"), f"{mode}: {learner.realization}")
+            agree(
+                world,
+                learner.realization.split()[0] in ("butterfly", "halving"),
+                f"{mode}: {learner.realization}",
+            )
 
 
 @pytest.mark.mpi(min_size=2)
@@ -64,7 +77,11 @@ def test_partitioned_state_lives_only_in_the_owners_range(world):
     full = run(world, "none", "adam", 3)
     part = run(world, "state", "adam", 3)
     a, b = part.own
-    agree(world, part.opt.m.size == b - a and abs(part.opt.m.size - full.opt.m.size / size) <= 3, "state sharded")
+    agree(
+        world,
+        part.opt.m.size == b - a and abs(part.opt.m.size - full.opt.m.size / size) <= 3,
+        "state sharded",
+    )
     agree(world, np.array_equal(bits(part.opt.m), bits(full.opt.m[a:b])), "sharded m = replicated m[a:b]")
     agree(world, np.array_equal(bits(part.opt.v), bits(full.opt.v[a:b])), "sharded v = replicated v[a:b]")
     params = run(world, "params", "adam", 3)

@@ -5,7 +5,18 @@ import sys
 
 import pytest
 
-from alpha_mpi import Branch, DeliverTo, Layout, Leaf, OrderedMembers, ParticipantGroup, Refusal, hierarchy, plan, star
+from alpha_mpi import (
+    Branch,
+    DeliverTo,
+    Layout,
+    Leaf,
+    OrderedMembers,
+    ParticipantGroup,
+    Refusal,
+    hierarchy,
+    plan,
+    star,
+)
 from alpha_mpi.model import classify, expression, leaf_sequence
 from alpha_mpi.model.coverage import check_coverage
 
@@ -46,8 +57,13 @@ def test_star_and_hierarchy_differ_in_order_id():
 def test_identities_are_stable_across_processes():
     code = "from alpha_mpi import hierarchy; t = hierarchy(range(10), 4, 3); print(t.order_id, t.identity)"
     outs = {
-        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                       env={"PYTHONHASHSEED": str(seed), "PATH": ""}).stdout
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={"PYTHONHASHSEED": str(seed), "PATH": ""},
+        ).stdout
         for seed in (0, 1, 2)
     }
     t = hierarchy(range(10), 4, 3)

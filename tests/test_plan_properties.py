@@ -5,7 +5,17 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from alpha_mpi import Branch, DeliverTo, Leaf, OrderedMembers, ParticipantGroup, Refusal, ReplicateAll, plan, simulate
+from alpha_mpi import (
+    Branch,
+    DeliverTo,
+    Leaf,
+    OrderedMembers,
+    ParticipantGroup,
+    Refusal,
+    ReplicateAll,
+    plan,
+    simulate,
+)
 from alpha_mpi.model import expression, leaf_sequence
 
 
@@ -27,7 +37,7 @@ def valid_cases(draw):
     slots = list(range(n))
     rng.shuffle(slots)
     tree = random_tree(rng, slots, size)
-    leaf_owners = sorted({l.owner for l in leaf_sequence(tree)})
+    leaf_owners = sorted({leaf.owner for leaf in leaf_sequence(tree)})
     deliver = draw(st.one_of(st.just(None), st.sampled_from(leaf_owners)))
     ordered = draw(st.booleans())
     return tree, size, deliver, slots, ordered

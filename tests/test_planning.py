@@ -4,7 +4,19 @@ import json
 
 import pytest
 
-from alpha_mpi import Branch, DeliverTo, Layout, Leaf, Refusal, ReplicateAll, hierarchy, plan, plan_assembly, simulate, star
+from alpha_mpi import (
+    Branch,
+    DeliverTo,
+    Layout,
+    Leaf,
+    Refusal,
+    ReplicateAll,
+    hierarchy,
+    plan,
+    plan_assembly,
+    simulate,
+    star,
+)
 from alpha_mpi.model import expression
 from alpha_mpi.planning import Step
 from alpha_mpi.planning.assembly import even_ranges

@@ -6,7 +6,6 @@ may be touched while a receive into it is pending or written while a send from i
 """
 
 import json
-import random
 
 import pytest
 
@@ -17,24 +16,9 @@ from alpha_mpi.planning.cost import Calibration, choose, estimate, load_calibrat
 from alpha_mpi.planning.program import Eval, Op
 from alpha_mpi.planning.realize import REALIZATIONS, applicable, realize
 
+from conftest import topologies
 
-def random_tree(slots, size, seed):
-    rng = random.Random(seed)
-    nodes = [Leaf(s, rng.randrange(size)) for s in slots]
-    while len(nodes) > 1:
-        i = rng.randrange(len(nodes) - 1)
-        a, b = nodes[i], nodes[i + 1]
-        nodes[i:i + 2] = [Branch(a, b, rng.choice([a.owner, b.owner]))]
-    return nodes[0]
-
-
-TOPOLOGIES = {
-    "star": lambda s, p: star(range(s), p),
-    "hierarchy:2": lambda s, p: hierarchy(range(s), p, 2),
-    "hierarchy:3": lambda s, p: hierarchy(range(s), p, 3),
-    "pairwise": lambda s, p: pairwise(range(s), p),
-    "random": lambda s, p: random_tree(range(s), p, seed=7 * s + p),
-}
+TOPOLOGIES = topologies()
 
 
 @pytest.mark.parametrize("topology", sorted(TOPOLOGIES))
@@ -52,7 +36,9 @@ def test_every_applicable_realization_ends_with_the_declared_tree(topology, size
                 if why[name] is not None:
                     with pytest.raises(Refusal) as e:
                         realize(tp, name)
-                    assert e.value.code == "realization-inapplicable" and "tree, scatter, replicate" in str(e.value)
+                    assert e.value.code == "realization-inapplicable" and "tree, scatter, replicate" in str(
+                        e.value
+                    )
                     continue
                 prog = realize(tp, name, segment=3 if n < 100 else 4000)
                 check(prog)
@@ -93,7 +79,10 @@ def test_butterfly_applies_exactly_to_balanced_rank_tops():
         with pytest.raises(Refusal) as e:
             realize(tp, "halving")
         assert e.value.code == "realization-inapplicable" and e.value.context["applicable"] == [
-            "tree", "scatter", "replicate"]
+            "tree",
+            "scatter",
+            "replicate",
+        ]
     with pytest.raises(Refusal) as e:
         realize(ok, "tree", mode="reduce-scatter")
     assert e.value.code == "realization-inapplicable"
@@ -205,8 +194,12 @@ def test_planning_100000_slots_and_a_deep_hierarchy_stay_near_linear():
     import sys
 
     for args in (["--slots", "100000"], ["--slots", "16000", "--topology", "hierarchy:100000000"]):
-        r = subprocess.run([sys.executable, "-m", "alpha_mpi", "plan", "--ranks", "4", "--format", "json", *args],
-                           capture_output=True, text=True, timeout=300)
+        r = subprocess.run(
+            [sys.executable, "-m", "alpha_mpi", "plan", "--ranks", "4", "--format", "json", *args],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert r.returncode == 0, r.stderr
         d = json.loads(r.stdout)
         assert d["size"] == 4 and sum(d["traffic"]["sent_msgs"]) > 0

@@ -9,12 +9,12 @@ import zlib
 
 import numpy as np
 import pytest
+from test_frames import FIELDS
 
-from alpha_mpi import DeliverTo, Leaf, Branch, Refusal, ReplicateAll, hierarchy, plan, star
+from alpha_mpi import Branch, DeliverTo, Leaf, Refusal, ReplicateAll, hierarchy, plan, star
 from alpha_mpi.execution import Combiner
 
 from conftest import agree, slot_data
-from test_frames import FIELDS
 
 SHORT = 2.0
 

@@ -5,7 +5,13 @@ import pytest
 from alpha_mpi import DeliverTo, Layout, ReplicateAll, hierarchy, plan, star
 from alpha_mpi.model.tree import expression
 from alpha_mpi.planning.combine_plan import STACK_LIMIT
-from alpha_mpi.planning.scatter_plan import ReduceScatter, chunk_bounds, plan_scatter, scatter_traffic, segment_bounds
+from alpha_mpi.planning.scatter_plan import (
+    ReduceScatter,
+    chunk_bounds,
+    plan_scatter,
+    scatter_traffic,
+    segment_bounds,
+)
 from alpha_mpi.refusals import Refusal
 
 
@@ -15,7 +21,7 @@ def test_chunks_tile_the_payload_contiguously_sizes_within_one(n, p):
     chunks = chunk_bounds(n, p)
     assert len(chunks) == p
     assert chunks[0][0] == 0 and chunks[-1][1] == n
-    for (a, b), (c, d) in zip(chunks, chunks[1:]):
+    for (_a, b), (c, _d) in zip(chunks, chunks[1:]):
         assert b == c
     sizes = [b - a for a, b in chunks]
     assert max(sizes) - min(sizes) <= 1
@@ -96,7 +102,9 @@ def test_segmentation_splits_large_chunks_into_several_frames():
     sp = plan_scatter(star(range(p), p), None, n, size=p, segment=seg)
     frames = sp.frames_from(0)
     scatter = [f for f in frames if f.phase == "s"]
-    assert [(f.start, f.stop) for f in scatter] == [(500 + a, min(500 + a + seg, 1000)) for a in range(0, 500, seg)]
+    assert [(f.start, f.stop) for f in scatter] == [
+        (500 + a, min(500 + a + seg, 1000)) for a in range(0, 500, seg)
+    ]
     assert [f.segment for f in scatter] == list(range(4))
     t = scatter_traffic(sp)
     assert t.sent_bytes == [2 * 500 * 8, 2 * 500 * 8]
@@ -162,8 +170,8 @@ def _eval_groups(groups):
         stack = []
         for op in g.program:
             if op == -1:
-                r, l = stack.pop(), stack.pop()
-                stack.append(f"({l}+{r})")
+                right, left = stack.pop(), stack.pop()
+                stack.append(f"({left}+{right})")
             else:
                 kind, v = g.inputs[op]
                 stack.append(f"s{v}" if kind == "leaf" else values[v])
@@ -180,11 +188,14 @@ def _depth(program):
     return m
 
 
-@pytest.mark.parametrize("tree", [
-    hierarchy(range(200), 4, 1),  # a right-deep chain: the stack must be cut
-    hierarchy(range(50), 5, 3),
-    star(range(300), 3),
-])
+@pytest.mark.parametrize(
+    "tree",
+    [
+        hierarchy(range(200), 4, 1),  # a right-deep chain: the stack must be cut
+        hierarchy(range(50), 5, 3),
+        star(range(300), 3),
+    ],
+)
 def test_the_local_programs_evaluate_the_whole_declared_tree_within_the_stack_limit(tree):
     sp = plan_scatter(tree, None, 16, size=5)
     assert _eval_groups(sp.groups) == expression(tree)

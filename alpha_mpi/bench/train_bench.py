@@ -74,8 +74,16 @@ def cmd(comm, argv) -> int:
     data = synthetic(0)
     model = MLP(data.inputs, a.hidden, data.classes)
     lr = 2e-3 if a.optimizer == "adam" else 0.05
-    ordered = DataParallelLearner(comm, model, slots=a.slots, topology=a.topology, optimizer=a.optimizer, lr=lr,
-                                  partition=a.partition, seed=0)
+    ordered = DataParallelLearner(
+        comm,
+        model,
+        slots=a.slots,
+        topology=a.topology,
+        optimizer=a.optimizer,
+        lr=lr,
+        partition=a.partition,
+        seed=0,
+    )
     base = AllreduceLoop(comm, model, slots=a.slots, optimizer=a.optimizer, lr=lr, seed=0)
     stream = SlotStream(len(data.y), a.batch, a.slots, 0)
     times = {"alpha_mpi": [], "MPI_Allreduce": []}
@@ -83,7 +91,9 @@ def cmd(comm, argv) -> int:
     def block(learner, key, k, record):
         for _ in range(k):
             t = learner.step
-            batch = {s: (data.X[stream.indices(t, s)], data.y[stream.indices(t, s)]) for s in learner.my_slots}
+            batch = {
+                s: (data.X[stream.indices(t, s)], data.y[stream.indices(t, s)]) for s in learner.my_slots
+            }
             comm.Barrier()  # harness synchronisation only; no data
             t0 = time.perf_counter()
             learner.train_step(batch)
@@ -102,15 +112,27 @@ def cmd(comm, argv) -> int:
     med = {k: statistics.median(v) for k, v in times.items()}
     ratio = med["alpha_mpi"] / med["MPI_Allreduce"]
     if rank == 0:
-        print(f"# alpha-mpi bench train on {socket.gethostname()}, {size} ranks, {model.n_params} parameters, "
-              f"{a.slots} slots, batch {a.batch}, {a.optimizer}, topology {a.topology}, partition {a.partition}")
+        print(
+            f"# alpha-mpi bench train on {socket.gethostname()}, {size} ranks, {model.n_params} parameters, "
+            f"{a.slots} slots, batch {a.batch}, {a.optimizer}, topology {a.topology}, partition {a.partition}"
+        )
         print("# learner            median ms      min ms      max ms")
         for k, v in times.items():
             print(f"  {k:16s} {1e3 * med[k]:11.3f} {1e3 * min(v):11.3f} {1e3 * max(v):11.3f}")
         print(f"# step-time ratio alpha_mpi / MPI_Allreduce: {ratio:.3f}  (target <= 1.0)")
         if a.json:
             with open(a.json, "w") as f:
-                json.dump({"ranks": size, "params": model.n_params, "median_s": med, "ratio": ratio, "samples": times}, f, indent=2)
+                json.dump(
+                    {
+                        "ranks": size,
+                        "params": model.n_params,
+                        "median_s": med,
+                        "ratio": ratio,
+                        "samples": times,
+                    },
+                    f,
+                    indent=2,
+                )
     return 0
 
 

@@ -17,5 +17,16 @@ from .allreduce import (  # noqa: F401
 from .assembly import Assembler, assemble  # noqa: F401
 from .engine import Engine  # noqa: F401
 
-__all__ = ["Allreducer", "Combiner", "ScatterCombiner", "Engine", "Assembler", "allreduce", "combine",
-           "reduce_scatter", "assemble", "choose_realization", "REALIZATIONS"]
+__all__ = [
+    "Allreducer",
+    "Combiner",
+    "ScatterCombiner",
+    "Engine",
+    "Assembler",
+    "allreduce",
+    "combine",
+    "reduce_scatter",
+    "assemble",
+    "choose_realization",
+    "REALIZATIONS",
+]

@@ -19,8 +19,8 @@ import numpy as np
 from ..model.delivery import ReduceScatter, ReplicateAll
 from ..planning import Plan
 from ..planning.cost import choose, load_calibration
-from ..planning.realize import REDUCE_SCATTER, applicable, as_tree_plan, realize
 from ..planning.realize import REALIZATIONS as NAMES
+from ..planning.realize import REDUCE_SCATTER, applicable, as_tree_plan, realize
 from ..planning.scatter_plan import ScatterPlan
 from ..refusals import PlanRefusal, Refusal
 from .engine import Engine
@@ -58,18 +58,42 @@ class Allreducer:
     reaches this rank, else None; in reduce-scatter mode (start, stop, chunk).
     """
 
-    def __init__(self, comm, tree, layout=None, delivery=None, realization: str = "auto", crossover_bytes=None, *,
-                 timeout=None, contract: str = "", segment=None, depth=None, coverage=None, dup: bool = True,
-                 mode: str = "allreduce", calibration=None):
+    def __init__(
+        self,
+        comm,
+        tree,
+        layout=None,
+        delivery=None,
+        realization: str = "auto",
+        crossover_bytes=None,
+        *,
+        timeout=None,
+        contract: str = "",
+        segment=None,
+        depth=None,
+        coverage=None,
+        dup: bool = True,
+        mode: str = "allreduce",
+        calibration=None,
+    ):
         size = comm.Get_size()
         if isinstance(tree, Plan):
             if tree.size != size:
-                raise PlanRefusal("plan-rank-mismatch", f"plan is for {tree.size} ranks, communicator has {size}")
+                raise PlanRefusal(
+                    "plan-rank-mismatch", f"plan is for {tree.size} ranks, communicator has {size}"
+                )
             if delivery is not None and delivery != tree.delivery:
-                raise PlanRefusal("plan-delivery-mismatch", f"delivery {delivery!r} differs from the plan's {tree.delivery!r}")
+                raise PlanRefusal(
+                    "plan-delivery-mismatch",
+                    f"delivery {delivery!r} differs from the plan's {tree.delivery!r}",
+                )
         elif layout is None:
-            raise Refusal("contribution-shape", "Allreducer needs a layout (a Layout or an element count) with a tree")
-        tp = as_tree_plan(tree, ReplicateAll() if delivery is None else delivery, layout, size=size, coverage=coverage)
+            raise Refusal(
+                "contribution-shape", "Allreducer needs a layout (a Layout or an element count) with a tree"
+            )
+        tp = as_tree_plan(
+            tree, ReplicateAll() if delivery is None else delivery, layout, size=size, coverage=coverage
+        )
         self.tree_plan = tp
         self.order_id = tp.order_id
         self.realization, self.estimates = choose_realization(tp, realization, mode, calibration)
@@ -100,11 +124,16 @@ class Allreducer:
     def reduce_scatter_run(self, contributions, out=None, *, timeout=None):
         """Reduce-scatter mode only: (start, stop, values of coordinates start..stop-1)."""
         if self.plan.mode != "reduce-scatter":
-            raise PlanRefusal("plan-delivery-mismatch", "this Allreducer delivers the whole result; build it with mode='reduce-scatter'")
+            raise PlanRefusal(
+                "plan-delivery-mismatch",
+                "this Allreducer delivers the whole result; build it with mode='reduce-scatter'",
+            )
         return self.executor.run(contributions, out=out, timeout=timeout)
 
     def describe(self) -> str:
-        est = ", ".join(f"{k} {v * 1e6:.1f} us" for k, v in sorted(self.estimates.items(), key=lambda kv: kv[1]))
+        est = ", ".join(
+            f"{k} {v * 1e6:.1f} us" for k, v in sorted(self.estimates.items(), key=lambda kv: kv[1])
+        )
         return f"realization {self.realization} (model estimates: {est})"
 
     def free(self) -> None:
@@ -120,9 +149,13 @@ class Combiner(Engine):
 
     def __init__(self, comm, plan: Plan, *, timeout=None, contract: str = "", dup: bool = True):
         if not isinstance(plan, Plan):
-            raise PlanRefusal("plan-rank-mismatch", f"Combiner runs a tree Plan (alpha_mpi.plan), got {type(plan).__name__}")
+            raise PlanRefusal(
+                "plan-rank-mismatch", f"Combiner runs a tree Plan (alpha_mpi.plan), got {type(plan).__name__}"
+            )
         if plan.size != comm.Get_size():
-            raise PlanRefusal("plan-rank-mismatch", f"plan is for {plan.size} ranks, communicator has {comm.Get_size()}")
+            raise PlanRefusal(
+                "plan-rank-mismatch", f"plan is for {plan.size} ranks, communicator has {comm.Get_size()}"
+            )
         super().__init__(comm, realize(plan, "tree"), timeout=timeout, contract=contract, dup=dup)
         self.tree_plan = plan
 
@@ -130,19 +163,36 @@ class Combiner(Engine):
 class ScatterCombiner(Engine):
     """The scatter realization described by a ScatterPlan (planning/scatter_plan.py)."""
 
-    def __init__(self, comm, splan: ScatterPlan, *, timeout=None, contract: str = "", dup: bool = True, depth=None):
+    def __init__(
+        self, comm, splan: ScatterPlan, *, timeout=None, contract: str = "", dup: bool = True, depth=None
+    ):
         if not isinstance(splan, ScatterPlan):
-            raise PlanRefusal("plan-rank-mismatch", f"ScatterCombiner runs a ScatterPlan (plan_scatter), got {type(splan).__name__}")
+            raise PlanRefusal(
+                "plan-rank-mismatch",
+                f"ScatterCombiner runs a ScatterPlan (plan_scatter), got {type(splan).__name__}",
+            )
         mode = "reduce-scatter" if isinstance(splan.delivery, ReduceScatter) else "allreduce"
-        tp = as_tree_plan(splan.tree, None if mode == "reduce-scatter" else splan.delivery, splan.layout,
-                          size=splan.size, coverage=splan.coverage)
-        super().__init__(comm, realize(tp, "scatter", mode=mode, segment=splan.segment), timeout=timeout,
-                         contract=contract, dup=dup)
+        tp = as_tree_plan(
+            splan.tree,
+            None if mode == "reduce-scatter" else splan.delivery,
+            splan.layout,
+            size=splan.size,
+            coverage=splan.coverage,
+        )
+        super().__init__(
+            comm,
+            realize(tp, "scatter", mode=mode, segment=splan.segment),
+            timeout=timeout,
+            contract=contract,
+            dup=dup,
+        )
         self.scatter_plan = splan
 
     def reduce_scatter_run(self, contributions, out=None, *, timeout=None):
         if self.program.mode != "reduce-scatter":
-            raise PlanRefusal("plan-delivery-mismatch", "this plan delivers the whole result; plan it with ReduceScatter()")
+            raise PlanRefusal(
+                "plan-delivery-mismatch", "this plan delivers the whole result; plan it with ReduceScatter()"
+            )
         return self.run(contributions, out=out, timeout=timeout)
 
 
@@ -187,23 +237,55 @@ def _key_of(layout, contributions):
 def _cached(comm, tree, contributions, delivery, layout, realization, mode, coverage, segment, timeout):
     """The cached Allreducer for these arguments (built collectively on first use)."""
     tkey = tree.identity if isinstance(tree, Plan) else tree._placed if hasattr(tree, "_placed") else id(tree)
-    key = (comm.py2f(), tkey, _key_of(layout, contributions), delivery, realization, mode,
-           None if coverage is None else coverage.key(), segment)
+    key = (
+        comm.py2f(),
+        tkey,
+        _key_of(layout, contributions),
+        delivery,
+        realization,
+        mode,
+        None if coverage is None else coverage.key(),
+        segment,
+    )
     a = _CACHE.get(key)
     if a is None or a.broken is not None:
         if not isinstance(tree, Plan) and layout is None:
             layout = _infer_layout(contributions)
-        a = _CACHE[key] = Allreducer(_cached_comm(comm), tree, layout, delivery, realization, timeout=timeout,
-                                     segment=segment, coverage=coverage, dup=False, mode=mode)
+        a = _CACHE[key] = Allreducer(
+            _cached_comm(comm),
+            tree,
+            layout,
+            delivery,
+            realization,
+            timeout=timeout,
+            segment=segment,
+            coverage=coverage,
+            dup=False,
+            mode=mode,
+        )
     return a
 
 
-def allreduce(comm, tree, contributions, delivery=None, *, layout=None, out=None, realization: str = "auto",
-              crossover_bytes=None, timeout=None, segment=None, coverage=None):
+def allreduce(
+    comm,
+    tree,
+    contributions,
+    delivery=None,
+    *,
+    layout=None,
+    out=None,
+    realization: str = "auto",
+    crossover_bytes=None,
+    timeout=None,
+    segment=None,
+    coverage=None,
+):
     """Combine `contributions` (slot -> float64 array, or (numerator, mass) tuple) by `tree`
     (a Node or a tree Plan) with the chosen realization. Returns the combined payload where
     delivery reaches this rank, else None. Executors are cached (see the module docstring)."""
-    a = _cached(comm, tree, contributions, delivery, layout, realization, "allreduce", coverage, segment, timeout)
+    a = _cached(
+        comm, tree, contributions, delivery, layout, realization, "allreduce", coverage, segment, timeout
+    )
     return a.run(contributions, out=out, timeout=timeout)
 
 
@@ -213,22 +295,50 @@ def combine(comm, tree, contributions, delivery=None, *, layout=None, out=None, 
     return a.run(contributions, out=out, timeout=timeout)
 
 
-def reduce_scatter(comm, tree, contributions, *, layout=None, out=None, timeout=None, segment=None, coverage=None,
-                   realization: str = "auto"):
+def reduce_scatter(
+    comm,
+    tree,
+    contributions,
+    *,
+    layout=None,
+    out=None,
+    timeout=None,
+    segment=None,
+    coverage=None,
+    realization: str = "auto",
+):
     """Reduce by `tree` and keep chunk r of the result at rank r only. Returns (start, stop,
     values of coordinates start..stop-1) on every rank (a chunk may be empty). `out`: an array
     of the chunk's length or of the whole payload (the chunk is then written at out[start:stop]).
     Realizations: halving (pairwise trees on 2^k ranks) or scatter (any tree)."""
     if isinstance(tree, ScatterPlan):
         if not isinstance(tree.delivery, ReduceScatter):
-            raise PlanRefusal("plan-delivery-mismatch", "reduce_scatter() needs a plan made with ReduceScatter()")
-        segment, realization, tree = tree.segment, "scatter", as_tree_plan(tree.tree, None, tree.layout, size=tree.size,
-                                                                            coverage=tree.coverage)
+            raise PlanRefusal(
+                "plan-delivery-mismatch", "reduce_scatter() needs a plan made with ReduceScatter()"
+            )
+        segment, realization, tree = (
+            tree.segment,
+            "scatter",
+            as_tree_plan(tree.tree, None, tree.layout, size=tree.size, coverage=tree.coverage),
+        )
     if realization not in ("auto",) + REDUCE_SCATTER:
-        raise Refusal("usage", f"reduce_scatter realizations are auto, {', '.join(REDUCE_SCATTER)}; got {realization!r}")
-    a = _cached(comm, tree, contributions, None, layout, realization, "reduce-scatter", coverage, segment, timeout)
+        raise Refusal(
+            "usage", f"reduce_scatter realizations are auto, {', '.join(REDUCE_SCATTER)}; got {realization!r}"
+        )
+    a = _cached(
+        comm, tree, contributions, None, layout, realization, "reduce-scatter", coverage, segment, timeout
+    )
     return a.run(contributions, out=out, timeout=timeout)
 
 
-__all__ = ["Allreducer", "Combiner", "ScatterCombiner", "allreduce", "combine", "reduce_scatter",
-           "choose_realization", "REALIZATIONS", "ReduceScatter"]
+__all__ = [
+    "Allreducer",
+    "Combiner",
+    "ScatterCombiner",
+    "allreduce",
+    "combine",
+    "reduce_scatter",
+    "choose_realization",
+    "REALIZATIONS",
+    "ReduceScatter",
+]

@@ -22,7 +22,9 @@ class Assembler:
     def __init__(self, comm, aplan: AssemblyPlan, *, timeout=None, contract: str = "", dup: bool = True):
         size = comm.Get_size()
         if aplan.size != size:
-            raise PlanRefusal("plan-rank-mismatch", f"assembly plan is for {aplan.size} ranks, communicator has {size}")
+            raise PlanRefusal(
+                "plan-rank-mismatch", f"assembly plan is for {aplan.size} ranks, communicator has {size}"
+            )
         self.plan = aplan
         self.comm = library_comm(comm) if dup else comm
         self.rank = rank = self.comm.Get_rank()
@@ -37,8 +39,16 @@ class Assembler:
             o, a, b = aplan.piece_of_edge(s.index)
             src, dst = (s.peer, rank) if s.kind == "R" else (rank, s.peer)
             spec = FrameSpec(
-                phase="a", edge=s.index, sender=src, receiver=dst, count=b - a, topology="assembly",
-                order_id="selection", identity=aplan.identity, layout_key=f"range:{a}:{b}", contract=contract,
+                phase="a",
+                edge=s.index,
+                sender=src,
+                receiver=dst,
+                count=b - a,
+                topology="assembly",
+                order_id="selection",
+                identity=aplan.identity,
+                layout_key=f"range:{a}:{b}",
+                contract=contract,
             )
             buf = frame_buffer(b - a)
             if s.kind == "R":
@@ -93,7 +103,7 @@ class Assembler:
                 if self.debug:
                     log(self.rank, f"recv <- {s.peer} edge {s.index} step {self.step} {buf.nbytes}B")
                 out[a:b] = pl
-            for s, spec, buf, pl, rng, req in self.sends:
+            for s, _spec, _buf, _pl, _rng, req in self.sends:
                 self.waiter.wait(req, None, s.peer, f"assemble frame {s.index}", self.step)
             return out if receiver else None
         except Refusal as e:

@@ -21,10 +21,14 @@ def check_contributions(contributions, slots, rank: int, count: int, layout_key:
     if len(contributions) != len(slots) or any(s not in contributions for s in slots):
         extra = sorted(set(contributions) - set(slots))
         if extra:
-            raise Refusal("contribution-unexpected",
-                          f"rank {rank} passed slot(s) {extra[:8]} it does not own in the tree (it owns {list(slots)[:8]})")
+            raise Refusal(
+                "contribution-unexpected",
+                f"rank {rank} passed slot(s) {extra[:8]} it does not own in the tree (it owns {list(slots)[:8]})",
+            )
         missing = [s for s in slots if s not in contributions]
-        raise Refusal("contribution-missing", f"rank {rank} owns slot(s) {missing[:8]} but passed no payload for them")
+        raise Refusal(
+            "contribution-missing", f"rank {rank} owns slot(s) {missing[:8]} but passed no payload for them"
+        )
     out = {}
     for slot, value in contributions.items():
         if isinstance(value, tuple):
@@ -32,16 +36,25 @@ def check_contributions(contributions, slots, rank: int, count: int, layout_key:
             # here would be a silent conversion site the contract does not name.
             for i, part in enumerate(value):
                 if not isinstance(part, np.ndarray) or part.dtype != np.float64:
-                    raise Refusal("dtype-invalid", f"slot {slot}: part {i} of the tuple must be a float64 array, got "
-                                  f"{getattr(part, 'dtype', type(part).__name__)}")
+                    raise Refusal(
+                        "dtype-invalid",
+                        f"slot {slot}: part {i} of the tuple must be a float64 array, got "
+                        f"{getattr(part, 'dtype', type(part).__name__)}",
+                    )
             parts = [np.ravel(p) for p in value]
             arr = np.concatenate(parts) if len(parts) > 1 else parts[0]
         else:
             arr = value
         if not isinstance(arr, np.ndarray) or arr.dtype != np.float64:
-            raise Refusal("dtype-invalid", f"slot {slot}: payload must be a float64 array, got {getattr(arr, 'dtype', type(arr))}")
+            raise Refusal(
+                "dtype-invalid",
+                f"slot {slot}: payload must be a float64 array, got {getattr(arr, 'dtype', type(arr))}",
+            )
         if arr.size != count:
-            raise Refusal("contribution-shape", f"slot {slot}: {arr.size} elements, the layout {layout_key} needs {count}")
+            raise Refusal(
+                "contribution-shape",
+                f"slot {slot}: {arr.size} elements, the layout {layout_key} needs {count}",
+            )
         out[slot] = arr.reshape(-1) if arr.flags.c_contiguous else np.ascontiguousarray(arr).reshape(-1)
     return out
 
@@ -61,7 +74,8 @@ def refuse_nonfinite(leaves: dict, step: int, result=None) -> None:
             raise KernelRefusal(
                 "non-finite-contribution",
                 f"slot {slot} holds {arr[i]!r} at element {i} (step {step}); nothing was applied",
-                slot=slot, index=i,
+                slot=slot,
+                index=i,
             )
     raise KernelRefusal(
         "non-finite-combined",

@@ -45,8 +45,23 @@ _KIND = {"P": P, "S": S, "W": W, "D": D, "E": E, "C": C, "F": F}
 class _Msg:
     """One message at this rank: its header buffer and requests, its region."""
 
-    __slots__ = ("m", "spec", "hbuf", "hmv", "hreq", "preq", "region", "dyn", "status", "pstatus", "split",
-                 "nbytes", "peer", "tag", "what")
+    __slots__ = (
+        "m",
+        "spec",
+        "hbuf",
+        "hmv",
+        "hreq",
+        "preq",
+        "region",
+        "dyn",
+        "status",
+        "pstatus",
+        "split",
+        "nbytes",
+        "peer",
+        "tag",
+        "what",
+    )
 
 
 class Engine:
@@ -54,10 +69,15 @@ class Engine:
 
     def __init__(self, comm, program: Program, *, timeout=None, contract: str = "", dup: bool = True):
         if not isinstance(program, Program):
-            raise PlanRefusal("plan-rank-mismatch", f"Engine runs a Program (planning.realize), got {type(program).__name__}")
+            raise PlanRefusal(
+                "plan-rank-mismatch",
+                f"Engine runs a Program (planning.realize), got {type(program).__name__}",
+            )
         size = comm.Get_size()
         if program.size != size:
-            raise PlanRefusal("plan-rank-mismatch", f"the program is for {program.size} ranks, the communicator has {size}")
+            raise PlanRefusal(
+                "plan-rank-mismatch", f"the program is for {program.size} ranks, the communicator has {size}"
+            )
         self.program = self.plan = program
         self.comm = library_comm(comm) if dup else comm
         self._owns_comm = dup
@@ -83,7 +103,7 @@ class Engine:
             if b.framed:
                 raw = np.zeros(fr.HEADER + 8 * b.count, dtype=np.uint8)
                 self.framed[b.name] = raw
-                self.bufs[b.name] = raw[fr.HEADER:].view(np.float64)
+                self.bufs[b.name] = raw[fr.HEADER :].view(np.float64)
             else:
                 self.bufs[b.name] = np.zeros(b.count)
         self._keep = []
@@ -133,9 +153,18 @@ class Engine:
         prog = self.program
         x = _Msg()
         x.m, x.region, x.peer = m, region, (m.dst if m.src == self.rank else m.src)
-        x.spec = fr.FrameSpec(phase=m.phase, edge=m.index, sender=m.src, receiver=m.dst, count=m.count,
-                              topology=prog.topology, order_id=prog.order_id, identity=prog.identity,
-                              layout_key=m.what, contract=self.contract)
+        x.spec = fr.FrameSpec(
+            phase=m.phase,
+            edge=m.index,
+            sender=m.src,
+            receiver=m.dst,
+            count=m.count,
+            topology=prog.topology,
+            order_id=prog.order_id,
+            identity=prog.identity,
+            layout_key=m.what,
+            contract=self.contract,
+        )
         x.split = is_split(m.count)  # the planner's rule, the same at both ends
         x.tag = TAG_BASE + 2 * m.seq
         x.what = f"{fr.PHASE_NAME[fr.PHASE_CODE[m.phase]]} frame {m.index}"
@@ -155,9 +184,12 @@ class Engine:
         x.preq, x.dyn = None, False
         if x.split:
             if self._static(region):
-                view = self.bufs[region.buf][region.offset: region.offset + region.count]
-                x.preq = (self.comm.Send_init(view, dest=x.peer, tag=x.tag + 1) if sending
-                          else self.comm.Recv_init(view, source=x.peer, tag=x.tag + 1))
+                view = self.bufs[region.buf][region.offset : region.offset + region.count]
+                x.preq = (
+                    self.comm.Send_init(view, dest=x.peer, tag=x.tag + 1)
+                    if sending
+                    else self.comm.Recv_init(view, source=x.peer, tag=x.tag + 1)
+                )
             else:
                 x.dyn = True  # in the caller's memory: a request per run
         return x
@@ -193,16 +225,45 @@ class Engine:
                 out = ev.output
                 pptr = ffi.from_buffer("int32_t[]", prog)
                 self._keep.append((prog, pptr))
-                table.append((E, ptrs, tuple(dyn), len(ev.inputs), out.count, pptr, len(prog),
-                              self._ptr[out.buf] + out.offset if self._static(out) else None, out.buf, out.offset))
+                table.append(
+                    (
+                        E,
+                        ptrs,
+                        tuple(dyn),
+                        len(ev.inputs),
+                        out.count,
+                        pptr,
+                        len(prog),
+                        self._ptr[out.buf] + out.offset if self._static(out) else None,
+                        out.buf,
+                        out.offset,
+                    )
+                )
             elif k == C:
                 a, b = rp.copies[op.index]
-                table.append((C, self._ptr[a.buf] + a.offset if self._static(a) else None, a.buf, a.offset,
-                              self._ptr[b.buf] + b.offset if self._static(b) else None, b.buf, b.offset, 8 * a.count))
+                table.append(
+                    (
+                        C,
+                        self._ptr[a.buf] + a.offset if self._static(a) else None,
+                        a.buf,
+                        a.offset,
+                        self._ptr[b.buf] + b.offset if self._static(b) else None,
+                        b.buf,
+                        b.offset,
+                        8 * a.count,
+                    )
+                )
             elif k == F:
                 reg = rp.checks[op.index]
-                table.append((F, self._ptr[reg.buf] + reg.offset if self._static(reg) else None, reg.buf, reg.offset,
-                              reg.count))
+                table.append(
+                    (
+                        F,
+                        self._ptr[reg.buf] + reg.offset if self._static(reg) else None,
+                        reg.buf,
+                        reg.offset,
+                        reg.count,
+                    )
+                )
         return table
 
     # -- binding the caller's memory -------------------------------------------------------------
@@ -231,18 +292,29 @@ class Engine:
         n = self.n
         if out is None:
             return np.empty(n) if self.is_receiver and not self._small else self._internal_out
-        if not isinstance(out, np.ndarray) or out.dtype != _F64 or not out.flags.c_contiguous or not out.flags.writeable:
-            raise Refusal("out-invalid", f"out must be a writeable C-contiguous float64 array, got "
-                          f"{type(out).__name__ if not isinstance(out, np.ndarray) else out.dtype} "
-                          f"{'' if not isinstance(out, np.ndarray) else ('C-contiguous' if out.flags.c_contiguous else 'not C-contiguous')}"
-                          f"{'' if not isinstance(out, np.ndarray) or out.flags.writeable else ' read-only'}")
+        if (
+            not isinstance(out, np.ndarray)
+            or out.dtype != _F64
+            or not out.flags.c_contiguous
+            or not out.flags.writeable
+        ):
+            raise Refusal(
+                "out-invalid",
+                f"out must be a writeable C-contiguous float64 array, got "
+                f"{type(out).__name__ if not isinstance(out, np.ndarray) else out.dtype} "
+                f"{'' if not isinstance(out, np.ndarray) else ('C-contiguous' if out.flags.c_contiguous else 'not C-contiguous')}"
+                f"{'' if not isinstance(out, np.ndarray) or out.flags.writeable else ' read-only'}",
+            )
         want = n if self.program.mode == "allreduce" else None
         if want is not None and out.size != want:
             raise Refusal("out-invalid", f"out has {out.size} elements, the result has {want}")
         if self.program.mode == "reduce-scatter":
             if out.size not in (n, self._result_len()):
-                raise Refusal("out-invalid", f"out has {out.size} elements; give the chunk's {self._result_len()} "
-                              f"or the whole payload's {n}")
+                raise Refusal(
+                    "out-invalid",
+                    f"out has {out.size} elements; give the chunk's {self._result_len()} "
+                    f"or the whole payload's {n}",
+                )
             return self._internal_out
         return out.reshape(-1) if self.is_receiver else self._internal_out
 
@@ -259,7 +331,10 @@ class Engine:
         (`out`, if given, is then left as it was). Reduce-scatter mode: (start, stop, chunk).
         `timeout` overrides the per-wait bound for this run."""
         if self.broken is not None:
-            raise Refusal("combiner-broken", f"an earlier run refused with [{self.broken}]; build a new executor on every rank")
+            raise Refusal(
+                "combiner-broken",
+                f"an earlier run refused with [{self.broken}]; build a new executor on every rank",
+            )
         if self._busy:
             raise Refusal("executor-reentrant", "run() called while a run is in progress")
         self._busy = True
@@ -271,12 +346,19 @@ class Engine:
                 local, leaves = e, self._zero_leaves()
             try:
                 outarr = self._bind_out(out)
-                if outarr is not None and outarr is not self._internal_out and (
-                        self._small or self._aliased(outarr, leaves)):
+                if (
+                    outarr is not None
+                    and outarr is not self._internal_out
+                    and (self._small or self._aliased(outarr, leaves))
+                ):
                     outarr = self._internal_out  # copied to the caller's `out` only on success
             except Refusal as e:
                 local = local or e
-                outarr = self._internal_out if self._internal_out is not None else (np.empty(self.n) if self.rp.result is not None else None)
+                outarr = (
+                    self._internal_out
+                    if self._internal_out is not None
+                    else (np.empty(self.n) if self.rp.result is not None else None)
+                )
             flags, who = self._walk(leaves, outarr, local, timeout)
         except Refusal as e:
             self._fail(e)
@@ -322,14 +404,16 @@ class Engine:
                     optr = bases[obuf] + ooff
                 st = lib.ak_tree_eval(optr, ptrs, nin, cnt, pptr, plen)
                 if st:
-                    raise KernelRefusal("kernel-bad-argument", f"rank {rank}: the kernel refused an evaluation (status {st})")
+                    raise KernelRefusal(
+                        "kernel-bad-argument", f"rank {rank}: the kernel refused an evaluation (status {st})"
+                    )
             elif k == PALL:
                 MPI.Prequest.Startall(op[1])
             elif k == S:
                 x = op[1]
                 if x.split and x.dyn:
                     reg = x.region
-                    view = arrays[reg.buf][reg.offset: reg.offset + reg.count]
+                    view = arrays[reg.buf][reg.offset : reg.offset + reg.count]
                 x.hmv[:124] = x.spec.expect  # the buffer may have held a received header
                 fr.patch(x.hmv, step, flags, refused, code)
                 if self.send_hook is not None:
@@ -359,13 +443,21 @@ class Engine:
                             raise
                         # another size, and a header that did not arrive intact (some MPIs leave
                         # a truncated receive's buffer undefined): the size is what is known
-                        raise FrameRefusal("frame-size-mismatch", f"{x.what} from rank {x.peer} (step {step}): "
-                                           f"{got} bytes arrived, expected {x.nbytes}", peer=x.peer, step=step) from None
+                        raise FrameRefusal(
+                            "frame-size-mismatch",
+                            f"{x.what} from rank {x.peer} (step {step}): "
+                            f"{got} bytes arrived, expected {x.nbytes}",
+                            peer=x.peer,
+                            step=step,
+                        ) from None
                 if x.split:
                     waiter.wait(x.preq, x.pstatus, x.peer, x.what + " payload", step, timeout)
                     if x.pstatus.Get_count(MPI.BYTE) != 8 * x.m.count:
-                        raise Refusal("frame-size-mismatch", f"{x.what} from rank {x.peer}: payload of "
-                                      f"{x.pstatus.Get_count(MPI.BYTE)} bytes, expected {8 * x.m.count}")
+                        raise Refusal(
+                            "frame-size-mismatch",
+                            f"{x.what} from rank {x.peer}: payload of "
+                            f"{x.pstatus.Get_count(MPI.BYTE)} bytes, expected {8 * x.m.count}",
+                        )
                 if f & fr.FLAG_REFUSED and who is None:
                     who = fr.refusal_of(x.hmv)
                     refused, code = who[0], fr.code_tag(who[1])
@@ -374,7 +466,9 @@ class Engine:
                     log(rank, f"recv <- {x.peer} {x.what} step {step} {fr.HEADER + 8 * x.m.count}B")
             elif k == C:
                 _, sp, sb, so, dp, db, do, nb = op
-                ffi.memmove(dp if dp is not None else bases[db] + do, sp if sp is not None else bases[sb] + so, nb)
+                ffi.memmove(
+                    dp if dp is not None else bases[db] + do, sp if sp is not None else bases[sb] + so, nb
+                )
             elif k == F:
                 _, rptr, rb, ro, cnt = op
                 if lib.ak_first_nonfinite(rptr if rptr is not None else bases[rb] + ro, cnt) >= 0:
@@ -388,8 +482,9 @@ class Engine:
                 x = op[1]
                 x.hreq.Start()
                 reg = x.region
-                x.preq = self.comm.Irecv(arrays[reg.buf][reg.offset: reg.offset + reg.count], source=x.peer,
-                                         tag=x.tag + 1)
+                x.preq = self.comm.Irecv(
+                    arrays[reg.buf][reg.offset : reg.offset + reg.count], source=x.peer, tag=x.tag + 1
+                )
         return flags, who
 
     def _finish(self, local, flags, who, leaves, outarr, out):
@@ -397,19 +492,29 @@ class Engine:
             raise local
         if flags & fr.FLAG_REFUSED:
             rank, code = who
-            raise Refusal("peer-refused", f"rank {rank} refused step {self.step - 1} [{code}] before its arithmetic; "
-                          "every rank completed the round and nothing was applied", peer=rank, peer_code=code)
+            raise Refusal(
+                "peer-refused",
+                f"rank {rank} refused step {self.step - 1} [{code}] before its arithmetic; "
+                "every rank completed the round and nothing was applied",
+                peer=rank,
+                peer_code=code,
+            )
         if flags & fr.FLAG_NONFINITE and (self.rp.result is not None or self.rp.checks):
             refuse_nonfinite(leaves, self.step - 1)
         res = self.rp.result
         if res is None:
             return None
         if self.program.mode == "reduce-scatter":
-            chunk = self.bufs[res.buf][res.offset: res.offset + res.count] if res.buf != "out" else \
-                outarr[res.offset: res.offset + res.count]
+            chunk = (
+                self.bufs[res.buf][res.offset : res.offset + res.count]
+                if res.buf != "out"
+                else outarr[res.offset : res.offset + res.count]
+            )
             lo, hi = self.program.chunks[self.rank]
             if out is not None:
-                target = out.reshape(-1)[lo:hi] if out.size == self.n and out.size != hi - lo else out.reshape(-1)
+                target = (
+                    out.reshape(-1)[lo:hi] if out.size == self.n and out.size != hi - lo else out.reshape(-1)
+                )
                 np.copyto(target, chunk)
                 chunk = target
             return lo, hi, chunk
@@ -427,9 +532,15 @@ class Engine:
         self.broken = e.code
         mine = [x for x in self._msgs.values()]
         cancel_receives([r for x in mine if x.m.dst == self.rank for r in (x.hreq, x.preq) if r is not None])
-        mark_broken(self.rank, e.code, [r for x in mine if x.m.src == self.rank for r in (x.hreq, x.preq) if r is not None])
-        sys.stderr.write(f"r{self.rank} | {self.realization} step {self.step} refused [{e.code}]: {e.message}\n"
-                         f"  r{self.rank}: {self.rp.text()}  <-- ERROR HERE\n")
+        mark_broken(
+            self.rank,
+            e.code,
+            [r for x in mine if x.m.src == self.rank for r in (x.hreq, x.preq) if r is not None],
+        )
+        sys.stderr.write(
+            f"r{self.rank} | {self.realization} step {self.step} refused [{e.code}]: {e.message}\n"
+            f"  r{self.rank}: {self.rp.text()}  <-- ERROR HERE\n"
+        )
         sys.stderr.flush()
 
     def free(self) -> None:

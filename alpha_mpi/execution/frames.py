@@ -47,8 +47,18 @@ _FMT = struct.Struct("<8sHBBI8s16s16s8sQIII8sQ")  # bytes 0..99
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 PHASE_CODE = {"r": 1, "d": 2, "a": 3, "s": 4, "g": 5, "x": 6, "h": 7, "u": 8, "o": 9, "f": 10}
-PHASE_NAME = {1: "reduce", 2: "deliver", 3: "assemble", 4: "scatter", 5: "gather", 6: "exchange",
-              7: "halving", 8: "allgather", 9: "operands", 10: "flags"}
+PHASE_NAME = {
+    1: "reduce",
+    2: "deliver",
+    3: "assemble",
+    4: "scatter",
+    5: "gather",
+    6: "exchange",
+    7: "halving",
+    8: "allgather",
+    9: "operands",
+    10: "flags",
+}
 FLAG_NONFINITE = 1
 FLAG_REFUSED = 2
 FLAG_PAYLOAD_CRC = 4
@@ -84,10 +94,24 @@ def code_of_tag(tag: bytes) -> str:
 class FrameSpec:
     """What one planned frame must say. Built once per plan and message; patched per step."""
 
-    __slots__ = ("phase", "edge", "sender", "receiver", "count", "topology", "order", "identity", "contract",
-                 "layout", "expect", "where")
+    __slots__ = (
+        "phase",
+        "edge",
+        "sender",
+        "receiver",
+        "count",
+        "topology",
+        "order",
+        "identity",
+        "contract",
+        "layout",
+        "expect",
+        "where",
+    )
 
-    def __init__(self, *, phase, edge, sender, receiver, count, topology, order_id, identity, layout_key, contract=""):
+    def __init__(
+        self, *, phase, edge, sender, receiver, count, topology, order_id, identity, layout_key, contract=""
+    ):
         self.phase = PHASE_CODE[phase]
         self.edge, self.sender, self.receiver, self.count = edge, sender, receiver, count
         self.topology = short_digest(topology, 8)
@@ -102,15 +126,32 @@ class FrameSpec:
 
     def _pack(self, buf, step: int, flags: int) -> None:
         _FMT.pack_into(
-            buf, 0, MAGIC, VERSION, self.phase, flags, HEADER, self.topology, self.order,
-            self.identity, self.contract, step, self.edge, self.sender, self.receiver, self.layout, self.count,
+            buf,
+            0,
+            MAGIC,
+            VERSION,
+            self.phase,
+            flags,
+            HEADER,
+            self.topology,
+            self.order,
+            self.identity,
+            self.contract,
+            step,
+            self.edge,
+            self.sender,
+            self.receiver,
+            self.layout,
+            self.count,
         )
 
     @property
     def nbytes(self) -> int:
         return 8 * self.count
 
-    def write(self, buf, step: int, flags: int = 0, refused: int = -1, code: str = "", payload_crc: int = 0) -> None:
+    def write(
+        self, buf, step: int, flags: int = 0, refused: int = -1, code: str = "", payload_crc: int = 0
+    ) -> None:
         """Write the whole header into the first HEADER bytes of a uint8 buffer."""
         mv = memoryview(buf).cast("B") if not isinstance(buf, memoryview) else buf
         mv[:_CRC_OFF] = self.expect
@@ -123,21 +164,46 @@ class FrameSpec:
         where = f"{self.where} (step {step})"
         expected_bytes = HEADER if split else HEADER + 8 * self.count
         if nbytes_received < HEADER:
-            raise FrameRefusal("frame-size-mismatch", f"{where}: {nbytes_received} bytes arrived, less than a header", **ctx)
+            raise FrameRefusal(
+                "frame-size-mismatch", f"{where}: {nbytes_received} bytes arrived, less than a header", **ctx
+            )
         h = bytes(memoryview(buf).cast("B")[:HEADER])
         f = _FMT.unpack_from(h, 0)
-        (magic, version, phase, flags, hsize, topo, order, ident, contract, fstep, edge, sender, receiver, layout, count) = f
+        (
+            magic,
+            version,
+            phase,
+            flags,
+            hsize,
+            topo,
+            order,
+            ident,
+            contract,
+            fstep,
+            edge,
+            sender,
+            receiver,
+            layout,
+            count,
+        ) = f
         if magic == MAGIC and version != VERSION:
             if version == 1 and _U32.unpack_from(h, 100)[0] == zlib.crc32(h[:100]):
-                raise FrameRefusal("frame-version", f"{where}: format version {version}, expected {VERSION}", **ctx)
+                raise FrameRefusal(
+                    "frame-version", f"{where}: format version {version}, expected {VERSION}", **ctx
+                )
         if _U32.unpack_from(h, _CRC_OFF)[0] != zlib.crc32(h[:_CRC_OFF]) or hsize != HEADER:
             raise FrameRefusal(
-                "frame-checksum", f"{where}: the header's checksum does not match its contents (corrupted in transit"
-                + (")" if magic == MAGIC else ", or not an alpha_mpi frame)"), **ctx)
+                "frame-checksum",
+                f"{where}: the header's checksum does not match its contents (corrupted in transit"
+                + (")" if magic == MAGIC else ", or not an alpha_mpi frame)"),
+                **ctx,
+            )
         if magic != MAGIC:
             raise FrameRefusal("frame-magic", f"{where}: magic {magic!r}, expected {MAGIC!r}", **ctx)
         if version != VERSION:
-            raise FrameRefusal("frame-version", f"{where}: format version {version}, expected {VERSION}", **ctx)
+            raise FrameRefusal(
+                "frame-version", f"{where}: format version {version}, expected {VERSION}", **ctx
+            )
         if topo != self.topology:
             raise FrameRefusal(
                 "frame-topology-mismatch",
@@ -148,15 +214,25 @@ class FrameSpec:
             if count != self.count or layout != self.layout:  # the layout is part of the order id
                 raise FrameRefusal(
                     "frame-size-mismatch",
-                    f"{where}: {count} elements of another payload layout, expected {self.count}", **ctx)
-            raise FrameRefusal("frame-order-mismatch", f"{where}: order id {order.hex()}, expected {self.order.hex()}", **ctx)
+                    f"{where}: {count} elements of another payload layout, expected {self.count}",
+                    **ctx,
+                )
+            raise FrameRefusal(
+                "frame-order-mismatch", f"{where}: order id {order.hex()}, expected {self.order.hex()}", **ctx
+            )
         if ident != self.identity:
             raise FrameRefusal(
                 "frame-identity-mismatch",
                 f"{where}: plan identity {ident.hex()}, expected {self.identity.hex()} (the peer runs another "
-                "realization, placement, delivery or rank count of this order)", **ctx)
+                "realization, placement, delivery or rank count of this order)",
+                **ctx,
+            )
         if contract != self.contract:
-            raise FrameRefusal("frame-identity-mismatch", f"{where}: contract {contract.hex()}, expected {self.contract.hex()}", **ctx)
+            raise FrameRefusal(
+                "frame-identity-mismatch",
+                f"{where}: contract {contract.hex()}, expected {self.contract.hex()}",
+                **ctx,
+            )
         if (phase, edge, sender, receiver) != (self.phase, self.edge, self.sender, self.receiver):
             raise FrameRefusal(
                 "frame-routing-mismatch",
@@ -169,11 +245,15 @@ class FrameSpec:
         # The size last: a header that names another plan says so, whatever its size.
         if nbytes_received != expected_bytes:
             raise FrameRefusal(
-                "frame-size-mismatch", f"{where}: {nbytes_received} bytes arrived, expected {expected_bytes}", **ctx)
+                "frame-size-mismatch",
+                f"{where}: {nbytes_received} bytes arrived, expected {expected_bytes}",
+                **ctx,
+            )
         if layout != self.layout or count != self.count:
             raise FrameRefusal(
                 "frame-size-mismatch",
-                f"{where}: {count} elements, expected {self.count} (another payload layout)", **ctx,
+                f"{where}: {count} elements, expected {self.count} (another payload layout)",
+                **ctx,
             )
         if h[112:124] != bytes(12):
             raise FrameRefusal("frame-checksum", f"{where}: reserved header bytes are not zero", **ctx)
@@ -185,26 +265,33 @@ class FrameSpec:
         names what differs)."""
         h = mv[:_CRC_OFF].tobytes()
         e = self.expect
-        if (h[:_FLAGS_OFF] != e[:_FLAGS_OFF] or h[_FLAGS_OFF + 1:_STEP_OFF] != e[_FLAGS_OFF + 1:_STEP_OFF]
-                or h[_STEP_OFF + 8:_REFUSED_OFF] != e[_STEP_OFF + 8:_REFUSED_OFF] or h[112:] != e[112:]
-                or _U64.unpack_from(h, _STEP_OFF)[0] != step or _U32.unpack_from(mv, _CRC_OFF)[0] != zlib.crc32(h)):
+        if (
+            h[:_FLAGS_OFF] != e[:_FLAGS_OFF]
+            or h[_FLAGS_OFF + 1 : _STEP_OFF] != e[_FLAGS_OFF + 1 : _STEP_OFF]
+            or h[_STEP_OFF + 8 : _REFUSED_OFF] != e[_STEP_OFF + 8 : _REFUSED_OFF]
+            or h[112:] != e[112:]
+            or _U64.unpack_from(h, _STEP_OFF)[0] != step
+            or _U32.unpack_from(mv, _CRC_OFF)[0] != zlib.crc32(h)
+        ):
             return -1
         return h[_FLAGS_OFF]
 
 
-def patch(mv, step: int, flags: int, refused: int = -1, code: bytes = b"\0\0\0\0", payload_crc: int = 0) -> None:
+def patch(
+    mv, step: int, flags: int, refused: int = -1, code: bytes = b"\0\0\0\0", payload_crc: int = 0
+) -> None:
     """Patch the per-run fields of a header written from its template, then its CRC."""
     _U64.pack_into(mv, _STEP_OFF, step)
     mv[_FLAGS_OFF] = flags
     _U32.pack_into(mv, _REFUSED_OFF, refused + 1)
-    mv[_CODE_OFF:_CODE_OFF + 4] = code
+    mv[_CODE_OFF : _CODE_OFF + 4] = code
     _U32.pack_into(mv, _PCRC_OFF, payload_crc)
     _U32.pack_into(mv, _CRC_OFF, zlib.crc32(mv[:_CRC_OFF]))
 
 
 def refusal_of(mv) -> tuple:
     """(refusing rank, code) a header names (flag bit 1)."""
-    return _U32.unpack_from(mv, _REFUSED_OFF)[0] - 1, code_of_tag(mv[_CODE_OFF:_CODE_OFF + 4])
+    return _U32.unpack_from(mv, _REFUSED_OFF)[0] - 1, code_of_tag(mv[_CODE_OFF : _CODE_OFF + 4])
 
 
 def payload_crc_of(mv) -> int:
@@ -220,6 +307,22 @@ def payload(buf: np.ndarray) -> np.ndarray:
     return buf[HEADER:].view(np.float64)
 
 
-__all__ = ["MAGIC", "VERSION", "HEADER", "PHASE_CODE", "PHASE_NAME", "FLAG_NONFINITE", "FLAG_REFUSED",
-           "FLAG_PAYLOAD_CRC", "FrameSpec", "patch", "refusal_of", "payload_crc_of", "code_tag", "code_of_tag",
-           "frame_buffer", "payload", "short_digest"]
+__all__ = [
+    "MAGIC",
+    "VERSION",
+    "HEADER",
+    "PHASE_CODE",
+    "PHASE_NAME",
+    "FLAG_NONFINITE",
+    "FLAG_REFUSED",
+    "FLAG_PAYLOAD_CRC",
+    "FrameSpec",
+    "patch",
+    "refusal_of",
+    "payload_crc_of",
+    "code_tag",
+    "code_of_tag",
+    "frame_buffer",
+    "payload",
+    "short_digest",
+]

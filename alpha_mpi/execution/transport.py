@@ -130,7 +130,8 @@ class Waiter:
                     "peer-timeout",
                     f"rank {self.rank}: {what} with rank {peer} did not complete within {bound:g} s at step {step} "
                     "(the peer is stopped, dead or far behind)",
-                    peer=peer, step=step,
+                    peer=peer,
+                    step=step,
                 )
         except MPI.Exception as e:
             raise mpi_failure(e, peer, what, step) from None
@@ -141,11 +142,20 @@ def mpi_failure(e, peer: int, what: str, step: int) -> Refusal:
     planned (another plan); any other error means the peer or the transport failed."""
     text = e.Get_error_string().strip()
     if e.Get_error_class() == MPI.ERR_TRUNCATE:
-        return FrameRefusal("frame-size-mismatch",
-                            f"{what} from rank {peer} (step {step}): longer than planned ({text}); the peer runs "
-                            "another plan, realization or layout", peer=peer, step=step)
-    return Refusal("peer-failed", f"{what} with rank {peer} (step {step}) failed in MPI: {text} (the peer died "
-                   "or the interconnect failed)", peer=peer, step=step)
+        return FrameRefusal(
+            "frame-size-mismatch",
+            f"{what} from rank {peer} (step {step}): longer than planned ({text}); the peer runs "
+            "another plan, realization or layout",
+            peer=peer,
+            step=step,
+        )
+    return Refusal(
+        "peer-failed",
+        f"{what} with rank {peer} (step {step}) failed in MPI: {text} (the peer died "
+        "or the interconnect failed)",
+        peer=peer,
+        step=step,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -187,9 +197,11 @@ def _abort_if_broken() -> None:
         return
     for rank, code, sends in _BROKEN:
         if code in _FATAL or _incomplete(sends):
-            sys.stderr.write(f"r{rank} | alpha_mpi: a combine failed [{code}] and the job cannot end cleanly (a peer is "
-                             f"gone or frames are in flight); aborting it with exit status {ABORT_STATUS} instead of "
-                             "hanging in MPI_Finalize\n")
+            sys.stderr.write(
+                f"r{rank} | alpha_mpi: a combine failed [{code}] and the job cannot end cleanly (a peer is "
+                f"gone or frames are in flight); aborting it with exit status {ABORT_STATUS} instead of "
+                "hanging in MPI_Finalize\n"
+            )
             sys.stderr.flush()
             MPI.COMM_WORLD.Abort(ABORT_STATUS)
             return
@@ -207,6 +219,20 @@ def cancel_receives(reqs) -> None:
             pass
 
 
-__all__ = ["DEFAULT_TIMEOUT", "ABORT_STATUS", "TAG", "TAG_BASE", "Waiter", "timeout_from_env", "spin_from_env",
-           "debug_enabled", "log", "library_comm", "polls_before_yield", "mark_broken", "mpi_failure", "set_abort_at_exit",
-           "cancel_receives"]
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "ABORT_STATUS",
+    "TAG",
+    "TAG_BASE",
+    "Waiter",
+    "timeout_from_env",
+    "spin_from_env",
+    "debug_enabled",
+    "log",
+    "library_comm",
+    "polls_before_yield",
+    "mark_broken",
+    "mpi_failure",
+    "set_abort_at_exit",
+    "cancel_receives",
+]

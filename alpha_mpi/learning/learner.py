@@ -84,9 +84,21 @@ class DataParallelLearner:
     manifests as `alpha-mpi train --checkpoint-dir`, restorable on any rank count.
     """
 
-    def __init__(self, comm, model, *, slots: int, topology: str = "pairwise", optimizer: str = "adam",
-                 lr: float = 1e-3, momentum: float = 0.9, partition: str = "none", seed: int = 0,
-                 timeout=None, init_params=None):
+    def __init__(
+        self,
+        comm,
+        model,
+        *,
+        slots: int,
+        topology: str = "pairwise",
+        optimizer: str = "adam",
+        lr: float = 1e-3,
+        momentum: float = 0.9,
+        partition: str = "none",
+        seed: int = 0,
+        timeout=None,
+        init_params=None,
+    ):
         if partition not in MODES:
             raise Refusal("usage", f"unknown partition {partition!r}; use one of {', '.join(MODES)}")
         from .protocol import check_model
@@ -119,7 +131,9 @@ class DataParallelLearner:
         # fixes the chunks, and so each rank's coordinate range in the partitioned modes.
         self.rs_realization, _ = choose_realization(self.full_plan, "auto", "reduce-scatter")
         self.chunks = realize(self.full_plan, self.rs_realization, mode="reduce-scatter").chunks
-        self.ranges = [(r, min(lo, n), min(hi, n)) for r, (lo, hi) in enumerate(self.chunks) if min(hi, n) > min(lo, n)]
+        self.ranges = [
+            (r, min(lo, n), min(hi, n)) for r, (lo, hi) in enumerate(self.chunks) if min(hi, n) > min(lo, n)
+        ]
         a, b = self.own = next(((a, b) for r, a, b in self.ranges if r == self.rank), (0, 0))
         full = model.init(seed) if init_params is None else np.array(init_params, dtype=np.float64)
         self.params = full if partition != "params" else full[a:b].copy()
@@ -132,22 +146,36 @@ class DataParallelLearner:
         else:
             # Reduced gradients exist only at their owner: reduce-scatter, then the two scalar
             # words (mass, loss) from the rank holding them to all (adding zeros is exact).
-            self.reducer = Allreducer(comm, self.full_plan, realization=self.rs_realization, mode="reduce-scatter",
-                                      timeout=timeout, contract=cd)
+            self.reducer = Allreducer(
+                comm,
+                self.full_plan,
+                realization=self.rs_realization,
+                mode="reduce-scatter",
+                timeout=timeout,
+                contract=cd,
+            )
             lo, hi = self.chunks[self.rank]
             self.reduced = np.empty(hi - lo)
             # One rank holds each word and the others add zeros (exact), so any tree gives these bits.
-            self.scalars = Allreducer(comm, plan(pairwise(range(self.size), self.size), ReplicateAll(), 3, size=self.size),
-                                    timeout=timeout, contract=cd)
+            self.scalars = Allreducer(
+                comm,
+                plan(pairwise(range(self.size), self.size), ReplicateAll(), 3, size=self.size),
+                timeout=timeout,
+                contract=cd,
+            )
         self.assembler = None
         if partition != "none":
-            self.assembler = Assembler(comm, plan_assembly(self.ranges, n, self.size), timeout=timeout, contract=cd)
+            self.assembler = Assembler(
+                comm, plan_assembly(self.ranges, n, self.size), timeout=timeout, contract=cd
+            )
         self._full = None if partition == "params" else self.params
         self._full_next = np.empty(n) if partition in ("state", "grads") else None
         self.step = 0
         self.times = {"compute": 0.0, "combine": 0.0, "update": 0.0}
         self.order_id = self.full_plan.order_id
-        self.realization = self.reducer.realization + (" (reduce-scatter)" if partition in ("grads", "params") else "")
+        self.realization = self.reducer.realization + (
+            " (reduce-scatter)" if partition in ("grads", "params") else ""
+        )
 
     # ------------------------------------------------------------------------------------------
     def full_params(self) -> np.ndarray:
@@ -224,7 +252,9 @@ class DataParallelLearner:
             if self.assembler.flags:
                 if failure is not None:
                     raise failure
-                raise Refusal("peer-failed", f"another rank refused its update at step {self.step}; no rank applied it")
+                raise Refusal(
+                    "peer-failed", f"another rank refused its update at step {self.step}; no rank applied it"
+                )
             if self.partition == "params":
                 self._full = full_next
             else:
@@ -276,8 +306,13 @@ class DataParallelLearner:
         return {"lr": o.lr, "momentum": o.momentum}
 
     def checkpoint_scalars(self) -> dict:
-        return {"step": self.step, "optimizer": self.optimizer_name, "optimizer_hyper": self._optimizer_hyper(),
-                "optimizer_scalars": self.opt.state()["scalars"], "partition_saved": self.partition}
+        return {
+            "step": self.step,
+            "optimizer": self.optimizer_name,
+            "optimizer_hyper": self._optimizer_hyper(),
+            "optimizer_scalars": self.opt.state()["scalars"],
+            "partition_saved": self.partition,
+        }
 
     def checkpoint_read(self, ck) -> dict:
         """Read exactly the ranges this rank now owns (whatever the rank count was at save time)
@@ -288,24 +323,37 @@ class DataParallelLearner:
         sc = ck.manifest["scalars"]
         if not isinstance(sc, dict) or sc.get("optimizer") != self.optimizer_name:
             got = sc.get("optimizer") if isinstance(sc, dict) else None
-            raise CheckpointRefusal("checkpoint-config-mismatch", f"checkpoint optimizer {got!r}, now {self.optimizer_name!r}")
+            raise CheckpointRefusal(
+                "checkpoint-config-mismatch", f"checkpoint optimizer {got!r}, now {self.optimizer_name!r}"
+            )
         if "optimizer_hyper" not in sc:
             raise CheckpointRefusal("checkpoint-manifest", "the checkpoint's scalars lack optimizer_hyper")
         live = self._optimizer_hyper()
-        diffs = [f"{k}: saved {sc['optimizer_hyper'][k]!r}, now {v!r}" for k, v in live.items()
-                 if k != "lr" and sc["optimizer_hyper"][k] != v]  # lr: the Checkpointer compares it (adopt_lr)
+        diffs = [
+            f"{k}: saved {sc['optimizer_hyper'][k]!r}, now {v!r}"
+            for k, v in live.items()
+            if k != "lr" and sc["optimizer_hyper"][k] != v
+        ]  # lr: the Checkpointer compares it (adopt_lr)
         if diffs:
-            raise CheckpointRefusal("checkpoint-config-mismatch", f"optimizer hyperparameters differ: {'; '.join(diffs)}")
+            raise CheckpointRefusal(
+                "checkpoint-config-mismatch", f"optimizer hyperparameters differ: {'; '.join(diffs)}"
+            )
         names = self.opt.state()["arrays"]
         need = {"params"} | {f"optimizer.{k}" for k in names}
         if set(ck.components) != need:
-            raise CheckpointRefusal("checkpoint-config-mismatch",
-                                    f"checkpoint holds {sorted(ck.components)}, this learner needs {sorted(need)}")
+            raise CheckpointRefusal(
+                "checkpoint-config-mismatch",
+                f"checkpoint holds {sorted(ck.components)}, this learner needs {sorted(need)}",
+            )
         for name in need:
             if ck.length(name) != n:
-                raise CheckpointRefusal("checkpoint-config-mismatch",
-                                        f"checkpoint {name} has {ck.length(name)} values, this model {n} parameters")
-        params = ck.read_range("params", a, b) if self.partition == "params" else ck.read_range("params", 0, n)
+                raise CheckpointRefusal(
+                    "checkpoint-config-mismatch",
+                    f"checkpoint {name} has {ck.length(name)} values, this model {n} parameters",
+                )
+        params = (
+            ck.read_range("params", a, b) if self.partition == "params" else ck.read_range("params", 0, n)
+        )
         lo, hi = (0, n) if self.partition == "none" else (a, b)
         arrays = {k: ck.read_range(f"optimizer.{k}", lo, hi) for k in names}
         for name, arr in [("params", params)] + [(f"optimizer.{k}", v) for k, v in arrays.items()]:
@@ -329,7 +377,11 @@ class DataParallelLearner:
         """Bytes this rank holds per kind of state (frames and transport buffers excluded)."""
         n = self.n
         grads = sum(p.nbytes for p in self.payloads.values()) + self.reduced.nbytes
-        params = self.params.nbytes + self._p_next.nbytes + (0 if self._full_next is None else self._full_next.nbytes)
+        params = (
+            self.params.nbytes
+            + self._p_next.nbytes
+            + (0 if self._full_next is None else self._full_next.nbytes)
+        )
         if self.partition == "params":
             params += 8 * n  # the assembled vector, alive from one step's update to the next forward pass
         return {"params": params, "optimizer": self.opt.nbytes, "gradients": grads}

@@ -29,8 +29,21 @@ class Adam:
         self.steps = 0
 
     def propose(self, p, g, p_out) -> None:
-        kernel.adam_step(p, self.m, self.v, g, p_out, self._m, self._v, lr=self.lr, b1=self.b1, b2=self.b2,
-                         eps=self.eps, b1t=self.b1t, b2t=self.b2t)
+        kernel.adam_step(
+            p,
+            self.m,
+            self.v,
+            g,
+            p_out,
+            self._m,
+            self._v,
+            lr=self.lr,
+            b1=self.b1,
+            b2=self.b2,
+            eps=self.eps,
+            b1t=self.b1t,
+            b2t=self.b2t,
+        )
 
     def commit(self) -> None:
         self.m, self._m = self._m, self.m
@@ -41,8 +54,10 @@ class Adam:
 
     def state(self) -> dict:
         """Arrays by name (coordinate-ranged) and scalars, for checkpoints."""
-        return {"arrays": {"m": self.m, "v": self.v},
-                "scalars": {"b1t": self.b1t, "b2t": self.b2t, "steps": self.steps}}
+        return {
+            "arrays": {"m": self.m, "v": self.v},
+            "scalars": {"b1t": self.b1t, "b2t": self.b2t, "steps": self.steps},
+        }
 
     def load(self, arrays: dict, scalars: dict) -> None:
         np.copyto(self.m, arrays["m"])

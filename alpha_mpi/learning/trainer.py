@@ -77,8 +77,16 @@ def build(comm, cfg: TrainConfig):
     else:
         model = MLP(data.inputs, cfg.hidden, data.classes)
     learner = DataParallelLearner(
-        comm, model, slots=cfg.slots, topology=cfg.topology, optimizer=cfg.optimizer, lr=cfg.lr,
-        momentum=cfg.momentum, partition=cfg.partition, seed=cfg.seed, timeout=cfg.timeout,
+        comm,
+        model,
+        slots=cfg.slots,
+        topology=cfg.topology,
+        optimizer=cfg.optimizer,
+        lr=cfg.lr,
+        momentum=cfg.momentum,
+        partition=cfg.partition,
+        seed=cfg.seed,
+        timeout=cfg.timeout,
     )
     stream = SlotStream(len(data.y), cfg.batch, cfg.slots, cfg.seed)
     return data, model, learner, stream
@@ -95,8 +103,16 @@ def train(comm, cfg: TrainConfig, out=print) -> dict:
         from .data import fingerprint
 
         # Rank 0 locks the directory first: a second trainer on it is refused before it reads or writes.
-        ckpt = Checkpointer(comm, cfg.checkpoint_dir, learner, cfg, adopt_contract=cfg.adopt_contract,
-                            adopt_lr=cfg.adopt_lr, data=fingerprint(data), timeout=cfg.timeout)
+        ckpt = Checkpointer(
+            comm,
+            cfg.checkpoint_dir,
+            learner,
+            cfg,
+            adopt_contract=cfg.adopt_contract,
+            adopt_lr=cfg.adopt_lr,
+            data=fingerprint(data),
+            timeout=cfg.timeout,
+        )
         if cfg.resume or cfg.resume_from:
             try:
                 resumed = ckpt.resume(path=cfg.resume_from)
@@ -105,15 +121,20 @@ def train(comm, cfg: TrainConfig, out=print) -> dict:
                 raise
             for line in resumed.lines:
                 say(line)
-    say(f"# alpha-mpi train: {data.name}, {model.n_params} parameters, {cfg.slots} slots on {comm.Get_size()} ranks, "
-        f"batch {cfg.batch}, {cfg.optimizer} lr {cfg.lr:g}, topology {cfg.topology}, partition {cfg.partition}")
+    say(
+        f"# alpha-mpi train: {data.name}, {model.n_params} parameters, {cfg.slots} slots on {comm.Get_size()} ranks, "
+        f"batch {cfg.batch}, {cfg.optimizer} lr {cfg.lr:g}, topology {cfg.topology}, partition {cfg.partition}"
+    )
     say(f"# order id {learner.order_id}")
     mem = learner.memory()
     say("# memory per rank: " + ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in mem.items()))
     start_step = learner.step
     if start_step >= cfg.steps:
-        say(f"# nothing to train: the state is at step {start_step}, " +
-            ("--steps" if start_step == cfg.steps else f"past --steps") + f" {cfg.steps}")
+        say(
+            f"# nothing to train: the state is at step {start_step}, "
+            + ("--steps" if start_step == cfg.steps else "past --steps")
+            + f" {cfg.steps}"
+        )
     stop = StopFlag().install()
     preempted = False
     t_start = time.perf_counter()
@@ -139,8 +160,10 @@ def train(comm, cfg: TrainConfig, out=print) -> dict:
             if learner.step % cfg.log_every == 0 or learner.step == cfg.steps:
                 el = time.perf_counter() - t_start
                 tm = learner.times
-                say(f"step {learner.step:5d}/{cfg.steps}  loss {loss:.6f}  samples/s {samples / el:9.0f}  "
-                    f"compute {tm['compute']:.2f}s  combine {tm['combine']:.2f}s  update {tm['update']:.2f}s")
+                say(
+                    f"step {learner.step:5d}/{cfg.steps}  loss {loss:.6f}  samples/s {samples / el:9.0f}  "
+                    f"compute {tm['compute']:.2f}s  combine {tm['combine']:.2f}s  update {tm['update']:.2f}s"
+                )
         if ckpt and not preempted and not ckpt.has(learner.step):
             ckpt.save()  # the final state is always saved
     finally:
@@ -151,8 +174,14 @@ def train(comm, cfg: TrainConfig, out=print) -> dict:
     predict = getattr(model, "predict", None)  # optional in the Model protocol
     acc = float(np.mean(predict(params, data.X_eval) == data.y_eval)) if predict else float("nan")
     result = {
-        "steps": learner.step, "loss": float(loss) if learner.step > start_step else None, "accuracy": acc, "digest": digest(params),
-        "order_id": learner.order_id, "preempted": preempted, "memory": mem, "config": asdict(cfg),
+        "steps": learner.step,
+        "loss": float(loss) if learner.step > start_step else None,
+        "accuracy": acc,
+        "digest": digest(params),
+        "order_id": learner.order_id,
+        "preempted": preempted,
+        "memory": mem,
+        "config": asdict(cfg),
         "seconds": time.perf_counter() - t_start,
     }
     if preempted:  # not the run's final state: keep it out of `state digest:` parsers

@@ -30,7 +30,11 @@ class AssemblyPlan:
         return self.pieces[index // self.size]
 
     def describe(self) -> str:
-        lines = [f"assembly of {self.n} coordinates, {self.delivery!r}", f"identity {self.identity}", "pieces:"]
+        lines = [
+            f"assembly of {self.n} coordinates, {self.delivery!r}",
+            f"identity {self.identity}",
+            "pieces:",
+        ]
         lines += [f"  [{a}, {b}) @r{o}" for o, a, b in self.pieces]
         lines.append("schedule:")
         for r, steps in enumerate(self.programs):
@@ -44,12 +48,16 @@ def _pieces(ranges, n, size):
         try:
             owner, start, stop = item
         except (TypeError, ValueError):
-            raise ModelRefusal("placement-invalid", f"an assembly piece is (owner, start, stop), got {item!r}")
+            raise ModelRefusal(
+                "placement-invalid", f"an assembly piece is (owner, start, stop), got {item!r}"
+            )
         for v in (owner, start, stop):
             if isinstance(v, bool) or not isinstance(v, int):
                 raise ModelRefusal("placement-invalid", f"assembly piece {item!r} must hold ints")
         if not 0 <= owner < size:
-            raise ModelRefusal("owner-out-of-range", f"piece {item!r} names rank {owner} outside 0..{size - 1}")
+            raise ModelRefusal(
+                "owner-out-of-range", f"piece {item!r} names rank {owner} outside 0..{size - 1}"
+            )
         if not 0 <= start < stop:
             raise ModelRefusal("data-parallel-assembly-coverage", f"piece {item!r} is empty or negative")
         items.append((owner, start, stop))
@@ -71,7 +79,9 @@ def _pieces(ranges, n, size):
         pos = stop
     if pos != n:
         if pos > n:
-            raise ModelRefusal("data-parallel-assembly-coverage", f"pieces reach coordinate {pos} beyond n={n}")
+            raise ModelRefusal(
+                "data-parallel-assembly-coverage", f"pieces reach coordinate {pos} beyond n={n}"
+            )
         raise ModelRefusal("data-parallel-assembly-coverage", f"coordinates [{pos}, {n}) have no owner")
     return tuple(items)
 
@@ -87,7 +97,9 @@ def plan_assembly(ranges, n: int, size: int, delivery=None) -> AssemblyPlan:
     pieces = _pieces(ranges, n, size)
     if isinstance(delivery, DeliverTo):
         if delivery.target >= size:
-            raise ModelRefusal("delivery-target-not-owner", f"DeliverTo({delivery.target}) outside {size} ranks")
+            raise ModelRefusal(
+                "delivery-target-not-owner", f"DeliverTo({delivery.target}) outside {size} ranks"
+            )
         receivers = frozenset([delivery.target])
     else:
         receivers = frozenset(range(size))

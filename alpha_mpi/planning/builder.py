@@ -103,7 +103,14 @@ class RankBuilder:
 
     def build(self, slots, result: Region | None) -> RankProgram:
         return RankProgram(
-            rank=self.rank, slots=tuple(slots), buffers=tuple(self.buffers), messages=dict(self.messages),
-            regions=dict(self.regions), evals=tuple(self.evals), copies=tuple(self.copies),
-            checks=tuple(self.checks), ops=schedule(self.logical, self.regions), result=result,
+            rank=self.rank,
+            slots=tuple(slots),
+            buffers=tuple(self.buffers),
+            messages=dict(self.messages),
+            regions=dict(self.regions),
+            evals=tuple(self.evals),
+            copies=tuple(self.copies),
+            checks=tuple(self.checks),
+            ops=schedule(self.logical, self.regions),
+            result=result,
         )

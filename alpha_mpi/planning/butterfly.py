@@ -60,8 +60,10 @@ def balanced_top(tree, size: int, name: str = "butterfly") -> dict:
         base = min(a, b)
         if ca != cb or {a, b} != {base, base + ca} or base % (2 * ca):
             raise _inapplicable(
-                name, f"the top is not balanced over aligned rank blocks (a branch joins ranks {a}..{a + ca - 1} "
-                f"and {b}..{b + cb - 1}); the pairwise topology with power-of-two slots and ranks is")
+                name,
+                f"the top is not balanced over aligned rank blocks (a branch joins ranks {a}..{a + ca - 1} "
+                f"and {b}..{b + cb - 1}); the pairwise topology with power-of-two slots and ranks is",
+            )
         side[(ca.bit_length() - 1, base)] = a < b
         span[id(node)] = (base, 2 * ca)
     return {"side": side, "operand": {o.owner: o for o in ops}}
@@ -78,8 +80,9 @@ def _operand_value(b: RankBuilder, op, n: int, framed: bool):
     if isinstance(op.node, Leaf):
         return b.leaf(op.node.slot, n)
     dest = b.work(n, framed=framed)
-    for ev in lower_expression(op.node, lambda nd: b.leaf(nd.slot, n) if isinstance(nd, Leaf) else None, dest,
-                               lambda c: b.work(c)):
+    for ev in lower_expression(
+        op.node, lambda nd: b.leaf(nd.slot, n) if isinstance(nd, Leaf) else None, dest, lambda c: b.work(c)
+    ):
         b.eval(ev)
     return dest
 
@@ -180,8 +183,12 @@ def lower_halving(tree, layout, size: int, receivers, top, mode: str) -> callabl
         for j, k in enumerate(range(L - 1, -1, -1)):
             q = r ^ (1 << k)
             mine, theirs = ranges[r][k + 1], ranges[q][k + 1]
-            m_out = Message((L + j) * size + r, "u", r, q, 1, mine[1] - mine[0], f"{key}|u{k}:{mine[0]}:{mine[1]}")
-            m_in = Message((L + j) * size + q, "u", q, r, 1, theirs[1] - theirs[0], f"{key}|u{k}:{theirs[0]}:{theirs[1]}")
+            m_out = Message(
+                (L + j) * size + r, "u", r, q, 1, mine[1] - mine[0], f"{key}|u{k}:{mine[0]}:{mine[1]}"
+            )
+            m_in = Message(
+                (L + j) * size + q, "u", q, r, 1, theirs[1] - theirs[0], f"{key}|u{k}:{theirs[0]}:{theirs[1]}"
+            )
             b.send(m_out, acc.sub(mine[0], mine[1] - mine[0]) if m_out.count else None)
             b.recv(m_in, acc.sub(theirs[0], theirs[1] - theirs[0]) if m_in.count else None)
         return b.build(_slots(op), acc if r in receivers else None)

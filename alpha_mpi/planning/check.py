@@ -43,9 +43,14 @@ class Cost:
         return max(self.adds, default=0)
 
     def to_dict(self) -> dict:
-        return {"sends_per_rank_max": self.sends_per_rank_max, "bytes_per_rank_max": self.bytes_per_rank_max,
-                "adds_per_rank_max": self.adds_per_rank_max, "rounds": self.rounds,
-                "sends": self.sends, "bytes_sent": self.bytes_sent}
+        return {
+            "sends_per_rank_max": self.sends_per_rank_max,
+            "bytes_per_rank_max": self.bytes_per_rank_max,
+            "adds_per_rank_max": self.adds_per_rank_max,
+            "rounds": self.rounds,
+            "sends": self.sends,
+            "bytes_sent": self.bytes_sent,
+        }
 
 
 def count(program) -> Cost:
@@ -110,7 +115,12 @@ class _Store:
         # gathered piece by piece reads back as one interval.
         out = keep[:i]
         for iv in merged + old[j:]:
-            if out and out[-1][0] + out[-1][1] == iv[0] and out[-1][2] + out[-1][1] == iv[2] and out[-1][3] == iv[3]:
+            if (
+                out
+                and out[-1][0] + out[-1][1] == iv[0]
+                and out[-1][2] + out[-1][1] == iv[2]
+                and out[-1][3] == iv[3]
+            ):
                 o, c, crd, e = out[-1]
                 out[-1] = (o, c + iv[1], crd, e)
             else:
@@ -168,7 +178,9 @@ def check(program, leaf_slots_count=None) -> Cost:
     def guard(r, region, write, what):
         for idx, reg in pending_recv[r].items():
             if reg.overlaps(region):
-                _fail(f"rank {r}: {what} touches {region} while message {idx} is still being received into {reg}")
+                _fail(
+                    f"rank {r}: {what} touches {region} while message {idx} is still being received into {reg}"
+                )
         if write:
             for idx, reg in inflight[r].items():
                 if reg.overlaps(region):
@@ -284,12 +296,16 @@ def check(program, leaf_slots_count=None) -> Cost:
     # The declared tree's expression id.
     ids = {}
     for node in postorder(program.tree):
-        ids[id(node)] = it.leaf(node.slot) if isinstance(node, Leaf) else it.add(ids[id(node.left)], ids[id(node.right)])
+        ids[id(node)] = (
+            it.leaf(node.slot) if isinstance(node, Leaf) else it.add(ids[id(node.left)], ids[id(node.right)])
+        )
     want = ids[id(program.tree)]
     for r, rp in enumerate(ranks):
         expect_result = (r in program.receivers) or (program.mode == "reduce-scatter")
         if rp.result is None:
-            if expect_result and (program.mode != "reduce-scatter" or program.chunks[r][1] > program.chunks[r][0]):
+            if expect_result and (
+                program.mode != "reduce-scatter" or program.chunks[r][1] > program.chunks[r][0]
+            ):
                 _fail(f"rank {r} should end with the result but its program names none")
             continue
         if program.mode == "reduce-scatter":
@@ -301,8 +317,10 @@ def check(program, leaf_slots_count=None) -> Cost:
         if hi > lo:
             for off, c, crd, e in stores[r].read(rp.result, f"rank {r}'s result"):
                 if e != want or crd != lo + off:
-                    _fail(f"rank {r} ends with another expression than the declared tree at coordinates "
-                          f"[{lo + off}, {lo + off + c})")
+                    _fail(
+                        f"rank {r} ends with another expression than the declared tree at coordinates "
+                        f"[{lo + off}, {lo + off + c})"
+                    )
     return count(program)
 
 

@@ -48,8 +48,8 @@ class Group:
         stack = []
         for op in self.program:
             if op == -1:
-                r, l = stack.pop(), stack.pop()
-                stack.append(f"({l}+{r})")
+                right, left = stack.pop(), stack.pop()
+                stack.append(f"({left}+{right})")
             else:
                 kind, v = self.inputs[op]
                 stack.append({"leaf": "s", "edge": "e", "group": "g"}[kind] + str(v))
@@ -130,7 +130,9 @@ class Plan:
             "groups:",
         ]
         for g in self.groups:
-            out = {"edge": f"-> edge {g.output[1]}", "group": f"-> group {g.output[1]}", "root": "-> result"}[g.output[0]]
+            out = {"edge": f"-> edge {g.output[1]}", "group": f"-> group {g.output[1]}", "root": "-> result"}[
+                g.output[0]
+            ]
             lines.append(f"  g{g.index} @r{g.rank}: {g.expression()} {out}")
         lines.append("schedule:")
         for r, steps in enumerate(self.programs):
@@ -148,7 +150,9 @@ class Plan:
             for kind, v in g.inputs:
                 if kind in ("edge", "group"):
                     style = "solid" if kind == "edge" else "dashed"
-                    lines.append(f'  g{producer[(kind, v)]} -> g{g.index} [style={style}, label="{kind[0]}{v}"];')
+                    lines.append(
+                        f'  g{producer[(kind, v)]} -> g{g.index} [style={style}, label="{kind[0]}{v}"];'
+                    )
         for e in self.edges:
             if e.phase == "d":
                 lines.append(f'  r{e.src}_d -> r{e.dst}_d [color=blue, label="d{e.index}"];')

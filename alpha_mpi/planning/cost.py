@@ -49,7 +49,9 @@ def load_calibration(path: str | None = None) -> Calibration:
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise Refusal("calibration-invalid", f"cannot read a calibration from {path!r}: {e}") from None
     if not all(math.isfinite(v) and v >= 0 for v in values):
-        raise Refusal("calibration-invalid", f"{path!r}: alpha, beta and gamma must be finite and >= 0, got {values}")
+        raise Refusal(
+            "calibration-invalid", f"{path!r}: alpha, beta and gamma must be finite and >= 0, got {values}"
+        )
     return Calibration(*values, source=str(path))
 
 
@@ -64,7 +66,11 @@ def estimate(tp, name: str, cal: Calibration, mode: str = "allreduce") -> float:
         return L * (a + nb * b + nb * g)
     if name == "halving":
         part = nb * (p - 1) / p
-        return (2 * L if mode == "allreduce" else 2 * L) * a + (2 if mode == "allreduce" else 1) * part * b + part * g
+        return (
+            (2 * L if mode == "allreduce" else 2 * L) * a
+            + (2 if mode == "allreduce" else 1) * part * b
+            + part * g
+        )
     ops = operands(tp.tree)
     k_max = max((sum(1 for o in ops if o.owner == r) for r in range(p)), default=1)
     if name == "replicate":

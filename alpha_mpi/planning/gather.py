@@ -37,8 +37,12 @@ def _pre_evaluate(b: RankBuilder, ops, n: int, dests) -> list:
             out.append(dest or leaf)
             continue
         target = dest or b.work(n)
-        for ev in lower_expression(op.node, lambda nd: b.leaf(nd.slot, n) if isinstance(nd, Leaf) else None,
-                                   target, lambda c: b.work(c)):
+        for ev in lower_expression(
+            op.node,
+            lambda nd: b.leaf(nd.slot, n) if isinstance(nd, Leaf) else None,
+            target,
+            lambda c: b.work(c),
+        ):
             b.eval(ev)
         out.append(target)
     return out
@@ -66,6 +70,11 @@ def bruck_rounds(size: int) -> list:
         out.append((d, min(d, size - d)))
         d *= 2
     return out
+
+
+def region_of_node(region_of: dict):
+    """The input-region lookup of one evaluation (bound now, not to a loop variable)."""
+    return lambda node: region_of.get(id(node))
 
 
 def lower_replicate(tree, layout, size: int, receivers) -> callable:
@@ -146,7 +155,9 @@ def lower_scatter(tree, layout, size: int, receivers, mode: str, segment: int) -
                     continue
                 a, z = segs[c][j]
                 m = z - a
-                msg = Message(piece_index(r, c, j), "s", r, c, j, m * len(mine), f"{key}|s{a}:{z}x{len(mine)}")
+                msg = Message(
+                    piece_index(r, c, j), "s", r, c, j, m * len(mine), f"{key}|s{a}:{z}x{len(mine)}"
+                )
                 if len(mine) == 1:
                     b.send(msg, values[0].sub(a, m))
                 else:
@@ -165,7 +176,9 @@ def lower_scatter(tree, layout, size: int, receivers, mode: str, segment: int) -
                 theirs = by_rank[o]
                 if not theirs:
                     continue
-                msg = Message(piece_index(o, r, j), "s", o, r, j, m * len(theirs), f"{key}|s{a}:{z}x{len(theirs)}")
+                msg = Message(
+                    piece_index(o, r, j), "s", o, r, j, m * len(theirs), f"{key}|s{a}:{z}x{len(theirs)}"
+                )
                 got = b.recv(msg, None)
                 for i2, op in enumerate(theirs):
                     region_of[id(op.node)] = got.sub(i2 * m, m)
@@ -173,13 +186,15 @@ def lower_scatter(tree, layout, size: int, receivers, mode: str, segment: int) -
             if len(ops) == 1:
                 b.copy(region_of[id(ops[0].node)], dest)
             else:
-                for ev in lower_expression(tree, lambda nd: region_of.get(id(nd)), dest, lambda c: b.work(c)):
+                for ev in lower_expression(tree, region_of_node(region_of), dest, b.work):
                     b.eval(ev)
             b.check(dest)
             if mode == "allreduce":
                 for t in sorted(receivers, key=lambda t: (t - r) % size):
                     if t != r:
-                        b.send(Message(gather_index(r, t, j), "g", r, t, nseg + j, m, f"{key}|g{a}:{z}"), dest)
+                        b.send(
+                            Message(gather_index(r, t, j), "g", r, t, nseg + j, m, f"{key}|g{a}:{z}"), dest
+                        )
         lo, hi = chunks[r]
         if mode == "reduce-scatter":
             _flag_rounds(b, r, size, base_flags, key, seq_flags)
@@ -189,7 +204,10 @@ def lower_scatter(tree, layout, size: int, receivers, mode: str, segment: int) -
         for i in range(1, size):
             c = (r - i) % size
             for j, (a, z) in enumerate(segs[c]):
-                b.recv(Message(gather_index(c, r, j), "g", c, r, nseg + j, z - a, f"{key}|g{a}:{z}"), acc.sub(a, z - a))
+                b.recv(
+                    Message(gather_index(c, r, j), "g", c, r, nseg + j, z - a, f"{key}|g{a}:{z}"),
+                    acc.sub(a, z - a),
+                )
         return b.build(_slots_of(mine), acc)
 
     return build, chunks

@@ -43,11 +43,14 @@ class Region:
     offset: int
     count: int
 
-    def overlaps(self, other: "Region") -> bool:
-        return (self.buf == other.buf and self.offset < other.offset + other.count
-                and other.offset < self.offset + self.count)
+    def overlaps(self, other: Region) -> bool:
+        return (
+            self.buf == other.buf
+            and self.offset < other.offset + other.count
+            and other.offset < self.offset + self.count
+        )
 
-    def sub(self, offset: int, count: int) -> "Region":
+    def sub(self, offset: int, count: int) -> Region:
         return Region(self.buf, self.offset + offset, count)
 
     def __str__(self):
@@ -100,7 +103,7 @@ class Op:
         return f"{self.kind}{self.index}"
 
     @staticmethod
-    def parse(text: str) -> "Op":
+    def parse(text: str) -> Op:
         m = _OP_RE.match(text.strip())
         if not m:
             raise PlanRefusal("step-parse-error", f"cannot read op {text!r} (e.g. P3 S3 W3 D3 E2 C1 F0)")
@@ -169,7 +172,7 @@ def schedule(logical: list, regions: dict) -> tuple:
         seq.extend(posted(m) for m in post_after.get(i, []))
     # 2. Sends complete before their region is written; the rest at the end.
     out, inflight = [], []
-    for op, reads, writes in seq:
+    for op, _reads, writes in seq:
         if writes and inflight:
             keep = []
             for m in inflight:
@@ -193,9 +196,26 @@ class Program:
     realization, so a peer running another realization or plan is refused by name.
     """
 
-    def __init__(self, *, realization: str, tree, delivery, layout, size: int, coverage, topology: str,
-                 tree_order_id: str, order_id: str, identity: str, receivers, builder, mode: str = "allreduce",
-                 chunks=None, rounds: int = 0, details=None):
+    def __init__(
+        self,
+        *,
+        realization: str,
+        tree,
+        delivery,
+        layout,
+        size: int,
+        coverage,
+        topology: str,
+        tree_order_id: str,
+        order_id: str,
+        identity: str,
+        receivers,
+        builder,
+        mode: str = "allreduce",
+        chunks=None,
+        rounds: int = 0,
+        details=None,
+    ):
         self.realization = realization
         self.tree, self.delivery, self.layout, self.size = tree, delivery, layout, size
         self.coverage, self.topology = coverage, topology
@@ -243,10 +263,17 @@ class Program:
     def to_dict(self, ranks=None) -> dict:
         shown = range(self.size) if ranks is None else ranks
         out = {
-            "realization": self.realization, "mode": self.mode, "topology": self.topology,
-            "delivery": repr(self.delivery), "layout": self.layout.key(), "size": self.size,
-            "order_id": self.order_id, "tree_order_id": self.tree_order_id, "identity": self.identity,
-            "rounds": self.rounds, "receivers": sorted(self.receivers),
+            "realization": self.realization,
+            "mode": self.mode,
+            "topology": self.topology,
+            "delivery": repr(self.delivery),
+            "layout": self.layout.key(),
+            "size": self.size,
+            "order_id": self.order_id,
+            "tree_order_id": self.tree_order_id,
+            "identity": self.identity,
+            "rounds": self.rounds,
+            "receivers": sorted(self.receivers),
             "ranks": {str(r): self.rank(r).text() for r in shown},
         }
         if self.chunks is not None:

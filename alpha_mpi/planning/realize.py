@@ -21,7 +21,8 @@ from ..model.delivery import DeliverTo, ReduceScatter
 from ..refusals import PlanRefusal, Refusal
 from .builder import RankBuilder, is_split
 from .butterfly import balanced_top, chunk_ranges, lower_butterfly, lower_halving
-from .combine_plan import Plan, plan as plan_tree
+from .combine_plan import Plan
+from .combine_plan import plan as plan_tree
 from .gather import DEFAULT_SEGMENT, chunk_bounds, lower_replicate, lower_scatter
 from .program import Eval, Message, Program
 
@@ -47,7 +48,9 @@ def as_tree_plan(tree, delivery=None, layout=1, *, size=None, coverage=None) -> 
 
 def _check_name(name: str) -> None:
     if name not in REALIZATIONS:
-        raise Refusal("usage", f"realization must be one of {', '.join(REALIZATIONS)} (or auto), got {name!r}")
+        raise Refusal(
+            "usage", f"realization must be one of {', '.join(REALIZATIONS)} (or auto), got {name!r}"
+        )
 
 
 def applicable(tp: Plan, mode: str = "allreduce") -> dict:
@@ -64,15 +67,27 @@ def applicable(tp: Plan, mode: str = "allreduce") -> dict:
 
 def _why_not(tp: Plan, name: str, mode: str):
     if mode == "reduce-scatter" and name not in REDUCE_SCATTER:
-        raise PlanRefusal("realization-inapplicable", f"{name}: has no reduce-scatter form (use halving or scatter)",
-                          realization=name)
+        raise PlanRefusal(
+            "realization-inapplicable",
+            f"{name}: has no reduce-scatter form (use halving or scatter)",
+            realization=name,
+        )
     if name in ("butterfly", "halving"):
         return balanced_top(tp.tree, tp.size, name)
     return None
 
 
-def realize(tree, name: str, *, delivery=None, layout=None, size=None, coverage=None, mode: str = "allreduce",
-            segment: int | None = None) -> Program:
+def realize(
+    tree,
+    name: str,
+    *,
+    delivery=None,
+    layout=None,
+    size=None,
+    coverage=None,
+    mode: str = "allreduce",
+    segment: int | None = None,
+) -> Program:
     """Lower one realization of `tree` (a Node with layout/size, or a tree Plan) to a Program.
     `mode`: "allreduce" (the plan's delivery) or "reduce-scatter" (rank r ends with chunks[r])."""
     _check_name(name)
@@ -83,8 +98,12 @@ def realize(tree, name: str, *, delivery=None, layout=None, size=None, coverage=
         top = _why_not(tp, name, mode)
     except PlanRefusal as e:
         ok = [k for k, v in applicable(tp, mode).items() if v is None]
-        raise PlanRefusal("realization-inapplicable", f"{e}; realizations that apply here: {', '.join(ok)}",
-                          realization=name, applicable=ok) from None
+        raise PlanRefusal(
+            "realization-inapplicable",
+            f"{e}; realizations that apply here: {', '.join(ok)}",
+            realization=name,
+            applicable=ok,
+        ) from None
     if segment is None:
         segment = DEFAULT_SEGMENT
     if isinstance(segment, bool) or not isinstance(segment, int) or segment < 1:
@@ -112,12 +131,29 @@ def realize(tree, name: str, *, delivery=None, layout=None, size=None, coverage=
         extra = f"segment={segment};chunks=" + ",".join(f"{a}:{b}" for a, b in chunk_bounds(n, p))
         if mode == "allreduce":
             chunks = None
-    identity = tp.identity if name == "tree" else _digest(
-        "alpha-mpi/realization/v1", tp.tree.identity, delivery.key(), tp.layout.key(), name, mode, extra)
+    identity = (
+        tp.identity
+        if name == "tree"
+        else _digest(
+            "alpha-mpi/realization/v1", tp.tree.identity, delivery.key(), tp.layout.key(), name, mode, extra
+        )
+    )
     return Program(
-        realization=name, tree=tp.tree, delivery=delivery, layout=tp.layout, size=p, coverage=tp.coverage,
-        topology=tp.topology, tree_order_id=tp.tree_order_id, order_id=tp.order_id, identity=identity,
-        receivers=receivers, builder=builder, mode=mode, chunks=chunks, rounds=rounds,
+        realization=name,
+        tree=tp.tree,
+        delivery=delivery,
+        layout=tp.layout,
+        size=p,
+        coverage=tp.coverage,
+        topology=tp.topology,
+        tree_order_id=tp.tree_order_id,
+        order_id=tp.order_id,
+        identity=identity,
+        receivers=receivers,
+        builder=builder,
+        mode=mode,
+        chunks=chunks,
+        rounds=rounds,
         details={"segment": segment} if name == "scatter" else None,
     )
 
@@ -176,8 +212,10 @@ def lower_tree(tp: Plan) -> callable:
                     dest = res if res is not None else b.work(n, framed=not is_split(n))
                     holder = dest
                 group_out[g.index] = dest
-                inputs = tuple(b.leaf(x, n) if k == "leaf" else recv_at[x] if k == "edge" else group_out[x]
-                               for k, x in g.inputs)
+                inputs = tuple(
+                    b.leaf(x, n) if k == "leaf" else recv_at[x] if k == "edge" else group_out[x]
+                    for k, x in g.inputs
+                )
                 prog = g.program
                 if len(prog) == 1:
                     b.copy(inputs[0], dest)
@@ -205,5 +243,13 @@ def reduce_scatter_chunks(program: Program) -> tuple:
     return program.chunks
 
 
-__all__ = ["REALIZATIONS", "REDUCE_SCATTER", "realize", "applicable", "as_tree_plan", "lower_tree",
-           "reduce_scatter_chunks", "DeliverTo"]
+__all__ = [
+    "REALIZATIONS",
+    "REDUCE_SCATTER",
+    "realize",
+    "applicable",
+    "as_tree_plan",
+    "lower_tree",
+    "reduce_scatter_chunks",
+    "DeliverTo",
+]

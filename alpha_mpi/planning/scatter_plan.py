@@ -40,7 +40,8 @@ from ..model.layout import Layout, as_layout
 from ..model.topology import classify
 from ..model.tree import Branch, Leaf, Node, expression, leaf_sequence, postorder
 from ..refusals import ModelRefusal, PlanRefusal
-from .combine_plan import MAX_NODES, Plan, _digest, _validate_owners, order_id_with_layout, plan as plan_tree
+from .combine_plan import MAX_NODES, Plan, _digest, _validate_owners, order_id_with_layout
+from .combine_plan import plan as plan_tree
 from .steps import Step
 
 # Elements per segment: 64 Ki binary64 = 512 KiB per piece, small enough that the reused frame
@@ -150,7 +151,9 @@ class ScatterPlan:
         out = []
         k = len(self.owner_slots[rank])
         if k:
-            dests = [c for c in _rotation(rank, self.size) if c != rank and self.chunks[c][1] > self.chunks[c][0]]
+            dests = [
+                c for c in _rotation(rank, self.size) if c != rank and self.chunks[c][1] > self.chunks[c][0]
+            ]
             segs = {c: self.segments(c) for c in dests}
             for j in range(max((len(s) for s in segs.values()), default=0)):
                 for c in dests:
@@ -217,7 +220,10 @@ class ScatterPlan:
             "chunks": [list(c) for c in self.chunks],
             "receivers": sorted(self.receivers),
             "tree": expression(self.tree, placed=True),
-            "groups": [{"index": g.index, "expression": g.expression(), "output": list(g.output)} for g in self.groups],
+            "groups": [
+                {"index": g.index, "expression": g.expression(), "output": list(g.output)}
+                for g in self.groups
+            ],
         }
 
     def to_json(self) -> str:
@@ -226,7 +232,8 @@ class ScatterPlan:
     def describe(self, traffic=None) -> str:
         lines = [
             f"tree        {expression(self.tree, placed=True)}",
-            f"realization scatter ({self.mode})   topology {self.topology}   delivery {self.delivery!r}   layout {self.layout.key()}",
+            f"realization scatter ({self.mode})   topology {self.topology}   delivery {self.delivery!r}   "
+            f"layout {self.layout.key()}",
             f"order id    {self.order_id}",
             f"identity    {self.identity}",
             f"segment     {self.segment} elements   receivers {sorted(self.receivers)}",
@@ -262,7 +269,9 @@ def _single_owner_copy(tree: Node) -> Node:
     return built[id(tree)]
 
 
-def plan_scatter(tree, delivery=None, layout=1, *, size: int | None = None, coverage=None, segment: int | None = None) -> ScatterPlan:
+def plan_scatter(
+    tree, delivery=None, layout=1, *, size: int | None = None, coverage=None, segment: int | None = None
+) -> ScatterPlan:
     """Plan the scatter realization of `tree` (a Node, or a tree Plan whose tree, delivery,
     layout, size and coverage are reused). `delivery`: ReplicateAll(), DeliverTo(rank) or
     ReduceScatter(). See the module docstring."""
@@ -324,7 +333,9 @@ def plan_scatter(tree, delivery=None, layout=1, *, size: int | None = None, cove
         topology=classify(tree),
         tree_order_id=tree_order,
         order_id=order_id_with_layout(tree_order, layout),
-        identity=_digest("alpha-mpi/plan/v1", tree.identity, delivery.key(), layout.key(), "scatter", chunking),
+        identity=_digest(
+            "alpha-mpi/plan/v1", tree.identity, delivery.key(), layout.key(), "scatter", chunking
+        ),
         chunks=chunks,
         segment=segment,
         owner_slots=tuple(tuple(s) for s in owner_slots),
@@ -359,7 +370,9 @@ def scatter_traffic(splan: ScatterPlan):
             t.recv_msgs[r] += 1
             t.recv_bytes[r] += f.nbytes
     if got != set(sent):
-        raise PlanRefusal("plan-simulation-failed", f"frames sent but never received: {sorted(set(sent) - got)[:4]}")
+        raise PlanRefusal(
+            "plan-simulation-failed", f"frames sent but never received: {sorted(set(sent) - got)[:4]}"
+        )
     for i, key in enumerate(sorted(sent)):
         f = sent[key]
         t.per_edge[(f.phase, i)] = (f.src, f.dst, f.nbytes)

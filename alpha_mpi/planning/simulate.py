@@ -160,16 +160,23 @@ def simulate(plan) -> Traffic:
     # declared tree is O(1) per rank and memory stays linear, never O(n^2) strings.
     node_id = {}
     for node in postorder(plan.tree):
-        node_id[id(node)] = (ids.setdefault(("L", node.slot), len(ids)) if isinstance(node, Leaf)
-                             else ids.setdefault((node_id[id(node.left)], node_id[id(node.right)]), len(ids)))
+        node_id[id(node)] = (
+            ids.setdefault(("L", node.slot), len(ids))
+            if isinstance(node, Leaf)
+            else ids.setdefault((node_id[id(node.left)], node_id[id(node.right)]), len(ids))
+        )
     want = node_id[id(plan.tree)]
     text = None
     for r in range(size):
         got = result.get(r) if r == plan.root_rank else received[r].get(("d", None))
         if r in plan.receivers:
             if got != want:
-                _fail(f"rank {r} would end with another expression than the declared {expression(plan.tree)}",
-                      plan, pcs, r)
+                _fail(
+                    f"rank {r} would end with another expression than the declared {expression(plan.tree)}",
+                    plan,
+                    pcs,
+                    r,
+                )
             text = text or expression(plan.tree)
             t.results[r] = text
     if plan.root_rank not in result:

@@ -1,10 +1,10 @@
 """Steps: one rank's protocol as frozen data with a short string form that round-trips.
 
-    rR3<1:80   reduce phase, receive edge 3 from rank 1, 80 payload bytes
-    rS3>0:80   reduce phase, send edge 3 to rank 0
-    E2         evaluate local group 2 (a whole local subtree in one fused kernel pass)
-    dR3<0:80   deliver phase, receive edge 3 from rank 0
-    aS5>2:16   assemble phase, send edge 5 to rank 2
+rR3<1:80   reduce phase, receive edge 3 from rank 1, 80 payload bytes
+rS3>0:80   reduce phase, send edge 3 to rank 0
+E2         evaluate local group 2 (a whole local subtree in one fused kernel pass)
+dR3<0:80   deliver phase, receive edge 3 from rank 0
+aS5>2:16   assemble phase, send edge 5 to rank 2
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from ..refusals import PlanRefusal
 
 PHASES = {"r": "reduce", "d": "deliver", "a": "assemble"}
-_STEP_RE = re.compile(r"^(?:E(?P<group>\d+)|(?P<phase>[rda])(?P<kind>[RS])(?P<edge>\d+)(?P<arrow>[<>])(?P<peer>\d+):(?P<nbytes>\d+))$")
+_STEP_RE = re.compile(
+    r"^(?:E(?P<group>\d+)|(?P<phase>[rda])(?P<kind>[RS])(?P<edge>\d+)(?P<arrow>[<>])(?P<peer>\d+):(?P<nbytes>\d+))$"
+)
 
 
 @dataclass(frozen=True)
@@ -33,7 +35,7 @@ class Step:
         return f"{self.phase}{self.kind}{self.index}{arrow}{self.peer}:{self.nbytes}"
 
     @staticmethod
-    def parse(text: str) -> "Step":
+    def parse(text: str) -> Step:
         m = _STEP_RE.match(text.strip())
         if not m:
             raise PlanRefusal("step-parse-error", f"cannot read step {text!r}")
@@ -42,7 +44,9 @@ class Step:
         kind, arrow = m.group("kind"), m.group("arrow")
         if (kind == "R") != (arrow == "<"):
             raise PlanRefusal("step-parse-error", f"step {text!r}: receives use '<', sends use '>'")
-        return Step(kind, int(m.group("edge")), m.group("phase"), int(m.group("peer")), int(m.group("nbytes")))
+        return Step(
+            kind, int(m.group("edge")), m.group("phase"), int(m.group("peer")), int(m.group("nbytes"))
+        )
 
 
 @dataclass(frozen=True)

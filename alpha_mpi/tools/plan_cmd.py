@@ -17,19 +17,46 @@ SHOWN_RANKS = 16  # schedules printed in text form (the cost covers every rank)
 def run(argv) -> int:
     p = subparser("plan", "Plan a combine tree and print each rank's protocol (pure; no MPI needed).")
     p.add_argument("--slots", type=int, default=8, help="number of logical contributions (default 8)")
-    p.add_argument("--ranks", type=int, default=4, help="ranks the slots are placed on, in contiguous blocks (default 4)")
-    p.add_argument("--topology", default="pairwise", help="pairwise | star | star:HUB | hierarchy:K (default pairwise)")
-    p.add_argument("--deliver-to", type=int, default=None, metavar="R", help="deliver only to rank R (default: replicate to all)")
+    p.add_argument(
+        "--ranks", type=int, default=4, help="ranks the slots are placed on, in contiguous blocks (default 4)"
+    )
+    p.add_argument(
+        "--topology", default="pairwise", help="pairwise | star | star:HUB | hierarchy:K (default pairwise)"
+    )
+    p.add_argument(
+        "--deliver-to",
+        type=int,
+        default=None,
+        metavar="R",
+        help="deliver only to rank R (default: replicate to all)",
+    )
     p.add_argument("--elements", type=int, default=1, help="payload elements per contribution (default 1)")
     p.add_argument("--mass", action="store_true", help="add a one-element 'mass' component (Σ samples)")
-    p.add_argument("--realization", choices=REALIZATIONS, default="tree",
-                   help="which realization of the tree to plan (default tree: reduce up, deliver down)")
-    p.add_argument("--reduce-scatter", action="store_true", help="plan the reduce-scatter form (halving or scatter)")
-    p.add_argument("--cost", action="store_true",
-                   help="print per-rank sends, bytes and rounds, and the α–β–γ estimate of every applicable realization")
-    p.add_argument("--check", action="store_true",
-                   help="also run the program symbolically on every rank (every receiver must end with the tree)")
-    p.add_argument("--calibration", default=None, metavar="FILE", help="α, β, γ from FILE (default ALPHA_MPI_CALIBRATION or built-in)")
+    p.add_argument(
+        "--realization",
+        choices=REALIZATIONS,
+        default="tree",
+        help="which realization of the tree to plan (default tree: reduce up, deliver down)",
+    )
+    p.add_argument(
+        "--reduce-scatter", action="store_true", help="plan the reduce-scatter form (halving or scatter)"
+    )
+    p.add_argument(
+        "--cost",
+        action="store_true",
+        help="print per-rank sends, bytes and rounds, and the α–β–γ estimate of every applicable realization",
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="also run the program symbolically on every rank (every receiver must end with the tree)",
+    )
+    p.add_argument(
+        "--calibration",
+        default=None,
+        metavar="FILE",
+        help="α, β, γ from FILE (default ALPHA_MPI_CALIBRATION or built-in)",
+    )
     p.add_argument("--format", choices=("text", "json", "dot"), default="text")
     a = p.parse_args(argv)
     layout = Layout.weighted(a.elements) if a.mass else Layout.vector(a.elements)
@@ -60,9 +87,14 @@ def run(argv) -> int:
     if prog.size > SHOWN_RANKS:
         print(f"  ... {prog.size - SHOWN_RANKS} more ranks")
     print(f"cost ({a.realization}, {mode}):")
-    print(f"  rounds {cost.rounds}   sends/rank max {cost.sends_per_rank_max}   bytes/rank max "
-          f"{cost.bytes_per_rank_max}   adds/rank max {cost.adds_per_rank_max}" + ("   (checked symbolically)" if a.check else ""))
-    print(f"  model ({cal.source}: α {cal.alpha * 1e6:.2f} us, β {cal.beta * 1e9:.3f} ns/B, γ {cal.gamma * 1e9:.3f} ns/B):")
+    print(
+        f"  rounds {cost.rounds}   sends/rank max {cost.sends_per_rank_max}   bytes/rank max "
+        f"{cost.bytes_per_rank_max}   adds/rank max {cost.adds_per_rank_max}"
+        + ("   (checked symbolically)" if a.check else "")
+    )
+    print(
+        f"  model ({cal.source}: α {cal.alpha * 1e6:.2f} us, β {cal.beta * 1e9:.3f} ns/B, γ {cal.gamma * 1e9:.3f} ns/B):"
+    )
     for k, v in sorted(est.items(), key=lambda kv: kv[1]):
         print(f"    {k:<10s} {v * 1e6:12.2f} us" + ("   <-- this plan" if k == a.realization else ""))
     return 0

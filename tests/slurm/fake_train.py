@@ -14,6 +14,7 @@ checkpoint, requeue and resume plumbing can be tested before the real trainer ex
 - Rank 0 prints `step <t>` per step and finally `state digest: <64 hex>`.
 - ALPHA_FAKE_STEP_SECONDS sets the time one step takes (default 0.1).
 """
+
 import argparse
 import hashlib
 import json
@@ -38,7 +39,7 @@ def latest_checkpoint(folder):
     names = [n for n in os.listdir(folder) if n.startswith("fake-ckpt-") and n.endswith(".json")]
     if not names:
         return None
-    best = max(names, key=lambda n: int(n[len("fake-ckpt-"):-len(".json")]))
+    best = max(names, key=lambda n: int(n[len("fake-ckpt-") : -len(".json")]))
     with open(os.path.join(folder, best)) as f:
         return json.load(f)
 

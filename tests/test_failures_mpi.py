@@ -118,3 +118,43 @@ def test_a_2d_c_order_out_is_written(world):
     out = np.zeros((3, 4))
     got = a.run({rank: np.full(12, 1.0)}, out=out)
     agree(world, got is out and np.all(out == size), "2-D out")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_corrupted_payload_is_refused_when_the_check_is_on(world, monkeypatch):
+    """ALPHA_MPI_PAYLOAD_CHECK=1: rank 1 flips a payload bit after its crc32 was written (small
+    frames: the byte itself; large ones, whose payload travels apart: the crc field). The
+    receiver refuses `frame-payload-corrupt`, every rank the flag reaches `peer-refused`."""
+    import struct
+    import zlib
+
+    monkeypatch.setenv("ALPHA_MPI_PAYLOAD_CHECK", "1")
+    size, rank = world.Get_size(), world.Get_rank()
+    for tree, n, name in _cases(size):
+        a = Allreducer(world, tree, n, realization=name, timeout=TIMEOUT)
+        data = slot_data(2 * size, n, seed=5)
+        mine = {s: data[s] for s in a.slots}
+        assert a.executor.payload_check
+
+        def flip(index, mv, n=n):
+            if len(mv) > 128:
+                mv[128 + 3] ^= 0x10
+            else:
+                struct.pack_into("<I", mv, 108, struct.unpack_from("<I", mv, 108)[0] ^ 1)
+                struct.pack_into("<I", mv, 124, zlib.crc32(bytes(mv[:124])))
+
+        if rank == 1:
+            a.executor.send_hook = flip
+        _, err = _catch(lambda: a.run(mine))
+        codes = world.allgather(None if err is None else err.code)  # test-side verdict
+        agree(
+            world,
+            "frame-payload-corrupt" in codes
+            and all(c in ("frame-payload-corrupt", "peer-refused", None) for c in codes),
+            f"{name} n={n}: {codes}",
+        )
+        a.executor.send_hook = None
+        got, err = _catch(lambda: a.run(mine))
+        want = np.array(oracle.evaluate(tree, {s: v.tolist() for s, v in data.items()}))
+        agree(world, err is None and np.array_equal(bits(got), bits(want)), f"{name} next call: {err}")
+        a.free()

@@ -23,7 +23,9 @@ Failure semantics (the protocol, not an afterthought):
 
 from __future__ import annotations
 
+import os
 import sys
+import zlib
 
 import numpy as np
 from mpi4py import MPI
@@ -40,6 +42,10 @@ _F64 = np.dtype(np.float64)
 _MISSING = object()
 P, S, W, D, E, C, F, PALL = range(8)
 _KIND = {"P": P, "S": S, "W": W, "D": D, "E": E, "C": C, "F": F}
+
+
+def payload_check_from_env() -> bool:
+    return os.environ.get("ALPHA_MPI_PAYLOAD_CHECK", "") not in ("", "0")
 
 
 class _Msg:
@@ -126,6 +132,10 @@ class Engine:
         # called as send_hook(message index, header memoryview) after a header is written and
         # before it is sent. None in production (one attribute test per send).
         self.send_hook = None
+        # ALPHA_MPI_PAYLOAD_CHECK=1: a crc32 of every payload travels in its header and is checked
+        # on arrival (opt-in: it costs a pass over every payload at both ends; README).
+        self.payload_check = payload_check_from_env()
+        self._corrupt = None
 
     # -- construction --------------------------------------------------------------------------
     def _p(self, arr):
@@ -390,6 +400,8 @@ class Engine:
                 bases["out"] = ffi.from_buffer(self._darr, outarr, True)
             arrays["out"] = outarr
         step, waiter, debug, rank = self.step, self.waiter, self.debug, self.rank
+        check_payload = self.payload_check
+        self._corrupt = None
         flags = fr.FLAG_REFUSED if local is not None else 0
         who = (rank, local.code) if local is not None else None
         code = fr.code_tag(local.code) if local is not None else b"\0\0\0\0"
@@ -415,7 +427,11 @@ class Engine:
                     reg = x.region
                     view = arrays[reg.buf][reg.offset : reg.offset + reg.count]
                 x.hmv[:124] = x.spec.expect  # the buffer may have held a received header
-                fr.patch(x.hmv, step, flags, refused, code)
+                if check_payload and x.m.count:
+                    crc = zlib.crc32(view if x.split and x.dyn else self._payload(x, arrays))
+                    fr.patch(x.hmv, step, flags | fr.FLAG_PAYLOAD_CRC, refused, code, crc)
+                else:
+                    fr.patch(x.hmv, step, flags, refused, code)
                 if self.send_hook is not None:
                     self.send_hook(x.m.index, x.hmv)
                 x.hreq.Start()
@@ -458,6 +474,25 @@ class Engine:
                             f"{x.what} from rank {x.peer}: payload of "
                             f"{x.pstatus.Get_count(MPI.BYTE)} bytes, expected {8 * x.m.count}",
                         )
+                if f & fr.FLAG_PAYLOAD_CRC and zlib.crc32(self._payload(x, arrays)) != fr.payload_crc_of(
+                    x.hmv
+                ):
+                    # Refused here and flagged onwards like any local refusal: every rank the
+                    # flag reaches refuses, nothing is applied, the next run works.
+                    if self._corrupt is None:
+                        self._corrupt = Refusal(
+                            "frame-payload-corrupt",
+                            f"rank {rank}: the payload of {x.what} from rank {x.peer} (step {step}) fails its crc32",
+                            peer=x.peer,
+                            step=step,
+                        )
+                    if who is None:
+                        who, refused, code = (
+                            (rank, "frame-payload-corrupt"),
+                            rank,
+                            fr.code_tag("frame-payload-corrupt"),
+                        )
+                    flags |= fr.FLAG_REFUSED
                 if f & fr.FLAG_REFUSED and who is None:
                     who = fr.refusal_of(x.hmv)
                     refused, code = who[0], fr.code_tag(who[1])
@@ -487,9 +522,19 @@ class Engine:
                 )
         return flags, who
 
+    def _payload(self, x, arrays):
+        """The payload bytes of message x at this rank (in its frame buffer or its region)."""
+        if not x.split:
+            return x.hmv[fr.HEADER : fr.HEADER + 8 * x.m.count]
+        reg = x.region
+        src = self.bufs[reg.buf] if self._static(reg) else arrays[reg.buf]
+        return src[reg.offset : reg.offset + reg.count]
+
     def _finish(self, local, flags, who, leaves, outarr, out):
         if local is not None:
             raise local
+        if self._corrupt is not None:
+            raise self._corrupt
         if flags & fr.FLAG_REFUSED:
             rank, code = who
             raise Refusal(

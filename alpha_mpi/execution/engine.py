@@ -23,7 +23,6 @@ Failure semantics (the protocol, not an afterthought):
 
 from __future__ import annotations
 
-import os
 import sys
 import zlib
 
@@ -35,42 +34,12 @@ from ..planning.builder import is_split
 from ..planning.program import Program
 from ..refusals import FrameRefusal, KernelRefusal, PlanRefusal, Refusal
 from . import frames as fr
-from .contributions import check_contributions, refuse_nonfinite
-from .transport import TAG_BASE, Waiter, cancel_receives, debug_enabled, library_comm, log, mark_broken
-
-_F64 = np.dtype(np.float64)
-_MISSING = object()
-P, S, W, D, E, C, F, PALL = range(8)
-_KIND = {"P": P, "S": S, "W": W, "D": D, "E": E, "C": C, "F": F}
+from .engine_bind import EngineBinding
+from .engine_build import PALL, C, D, E, EngineBuild, F, S, W, payload_check_from_env
+from .transport import Waiter, cancel_receives, debug_enabled, library_comm, log, mark_broken
 
 
-def payload_check_from_env() -> bool:
-    return os.environ.get("ALPHA_MPI_PAYLOAD_CHECK", "") not in ("", "0")
-
-
-class _Msg:
-    """One message at this rank: its header buffer and requests, its region."""
-
-    __slots__ = (
-        "m",
-        "spec",
-        "hbuf",
-        "hmv",
-        "hreq",
-        "preq",
-        "region",
-        "dyn",
-        "status",
-        "pstatus",
-        "split",
-        "nbytes",
-        "peer",
-        "tag",
-        "what",
-    )
-
-
-class Engine:
+class Engine(EngineBuild, EngineBinding):
     """Executes one Program repeatedly on one communicator. Build it on every rank of `comm`."""
 
     def __init__(self, comm, program: Program, *, timeout=None, contract: str = "", dup: bool = True):
@@ -138,201 +107,7 @@ class Engine:
         self._corrupt = None
 
     # -- construction --------------------------------------------------------------------------
-    def _p(self, arr):
-        c = self._ffi.from_buffer(self._darr, arr, True)
-        self._keep.append(c)
-        return c
-
-    def _all_regions(self):
-        rp = self.rp
-        for ev in rp.evals:
-            yield from ev.inputs
-            yield ev.output
-        for a, b in rp.copies:
-            yield a
-            yield b
-        yield from rp.checks
-        yield from (r for r in rp.regions.values() if r is not None)
-        if rp.result is not None:
-            yield rp.result
-
-    def _static(self, region) -> bool:
-        return region.buf.startswith("w")
-
-    def _message(self, m, region) -> _Msg:
-        prog = self.program
-        x = _Msg()
-        x.m, x.region, x.peer = m, region, (m.dst if m.src == self.rank else m.src)
-        x.spec = fr.FrameSpec(
-            phase=m.phase,
-            edge=m.index,
-            sender=m.src,
-            receiver=m.dst,
-            count=m.count,
-            topology=prog.topology,
-            order_id=prog.order_id,
-            identity=prog.identity,
-            layout_key=m.what,
-            contract=self.contract,
-        )
-        x.split = is_split(m.count)  # the planner's rule, the same at both ends
-        x.tag = TAG_BASE + 2 * m.seq
-        x.what = f"{fr.PHASE_NAME[fr.PHASE_CODE[m.phase]]} frame {m.index}"
-        x.status, x.pstatus = MPI.Status(), MPI.Status()
-        sending = m.src == self.rank
-        if x.split or m.count == 0:
-            x.hbuf = np.zeros(fr.HEADER, dtype=np.uint8)
-        else:
-            x.hbuf = self.framed[region.buf][: fr.HEADER + 8 * m.count]
-        x.hmv = memoryview(x.hbuf)
-        x.nbytes = x.hbuf.nbytes
-        if sending:
-            x.hmv[: fr._CRC_OFF] = x.spec.expect
-            x.hreq = self.comm.Send_init(x.hbuf, dest=x.peer, tag=x.tag)
-        else:
-            x.hreq = self.comm.Recv_init(x.hbuf, source=x.peer, tag=x.tag)
-        x.preq, x.dyn = None, False
-        if x.split:
-            if self._static(region):
-                view = self.bufs[region.buf][region.offset : region.offset + region.count]
-                x.preq = (
-                    self.comm.Send_init(view, dest=x.peer, tag=x.tag + 1)
-                    if sending
-                    else self.comm.Recv_init(view, source=x.peer, tag=x.tag + 1)
-                )
-            else:
-                x.dyn = True  # in the caller's memory: a request per run
-        return x
-
-    def _compile(self) -> list:
-        """The op table: one tuple per op, with everything a run needs prebuilt."""
-        rp, ffi = self.rp, self._ffi
-        table = []
-        for op in rp.ops:
-            k = _KIND[op.kind]
-            if k in (P, S, W, D):
-                x = self._msgs[op.index]
-                if k == P and not x.dyn and table and table[-1][0] == PALL:
-                    table[-1][1].append(x.hreq)
-                    if x.preq is not None:
-                        table[-1][1].append(x.preq)
-                    table[-1][2].append(x)
-                elif k == P and not x.dyn:
-                    table.append((PALL, [x.hreq] + ([x.preq] if x.preq is not None else []), [x]))
-                else:
-                    table.append((k, x))
-            elif k == E:
-                ev = rp.evals[op.index]
-                prog = np.asarray(ev.program, dtype=np.int32)
-                ptrs = ffi.new("double *[]", len(ev.inputs))
-                self._keep.append(ptrs)
-                dyn = []
-                for j, reg in enumerate(ev.inputs):
-                    if self._static(reg):
-                        ptrs[j] = self._ptr[reg.buf] + reg.offset
-                    else:
-                        dyn.append((j, reg.buf, reg.offset))
-                out = ev.output
-                pptr = ffi.from_buffer("int32_t[]", prog)
-                self._keep.append((prog, pptr))
-                table.append(
-                    (
-                        E,
-                        ptrs,
-                        tuple(dyn),
-                        len(ev.inputs),
-                        out.count,
-                        pptr,
-                        len(prog),
-                        self._ptr[out.buf] + out.offset if self._static(out) else None,
-                        out.buf,
-                        out.offset,
-                    )
-                )
-            elif k == C:
-                a, b = rp.copies[op.index]
-                table.append(
-                    (
-                        C,
-                        self._ptr[a.buf] + a.offset if self._static(a) else None,
-                        a.buf,
-                        a.offset,
-                        self._ptr[b.buf] + b.offset if self._static(b) else None,
-                        b.buf,
-                        b.offset,
-                        8 * a.count,
-                    )
-                )
-            elif k == F:
-                reg = rp.checks[op.index]
-                table.append(
-                    (
-                        F,
-                        self._ptr[reg.buf] + reg.offset if self._static(reg) else None,
-                        reg.buf,
-                        reg.offset,
-                        reg.count,
-                    )
-                )
-        return table
-
     # -- binding the caller's memory -------------------------------------------------------------
-    def _leaves(self, contributions) -> dict:
-        # Fast path: exactly this rank's slots, each a contiguous float64 array of n elements.
-        if type(contributions) is dict and len(contributions) == len(self.slots):
-            out, n = {}, self.n
-            for slot in self.slots:
-                v = contributions.get(slot, _MISSING)
-                if type(v) is np.ndarray and v.dtype == _F64 and v.size == n and v.flags.c_contiguous:
-                    out[slot] = v if v.ndim == 1 else v.reshape(-1)
-                else:
-                    break
-            else:
-                return out
-        return check_contributions(contributions, self.slots, self.rank, self.n, self.program.layout.key())
-
-    def _result_len(self) -> int:
-        r = self.rp.result
-        return 0 if r is None else r.count
-
-    def _bind_out(self, out):
-        """The array the `out` buffer is bound to: the caller's when given (checked), else new."""
-        if self._internal_out is None and self.rp.result is None:
-            return None
-        n = self.n
-        if out is None:
-            return np.empty(n) if self.is_receiver and not self._small else self._internal_out
-        if (
-            not isinstance(out, np.ndarray)
-            or out.dtype != _F64
-            or not out.flags.c_contiguous
-            or not out.flags.writeable
-        ):
-            raise Refusal(
-                "out-invalid",
-                f"out must be a writeable C-contiguous float64 array, got "
-                f"{type(out).__name__ if not isinstance(out, np.ndarray) else out.dtype} "
-                f"{'' if not isinstance(out, np.ndarray) else ('C-contiguous' if out.flags.c_contiguous else 'not C-contiguous')}"
-                f"{'' if not isinstance(out, np.ndarray) or out.flags.writeable else ' read-only'}",
-            )
-        want = n if self.program.mode == "allreduce" else None
-        if want is not None and out.size != want:
-            raise Refusal("out-invalid", f"out has {out.size} elements, the result has {want}")
-        if self.program.mode == "reduce-scatter":
-            if out.size not in (n, self._result_len()):
-                raise Refusal(
-                    "out-invalid",
-                    f"out has {out.size} elements; give the chunk's {self._result_len()} "
-                    f"or the whole payload's {n}",
-                )
-            return self._internal_out
-        return out.reshape(-1) if self.is_receiver else self._internal_out
-
-    def _aliased(self, out, leaves) -> bool:
-        """`out` shares memory with a contribution: run into the internal buffer, copy at the end
-        (a realization may still send a contribution while it writes the result)."""
-        return out is not None and any(np.shares_memory(out, v) for v in leaves.values())
-
     # -- running ---------------------------------------------------------------------------------
     def run(self, contributions, out=None, *, timeout=None):
         """Run the program once with this rank's contributions (slot -> float64 payload).
@@ -377,11 +152,6 @@ class Engine:
             self.step += 1
             self._busy = False
         return self._finish(local, flags, who, leaves, outarr, out)
-
-    def _zero_leaves(self) -> dict:
-        if self._zeros is None:
-            self._zeros = np.zeros(self.n)
-        return {s: self._zeros for s in self.slots}
 
     def _walk(self, leaves, outarr, local, timeout):
         ffi, lib = self._ffi, self._lib
@@ -521,55 +291,6 @@ class Engine:
                     arrays[reg.buf][reg.offset : reg.offset + reg.count], source=x.peer, tag=x.tag + 1
                 )
         return flags, who
-
-    def _payload(self, x, arrays):
-        """The payload bytes of message x at this rank (in its frame buffer or its region)."""
-        if not x.split:
-            return x.hmv[fr.HEADER : fr.HEADER + 8 * x.m.count]
-        reg = x.region
-        src = self.bufs[reg.buf] if self._static(reg) else arrays[reg.buf]
-        return src[reg.offset : reg.offset + reg.count]
-
-    def _finish(self, local, flags, who, leaves, outarr, out):
-        if local is not None:
-            raise local
-        if self._corrupt is not None:
-            raise self._corrupt
-        if flags & fr.FLAG_REFUSED:
-            rank, code = who
-            raise Refusal(
-                "peer-refused",
-                f"rank {rank} refused step {self.step - 1} [{code}] before its arithmetic; "
-                "every rank completed the round and nothing was applied",
-                peer=rank,
-                peer_code=code,
-            )
-        if flags & fr.FLAG_NONFINITE and (self.rp.result is not None or self.rp.checks):
-            refuse_nonfinite(leaves, self.step - 1)
-        res = self.rp.result
-        if res is None:
-            return None
-        if self.program.mode == "reduce-scatter":
-            chunk = (
-                self.bufs[res.buf][res.offset : res.offset + res.count]
-                if res.buf != "out"
-                else outarr[res.offset : res.offset + res.count]
-            )
-            lo, hi = self.program.chunks[self.rank]
-            if out is not None:
-                target = (
-                    out.reshape(-1)[lo:hi] if out.size == self.n and out.size != hi - lo else out.reshape(-1)
-                )
-                np.copyto(target, chunk)
-                chunk = target
-            return lo, hi, chunk
-        if res.buf != "out":  # pragma: no cover - allreduce results always land in `out`
-            raise PlanRefusal("plan-simulation-failed", "an allreduce result outside `out`")
-        if out is None:
-            return outarr.copy() if outarr is self._internal_out else outarr
-        if outarr is self._internal_out:  # small, or `out` aliased a contribution
-            np.copyto(out.reshape(-1), outarr)
-        return out
 
     def _fail(self, e: Refusal) -> None:
         if e.code in ("executor-reentrant", "combiner-broken"):

@@ -48,6 +48,11 @@ def _abort_others(code: int) -> None:
     if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() and mpi.COMM_WORLD.Get_size() > 1:
         sys.stdout.flush()
         sys.stderr.flush()
+        # Every rank refuses at once: give the launcher a moment to forward what each printed
+        # before the first Abort tears the job (and its output pipes) down.
+        import time
+
+        time.sleep(0.3)
         mpi.COMM_WORLD.Abort(code)
 
 

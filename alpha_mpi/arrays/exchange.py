@@ -257,15 +257,6 @@ class Exchange:
         except FrameRefusal as e:  # a longer frame than planned was truncated: another batch size
             return e
         nbytes = status.Get_count(MPI.BYTE)
-        if status.Get_error() == MPI.ERR_TRUNCATE:  # reported in the status, not raised (Open MPI)
-            return FrameRefusal(
-                "frame-size-mismatch",
-                f"array {self.op} round {i} from rank {rd.recv_from} (step {step}): a longer frame than "
-                f"{self.rbytes[i]} bytes was truncated (another batch size or decomposition)",
-                peer=rd.recv_from,
-                edge=i,
-                step=step,
-            )
         if nbytes == self.rbytes[i] and self.rspec[i].fast_check(self.rmv[i], step) == 0:
             if self.ch.debug:
                 log(self.ch.rank, f"recv <- {rd.recv_from} round {i} step {step} {nbytes}B")

@@ -1,12 +1,19 @@
-"""Where the combined value goes after the reduction."""
+"""Where the combined value goes after the reduction.
+
+Each delivery is a frozen value: equal when its fields are, hashable, and `key()` is the canonical
+text form that plan digests include.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from ..refusals import ModelRefusal
 
 __all__ = ["ReplicateAll", "DeliverTo", "ReduceScatter", "check_delivery"]
 
 
+@dataclass(frozen=True)
 class ReplicateAll:
     """Send the result back down the tree so every owner in the tree holds it."""
 
@@ -14,26 +21,21 @@ class ReplicateAll:
         """Canonical text form (what plan digests include)."""
         return "replicate-all"
 
-    def __repr__(self):
-        return "ReplicateAll()"
 
-    def __eq__(self, other):
-        return isinstance(other, ReplicateAll)
-
-    def __hash__(self):
-        return hash("replicate-all")
-
-
+@dataclass(frozen=True, repr=False)
 class DeliverTo:
     """Send the result from the root down the tree path to one leaf owner only.
 
     Forwarders on the path relay the value; every other owner's value is left as it was.
+    Refused (`delivery-invalid`): a `target` that is not a rank (an int >= 0).
     """
 
-    def __init__(self, target: int):
-        if isinstance(target, bool) or not isinstance(target, int) or target < 0:
-            raise ModelRefusal("delivery-invalid", f"DeliverTo needs a rank >= 0, got {target!r}")
-        self.target = target
+    target: int
+
+    def __post_init__(self):
+        t = self.target
+        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+            raise ModelRefusal("delivery-invalid", f"DeliverTo needs a rank >= 0, got {t!r}")
 
     def key(self) -> str:
         """Canonical text form (what plan digests include)."""
@@ -42,27 +44,14 @@ class DeliverTo:
     def __repr__(self):
         return f"DeliverTo({self.target})"
 
-    def __eq__(self, other):
-        return isinstance(other, DeliverTo) and self.target == other.target
 
-    def __hash__(self):
-        return hash(("deliver-to", self.target))
-
-
+@dataclass(frozen=True)
 class ReduceScatter:
     """Keep each reduced chunk at its owner: rank r ends with its chunk only (the learners' mode)."""
 
     def key(self) -> str:
+        """Canonical text form (what plan digests include)."""
         return "reduce-scatter"
-
-    def __repr__(self):
-        return "ReduceScatter()"
-
-    def __eq__(self, other):
-        return isinstance(other, ReduceScatter)
-
-    def __hash__(self):
-        return hash("reduce-scatter")
 
 
 def check_delivery(delivery) -> None:

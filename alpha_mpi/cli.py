@@ -17,7 +17,7 @@ from .refusals import Refusal
 COMMANDS = {
     "plan": ("alpha_mpi.tools.plan_cmd", "print a combine tree's per-rank schedule and traffic (no MPI)"),
     "train": ("alpha_mpi.tools.train_cmd", "data-parallel training with declared-order gradient combines"),
-    "bench": ("alpha_mpi.bench", "benchmarks against MPI_Allreduce (run under mpiexec)"),
+    "bench": ("alpha_mpi.tools.bench", "benchmarks against MPI_Allreduce (run under mpiexec)"),
     "checkpoint": ("alpha_mpi.tools.checkpoint_cmd", "verify or inspect a sharded checkpoint"),
 }
 

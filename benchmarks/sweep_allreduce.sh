@@ -35,11 +35,11 @@ for p in $PS; do
     tag="p$p-$alg"
     echo "== p=$p MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=$alg"
     env MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM="$alg" timeout -k 10 "$LIMIT" \
-      "$MPIEXEC" -n "$p" "$PY" -m alpha_mpi.bench allreduce --sizes "$SIZES" \
+      "$MPIEXEC" -n "$p" "$PY" -m alpha_mpi.tools.bench allreduce --sizes "$SIZES" \
       --json "$OUT/allreduce-$tag.json" $EXTRA | tee "$OUT/allreduce-$tag.txt"
     rc=${PIPESTATUS[0]}
     if [ "$rc" -ne 0 ]; then echo "!! run $tag exited $rc"; failed=1; fi
   done
 done
-"$PY" -m alpha_mpi.bench.summary "$OUT"/allreduce-p*.json | tee "$OUT/summary.txt"
+"$PY" -m alpha_mpi.tools.bench.summary "$OUT"/allreduce-p*.json | tee "$OUT/summary.txt"
 exit $failed

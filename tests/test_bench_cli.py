@@ -1,4 +1,4 @@
-"""`python -m alpha_mpi.bench allreduce` under mpiexec: the table, the JSON, the exit statuses.
+"""`python -m alpha_mpi.tools.bench allreduce` under mpiexec: the table, the JSON, the exit statuses.
 
 Single-process test: it launches its own `mpiexec -n 2` under a hard `timeout`.
 """
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from alpha_mpi.bench.allreduce_bench import parse_size, parse_sizes
+from alpha_mpi.tools.bench.allreduce_bench import parse_size, parse_sizes
 
 
 def mpiexec():
@@ -33,7 +33,7 @@ def launch(*args, n=2, limit=120, cwd=None):
         str(n),
         sys.executable,
         "-m",
-        "alpha_mpi.bench",
+        "alpha_mpi.tools.bench",
         *args,
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
@@ -103,8 +103,8 @@ def test_size_parsing():
 
 
 def test_a_missing_command_module_is_reported_not_fatal(monkeypatch, capsys):
-    import alpha_mpi.bench as bench
+    import alpha_mpi.tools.bench as bench
 
-    monkeypatch.setitem(bench.COMMANDS, "ghost", ("alpha_mpi.bench.no_such_module", "absent"))
+    monkeypatch.setitem(bench.COMMANDS, "ghost", ("alpha_mpi.tools.bench.no_such_module", "absent"))
     assert bench.run(["ghost"]) == 2
     assert "not available in this installation" in capsys.readouterr().err

@@ -22,7 +22,18 @@ pytestmark = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec on PATH or
 
 
 def launch(*args, n=2, limit=120, cwd=None):
-    cmd = ["timeout", "-k", "5", str(limit), mpiexec(), "-n", str(n), sys.executable, "-m", "alpha_mpi.bench"]
+    cmd = [
+        "timeout",
+        "-k",
+        "5",
+        str(limit),
+        mpiexec(),
+        "-n",
+        str(n),
+        sys.executable,
+        "-m",
+        "alpha_mpi.tools.bench",
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     return subprocess.run([*cmd, *args], capture_output=True, text=True, env=env, cwd=cwd)
 

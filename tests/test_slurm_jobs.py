@@ -263,7 +263,7 @@ def test_train_preempted_requeued_resumes_to_same_digest(slurm, reference_digest
 def test_bench_job_writes_table_and_json(slurm, tmp_path):
     def importable(cwd):
         return subprocess.run(
-            [sys.executable, "-c", "import alpha_mpi.bench"],
+            [sys.executable, "-c", "import alpha_mpi.tools.bench"],
             cwd=cwd,
             capture_output=True,
             text=True,
@@ -273,7 +273,7 @@ def test_bench_job_writes_table_and_json(slurm, tmp_path):
     probe = importable(REPO)
     if probe.returncode != 0:
         pytest.skip(
-            "alpha_mpi.bench is not importable yet: " + (probe.stderr.strip().splitlines() or ["?"])[-1]
+            "alpha_mpi.tools.bench is not importable yet: " + (probe.stderr.strip().splitlines() or ["?"])[-1]
         )
     outdir = tmp_path / "out"
     env = {"ALPHA_OUT": str(outdir)}

@@ -1,7 +1,7 @@
 """`alpha-mpi bench train`: step time of the declared-order learner vs the same loop on MPI_Allreduce.
 
 The baseline computes the same slot gradients with the same model code and the same C Adam, but
-sums each rank's slots locally and then calls MPI_Allreduce (alpha_mpi/bench/baseline.py): its
+sums each rank's slots locally and then calls MPI_Allreduce (alpha_mpi/tools/bench/baseline.py): its
 summation order belongs to the MPI library. Both run in one job, interleaved in blocks, and the
 ratio of median step times is printed (< 1: alpha_mpi is faster). The ordered learner's time
 includes everything it does per step: the combine, the step-wide refusal vote and the update.
@@ -17,9 +17,9 @@ import time
 
 import numpy as np
 
-from ..learning import MLP, DataParallelLearner
-from ..learning.data import SlotStream, synthetic
-from ..learning.optim import make_optimizer
+from ...learning import MLP, DataParallelLearner
+from ...learning.data import SlotStream, synthetic
+from ...learning.optim import make_optimizer
 from . import baseline
 
 

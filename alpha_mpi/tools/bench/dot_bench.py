@@ -1,6 +1,6 @@
 """`alpha-mpi bench dot`: alpha_mpi.arrays.dot against comm.Allreduce(np.dot(x_local, y_local)).
 
-    mpiexec -n 2 python -m alpha_mpi.bench dot [--lengths 1e2,1e3,...,1e7] [--iters 300]
+    mpiexec -n 2 python -m alpha_mpi.tools.bench dot [--lengths 1e2,1e3,...,1e7] [--iters 300]
         [--warmup 20] [--stat min|median] [--kernel-only | --no-kernel] [--json out.json]
 
 Part 1, per call (every rank): for each local length L (global n = p * L, even blocks), in one
@@ -8,7 +8,7 @@ run and interleaved iteration by iteration (drift and other load hit both alike)
 by a Barrier:
     alpha      arrays.dot(comm, x, y, offset, n): the pairwise tree over global indices
     alpha k=2  arrays.dots(comm, [(x, y), (y, y)], ...): two inner products in one exchange
-    MPI        send[0] = np.dot(x, y); comm.Allreduce (alpha_mpi.bench.baseline), the reference
+    MPI        send[0] = np.dot(x, y); comm.Allreduce (alpha_mpi.tools.bench.baseline), the reference
 Per rank the statistic (--stat, min by default: robust on a shared machine) over iterations;
 the table shows the maximum over ranks and ratio = alpha / MPI (< 1: faster). Bits: every result
 must equal the first one, and up to --check elements the first equals the whole tree evaluated
@@ -109,8 +109,8 @@ def _data(rank: int, length: int):
 
 
 def per_call(comm, args) -> tuple:
-    from .. import arrays
-    from ..arrays import local
+    from ... import arrays
+    from ...arrays import local
     from .baseline import MpiAllreduce
 
     p, r = comm.Get_size(), comm.Get_rank()
@@ -191,8 +191,8 @@ def per_call(comm, args) -> tuple:
 
 
 def kernel(comm, args) -> list:
-    from ..arrays import local
-    from ..kernel import ffi, lib
+    from ...arrays import local
+    from ...kernel import ffi, lib
 
     rows = []
     if comm.Get_rank() == 0:

@@ -72,11 +72,11 @@ def _gloo(comm, torch):
 
 def cmd(comm, argv) -> int:
     """Run the benchmark (every rank); rank 0 prints the table, the ratio and both digests."""
-    from ..learning.torch_model import require_torch
+    from ...learning.torch_model import require_torch
 
     torch = require_torch()
-    from ..learning.data import SlotStream
-    from ..torch import DataParallel, parameter_digest
+    from ...learning.data import SlotStream
+    from ...torch import DataParallel, parameter_digest
 
     rank, size = comm.Get_rank(), comm.Get_size()
     p = argparse.ArgumentParser(prog="alpha-mpi bench torch", description=__doc__.splitlines()[0])

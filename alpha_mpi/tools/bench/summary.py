@@ -1,6 +1,6 @@
 """Summarize `alpha-mpi bench allreduce --json` runs (benchmarks/sweep_allreduce.sh):
 
-    python -m alpha_mpi.bench.summary benchmarks/results/allreduce-p*.json
+    python -m alpha_mpi.tools.bench.summary benchmarks/results/allreduce-p*.json
 
 Per rank count p and size: MPI_Allreduce with MPICH's default selection (the run whose forced
 algorithm is `auto`), the best forced algorithm, and alpha_mpi's realizations. Ratios are taken
@@ -134,7 +134,7 @@ def summarize(runs) -> str:
 def main(argv=None) -> int:
     paths = list(sys.argv[1:] if argv is None else argv)
     if not paths:
-        print("usage: python -m alpha_mpi.bench.summary RESULT.json ...", file=sys.stderr)
+        print("usage: python -m alpha_mpi.tools.bench.summary RESULT.json ...", file=sys.stderr)
         return 2
     runs = _load(paths)
     if not runs:

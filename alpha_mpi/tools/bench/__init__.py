@@ -1,13 +1,13 @@
-"""Benchmarks, in the style of mpi4py's bench.py: `python -m alpha_mpi.bench COMMAND [options]`
+"""Benchmarks, in the style of mpi4py's bench.py: `python -m alpha_mpi.tools.bench COMMAND [options]`
 or `alpha-mpi bench COMMAND [options]`, under mpiexec.
 
 Each command is a module with `cmd(comm, argv) -> int` and its own argparse; it prints on rank 0
 only. Commands are imported on first use, so a missing optional one (e.g. `train`, which lives
-in alpha_mpi.bench.train_bench) is reported, not fatal to the others. An unknown command is an
+in alpha_mpi.tools.bench.train_bench) is reported, not fatal to the others. An unknown command is an
 error on rank 0 and exits 2 on every rank.
 
 Collectives: the harness may time and aggregate with MPI collectives (Barrier, gather of
-timings); MPI_Allreduce on data appears only in alpha_mpi/bench/baseline.py, the reference being
+timings); MPI_Allreduce on data appears only in alpha_mpi/tools/bench/baseline.py, the reference being
 measured. alpha_mpi's own combines never use a collective.
 """
 
@@ -18,20 +18,20 @@ import sys
 
 COMMANDS = {
     "allreduce": (
-        "alpha_mpi.bench.allreduce_bench",
+        "alpha_mpi.tools.bench.allreduce_bench",
         "declared-order allreduce (every realization, auto) vs MPI_Allreduce",
     ),
     "dot": (
-        "alpha_mpi.bench.dot_bench",
+        "alpha_mpi.tools.bench.dot_bench",
         "sum/dot of distributed arrays (pairwise over global indices) vs MPI_Allreduce(np.dot)",
     ),
-    "train": ("alpha_mpi.bench.train_bench", "data-parallel training step time"),
+    "train": ("alpha_mpi.tools.bench.train_bench", "data-parallel training step time"),
     "calibrate": (
-        "alpha_mpi.bench.calibrate",
+        "alpha_mpi.tools.bench.calibrate",
         "measure the α, β, γ of auto's cost model (writes a JSON for ALPHA_MPI_CALIBRATION)",
     ),
     "torch": (
-        "alpha_mpi.bench.torch_bench",
+        "alpha_mpi.tools.bench.torch_bench",
         "alpha_mpi.torch vs torch DDP (gloo) step time (needs .[torch])",
     ),
 }
@@ -47,7 +47,7 @@ def _comm():
 
 def _usage() -> str:
     lines = [
-        "usage: alpha-mpi bench COMMAND [options]   (python -m alpha_mpi.bench COMMAND ...)",
+        "usage: alpha-mpi bench COMMAND [options]   (python -m alpha_mpi.tools.bench COMMAND ...)",
         "",
         "commands:",
     ]

@@ -1,6 +1,6 @@
 """`alpha-mpi bench allreduce`: declared-order allreduce against MPI_Allreduce, OSU/IMB style.
 
-    mpiexec -n 2 python -m alpha_mpi.bench allreduce [--sizes 8,1K,1M,64M] [--iters 100]
+    mpiexec -n 2 python -m alpha_mpi.tools.bench allreduce [--sizes 8,1K,1M,64M] [--iters 100]
         [--warmup 3] [--realizations auto,butterfly,halving,...] [--topology pairwise|star|hierarchy:K]
         [--json out.json] [--plot out.png]
 
@@ -232,7 +232,7 @@ def slot_values(slot: int, n: int, head: int) -> np.ndarray:
 
 class _Alpha:
     def __init__(self, comm, tree, n, realization, args, mine):
-        from ..execution import Allreducer
+        from ...execution import Allreducer
 
         self.a = Allreducer(
             comm, tree, n, realization=realization, segment=args.segment, calibration=args.cal
@@ -266,7 +266,7 @@ class _Functional(_Alpha):
     def __init__(self, comm, tree, n, args, mine):
         super().__init__(comm, tree, n, "auto", args, mine)
         self.a.free()
-        from ..execution import allreduce
+        from ...execution import allreduce
 
         self.name = self.requested = "allreduce()"
         self._call = lambda: allreduce(comm, tree, self.mine, out=self.out)
@@ -316,7 +316,7 @@ def _stat(times, how):
 
 def bandwidth_model(comm, n: int, reps: int, how: str) -> dict:
     """copy + add + copy for this rank's share, timed on all ranks at once (max over ranks)."""
-    from .. import kernel
+    from ... import kernel
 
     p = comm.Get_size()
     share = -(-n // p)
@@ -352,12 +352,12 @@ def bandwidth_model(comm, n: int, reps: int, how: str) -> dict:
 # ----------------------------------------------------------------------------------------------
 def cmd(comm, argv) -> int:
 
-    from .. import oracle
-    from ..model import build
-    from ..planning import plan
-    from ..planning.cost import load_calibration
-    from ..planning.gather import DEFAULT_SEGMENT
-    from ..planning.realize import REALIZATIONS, applicable
+    from ... import oracle
+    from ...model import build
+    from ...planning import plan
+    from ...planning.cost import load_calibration
+    from ...planning.gather import DEFAULT_SEGMENT
+    from ...planning.realize import REALIZATIONS, applicable
     from . import baseline
 
     rank, p = comm.Get_rank(), comm.Get_size()
@@ -560,7 +560,7 @@ def cmd(comm, argv) -> int:
 
 
 def tree_owner(tree, slot):
-    from ..model.tree import leaf_sequence
+    from ...model.tree import leaf_sequence
 
     cache = tree_owner.__dict__.setdefault("_cache", {})
     m = cache.get(id(tree))

@@ -35,9 +35,9 @@ def _median(f, iters, comm):
 
 
 def cmd(comm, argv) -> int:
-    from .. import kernel
-    from ..execution import Allreducer
-    from ..model import pairwise
+    from ... import kernel
+    from ...execution import Allreducer
+    from ...model import pairwise
 
     rank, p = comm.Get_rank(), comm.Get_size()
     parser = argparse.ArgumentParser(prog="alpha-mpi bench calibrate", description=__doc__.split("\n\n")[0])

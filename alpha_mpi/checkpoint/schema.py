@@ -149,9 +149,8 @@ def _path_code(path) -> str:
     return "checkpoint-manifest"
 
 
-# ------------------------------------------------------------------------------ root manifest
-def validate_root(m: dict, dir_step, where: str) -> None:
-    """Check every field of a root manifest that is present; refuse what is malformed."""
+def format_version(m: dict, where: str) -> None:
+    """Refuse a manifest (root or component) of another format, or of another format version."""
     if m.get("format") != FORMAT:
         raise bad(f"{where} is not an {FORMAT} manifest")
     if m.get("version") != VERSION:
@@ -159,6 +158,12 @@ def validate_root(m: dict, dir_step, where: str) -> None:
             "checkpoint-format-version",
             f"{where} has format version {_show(m.get('version'))}; this alpha_mpi reads {VERSION}",
         )
+
+
+# ------------------------------------------------------------------------------ root manifest
+def validate_root(m: dict, dir_step, where: str) -> None:
+    """Check every field of a root manifest that is present; refuse what is malformed."""
+    format_version(m, where)
     keys(m, "root manifest", ROOT_REQUIRED, ROOT_OPTIONAL)
     step = integer(m["step"], "step")
     if dir_step is not None and step != dir_step:
@@ -315,13 +320,7 @@ SHARD_KEYS = ("path", "start", "stop", "dtype", "shape", "bytes", "sha256")
 
 def validate_component(name: str, comp: dict, where: str) -> list:
     """The component's shard entries, sorted, checked to tile [0, length) exactly."""
-    if comp.get("format") != FORMAT:
-        raise bad(f"{where} is not an {FORMAT} manifest")
-    if comp.get("version") != VERSION:
-        raise CheckpointRefusal(
-            "checkpoint-format-version",
-            f"{where} has format version {_show(comp.get('version'))}; this alpha_mpi reads {VERSION}",
-        )
+    format_version(comp, where)
     keys(comp, f"component {name}", ("format", "version", "component", "length", "dtype", "shards"))
     if comp["component"] != name:
         raise bad(f"component manifest {where} names component {_show(comp['component'])}, expected {name!r}")

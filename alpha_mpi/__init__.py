@@ -5,6 +5,7 @@ learning -> tools. Importing the package loads only the pure layers; names from 
 and learning layers are resolved on first use, so planning works without MPI initialised.
 """
 
+from ._lazy import lazy_attributes as _lazy_attributes
 from .model import (  # noqa: F401
     Branch,
     DeliverTo,
@@ -57,15 +58,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name):
-    target = _LAZY.get(name)
-    if target is None:
-        raise AttributeError(f"module 'alpha_mpi' has no attribute {name!r}")
-    import importlib
-
-    module = importlib.import_module(target, __name__)
-    return getattr(module, name)
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = _lazy_attributes(__name__, _LAZY, globals())

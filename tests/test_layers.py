@@ -2,7 +2,8 @@
 
 Layers, each depending only on those above it:
 
-    1 model      alpha_mpi.model, refusals, oracle (the independent oracle: no planner, no kernel)
+    1 model      alpha_mpi.model, refusals, oracle (the independent oracle: no planner, no kernel),
+                 _lazy (the facades' first-use loader, importing nothing of the package)
     2 planning   alpha_mpi.planning
     3 kernel     alpha_mpi.kernel, kernel_env, _kernel_lib, _kernel_build, _alpha_kernel, numerics
     4 execution  alpha_mpi.execution, arrays, numerics.execute (ContractCombiner)
@@ -37,6 +38,7 @@ LAYERS = {
     "alpha_mpi.model": 1,
     "alpha_mpi.refusals": 1,
     "alpha_mpi.oracle": 1,
+    "alpha_mpi._lazy": 1,
     "alpha_mpi.planning": 2,
     "alpha_mpi.kernel": 3,
     "alpha_mpi.kernel_env": 3,

@@ -19,6 +19,7 @@ neither numpy, the compiled kernel nor MPI; the others load on first use.
     numerical_compatibility(c, NumericalContract.from_dict(saved), theirs_name="the checkpoint")
 """
 
+from .._lazy import lazy_attributes as _lazy_attributes
 from ..model.contract import Contract, NumericalContract, contract_for_plan, numerical_compatibility
 from ..model.formulas import ADAM_V1, FORMULAS, NORMALIZE_ONCE, SGD_MOMENTUM_V1
 from ..model.operations import CombineOrder, Formula
@@ -75,14 +76,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name):
-    target = _LAZY.get(name)
-    if target is None:
-        raise AttributeError(f"module 'alpha_mpi.numerics' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(target, __name__), name)
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = _lazy_attributes(__name__, _LAZY, globals())

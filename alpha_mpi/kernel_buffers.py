@@ -1,0 +1,75 @@
+"""The argument checks every kernel wrapper shares (layer 3): buffers in, named refusals out.
+
+Apart from kernel.py and kernel_updates.py because both wrap their C calls with them: a float64
+buffer is checked (dtype, contiguity, writeability) and wrapped with `ffi.from_buffer` in one
+step, sizes are compared, and a C status of bad argument becomes `kernel-bad-argument`. Not
+user API: `alpha_mpi.kernel` is.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._kernel_lib import ffi
+from .refusals import KernelRefusal
+
+__all__ = ["F64", "F32", "I32", "ND", "DARR", "FARR", "IARR", "f64_buffer", "same_size", "bad_argument"]
+
+F64 = np.dtype(np.float64)
+F32 = np.dtype(np.float32)
+I32 = np.dtype(np.int32)
+ND = np.ndarray
+try:  # resolved once: from_buffer with a ctype object skips parsing the type string
+    DARR, FARR, IARR = ffi.typeof("double[]"), ffi.typeof("float[]"), ffi.typeof("int32_t[]")
+except KernelRefusal:  # pragma: no cover - no compiled kernel
+    DARR = FARR = IARR = None
+
+
+def f64_buffer(a, name, fn, writable=False):
+    """`a` (a native float64 C-contiguous ndarray; writeable when `writable`) as a cffi buffer.
+
+    Refused: `dtype-invalid` (not an ndarray, not float64), `kernel-bad-argument`
+    (not C-contiguous, or a read-only output); `name` and `fn` say which argument of which call.
+    """
+    # Hot path: one identity test and one from_buffer (which itself refuses non-C-contiguous
+    # and, for outputs, read-only arrays); the explanations are built only on failure.
+    try:
+        dt = a.dtype
+        if dt is F64 or dt == F64:
+            return ffi.from_buffer(DARR, a, writable)
+    except AttributeError:
+        pass
+    except (ValueError, BufferError, TypeError):
+        if isinstance(a, ND) and writable and not a.flags.writeable:
+            raise KernelRefusal(
+                "kernel-bad-argument", f"{fn}: output {name} is read-only", argument=name
+            ) from None
+        raise KernelRefusal(
+            "kernel-bad-argument",
+            f"{fn}: {name} must be a C-contiguous array (got strides {getattr(a, 'strides', None)})",
+            argument=name,
+        ) from None
+    if not isinstance(a, ND):
+        raise KernelRefusal(
+            "dtype-invalid",
+            f"{fn}: {name} must be a numpy float64 array, got {type(a).__name__}",
+            argument=name,
+        )
+    raise KernelRefusal("dtype-invalid", f"{fn}: {name} must be native float64, got {a.dtype}", argument=name)
+
+
+def same_size(fn, n, pairs):
+    """Refuse (`kernel-bad-argument`) the first (name, array) in `pairs` without `n` elements."""
+    for name, a in pairs:
+        if a.size != n:
+            raise KernelRefusal(
+                "kernel-bad-argument", f"{fn}: {name} has {a.size} elements, expected {n}", argument=name
+            )
+
+
+def bad_argument(fn, what):
+    """Raise `kernel-bad-argument` for a C call that refused its buffers (`what` says how)."""
+    raise KernelRefusal(
+        "kernel-bad-argument",
+        f"{fn}: {what} (outputs must be disjoint from inputs, or exactly the same buffer where allowed)",
+    )

@@ -19,12 +19,17 @@ Protocol of `resume()` (every rank calls it once, before training):
 
 The constructor takes an advisory lock on the directory (lock.py) on rank 0; `close()` (or
 leaving a `with` block) releases it.
+
+This module holds the collective protocol (who writes, reads and votes when); the questions it
+asks are apart, each a pure function of files and records: which step to resume from
+(locate.py) and what a resume must share with the saved run (compatibility.py). Their public
+names are re-exported here.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 
 import numpy as np
 
@@ -33,56 +38,22 @@ from ..model import ReplicateAll, star
 from ..planning import plan
 from ..refusals import CheckpointRefusal, Refusal
 from . import schema, store
-from .layout import published_steps, step_name, step_of
+from .compatibility import (
+    NOT_SAVED,
+    SAME_ON_RESUME,
+    check_compatible,
+    compare_config,
+    compare_data,
+    learner_contract,
+)
+from .layout import step_name, step_of
+from .locate import Resumed, locate
 from .lock import DirectoryLock
-from .reader import Checkpoint, is_step_dir, newest_verifying, read_latest
+from .reader import Checkpoint, is_step_dir
 
-# Config fields a resume must share with the saved run (others, like --steps or --partition, may
-# change). `lr` may change with adopt_lr; `momentum` matters to SGD only.
-SAME_ON_RESUME = ("slots", "batch", "seed", "hidden", "data", "model", "optimizer", "lr", "momentum")
-# Run options that are not part of a checkpoint's configuration.
-NOT_SAVED = ("checkpoint_dir", "resume", "resume_from", "adopt_contract", "adopt_lr", "json")
 DATA_STREAM = "permutation-v1"
 
-
-def learner_contract(learner):
-    return learner.contract
-
-
-def check_compatible(saved: dict, learner, adopt: bool = False) -> dict | None:
-    """Refuse a checkpoint whose numerical contract differs, unless adopting it is asked for."""
-    from ..numerics import NumericalContract, numerical_compatibility
-
-    current = learner_contract(learner)
-    old = NumericalContract.from_dict(saved["contract"])
-    try:
-        numerical_compatibility(current, old, theirs_name="the checkpoint")
-    except Refusal:
-        if not adopt:
-            raise
-        return {"from": old.digest, "to": current.digest, "at_step": saved["step"]}
-    if saved.get("order_id") != learner.order_id:
-        if not adopt:
-            from ..refusals import NumericalOrderMismatch
-
-            raise NumericalOrderMismatch(
-                f"the checkpoint's order id {str(saved.get('order_id'))[:24]} differs from "
-                f"this run's {learner.order_id[:24]}"
-            )
-        return {"from": old.digest, "to": current.digest, "at_step": saved["step"]}
-    return None
-
-
-@dataclass
-class Resumed:
-    """What `resume()` did. `how`: latest | newer (a complete step newer than latest) | fallback
-    (no latest) | chosen (--resume-from) | none. `lines`: what rank 0 says."""
-
-    how: str
-    path: str | None = None
-    step: int = 0
-    lines: list = field(default_factory=list)
-    sha: str | None = None
+__all__ = ["Checkpointer", "Resumed", "SAME_ON_RESUME", "NOT_SAVED", "check_compatible"]
 
 
 class Checkpointer:
@@ -286,7 +257,7 @@ class Checkpointer:
         failure, info = None, Resumed("none")
         if self.rank == 0:
             try:
-                info = self._locate(path)
+                info = locate(self.root, path)
             except Refusal as e:
                 failure = e
         _, value, itself = self._all(
@@ -303,102 +274,6 @@ class Checkpointer:
             info = Resumed("resumed", got, step)
         return info
 
-    def _locate(self, path) -> Resumed:
-        root = self.root
-        if path is not None:
-            if is_step_dir(path):
-                ck = Checkpoint(path)
-            else:
-                found = read_latest(path)
-                if found is None:
-                    Checkpoint(path)  # refuses by name: no checkpoint there
-                ck = Checkpoint(found[0], found[1])
-            newer = [k for k in published_steps(root) if k > ck.step]
-            cur = store.current_latest(root)
-            if cur is not None and cur > ck.step:
-                newer.append(cur)
-            if newer:
-                raise CheckpointRefusal(
-                    "checkpoint-exists",
-                    f"{root} already holds {step_name(max(newer))}, newer than the chosen step "
-                    f"{ck.step}; continuing "
-                    ""
-                    f"from step {ck.step} here would collide with published steps. Give another "
-                    "--checkpoint-dir, "
-                    f"or move the newer steps out of {root}",
-                )
-            r = Resumed(
-                "chosen", ck.dir, ck.step, [f"# resumed from {ck.dir} at step {ck.step} (--resume-from)"]
-            )
-            r.sha = ck.manifest_sha256
-            return r
-        found = read_latest(root)
-        steps = published_steps(root)
-        if found is not None:
-            k = step_of(os.path.basename(found[0]))
-            if not steps or steps[-1] <= k:
-                r = Resumed("latest", found[0], k, [f"# resumed from {found[0]} at step {k}"])
-                r.sha = found[1]
-                return r
-            # A step newer than `latest`: a save was interrupted after publishing it, before it
-            # moved `latest`. It is complete if it verifies; a broken one would collide later.
-            ck, skipped = newest_verifying(root)
-            if ck is not None and ck.step > k and not skipped:
-                r = Resumed(
-                    "newer",
-                    ck.dir,
-                    ck.step,
-                    [
-                        f"# {root}/latest names {step_name(k)}, but {step_name(ck.step)} is "
-                        "complete (a save was "
-                        f"interrupted before it moved latest): resuming from it",
-                        f"# resumed from {ck.dir} at step {ck.step}",
-                    ],
-                )
-                r.sha = ck.manifest_sha256
-                return r
-            broken = ", ".join(f"{step_name(s)} [{code}]" for s, code in skipped if s > k)
-            raise CheckpointRefusal(
-                "checkpoint-corrupt",
-                f"{root} holds steps newer than the {step_name(k)} latest names that do not verify "
-                f"({broken}); "
-                f"a run from step {k} would collide with them. Move them out of {root} and resume again",
-                path=root,
-            )
-        if not steps:
-            return Resumed("none", None, 0, [f"# no checkpoint in {root}: starting at step 0"])
-        ck, skipped = newest_verifying(root)
-        broken = ", ".join(f"{step_name(k)} [{code}]" for k, code in skipped)
-        if ck is None:
-            raise CheckpointRefusal(
-                "checkpoint-corrupt",
-                f"{root} has no {os.path.basename('latest')} pointer and none of its steps "
-                f"verifies ({broken}); "
-                f"nothing to resume from. Move them out of {root} to start over",
-                path=root,
-            )
-        if skipped:
-            raise CheckpointRefusal(
-                "checkpoint-corrupt",
-                f"{root} has no latest pointer; its newest steps do not verify ({broken}); the "
-                "newest that does is "
-                f"{ck.dir}. Move the broken steps out of {root} and resume again, or pass "
-                f"--resume-from {ck.dir} "
-                f"with another --checkpoint-dir",
-                path=root,
-            )
-        r = Resumed(
-            "fallback",
-            ck.dir,
-            ck.step,
-            [
-                f"# {root}/latest is missing: resuming from the newest step that verifies, {ck.dir}",
-                f"# resumed from {ck.dir} at step {ck.step}",
-            ],
-        )
-        r.sha = ck.manifest_sha256
-        return r
-
     def _load(self, path: str, expected=None) -> str:
         failure, ck, state, adopted, changes = None, None, None, None, []
         try:
@@ -410,8 +285,8 @@ class Checkpointer:
                     "checkpoint-manifest", f"{ck.dir} is not a learner checkpoint: it lacks {missing}"
                 )
             adopted = check_compatible(m, self.learner, self.adopt_contract)
-            changes = self._compare_config(m)
-            self._compare_data(m)
+            changes = compare_config(m, self.cfg, self.data, self.learner, self.adopt_lr)
+            compare_data(m, self.data)
             read = getattr(self.learner, "checkpoint_read", None)
             state = read(ck) if read is not None else None
         except Refusal as e:
@@ -429,57 +304,3 @@ class Checkpointer:
         self.history = list(m.get("contract_history", [])) + ([adopted] if adopted else [])
         self.resume_history = list(m.get("resume_history", [])) + changes
         return ck.dir
-
-    def _compare_config(self, m: dict) -> list:
-        saved, now = m.get("config", {}), self.cfg
-        optimizer = saved.get("optimizer", now.get("optimizer"))
-        diffs, changes = [], []
-        for k in SAME_ON_RESUME:
-            if k in now and k not in saved and saved:
-                diffs.append(f"{k}: the checkpoint's config does not record it, now {now[k]!r}")
-                continue
-            if k not in saved or k not in now or saved[k] == now[k]:
-                continue
-            if k == "momentum" and optimizer != "sgd":
-                continue
-            if k == "data" and "sha256" in m.get("data", {}) and "sha256" in self.data:
-                continue  # the data's content is compared (_compare_data), not the path it was read from
-            if k == "lr" and self.adopt_lr:
-                changes.append({"at_step": m["step"], "field": "lr", "from": saved[k], "to": now[k]})
-                continue
-            hint = (
-                "; resume with the saved --lr or pass --adopt-lr to continue with the new one"
-                if k == "lr"
-                else ""
-            )
-            diffs.append(f"{k}: saved {saved[k]!r}, now {now[k]!r}{hint}")
-        hyper = m.get("scalars", {}).get("optimizer_hyper")
-        live = getattr(getattr(self.learner, "opt", None), "lr", None)
-        if isinstance(hyper, dict) and live is not None and hyper.get("lr") != live and "lr" not in now:
-            if not self.adopt_lr:
-                diffs.append(
-                    f"lr: saved {hyper.get('lr')!r}, now {live!r}; pass adopt_lr=True to continue with it"
-                )
-            else:
-                changes.append({"at_step": m["step"], "field": "lr", "from": hyper.get("lr"), "to": live})
-        if diffs:
-            raise CheckpointRefusal("checkpoint-config-mismatch", "; ".join(diffs))
-        if "steps" in saved and "steps" in now and saved["steps"] != now["steps"]:
-            changes.append(
-                {"at_step": m["step"], "field": "steps", "from": saved["steps"], "to": now["steps"]}
-            )
-        return changes
-
-    def _compare_data(self, m: dict) -> None:
-        saved = m.get("data", {})
-        diffs = [
-            f"{k}: saved {str(saved[k])[:20]}, now {str(self.data[k])[:20]}"
-            for k in ("samples", "sha256")
-            if k in saved and k in self.data and saved[k] != self.data[k]
-        ]
-        if diffs:
-            raise CheckpointRefusal(
-                "checkpoint-data-mismatch",
-                f"the checkpoint was trained on other data ({'; '.join(diffs)}; saved source "
-                f"{str(saved.get('source'))[:80]!r}); its stream position means nothing for this data",
-            )

@@ -1,0 +1,106 @@
+"""What a resume must share with the saved run: numerical contract, order id, config, data.
+
+Apart from checkpointer.py because these are rules about two records (the saved manifest and
+this run), not steps of the collective protocol: each function reads a manifest and the run's
+side, and either refuses by name or returns what changed by consent (`adopt_contract`,
+`adopt_lr`) for the manifest's history. `Checkpointer` applies them on every rank before it
+installs anything.
+"""
+
+from __future__ import annotations
+
+from ..numerics import NumericalContract, numerical_compatibility
+from ..refusals import CheckpointRefusal, NumericalOrderMismatch, Refusal
+
+__all__ = ["SAME_ON_RESUME", "NOT_SAVED", "check_compatible", "compare_config", "compare_data"]
+
+# Config fields a resume must share with the saved run (others, like --steps or --partition, may
+# change). `lr` may change with adopt_lr; `momentum` matters to SGD only.
+SAME_ON_RESUME = ("slots", "batch", "seed", "hidden", "data", "model", "optimizer", "lr", "momentum")
+# Run options that are not part of a checkpoint's configuration.
+NOT_SAVED = ("checkpoint_dir", "resume", "resume_from", "adopt_contract", "adopt_lr", "json")
+
+
+def learner_contract(learner):
+    return learner.contract
+
+
+def check_compatible(saved: dict, learner, adopt: bool = False) -> dict | None:
+    """Refuse a checkpoint whose numerical contract (or order id) differs from the learner's,
+    unless adopting it is asked for; then return the contract change to record, else None."""
+    current = learner_contract(learner)
+    old = NumericalContract.from_dict(saved["contract"])
+    try:
+        numerical_compatibility(current, old, theirs_name="the checkpoint")
+    except Refusal:
+        if not adopt:
+            raise
+        return {"from": old.digest, "to": current.digest, "at_step": saved["step"]}
+    if saved.get("order_id") != learner.order_id:
+        if not adopt:
+            raise NumericalOrderMismatch(
+                f"the checkpoint's order id {str(saved.get('order_id'))[:24]} differs from "
+                f"this run's {learner.order_id[:24]}"
+            )
+        return {"from": old.digest, "to": current.digest, "at_step": saved["step"]}
+    return None
+
+
+def compare_config(m: dict, now: dict, data: dict, learner, adopt_lr: bool = False) -> list:
+    """Refuse (`checkpoint-config-mismatch`) a run whose config `now` differs from the manifest
+    `m`'s in a SAME_ON_RESUME field (or whose live learning rate differs from the saved
+    hyperparameters), except a learning rate changed with `adopt_lr`; return the recorded
+    changes (`lr` adopted, `steps`) for the manifest's `resume_history`."""
+    saved = m.get("config", {})
+    optimizer = saved.get("optimizer", now.get("optimizer"))
+    diffs, changes = [], []
+    for k in SAME_ON_RESUME:
+        if k in now and k not in saved and saved:
+            diffs.append(f"{k}: the checkpoint's config does not record it, now {now[k]!r}")
+            continue
+        if k not in saved or k not in now or saved[k] == now[k]:
+            continue
+        if k == "momentum" and optimizer != "sgd":
+            continue
+        if k == "data" and "sha256" in m.get("data", {}) and "sha256" in data:
+            continue  # the data's content is compared (compare_data), not the path it was read from
+        if k == "lr" and adopt_lr:
+            changes.append({"at_step": m["step"], "field": "lr", "from": saved[k], "to": now[k]})
+            continue
+        hint = (
+            "; resume with the saved --lr or pass --adopt-lr to continue with the new one"
+            if k == "lr"
+            else ""
+        )
+        diffs.append(f"{k}: saved {saved[k]!r}, now {now[k]!r}{hint}")
+    hyper = m.get("scalars", {}).get("optimizer_hyper")
+    live = getattr(getattr(learner, "opt", None), "lr", None)
+    if isinstance(hyper, dict) and live is not None and hyper.get("lr") != live and "lr" not in now:
+        if not adopt_lr:
+            diffs.append(
+                f"lr: saved {hyper.get('lr')!r}, now {live!r}; pass adopt_lr=True to continue with it"
+            )
+        else:
+            changes.append({"at_step": m["step"], "field": "lr", "from": hyper.get("lr"), "to": live})
+    if diffs:
+        raise CheckpointRefusal("checkpoint-config-mismatch", "; ".join(diffs))
+    if "steps" in saved and "steps" in now and saved["steps"] != now["steps"]:
+        changes.append({"at_step": m["step"], "field": "steps", "from": saved["steps"], "to": now["steps"]})
+    return changes
+
+
+def compare_data(m: dict, data: dict) -> None:
+    """Refuse (`checkpoint-data-mismatch`) a run on other data than the manifest `m` records
+    (its sample count or sha256 differs from the fingerprint `data`)."""
+    saved = m.get("data", {})
+    diffs = [
+        f"{k}: saved {str(saved[k])[:20]}, now {str(data[k])[:20]}"
+        for k in ("samples", "sha256")
+        if k in saved and k in data and saved[k] != data[k]
+    ]
+    if diffs:
+        raise CheckpointRefusal(
+            "checkpoint-data-mismatch",
+            f"the checkpoint was trained on other data ({'; '.join(diffs)}; saved source "
+            f"{str(saved.get('source'))[:80]!r}); its stream position means nothing for this data",
+        )

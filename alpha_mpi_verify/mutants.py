@@ -147,7 +147,7 @@ def _stamp(declared: Plan, mutated: Plan) -> Plan:
         mutated,
         topology=declared.topology,
         tree_order_id=declared.tree_order_id,
-        order_id=declared.order_id,
+        layout_order_id=declared.layout_order_id,
         identity=declared.identity,
         coverage=declared.coverage,
     )
@@ -280,7 +280,7 @@ def mutant(declared: Plan, kind: str) -> Mutant:
         m = Mutant(kind, desc, declared, p, tree)
     else:
         raise Refusal("usage", f"unknown mutant kind {kind!r} (known: {', '.join(KINDS + CONTROLS)})")
-    for attr in ("identity", "order_id", "topology", "layout", "size"):
+    for attr in ("identity", "layout_order_id", "topology", "layout", "size"):
         if getattr(m.plan, attr) != getattr(declared, attr):  # pragma: no cover - _stamp guarantees it
             raise Refusal("plan-simulation-failed", f"mutant {kind} does not claim the declared {attr}")
     simulate(m.plan)

@@ -15,9 +15,9 @@ def test_plan_text_output():
     r = run("plan", "--slots", "10", "--ranks", "4", "--topology", "hierarchy:2", "--deliver-to", "3")
     assert r.returncode == 0, r.stderr
     out = r.stdout
-    assert "topology    hierarchy:2   delivery DeliverTo(3)" in out
+    assert "topology      hierarchy:2   delivery DeliverTo(3)" in out
     assert "r3: E1 rS1>1:8 E3 rS3>1:8 dR8<1:8" in out
-    assert "root rank   0   receivers [3]" in out
+    assert "root rank     0   receivers [3]" in out
     assert "  total           9          72" in out
 
 

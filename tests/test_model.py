@@ -45,7 +45,7 @@ def test_same_shape_on_1_2_5_10_ranks_has_one_order_id_and_four_identities():
         assert len({t.order_id for t in trees}) == 1
         assert len({t.identity for t in trees}) == 4
         plans = [plan(t, None, Layout.weighted(3), size=10) for t in trees]
-        assert len({p.order_id for p in plans}) == 1
+        assert len({p.layout_order_id for p in plans}) == 1
         assert len({p.identity for p in plans}) == 4
 
 

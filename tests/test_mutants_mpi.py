@@ -77,7 +77,11 @@ def test_mutant_runs_to_completion_and_the_oracle_refuses_it(world, kind, topolo
     p, slots = declared_plan(topology, size, delivery)
     data = weighted_data(slots, seed=slots + 1)
     m = mutant(p, kind)  # simulate() has checked that it communicates consistently
-    assert (m.plan.identity, m.plan.order_id, m.plan.topology) == (p.identity, p.order_id, p.topology)
+    assert (m.plan.identity, m.plan.layout_order_id, m.plan.topology) == (
+        p.identity,
+        p.layout_order_id,
+        p.topology,
+    )
     r = refute(world, m, data, timeout=SHORT, contract=contract_for_plan(p).digest)
     # Observable on this data: the mutant's oracle bits differ from the declared oracle's.
     agree(world, len(r.observable) > 0, f"{kind} unobservable")
@@ -148,7 +152,7 @@ def test_mutants_build_simulate_and_are_observable_for_many_sizes(size, topology
         simulate(m.plan)
         coords = m.observable_coordinates(data)
         assert bool(coords) == (kind != "commuted"), (kind, m.description)
-        assert m.plan.identity == p.identity and m.plan.order_id == p.order_id
+        assert m.plan.identity == p.identity and m.plan.layout_order_id == p.layout_order_id
 
 
 def test_duplicated_leaf_bypasses_the_coverage_check_the_planner_would_apply():

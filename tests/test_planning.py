@@ -52,7 +52,7 @@ def test_plan_is_deterministic_and_rows_are_per_rank():
         assert a.rank_program(r) == b.rank_program(r)
     with pytest.raises(Refusal) as e:
         a.rank_program(4)
-    assert e.value.code == "plan-rank-mismatch"
+    assert e.value.code == "rank-out-of-range"
 
 
 def test_local_subtree_is_one_fused_group():
@@ -82,7 +82,7 @@ def test_step_strings_round_trip():
 def test_json_and_dot_outputs():
     p = plan(hierarchy(range(5), 3, 2), DeliverTo(1), 2)
     d = json.loads(p.to_json())
-    assert d["order_id"] == p.order_id and d["receivers"] == [1]
+    assert d["layout_order_id"] == p.layout_order_id and d["receivers"] == [1]
     assert p.to_dot().startswith("digraph plan {")
 
 

@@ -42,7 +42,7 @@ def test_every_applicable_realization_ends_with_the_declared_tree(topology, size
                     continue
                 prog = realize(tp, name, segment=3 if n < 100 else 4000)
                 check(prog)
-                assert prog.order_id == tp.order_id
+                assert prog.layout_order_id == tp.layout_order_id and prog.tree_order_id == tp.tree_order_id
                 assert prog.identity != tp.identity or name == "tree"
 
 

@@ -174,7 +174,7 @@ def schedule(size: int, rank: int, order=None) -> tuple:
     order = tuple(range(size)) if order is None else tuple(order)
     if sorted(order) != list(range(size)) or not 0 <= rank < size:
         raise PlanRefusal(
-            "plan-rank-mismatch",
+            "rank-order-invalid",
             f"order {order} is not a permutation of ranks 0..{size - 1} containing {rank}",
         )
     v = order.index(rank)

@@ -19,11 +19,12 @@ import numpy as np
 from ..model.delivery import ReduceScatter, ReplicateAll
 from ..planning import Plan
 from ..planning.cost import choose, load_calibration
+from ..planning.program import Program
 from ..planning.realize import REALIZATIONS as NAMES
 from ..planning.realize import REDUCE_SCATTER, applicable, as_tree_plan, realize
-from ..planning.scatter_plan import ScatterPlan
 from ..refusals import PlanRefusal, Refusal
 from .engine import Engine
+from .engine_bind import Chunk
 from .transport import library_comm
 
 REALIZATIONS = ("auto",) + NAMES
@@ -53,9 +54,10 @@ class Allreducer:
     one that cannot realize this tree on this many ranks is refused (`realization-inapplicable`,
     naming the ones that apply). `mode="reduce-scatter"`: rank r ends with chunk r only.
     `.realization` says what runs, `.estimates` the model's seconds per applicable realization,
-    `.plan` the Program, `.order_id` the declared order (the same for every realization).
-    `run(contributions, out=None, timeout=None)` returns the combined payload where delivery
-    reaches this rank, else None; in reduce-scatter mode (start, stop, chunk).
+    `.plan` the Program, `.layout_order_id` the declared order bound to the layout (the same
+    for every realization). `run(contributions, out=None, timeout=None)` returns the combined
+    payload where delivery reaches this rank, else None; in reduce-scatter mode the values of
+    this rank's chunk (`reduce_scatter_run` returns Chunk(start, stop, values)).
     """
 
     def __init__(
@@ -95,7 +97,7 @@ class Allreducer:
             tree, ReplicateAll() if delivery is None else delivery, layout, size=size, coverage=coverage
         )
         self.tree_plan = tp
-        self.order_id = tp.order_id
+        self.layout_order_id = tp.layout_order_id
         self.realization, self.estimates = choose_realization(tp, realization, mode, calibration)
         self.estimate = self.estimates.get(self.realization)
         self.plan = realize(tp, self.realization, mode=mode, segment=segment)
@@ -107,6 +109,11 @@ class Allreducer:
     @property
     def identity(self) -> str:
         return self.plan.identity
+
+    @property
+    def order_id(self) -> str:
+        """Deprecated: `layout_order_id`."""
+        return self.plan.order_id  # warns, as Plan.order_id does
 
     @property
     def broken(self):
@@ -122,13 +129,8 @@ class Allreducer:
     __call__ = run
 
     def reduce_scatter_run(self, contributions, out=None, *, timeout=None):
-        """Reduce-scatter mode only: (start, stop, values of coordinates start..stop-1)."""
-        if self.plan.mode != "reduce-scatter":
-            raise PlanRefusal(
-                "plan-delivery-mismatch",
-                "this Allreducer delivers the whole result; build it with mode='reduce-scatter'",
-            )
-        return self.executor.run(contributions, out=out, timeout=timeout)
+        """Reduce-scatter mode only: Chunk(start, stop, values of coordinates start..stop-1)."""
+        return self.executor.reduce_scatter_run(contributions, out=out, timeout=timeout)
 
     def describe(self) -> str:
         est = ", ".join(
@@ -150,7 +152,7 @@ class Combiner(Engine):
     def __init__(self, comm, plan: Plan, *, timeout=None, contract: str = "", dup: bool = True):
         if not isinstance(plan, Plan):
             raise PlanRefusal(
-                "plan-rank-mismatch", f"Combiner runs a tree Plan (alpha_mpi.plan), got {type(plan).__name__}"
+                "plan-kind-mismatch", f"Combiner runs a tree Plan (alpha_mpi.plan), got {type(plan).__name__}"
             )
         if plan.size != comm.Get_size():
             raise PlanRefusal(
@@ -161,39 +163,16 @@ class Combiner(Engine):
 
 
 class ScatterCombiner(Engine):
-    """The scatter realization described by a ScatterPlan (planning/scatter_plan.py)."""
+    """The scatter realization: a Program from `plan_scatter` (or realize(..., "scatter"))."""
 
-    def __init__(
-        self, comm, splan: ScatterPlan, *, timeout=None, contract: str = "", dup: bool = True, depth=None
-    ):
-        if not isinstance(splan, ScatterPlan):
+    def __init__(self, comm, splan: Program, *, timeout=None, contract: str = "", dup: bool = True):
+        if not isinstance(splan, Program) or splan.realization != "scatter":
+            what = getattr(splan, "realization", type(splan).__name__)
             raise PlanRefusal(
-                "plan-rank-mismatch",
-                f"ScatterCombiner runs a ScatterPlan (plan_scatter), got {type(splan).__name__}",
+                "plan-kind-mismatch", f"ScatterCombiner runs a scatter program (plan_scatter), got {what}"
             )
-        mode = "reduce-scatter" if isinstance(splan.delivery, ReduceScatter) else "allreduce"
-        tp = as_tree_plan(
-            splan.tree,
-            None if mode == "reduce-scatter" else splan.delivery,
-            splan.layout,
-            size=splan.size,
-            coverage=splan.coverage,
-        )
-        super().__init__(
-            comm,
-            realize(tp, "scatter", mode=mode, segment=splan.segment),
-            timeout=timeout,
-            contract=contract,
-            dup=dup,
-        )
+        super().__init__(comm, splan, timeout=timeout, contract=contract, dup=dup)
         self.scatter_plan = splan
-
-    def reduce_scatter_run(self, contributions, out=None, *, timeout=None):
-        if self.program.mode != "reduce-scatter":
-            raise PlanRefusal(
-                "plan-delivery-mismatch", "this plan delivers the whole result; plan it with ReduceScatter()"
-            )
-        return self.run(contributions, out=out, timeout=timeout)
 
 
 # -- convenience calls, cached ------------------------------------------------------------------
@@ -307,20 +286,17 @@ def reduce_scatter(
     coverage=None,
     realization: str = "auto",
 ):
-    """Reduce by `tree` and keep chunk r of the result at rank r only. Returns (start, stop,
+    """Reduce by `tree` and keep chunk r of the result at rank r only. Returns Chunk(start, stop,
     values of coordinates start..stop-1) on every rank (a chunk may be empty). `out`: an array
     of the chunk's length or of the whole payload (the chunk is then written at out[start:stop]).
     Realizations: halving (pairwise trees on 2^k ranks) or scatter (any tree)."""
-    if isinstance(tree, ScatterPlan):
-        if not isinstance(tree.delivery, ReduceScatter):
+    if isinstance(tree, Program):  # a reduce-scatter program from plan_scatter / realize
+        if tree.mode != "reduce-scatter":
             raise PlanRefusal(
-                "plan-delivery-mismatch", "reduce_scatter() needs a plan made with ReduceScatter()"
+                "plan-delivery-mismatch", "reduce_scatter() needs a program made with ReduceScatter()"
             )
-        segment, realization, tree = (
-            tree.segment,
-            "scatter",
-            as_tree_plan(tree.tree, None, tree.layout, size=tree.size, coverage=tree.coverage),
-        )
+        segment, realization = tree.details.get("segment"), tree.realization
+        tree = as_tree_plan(tree.tree, None, tree.layout, size=tree.size, coverage=tree.coverage)
     if realization not in ("auto",) + REDUCE_SCATTER:
         raise Refusal(
             "usage", f"reduce_scatter realizations are auto, {', '.join(REDUCE_SCATTER)}; got {realization!r}"
@@ -328,7 +304,7 @@ def reduce_scatter(
     a = _cached(
         comm, tree, contributions, None, layout, realization, "reduce-scatter", coverage, segment, timeout
     )
-    return a.run(contributions, out=out, timeout=timeout)
+    return a.reduce_scatter_run(contributions, out=out, timeout=timeout)
 
 
 __all__ = [
@@ -341,4 +317,5 @@ __all__ = [
     "choose_realization",
     "REALIZATIONS",
     "ReduceScatter",
+    "Chunk",
 ]

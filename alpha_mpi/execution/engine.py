@@ -45,7 +45,7 @@ class Engine(EngineBuild, EngineBinding):
     def __init__(self, comm, program: Program, *, timeout=None, contract: str = "", dup: bool = True):
         if not isinstance(program, Program):
             raise PlanRefusal(
-                "plan-rank-mismatch",
+                "plan-kind-mismatch",
                 f"Engine runs a Program (planning.realize), got {type(program).__name__}",
             )
         size = comm.Get_size()
@@ -69,6 +69,7 @@ class Engine(EngineBuild, EngineBinding):
         self.n = n = program.layout.total
         self.is_receiver = rp.result is not None and program.mode == "allreduce"
         self.realization = program.realization
+        self.chunk = program.chunk(rank)  # reduce-scatter: (start, stop) of this rank's chunk
         ffi = kernel.ffi
         self._ffi, self._lib = ffi, kernel.lib
         self._darr = ffi.typeof("double[]")
@@ -112,8 +113,9 @@ class Engine(EngineBuild, EngineBinding):
     def run(self, contributions, out=None, *, timeout=None):
         """Run the program once with this rank's contributions (slot -> float64 payload).
 
-        Allreduce mode: the combined payload where the delivery reaches this rank, else None
-        (`out`, if given, is then left as it was). Reduce-scatter mode: (start, stop, chunk).
+        Returns the combined payload (a float64 vector) where the delivery reaches this rank,
+        else None (`out`, if given, is then left as it was). Reduce-scatter mode: the values of
+        this rank's chunk, coordinates `self.chunk` (`reduce_scatter_run` adds the bounds).
         `timeout` overrides the per-wait bound for this run."""
         if self.broken is not None:
             raise Refusal(

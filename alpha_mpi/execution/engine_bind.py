@@ -3,6 +3,8 @@ the refusal after the walk (a mixin of engine.Engine; per call, outside the op l
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from ..refusals import PlanRefusal, Refusal
@@ -13,8 +15,27 @@ _F64 = np.dtype(np.float64)
 _MISSING = object()
 
 
+class Chunk(NamedTuple):
+    """A reduce-scatter result: this rank's coordinates start..stop-1 and their values."""
+
+    start: int
+    stop: int
+    values: np.ndarray
+
+
 class EngineBinding:
     """Per-run binding of contributions and `out`, and the end of a run (see engine.py)."""
+
+    def reduce_scatter_run(self, contributions, out=None, *, timeout=None) -> Chunk:
+        """Reduce-scatter programs only: run once and return Chunk(start, stop, values). `out`:
+        an array of the chunk's length, or of the whole payload (written at out[start:stop])."""
+        if self.program.mode != "reduce-scatter":
+            raise PlanRefusal(
+                "plan-delivery-mismatch",
+                "this executor delivers the whole result; build it with mode='reduce-scatter'",
+            )
+        values = self.run(contributions, out=out, timeout=timeout)
+        return Chunk(self.chunk[0], self.chunk[1], values)
 
     def _leaves(self, contributions) -> dict:
         # Fast path: exactly this rank's slots, each a contiguous float64 array of n elements.
@@ -117,7 +138,7 @@ class EngineBinding:
                 )
                 np.copyto(target, chunk)
                 chunk = target
-            return lo, hi, chunk
+            return chunk
         if res.buf != "out":  # pragma: no cover - allreduce results always land in `out`
             raise PlanRefusal("plan-simulation-failed", "an allreduce result outside `out`")
         if out is None:

@@ -78,7 +78,7 @@ class EngineBuild:
             receiver=m.dst,
             count=m.count,
             topology=prog.topology,
-            order_id=prog.order_id,
+            order_id=prog.layout_order_id,
             identity=prog.identity,
             layout_key=m.what,
             contract=self.contract,

@@ -172,7 +172,7 @@ class DataParallelLearner:
         self._full_next = np.empty(n) if partition in ("state", "grads") else None
         self.step = 0
         self.times = {"compute": 0.0, "combine": 0.0, "update": 0.0}
-        self.order_id = self.full_plan.order_id
+        self.order_id = self.full_plan.layout_order_id  # the layout order id (checkpoints name it)
         self.realization = self.reducer.realization + (
             " (reduce-scatter)" if partition in ("grads", "params") else ""
         )

@@ -16,7 +16,7 @@ _HEX = frozenset("0123456789abcdef")
 
 @dataclass(frozen=True)
 class CombineOrder:
-    """A combine, named by its order id (`Plan.order_id`: tree order bound to the payload layout).
+    """A combine, named by its layout order id (`Plan.layout_order_id`: tree order + payload layout).
 
     Refuses anything but a 64-digit lower-case hex digest (`numerical-contract-invalid`).
     """

@@ -1,6 +1,31 @@
-"""Planning layer: trees -> per-rank schedules, a dry-run simulator, assembly plans. Pure."""
+"""Planning layer: trees -> per-rank schedules, a dry-run simulator, assembly plans. Pure.
 
-from .assembly import AssemblyPlan, even_ranges, plan_assembly  # noqa: F401
-from .combine_plan import Group, Plan, plan  # noqa: F401
-from .simulate import Traffic, simulate  # noqa: F401
-from .steps import Edge, Step  # noqa: F401
+`validate` checks a request once; `plan` lowers the tree realization in passes (group, lower
+the reduce, lower the delivery); `realize` lowers any realization to a `Program`. Every plan is
+a `PlanBase`: the same tree order id, layout order id and identity fields on each.
+"""
+
+from .assembly import AssemblyPlan, even_ranges, plan_assembly
+from .base import PlanBase
+from .combine_plan import Group, Plan, plan
+from .program import Program
+from .realize import plan_scatter, realize
+from .simulate import Traffic, simulate
+from .steps import Edge, Step
+
+__all__ = [
+    "plan",
+    "Plan",
+    "PlanBase",
+    "Group",
+    "realize",
+    "plan_scatter",
+    "Program",
+    "simulate",
+    "Traffic",
+    "plan_assembly",
+    "AssemblyPlan",
+    "even_ranges",
+    "Edge",
+    "Step",
+]

@@ -11,8 +11,9 @@ import hashlib
 from dataclasses import dataclass
 
 from ..model.delivery import DeliverTo, ReplicateAll, check_delivery
-from ..refusals import ModelRefusal, PlanRefusal
+from ..refusals import ModelRefusal
 from .steps import Edge, Step
+from .validate import check_size
 
 
 @dataclass(frozen=True)
@@ -90,8 +91,7 @@ def plan_assembly(ranges, n: int, size: int, delivery=None) -> AssemblyPlan:
     """`ranges`: (owner, start, stop) pieces that must tile 0..n-1 exactly."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ModelRefusal("data-parallel-assembly-coverage", f"need n >= 1 coordinates, got {n!r}")
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise PlanRefusal("plan-rank-mismatch", f"size must be an int >= 1, got {size!r}")
+    check_size(size)
     delivery = ReplicateAll() if delivery is None else delivery
     check_delivery(delivery)
     pieces = _pieces(ranges, n, size)

@@ -1,6 +1,11 @@
-"""The planner: tree + delivery + payload layout -> every rank's protocol (pure, deterministic).
+"""The tree planner: tree + delivery + payload layout -> every rank's steps (pure, deterministic).
 
-Protocol, as every rank runs it (execution/ follows this and nothing else):
+`plan()` is four passes over frozen data: `validate` (validate.py: the request, once), `group`
+(the tree cut into one-owner groups), `lower_reduce` (groups, reduce edges and steps up the
+tree) and `lower_deliver` (the result's way down). The Plan is the tree realization; realize.py
+lowers it, or any other realization of the same tree, to the executor's program format.
+
+The steps, as the tree realization runs them:
 1. Post one receive per `R` step of the rank, from the named peer, of exactly the frame size.
 2. Walk the steps in order. `E g` waits for the receives feeding group g, then evaluates the
    group's postfix program over its inputs (local contributions, received payloads, results of
@@ -18,22 +23,15 @@ into local groups that write a scratch buffer.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, field
 
-from ..model.coverage import check_coverage, default_coverage
-from ..model.delivery import DeliverTo, ReplicateAll, check_delivery
-from ..model.layout import Layout, as_layout
+from ..model.delivery import ReplicateAll
 from ..model.topology import classify
-from ..model.tree import Branch, Leaf, Node, expression, postorder
-from ..refusals import ModelRefusal, PlanRefusal
+from ..model.tree import Branch, Leaf, Node, expression
+from .base import PlanBase, digest, layout_order_id
+from .operands import STACK_LIMIT, stack_cuts
 from .steps import Edge, Step
-
-# The kernel evaluates programs with a fixed stack of block buffers; keep well inside it.
-STACK_LIMIT = 32
-# Frames name edges in 32-bit fields and MPI tags must stay under MPI_TAG_UB (>= 32767).
-MAX_NODES = 1 << 20
+from .validate import MAX_NODES, PlanRequest, validate
 
 
 @dataclass(frozen=True)
@@ -57,31 +55,16 @@ class Group:
 
 
 @dataclass(frozen=True)
-class Plan:
-    tree: Node = field(repr=False)
-    delivery: object
-    layout: Layout
-    size: int
-    coverage: object
-    topology: str
-    tree_order_id: str
-    order_id: str
-    identity: str
-    groups: tuple
-    edges: tuple
-    programs: tuple  # programs[rank] = tuple of Steps
-    root_rank: int
-    receivers: frozenset  # ranks whose combine() returns the result
-    realization: str = "tree"
+class Plan(PlanBase):
+    """The tree realization: groups, edges and every rank's steps (see the module docstring)."""
 
-    @property
-    def payload_bytes(self) -> int:
-        return self.layout.nbytes
+    groups: tuple = ()
+    edges: tuple = ()
+    programs: tuple = ()  # programs[rank] = tuple of Steps
+    root_rank: int = 0
 
     def rank_program(self, rank: int) -> tuple:
-        if not 0 <= rank < self.size:
-            raise PlanRefusal("plan-rank-mismatch", f"rank {rank} outside a plan for {self.size} ranks")
-        return self.programs[rank]
+        return self.programs[self.check_rank(rank)]
 
     def slots_of(self, rank: int) -> tuple:
         return tuple(s for g in self.groups if g.rank == rank for k, s in g.inputs if k == "leaf")
@@ -99,17 +82,9 @@ class Plan:
     # -- printing ---------------------------------------------------------------------------
     def to_dict(self) -> dict:
         return {
-            "realization": self.realization,
-            "topology": self.topology,
-            "delivery": repr(self.delivery),
-            "layout": self.layout.key(),
-            "size": self.size,
-            "order_id": self.order_id,
-            "tree_order_id": self.tree_order_id,
-            "identity": self.identity,
+            **self.header_dict(),
             "tree": expression(self.tree, placed=True),
             "root_rank": self.root_rank,
-            "receivers": sorted(self.receivers),
             "groups": [
                 {"index": g.index, "rank": g.rank, "expression": g.expression(), "output": list(g.output)}
                 for g in self.groups
@@ -117,16 +92,12 @@ class Plan:
             "ranks": {str(r): [str(s) for s in steps] for r, steps in enumerate(self.programs)},
         }
 
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
-
     def describe(self, traffic=None) -> str:
         lines = [
-            f"tree        {expression(self.tree, placed=True)}",
-            f"topology    {self.topology}   delivery {self.delivery!r}   layout {self.layout.key()}",
-            f"order id    {self.order_id}",
-            f"identity    {self.identity}",
-            f"root rank   {self.root_rank}   receivers {sorted(self.receivers)}",
+            f"tree          {expression(self.tree, placed=True)}",
+            f"topology      {self.topology}   delivery {self.delivery!r}   layout {self.layout.key()}",
+            *self.header_lines(),
+            f"root rank     {self.root_rank}   receivers {sorted(self.receivers)}",
             "groups:",
         ]
         for g in self.groups:
@@ -160,199 +131,172 @@ class Plan:
         return "\n".join(lines)
 
 
-def _digest(*parts: str) -> str:
-    h = hashlib.sha256()
-    for p in parts:
-        h.update(p.encode())
-        h.update(b"\0")
-    return h.hexdigest()
+def order_id_with_layout(tree_order_id: str, layout) -> str:
+    """Former name of `layout_order_id` (kept for callers of 0.1)."""
+    return layout_order_id(tree_order_id, layout)
 
 
-def order_id_with_layout(tree_order_id: str, layout: Layout) -> str:
-    """The declared order bound to a payload layout: what numerical contracts and frames name."""
-    return _digest("alpha-mpi/order+layout/v1", tree_order_id, layout.key())
+# -- pass 1: group ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Grouping:
+    """The tree cut into groups: maximal one-owner pieces, cut again where the kernel's stack
+    would overflow. `roots` in global postorder; `edge_of[id(root)]` numbers the roots whose
+    parent lives on another rank (the reduce edges), in that order."""
+
+    parent: dict = field(repr=False)  # id(node) -> its Branch
+    roots: tuple = ()
+    root_ids: frozenset = frozenset()
+    index: dict = field(default_factory=dict, repr=False)  # id(root) -> group index
+    edge_of: dict = field(default_factory=dict, repr=False)  # id(root) -> reduce edge index
 
 
-def _validate_owners(tree: Node, size: int) -> None:
-    for node in postorder(tree):
-        if node.owner >= size:
-            kind = "leaf slot %d" % node.slot if isinstance(node, Leaf) else "a branch"
-            raise ModelRefusal(
-                "owner-out-of-range",
-                f"{kind} is placed on rank {node.owner} but the plan has {size} rank(s)",
-                owner=node.owner,
-            )
-
-
-def _cut_deep(nodes_in_group, owner_of_group) -> set:
-    """Nodes whose subtree must be evaluated as a separate local group to bound stack depth."""
-    need, cuts = {}, set()
-    for node in nodes_in_group:  # postorder
-        if isinstance(node, Leaf):
-            need[id(node)] = 1
-            continue
-        nl = need.get(id(node.left), 1)
-        nr = need.get(id(node.right), 1)
-        if nl >= STACK_LIMIT:
-            cuts.add(id(node.left))
-            nl = 1
-        if nr >= STACK_LIMIT:
-            cuts.add(id(node.right))
-            nr = 1
-        need[id(node)] = max(nl, nr + 1)
-    return cuts
-
-
-def plan(tree: Node, delivery=None, layout=1, *, size: int | None = None, coverage=None) -> Plan:
-    """Plan `tree` for `size` ranks (default: highest owner + 1). See the module docstring."""
-    if not isinstance(tree, Node):
-        raise ModelRefusal("tree-malformed", f"expected a Leaf or Branch, got {type(tree).__name__}")
-    delivery = ReplicateAll() if delivery is None else delivery
-    check_delivery(delivery)
-    layout = as_layout(layout)
-    nodes = postorder(tree)
-    if len(nodes) > MAX_NODES:
-        raise ModelRefusal("tree-too-large", f"{len(nodes)} nodes exceed the limit of {MAX_NODES}")
-    coverage = default_coverage(tree) if coverage is None else coverage
-    check_coverage(tree, coverage)
-    top_owner = max(n.owner for n in nodes)
-    if size is None:
-        size = top_owner + 1
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise PlanRefusal("plan-rank-mismatch", f"size must be an int >= 1, got {size!r}")
-    _validate_owners(tree, size)
-    if isinstance(delivery, DeliverTo):
-        if delivery.target >= size or not any(
-            isinstance(n, Leaf) and n.owner == delivery.target for n in nodes
-        ):
-            raise ModelRefusal(
-                "delivery-target-not-owner",
-                f"DeliverTo({delivery.target}) names a rank that owns no leaf of this tree",
-            )
-
+def group(req: PlanRequest) -> Grouping:
+    nodes = req.nodes
     parent = {}
     for node in nodes:
         if isinstance(node, Branch):
             parent[id(node.left)] = node
             parent[id(node.right)] = node
-    roots = [n for n in nodes if id(n) not in parent or parent[id(n)].owner != n.owner]
-
-    # Stack-depth cuts become extra group roots on the same rank.
-    members: dict[int, list] = {}
-    for r in roots:
-        members[id(r)] = []
+    owner_roots = [n for n in nodes if id(n) not in parent or parent[id(n)].owner != n.owner]
+    members: dict[int, list] = {id(r): [] for r in owner_roots}
     root_of = {}
-    for node in reversed(nodes):  # preorder-ish: parents before children
+    for node in reversed(nodes):  # parents before children
         p = parent.get(id(node))
         root_of[id(node)] = node if (p is None or p.owner != node.owner) else root_of[id(p)]
     for node in nodes:
         members[id(root_of[id(node)])].append(node)
-    cut_ids = set()
-    for r in roots:
-        cut_ids |= _cut_deep(members[id(r)], r.owner)
-    root_ids = {id(r) for r in roots} | cut_ids
-    group_roots = [n for n in nodes if id(n) in root_ids]  # global postorder
-    gindex = {id(n): i for i, n in enumerate(group_roots)}
-    # Edges: one per group root whose parent lives on another rank, numbered in postorder.
+    root_ids = {id(r) for r in owner_roots}
+    for r in owner_roots:  # stack-depth cuts become extra group roots on the same rank
+        root_ids |= stack_cuts(members[id(r)], lambda node: isinstance(node, Leaf))
+    roots = tuple(n for n in nodes if id(n) in root_ids)
     edge_of = {}
-    for n in group_roots:
+    for n in roots:
         p = parent.get(id(n))
         if p is not None and p.owner != n.owner:
             edge_of[id(n)] = len(edge_of)
+    return Grouping(parent, roots, frozenset(root_ids), {id(n): i for i, n in enumerate(roots)}, edge_of)
 
-    nbytes = layout.nbytes
+
+# -- pass 2: lower the reduce ---------------------------------------------------------------------
+def _group_program(root, gr: Grouping) -> tuple:
+    """(inputs, postfix program) of the group rooted at `root`."""
+    inputs, prog = [], []
+    stack = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if node is not root and id(node) in gr.root_ids:
+            inputs.append(
+                ("edge", gr.edge_of[id(node)]) if id(node) in gr.edge_of else ("group", gr.index[id(node)])
+            )
+            prog.append(len(inputs) - 1)
+        elif isinstance(node, Leaf):
+            inputs.append(("leaf", node.slot))
+            prog.append(len(inputs) - 1)
+        elif expanded:
+            prog.append(-1)
+        else:
+            stack.append((node, True))
+            stack.append((node.right, False))
+            stack.append((node.left, False))
+    return tuple(inputs), tuple(prog)
+
+
+def lower_reduce(req: PlanRequest, gr: Grouping) -> tuple:
+    """(groups, reduce edges, per-rank reduce steps): each rank receives a group's edges, then
+    evaluates it, then sends its result up when the parent lives elsewhere."""
+    nbytes = req.layout.nbytes
     groups, edges = [], []
-    for g, root in enumerate(group_roots):
-        inputs, prog = [], []
-        stack = [(root, False)]
-        while stack:
-            node, expanded = stack.pop()
-            if node is not root and id(node) in root_ids:
-                if id(node) in edge_of:
-                    inputs.append(("edge", edge_of[id(node)]))
-                else:
-                    inputs.append(("group", gindex[id(node)]))
-                prog.append(len(inputs) - 1)
-            elif isinstance(node, Leaf):
-                inputs.append(("leaf", node.slot))
-                prog.append(len(inputs) - 1)
-            elif expanded:
-                prog.append(-1)
-            else:
-                stack.append((node, True))
-                stack.append((node.right, False))
-                stack.append((node.left, False))
-        if id(root) in edge_of:
-            e = edge_of[id(root)]
+    for g, root in enumerate(gr.roots):
+        inputs, prog = _group_program(root, gr)
+        if id(root) in gr.edge_of:
+            e = gr.edge_of[id(root)]
             output = ("edge", e)
-            edges.append(Edge(e, "r", root.owner, parent[id(root)].owner, nbytes))
-        elif id(root) in parent:
+            edges.append(Edge(e, "r", root.owner, gr.parent[id(root)].owner, nbytes))
+        elif id(root) in gr.parent:
             output = ("group", g)
         else:
             output = ("root", 0)
-        groups.append(Group(g, root.owner, tuple(inputs), tuple(prog), output))
-
-    programs: list[list] = [[] for _ in range(size)]
+        groups.append(Group(g, root.owner, inputs, prog, output))
+    steps: list[list] = [[] for _ in range(req.size)]
     for grp in groups:
-        steps = programs[grp.rank]
-        for kind, v in grp.inputs:
-            if kind == "edge":
-                steps.append(Step("R", v, "r", edges[v].src, nbytes))
-        steps.append(Step("E", grp.index))
+        mine = steps[grp.rank]
+        mine.extend(Step("R", v, "r", edges[v].src, nbytes) for kind, v in grp.inputs if kind == "edge")
+        mine.append(Step("E", grp.index))
         if grp.output[0] == "edge":
             e = grp.output[1]
-            steps.append(Step("S", e, "r", edges[e].dst, nbytes))
+            mine.append(Step("S", e, "r", edges[e].dst, nbytes))
+    return tuple(groups), tuple(edges), steps
 
-    # Deliver phase: down the group tree, each rank receiving at most once.
-    root_rank = tree.owner
-    group_parent_rank = {}
-    for n in group_roots:
-        p = parent.get(id(n))
-        if p is not None:
-            group_parent_rank[gindex[id(n)]] = p.owner
-    if isinstance(delivery, ReplicateAll):
-        wanted = [gr for gr in reversed(groups) if gr.output[0] != "root"]
+
+# -- pass 3: lower the delivery -------------------------------------------------------------------
+def lower_deliver(req: PlanRequest, gr: Grouping, groups: tuple, first_edge: int) -> tuple:
+    """(deliver edges, per-rank deliver steps, receivers): the result travels down the group
+    tree from the root's rank, each rank receiving it at most once."""
+    nbytes = req.layout.nbytes
+    parent_rank = {gr.index[id(n)]: gr.parent[id(n)].owner for n in gr.roots if id(n) in gr.parent}
+    if isinstance(req.delivery, ReplicateAll):
+        wanted = [g for g in reversed(groups) if g.output[0] != "root"]
         receivers = frozenset(g.rank for g in groups)
-    else:
-        target = delivery.target
-        # Path from the target's first group (nearest the root) up to the root.
-        first = next(gr for gr in reversed(groups) if gr.rank == target)
-        path = []
-        node = group_roots[first.index]
-        while id(node) in parent:
-            if id(node) in root_ids:
-                path.append(groups[gindex[id(node)]])
-            node = parent[id(node)]
+    else:  # DeliverTo: the path from the target's group nearest the root up to the root
+        target = req.delivery.target
+        first = next(g for g in reversed(groups) if g.rank == target)
+        path, node = [], gr.roots[first.index]
+        while id(node) in gr.parent:
+            if id(node) in gr.root_ids:
+                path.append(groups[gr.index[id(node)]])
+            node = gr.parent[id(node)]
         wanted = list(reversed(path))
         receivers = frozenset([target])
-    holders = {root_rank}
-    deliver_steps: dict[int, list] = {r: [] for r in range(size)}
-    for gr in wanted:
-        if gr.rank in holders:
+    holders, edges = {req.tree.owner}, []
+    steps: dict[int, list] = {r: [] for r in range(req.size)}
+    for g in wanted:
+        if g.rank in holders:
             continue
-        src = group_parent_rank[gr.index]
-        e = len(edges)
-        edges.append(Edge(e, "d", src, gr.rank, nbytes))
-        deliver_steps[gr.rank].insert(0, Step("R", e, "d", src, nbytes))
-        deliver_steps[src].append(Step("S", e, "d", gr.rank, nbytes))
-        holders.add(gr.rank)
-    for r in range(size):
-        programs[r].extend(deliver_steps[r])
+        src, e = parent_rank[g.index], first_edge + len(edges)
+        edges.append(Edge(e, "d", src, g.rank, nbytes))
+        steps[g.rank].insert(0, Step("R", e, "d", src, nbytes))
+        steps[src].append(Step("S", e, "d", g.rank, nbytes))
+        holders.add(g.rank)
+    return tuple(edges), steps, receivers
 
-    tree_order = tree.order_id
+
+def plan(tree: Node, delivery=None, layout=1, *, size: int | None = None, coverage=None) -> Plan:
+    """Plan `tree` for `size` ranks (default: highest owner + 1): validate, group, lower the
+    reduce, lower the delivery (see the module docstring). `delivery`: ReplicateAll() (default)
+    or DeliverTo(rank); `layout`: a Layout or an element count. Returns a frozen Plan; refuses
+    a malformed tree, coverage, placement, delivery or size by its code."""
+    req = validate(tree, delivery, layout, size=size, coverage=coverage)
+    gr = group(req)
+    groups, up, steps = lower_reduce(req, gr)
+    down, deliver_steps, receivers = lower_deliver(req, gr, groups, len(up))
+    tree = req.tree
     return Plan(
+        realization="tree",
         tree=tree,
-        delivery=delivery,
-        layout=layout,
-        size=size,
-        coverage=coverage,
+        delivery=req.delivery,
+        layout=req.layout,
+        size=req.size,
+        coverage=req.coverage,
         topology=classify(tree),
-        tree_order_id=tree_order,
-        order_id=order_id_with_layout(tree_order, layout),
-        identity=_digest("alpha-mpi/plan/v1", tree.identity, delivery.key(), layout.key(), "tree"),
-        groups=tuple(groups),
-        edges=tuple(edges),
-        programs=tuple(tuple(p) for p in programs),
-        root_rank=root_rank,
+        tree_order_id=tree.order_id,
+        layout_order_id=layout_order_id(tree.order_id, req.layout),
+        identity=digest("alpha-mpi/plan/v1", tree.identity, req.delivery.key(), req.layout.key(), "tree"),
         receivers=receivers,
+        groups=groups,
+        edges=up + down,
+        programs=tuple(tuple(steps[r] + deliver_steps[r]) for r in range(req.size)),
+        root_rank=tree.owner,
     )
+
+
+__all__ = [
+    "Plan",
+    "Group",
+    "Grouping",
+    "plan",
+    "group",
+    "lower_reduce",
+    "lower_deliver",
+    "STACK_LIMIT",
+    "MAX_NODES",
+]

@@ -49,6 +49,26 @@ def operands(tree: Node) -> list:
     return out
 
 
+def stack_cuts(order, is_input) -> set:
+    """ids of the nodes in `order` (a postorder) to evaluate first into scratch, so that no
+    postfix program needs a stack deeper than STACK_LIMIT. `is_input(node)`: pushed as one value
+    (a leaf, a received or pre-evaluated operand); a child outside `order` counts as one too."""
+    need, cuts = {}, set()
+    for node in order:
+        if is_input(node):
+            need[id(node)] = 1
+            continue
+        nl, nr = need.get(id(node.left), 1), need.get(id(node.right), 1)
+        if nl >= STACK_LIMIT:
+            cuts.add(id(node.left))
+            nl = 1
+        if nr >= STACK_LIMIT:
+            cuts.add(id(node.right))
+            nr = 1
+        need[id(node)] = max(nl, nr + 1)
+    return cuts
+
+
 def lower_expression(root: Node, input_region, out: Region, new_work) -> list:
     """Evals computing `root` into `out`. `input_region(node)` gives the Region of a node that is
     an input (or None for a node to expand); `new_work(count)` allocates a scratch Region.
@@ -65,19 +85,7 @@ def lower_expression(root: Node, input_region, out: Region, new_work) -> list:
             stack.append((node, True))
             stack.append((node.right, False))
             stack.append((node.left, False))
-    need, cuts = {}, set()
-    for node in order:
-        if input_region(node) is not None or isinstance(node, Leaf):
-            need[id(node)] = 1
-            continue
-        nl, nr = need[id(node.left)], need[id(node.right)]
-        if nl >= STACK_LIMIT:
-            cuts.add(id(node.left))
-            nl = 1
-        if nr >= STACK_LIMIT:
-            cuts.add(id(node.right))
-            nr = 1
-        need[id(node)] = max(nl, nr + 1)
+    cuts = stack_cuts(order, lambda node: input_region(node) is not None or isinstance(node, Leaf))
     evals, done = [], {}
     for node in order:  # cut subtrees come before their parents in postorder
         if id(node) in cuts:

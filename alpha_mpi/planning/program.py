@@ -30,6 +30,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..refusals import PlanRefusal
+from .base import PlanBase
 
 OP_KINDS = "PSWDECF"
 _OP_RE = re.compile(r"^([PSWDECF])(\d+)$")
@@ -189,55 +190,25 @@ def schedule(logical: list, regions: dict) -> tuple:
     return tuple(out)
 
 
-class Program:
+@dataclass(frozen=True, eq=False)
+class Program(PlanBase):
     """A realization lowered to per-rank programs (built lazily per rank and cached).
 
     Every rank of a job builds the same Program and runs `rank(its rank)`; identities name the
     realization, so a peer running another realization or plan is refused by name.
     """
 
-    def __init__(
-        self,
-        *,
-        realization: str,
-        tree,
-        delivery,
-        layout,
-        size: int,
-        coverage,
-        topology: str,
-        tree_order_id: str,
-        order_id: str,
-        identity: str,
-        receivers,
-        builder,
-        mode: str = "allreduce",
-        chunks=None,
-        rounds: int = 0,
-        details=None,
-    ):
-        self.realization = realization
-        self.tree, self.delivery, self.layout, self.size = tree, delivery, layout, size
-        self.coverage, self.topology = coverage, topology
-        self.tree_order_id, self.order_id, self.identity = tree_order_id, order_id, identity
-        self.receivers = frozenset(receivers)
-        self.mode = mode  # "allreduce" or "reduce-scatter"
-        self.chunks = chunks  # reduce-scatter: chunks[r] = (start, stop) rank r ends with
-        self.rounds = rounds  # sequential message rounds on the critical path
-        self.details = dict(details or {})
-        self._builder = builder
-        self._ranks: dict = {}
-
-    @property
-    def payload_bytes(self) -> int:
-        return self.layout.nbytes
+    builder: object = field(default=None, repr=False)  # rank -> RankProgram
+    mode: str = "allreduce"  # or "reduce-scatter"
+    chunks: tuple | None = None  # reduce-scatter: chunks[r] = (start, stop) rank r ends with
+    rounds: int = 0  # sequential message rounds on the critical path
+    details: dict = field(default_factory=dict)
+    _ranks: dict = field(default_factory=dict, init=False, repr=False)
 
     def rank(self, r: int) -> RankProgram:
-        if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < self.size:
-            raise PlanRefusal("plan-rank-mismatch", f"rank {r!r} is outside a program for {self.size} ranks")
-        p = self._ranks.get(r)
+        p = self._ranks.get(self.check_rank(r))
         if p is None:
-            p = self._ranks[r] = self._builder(r)
+            p = self._ranks[r] = self.builder(r)
         return p
 
     def slots_of(self, r: int) -> tuple:
@@ -248,36 +219,23 @@ class Program:
 
     def describe(self, ranks=None) -> str:
         lines = [
-            f"realization {self.realization} ({self.mode})   topology {self.topology}   delivery {self.delivery!r}   "
-            f"layout {self.layout.key()}   ranks {self.size}   rounds {self.rounds}",
-            f"order id    {self.order_id}",
-            f"identity    {self.identity}",
+            f"realization   {self.realization} ({self.mode})   topology {self.topology}   "
+            f"delivery {self.delivery!r}   layout {self.layout.key()}   ranks {self.size}   rounds {self.rounds}",
+            *self.header_lines(),
             "schedule:",
         ]
         shown = range(self.size) if ranks is None else ranks
         for r in shown:
-            rp = self.rank(r)
-            lines.append(f"  r{r}: {rp.text()}")
+            lines.append(f"  r{r}: {self.rank(r).text()}")
         return "\n".join(lines)
 
     def to_dict(self, ranks=None) -> dict:
         shown = range(self.size) if ranks is None else ranks
-        out = {
-            "realization": self.realization,
-            "mode": self.mode,
-            "topology": self.topology,
-            "delivery": repr(self.delivery),
-            "layout": self.layout.key(),
-            "size": self.size,
-            "order_id": self.order_id,
-            "tree_order_id": self.tree_order_id,
-            "identity": self.identity,
-            "rounds": self.rounds,
-            "receivers": sorted(self.receivers),
-            "ranks": {str(r): self.rank(r).text() for r in shown},
-        }
+        out = {**self.header_dict(), "mode": self.mode, "rounds": self.rounds}
         if self.chunks is not None:
             out["chunks"] = [list(c) for c in self.chunks]
+        out.update(self.details)
+        out["ranks"] = {str(r): self.rank(r).text() for r in shown}
         return out
 
 

@@ -15,10 +15,9 @@ apply with the reason for each that does not.
 
 from __future__ import annotations
 
-import hashlib
-
 from ..model.delivery import DeliverTo, ReduceScatter
 from ..refusals import PlanRefusal, Refusal
+from .base import digest
 from .builder import RankBuilder, is_split
 from .butterfly import balanced_top, chunk_ranges, lower_butterfly, lower_halving
 from .combine_plan import Plan
@@ -29,14 +28,6 @@ from .program import Eval, Message, Program
 REALIZATIONS = ("tree", "scatter", "replicate", "butterfly", "halving")
 # Realizations that can stop after their reduce-scatter half (the learners' grads/params modes).
 REDUCE_SCATTER = ("halving", "scatter")
-
-
-def _digest(*parts: str) -> str:
-    h = hashlib.sha256()
-    for p in parts:
-        h.update(p.encode())
-        h.update(b"\0")
-    return h.hexdigest()
 
 
 def as_tree_plan(tree, delivery=None, layout=1, *, size=None, coverage=None) -> Plan:
@@ -89,8 +80,14 @@ def realize(
     segment: int | None = None,
 ) -> Program:
     """Lower one realization of `tree` (a Node with layout/size, or a tree Plan) to a Program.
-    `mode`: "allreduce" (the plan's delivery) or "reduce-scatter" (rank r ends with chunks[r])."""
+    `mode`: "allreduce" (the plan's delivery) or "reduce-scatter" (rank r ends with chunks[r]);
+    `delivery=ReduceScatter()` is the same as mode="reduce-scatter". Refuses a realization that
+    does not apply (`realization-inapplicable`, naming those that do)."""
     _check_name(name)
+    if isinstance(delivery, ReduceScatter):
+        delivery, mode = None, "reduce-scatter"
+    if isinstance(tree, Plan) and delivery is not None and delivery != tree.delivery:
+        tree = plan_tree(tree.tree, delivery, tree.layout, size=tree.size, coverage=tree.coverage)
     tp = as_tree_plan(tree, delivery, 1 if layout is None else layout, size=size, coverage=coverage)
     if mode not in ("allreduce", "reduce-scatter"):
         raise Refusal("usage", f"mode must be allreduce or reduce-scatter, got {mode!r}")
@@ -107,7 +104,7 @@ def realize(
     if segment is None:
         segment = DEFAULT_SEGMENT
     if isinstance(segment, bool) or not isinstance(segment, int) or segment < 1:
-        raise Refusal("usage", f"segment must be an int >= 1 (elements), got {segment!r}")
+        raise PlanRefusal("segment-invalid", f"segment must be an int >= 1 (elements), got {segment!r}")
     n, p = tp.layout.total, tp.size
     receivers = frozenset() if mode == "reduce-scatter" else tp.receivers
     delivery = ReduceScatter() if mode == "reduce-scatter" else tp.delivery
@@ -134,7 +131,7 @@ def realize(
     identity = (
         tp.identity
         if name == "tree"
-        else _digest(
+        else digest(
             "alpha-mpi/realization/v1", tp.tree.identity, delivery.key(), tp.layout.key(), name, mode, extra
         )
     )
@@ -147,14 +144,23 @@ def realize(
         coverage=tp.coverage,
         topology=tp.topology,
         tree_order_id=tp.tree_order_id,
-        order_id=tp.order_id,
+        layout_order_id=tp.layout_order_id,
         identity=identity,
         receivers=receivers,
         builder=builder,
         mode=mode,
         chunks=chunks,
         rounds=rounds,
-        details={"segment": segment} if name == "scatter" else None,
+        details={"segment": segment} if name == "scatter" else {},
+    )
+
+
+def plan_scatter(tree, delivery=None, layout=1, *, size=None, coverage=None, segment=None) -> Program:
+    """The scatter realization of `tree` (a Node, or a tree Plan whose tree, layout, size and
+    coverage are reused): `realize(tree, "scatter", ...)`. `delivery`: ReplicateAll() (default),
+    DeliverTo(rank), or ReduceScatter() (rank r keeps chunk r of the result)."""
+    return realize(
+        tree, "scatter", delivery=delivery, layout=layout, size=size, coverage=coverage, segment=segment
     )
 
 
@@ -239,7 +245,10 @@ def lower_tree(tp: Plan) -> callable:
 
 def reduce_scatter_chunks(program: Program) -> tuple:
     if program.chunks is None:
-        raise PlanRefusal("plan-rank-mismatch", f"the {program.realization} program is not a reduce-scatter")
+        raise PlanRefusal(
+            "plan-delivery-mismatch",
+            f"the {program.realization} program delivers the whole result, not chunks",
+        )
     return program.chunks
 
 
@@ -247,6 +256,7 @@ __all__ = [
     "REALIZATIONS",
     "REDUCE_SCATTER",
     "realize",
+    "plan_scatter",
     "applicable",
     "as_tree_plan",
     "lower_tree",

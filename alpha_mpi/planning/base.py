@@ -1,0 +1,106 @@
+"""What every plan states, whatever realization it describes (pure, frozen).
+
+A tree Plan (combine_plan.py) and every realization's Program (program.py) realize one declared
+tree for one delivery, payload layout and rank count; they share these fields, so a reader,
+a frame or a contract finds them under one name on any plan:
+
+- `tree_order_id`: the tree's order id (`Node.order_id`: the order of additions, owners erased);
+- `layout_order_id`: that order bound to the payload layout. Numerical contracts, learners and
+  checkpoints name this one: the same tree over another layout is another combine;
+- `identity`: this plan itself (order, placement, delivery, layout, realization and its
+  chunking); every frame carries it, so a peer running anything else is refused by name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from dataclasses import dataclass, field
+
+from ..model.layout import Layout
+from ..model.tree import Node
+from ..refusals import PlanRefusal
+
+
+def digest(*parts: str) -> str:
+    """sha256 over NUL-separated parts: the one recipe for every plan and realization identity."""
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def layout_order_id(tree_order_id: str, layout: Layout) -> str:
+    """The declared order bound to a payload layout: what numerical contracts and frames name."""
+    return digest("alpha-mpi/order+layout/v1", tree_order_id, layout.key())
+
+
+@dataclass(frozen=True)
+class PlanBase:
+    """The fields every plan has (see the module docstring)."""
+
+    realization: str
+    tree: Node = field(repr=False)
+    delivery: object
+    layout: Layout
+    size: int
+    coverage: object
+    topology: str
+    tree_order_id: str
+    layout_order_id: str
+    identity: str
+    receivers: frozenset  # ranks whose run returns the whole result
+
+    @property
+    def payload_bytes(self) -> int:
+        return self.layout.nbytes
+
+    @property
+    def order_id(self) -> str:
+        """Deprecated: `layout_order_id` (not the tree's `order_id`, which `tree_order_id` holds)."""
+        warnings.warn(
+            "Plan.order_id is deprecated: it is the layout order id (tree order + payload layout); "
+            "use plan.layout_order_id, or plan.tree_order_id for the tree's own order id",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.layout_order_id
+
+    def check_rank(self, rank) -> int:
+        """`rank`, refused (`rank-out-of-range`) unless it is an int in 0..size-1."""
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.size:
+            raise PlanRefusal("rank-out-of-range", f"rank {rank!r} is outside a plan for {self.size} ranks")
+        return rank
+
+    def header_dict(self) -> dict:
+        """The shared fields as JSON-ready values (the start of every plan's `to_dict`)."""
+        return {
+            "realization": self.realization,
+            "topology": self.topology,
+            "delivery": repr(self.delivery),
+            "layout": self.layout.key(),
+            "size": self.size,
+            "tree_order_id": self.tree_order_id,
+            "layout_order_id": self.layout_order_id,
+            "identity": self.identity,
+            "receivers": sorted(self.receivers),
+        }
+
+    def header_lines(self) -> list:
+        """The ids, one line each (shared by every plan's `describe`)."""
+        return [
+            f"tree order    {self.tree_order_id}",
+            f"layout order  {self.layout_order_id}",
+            f"identity      {self.identity}",
+        ]
+
+    def to_dict(self) -> dict:
+        return self.header_dict()
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+__all__ = ["PlanBase", "digest", "layout_order_id"]

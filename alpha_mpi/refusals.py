@@ -43,6 +43,11 @@ ADVICE: dict[str, str] = {
     "plan-simulation-failed": "the plan is inconsistent; this is a planner bug, please report it",
     "data-parallel-assembly-overlap": "give each coordinate to exactly one owner (ranges must not overlap)",
     "data-parallel-assembly-coverage": "the owners' ranges must cover 0..n-1 with no hole",
+    "plan-size-invalid": "give the rank count as an int >= 1 (size=comm.size)",
+    "rank-out-of-range": "ask for a rank in 0..size-1 of the plan",
+    "rank-order-invalid": "give the exchange order as a permutation of 0..size-1 that contains this rank",
+    "plan-kind-mismatch": "give each runner the plan it runs: Combiner a tree Plan (plan()), ScatterCombiner plan_scatter(), Engine any realize() Program",
+    "segment-invalid": "give the scatter segment as an int >= 1 (elements per frame), or leave it out",
     # kernel / numerics
     "kernel-bad-argument": "check the array lengths and dtypes passed to the kernel",
     "kernel-bad-program": "the fused tree program is malformed; build it with the planner",

@@ -38,6 +38,7 @@ from alpha_mpi.numerics import (
     Unchecked,
     WidenBinary32,
     authorize,
+    claim_equal,
     contract_for_plan,
     kernel_build_id,
     numerical_compatibility,
@@ -82,7 +83,9 @@ def bounded(p, tol=TOL, ev=None):
 
 def test_standard_contract_of_a_small_plan_has_the_pinned_digest():
     p = small_plan()
-    assert p.order_id == SMALL_ORDER, "the plan's order id changed (planner/tree digest), not the contract"
+    assert p.layout_order_id == SMALL_ORDER, (
+        "the plan's order id changed (planner/tree digest), not the contract"
+    )
     c = contract_for_plan(p)
     assert c == NumericalContract(Profile(), (CombineOrder(SMALL_ORDER),), BitIdentical())
     assert c.digest == SMALL_DIGEST
@@ -131,7 +134,7 @@ def test_contracts_are_frozen_and_hashable():
         ),
         lambda p: NumericalContract(
             Profile(("binary64", "binary32"), conversions=(WidenBinary32("contribution"),)),
-            (CombineOrder(p.order_id),),
+            (CombineOrder(p.layout_order_id),),
         ),
     ],
 )
@@ -272,7 +275,7 @@ def test_order_mismatch_names_the_operation():
 def test_bit_identical_authorizes_and_checks_plan_order():
     p = small_plan()
     c = contract_for_plan(p)
-    assert authorize(c, plan=p) is c and c.authorize(p) is c
+    assert authorize(c, plan=p) is c
     other = plan(hierarchy(range(3), None, 1), None, 4, size=1)  # x0+(x1+x2)
     code, e = code_of(authorize, c, plan=other)
     assert code == "numerical-order-mismatch" and e.message.startswith("the plan combines in order")
@@ -337,19 +340,31 @@ def test_unchecked_runs_but_is_never_claimed_equal():
     c = contract_for_plan(small_plan(), relation=Unchecked())
     assert authorize(c) is c
     x = np.arange(4.0)
-    for claim in (c.claim_equal, c.assert_equal):
-        code, _ = code_of(claim, x, x.copy())  # even when the bits are equal
-        assert code == "unchecked-claimed-equal"
+    code, _ = code_of(claim_equal, c, x, x.copy())  # even when the bits are equal
+    assert code == "unchecked-claimed-equal"
+
+
+def test_the_0_1_methods_say_where_they_moved():
+    c = contract_for_plan(small_plan())
+    for name, moved in (
+        ("authorize", "authorize"),
+        ("claim_equal", "claim_equal"),
+        ("assert_equal", "claim_equal"),
+    ):
+        with pytest.raises(AttributeError, match=f"alpha_mpi.numerics.{moved}"):
+            getattr(c, name)
+    with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
+        c.nonsense  # noqa: B018
 
 
 def test_bit_identical_claim_names_the_coordinates_that_differ():
     c = contract_for_plan(small_plan())
     x = np.array([1.0, 2.0, 3.0, 4.0])
-    c.claim_equal(x, x.tolist())
+    claim_equal(c, x, x.tolist())
     y = x.copy()
     y[2] = np.nextafter(3.0, 4.0)
     with pytest.raises(OracleMismatch) as e:
-        c.claim_equal(y, x)
+        claim_equal(c, y, x)
     assert (
         e.value.code == "oracle-mismatch" and e.value.coordinates == [2] and e.value.context["max_ulp"] == 1
     )
@@ -358,11 +373,11 @@ def test_bit_identical_claim_names_the_coordinates_that_differ():
 def test_bounded_claim_needs_evidence_and_checks_the_tolerance(evidence):
     x = np.array([1.0, -2.0, 0.5, 8.0])
     near = x + 2.0**-20
-    code, _ = code_of(bounded(small_plan()).claim_equal, near, x)
+    code, _ = code_of(claim_equal, bounded(small_plan()), near, x)
     assert code == "bounded-difference-without-evidence"
     c = bounded(small_plan(), ev=evidence)
-    c.claim_equal(near, x)
-    code, e = code_of(c.claim_equal, x + 2.0**-10, x)
+    claim_equal(c, near, x)
+    code, e = code_of(claim_equal, c, x + 2.0**-10, x)
     assert code == "oracle-mismatch" and "outside the tolerance" in e.message
 
 
@@ -462,7 +477,7 @@ def test_bounded_difference_combine_runs_with_evidence_and_lands_within_toleranc
             oracle.evaluate(p.tree, {s: oracle.widen(oracle.narrow(v)) for s, v in data.items()})
         )
         try:
-            c.claim_equal(got, full)  # within the tolerance of the binary64 oracle
+            claim_equal(c, got, full)  # within the tolerance of the binary64 oracle
         except Refusal as e:
             ok, why = False, f"claim: {e}"
         # It ran exactly the declared conversion-then-tree, and the narrowing shows.

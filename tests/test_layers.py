@@ -64,13 +64,7 @@ FACADE_LAYER = 2
 
 #: (importer, imported) -> why this one upward dependency is deliberate. Only deferred imports
 #: (inside a function) may be listed; each is excluded from the circle check as well.
-DEFERRED_UPWARD = {
-    ("alpha_mpi.model.contract", "alpha_mpi.numerics.authorization"): (
-        "NumericalContract.authorize / .claim_equal are conveniences kept from before the split "
-        "(nothing a user could do is lost); they forward, at call time, to the kernel-level "
-        "functions alpha_mpi.numerics.authorize / claim_equal, which hold all of the work"
-    ),
-}
+DEFERRED_UPWARD: dict = {}
 
 #: importer module -> why its upward import is known and left to the owner of that file (xfail).
 KNOWN_VIOLATIONS: dict = {}

@@ -6,7 +6,7 @@ bit, and how its result may be related to the independent oracle:
 - **profile** (profile.py): formats, rounding, subnormals, exceptional values and the
   conversions at each site;
 - **operations** (operations.py): the ordered list of what runs: the combine's order id (a
-  Plan's `order_id`), then formula ids with their exact evaluation order (formulas.py);
+  Plan's `layout_order_id`), then formula ids with their exact evaluation order (formulas.py);
 - **relation** (relation.py): `BitIdentical`, `BoundedDifference(tolerance)` or `Unchecked`.
 
 `digest` is sha256 over a canonical JSON form with a domain prefix (never `hash()`), so it is the
@@ -16,7 +16,7 @@ travels in `to_dict()` but is not part of the digest, equality or hash.
 
 Pure data (layer 1): no numpy, no kernel. Whether a contract may execute *here* (live FP
 environment, evidence on this kernel build) is decided next to the kernel, by
-`alpha_mpi.numerics.authorization`; the `authorize` and `claim_equal` methods only forward to it.
+`alpha_mpi.numerics.authorization` (`authorize(contract, plan)`, `claim_equal(contract, ...)`).
 """
 
 from __future__ import annotations
@@ -146,19 +146,16 @@ class NumericalContract:
             )
         return replace(self, relation=self.relation.with_evidence(evidence))
 
-    def authorize(self, plan=None) -> NumericalContract:
-        """Same as `alpha_mpi.numerics.authorize(self, plan=plan)` (loads the kernel)."""
-        from ..numerics.authorization import authorize
-
-        return authorize(self, plan=plan)
-
-    def claim_equal(self, result, reference, *, layout=None) -> None:
-        """Same as `alpha_mpi.numerics.claim_equal(self, result, reference, layout=layout)`."""
-        from ..numerics.authorization import claim_equal
-
-        return claim_equal(self, result, reference, layout=layout)
-
-    assert_equal = claim_equal
+    def __getattr__(self, name):
+        # The 0.1 methods that authorised or compared results needed the kernel, a layer below
+        # this data: say where they went instead of a bare AttributeError.
+        moved = {"authorize": "authorize", "claim_equal": "claim_equal", "assert_equal": "claim_equal"}
+        if name in moved:
+            raise AttributeError(
+                f"NumericalContract.{name} moved to alpha_mpi.numerics.{moved[name]}(contract, ...): "
+                "a contract is data; authorising it or comparing results needs the kernel's evidence"
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def describe(self) -> str:
         """One line: digest prefix, relation, operations."""
@@ -240,14 +237,15 @@ def contract_for_plan(
     profile: binary64, nearest-even, subnormals preserved, FiniteOrRefuse; contributions enter
     the tree as binary64 (`KeepFormat`), or with `contributions="binary32"` through an explicit
     `RoundBinary64` then `WidenBinary32` site (a BoundedDifference operation).
-    operations: the plan's order id; then `normalize-once` (default: when the layout has a
+    operations: the plan's layout order id; then `normalize-once` (default: when the layout has a
     `mass` component); then the optimizer formula (`"adam-v1"`, `"sgd-momentum-v1"`, aliases
     `"adam"`, `"sgd"`, or a Formula). relation: BitIdentical unless given.
-    Takes any object with an `order_id` (and optionally a `layout`); refuses anything else.
+    Takes any plan (a `layout_order_id`, or a learner's `order_id`; optionally a `layout`);
+    refuses anything else.
     """
-    oid = getattr(plan, "order_id", None)
+    oid = getattr(plan, "layout_order_id", None) or getattr(plan, "order_id", None)
     if oid is None:
-        raise invalid(f"contract_for_plan needs a Plan (with an order_id), got {type(plan).__name__}")
+        raise invalid(f"contract_for_plan needs a Plan (with a layout_order_id), got {type(plan).__name__}")
     if contributions == "binary64":
         profile = Profile()
     elif contributions == "binary32":

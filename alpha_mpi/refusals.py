@@ -2,14 +2,18 @@
 
 Every refusal says what was expected, what was found, and what to do. The codes are part of the
 public contract: scripts and job wrappers match on them, so a code is never renamed, only added.
-`ADVICE` holds the "what to do" sentence for each code in one place, so the CLI, the docs and the
-exceptions say the same thing.
+`ADVICE` holds the "what to do" sentence for each code in one place, so the docs and the
+exceptions say the same thing. Where that sentence speaks the Python API, `CLI_ADVICE` holds the
+same advice worded for the `alpha-mpi` command line (the options to change); `cli_advice(code)`
+is what the command line prints.
 """
 
 from __future__ import annotations
 
 __all__ = [
     "ADVICE",
+    "CLI_ADVICE",
+    "cli_advice",
     "Refusal",
     "ModelRefusal",
     "PlanRefusal",
@@ -129,10 +133,44 @@ ADVICE: dict[str, str] = {
     "torch-loss-invalid": "loss_fn(output, target) must return a finite scalar tensor: the SUM of the slot's per-sample losses (reduction='sum')",
     "torch-optimizer-state": "checkpoints hold optimizer state made of per-parameter tensors shaped like their parameter, and scalars (Adam, AdamW, SGD, RMSprop, ...)",
     # tools
-    "usage": "see `alpha-mpi --help`",
+    "usage": "an argument is outside what the function accepts: the message names it and what it accepts (see help() of the function)",
     "data-invalid": "give an .npz with float arrays X (n, d) and integer labels y (n,)",
     "output-unwritable": "give --json a path in an existing, writable directory",
 }
+
+
+#: The advice of ADVICE worded for the `alpha-mpi` command line, for the codes whose ADVICE speaks
+#: the Python API (keyword arguments, classes) and that a command can raise; every other code's
+#: ADVICE reads right on the command line already. `{command}` is the command that refused.
+CLI_ADVICE: dict[str, str] = {
+    "usage": "see `alpha-mpi {command} --help` for the options and the values they take",
+    "placement-invalid": "run on at most --slots ranks: raise --slots to the rank count (mpiexec -n N) or more, "
+    "or start fewer ranks",
+    "slot-invalid": "give --slots an integer >= 1",
+    "topology-invalid": "give --topology pairwise, star, star:HUB or hierarchy:K with K >= 1",
+    "layout-invalid": "give --elements an integer >= 1",
+    "delivery-target-not-owner": "give --deliver-to a rank that owns a slot (the plan without --deliver-to "
+    "lists each rank's slots), or leave it out to replicate to every rank",
+    "realization-inapplicable": "choose a --realization the message lists (tree, scatter and replicate apply "
+    "to every tree); `alpha-mpi plan --cost` shows which apply",
+    "peer-timeout": "a peer did not send within the bound; check the peer's log (it may have crashed) or raise "
+    "--timeout (or ALPHA_MPI_TIMEOUT)",
+    "non-finite-output": "an update overflowed to Inf/NaN; the state was left unchanged; lower --lr or rescale "
+    "the data",
+    "numerical-order-mismatch": "resume with the --topology, --slots and --optimizer the checkpoint was saved "
+    "with (`alpha-mpi checkpoint inspect DIR` shows them), or pass --adopt-contract to continue under this "
+    "run's order (recorded in later checkpoints)",
+    "numerical-profile-mismatch": "resume with the alpha_mpi build the checkpoint was saved with, or pass "
+    "--adopt-contract to continue under this run's profile (recorded in later checkpoints)",
+    "model-invalid": "lower --hidden to fit the limit the message names (the built-in MLP; --data needs at "
+    "least one feature column and one class)",
+}
+
+
+def cli_advice(code: str, command: str = "COMMAND") -> str:
+    """What to do about refusal `code`, worded for the `alpha-mpi` command line: CLI_ADVICE where
+    the Python advice would name Python API, else ADVICE. `command` names the refusing command."""
+    return CLI_ADVICE.get(code, ADVICE[code]).replace("{command}", command)
 
 
 class Refusal(Exception):

@@ -68,6 +68,63 @@ class StopFlag:
             signal.signal(sig, old)
 
 
+def memory_per_rank(learner) -> dict:
+    """Bytes this rank holds, by what they are (from the learner's arrays; frames and transport
+    buffers excluded): `params` (the parameter vector, or this rank's shard in `params` mode),
+    `optimizer_state` (Adam's m and v, SGD's momentum; this rank's range when partitioned),
+    `gradients` (each owned slot's gradient sum and the combined gradient, or this rank's chunk
+    of it), `update_buffers` (the proposed next parameters and optimizer state, kept apart so a
+    refused step applies nothing, and the assembled full parameters of the partitioned modes),
+    and their `total`."""
+    held = learner.memory()  # params and optimizer there include their update buffers
+    params = learner.params.nbytes
+    state = sum(a.nbytes for a in learner.opt.state()["arrays"].values())
+    out = {
+        "params": params,
+        "optimizer_state": state,
+        "gradients": held["gradients"],
+        "update_buffers": held["params"] - params + held["optimizer"] - state,
+    }
+    out["total"] = sum(out.values())
+    return out
+
+
+def memory_line(mem: dict) -> str:
+    """The start-up line of train() from memory_per_rank()."""
+    mib = {k: f"{v / 2**20:.2f} MiB" for k, v in mem.items()}
+    return (
+        f"# memory per rank: params {mib['params']}, optimizer state {mib['optimizer_state']}, "
+        f"gradients {mib['gradients']}, update buffers {mib['update_buffers']}; total {mib['total']}"
+    )
+
+
+class Progress:
+    """train()'s progress line every `cfg.log_every` steps and after the last (0: never). The
+    elapsed time counts from the start of training; the rest is over the steps since the
+    previous line: samples/s, and the mean time per step in compute, combine and update."""
+
+    def __init__(self, learner, cfg: TrainConfig, t_start: float):
+        self.learner, self.cfg, self.t_start = learner, cfg, t_start
+        self.t_last, self.step_last, self.times_last = t_start, learner.step, dict(learner.times)
+
+    def due(self) -> bool:
+        step, every = self.learner.step, self.cfg.log_every
+        return bool(every) and (step % every == 0 or step == self.cfg.steps)
+
+    def line(self, loss: float) -> str:
+        now, step, times = time.perf_counter(), self.learner.step, self.learner.times
+        k = step - self.step_last
+        per_step = {key: (times[key] - self.times_last[key]) / k * 1e3 for key in times}
+        rate = k * self.cfg.batch / (now - self.t_last)
+        first = self.step_last + 1
+        self.t_last, self.step_last, self.times_last = now, step, dict(times)
+        return (
+            f"step {step:5d}/{self.cfg.steps}  loss {loss:.6f}  elapsed {now - self.t_start:6.2f} s  | "
+            f"steps {first}-{step}: {rate:.0f} samples/s, ms/step: compute {per_step['compute']:.2f} "
+            f"combine {per_step['combine']:.2f} update {per_step['update']:.2f}"
+        )
+
+
 def build(comm, cfg: TrainConfig):
     data = load_npz(cfg.data) if cfg.data else synthetic(cfg.seed)
     if cfg.model:  # a user's model: a Model or an nn.Module (summed cross-entropy, binary64)
@@ -126,8 +183,8 @@ def train(comm, cfg: TrainConfig, out=print) -> dict:
         f"batch {cfg.batch}, {cfg.optimizer} lr {cfg.lr:g}, topology {cfg.topology}, partition {cfg.partition}"
     )
     say(f"# order id {learner.order_id}")
-    mem = learner.memory()
-    say("# memory per rank: " + ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in mem.items()))
+    mem = memory_per_rank(learner)
+    say(memory_line(mem))
     start_step = learner.step
     if start_step >= cfg.steps:
         say(
@@ -138,7 +195,7 @@ def train(comm, cfg: TrainConfig, out=print) -> dict:
     stop = StopFlag().install()
     preempted = False
     t_start = time.perf_counter()
-    samples = 0
+    progress = Progress(learner, cfg, t_start)
     loss = float("nan")
     try:
         while learner.step < cfg.steps:
@@ -148,7 +205,6 @@ def train(comm, cfg: TrainConfig, out=print) -> dict:
                 idx = stream.indices(t, s)
                 batch[s] = (data.X[idx], data.y[idx])
             loss, stop_now = learner.train_step(batch, stop=stop.set)
-            samples += cfg.batch
             if ckpt and cfg.checkpoint_every and learner.step % cfg.checkpoint_every == 0:
                 ckpt.save()
             if stop_now:
@@ -157,13 +213,8 @@ def train(comm, cfg: TrainConfig, out=print) -> dict:
                 say(f"# stopped by signal after step {learner.step}" + (", checkpoint saved" if ckpt else ""))
                 preempted = True
                 break
-            if learner.step % cfg.log_every == 0 or learner.step == cfg.steps:
-                el = time.perf_counter() - t_start
-                tm = learner.times
-                say(
-                    f"step {learner.step:5d}/{cfg.steps}  loss {loss:.6f}  samples/s {samples / el:9.0f}  "
-                    f"compute {tm['compute']:.2f}s  combine {tm['combine']:.2f}s  update {tm['update']:.2f}s"
-                )
+            if progress.due():
+                say(progress.line(loss))
         if ckpt and not preempted and not ckpt.has(learner.step):
             ckpt.save()  # the final state is always saved
     finally:

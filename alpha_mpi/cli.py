@@ -1,18 +1,31 @@
 """The `alpha-mpi` command: a registry of subcommands, each in its own module under tools/.
 
-Every subcommand is `run(args) -> int`. A Refusal prints its code and what to do, and exits 3;
-usage errors exit 2. Under MPI (more than one rank) an unhandled failure on one rank aborts the
-whole job, so no rank is left waiting for a peer that is gone.
+Every subcommand module has `run(argv) -> int`. The exit status means the same for every command
+(the table is in alpha_mpi/tools/_args.py and the README's "Exit codes"): 0 done, 1 a bug,
+2 a usage error, 3 a refusal by a stable code, 70 a job aborted after a failed combine, 99 train
+preempted, 130 interrupted, 141 output closed. A refusal prints its code, message and the advice
+worded for the command line (alpha_mpi.refusals.cli_advice). Under MPI (more than one rank) a
+failure on one rank aborts the whole job with that status, so no rank is left waiting for a peer
+that is gone. Imports run one way: this module imports the commands, never the reverse.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from . import __version__
-from .refusals import Refusal
+from .refusals import Refusal, cli_advice
+from .tools._args import (
+    EXIT_BROKEN_PIPE,
+    EXIT_CODES,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_REFUSAL,
+    EXIT_USAGE,
+)
 
 COMMANDS = {
     "plan": ("alpha_mpi.tools.plan_cmd", "print a combine tree's per-rank schedule and traffic (no MPI)"),
@@ -21,20 +34,31 @@ COMMANDS = {
     "checkpoint": ("alpha_mpi.tools.checkpoint_cmd", "verify or inspect a sharded checkpoint"),
 }
 
-EXIT_USAGE = 2
-EXIT_REFUSAL = 3
+EXAMPLES = (
+    "alpha-mpi plan --slots 8 --ranks 4 --topology hierarchy:2",
+    "mpiexec -n 4 alpha-mpi train --steps 50",
+    "mpiexec -n 2 alpha-mpi bench allreduce --sizes 8,1M",
+    "alpha-mpi checkpoint verify ckpt --all",
+)
 
 
 def _parser() -> argparse.ArgumentParser:
+    """The top-level parser, for --help and --version (main dispatches the command itself)."""
+    width = max(len(name) for name in COMMANDS) + 2
     p = argparse.ArgumentParser(
         prog="alpha-mpi",
-        description="Reductions as declared binary64 expression trees: the same bits on every run and rank count.",
-        epilog="Run `alpha-mpi COMMAND --help` for a command's options. Refusals exit 3 with a stable code.",
+        description="Reductions as declared binary64 expression trees: the same bits on every run and "
+        "rank count.\n\ncommands:\n"
+        + "".join(f"  {name:<{width}s}{help_text}\n" for name, (_, help_text) in COMMANDS.items()),
+        epilog="examples:\n"
+        + "".join(f"  {e}\n" for e in EXAMPLES)
+        + "\nRun `alpha-mpi COMMAND --help` for a command's options and examples.\n\nexit status:\n"
+        + "".join(f"  {code:>3d}  {meaning}\n" for code, meaning in EXIT_CODES),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"alpha_mpi {__version__}")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (_, help_text) in COMMANDS.items():
-        sub.add_parser(name, help=help_text, add_help=False)
+    p.add_argument("command", metavar="COMMAND", help="one of the commands above")
+    p.add_argument("args", metavar="...", nargs=argparse.REMAINDER, help="the command's options")
     return p
 
 
@@ -57,10 +81,14 @@ def _abort_others(code: int) -> None:
 
 
 def main(argv=None) -> int:
+    """Run `alpha-mpi ARGV` (default sys.argv[1:]); returns the exit status (see the module doc)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()
-    if not argv or argv[0] in ("-h", "--help", "--version"):
-        parser.parse_args(argv or ["--help"])
+    if not argv:  # no command: the help, as a usage error (a script that forgot its command fails)
+        parser.print_help()
+        return EXIT_USAGE
+    if argv[0] in ("-h", "--help", "--version"):
+        parser.parse_args(argv[:1])
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
@@ -70,25 +98,35 @@ def main(argv=None) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    module = importlib.import_module(COMMANDS[name][0])
     try:
+        module = importlib.import_module(COMMANDS[name][0])
         return int(module.run(rest) or 0)
     except Refusal as e:
-        rank = _rank_prefix()
-        print(f"alpha-mpi{rank}: error [{e.code}] {e.message}\n  what to do: {e.advice}", file=sys.stderr)
-        _abort_others(EXIT_REFUSAL)
-        return EXIT_REFUSAL
+        # A library refusal coded `usage` is a usage error (2); every other code is a refusal (3).
+        status = EXIT_USAGE if e.code == "usage" else EXIT_REFUSAL
+        print(
+            f"alpha-mpi{_rank_prefix()}: error [{e.code}] {e.message}\n  what to do: {cli_advice(e.code, name)}",
+            file=sys.stderr,
+        )
+        _abort_others(status)
+        return status
     except KeyboardInterrupt:
-        _abort_others(130)
-        return 130
+        _abort_others(EXIT_INTERRUPTED)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (`alpha-mpi plan | head`): stop quietly, as a shell reports SIGPIPE.
+        # Later writes (the interpreter's flush at exit) go to /dev/null instead of raising again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _abort_others(EXIT_BROKEN_PIPE)
+        return EXIT_BROKEN_PIPE
     except SystemExit:
         raise
     except BaseException:
         import traceback
 
         traceback.print_exc()
-        _abort_others(1)
-        return 1
+        _abort_others(EXIT_INTERNAL)
+        return EXIT_INTERNAL
 
 
 def _rank_prefix() -> str:
@@ -96,10 +134,6 @@ def _rank_prefix() -> str:
     if mpi is not None and mpi.Is_initialized() and mpi.COMM_WORLD.Get_size() > 1:
         return f" (rank {mpi.COMM_WORLD.Get_rank()})"
     return ""
-
-
-def subparser(name: str, description: str) -> argparse.ArgumentParser:
-    return argparse.ArgumentParser(prog=f"alpha-mpi {name}", description=description)
 
 
 if __name__ == "__main__":

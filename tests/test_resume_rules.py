@@ -275,7 +275,7 @@ def test_command_resume_rules_end_with_the_uninterrupted_digest(tmp_path):
         (["--steps", "-3"], "--steps"),
         (["--seed", "-1"], "--seed"),
         (["--timeout", "0"], "--timeout"),
-        (["--log-every", "0"], "--log-every"),
+        (["--log-every", "-1"], "--log-every"),  # 0 is quiet mode
         (["--resume"], "--resume needs --checkpoint-dir"),
         (["--resume-from", "X"], "--resume-from needs"),
         (["--resume", "--resume-from", "X", "--checkpoint-dir", "Y"], "not both"),

@@ -101,6 +101,8 @@ def test_train_refusals_exit_3_with_a_code(tmp_path):
     assert r.returncode == 3 and "[topology-invalid]" in r.stderr
     r, _ = train(4, "--steps", "2", "--slots", "2")
     assert r.returncode == 3 and "[placement-invalid]" in r.stderr
+    advice = r.stderr.split("what to do:", 1)[1].splitlines()[0]
+    assert "--slots" in advice and "mpiexec -n" in advice and "owners" not in advice, advice
     bad = tmp_path / "bad.npz"
     import numpy as np
 
@@ -133,3 +135,19 @@ def test_user_data_and_json_result(tmp_path):
     assert r.returncode == 0, r.stderr
     res = json.loads(out.read_text())
     assert res["digest"] == d and res["accuracy"] > 0.85, res["accuracy"]
+
+
+def test_memory_line_in_params_mode_counts_this_ranks_shard(tmp_path):
+    out = tmp_path / "r.json"
+    r, _ = train(2, "--steps", "1", "--partition", "params", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    n = int(re.search(r", (\d+) parameters,", r.stdout).group(1))
+    mem = json.loads(out.read_text())["memory"]  # rank 0's
+    shard = mem["params"] // 8
+    assert mem["params"] == 8 * shard and abs(shard - n / 2) <= 2, (n, mem)  # half the vector, not 2x
+    assert mem["optimizer_state"] == 2 * mem["params"]  # Adam's m and v over the shard
+    # the proposed shard and optimizer state, and the full vector assembled for the forward pass
+    assert mem["update_buffers"] == mem["params"] + mem["optimizer_state"] + 8 * n
+    chunk = mem["gradients"] // 8 - 4 * (n + 3)  # 4 slot sums, then this rank's reduced chunk
+    assert abs(chunk - (n + 3) / 2) <= 1, (n, mem)
+    assert f"params {mem['params'] / 2**20:.2f} MiB" in r.stdout

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 
-from ..cli import subparser
+from ._args import EXIT_REFUSAL, examples_epilog, subparser, wrap
+
+VERIFY_EXAMPLES = (
+    "alpha-mpi checkpoint verify ckpt                  # the step `latest` names",
+    "alpha-mpi checkpoint verify ckpt --all            # every step, newest first",
+    "alpha-mpi checkpoint verify ckpt/step-00000020 --json",
+)
+INSPECT_EXAMPLES = (
+    "alpha-mpi checkpoint inspect ckpt",
+    "alpha-mpi checkpoint inspect ckpt/step-00000020 --json",
+)
 
 
 def run(argv) -> int:
@@ -13,24 +24,28 @@ def run(argv) -> int:
         "checkpoint",
         "Verify or inspect a sharded checkpoint. DIR is the checkpoint directory "
         "(its `latest` is read, as data) or one step directory.",
+        VERIFY_EXAMPLES[:2] + INSPECT_EXAMPLES[:1],
     )
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    v = sub.add_parser(
+    v = _action(
+        sub,
         "verify",
-        help="check the seal, every manifest field, every shard's sha256 and header; exit 3 on any refusal",
+        "check the seal, every manifest field, every shard's sha256 and header; exit 3 on any refusal",
+        VERIFY_EXAMPLES,
     )
-    v.add_argument("dir")
     v.add_argument(
         "--all",
         action="store_true",
         help="verify every step directory in DIR (newest first) and say which pass; exit 3 if any fails",
     )
     v.add_argument("--json", action="store_true", help="print the summary as JSON")
-    i = sub.add_parser(
-        "inspect", help="print the root manifest: step, order id, contract, config, components"
+    i = _action(
+        sub,
+        "inspect",
+        "print the root manifest: step, order id, contract, config, scalars, data, components",
+        INSPECT_EXAMPLES,
     )
-    i.add_argument("dir")
-    i.add_argument("--json", action="store_true")
+    i.add_argument("--json", action="store_true", help="print the manifest as JSON")
     a = p.parse_args(argv)
     from ..checkpoint import open_checkpoint
 
@@ -43,34 +58,74 @@ def run(argv) -> int:
             print(json.dumps(s, indent=2))
         else:
             print(f"ok: {s['path']} step {s['step']}, {s['bytes']} shard bytes verified")
-            print(f"  manifest  sha256 {s['manifest_sha256']} (sealed)")
-            print(f"  order id  {s['order_id']}")
-            print(f"  contract  {s['contract_digest']}")
-            for name, c in s["components"].items():
-                print(f"  {name:16s} {c['length']:>12d} values in {c['shards']} shard(s)")
+            rows = [
+                ("manifest sha256", f"{s['manifest_sha256']} (sealed)"),
+                ("order id", s["order_id"]),
+                ("contract", s["contract_digest"]),
+            ]
+            print(_table(rows))
+            _print_components({name: c["shards"] for name, c in s["components"].items()}, s["components"])
         return 0
     m = ck.manifest
     if a.json:
         print(json.dumps(m, indent=2))
         return 0
     print(f"checkpoint {ck.dir}")
-    print(f"  step            {m['step']}  (saved on {m.get('saved_on_ranks')} ranks)")
-    print(f"  manifest sha256 {ck.manifest_sha256}")
-    print(f"  order id        {m.get('order_id')}")
-    print(f"  contract        {m.get('contract_digest')}")
-    for h in m.get("contract_history", []):
-        print(f"  adopted         {h['from'][:16]} -> {h['to'][:16]} at step {h['at_step']}")
-    for h in m.get("resume_history", []):
-        print(f"  changed         {h['field']} {h['from']} -> {h['to']} at step {h['at_step']}")
-    for k, val in sorted(m.get("config", {}).items()):
-        print(f"  config.{k:<9s} {val}")
-    for k, val in sorted(m.get("scalars", {}).items()):
-        print(f"  {k:<15s} {val}")
-    for k, val in sorted(m.get("data", {}).items()):
-        print(f"  data.{k:<10s} {val}")
-    for name, c in ck.components.items():
-        print(f"  {name:16s} {c['length']:>12d} values in {len(c['shards'])} shard(s)")
+    print(_table(_inspect_rows(m, ck.manifest_sha256)))
+    print("components:")
+    _print_components({name: len(c["shards"]) for name, c in ck.components.items()}, ck.components)
     return 0
+
+
+def _action(sub, name: str, help_text: str, examples) -> argparse.ArgumentParser:
+    """`alpha-mpi checkpoint NAME DIR`: its one-line help, the same as its description, and examples."""
+    q = sub.add_parser(
+        name,
+        help=help_text,
+        description=wrap(help_text[0].upper() + help_text[1:] + "."),
+        epilog=examples_epilog(examples),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    q.add_argument("dir", help="a checkpoint directory (the step its `latest` names) or one step directory")
+    return q
+
+
+def _inspect_rows(m: dict, manifest_sha256: str) -> list:
+    """(label, value) rows of `checkpoint inspect`: each field once, `step` first."""
+    rows = [
+        ("step", f"{m['step']}  (saved on {m.get('saved_on_ranks')} ranks)"),
+        ("manifest sha256", manifest_sha256),
+        ("order id", m.get("order_id")),
+        ("contract", m.get("contract_digest")),
+    ]
+    rows += [
+        ("adopted", f"{h['from'][:16]} -> {h['to'][:16]} at step {h['at_step']}")
+        for h in m.get("contract_history", [])
+    ]
+    rows += [
+        ("changed", f"{h['field']} {h['from']} -> {h['to']} at step {h['at_step']}")
+        for h in m.get("resume_history", [])
+    ]
+    rows += [(f"config.{k}", val) for k, val in sorted(m.get("config", {}).items())]
+    scalars = dict(m.get("scalars", {}))
+    if scalars.get("step") == m["step"]:
+        del scalars["step"]  # the learner's own copy of the step: shown once, above (else both, named)
+    rows += [(f"scalars.{k}", val) for k, val in sorted(scalars.items())]
+    rows += [(f"data.{k}", val) for k, val in sorted(m.get("data", {}).items())]
+    return rows
+
+
+def _table(rows: list) -> str:
+    """Two columns, the labels padded to the longest."""
+    width = max(len(label) for label, _ in rows)
+    return "\n".join(f"  {label:<{width}s}  {value}" for label, value in rows)
+
+
+def _print_components(shards: dict, components: dict) -> None:
+    """One aligned row per component: its name, its length in values and its shard count."""
+    width = max((len(name) for name in components), default=0)
+    for name, c in components.items():
+        print(f"  {name:<{width}s}  {c['length']:>12d} values in {shards[name]} shard(s)")
 
 
 def _verify_all(root: str, as_json: bool) -> int:
@@ -115,4 +170,4 @@ def _verify_all(root: str, as_json: bool) -> int:
                 print(f"  ok    {r['dir']}  {r['bytes']} shard bytes{mark}")
             else:
                 print(f"  FAIL  {r['dir']}  [{r['code']}] {r['message']}{mark}")
-    return 3 if failed else 0
+    return EXIT_REFUSAL if failed else 0

@@ -3,34 +3,46 @@
 from __future__ import annotations
 
 import json
+import re
 
-from ..cli import subparser
 from ..model import DeliverTo, Layout, ReplicateAll, build
+from ..model.topology import parse_topology
 from ..planning import plan, simulate
 from ..planning.check import check, count
 from ..planning.cost import estimate, load_calibration
 from ..planning.realize import REALIZATIONS, applicable, realize
+from ._args import at_least, int_option, subparser
 
 SHOWN_RANKS = 16  # schedules printed in text form (the cost covers every rank)
+EXAMPLES = (
+    "alpha-mpi plan                                   # pairwise tree, 8 slots on 4 ranks",
+    "alpha-mpi plan --slots 10 --ranks 4 --topology hierarchy:2 --deliver-to 3",
+    "alpha-mpi plan --slots 8 --ranks 8 --elements 1000000 --cost   # every realization's modelled time",
+    "alpha-mpi plan --realization butterfly --ranks 4 --slots 4 --check",
+    "alpha-mpi plan --format dot | dot -Tpng > plan.png",
+)
 
 
 def run(argv) -> int:
-    p = subparser("plan", "Plan a combine tree and print each rank's protocol (pure; no MPI needed).")
-    p.add_argument("--slots", type=int, default=8, help="number of logical contributions (default 8)")
-    p.add_argument(
-        "--ranks", type=int, default=4, help="ranks the slots are placed on, in contiguous blocks (default 4)"
+    p = subparser(
+        "plan",
+        "Plan a combine tree and print each rank's protocol: its schedule, the traffic and, with "
+        "--cost, the modelled time of every realization that applies (pure; no MPI needed).",
+        EXAMPLES,
     )
+    int_option(p, "--slots", 8, "number of logical contributions")
+    int_option(p, "--ranks", 4, "ranks the slots are placed on, in contiguous blocks")
     p.add_argument(
         "--topology", default="pairwise", help="pairwise | star | star:HUB | hierarchy:K (default pairwise)"
     )
     p.add_argument(
         "--deliver-to",
-        type=int,
+        type=at_least(0),
         default=None,
         metavar="R",
         help="deliver only to rank R (default: replicate to all)",
     )
-    p.add_argument("--elements", type=int, default=1, help="payload elements per contribution (default 1)")
+    int_option(p, "--elements", 1, "payload elements per contribution")
     p.add_argument("--mass", action="store_true", help="add a one-element 'mass' component (Σ samples)")
     p.add_argument(
         "--realization",
@@ -64,8 +76,9 @@ def run(argv) -> int:
     delivery = ReplicateAll() if a.deliver_to is None else DeliverTo(a.deliver_to)
     tp = plan(tree, delivery, layout, size=a.ranks)
     mode = "reduce-scatter" if a.reduce_scatter else "allreduce"
+    topology = topology_label(a.topology, tp.topology, a.slots)
     if a.realization == "tree" and not a.reduce_scatter and not a.cost and not a.check:
-        return _tree(tp, a.format)  # the tree realization's own, detailed form
+        return _tree(tp, a.format, a.topology, topology)  # the tree realization's own, detailed form
     prog = realize(tp, a.realization, mode=mode)
     cost = check(prog) if a.check else count(prog)
     cal = load_calibration(a.calibration)
@@ -77,13 +90,14 @@ def run(argv) -> int:
         d["estimates_s"] = est
         d["calibration"] = cal.to_dict()
         d["checked"] = bool(a.check)
+        d["topology_asked"] = a.topology
         print(json.dumps(d, indent=2))
         return 0
     if a.format == "dot":
         print(tp.to_dot())
         return 0
     shown = range(min(prog.size, SHOWN_RANKS))
-    print(prog.describe(shown))
+    print(_with_topology(prog.describe(shown), topology))
     if prog.size > SHOWN_RANKS:
         print(f"  ... {prog.size - SHOWN_RANKS} more ranks")
     print(f"cost ({a.realization}, {mode}):")
@@ -100,14 +114,34 @@ def run(argv) -> int:
     return 0
 
 
-def _tree(tp, fmt) -> int:
+def _tree(tp, fmt, asked: str, topology: str) -> int:
     traffic = simulate(tp)
     if fmt == "json":
         d = tp.to_dict()
         d["traffic"] = traffic.to_dict()
+        d["topology_asked"] = asked
         print(json.dumps(d, indent=2))
     elif fmt == "dot":
         print(tp.to_dot())
     else:
-        print(tp.describe(traffic))
+        print(_with_topology(tp.describe(traffic), topology))
     return 0
+
+
+def topology_label(asked: str, shape: str, slots: int) -> str:
+    """The topology as asked, and the shape the plan names where that differs: with few slots
+    several topologies build one tree (hierarchy:2 over 3 slots is the star), and the plan names
+    a tree by its shape (alpha_mpi.model.topology.classify)."""
+    kind, arg = parse_topology(asked)
+    if kind == "hierarchy":
+        kind = f"hierarchy:{arg}"
+    if kind == shape:
+        return asked
+    if shape == "single":
+        return f"{asked} (one slot: a single leaf, nothing to combine)"
+    return f"{asked} (the same tree as {shape} for {slots} slots)"
+
+
+def _with_topology(text: str, topology: str) -> str:
+    """The plan's description with its `topology` field saying `topology`."""
+    return re.sub(r"(\btopology +)\S+", lambda m: m.group(1) + topology, text, count=1)

@@ -2,63 +2,41 @@
 
 from __future__ import annotations
 
-import argparse
-import math
+from ._args import EXIT_PREEMPTED, int_option, real, subparser
 
-from ..cli import subparser
-
-
-def _at_least(lo: int):
-    def parse(text):
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {lo}, got {text!r}")
-        if v < lo:
-            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {v}")
-        return v
-
-    return parse
-
-
-def _real(lo: float, hi: float = math.inf, lo_open: bool = True, hi_open: bool = True):
-    def parse(text):
-        try:
-            v = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
-        ok = math.isfinite(v) and (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
-        if not ok:
-            span = f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
-            raise argparse.ArgumentTypeError(f"must be a finite number in {span}, got {text}")
-        return v
-
-    return parse
+EXAMPLES = (
+    "mpiexec -n 4 alpha-mpi train         # 200 Adam steps of the built-in synthetic task",
+    "mpiexec -n 2 alpha-mpi train --steps 50 --partition params --log-every 0",
+    "mpiexec -n 4 alpha-mpi train --checkpoint-dir ckpt --checkpoint-every 20",
+    "mpiexec -n 2 alpha-mpi train --checkpoint-dir ckpt --resume --steps 400",
+    "alpha-mpi train --data mine.npz --model mymodels:make --json result.json   # your data and model",
+)
 
 
 def parser():
     p = subparser(
         "train",
-        "Data-parallel training (numpy MLP, softmax cross-entropy) with declared-order gradient combines. "
-        "Run under mpiexec; the same seed gives the same state digest on any rank count that divides the slots.",
+        "Data-parallel training (the built-in numpy MLP or --model; summed softmax cross-entropy) with "
+        "declared-order gradient combines. Run under mpiexec -n P with any P from 1 to --slots: the same "
+        "options give the same state digest on every such P (the tree is over the slots, not the ranks), "
+        "and in every --partition mode.",
+        EXAMPLES,
     )
-    p.add_argument("--steps", type=_at_least(0), default=200, help="total optimizer steps (default 200)")
-    p.add_argument(
+    int_option(p, "--steps", 200, "total optimizer steps", lo=0)
+    int_option(
+        p,
         "--slots",
-        type=_at_least(1),
-        default=8,
-        help="logical micro-batch shards per step; the tree is over these (default 8)",
+        8,
+        "logical micro-batch shards per step; the tree is over these, and at most this many ranks",
     )
+    int_option(p, "--batch", 256, "samples per step, cut into slots")
+    p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam", help="(default adam)")
     p.add_argument(
-        "--batch", type=_at_least(1), default=256, help="samples per step, cut into slots (default 256)"
-    )
-    p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
-    p.add_argument(
-        "--lr", type=_real(0.0), default=None, help="learning rate (default 2e-3 for adam, 0.05 for sgd)"
+        "--lr", type=real(0.0), default=None, help="learning rate (default 2e-3 for adam, 0.05 for sgd)"
     )
     p.add_argument(
         "--momentum",
-        type=_real(0.0, 1.0, lo_open=False),
+        type=real(0.0, 1.0, lo_open=False),
         default=0.9,
         help="SGD momentum in [0, 1) (default 0.9; 0 = plain SGD)",
     )
@@ -73,10 +51,8 @@ def parser():
         default="none",
         help="shard optimizer state, gradients or parameters (all bit-identical; default none)",
     )
-    p.add_argument("--seed", type=_at_least(0), default=0)
-    p.add_argument(
-        "--hidden", type=_at_least(1), default=700, help="hidden units (default 700: about 1e5 parameters)"
-    )
+    int_option(p, "--seed", 0, "seed of the parameters, the synthetic task and the sample order", lo=0)
+    int_option(p, "--hidden", 700, "hidden units of the built-in MLP; 700 makes about 1e5 parameters")
     p.add_argument(
         "--model",
         default=None,
@@ -89,23 +65,31 @@ def parser():
     p.add_argument(
         "--data", default=None, help="an .npz with X (n, d) and y (n,) instead of the synthetic task"
     )
-    p.add_argument("--log-every", type=_at_least(1), default=10)
+    int_option(
+        p,
+        "--log-every",
+        10,
+        "print a progress line every N steps and after the last; 0: quiet (no progress lines; "
+        "the start-up lines, the final summary and the digest are still printed)",
+        lo=0,
+    )
     p.add_argument(
         "--timeout",
-        type=_real(0.0),
+        type=real(0.0),
         default=None,
-        help="seconds a rank waits for a peer (default ALPHA_MPI_TIMEOUT or 30)",
+        help="seconds a rank waits for a peer (default ALPHA_MPI_TIMEOUT or 300)",
     )
     p.add_argument(
         "--checkpoint-dir",
         default=None,
         help="save sharded checkpoints here (always the final state; one trainer per directory, locked)",
     )
-    p.add_argument(
+    int_option(
+        p,
         "--checkpoint-every",
-        type=_at_least(0),
-        default=0,
-        help="also save every N steps (0: only the final state and on a stop signal)",
+        0,
+        "also save every N steps (0: only the final state and on a stop signal)",
+        lo=0,
     )
     p.add_argument(
         "--resume",
@@ -149,36 +133,21 @@ def run(argv) -> int:
         p.error("give --resume (continue in --checkpoint-dir) or --resume-from PATH, not both")
     if a.checkpoint_every and not a.checkpoint_dir:
         p.error("--checkpoint-every needs --checkpoint-dir")
+    if a.batch < a.slots:
+        p.error(f"--batch {a.batch} is smaller than --slots {a.slots}: every slot needs a sample")
+    from dataclasses import fields
+
     from mpi4py import MPI
 
-    from ..learning import PREEMPTED, TrainConfig, train
+    from ..learning import TrainConfig, train
     from ..refusals import Refusal
 
     if a.json and MPI.COMM_WORLD.Get_rank() == 0:
         _check_writable(a.json, Refusal)  # before training, not after it
-    lr = a.lr if a.lr is not None else (2e-3 if a.optimizer == "adam" else 0.05)
-    cfg = TrainConfig(
-        steps=a.steps,
-        slots=a.slots,
-        batch=a.batch,
-        optimizer=a.optimizer,
-        lr=lr,
-        momentum=a.momentum,
-        topology=a.topology,
-        partition=a.partition,
-        seed=a.seed,
-        hidden=a.hidden,
-        data=a.data,
-        log_every=a.log_every,
-        checkpoint_dir=a.checkpoint_dir,
-        checkpoint_every=a.checkpoint_every,
-        resume=a.resume,
-        timeout=a.timeout,
-        adopt_contract=a.adopt_contract,
-        resume_from=a.resume_from,
-        adopt_lr=a.adopt_lr,
-        model=a.model,
-    )
+    if a.lr is None:
+        a.lr = 2e-3 if a.optimizer == "adam" else 0.05
+    # Every TrainConfig field is the option of the same name.
+    cfg = TrainConfig(**{f.name: getattr(a, f.name) for f in fields(TrainConfig) if hasattr(a, f.name)})
     comm = MPI.COMM_WORLD
     result = train(comm, cfg, out=lambda s: print(s, flush=True))
     if a.json and comm.Get_rank() == 0:
@@ -186,7 +155,7 @@ def run(argv) -> int:
 
         with open(a.json, "w") as f:
             json.dump(result, f, indent=2)
-    return PREEMPTED if result["preempted"] else 0
+    return EXIT_PREEMPTED if result["preempted"] else 0
 
 
 def _check_writable(path: str, Refusal) -> None:

@@ -17,12 +17,10 @@ whatever the rank count was at save time.
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..refusals import CheckpointRefusal, Refusal
 from ._env import require_torch
-from .convert import from64 as _from64
-from .convert import into64 as _into64
+from .convert import pack, unpack
+from .torch_contract import dtype_name
 
 torch = require_torch()
 
@@ -59,6 +57,9 @@ class TorchCheckpointView:
     def __init__(self, dp, optimizer=None):
         self.dp, self.optimizer = dp, optimizer
         self.comm, self.slots, self.timeout = dp.comm, dp.slots, dp.timeout
+        #: The combine's order id and the DataParallel's numerical contract (stored in the
+        #: manifest, compared on restore); both are fixed when the DataParallel is built.
+        self.order_id, self.contract = dp.order_id, dp.contract
         if optimizer is not None:
             held = [p for g in optimizer.param_groups for p in g["params"]]
             if {id(p) for p in held} != {id(p) for p in dp.params} or len(held) != len(dp.params):
@@ -72,16 +73,6 @@ class TorchCheckpointView:
     def step(self) -> int:
         """Combined steps so far (DataParallel.steps)."""
         return self.dp.steps
-
-    @property
-    def order_id(self) -> str:
-        """The combine's order id."""
-        return self.dp.order_id
-
-    @property
-    def contract(self):
-        """The DataParallel's numerical contract (stored in the manifest, compared on restore)."""
-        return self.dp.contract
 
     def _own(self, n: int):
         p, r = self.dp.size, self.dp.rank
@@ -110,11 +101,7 @@ class TorchCheckpointView:
         """name -> (length, [(start, stop, float64 values)]) for the range this rank writes."""
         out = {}
         for name, ts in self._vectors().items():
-            flat = np.empty(sum(t.numel() for t in ts))
-            off = 0
-            for t in ts:
-                _into64(flat[off : off + t.numel()], t)
-                off += t.numel()
+            flat = pack(ts)
             a, b = self._own(flat.size)
             if b > a:
                 out[name] = (flat.size, [(a, b, flat[a:b])])
@@ -127,7 +114,7 @@ class TorchCheckpointView:
             "step": dp.steps,
             "optimizer": None,
             "framework": "torch",
-            "dtype": str(dp.dtype).replace("torch.", ""),
+            "dtype": dtype_name(dp.dtype),
             "int_buffers": {k: b.reshape(-1).tolist() for k, b in dp.other_buffers},
         }
         opt = self.optimizer
@@ -148,7 +135,7 @@ class TorchCheckpointView:
                             )
                         entry = {
                             "value": float(v),
-                            "dtype": str(v.dtype).replace("torch.", ""),
+                            "dtype": dtype_name(v.dtype),
                             "shape": list(v.shape),
                         }
                     elif v is None or isinstance(v, (int, float, bool)):
@@ -186,9 +173,9 @@ class TorchCheckpointView:
                 f"optimizer hyperparameters differ: saved {sc.get('optimizer_hyper')}, now {_hyper(opt)}",
             )
         with torch.no_grad():
-            self._read(ck, "params", [p.data for p in dp.params], _from64)
+            self._read(ck, "params", [p.data for p in dp.params])
             if dp.float_buffers:
-                self._read(ck, "buffers", [b for _, b in dp.float_buffers], _from64)
+                self._read(ck, "buffers", [b for _, b in dp.float_buffers])
             for k, b in dp.other_buffers:
                 b.copy_(torch.tensor(sc["int_buffers"][k], dtype=b.dtype).reshape(b.shape))
         if opt is not None:
@@ -197,7 +184,7 @@ class TorchCheckpointView:
                 names = [c[len("optimizer.") :] for c in ck.components if c.startswith("optimizer.")]
                 for k in names:
                     ts = [torch.empty_like(p, memory_format=torch.contiguous_format) for p in dp.params]
-                    self._read(ck, f"optimizer.{k}", ts, _from64)
+                    self._read(ck, f"optimizer.{k}", ts)
                     for p, t in zip(dp.params, ts):
                         opt.state[p][k] = t
                 for k, entries in sc.get("optimizer_scalars", {}).items():
@@ -211,15 +198,11 @@ class TorchCheckpointView:
         dp.steps = int(sc["step"])
 
     @staticmethod
-    def _read(ck, name, tensors, convert) -> None:
+    def _read(ck, name, tensors) -> None:
         total = sum(t.numel() for t in tensors)
         if ck.length(name) != total:
             raise CheckpointRefusal(
                 "checkpoint-config-mismatch",
                 f"component {name} has {ck.length(name)} values, this module {total}",
             )
-        flat = ck.read_range(name, 0, total)
-        off = 0
-        for t in tensors:
-            convert(t, flat[off : off + t.numel()])
-            off += t.numel()
+        unpack(tensors, ck.read_range(name, 0, total))

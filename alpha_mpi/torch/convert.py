@@ -2,7 +2,8 @@
 
 `into64`: WidenBinary32 (kernel.widen_binary32, exact) for float32, a copy for float64.
 `from64`: RoundBinary64 (kernel.round_binary64, nearest-even, refusing non-finite) for float32,
-a finiteness-checked copy for float64.
+a finiteness-checked copy for float64. `pack` / `unpack`: the same over a list of tensors laid
+end to end in one flat binary64 vector.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import numpy as np
 from .. import kernel
 from ..refusals import KernelRefusal
 
-__all__ = ["into64", "from64", "flat"]
+__all__ = ["into64", "from64", "flat", "pack", "unpack"]
 
 
 def flat(t) -> np.ndarray:
@@ -39,3 +40,22 @@ def from64(t, x64: np.ndarray) -> None:
             i = int(np.flatnonzero(~np.isfinite(x64))[0])
             raise KernelRefusal("non-finite-combined", f"combined value [{i}] = {x64[i]!r} is not finite")
         np.copyto(a, x64)
+
+
+def pack(tensors, out64: np.ndarray | None = None) -> np.ndarray:
+    """`tensors` flattened end to end into `out64` (a new array when None) with `into64`."""
+    if out64 is None:
+        out64 = np.empty(sum(t.numel() for t in tensors))
+    off = 0
+    for t in tensors:
+        into64(out64[off : off + t.numel()], t)
+        off += t.numel()
+    return out64
+
+
+def unpack(tensors, x64: np.ndarray) -> None:
+    """The inverse of `pack`: each tensor takes its range of `x64` with `from64`."""
+    off = 0
+    for t in tensors:
+        from64(t, x64[off : off + t.numel()])
+        off += t.numel()

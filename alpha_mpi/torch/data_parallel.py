@@ -29,11 +29,14 @@ slots), but it is not what one forward over the whole batch would give.
 
 A non-finite gradient, buffer or loss is refused on every rank; `.grad` is cleared (None) and the
 buffers keep their step-start values, so an `opt.step()` after a refusal changes nothing.
+
+This module holds the step; what it checks about the module before building anything is in
+module_check.py, the contract it names and the parameter digest in torch_contract.py, the two
+conversion sites in convert.py and the checkpoint view in checkpointing.py.
 """
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 
 import numpy as np
@@ -46,24 +49,22 @@ from ..refusals import Refusal
 from ._env import check_environment, fix_environment, require_torch
 from .convert import from64 as _from64
 from .convert import into64 as _into64
+from .convert import pack, unpack
+from .module_check import BUFFER_RULES, check_module
+from .torch_contract import BUFFER_SLOT_MEAN_V1, ROUND_ONCE_V1, parameter_digest, torch_contract
 
 torch = require_torch()
 
-__all__ = ["DataParallel", "torch_contract", "parameter_digest", "BUFFER_RULES"]
-
-BUFFER_RULES = ("refuse", "slot-mean")
-
-#: The round-once site of float32 models, as the contract names it (an operation: the profile's
-#: conversion sites are contribution sites).
-ROUND_ONCE_V1 = (
-    "g32=RoundBinary64@gradient(g) (kernel.round_binary64, nearest-even, binary64->binary32), "
-    "once per step per coordinate, into each parameter's .grad"
-)
-BUFFER_SLOT_MEAN_V1 = (
-    "every slot's forward starts from the step's buffers; floating buffer b="
-    "RoundBinary64@buffer((sum over slots in the combine order of WidenBinary32(b_s))/S); "
-    "integer buffer b=b_s (equal for every slot)"
-)
+# torch_contract, parameter_digest and the rule texts are defined in torch_contract.py, BUFFER_RULES in
+# module_check.py; re-exported here, where they were first.
+__all__ = [
+    "DataParallel",
+    "torch_contract",
+    "parameter_digest",
+    "BUFFER_RULES",
+    "ROUND_ONCE_V1",
+    "BUFFER_SLOT_MEAN_V1",
+]
 
 
 def _default_topology() -> str:
@@ -71,52 +72,6 @@ def _default_topology() -> str:
     from ..learning.learner import DataParallelLearner
 
     return inspect.signature(DataParallelLearner.__init__).parameters["topology"].default
-
-
-def _dtype_name(dtype) -> str:
-    return str(dtype).replace("torch.", "")
-
-
-def torch_contract(order_id: str, dtype, env: dict, buffers: str = "refuse"):
-    """The NumericalContract of a DataParallel: combine order, normalise-once, the conversions.
-
-    profile: binary64 (KeepFormat) for float64 modules; for float32 modules binary64 and binary32
-    with `WidenBinary32@contribution`, and the operation `round-binary64-once-v1` naming the
-    `RoundBinary64@gradient` site. operations: the combine's order id, `normalize-once`, the
-    round-once site (float32), the buffer rule (slot-mean), and `torch-slot-gradient-v1`: the
-    per-slot forward/backward with the torch version, threads and deterministic flag.
-    """
-    from ..numerics import BitIdentical, CombineOrder, Formula, NumericalContract, Profile, WidenBinary32
-
-    f32 = dtype == torch.float32
-    profile = (
-        Profile(("binary64", "binary32"), conversions=(WidenBinary32("contribution"),)) if f32 else Profile()
-    )
-    ops = [CombineOrder(order_id), Formula.named("normalize-once")]
-    if f32:
-        ops.append(Formula("round-binary64-once-v1", ROUND_ONCE_V1))
-    if buffers == "slot-mean":
-        ops.append(Formula("buffers-slot-mean-v1", BUFFER_SLOT_MEAN_V1))
-    ops.append(
-        Formula(
-            "torch-slot-gradient-v1",
-            "per slot: loss=loss_fn(module(X_s),y_s) (a sum); g_s=torch.autograd.grad(loss, params); "
-            f"torch {env['torch']}; "
-            f"set_num_threads({env['threads']}); use_deterministic_algorithms({env['deterministic']}); "
-            f"parameters {_dtype_name(dtype)}",
-        )
-    )
-    return NumericalContract(profile, tuple(ops), BitIdentical())
-
-
-def parameter_digest(module) -> str:
-    """sha256 of the module's trainable parameters in order, widened exactly to little-endian
-    binary64 (the same form as alpha_mpi.learning.digest): compare runs by this."""
-    h = hashlib.sha256()
-    for p in module.parameters():
-        if p.requires_grad:
-            h.update(np.ascontiguousarray(p.detach().cpu().numpy().reshape(-1), dtype="<f8").tobytes())
-    return h.hexdigest()
 
 
 class DataParallel:
@@ -154,13 +109,7 @@ class DataParallel:
         realization: str = "auto",
     ):
         kernel.fpenv_check()
-        if not isinstance(module, torch.nn.Module):
-            raise Refusal(
-                "torch-module-unsupported",
-                f"DataParallel needs a torch.nn.Module, got {type(module).__name__}",
-            )
-        if buffers not in BUFFER_RULES:
-            raise Refusal("usage", f"buffers must be one of {', '.join(BUFFER_RULES)}, got {buffers!r}")
+        parts = check_module(module, buffers)
         self.module, self.comm, self.timeout = module, comm, timeout
         self.size, self.rank = comm.Get_size(), comm.Get_rank()
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < self.size:
@@ -171,36 +120,9 @@ class DataParallel:
             )
         self.slots = slots
         self.topology = _default_topology() if topology is None else topology
-        self.params = [p for p in module.parameters() if p.requires_grad]
-        names = {id(p): k for k, p in module.named_parameters()}
-        if not self.params:
-            raise Refusal("torch-module-unsupported", f"{type(module).__name__} has no trainable parameters")
-        dtypes = sorted({_dtype_name(p.dtype) for p in self.params})
-        if len(dtypes) != 1 or dtypes[0] not in ("float32", "float64"):
-            raise Refusal(
-                "torch-module-unsupported",
-                f"trainable parameters have dtypes {dtypes}; use one of float32, float64 "
-                "(module.float() or module.double())",
-            )
-        off_cpu = [names.get(id(p), "?") for p in self.params if p.device.type != "cpu"]
-        if off_cpu:
-            raise Refusal("torch-module-unsupported", f"parameters {off_cpu[:4]} are not on the CPU")
-        self.dtype = self.params[0].dtype
-        named_buffers = list(module.named_buffers())
-        if named_buffers and buffers == "refuse":
-            raise Refusal(
-                "torch-buffers-refused",
-                f"{type(module).__name__} has buffers "
-                f"{[k for k, _ in named_buffers][:6]}{' ...' if len(named_buffers) > 6 else ''}; "
-                "their per-slot updates have no rank-count-independent meaning unless a rule is chosen",
-                buffers=[k for k, _ in named_buffers],
-            )
+        self.params, self.dtype = parts.params, parts.dtype
         self.buffer_rule = buffers
-        self.float_buffers = [(k, b) for k, b in named_buffers if b.is_floating_point()]
-        self.other_buffers = [(k, b) for k, b in named_buffers if not b.is_floating_point()]
-        for k, b in named_buffers:
-            if b.device.type != "cpu" or not b.is_contiguous():
-                raise Refusal("torch-module-unsupported", f"buffer {k} must be a contiguous CPU tensor")
+        self.float_buffers, self.other_buffers = parts.float_buffers, parts.other_buffers
         self.env = fix_environment(threads)
         # Offsets of each parameter and each floating buffer in the flat binary64 payload.
         self.offsets, off = [], 0
@@ -257,22 +179,14 @@ class DataParallel:
         total = sum(t.numel() for t in tensors)
         p = plan(star(range(self.size), self.size), ReplicateAll(), total, size=self.size)
         bc = Allreducer(self.comm, p, timeout=self.timeout, contract=self.contract.digest)
-        mine = np.full(total, -0.0)
-        if self.rank == 0:
-            off = 0
-            for t in tensors:
-                _into64(mine[off : off + t.numel()], t)
-                off += t.numel()
+        mine = pack(tensors) if self.rank == 0 else np.full(total, -0.0)
         out = bc.run({self.rank: mine}, out=np.empty(total))
         # Kept, not freed: a freed communicator's handle may be reused by the next one, and the
         # executors cache per-communicator facts by handle (execution/combiner.py
         # polls_before_yield), which would then differ between ranks.
         self._bcast = bc
-        off = 0
         with torch.no_grad():
-            for t in tensors:
-                _from64(t, out[off : off + t.numel()])
-                off += t.numel()
+            unpack(tensors, out)
 
     def step(self, X, y, loss_fn, *, sizes=None) -> float:
         """Forward and backward for each owned slot of the global batch (X, y), one ordered
@@ -312,10 +226,7 @@ class DataParallel:
             for s in self.my_slots:
                 Xs, ys = batch[s]
                 buf = self.payloads[s]
-                if start is not None:
-                    with torch.no_grad():
-                        for (_, b), b0 in zip(self.float_buffers + self.other_buffers, start):
-                            b.copy_(b0)
+                self._restore_buffers(start)
                 loss = loss_fn(self.module(Xs), ys)
                 if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
                     raise Refusal(
@@ -346,14 +257,19 @@ class DataParallel:
         except Exception:
             for p in self.params:
                 p.grad = None
-            if start is not None:
-                with torch.no_grad():
-                    for (_, b), b0 in zip(self.float_buffers + self.other_buffers, start):
-                        b.copy_(b0)
+            self._restore_buffers(start)
             raise
         self.steps += 1
         self.last_loss = loss_mean
         return loss_mean
+
+    def _restore_buffers(self, start) -> None:
+        """Every buffer back to its step-start value (`start`: their clones; None: nothing kept)."""
+        if start is None:
+            return
+        with torch.no_grad():
+            for (_, b), b0 in zip(self.float_buffers + self.other_buffers, start):
+                b.copy_(b0)
 
     def digest(self) -> str:
         """parameter_digest(module): sha256 of the parameters as binary64."""

@@ -1,0 +1,81 @@
+"""What DataParallel refuses about a module before it builds anything: `check_module`.
+
+Apart from data_parallel.py because it is a check of the user's torch.nn.Module alone (no
+communicator, no plan): the kinds of module whose gradients and buffers the slot tree can
+combine bit for bit, and a named refusal for every other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..refusals import Refusal
+from ._env import require_torch
+from .torch_contract import dtype_name
+
+torch = require_torch()
+
+__all__ = ["BUFFER_RULES", "ModuleParts", "check_module"]
+
+BUFFER_RULES = ("refuse", "slot-mean")
+
+
+@dataclass(frozen=True)
+class ModuleParts:
+    """The parts of a checked module DataParallel combines: the trainable parameters in order,
+    their one dtype, the floating buffers (combined in `slot-mean` mode) and the other buffers
+    (counters, taken as the slot forwards left them), each as (name, tensor)."""
+
+    params: list
+    dtype: object
+    float_buffers: list
+    other_buffers: list
+
+
+def check_module(module, buffers: str = "refuse") -> ModuleParts:
+    """The parts of `module` DataParallel combines, or a refusal by name.
+
+    Refused: `torch-module-unsupported` (not a torch.nn.Module; no trainable parameters;
+    parameters not all float32 or all float64; a parameter or buffer not a contiguous CPU tensor),
+    `torch-buffers-refused` (a module with buffers when `buffers="refuse"`), `usage` (`buffers`
+    not one of BUFFER_RULES).
+    """
+    if not isinstance(module, torch.nn.Module):
+        raise Refusal(
+            "torch-module-unsupported",
+            f"DataParallel needs a torch.nn.Module, got {type(module).__name__}",
+        )
+    if buffers not in BUFFER_RULES:
+        raise Refusal("usage", f"buffers must be one of {', '.join(BUFFER_RULES)}, got {buffers!r}")
+    params = [p for p in module.parameters() if p.requires_grad]
+    names = {id(p): k for k, p in module.named_parameters()}
+    if not params:
+        raise Refusal("torch-module-unsupported", f"{type(module).__name__} has no trainable parameters")
+    dtypes = sorted({dtype_name(p.dtype) for p in params})
+    if len(dtypes) != 1 or dtypes[0] not in ("float32", "float64"):
+        raise Refusal(
+            "torch-module-unsupported",
+            f"trainable parameters have dtypes {dtypes}; use one of float32, float64 "
+            "(module.float() or module.double())",
+        )
+    off_cpu = [names.get(id(p), "?") for p in params if p.device.type != "cpu"]
+    if off_cpu:
+        raise Refusal("torch-module-unsupported", f"parameters {off_cpu[:4]} are not on the CPU")
+    named_buffers = list(module.named_buffers())
+    if named_buffers and buffers == "refuse":
+        raise Refusal(
+            "torch-buffers-refused",
+            f"{type(module).__name__} has buffers "
+            f"{[k for k, _ in named_buffers][:6]}{' ...' if len(named_buffers) > 6 else ''}; "
+            "their per-slot updates have no rank-count-independent meaning unless a rule is chosen",
+            buffers=[k for k, _ in named_buffers],
+        )
+    for k, b in named_buffers:
+        if b.device.type != "cpu" or not b.is_contiguous():
+            raise Refusal("torch-module-unsupported", f"buffer {k} must be a contiguous CPU tensor")
+    return ModuleParts(
+        params,
+        params[0].dtype,
+        [(k, b) for k, b in named_buffers if b.is_floating_point()],
+        [(k, b) for k, b in named_buffers if not b.is_floating_point()],
+    )

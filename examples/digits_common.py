@@ -7,14 +7,13 @@ Not an example to run by itself: run `mpiexec -n 4 python examples/torch_cnn.py`
 from __future__ import annotations
 
 import argparse
-import os
-import socket
 
 import numpy as np
 import torch
 from mpi4py import MPI
 
 from alpha_mpi.learning import SlotStream
+from alpha_mpi.tools.bench.baseline import init_gloo  # the gloo set-up `alpha-mpi bench torch` uses
 from alpha_mpi.torch import DataParallel, parameter_digest
 
 
@@ -100,27 +99,6 @@ def run(make_model, description: str, argv=None) -> str:
     say(f"final loss {loss:.6f}  eval accuracy {acc:.4f}")
     say(f"digest: {d}")
     return d
-
-
-def init_gloo(comm):
-    """torch.distributed over gloo on localhost, ranks and world size from the MPI job."""
-    import torch.distributed as dist
-
-    port = np.zeros(1, dtype=np.int64)
-    if comm.Get_rank() == 0:
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        port[0] = s.getsockname()[1]
-        s.close()
-    comm.Bcast(port, root=0)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{int(port[0])}",
-        rank=comm.Get_rank(),
-        world_size=comm.Get_size(),
-    )
-    return dist
 
 
 def _run_ddp(model, a, comm, Xtr, ytr, Xev, yev, stream, say) -> str:

@@ -4,28 +4,15 @@ mpiexec -n 1 python examples/torch_cnn.py      # one `digest:` line on 1, 2 and 
 mpiexec -n 4 python examples/torch_cnn.py
 mpiexec -n 4 python examples/torch_cnn.py --steps 20 --stop-after 10 --checkpoint-dir /tmp/ck
 mpiexec -n 2 python examples/torch_cnn.py --steps 20 --resume --checkpoint-dir /tmp/ck   # same digest
+
+The CNN (two 3x3 convolutions with 8 and 16 channels, a 2x2 max-pool, a linear classifier) is
+defined once, in alpha_mpi/tools/bench/torch_models.py, because `alpha-mpi bench torch` times
+the same module against torch DDP. Any nn.Module works here: see `factory`.
 """
 
 import torch
 
-
-class DigitsCNN(torch.nn.Module):
-    """Two 3x3 convolutions (8 and 16 channels), a 2x2 max-pool, a linear classifier: ~3.7k parameters."""
-
-    def __init__(self, classes: int = 10):
-        super().__init__()
-        self.features = torch.nn.Sequential(
-            torch.nn.Conv2d(1, 8, 3, padding=1),
-            torch.nn.ReLU(),
-            torch.nn.Conv2d(8, 16, 3, padding=1),
-            torch.nn.ReLU(),
-            torch.nn.MaxPool2d(2),
-        )
-        self.classifier = torch.nn.Linear(16 * 4 * 4, classes)
-
-    def forward(self, x):
-        """x: (batch, 64) flattened 8x8 images -> (batch, classes) logits."""
-        return self.classifier(self.features(x.view(-1, 1, 8, 8)).flatten(1))
+from alpha_mpi.tools.bench.torch_models import DigitsCNN
 
 
 def factory(inputs: int = 64, classes: int = 10) -> torch.nn.Module:

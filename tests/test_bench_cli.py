@@ -1,8 +1,9 @@
-"""`python -m alpha_mpi.tools.bench allreduce` under mpiexec: the table, the JSON, the exit statuses.
+"""`python -m alpha_mpi.tools.bench allreduce` under mpiexec: the table, the JSON, the plot, the exit statuses.
 
 Single-process test: it launches its own `mpiexec -n 2` under a hard `timeout`.
 """
 
+import importlib.util
 import json
 import os
 import shutil
@@ -11,7 +12,7 @@ import sys
 
 import pytest
 
-from alpha_mpi.tools.bench.allreduce_bench import parse_size, parse_sizes
+from alpha_mpi.tools.bench.allreduce_args import parse_size, parse_sizes
 
 
 def mpiexec():
@@ -19,6 +20,7 @@ def mpiexec():
     return local if os.path.exists(local) else shutil.which("mpiexec")
 
 
+HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 needs_mpiexec = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec on PATH or beside the interpreter")
 
 
@@ -42,8 +44,10 @@ def launch(*args, n=2, limit=120, cwd=None):
 
 @needs_mpiexec
 def test_allreduce_table_and_json(tmp_path):
-    out = tmp_path / "out.json"
-    r = launch("allreduce", "--sizes", "8,64K", "--iters", "3", "--json", str(out), cwd=tmp_path)
+    out, png = tmp_path / "out.json", tmp_path / "out.png"
+    r = launch(
+        "allreduce", "--sizes", "8,64K", "--iters", "3", "--json", str(out), "--plot", str(png), cwd=tmp_path
+    )
     text = r.stdout + r.stderr
     assert r.returncode == 0, text
     lines = r.stdout.splitlines()
@@ -75,10 +79,16 @@ def test_allreduce_table_and_json(tmp_path):
     assert len(res) == 14
     for r_ in res:
         assert r_["t_min_us"] <= r_["t_avg_us"] <= r_["t_max_us"]
+        # the spread of single iterations holds every rank's mean
+        assert r_["t_iter_min_us"] <= r_["t_min_us"] and r_["t_max_us"] <= r_["t_iter_max_us"]
         assert r_["busbw_GBs"] == pytest.approx(r_["algbw_GBs"])  # 2(p-1)/p = 1 at p = 2
     assert {r_["chosen"] for r_ in res if r_["requested"] == "auto"} <= {"butterfly", "halving"}
     # only rank 0 prints the table
     assert r.stdout.count("# machine:") == 1
+    if HAVE_MATPLOTLIB:
+        assert f"# plot written to {png}" in r.stdout and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    else:
+        assert "# plot skipped: matplotlib is not installed" in r.stdout and not png.exists()
 
 
 @needs_mpiexec

@@ -5,37 +5,10 @@ asserted (that belongs in the benchmark's output, not in tests).
 """
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 
-import pytest
+from test_bench_cli import launch, needs_mpiexec
 
-
-def mpiexec():
-    local = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return local if os.path.exists(local) else shutil.which("mpiexec")
-
-
-pytestmark = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec on PATH or beside the interpreter")
-
-
-def launch(*args, n=2, limit=120, cwd=None):
-    cmd = [
-        "timeout",
-        "-k",
-        "5",
-        str(limit),
-        mpiexec(),
-        "-n",
-        str(n),
-        sys.executable,
-        "-m",
-        "alpha_mpi.tools.bench",
-    ]
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    return subprocess.run([*cmd, *args], capture_output=True, text=True, env=env, cwd=cwd)
+pytestmark = needs_mpiexec
 
 
 def test_dot_tables_and_json(tmp_path):

@@ -1,14 +1,18 @@
-"""Benchmarks, in the style of mpi4py's bench.py: `python -m alpha_mpi.tools.bench COMMAND [options]`
-or `alpha-mpi bench COMMAND [options]`, under mpiexec.
+"""Benchmarks, in the style of mpi4py's bench.py: `alpha-mpi bench COMMAND [options]` or
+`python -m alpha_mpi.tools.bench COMMAND [options]`, under mpiexec.
 
 Each command is a module with `cmd(comm, argv) -> int` and its own argparse; it prints on rank 0
 only. Commands are imported on first use, so a missing optional one (e.g. `train`, which lives
-in alpha_mpi.tools.bench.train_bench) is reported, not fatal to the others. An unknown command is an
-error on rank 0 and exits 2 on every rank.
+in train_bench.py) is reported, not fatal to the others. An unknown command is an error on
+rank 0 and exits 2 on every rank.
+
+The modules: allreduce_bench (the loop) with allreduce_args, allreduce_variants and
+allreduce_report; dot_bench, train_bench, torch_bench (with torch_models), calibrate; summary
+(a sweep's summary and merged results); harness (what they share); baseline.
 
 Collectives: the harness may time and aggregate with MPI collectives (Barrier, gather of
-timings); MPI_Allreduce on data appears only in alpha_mpi/tools/bench/baseline.py, the reference being
-measured. alpha_mpi's own combines never use a collective.
+timings); MPI_Allreduce on data appears only in baseline.py, the reference being measured.
+alpha_mpi's own combines never use a collective.
 """
 
 from __future__ import annotations
@@ -33,6 +37,10 @@ COMMANDS = {
     "torch": (
         "alpha_mpi.tools.bench.torch_bench",
         "alpha_mpi.torch vs torch DDP (gloo) step time (needs .[torch])",
+    ),
+    "summary": (
+        "alpha_mpi.tools.bench.summary",
+        "summarize allreduce runs of an MPI algorithm sweep; --merge them into one file per p",
     ),
 }
 

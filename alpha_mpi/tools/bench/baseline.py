@@ -10,6 +10,7 @@ library and changes with the rank count and the message size.
 from __future__ import annotations
 
 import os
+import socket
 
 import numpy as np
 from mpi4py import MPI
@@ -42,6 +43,29 @@ def mpi_algorithm() -> str:
 _GLOO = {"group": None}
 
 
+def init_gloo(comm):
+    """torch.distributed over gloo on localhost, ranks and world size from `comm` (once per
+    process); returns torch.distributed. Rank 0 picks a free port and broadcasts it."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return dist
+    port = np.zeros(1, dtype=np.int64)
+    if comm.Get_rank() == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port[0] = s.getsockname()[1]
+    comm.Bcast(port, root=0)  # harness-side set-up, not data; a buffer, never a pickle
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{int(port[0])}",
+        rank=comm.Get_rank(),
+        world_size=comm.Get_size(),
+    )
+    return dist
+
+
 def gloo_available() -> bool:
     try:
         import torch.distributed as dist  # noqa: F401
@@ -58,26 +82,8 @@ class GlooAllreduce:
 
     def __init__(self, comm, send, recv):
         import torch
-        import torch.distributed as dist
 
-        self.dist = dist
-        if not dist.is_initialized():
-            port = 0
-            if comm.Get_rank() == 0:
-                import socket
-
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", 0))
-                    port = s.getsockname()[1]
-            box = np.array([port], dtype=np.int64)
-            comm.Bcast(box, root=0)  # harness-side set-up, not data; a buffer, never a pickle
-            port = int(box[0])
-            dist.init_process_group(
-                "gloo",
-                init_method=f"tcp://127.0.0.1:{port}",
-                rank=comm.Get_rank(),
-                world_size=comm.Get_size(),
-            )
+        self.dist = init_gloo(comm)
         self.send, self.recv = send, recv
         self.tensor = torch.from_numpy(recv)
         self.refill()

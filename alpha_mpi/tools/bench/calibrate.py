@@ -13,34 +13,24 @@ collectives (never data of a combine).
 
 from __future__ import annotations
 
-import argparse
-import json
-import time
-
 import numpy as np
 from mpi4py import MPI
 
+from ... import kernel
+from ...execution import Allreducer
+from ...model import pairwise
+from .harness import RankParser, slowest, statistic, timed
+from .results import write_json
+
 
 def _median(f, iters, comm):
-    ts = []
-    for _ in range(iters):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        f()
-        ts.append(time.perf_counter() - t0)
-    mine = np.array([float(np.median(ts))])
-    worst = np.empty(1)
-    comm.Allreduce(mine, worst, op=MPI.MAX)  # harness timing
-    return float(worst[0])
+    """The median of `iters` timed runs of f() on this rank, the worst over ranks."""
+    return slowest(comm, statistic([timed(comm, f)[0] for _ in range(iters)], "median"))
 
 
 def cmd(comm, argv) -> int:
-    from ... import kernel
-    from ...execution import Allreducer
-    from ...model import pairwise
-
     rank, p = comm.Get_rank(), comm.Get_size()
-    parser = argparse.ArgumentParser(prog="alpha-mpi bench calibrate", description=__doc__.split("\n\n")[0])
+    parser = RankParser(rank, prog="alpha-mpi bench calibrate", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--out", required=True, metavar="FILE", help="write the calibration JSON here (rank 0)"
     )
@@ -80,8 +70,7 @@ def cmd(comm, argv) -> int:
         "measured_with": small.realization,
     }
     if rank == 0:
-        with open(a.out, "w") as f:
-            json.dump(doc, f, indent=2)
+        write_json(a.out, doc)
         print(
             f"alpha {alpha * 1e6:.2f} us/round   beta {beta * 1e9:.3f} ns/B   gamma {gamma * 1e9:.3f} ns/B  -> {a.out}"
         )

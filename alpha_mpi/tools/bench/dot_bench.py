@@ -24,25 +24,19 @@ per element) at the same length; interleaved call by call, taking turns, best of
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
 import numpy as np
 
+from ... import arrays
+from ...arrays import local
+from ...kernel import ffi, lib
+from .baseline import MpiAllreduce
+from .harness import RankParser, machine_info, statistic, timed
+from .results import write_json
+
 DEFAULT_LENGTHS = [10**e for e in range(2, 8)]
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that prints on rank 0 only; every rank exits with the same status."""
-
-    def __init__(self, rank, **kw):
-        self._rank = rank
-        super().__init__(**kw)
-
-    def _print_message(self, message, file=None):
-        if self._rank == 0:
-            super()._print_message(message, file)
 
 
 def _lengths(text: str) -> list:
@@ -56,7 +50,7 @@ def _lengths(text: str) -> list:
 
 
 def make_parser(rank: int) -> argparse.ArgumentParser:
-    p = _Parser(
+    p = RankParser(
         rank,
         prog="alpha-mpi bench dot",
         description="Decomposition-independent dot products (alpha_mpi.arrays) vs MPI_Allreduce(np.dot).",
@@ -99,101 +93,81 @@ def blas_info() -> str:
     return "unknown"
 
 
-def _stat(ts, how: str) -> float:
-    return float({"min": np.min, "median": np.median, "mean": np.mean}[how](ts))
-
-
 def _data(rank: int, length: int):
     rng = np.random.default_rng(1_000_003 * (rank + 1) + length)
     return rng.standard_normal(length), rng.standard_normal(length)
 
 
-def per_call(comm, args) -> tuple:
-    from ... import arrays
-    from ...arrays import local
-    from .baseline import MpiAllreduce
+def _bits(v) -> int:
+    return int(np.float64(v).view(np.uint64))
 
+
+def _mpi_dots(comm, pairs):
+    """MPI's way: each rank's np.dot of its pieces, then comm.Allreduce (baseline.py)."""
+    ref = MpiAllreduce(comm, np.zeros(len(pairs)), np.zeros(len(pairs)))
+
+    def run():
+        for i, (a, b) in enumerate(pairs):
+            ref.send[i] = np.dot(a, b)
+        return ref.run()
+
+    return run
+
+
+def _calls(comm, pairs, lo: int, n: int) -> dict:
+    """The four calls timed per iteration, in this order: one inner product by alpha_mpi and by
+    MPI, then two in one exchange by alpha_mpi and by MPI."""
+    (x, y), two = pairs[0], pairs
+    return {
+        "t_alpha": lambda: arrays.dot(comm, x, y, lo, n),
+        "t_mpi": _mpi_dots(comm, pairs[:1]),
+        "t_alpha_k2": lambda: arrays.dots(comm, two, lo, n),
+        "t_mpi_k2": _mpi_dots(comm, two),
+    }
+
+
+def per_call(comm, args) -> tuple:
     p, r = comm.Get_size(), comm.Get_rank()
     rows, failed = [], False
     for L in args.lengths:
         n, lo = p * L, r * L
         x, y = _data(r, L)
-        send, recv = np.zeros(1), np.zeros(1)
-        send2, recv2 = np.zeros(2), np.zeros(2)
-        ref, ref2 = MpiAllreduce(comm, send, recv), MpiAllreduce(comm, send2, recv2)
+        pairs = [(x, y), (y, y)]
+        calls = _calls(comm, pairs, lo, n)
         iters = max(args.min_iters, args.iters if L <= 10**4 else int(args.iters * 10**4 / L))
-        ta, tk, tm, tm2 = [], [], [], []
+        times = {k: [] for k in calls}
         first = arrays.dot(comm, x, y, lo, n)
-        first2 = arrays.dots(comm, [(x, y), (y, y)], lo, n)
-        same = np.float64(first2[0]).view(np.uint64) == np.float64(first).view(np.uint64)
+        first2 = arrays.dots(comm, pairs, lo, n)
+        same = _bits(first2[0]) == _bits(first)
         for it in range(args.warmup + iters):
-            comm.Barrier()
-            t0 = time.perf_counter()
-            v = arrays.dot(comm, x, y, lo, n)
-            t1 = time.perf_counter()
-            comm.Barrier()
-            t2 = time.perf_counter()
-            send[0] = np.dot(x, y)
-            ref.run()
-            t3 = time.perf_counter()
-            comm.Barrier()
-            t4 = time.perf_counter()
-            v2 = arrays.dots(comm, [(x, y), (y, y)], lo, n)
-            t5 = time.perf_counter()
-            comm.Barrier()
-            t6 = time.perf_counter()
-            send2[0] = np.dot(x, y)
-            send2[1] = np.dot(y, y)
-            ref2.run()
-            t7 = time.perf_counter()
-            same &= np.float64(v).view(np.uint64) == np.float64(first).view(np.uint64) and v2 == first2
-            if it >= args.warmup:
-                ta.append(t1 - t0), tm.append(t3 - t2), tk.append(t5 - t4), tm2.append(t7 - t6)
-        mine = np.array(
-            [
-                _stat(ta, args.stat),
-                _stat(tm, args.stat),
-                _stat(tk, args.stat),
-                _stat(tm2, args.stat),
-                float(same),
-            ]
-        )
+            got = {}
+            for k, fn in calls.items():
+                dt, got[k] = timed(comm, fn)
+                if it >= args.warmup:
+                    times[k].append(dt)
+            same &= _bits(got["t_alpha"]) == _bits(first) and got["t_alpha_k2"] == first2
+        mine = np.array([statistic(times[k], args.stat) for k in calls] + [float(same)])
         everyone = np.zeros((p, mine.size)) if r == 0 else None
         comm.Gather(mine, everyone, root=0)  # harness bookkeeping (timings), not reduced data
         oracle_ok = None
-        if L <= args.check:  # rank 0 rebuilds the global vectors and evaluates the whole tree
-            if r == 0:
-                parts = [_data(q, L) for q in range(p)]
-                gx, gy = np.concatenate([a for a, _ in parts]), np.concatenate([b for _, b in parts])
-                oracle_ok = np.float64(local.tree_value(gx, gy)).view(np.uint64) == np.float64(first).view(
-                    np.uint64
-                )
+        if L <= args.check and r == 0:  # rank 0 rebuilds the global vectors and evaluates the whole tree
+            parts = [_data(q, L) for q in range(p)]
+            gx, gy = np.concatenate([a for a, _ in parts]), np.concatenate([b for _, b in parts])
+            oracle_ok = _bits(local.tree_value(gx, gy)) == _bits(first)
         if r == 0:
-            worst = everyone.max(axis=0)
-            ok = bool(everyone[:, 4].all()) and oracle_ok is not False
+            worst = dict(zip(calls, everyone.max(axis=0)))
+            ok = bool(everyone[:, -1].all()) and oracle_ok is not False
             failed |= not ok
-            rows.append(
-                dict(
-                    L=L,
-                    n=n,
-                    iters=iters,
-                    t_alpha=worst[0],
-                    t_mpi=worst[1],
-                    t_alpha_k2=worst[2],
-                    t_mpi_k2=worst[3],
-                    ratio=worst[0] / worst[1],
-                    ratio_k2=worst[2] / worst[3],
-                    bits="ok" if ok else "WRONG",
-                    tree_checked=oracle_ok is not None,
-                )
+            row = {"L": L, "n": n, "iters": iters, **worst}
+            row.update(
+                ratio=worst["t_alpha"] / worst["t_mpi"], ratio_k2=worst["t_alpha_k2"] / worst["t_mpi_k2"]
             )
+            row.update(bits="ok" if ok else "WRONG", tree_checked=oracle_ok is not None)
+            rows.append(row)
     return rows, failed
 
 
 def kernel(comm, args) -> list:
-    from ...arrays import local
-    from ...kernel import ffi, lib
-
     rows = []
     if comm.Get_rank() == 0:
         for L in args.lengths:
@@ -241,47 +215,38 @@ def kernel(comm, args) -> list:
     return rows
 
 
-CALL_COLUMNS = [  # (header, key, width, format, scale)
-    ("L", "L", 10, "d", 1),
-    ("n", "n", 10, "d", 1),
-    ("iters", "iters", 6, "d", 1),
-    ("alpha_us", "t_alpha", 10, ".2f", 1e6),
-    ("MPI_us", "t_mpi", 10, ".2f", 1e6),
-    ("ratio", "ratio", 6, ".2f", 1),
-    ("alpha_k2_us", "t_alpha_k2", 12, ".2f", 1e6),
-    ("MPI_k2_us", "t_mpi_k2", 10, ".2f", 1e6),
-    ("ratio_k2", "ratio_k2", 9, ".2f", 1),
-    ("bits", "bits", 6, "s", None),
-]
-KERNEL_COLUMNS = [
-    ("L", "L", 10, "d", 1),
-    ("kernel_us", "t_kernel", 10, ".2f", 1e6),
-    ("npdot_us", "t_npdot", 10, ".2f", 1e6),
-    ("kernel_GB/s", "gbs_kernel", 12, ".2f", 1),
-    ("npdot_GB/s", "gbs_npdot", 11, ".2f", 1),
-    ("copy_GB/s", "gbs_copy", 10, ".2f", 1),
-    ("kernel/npdot", "vs_npdot", 13, ".2f", 1),
-    ("kernel/copy", "vs_copy", 12, ".2f", 1),
-]
+#: The tables' columns: "HEADER" or "HEADER=KEY" of the row (KEY defaults to HEADER). A header
+#: ending in _us shows seconds as microseconds; floats show two decimals.
+CALL_COLUMNS = (
+    "L n iters alpha_us=t_alpha MPI_us=t_mpi ratio alpha_k2_us=t_alpha_k2 MPI_k2_us=t_mpi_k2 ratio_k2 bits"
+)
+KERNEL_COLUMNS = (
+    "L kernel_us=t_kernel npdot_us=t_npdot kernel_GB/s=gbs_kernel npdot_GB/s=gbs_npdot copy_GB/s=gbs_copy "
+    "kernel/npdot=vs_npdot kernel/copy=vs_copy"
+)
 
 
-def _table(rows, columns) -> None:
+def _cell(header: str, value) -> str:
+    width = max(len(header) + 1, 10)
+    if isinstance(value, str):
+        return f"{value:>{width}s}"
+    if isinstance(value, (int, np.integer)):
+        return f"{value:>{width}d}"
+    return f"{value * (1e6 if header.endswith('_us') else 1):>{width}.2f}"
+
+
+def _table(rows, columns: str) -> None:
     """'#'-headed columns (OSU style)."""
-    head = " ".join(f"{h:>{w}}" for h, _, w, _, _ in columns)
+    spec = [(c.split("=")[0], c.split("=")[-1]) for c in columns.split()]
+    head = " ".join(f"{h:>{max(len(h) + 1, 10)}}" for h, _ in spec)
     print("#" + head[1:])
     for row in rows:
-        cells = []
-        for _, key, w, fmt, scale in columns:
-            v = row[key] if scale is None else (row[key] * scale if scale != 1 else row[key])
-            cells.append(f"{v:>{w}{fmt}}")
-        print(" ".join(cells))
+        print(" ".join(_cell(h, row[key]) for h, key in spec))
 
 
 def cmd(comm, argv=None) -> int:
     rank = comm.Get_rank()
     args = make_parser(rank).parse_args(argv)
-    from .allreduce_bench import machine_info
-
     info = machine_info(comm)
     info["blas"] = blas_info()
     calls, failed = ([], False) if args.kernel_only else per_call(comm, args)
@@ -302,8 +267,7 @@ def cmd(comm, argv=None) -> int:
             )
             _table(kern, KERNEL_COLUMNS)
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"machine": info, "stat": args.stat, "calls": calls, "kernel": kern}, f, indent=1)
+            write_json(args.json, {"machine": info, "stat": args.stat, "calls": calls, "kernel": kern})
         sys.stdout.flush()
     status = np.array([1 if failed else 0], dtype=np.int32)
     comm.Bcast(status, root=0)  # harness bookkeeping: the same exit status on every rank

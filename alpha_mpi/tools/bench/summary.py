@@ -1,33 +1,68 @@
-"""Summarize `alpha-mpi bench allreduce --json` runs (benchmarks/sweep_allreduce.sh):
+"""The summary of an MPI algorithm sweep of `alpha-mpi bench allreduce`, and the merge of its
+runs into one document per rank count. It reads the files it is given, nothing else.
 
-    python -m alpha_mpi.tools.bench.summary benchmarks/results/allreduce-p*.json
+    alpha-mpi bench summary SWEEP.json ...                  # the summary, on stdout
+    alpha-mpi bench summary --merge SWEEP.json RUN.json ...  # the runs of one p into one document
+    python -m alpha_mpi.tools.bench.summary ...              # the same, without MPI
 
-Per rank count p and size: MPI_Allreduce with MPICH's default selection (the run whose forced
-algorithm is `auto`), the best forced algorithm, and alpha_mpi's realizations. Ratios are taken
-within one run (alpha_mpi and the MPI algorithm it is compared with were interleaved iteration by
-iteration), so load on a shared machine hits both alike: auto/default from the `auto` run,
-auto/best from the run of the fastest algorithm at that size. Then the targets, each with its
-worst case.
+A RUN.json is what `alpha-mpi bench allreduce --json` writes: one run, one forced MPICH
+algorithm (MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM; `auto` is MPICH's own selection). A SWEEP.json
+holds the runs of one rank count keyed by algorithm, each run's document unchanged:
+
+    {"benchmark": "allreduce-sweep", "p": 2, "runs": {"auto": {...}, "ring": {...}, ...}}
+
+--merge adds the given runs (or sweeps) to SWEEP.json, replacing a run of the same algorithm
+and keeping the others when the file exists already; every run must be at the same p.
+
+The summary, per rank count p and size: MPI_Allreduce with MPICH's default selection (the run
+whose forced algorithm is `auto`), the best forced algorithm, and alpha_mpi's realizations.
+Ratios are taken within one run (alpha_mpi and the MPI algorithm it is compared with were
+interleaved iteration by iteration), so load on a shared machine hits both alike: auto/default
+from the `auto` run, auto/best from the run of the fastest algorithm at that size. Then the
+targets, each with its worst case.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import sys
 from collections import defaultdict
 
+from .allreduce_report import human
+from .results import write_json
+
 nan = float("nan")
+SWEEP = "allreduce-sweep"
+EXIT_USAGE = 2
 
 
-def _load(paths):
+def load_runs(paths) -> list:
+    """The allreduce run documents in `paths` (runs, and the runs of sweeps), each with `_path`
+    naming where it came from. Other documents are passed over."""
     runs = []
     for path in paths:
         with open(path) as f:
             doc = json.load(f)
-        if doc.get("benchmark") == "allreduce":
-            doc["_path"] = path
-            runs.append(doc)
+        if doc.get("benchmark") == SWEEP:
+            for alg, run in doc["runs"].items():
+                runs.append({**run, "_path": f"{path}[{alg}]"})
+        elif doc.get("benchmark") == "allreduce":
+            runs.append({**doc, "_path": path})
     return runs
+
+
+def merge(runs, into=None) -> dict:
+    """One sweep document of `runs` (all at one p), added to the sweep `into` where given: a run
+    replaces the one of the same algorithm. Raises ValueError for runs at different p."""
+    p = {r["machine"]["p"] for r in runs} | ({into["p"]} if into else set())
+    if len(p) != 1:
+        raise ValueError(f"runs at different rank counts {sorted(p)}: one sweep document per p")
+    out = dict(into["runs"]) if into else {}
+    for run in runs:
+        out[run["config"]["mpi_allreduce_algorithm"]] = {k: v for k, v in run.items() if k != "_path"}
+    return {"benchmark": SWEEP, "p": p.pop(), "runs": dict(sorted(out.items()))}
 
 
 def _rows(doc):
@@ -38,14 +73,8 @@ def _rows(doc):
     return out
 
 
-def human(nbytes: int) -> str:
-    for unit, f in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if nbytes >= f and nbytes % f == 0:
-            return f"{nbytes // f}{unit}"
-    return str(nbytes)
-
-
 def summarize(runs) -> str:
+    """The summary's text of the runs `load_runs` read."""
     lines = []
     by_p = defaultdict(dict)
     for doc in runs:
@@ -131,17 +160,56 @@ def summarize(runs) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    paths = list(sys.argv[1:] if argv is None else argv)
-    if not paths:
-        print("usage: python -m alpha_mpi.tools.bench.summary RESULT.json ...", file=sys.stderr)
-        return 2
-    runs = _load(paths)
+def _merge_into(target: str, paths) -> int:
+    runs = load_runs(paths)
+    into = None
+    if os.path.exists(target):
+        with open(target) as f:
+            into = json.load(f)
+        if into.get("benchmark") != SWEEP:
+            print(f"{target} is not a sweep document ({SWEEP}); not overwritten", file=sys.stderr)
+            return EXIT_USAGE
     if not runs:
         print("no allreduce benchmark results in the given files", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    try:
+        doc = merge(runs, into)
+    except ValueError as e:
+        print(f"--merge: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    write_json(target, doc)
+    print(f"{target}: p={doc['p']}, runs {', '.join(doc['runs'])}")
+    return 0
+
+
+def main(argv=None) -> int:
+    """`python -m alpha_mpi.tools.bench.summary [--merge SWEEP.json] FILE.json ...`"""
+    parser = argparse.ArgumentParser(
+        prog="alpha-mpi bench summary", description=__doc__.split("\n\n")[0].replace("\n", " ")
+    )
+    parser.add_argument("files", nargs="+", metavar="FILE.json", help="run or sweep documents")
+    parser.add_argument("--merge", metavar="SWEEP.json", help="merge the runs into this sweep document")
+    try:
+        a = parser.parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+    if a.merge:
+        return _merge_into(a.merge, a.files)
+    runs = load_runs(a.files)
+    if not runs:
+        print("no allreduce benchmark results in the given files", file=sys.stderr)
+        return EXIT_USAGE
     print(summarize(runs))
     return 0
+
+
+def cmd(comm, argv) -> int:
+    """`alpha-mpi bench summary`: rank 0 reads and writes; every rank returns its status."""
+    import numpy as np
+
+    status = np.array([main(argv) if comm.Get_rank() == 0 else 0], dtype=np.int32)
+    comm.Bcast(status, root=0)  # harness bookkeeping: the same exit status on every rank
+    return int(status[0])
 
 
 if __name__ == "__main__":

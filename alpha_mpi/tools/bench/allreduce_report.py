@@ -1,0 +1,162 @@
+"""The report of `alpha-mpi bench allreduce`: the '#'-headed table (OSU/IMB style), the rows of
+the JSON document, the memory-bandwidth model line and the plot. No MPI here: the summary of a
+sweep (summary.py) and the plot read documents with it.
+
+Every printed row is formatted from its JSON row, so the table and the JSON always agree.
+"""
+
+from __future__ import annotations
+
+TITLE = "# alpha_mpi allreduce benchmark: declared-order binary64 sum vs MPI_Allreduce (OSU/IMB style)"
+HEADER = (
+    f"#{'bytes':>11s}  {'realization':<15s}{'t_min[us]':>11s}{'t_avg[us]':>11s}{'t_max[us]':>11s}"
+    f"{'algbw[GB/s]':>13s}{'busbw[GB/s]':>13s}{'ratio':>8s}  bits"
+)
+#: what the shaded band of the plot spans, by the fields a document has
+BAND = {
+    "t_iter_min_us": "fastest to slowest single iteration on any rank",
+    "t_min_us": "fastest to slowest rank",
+}
+
+
+def human(nbytes: int) -> str:
+    """8 -> '8', 1024 -> '1K', 64 MiB -> '64M' (exact multiples only)."""
+    for unit, f in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if nbytes >= f and nbytes % f == 0:
+            return f"{nbytes // f}{unit}"
+    return str(nbytes)
+
+
+def preamble(info: dict, config: dict, args) -> list:
+    """The '#' lines above the table: machine, configuration, skipped realizations, columns."""
+    gloo = config["gloo"]
+    lines = [
+        TITLE,
+        f"# machine: host={info['hostname']} cpu={info['cpu']!r} cores={info['cores']} mpi={info['mpi']!r} "
+        f"p={info['p']}" + ("  (OVERSUBSCRIBED: more ranks than cores)" if info["oversubscribed"] else ""),
+        f"# MPI_Allreduce algorithm: {config['mpi_allreduce_algorithm']} (MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM)   "
+        f"topology={args.topology} slots/rank={args.slots_per_rank} calibration={args.cal.source!r} "
+        f"segment={config['segment']} stat={args.stat} spin={'on' if config['spin'] else 'off'}"
+        f"{'' if gloo else '   gloo: skipped (torch not importable)' if not args.no_gloo else ''}",
+    ]
+    lines += [f"# skipped {r}: {reason}" for r, reason in config["skipped"].items()]
+    lines.append(
+        "# t_* = min/avg/max over ranks of each rank's per-iteration "
+        + args.stat
+        + "; algbw = bytes/t_max; busbw = algbw*2(p-1)/p; ratio = t_max / t_max(MPI_Allreduce)"
+    )
+    lines.append(HEADER)
+    return lines
+
+
+def result_row(v, size: int, p: int, ts, spread, t_ref: float, iters: int, size_ok: bool, mpi_same: bool):
+    """The JSON row of one variant at one size. `ts`: each rank's statistic; `spread`: the
+    fastest and the slowest single iteration over all ranks; `t_ref`: MPI_Allreduce's t_max."""
+    tmin, tavg, tmax = min(ts), sum(ts) / len(ts), max(ts)
+    algbw = size / tmax / 1e9
+    alpha = v.chosen is not None
+    return {
+        "bytes": size,
+        "realization": v.name,
+        "requested": v.requested,
+        "chosen": v.chosen,
+        "t_min_us": tmin * 1e6,
+        "t_avg_us": tavg * 1e6,
+        "t_max_us": tmax * 1e6,
+        "t_iter_min_us": spread[0] * 1e6,
+        "t_iter_max_us": spread[1] * 1e6,
+        "algbw_GBs": algbw,
+        "busbw_GBs": algbw * 2 * (p - 1) / p if p > 1 else 0.0,
+        "ratio": tmax / t_ref,
+        "iters": iters,
+        "bits_ok": size_ok if alpha else None,
+        "bits_equal_declared": mpi_same if v.name == "MPI_Allreduce" else None,
+    }
+
+
+def table_line(r: dict) -> str:
+    """One row of the table, from its JSON row."""
+    if r["chosen"] is not None:
+        bits = "ok" if r["bits_ok"] else "MISMATCH"
+    else:
+        bits = "=tree" if (r["realization"] == "MPI_Allreduce" and r["bits_equal_declared"]) else "-"
+    return (
+        f"{r['bytes']:>12d}  {r['realization']:<15s}{r['t_min_us']:>11.2f}{r['t_avg_us']:>11.2f}"
+        f"{r['t_max_us']:>11.2f}{r['algbw_GBs']:>13.3f}{r['busbw_GBs']:>13.3f}{r['ratio']:>8.2f}  {bits}"
+    )
+
+
+def finish_model(model: dict, results: list, p: int) -> str:
+    """Adds the best bandwidth realization (halving or scatter) at the model's size to `model`
+    and returns the model's line ('' when no such realization ran)."""
+    size = model["bytes"]
+    sc = [r for r in results if r["bytes"] == size and r.get("chosen") in ("scatter", "halving")]
+    best = min(sc, key=lambda r: r["t_max_us"]) if sc else None
+    model["bandwidth_t_max_us"] = best["t_max_us"] if best else None
+    model["bandwidth_realization"] = best["chosen"] if best else None
+    model["ratio"] = (best["t_max_us"] / (model["total"] * 1e6)) if best else None
+    if best is None:
+        return ""
+    return (
+        f"# memory-bandwidth model at {human(size)}B p={p}: copy {model['copy_in'] * 1e6:.0f} us + "
+        f"add {model['add'] * 1e6:.0f} us + copy {model['copy_out'] * 1e6:.0f} us = {model['total'] * 1e6:.0f} us "
+        f"(np.copyto of {model['moved_elements']} + kernel add of {p} x {model['share_elements']} + np.copyto of "
+        f"{model['moved_elements']} elements, all ranks at once); {best['realization']} {best['t_max_us']:.0f} us = "
+        f"{model['ratio']:.2f} x model"
+    )
+
+
+def series(doc: dict) -> dict:
+    """{requested name: its rows in size order}, in the order the variants ran."""
+    out = {}
+    for r in doc["results"]:
+        out.setdefault(r["requested"], []).append(r)
+    return out
+
+
+def figure(doc: dict):
+    """The plot of a document (matplotlib, no pyplot state): t_max against size with the spread
+    shaded above, the ratio to MPI_Allreduce with a line at 1.0 below."""
+    from matplotlib.figure import Figure  # optional: pip install alpha_mpi[plot]
+
+    fig = Figure(figsize=(7.5, 7.5))
+    ax, rx = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+    band = next((k for k in BAND if all(k in r for r in doc["results"])), None)
+    for name, rows in series(doc).items():
+        x = [r["bytes"] for r in rows]
+        (line,) = ax.plot(x, [r["t_max_us"] for r in rows], marker="o", ms=3, label=name)
+        if band:
+            hi = band.replace("min", "max")
+            ax.fill_between(
+                x, [r[band] for r in rows], [r[hi] for r in rows], color=line.get_color(), alpha=0.15
+            )
+        if name != "MPI_Allreduce":
+            rx.plot(x, [r["ratio"] for r in rows], marker="o", ms=3, color=line.get_color(), label=name)
+    rx.axhline(1.0, color="black", lw=1, ls="--")
+    ax.set_xscale("log", base=2)
+    for a in (ax, rx):
+        a.set_yscale("log")
+        a.grid(True, which="both", alpha=0.3)
+    ax.set_ylabel("t_max [us]")
+    rx.set_ylabel("t_max / t_max(MPI_Allreduce)")
+    rx.set_xlabel("bytes")
+    m, c = doc["machine"], doc["config"]
+    ax.set_title(
+        f"allreduce, p={m['p']}, MPI_Allreduce: {c['mpi_allreduce_algorithm']}, stat={c['stat']}"
+        + (f"\nshaded: {BAND[band]}" if band else ""),
+        fontsize=10,
+    )
+    ax.legend(fontsize=8)
+    rx.legend(fontsize=8, title="< 1: faster than MPI_Allreduce", title_fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot(doc: dict, path: str) -> str:
+    """Write the plot of `doc` to `path`; returns the line to print."""
+    try:
+        fig = figure(doc)
+    except ImportError:
+        return f"# plot skipped: matplotlib is not installed (pip install 'alpha_mpi[plot]'); wanted {path}"
+    fig.savefig(path, dpi=120)
+    return f"# plot written to {path}"

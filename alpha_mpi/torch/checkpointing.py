@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from ..refusals import CheckpointRefusal, Refusal
 from ._env import require_torch
+from .contract_and_digest import dtype_name
 from .convert import pack, unpack
-from .torch_contract import dtype_name
 
 torch = require_torch()
 

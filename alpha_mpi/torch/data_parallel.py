@@ -30,9 +30,10 @@ slots), but it is not what one forward over the whole batch would give.
 A non-finite gradient, buffer or loss is refused on every rank; `.grad` is cleared (None) and the
 buffers keep their step-start values, so an `opt.step()` after a refusal changes nothing.
 
-This module holds the step; what it checks about the module before building anything is in
-module_check.py, the contract it names and the parameter digest in torch_contract.py, the two
-conversion sites in convert.py and the checkpoint view in checkpointing.py.
+This module holds the step; apart from it: what it checks about the module before building
+anything (module_check.py), the contract it names and the parameter digest
+(contract_and_digest.py), the two conversion sites (convert.py), the checkpoint view
+(checkpointing.py).
 """
 
 from __future__ import annotations
@@ -47,16 +48,16 @@ from ..model import Layout, ReplicateAll, build, star
 from ..planning import plan
 from ..refusals import Refusal
 from ._env import check_environment, fix_environment, require_torch
+from .contract_and_digest import BUFFER_SLOT_MEAN_V1, ROUND_ONCE_V1, parameter_digest, torch_contract
 from .convert import from64 as _from64
 from .convert import into64 as _into64
 from .convert import pack, unpack
 from .module_check import BUFFER_RULES, check_module
-from .torch_contract import BUFFER_SLOT_MEAN_V1, ROUND_ONCE_V1, parameter_digest, torch_contract
 
 torch = require_torch()
 
-# torch_contract, parameter_digest and the rule texts are defined in torch_contract.py, BUFFER_RULES in
-# module_check.py; re-exported here, where they were first.
+# torch_contract, parameter_digest and the rule texts are defined in contract_and_digest.py,
+# BUFFER_RULES in module_check.py; re-exported here, where they were first.
 __all__ = [
     "DataParallel",
     "torch_contract",
@@ -141,7 +142,7 @@ class DataParallel:
         self.tree = build(self.topology, slots, self.size)
         self.plan = plan(self.tree, ReplicateAll(), self.layout, size=self.size)
         self.my_slots = self.plan.slots_of(self.rank)
-        self.order_id = self.plan.order_id
+        self.order_id = self.plan.layout_order_id  # what the contract and the frames name
         self.contract = torch_contract(self.order_id, self.dtype, self.env, buffers)
         self.conversions = (
             (("WidenBinary32", "contribution"), ("RoundBinary64", "gradient"))

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ..refusals import Refusal
 from ._env import require_torch
-from .torch_contract import dtype_name
+from .contract_and_digest import dtype_name
 
 torch = require_torch()
 

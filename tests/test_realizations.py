@@ -7,6 +7,7 @@ may be touched while a receive into it is pending or written while a send from i
 
 import json
 
+import numpy as np
 import pytest
 
 from alpha_mpi import Branch, DeliverTo, Leaf, Refusal, hierarchy, pairwise, plan, star
@@ -203,3 +204,22 @@ def test_planning_100000_slots_and_a_deep_hierarchy_stay_near_linear():
         assert r.returncode == 0, r.stderr
         d = json.loads(r.stdout)
         assert d["size"] == 4 and sum(d["traffic"]["sent_msgs"]) > 0
+
+
+def test_retired_keywords_of_0_1_warn_and_unknown_ones_are_a_type_error():
+    from mpi4py import MPI
+
+    from alpha_mpi.execution import Allreducer, allreduce
+
+    tree = pairwise(range(2), 1)
+    with pytest.warns(DeprecationWarning, match="crossover_bytes= is ignored"):
+        a = Allreducer(MPI.COMM_SELF, tree, 4, crossover_bytes=1 << 16)
+    a.free()
+    with pytest.warns(DeprecationWarning, match="depth= is ignored"):
+        Allreducer(MPI.COMM_SELF, tree, 4, depth=2).free()
+    with pytest.raises(TypeError, match="'crossover'"):
+        Allreducer(MPI.COMM_SELF, tree, 4, crossover=1)
+    x = {0: np.arange(4.0), 1: np.ones(4)}
+    with pytest.warns(DeprecationWarning, match="crossover_bytes"):
+        got = allreduce(MPI.COMM_SELF, tree, x, crossover_bytes=0)
+    assert np.array_equal(got, np.arange(4.0) + 1)

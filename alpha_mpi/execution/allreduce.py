@@ -14,6 +14,8 @@ communicator, tree, layout, delivery and realization: no re-planning in loops.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from ..model.delivery import ReduceScatter, ReplicateAll
@@ -45,6 +47,20 @@ def choose_realization(tp: Plan, realization: str = "auto", mode: str = "allredu
     return (best if realization == "auto" else realization), est
 
 
+# Keywords of 0.1 that no longer steer anything: accepted with a warning, so old scripts run.
+_RETIRED = {
+    "crossover_bytes": "auto chooses by the α–β–γ model (calibration=, ALPHA_MPI_CALIBRATION)",
+    "depth": "the engine allocates its own buffers per message",
+}
+
+
+def _warn_retired(kwargs: dict) -> None:
+    for k in kwargs:
+        if k not in _RETIRED:
+            raise TypeError(f"unexpected keyword argument {k!r}")
+        warnings.warn(f"{k}= is ignored since 0.2: {_RETIRED[k]}", DeprecationWarning, stacklevel=3)
+
+
 class Allreducer:
     """Combine by `tree` repeatedly on `comm` with one realization of it. Build it on every rank
     (collectively: it duplicates the communicator).
@@ -67,17 +83,17 @@ class Allreducer:
         layout=None,
         delivery=None,
         realization: str = "auto",
-        crossover_bytes=None,
         *,
         timeout=None,
         contract: str = "",
         segment=None,
-        depth=None,
         coverage=None,
         dup: bool = True,
         mode: str = "allreduce",
         calibration=None,
+        **retired,
     ):
+        _warn_retired(retired)
         size = comm.Get_size()
         if isinstance(tree, Plan):
             if tree.size != size:
@@ -254,14 +270,15 @@ def allreduce(
     layout=None,
     out=None,
     realization: str = "auto",
-    crossover_bytes=None,
     timeout=None,
     segment=None,
     coverage=None,
+    **retired,
 ):
     """Combine `contributions` (slot -> float64 array, or (numerator, mass) tuple) by `tree`
     (a Node or a tree Plan) with the chosen realization. Returns the combined payload where
     delivery reaches this rank, else None. Executors are cached (see the module docstring)."""
+    _warn_retired(retired)
     a = _cached(
         comm, tree, contributions, delivery, layout, realization, "allreduce", coverage, segment, timeout
     )

@@ -36,10 +36,10 @@ from ..refusals import FrameRefusal, KernelRefusal, PlanRefusal, Refusal
 from . import frames as fr
 from .engine_bind import EngineBinding
 from .engine_build import PALL, C, D, E, EngineBuild, F, S, W, payload_check_from_env
-from .transport import Waiter, cancel_receives, debug_enabled, library_comm, log, mark_broken
+from .transport import Endpoint, cancel_receives, log, mark_broken
 
 
-class Engine(EngineBuild, EngineBinding):
+class Engine(Endpoint, EngineBuild, EngineBinding):
     """Executes one Program repeatedly on one communicator. Build it on every rank of `comm`."""
 
     def __init__(self, comm, program: Program, *, timeout=None, contract: str = "", dup: bool = True):
@@ -54,14 +54,7 @@ class Engine(EngineBuild, EngineBinding):
                 "plan-rank-mismatch", f"the program is for {program.size} ranks, the communicator has {size}"
             )
         self.program = self.plan = program
-        self.comm = library_comm(comm) if dup else comm
-        self._owns_comm = dup
-        self.rank = rank = self.comm.Get_rank()
-        self.waiter = Waiter(self.comm, timeout)
-        self.timeout = self.waiter.timeout
-        self.debug = debug_enabled()
-        self.step = 0
-        self.broken = None
+        rank = self._open(comm, timeout, dup)
         self._busy = False
         self.contract = contract
         rp = self.rp = program.rank(rank)

@@ -86,6 +86,23 @@ def polls_before_yield(comm) -> int:
     return 1 if crowded else POLLS_BEFORE_YIELD
 
 
+class Endpoint:
+    """What every executor (Engine, Assembler) holds on its communicator: the communicator
+    itself (a library duplicate unless dup=False), its rank, the Waiter that owns its time
+    bounds, the debug switch, the count of runs and the refusal that broke it (None)."""
+
+    def _open(self, comm, timeout, dup: bool) -> int:
+        self.comm = library_comm(comm) if dup else comm
+        self._owns_comm = dup
+        self.rank = self.comm.Get_rank()
+        self.waiter = Waiter(self.comm, timeout)
+        self.timeout = self.waiter.timeout
+        self.debug = debug_enabled()
+        self.step = 0
+        self.broken = None
+        return self.rank
+
+
 class Waiter:
     """The wait policy of one executor: its bound, idle behaviour and error naming."""
 

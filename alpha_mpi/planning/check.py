@@ -42,15 +42,18 @@ class Cost:
     def adds_per_rank_max(self) -> int:
         return max(self.adds, default=0)
 
+    # The JSON form (`alpha-mpi plan --cost --format json`): the maxima first, then per rank.
+    FIELDS = (
+        "sends_per_rank_max",
+        "bytes_per_rank_max",
+        "adds_per_rank_max",
+        "rounds",
+        "sends",
+        "bytes_sent",
+    )
+
     def to_dict(self) -> dict:
-        return {
-            "sends_per_rank_max": self.sends_per_rank_max,
-            "bytes_per_rank_max": self.bytes_per_rank_max,
-            "adds_per_rank_max": self.adds_per_rank_max,
-            "rounds": self.rounds,
-            "sends": self.sends,
-            "bytes_sent": self.bytes_sent,
-        }
+        return {k: getattr(self, k) for k in self.FIELDS}
 
 
 def count(program) -> Cost:

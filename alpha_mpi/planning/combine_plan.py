@@ -29,7 +29,7 @@ from ..model.delivery import ReplicateAll
 from ..model.topology import classify
 from ..model.tree import Branch, Leaf, Node, expression
 from .base import PlanBase, digest, layout_order_id
-from .operands import STACK_LIMIT, stack_cuts
+from .postfix import STACK_LIMIT, postfix, postfix_text, stack_cuts
 from .steps import Edge, Step
 from .validate import MAX_NODES, PlanRequest, validate
 
@@ -43,15 +43,9 @@ class Group:
     output: tuple  # ("edge", e) | ("group", g) | ("root", 0)
 
     def expression(self) -> str:
-        stack = []
-        for op in self.program:
-            if op == -1:
-                right, left = stack.pop(), stack.pop()
-                stack.append(f"({left}+{right})")
-            else:
-                kind, v = self.inputs[op]
-                stack.append({"leaf": "s", "edge": "e", "group": "g"}[kind] + str(v))
-        return stack[0]
+        return postfix_text(
+            self.program, self.inputs, lambda x: {"leaf": "s", "edge": "e", "group": "g"}[x[0]] + str(x[1])
+        )
 
 
 @dataclass(frozen=True)
@@ -180,25 +174,17 @@ def group(req: PlanRequest) -> Grouping:
 # -- pass 2: lower the reduce ---------------------------------------------------------------------
 def _group_program(root, gr: Grouping) -> tuple:
     """(inputs, postfix program) of the group rooted at `root`."""
-    inputs, prog = [], []
-    stack = [(root, False)]
-    while stack:
-        node, expanded = stack.pop()
-        if node is not root and id(node) in gr.root_ids:
-            inputs.append(
-                ("edge", gr.edge_of[id(node)]) if id(node) in gr.edge_of else ("group", gr.index[id(node)])
-            )
-            prog.append(len(inputs) - 1)
-        elif isinstance(node, Leaf):
-            inputs.append(("leaf", node.slot))
-            prog.append(len(inputs) - 1)
-        elif expanded:
-            prog.append(-1)
-        else:
-            stack.append((node, True))
-            stack.append((node.right, False))
-            stack.append((node.left, False))
-    return tuple(inputs), tuple(prog)
+    if isinstance(root, Leaf):  # a one-leaf group (its root may also be an edge's source)
+        return (("leaf", root.slot),), (0,)
+
+    def input_of(node):
+        if id(node) in gr.edge_of:
+            return ("edge", gr.edge_of[id(node)])
+        if id(node) in gr.root_ids:
+            return ("group", gr.index[id(node)])
+        return ("leaf", node.slot) if isinstance(node, Leaf) else None
+
+    return postfix(root, input_of)
 
 
 def lower_reduce(req: PlanRequest, gr: Grouping) -> tuple:

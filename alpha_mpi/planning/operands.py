@@ -10,10 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..model.tree import Leaf, Node, postorder
+from .postfix import postfix, stack_cuts
 from .program import Eval, Region
-
-# The kernel evaluates programs with a fixed stack (AK_MAX_DEPTH = 64); stay well inside it.
-STACK_LIMIT = 32
 
 
 @dataclass(frozen=True)
@@ -49,26 +47,6 @@ def operands(tree: Node) -> list:
     return out
 
 
-def stack_cuts(order, is_input) -> set:
-    """ids of the nodes in `order` (a postorder) to evaluate first into scratch, so that no
-    postfix program needs a stack deeper than STACK_LIMIT. `is_input(node)`: pushed as one value
-    (a leaf, a received or pre-evaluated operand); a child outside `order` counts as one too."""
-    need, cuts = {}, set()
-    for node in order:
-        if is_input(node):
-            need[id(node)] = 1
-            continue
-        nl, nr = need.get(id(node.left), 1), need.get(id(node.right), 1)
-        if nl >= STACK_LIMIT:
-            cuts.add(id(node.left))
-            nl = 1
-        if nr >= STACK_LIMIT:
-            cuts.add(id(node.right))
-            nr = 1
-        need[id(node)] = max(nl, nr + 1)
-    return cuts
-
-
 def lower_expression(root: Node, input_region, out: Region, new_work) -> list:
     """Evals computing `root` into `out`. `input_region(node)` gives the Region of a node that is
     an input (or None for a node to expand); `new_work(count)` allocates a scratch Region.
@@ -98,19 +76,5 @@ def lower_expression(root: Node, input_region, out: Region, new_work) -> list:
 
 def _one(root, input_region, done, out) -> Eval:
     """One postfix program for `root` (not itself an input) over its inputs."""
-    inputs, prog, stack = [], [], [(root, False)]
-    while stack:
-        node, expanded = stack.pop()
-        if node is not root:
-            region = done.get(id(node)) or input_region(node)
-            if region is not None:
-                inputs.append(region)
-                prog.append(len(inputs) - 1)
-                continue
-        if expanded:
-            prog.append(-1)
-        else:
-            stack.append((node, True))
-            stack.append((node.right, False))
-            stack.append((node.left, False))
-    return Eval(tuple(inputs), tuple(prog), out)
+    inputs, prog = postfix(root, lambda node: done.get(id(node)) or input_region(node))
+    return Eval(inputs, prog, out)

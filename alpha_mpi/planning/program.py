@@ -29,8 +29,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ..refusals import PlanRefusal
 from .base import PlanBase
+from .postfix import postfix_text
+from .steps import parse_or_refuse
 
 OP_KINDS = "PSWDECF"
 _OP_RE = re.compile(r"^([PSWDECF])(\d+)$")
@@ -85,14 +86,7 @@ class Eval:
     output: Region
 
     def expression(self, names=None) -> str:
-        stack = []
-        for op in self.program:
-            if op == -1:
-                r, left = stack.pop(), stack.pop()
-                stack.append(f"({left}+{r})")
-            else:
-                stack.append(str(self.inputs[op]) if names is None else names(self.inputs[op]))
-        return stack[0]
+        return postfix_text(self.program, self.inputs, str if names is None else names)
 
 
 @dataclass(frozen=True)
@@ -105,9 +99,7 @@ class Op:
 
     @staticmethod
     def parse(text: str) -> Op:
-        m = _OP_RE.match(text.strip())
-        if not m:
-            raise PlanRefusal("step-parse-error", f"cannot read op {text!r} (e.g. P3 S3 W3 D3 E2 C1 F0)")
+        m = parse_or_refuse(_OP_RE, text, "op (e.g. P3 S3 W3 D3 E2 C1 F0)")
         return Op(m.group(1), int(m.group(2)))
 
 

@@ -52,7 +52,7 @@ def applicable(tp: Plan, mode: str = "allreduce") -> dict:
             _why_not(tp, name, mode)
             out[name] = None
         except PlanRefusal as e:
-            out[name] = str(e)
+            out[name] = e.message
     return out
 
 
@@ -97,7 +97,7 @@ def realize(
         ok = [k for k, v in applicable(tp, mode).items() if v is None]
         raise PlanRefusal(
             "realization-inapplicable",
-            f"{e}; realizations that apply here: {', '.join(ok)}",
+            f"{e.message}; realizations that apply here: {', '.join(ok)}",
             realization=name,
             applicable=ok,
         ) from None

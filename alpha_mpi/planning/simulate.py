@@ -40,11 +40,9 @@ class Traffic:
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
+        per_rank = ("sent_msgs", "sent_bytes", "recv_msgs", "recv_bytes")
         return {
-            "sent_msgs": self.sent_msgs,
-            "sent_bytes": self.sent_bytes,
-            "recv_msgs": self.recv_msgs,
-            "recv_bytes": self.recv_bytes,
+            **{k: getattr(self, k) for k in per_rank},
             "edges": [
                 {"phase": ph, "index": i, "src": s, "dst": d, "nbytes": b}
                 for (ph, i), (s, d, b) in sorted(self.per_edge.items())

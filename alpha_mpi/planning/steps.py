@@ -15,6 +15,16 @@ from dataclasses import dataclass
 from ..refusals import PlanRefusal
 
 PHASES = {"r": "reduce", "d": "deliver", "a": "assemble"}
+
+
+def parse_or_refuse(regex, text: str, what: str):
+    """The match of `regex` on `text` (stripped), refused as `step-parse-error` naming `what`."""
+    m = regex.match(text.strip()) if isinstance(text, str) else None
+    if not m:
+        raise PlanRefusal("step-parse-error", f"cannot read {what} {text!r}")
+    return m
+
+
 _STEP_RE = re.compile(
     r"^(?:E(?P<group>\d+)|(?P<phase>[rda])(?P<kind>[RS])(?P<edge>\d+)(?P<arrow>[<>])(?P<peer>\d+):(?P<nbytes>\d+))$"
 )
@@ -36,9 +46,7 @@ class Step:
 
     @staticmethod
     def parse(text: str) -> Step:
-        m = _STEP_RE.match(text.strip())
-        if not m:
-            raise PlanRefusal("step-parse-error", f"cannot read step {text!r}")
+        m = parse_or_refuse(_STEP_RE, text, "step")
         if m.group("group") is not None:
             return Step("E", int(m.group("group")))
         kind, arrow = m.group("kind"), m.group("arrow")

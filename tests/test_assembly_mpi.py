@@ -49,3 +49,29 @@ def test_assembly_piece_refusals(world):
     with pytest.raises(Refusal) as e:
         a.run({(10 * rank, 10 * rank + 10): np.ones(9)})
     assert e.value.code == "contribution-shape"
+
+
+@pytest.mark.mpi(min_size=2)
+def test_one_ranks_bad_pieces_are_refused_on_every_rank_by_name_and_the_next_run_works(world):
+    size, rank = world.Get_size(), world.Get_rank()
+    n = 10 * size
+    ap = plan_assembly(even_ranges(n, size), n, size)
+    a = Assembler(world, ap, timeout=30)
+    full = order_sensitive(np.random.default_rng(3), n)
+    good = {(a_, b): full[a_:b].copy() for o, a_, b in ap.pieces if o == rank}
+    bad_rank = size - 1
+    for bad in ({}, {k: v[:-1] for k, v in good.items()}, {k: v.astype(np.float32) for k, v in good.items()}):
+        with pytest.raises(Refusal) as e:
+            a.run(bad if rank == bad_rank else good)
+        if rank == bad_rank:
+            agree(
+                world,
+                e.value.code in ("contribution-missing", "contribution-shape"),
+                f"own code {e.value.code}",
+            )
+        else:
+            ok = e.value.code == "peer-refused" and e.value.context["peer"] == bad_rank
+            agree(world, ok, f"named the refusing rank: {e.value.code} {e.value}")
+        got = a.run(good)  # the channel is intact
+        agree(world, np.array_equal(bits(got), bits(full)), "next run's bits")
+    a.free()

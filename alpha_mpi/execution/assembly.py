@@ -12,11 +12,11 @@ from mpi4py import MPI
 
 from ..planning.assembly import AssemblyPlan
 from ..refusals import PlanRefusal, Refusal
-from .frames import FrameSpec, frame_buffer, payload
-from .transport import TAG, Waiter, cancel_receives, debug_enabled, library_comm, log, mark_broken
+from .frames import FLAG_REFUSED, FrameSpec, frame_buffer, payload, refusal_of
+from .transport import TAG, Endpoint, cancel_receives, log, mark_broken
 
 
-class Assembler:
+class Assembler(Endpoint):
     """Assembles one AssemblyPlan repeatedly. Build it on every rank of `comm`."""
 
     def __init__(self, comm, aplan: AssemblyPlan, *, timeout=None, contract: str = "", dup: bool = True):
@@ -26,13 +26,7 @@ class Assembler:
                 "plan-rank-mismatch", f"assembly plan is for {aplan.size} ranks, communicator has {size}"
             )
         self.plan = aplan
-        self.comm = library_comm(comm) if dup else comm
-        self.rank = rank = self.comm.Get_rank()
-        self.waiter = Waiter(self.comm, timeout)
-        self.timeout = self.waiter.timeout
-        self.debug = debug_enabled()
-        self.step = 0
-        self.broken = None
+        rank = self._open(comm, timeout, dup)
         self.own = [(a, b) for o, a, b in aplan.pieces if o == rank]
         self.recvs, self.sends = [], []
         for s in aplan.programs[rank]:
@@ -68,26 +62,29 @@ class Assembler:
         Returns the full vector on receivers, else None (an `out` array is then left untouched).
         `flags` (a small int) travels in this rank's frame headers; afterwards `self.flags` is the
         OR of this rank's and every received frame's flags: a one-bit vote riding on the data.
+
+        Bad pieces on one rank do not leave the others waiting: that rank sends zeros in frames
+        flagged with its rank and code, every rank completes the round, then it raises its own
+        refusal and every rank its frames reached raises `peer-refused` naming it (a receiver's
+        `out` is then unspecified). The next run works.
         """
         if self.broken is not None:
             raise Refusal("combiner-broken", f"an earlier assembly refused with [{self.broken}]")
-        missing = [r for r in self.own if r not in pieces]
-        extra = [r for r in pieces if r not in self.own]
-        if missing or extra:
-            raise Refusal(
-                "contribution-missing" if missing else "contribution-unexpected",
-                f"rank {self.rank} owns ranges {self.own}, got {sorted(pieces)}",
-            )
-        for (a, b), v in pieces.items():
-            if not isinstance(v, np.ndarray) or v.dtype != np.float64 or v.size != b - a:
-                raise Refusal("contribution-shape", f"range [{a}, {b}) needs {b - a} float64 values")
+        local = self._refusal_of(pieces)
+        if local is not None:
+            pieces = {(a, b): np.zeros(b - a) for a, b in self.own}
+            flags |= FLAG_REFUSED
         self.flags = flags
+        who = None
         try:
             for r in self.recvs:
                 r[5].Start()
             for s, spec, buf, pl, (a, b), req in self.sends:
                 np.copyto(pl, pieces[(a, b)])
-                spec.write(buf, self.step, flags)
+                if local is None:
+                    spec.write(buf, self.step, flags)
+                else:
+                    spec.write(buf, self.step, flags, refused=self.rank, code=local.code)
                 req.Start()
                 if self.debug:
                     log(self.rank, f"send -> {s.peer} edge {s.index} step {self.step} {buf.nbytes}B")
@@ -99,13 +96,15 @@ class Assembler:
                     out[a:b] = v
             for s, spec, buf, pl, (a, b), req, status in self.recvs:
                 self.waiter.wait(req, status, s.peer, f"assemble frame {s.index}", self.step)
-                self.flags |= spec.check(buf, self.step, status.Get_count(MPI.BYTE))
+                got = spec.check(buf, self.step, status.Get_count(MPI.BYTE))
+                if got & FLAG_REFUSED and who is None:
+                    who = refusal_of(memoryview(buf))
+                self.flags |= got
                 if self.debug:
                     log(self.rank, f"recv <- {s.peer} edge {s.index} step {self.step} {buf.nbytes}B")
                 out[a:b] = pl
             for s, _spec, _buf, _pl, _rng, req in self.sends:
                 self.waiter.wait(req, None, s.peer, f"assemble frame {s.index}", self.step)
-            return out if receiver else None
         except Refusal as e:
             self.broken = e.code
             cancel_receives([r[5] for r in self.recvs])  # never a send: see transport
@@ -113,6 +112,47 @@ class Assembler:
             raise
         finally:
             self.step += 1
+        if local is not None:
+            raise local
+        if who is not None:
+            raise Refusal(
+                "peer-refused",
+                f"rank {who[0]} refused assembly step {self.step - 1} [{who[1]}]; nothing was assembled",
+                peer=who[0],
+                peer_code=who[1],
+            )
+        return out if receiver else None
+
+    def _refusal_of(self, pieces):
+        """The Refusal bad `pieces` earn on this rank (None when they are what it owns)."""
+        if not isinstance(pieces, dict):
+            return Refusal(
+                "contribution-shape",
+                f"pieces must be a dict (start, stop) -> array, got {type(pieces).__name__}",
+            )
+        missing = [r for r in self.own if r not in pieces]
+        extra = [r for r in pieces if r not in self.own]
+        if missing or extra:
+            return Refusal(
+                "contribution-missing" if missing else "contribution-unexpected",
+                f"rank {self.rank} owns ranges {self.own}, got {list(pieces)}",
+            )
+        for (a, b), v in pieces.items():
+            if not isinstance(v, np.ndarray) or v.dtype != np.float64 or v.size != b - a:
+                return Refusal("contribution-shape", f"range [{a}, {b}) needs {b - a} float64 values")
+        return None
+
+    def free(self) -> None:
+        """Free the persistent requests (and the duplicated communicator, if this made one)."""
+        for x in self.recvs + self.sends:
+            try:
+                x[5].Free()
+            except Exception:
+                pass
+        self.recvs, self.sends = [], []
+        if self._owns_comm:
+            self._owns_comm = False
+            self.comm.Free()
 
 
 def assemble(comm, aplan: AssemblyPlan, pieces: dict, out=None, *, timeout=None):

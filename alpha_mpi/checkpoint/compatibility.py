@@ -14,11 +14,11 @@ from ..refusals import CheckpointRefusal, NumericalOrderMismatch, Refusal
 
 __all__ = ["SAME_ON_RESUME", "NOT_SAVED", "check_compatible", "compare_config", "compare_data"]
 
-# Config fields a resume must share with the saved run (others, like --steps or --partition, may
-# change). `lr` may change with adopt_lr; `momentum` matters to SGD only.
 SAME_ON_RESUME = ("slots", "batch", "seed", "hidden", "data", "model", "optimizer", "lr", "momentum")
-# Run options that are not part of a checkpoint's configuration.
+"""Config fields a resume must share with the saved run (others, like --steps or --partition, may
+change). `lr` may change with adopt_lr; `momentum` matters to SGD only."""
 NOT_SAVED = ("checkpoint_dir", "resume", "resume_from", "adopt_contract", "adopt_lr", "json")
+"""Run options that are not part of a checkpoint's configuration."""
 
 
 def learner_contract(learner):

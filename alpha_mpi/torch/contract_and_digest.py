@@ -16,20 +16,20 @@ from ._env import require_torch
 
 torch = require_torch()
 
-__all__ = ["torch_contract", "parameter_digest", "ROUND_ONCE_V1", "BUFFER_SLOT_MEAN_V1"]
+__all__ = ["torch_contract", "parameter_digest", "dtype_name", "ROUND_ONCE_V1", "BUFFER_SLOT_MEAN_V1"]
 
-#: The round-once site of float32 models, as the contract names it (an operation: the profile's
-#: conversion sites are contribution sites).
 ROUND_ONCE_V1 = (
     "g32=RoundBinary64@gradient(g) (kernel.round_binary64, nearest-even, binary64->binary32), "
     "once per step per coordinate, into each parameter's .grad"
 )
-#: The `buffers="slot-mean"` rule, as the contract names it.
+"""The round-once site of float32 models, as the contract names it (an operation: the profile's
+conversion sites are contribution sites)."""
 BUFFER_SLOT_MEAN_V1 = (
     "every slot's forward starts from the step's buffers; floating buffer b="
     "RoundBinary64@buffer((sum over slots in the combine order of WidenBinary32(b_s))/S); "
     "integer buffer b=b_s (equal for every slot)"
 )
+"""The `buffers="slot-mean"` rule, as the contract names it."""
 
 
 def dtype_name(dtype) -> str:

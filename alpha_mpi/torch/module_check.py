@@ -18,6 +18,7 @@ torch = require_torch()
 __all__ = ["BUFFER_RULES", "ModuleParts", "check_module"]
 
 BUFFER_RULES = ("refuse", "slot-mean")
+"""The values of DataParallel's `buffers=`: refuse a module with buffers, or the slot-mean rule."""
 
 
 @dataclass(frozen=True)

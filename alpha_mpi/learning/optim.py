@@ -12,13 +12,11 @@ import numpy as np
 
 from .. import kernel
 
-FORMULAS = {
-    "adam": "adam-v1 (csrc/alpha_kernel.h ADAM EVALUATION ORDER); bias powers carried, multiplied per step",
-    "sgd": "sgd-momentum-v1 (csrc/alpha_kernel.h SGD WITH MOMENTUM)",
-}
-
 
 class Adam:
+    """Adam over n coordinates, formula `adam-v1` (csrc/alpha_kernel.h ADAM EVALUATION ORDER);
+    the bias powers b1^t, b2^t are carried and multiplied once per step."""
+
     name = "adam"
 
     def __init__(self, n: int, *, lr: float, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8):
@@ -70,6 +68,8 @@ class Adam:
 
 
 class SGD:
+    """SGD with momentum over n coordinates, formula `sgd-momentum-v1` (csrc/alpha_kernel.h)."""
+
     name = "sgd"
 
     def __init__(self, n: int, *, lr: float, momentum: float = 0.9):

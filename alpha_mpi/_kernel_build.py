@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shlex
 from pathlib import Path
 
@@ -148,66 +149,35 @@ def _source_path(name: str) -> str:
     return rel if not rel.startswith("..") else str(p)
 
 
-CDEF = """
-#define AK_OK ...
-#define AK_ERR_BAD_ARGUMENT ...
-#define AK_ERR_BAD_PROGRAM ...
-#define AK_ERR_NONFINITE_INPUT ...
-#define AK_ERR_NONFINITE_OUTPUT ...
-#define AK_OP_ADD ...
-#define AK_MAX_DEPTH ...
-#define AK_W_P ...
-#define AK_W_M ...
-#define AK_W_V ...
-#define AK_W_G ...
-#define AK_W_BUF ...
-#define AK_W_SCALAR ...
-#define AK_W_INTERMEDIATE ...
-#define AK_W_X ...
-#define AK_FPENV_ROUNDING ...
-#define AK_FPENV_FTZ ...
-#define AK_FPENV_DAZ ...
+# What Python sees of the kernel is read from its headers, so a declaration lives in one place:
+# cffi wants `#define NAME ...` for constants and no include guards, includes or comments.
+_COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
+_DEFINE = re.compile(r"#define\s+(\w+)\s+\S")
+# Defined in the generated module (make_ffi), not in a header: they name this build.
+_BUILD_CDEF = "const char *ak_build_flags(void);\nconst char *ak_build_id(void);\n"
 
-int ak_add(double *out, const double *l, const double *r, size_t n);
-int ak_tree_eval(double *out, const double *const *inputs, size_t k, size_t n,
-                 const int32_t *prog, size_t prog_len);
-int ak_program_check(const int32_t *prog, size_t prog_len, size_t k, size_t *max_depth);
-int ak_fold(double *out, const double *const *inputs, size_t k, size_t n);
-int64_t ak_first_nonfinite(const double *x, size_t n);
-int ak_adam(const double *p, const double *m, const double *v, const double *g,
-            double *p_out, double *m_out, double *v_out, size_t n,
-            double lr, double b1, double b2, double eps, double b1t, double b2t,
-            int allow_inplace, int64_t *bad_index, int *bad_which);
-int ak_adam_inplace_checked(double *p, double *m, double *v, const double *g, size_t n,
-                            double lr, double b1, double b2, double eps, double b1t,
-                            double b2t, int64_t *bad_index, int *bad_which);
-int ak_sgd(const double *p, const double *buf, const double *g,
-           double *p_out, double *buf_out, size_t n, double lr, double momentum,
-           int allow_inplace, int64_t *bad_index, int *bad_which);
-int ak_widen_binary32(double *out, const float *in, size_t n);
-int ak_round_binary64(float *out, const double *in, size_t n, int64_t *bad_index);
-int ak_fpenv_check(uint32_t *raw);
-int ak_fpenv_set_ftz_daz(int ftz, int daz);
-const char *ak_compiler(void);
-const char *ak_arch(void);
-const char *ak_build_flags(void);
-const char *ak_build_id(void);
 
-#define AP_BLOCK ...
-#define AP_CAPACITY ...
-#define AP_MAX_K ...
-#define AP_ERR_OVERFLOW ...
-#define AP_ERR_INVALID ...
-#define AP_ERR_BAD_ARGUMENT ...
-int64_t ap_summary(const double *const *xs, const double *const *ys, int32_t k,
-                   int64_t offset, int64_t len, int64_t n, int64_t *out, int64_t cap,
-                   int32_t *nonfinite);
-int64_t ap_merge(const int64_t *a, int64_t ma, const int64_t *b, int64_t mb, int64_t *out,
-                 int64_t cap, int64_t n, int32_t k);
-int ap_node_value(const double *x, const double *y, int64_t lo, int64_t hi, int64_t n,
-                  double *value);
-int ap_block_value(const double *x, const double *y, int64_t s, int32_t portable, double *value);
-"""
+def header_cdef(text: str) -> str:
+    """A C header's declarations as cffi's cdef reads them: comments dropped, `#define NAME
+    value` as `#define NAME ...` (cffi then takes the value from the compiled header), the
+    include guard and #include/#ifndef/#endif lines dropped."""
+    out = []
+    for line in _COMMENT.sub("", text).splitlines():
+        s = line.strip()
+        if not s or s.startswith(("#ifndef", "#endif", "#include")):
+            continue
+        if s.startswith("#define"):
+            m = _DEFINE.match(s)
+            if m:  # a constant (the guard's `#define NAME` has no value)
+                out.append(f"#define {m.group(1)} ...")
+            continue
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def cdef() -> str:
+    """The cdef of every kernel header, plus the build-identity functions."""
+    return "".join(header_cdef((CSRC / h).read_text()) for h in KERNEL_HEADERS) + _BUILD_CDEF
 
 
 def make_ffi(flags=None):
@@ -219,7 +189,7 @@ def make_ffi(flags=None):
     except OSError:  # sources not next to the package (installed wheel): not buildable
         bid = "unknown"
     ffi = cffi.FFI()
-    ffi.cdef(CDEF)
+    ffi.cdef(cdef())
     ffi.set_source(
         "alpha_mpi._alpha_kernel",
         '#include "alpha_kernel.h"\n'

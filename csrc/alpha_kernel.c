@@ -449,6 +449,20 @@ static int ak_adam_locate(const ak_adam_k *K, const double *p, const double *m, 
     return AK_OK;
 }
 
+/* Where an update reports a refusal: the caller's slots, or locals when it passed NULL
+ * (both reset to -1, "nothing to report"). */
+typedef struct {
+    int64_t index;
+    int which;
+} ak_report_slots;
+
+static void ak_report_init(int64_t **bad_index, int **bad_which, ak_report_slots *local) {
+    if (!*bad_index) *bad_index = &local->index;
+    if (!*bad_which) *bad_which = &local->which;
+    **bad_index = -1;
+    **bad_which = -1;
+}
+
 /* an output may touch no input except its own counterpart, and only exactly (in place) */
 static int ak_outputs_ok(double *const *outs, int nout, const double *const *ins, int nin,
                          size_t n, int allow_inplace) {
@@ -466,6 +480,23 @@ static int ak_outputs_ok(double *const *outs, int nout, const double *const *ins
     return 1;
 }
 
+/* The start both Adam entry points share: where refusals are reported (ak_report_init), the
+ * scalars checked into K (first, so a bad scalar is named even when n == 0), then the buffers
+ * (outs may touch no input but, with allow_inplace, exactly its own counterpart). */
+typedef struct {
+    ak_adam_k K;
+    ak_report_slots local;
+} ak_adam_call;
+
+static int ak_adam_begin(ak_adam_call *c, double lr, double b1, double b2, double eps, double b1t,
+                         double b2t, int64_t **bad_index, int **bad_which, double *const *outs,
+                         const double *const *ins, int nin, size_t n, int allow_inplace) {
+    ak_report_init(bad_index, bad_which, &c->local);
+    int st = ak_adam_scalars(&c->K, lr, b1, b2, eps, b1t, b2t, *bad_index, *bad_which);
+    if (st != AK_OK || n == 0) return st;
+    return ak_outputs_ok(outs, 3, ins, nin, n, allow_inplace) ? AK_OK : AK_ERR_BAD_ARGUMENT;
+}
+
 /*
  * Single pass, out-of-place: read p, m, v, g once, write p', m', v' once, and check as
  * we go; a refusal leaves the inputs untouched because nothing writes them.
@@ -478,23 +509,15 @@ int ak_adam(const double *p, const double *m, const double *v, const double *g,
             double *p_out, double *m_out, double *v_out, size_t n,
             double lr, double b1, double b2, double eps, double b1t, double b2t,
             int allow_inplace, int64_t *bad_index, int *bad_which) {
-    int64_t dummy_i;
-    int dummy_w;
-    if (!bad_index) bad_index = &dummy_i;
-    if (!bad_which) bad_which = &dummy_w;
-    *bad_index = -1;
-    *bad_which = -1;
-    ak_adam_k K;
-    int st = ak_adam_scalars(&K, lr, b1, b2, eps, b1t, b2t, bad_index, bad_which);
-    if (st != AK_OK) return st;
-    if (n == 0) return AK_OK;
     double *const outs[3] = {p_out, m_out, v_out};
     const double *const ins[4] = {p, m, v, g};
-    if (!ak_outputs_ok(outs, 3, ins, 4, n, allow_inplace)) return AK_ERR_BAD_ARGUMENT;
+    ak_adam_call c;
+    int st = ak_adam_begin(&c, lr, b1, b2, eps, b1t, b2t, &bad_index, &bad_which, outs, ins, 4, n, allow_inplace);
+    if (st != AK_OK || n == 0) return st;
 
     for (size_t b0 = 0; b0 < n; b0 += AK_BLOCK) {
         size_t e = n - b0 < AK_BLOCK ? n : b0 + AK_BLOCK;
-        uint64_t acc = ak_adam_block(&K, p, m, v, g, p_out, m_out, v_out, b0, e);
+        uint64_t acc = ak_adam_block(&c.K, p, m, v, g, p_out, m_out, v_out, b0, e);
         if (acc >> 63) {
             /* in place, the block may already hold new values: nothing to locate with */
             if (allow_inplace && (p_out == p || m_out == m || v_out == v)) {
@@ -502,7 +525,7 @@ int ak_adam(const double *p, const double *m, const double *v, const double *g,
                 *bad_which = AK_W_INTERMEDIATE;
                 return AK_ERR_NONFINITE_OUTPUT;
             }
-            st = ak_adam_locate(&K, p, m, v, g, b0, e, bad_index, bad_which);
+            st = ak_adam_locate(&c.K, p, m, v, g, b0, e, bad_index, bad_which);
             return st != AK_OK ? st : AK_ERR_NONFINITE_OUTPUT;
         }
     }
@@ -512,30 +535,22 @@ int ak_adam(const double *p, const double *m, const double *v, const double *g,
 int ak_adam_inplace_checked(double *p, double *m, double *v, const double *g, size_t n,
                             double lr, double b1, double b2, double eps, double b1t,
                             double b2t, int64_t *bad_index, int *bad_which) {
-    int64_t dummy_i;
-    int dummy_w;
-    if (!bad_index) bad_index = &dummy_i;
-    if (!bad_which) bad_which = &dummy_w;
-    *bad_index = -1;
-    *bad_which = -1;
-    ak_adam_k K;
-    int st = ak_adam_scalars(&K, lr, b1, b2, eps, b1t, b2t, bad_index, bad_which);
-    if (st != AK_OK) return st;
-    if (n == 0) return AK_OK;
     double *const outs[3] = {p, m, v};
     const double *const ins[1] = {g};
-    if (!p || !m || !v || !ak_outputs_ok(outs, 3, ins, 1, n, 0)) return AK_ERR_BAD_ARGUMENT;
+    ak_adam_call c;
+    int st = ak_adam_begin(&c, lr, b1, b2, eps, b1t, b2t, &bad_index, &bad_which, outs, ins, 1, n, 0);
+    if (st != AK_OK || n == 0) return st;
     /* pass 1: compute and check, store nothing */
     for (size_t b0 = 0; b0 < n; b0 += AK_BLOCK) {
         size_t e = n - b0 < AK_BLOCK ? n : b0 + AK_BLOCK;
-        uint64_t acc = ak_adam_block_check(&K, p, m, v, g, b0, e);
+        uint64_t acc = ak_adam_block_check(&c.K, p, m, v, g, b0, e);
         if (acc >> 63) {
-            st = ak_adam_locate(&K, p, m, v, g, b0, e, bad_index, bad_which);
+            st = ak_adam_locate(&c.K, p, m, v, g, b0, e, bad_index, bad_which);
             return st != AK_OK ? st : AK_ERR_NONFINITE_OUTPUT;
         }
     }
     /* pass 2: commit (same-index in place, see AK_IVDEP) */
-    (void)ak_adam_block(&K, p, m, v, g, p, m, v, 0, n);
+    (void)ak_adam_block(&c.K, p, m, v, g, p, m, v, 0, n);
     return AK_OK;
 }
 
@@ -544,12 +559,8 @@ int ak_adam_inplace_checked(double *p, double *m, double *v, const double *g, si
 int ak_sgd(const double *p, const double *buf, const double *g,
            double *p_out, double *buf_out, size_t n, double lr, double momentum,
            int allow_inplace, int64_t *bad_index, int *bad_which) {
-    int64_t dummy_i;
-    int dummy_w;
-    if (!bad_index) bad_index = &dummy_i;
-    if (!bad_which) bad_which = &dummy_w;
-    *bad_index = -1;
-    *bad_which = -1;
+    ak_report_slots local;
+    ak_report_init(&bad_index, &bad_which, &local);
     if (ak_bad(lr) || ak_bad(momentum)) {
         *bad_index = ak_bad(lr) ? AK_SCALAR_LR : AK_SCALAR_B1;
         *bad_which = AK_W_SCALAR;

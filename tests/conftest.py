@@ -5,12 +5,35 @@ gathered (`agree`) and fails on all, and every MPI test builds combiners with a 
 """
 
 import os
+import shutil
+import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def mpiexec():
+    """The launcher beside the interpreter (the venv's mpich wheel), else the one on PATH, else None."""
+    local = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return local if os.path.exists(local) else shutil.which("mpiexec")
+
+
+#: For tests that launch their own jobs (`run_mpi`).
+needs_mpiexec = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec on PATH or beside the interpreter")
+
+
+def run_mpi(n, *argv, limit=120, env=None, cwd=None):
+    """Run `python ARGV...` on `n` ranks under a hard `timeout -k 5 LIMIT`, so that a hang fails
+    the test instead of the suite. `env`: the whole environment (default: this one's).
+    Returns (CompletedProcess with text output, seconds it took)."""
+    cmd = ["timeout", "-k", "5", str(limit), mpiexec(), "-n", str(n), sys.executable, *map(str, argv)]
+    t0 = time.monotonic()
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
+    return r, time.monotonic() - t0
 
 
 def order_sensitive(rng, n):

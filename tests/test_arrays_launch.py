@@ -2,20 +2,11 @@
 and a job that ends (aborted at exit, never hung). Launches its own mpiexec under `timeout`."""
 
 import os
-import shutil
-import subprocess
-import sys
 import textwrap
 
-import pytest
+from conftest import needs_mpiexec, run_mpi
 
-
-def mpiexec():
-    local = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return local if os.path.exists(local) else shutil.which("mpiexec")
-
-
-pytestmark = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec on PATH or beside the interpreter")
+pytestmark = needs_mpiexec
 
 SCRIPT = textwrap.dedent(
     """
@@ -46,8 +37,7 @@ SCRIPT = textwrap.dedent(
 def test_a_missing_peer_is_a_named_timeout_then_a_broken_channel(tmp_path):
     script = tmp_path / "arrays_timeout.py"
     script.write_text(SCRIPT)
-    cmd = ["timeout", "-k", "5", "60", mpiexec(), "-n", "2", sys.executable, str(script)]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+    r, _ = run_mpi(2, script, limit=60, env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
     out = r.stdout + r.stderr
     assert "r0 first 45.0" in out and "r1 first 45.0" in out, out
     assert "r0 refused [peer-timeout]" in out, out

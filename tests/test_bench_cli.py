@@ -6,40 +6,20 @@ Single-process test: it launches its own `mpiexec -n 2` under a hard `timeout`.
 import importlib.util
 import json
 import os
-import shutil
-import subprocess
-import sys
 
 import pytest
 
 from alpha_mpi.tools.bench.allreduce_args import parse_size, parse_sizes
 
-
-def mpiexec():
-    local = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return local if os.path.exists(local) else shutil.which("mpiexec")
-
+from conftest import needs_mpiexec, run_mpi
 
 HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
-needs_mpiexec = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec on PATH or beside the interpreter")
 
 
 def launch(*args, n=2, limit=120, cwd=None):
-    cmd = [
-        "timeout",
-        "-k",
-        "5",
-        str(limit),
-        mpiexec(),
-        "-n",
-        str(n),
-        sys.executable,
-        "-m",
-        "alpha_mpi.tools.bench",
-        *args,
-    ]
+    """`alpha-mpi bench ARGS` (as python -m alpha_mpi.tools.bench) on `n` ranks, one BLAS thread each."""
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
+    return run_mpi(n, "-m", "alpha_mpi.tools.bench", *args, limit=limit, env=env, cwd=cwd)[0]
 
 
 @needs_mpiexec

@@ -5,38 +5,18 @@ Launches its own mpiexec per rank count, each under a hard `timeout`."""
 
 import os
 import re
-import shutil
-import subprocess
-import sys
 
-import pytest
+from conftest import needs_mpiexec, run_mpi
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def mpiexec():
-    local = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return local if os.path.exists(local) else shutil.which("mpiexec")
-
-
-pytestmark = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec on PATH or beside the interpreter")
+pytestmark = needs_mpiexec
 
 
 def run_cg(p, *args):
-    cmd = [
-        "timeout",
-        "-k",
-        "5",
-        "120",
-        mpiexec(),
-        "-n",
-        str(p),
-        sys.executable,
-        os.path.join(ROOT, "examples", "cg.py"),
-        *args,
-    ]
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+    r, _ = run_mpi(p, os.path.join(ROOT, "examples", "cg.py"), *args, env=env, cwd=ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
     found = dict(re.findall(r"reduce=(\w+) iterations=\d+ residual=\S+ digest=([0-9a-f]{16})", r.stdout))
     assert set(found) == {"alpha", "mpi"}, r.stdout

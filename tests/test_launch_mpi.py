@@ -5,42 +5,22 @@ Each launch runs under a hard `timeout`, so a hang fails the test instead of the
 
 import os
 import re
-import shutil
-import subprocess
-import sys
-import time
 
 import pytest
+
+from conftest import needs_mpiexec, run_mpi
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def mpiexec():
-    local = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return local if os.path.exists(local) else shutil.which("mpiexec")
-
-
-pytestmark = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec on PATH or beside the interpreter")
+pytestmark = needs_mpiexec
 
 
 def launch(n, script, *args, env=None, limit=90):
-    cmd = [
-        "timeout",
-        "-k",
-        "5",
-        str(limit),
-        mpiexec(),
-        "-n",
-        str(n),
-        sys.executable,
-        os.path.join(HERE, "mpi_scripts", script),
-        *args,
-    ]
-    e = dict(os.environ)
-    e.update(env or {})
-    t0 = time.monotonic()
-    r = subprocess.run(cmd, capture_output=True, text=True, env=e)
-    return r, time.monotonic() - t0
+    """One of tests/mpi_scripts on `n` ranks; `env` adds to this environment."""
+    return run_mpi(
+        n, os.path.join(HERE, "mpi_scripts", script), *args, limit=limit, env={**os.environ, **(env or {})}
+    )
 
 
 def test_a_rank_that_leaves_makes_every_other_rank_fail_with_peer_timeout():
@@ -88,19 +68,7 @@ def test_debug_log_names_every_frame():
 def test_a_40_second_straggler_survives_the_default_bound():
     """A peer that is slow, not dead, never kills a healthy job (the default bound is minutes)."""
     env = {k: v for k, v in os.environ.items() if k != "ALPHA_MPI_TIMEOUT"}
-    cmd = [
-        "timeout",
-        "-k",
-        "5",
-        "150",
-        mpiexec(),
-        "-n",
-        "2",
-        sys.executable,
-        os.path.join(HERE, "mpi_scripts", "straggler.py"),
-        "40",
-    ]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    r, _ = run_mpi(2, os.path.join(HERE, "mpi_scripts", "straggler.py"), "40", limit=150, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert len(re.findall(r"rank \d: \w+ n=\d+ ok=True", r.stdout)) == 4, r.stdout
 

@@ -9,30 +9,14 @@ import subprocess
 import sys
 import time
 
-import pytest
-from test_launch_mpi import mpiexec
+from conftest import mpiexec, needs_mpiexec, run_mpi
 
-pytestmark = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec")
+pytestmark = needs_mpiexec
 SMALL = ["--hidden", "48", "--log-every", "1000"]
 
 
 def train(n, *args, limit=180):
-    cmd = [
-        "timeout",
-        "-k",
-        "5",
-        str(limit),
-        mpiexec(),
-        "-n",
-        str(n),
-        sys.executable,
-        "-m",
-        "alpha_mpi",
-        "train",
-        *SMALL,
-        *args,
-    ]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r, _ = run_mpi(n, "-m", "alpha_mpi", "train", *SMALL, *args, limit=limit)
     m = re.search(r"^state digest: ([0-9a-f]{64})$", r.stdout, re.M)
     return r, (m.group(1) if m else None)
 

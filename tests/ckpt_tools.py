@@ -6,7 +6,26 @@ import hashlib
 import json
 import os
 
-from alpha_mpi.checkpoint.layout import LATEST, MANIFEST, SEAL, latest_line, seal_line, step_of
+from alpha_mpi.checkpoint.paths import LATEST, MANIFEST, SEAL, latest_line, seal_line, step_of
+
+# The small learner the checkpoint tests save and resume (4 slots, batch 29, Adam).
+SLOTS, BATCH = 4, 29
+CFG = {
+    "slots": SLOTS,
+    "batch": BATCH,
+    "seed": 3,
+    "hidden": 5,
+    "data": None,
+    "optimizer": "adam",
+    "lr": 1e-2,
+    "momentum": 0.9,
+}
+
+
+def comm_self():
+    from mpi4py import MPI
+
+    return MPI.COMM_SELF
 
 
 def step_dir(root):

@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 import pytest
-from ckpt_tools import edit_root, rewrite_component, shard_file, step_dir
+from ckpt_tools import BATCH, CFG, SLOTS, comm_self, edit_root, rewrite_component, shard_file, step_dir
 
 from alpha_mpi import oracle
 from alpha_mpi.checkpoint import Checkpointer, open_checkpoint
@@ -18,24 +18,6 @@ from alpha_mpi.model import build
 from alpha_mpi.refusals import Refusal
 
 from conftest import bits
-
-SLOTS, BATCH = 4, 29
-CFG = {
-    "slots": SLOTS,
-    "batch": BATCH,
-    "seed": 3,
-    "hidden": 5,
-    "data": None,
-    "optimizer": "adam",
-    "lr": 1e-2,
-    "momentum": 0.9,
-}
-
-
-def comm_self():
-    from mpi4py import MPI
-
-    return MPI.COMM_SELF
 
 
 def make(topology="hierarchy:2", partition="none"):

@@ -13,6 +13,9 @@ from collections import Counter
 import numpy as np
 import pytest
 from ckpt_tools import (
+    BATCH,
+    SLOTS,
+    comm_self,
     edit_root,
     rewrite_component,
     rewrite_shard,
@@ -20,33 +23,17 @@ from ckpt_tools import (
     step_dir,
     tree_bytes,
 )
+from ckpt_tools import CFG as BASE_CFG
 
 from alpha_mpi.checkpoint import Checkpointer, open_checkpoint, shardfile
-from alpha_mpi.checkpoint.layout import LATEST, MANIFEST, SEAL
+from alpha_mpi.checkpoint.paths import LATEST, MANIFEST, SEAL
 from alpha_mpi.learning import MLP, DataParallelLearner
 from alpha_mpi.learning.data import SlotStream, synthetic
 from alpha_mpi.refusals import Refusal
 
 from conftest import bits
 
-SLOTS, BATCH = 4, 29
-CFG = {
-    "slots": SLOTS,
-    "batch": BATCH,
-    "seed": 3,
-    "hidden": 5,
-    "data": None,
-    "optimizer": "adam",
-    "lr": 1e-2,
-    "momentum": 0.9,
-    "steps": 3,
-}
-
-
-def comm_self():
-    from mpi4py import MPI
-
-    return MPI.COMM_SELF
+CFG = {**BASE_CFG, "steps": 3}
 
 
 def make(partition="none", **kw):

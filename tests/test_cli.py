@@ -73,7 +73,7 @@ def test_train_help_says_which_rank_counts_give_the_same_digest(capsys):
 
 def test_any_rank_count_up_to_the_slots_gives_the_same_digest_as_one():
     """What the help promises: 3 ranks do not divide 5 slots, and give one rank's bits."""
-    from test_launch_mpi import mpiexec
+    from conftest import mpiexec
 
     if mpiexec() is None:
         pytest.skip("no mpiexec")

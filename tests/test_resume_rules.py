@@ -21,7 +21,7 @@ import pytest
 from test_checkpoint_trust import CFG, comm_self, make, state, train
 
 from alpha_mpi.checkpoint import Checkpointer, open_checkpoint
-from alpha_mpi.checkpoint.layout import LATEST, step_name
+from alpha_mpi.checkpoint.paths import LATEST, step_name
 from alpha_mpi.learning import MLP
 from alpha_mpi.refusals import Refusal
 
@@ -92,7 +92,7 @@ def test_a_latest_naming_a_broken_step_is_refused_not_skipped(tmp_path):
 
 
 def test_a_complete_step_newer_than_latest_is_resumed_and_a_broken_one_refused(tmp_path):
-    from alpha_mpi.checkpoint.layout import latest_line
+    from alpha_mpi.checkpoint.paths import latest_line
 
     root = str(tmp_path / "ck")
     saved_steps(root)
@@ -202,7 +202,7 @@ def test_model_and_data_inputs_are_refused_by_name(tmp_path):
 def cli(*args, n=None, limit=120):
     cmd = [sys.executable, "-m", "alpha_mpi", "train", "--hidden", "8", "--log-every", "1000", *args]
     if n:
-        from test_launch_mpi import mpiexec
+        from conftest import mpiexec
 
         cmd = [mpiexec(), "-n", str(n)] + cmd
     r = subprocess.run(["timeout", "-k", "5", str(limit)] + cmd, capture_output=True, text=True)

@@ -46,9 +46,9 @@ from .compatibility import (
     compare_data,
     learner_contract,
 )
-from .layout import step_name, step_of
 from .locate import Resumed, locate
 from .lock import DirectoryLock
+from .paths import step_name, step_of
 from .reader import Checkpoint, is_step_dir
 
 DATA_STREAM = "permutation-v1"

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from ..refusals import CheckpointRefusal
 from . import store
-from .layout import published_steps, step_name, step_of
+from .paths import published_steps, step_name, step_of
 from .reader import Checkpoint, is_step_dir, newest_verifying, read_latest
 
 __all__ = ["Resumed", "locate"]

@@ -22,7 +22,7 @@ import socket
 import threading
 
 from ..refusals import CheckpointRefusal
-from .layout import LOCK
+from .paths import LOCK
 
 _held = {}  # (st_dev, st_ino) -> [fd, count]
 _mutex = threading.Lock()

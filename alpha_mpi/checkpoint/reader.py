@@ -17,7 +17,7 @@ import numpy as np
 
 from ..refusals import CheckpointRefusal, Refusal
 from . import schema, shardfile
-from .layout import (
+from .paths import (
     LATEST,
     MANIFEST,
     MAX_POINTER,

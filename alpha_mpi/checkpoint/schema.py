@@ -17,7 +17,7 @@ import math
 import re
 
 from ..refusals import CheckpointRefusal
-from .layout import FORMAT, HEX64, MANIFEST, VERSION, shard_name
+from .paths import FORMAT, HEX64, MANIFEST, VERSION, shard_name
 
 MAX_DEPTH = 32
 NAME_RE = re.compile(r"[a-z][a-z0-9_]*(\.[a-z0-9_]+)*")

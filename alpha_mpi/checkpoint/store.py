@@ -22,7 +22,7 @@ import numpy as np
 
 from ..refusals import CheckpointRefusal
 from . import shardfile
-from .layout import (
+from .paths import (
     FORMAT,
     LATEST,
     MANIFEST,

@@ -75,7 +75,7 @@ def restore(
     step directory read. With `missing_ok`, a directory without any checkpoint returns None
     (start from scratch) instead of refusing with `checkpoint-missing`. Collective."""
     ck = checkpointer(learner, directory, config=config, adopt_contract=adopt_contract, timeout=timeout)
-    from ..checkpoint.layout import LATEST, MANIFEST
+    from ..checkpoint.paths import LATEST, MANIFEST
 
     if not (
         os.path.isfile(os.path.join(directory, MANIFEST)) or os.path.exists(os.path.join(directory, LATEST))

@@ -129,7 +129,7 @@ def _print_components(shards: dict, components: dict) -> None:
 
 
 def _verify_all(root: str, as_json: bool) -> int:
-    from ..checkpoint.layout import published_steps, step_name
+    from ..checkpoint.paths import published_steps, step_name
     from ..checkpoint.reader import Checkpoint, read_latest
     from ..refusals import CheckpointRefusal, Refusal
 

@@ -22,6 +22,8 @@ def mpiexec():
     return local if os.path.exists(local) else shutil.which("mpiexec")
 
 
+EXAMPLES = os.path.join(ROOT, "examples")
+
 #: For tests that launch their own jobs (`run_mpi`).
 needs_mpiexec = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec on PATH or beside the interpreter")
 
@@ -34,6 +36,16 @@ def run_mpi(n, *argv, limit=120, env=None, cwd=None):
     t0 = time.monotonic()
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
     return r, time.monotonic() - t0
+
+
+def run_example(n, args, limit=300, cwd=EXAMPLES):
+    """`python ARGS` on `n` ranks with examples/ importable and one BLAS thread per rank; fails
+    the test (with the command and the output's tail) unless it exits 0. Returns its stdout."""
+    path = os.pathsep.join(p for p in (EXAMPLES, os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONPATH=path)
+    r, _ = run_mpi(n, *args, limit=limit, env=env, cwd=cwd)
+    assert r.returncode == 0, f"{n} ranks: {' '.join(map(str, args))}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+    return r.stdout
 
 
 def order_sensitive(rng, n):

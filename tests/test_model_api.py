@@ -3,7 +3,6 @@ save/restore, `alpha-mpi train --model`, and the numpy example on 1, 2 and 4 ran
 
 import os
 import re
-import subprocess
 import sys
 
 import numpy as np
@@ -24,7 +23,7 @@ from alpha_mpi.learning import (
 )
 from alpha_mpi.refusals import Refusal
 
-from conftest import ROOT
+from conftest import ROOT, run_example
 
 EXAMPLES = os.path.join(ROOT, "examples")
 sys.path.insert(0, EXAMPLES)
@@ -220,17 +219,8 @@ def test_model_from_spec_refuses_by_name(tmp_path, monkeypatch):
         assert e.value.code == code, spec
 
 
-def _mpiexec():
-    return os.path.join(os.path.dirname(sys.executable), "mpiexec")
-
-
 def _run(n, args, cwd=EXAMPLES, timeout=240):
-    path = os.pathsep.join(p for p in (EXAMPLES, os.environ.get("PYTHONPATH", "")) if p)
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONPATH=path)
-    cmd = ["timeout", "-k", "5", str(timeout), _mpiexec(), "-n", str(n), sys.executable, *args]
-    r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout + 30)
-    assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
-    return r.stdout
+    return run_example(n, args, limit=timeout, cwd=cwd)
 
 
 def _digest(out, label="digest"):

@@ -3,28 +3,17 @@ one digest on 1, 2 and 4 ranks, a resume 4 -> 2 equal to the uninterrupted run, 
 digest different across rank counts, and `alpha-mpi train --model` with an nn.Module factory.
 Skips cleanly without torch (and the examples without scikit-learn)."""
 
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
 pytest.importorskip("torch")
 
-from conftest import ROOT  # noqa: E402
-
-EXAMPLES = os.path.join(ROOT, "examples")
+from conftest import run_example  # noqa: E402
 
 
 def _run(n, args, timeout=300):
-    path = os.pathsep.join(p for p in (EXAMPLES, os.environ.get("PYTHONPATH", "")) if p)
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONPATH=path)
-    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    cmd = ["timeout", "-k", "5", str(timeout), mpiexec, "-n", str(n), sys.executable, *args]
-    r = subprocess.run(cmd, cwd=EXAMPLES, env=env, capture_output=True, text=True, timeout=timeout + 30)
-    assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
-    return r.stdout
+    return run_example(n, args, limit=timeout)
 
 
 def _digest(out, label="digest"):

@@ -128,8 +128,13 @@ class Allreducer:
 
     @property
     def order_id(self) -> str:
-        """Deprecated: `layout_order_id`."""
-        return self.plan.order_id  # warns, as Plan.order_id does
+        """Deprecated: `layout_order_id` (as for Plan.order_id)."""
+        warnings.warn(
+            "Allreducer.order_id is deprecated: use .layout_order_id (tree order + payload layout)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.layout_order_id
 
     @property
     def broken(self):

@@ -214,6 +214,8 @@ def test_retired_keywords_of_0_1_warn_and_unknown_ones_are_a_type_error():
     tree = pairwise(range(2), 1)
     with pytest.warns(DeprecationWarning, match="crossover_bytes= is ignored"):
         a = Allreducer(MPI.COMM_SELF, tree, 4, crossover_bytes=1 << 16)
+    with pytest.warns(DeprecationWarning, match="Allreducer.order_id is deprecated"):
+        assert a.order_id == a.layout_order_id == a.plan.layout_order_id
     a.free()
     with pytest.warns(DeprecationWarning, match="depth= is ignored"):
         Allreducer(MPI.COMM_SELF, tree, 4, depth=2).free()

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..model.delivery import ReduceScatter, ReplicateAll
 from ..planning import Plan
+from ..planning.base import deprecated_order_id
 from ..planning.cost import choose, load_calibration
 from ..planning.program import Program
 from ..planning.realize import REALIZATIONS as NAMES
@@ -126,15 +127,7 @@ class Allreducer:
     def identity(self) -> str:
         return self.plan.identity
 
-    @property
-    def order_id(self) -> str:
-        """Deprecated: `layout_order_id` (as for Plan.order_id)."""
-        warnings.warn(
-            "Allreducer.order_id is deprecated: use .layout_order_id (tree order + payload layout)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.layout_order_id
+    order_id = deprecated_order_id("Allreducer")
 
     @property
     def broken(self):

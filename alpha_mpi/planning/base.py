@@ -37,6 +37,22 @@ def layout_order_id(tree_order_id: str, layout: Layout) -> str:
     return digest("alpha-mpi/order+layout/v1", tree_order_id, layout.key())
 
 
+def deprecated_order_id(owner: str) -> property:
+    """The 0.1 name `order_id` of an object's `layout_order_id`: answers, with a warning."""
+
+    def order_id(self) -> str:
+        warnings.warn(
+            f"{owner}.order_id is deprecated: it is the layout order id (tree order + payload "
+            "layout); use .layout_order_id, or .tree_order_id for the tree's own order id",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.layout_order_id
+
+    order_id.__doc__ = f"Deprecated: `{owner}.layout_order_id` (the tree's own id is `tree_order_id`)."
+    return property(order_id)
+
+
 @dataclass(frozen=True)
 class PlanBase:
     """The fields every plan has (see the module docstring)."""
@@ -57,16 +73,7 @@ class PlanBase:
     def payload_bytes(self) -> int:
         return self.layout.nbytes
 
-    @property
-    def order_id(self) -> str:
-        """Deprecated: `layout_order_id` (not the tree's `order_id`, which `tree_order_id` holds)."""
-        warnings.warn(
-            "Plan.order_id is deprecated: it is the layout order id (tree order + payload layout); "
-            "use plan.layout_order_id, or plan.tree_order_id for the tree's own order id",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.layout_order_id
+    order_id = deprecated_order_id("Plan")
 
     def check_rank(self, rank) -> int:
         """`rank`, refused (`rank-out-of-range`) unless it is an int in 0..size-1."""
@@ -103,4 +110,4 @@ class PlanBase:
         return json.dumps(self.to_dict(), indent=2)
 
 
-__all__ = ["PlanBase", "digest", "layout_order_id"]
+__all__ = ["PlanBase", "digest", "layout_order_id", "deprecated_order_id"]

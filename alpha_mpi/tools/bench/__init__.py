@@ -61,6 +61,14 @@ def _usage() -> str:
     ]
     lines += [f"  {name:10s} {help_text}" for name, (_, help_text) in COMMANDS.items()]
     lines.append("\nRun `alpha-mpi bench COMMAND --help` for a command's options (under mpiexec -n P).")
+    lines += [
+        "",
+        "examples:",
+        "  mpiexec -n 2 alpha-mpi bench allreduce --sizes 8,1K,1M --iters 20 --json out.json --plot out.png",
+        "  mpiexec -n 2 alpha-mpi bench calibrate --out cal.json     # then ALPHA_MPI_CALIBRATION=cal.json",
+        "  mpiexec -n 2 alpha-mpi bench train --steps 20",
+        "  alpha-mpi bench summary benchmarks/results/mpich-sweep-p2.json",
+    ]
     return "\n".join(lines)
 
 

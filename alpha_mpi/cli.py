@@ -70,14 +70,11 @@ def _world_size() -> int:
 def _abort_others(code: int) -> None:
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() and mpi.COMM_WORLD.Get_size() > 1:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        # Every rank refuses at once: give the launcher a moment to forward what each printed
+        # Every rank refuses at once: abort_job lets the launcher forward what each printed
         # before the first Abort tears the job (and its output pipes) down.
-        import time
+        from .execution.transport import abort_job
 
-        time.sleep(0.3)
-        mpi.COMM_WORLD.Abort(code)
+        abort_job(code)
 
 
 def main(argv=None) -> int:

@@ -219,9 +219,21 @@ def _abort_if_broken() -> None:
                 f"gone or frames are in flight); aborting it with exit status {ABORT_STATUS} instead of "
                 "hanging in MPI_Finalize\n"
             )
-            sys.stderr.flush()
-            MPI.COMM_WORLD.Abort(ABORT_STATUS)
+            abort_job(ABORT_STATUS)
             return
+
+
+# The launcher drops what a rank printed but had not yet forwarded when an Abort tears the job
+# down: a loaded CI machine lost a whole job's output (every rank's refusal line) that way.
+ABORT_GRACE = 0.5  # seconds
+
+
+def abort_job(status: int) -> None:
+    """Flush, give the launcher ABORT_GRACE seconds to forward the output, then MPI_Abort."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    time.sleep(ABORT_GRACE)
+    MPI.COMM_WORLD.Abort(status)
 
 
 def cancel_receives(reqs) -> None:
@@ -239,6 +251,9 @@ def cancel_receives(reqs) -> None:
 __all__ = [
     "DEFAULT_TIMEOUT",
     "ABORT_STATUS",
+    "ABORT_GRACE",
+    "abort_job",
+    "Endpoint",
     "TAG",
     "TAG_BASE",
     "Waiter",

@@ -1,7 +1,8 @@
 """One exception base with stable kebab-case codes.
 
 Every refusal says what was expected, what was found, and what to do. The codes are part of the
-public contract: scripts and job wrappers match on them, so a code is never renamed, only added.
+public contract: scripts and job wrappers match on them, so a code is never renamed, only added
+(a code that covered several mistakes may be split; CHANGELOG.md lists which now raise what).
 `ADVICE` holds the "what to do" sentence for each code in one place, so the docs and the
 exceptions say the same thing. Where that sentence speaks the Python API, `CLI_ADVICE` holds the
 same advice worded for the `alpha-mpi` command line (the options to change); `cli_advice(code)`

@@ -60,15 +60,22 @@ def test_one_ranks_bad_pieces_are_refused_on_every_rank_by_name_and_the_next_run
     full = order_sensitive(np.random.default_rng(3), n)
     good = {(a_, b): full[a_:b].copy() for o, a_, b in ap.pieces if o == rank}
     bad_rank = size - 1
-    for bad in ({}, {k: v[:-1] for k, v in good.items()}, {k: v.astype(np.float32) for k, v in good.items()}):
+    cases = [
+        ({}, {}),
+        ({k: v[:-1] for k, v in good.items()}, {}),
+        ({k: v.astype(np.float32) for k, v in good.items()}, {}),
+        ({k: v.reshape(-1, 1) for k, v in good.items()}, {}),  # the right size, not a vector
+        (good, {"out": np.empty(n, dtype=np.float32)}),
+        (good, {"out": np.empty(n - 1)}),
+        (good, {"out": [0.0] * n}),
+        (good, {"flags": 2}),  # the refusal bit is the protocol's, not the caller's
+    ]
+    for bad, kw in cases:
         with pytest.raises(Refusal) as e:
-            a.run(bad if rank == bad_rank else good)
+            a.run(bad, **kw) if rank == bad_rank else a.run(good)
         if rank == bad_rank:
-            agree(
-                world,
-                e.value.code in ("contribution-missing", "contribution-shape"),
-                f"own code {e.value.code}",
-            )
+            want = ("contribution-missing", "contribution-shape", "out-invalid", "usage")
+            agree(world, e.value.code in want, f"own code {e.value.code}")
         else:
             ok = e.value.code == "peer-refused" and e.value.context["peer"] == bad_rank
             agree(world, ok, f"named the refusing rank: {e.value.code} {e.value}")

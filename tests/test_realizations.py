@@ -209,7 +209,8 @@ def test_planning_100000_slots_and_a_deep_hierarchy_stay_near_linear():
 def test_retired_keywords_of_0_1_warn_and_unknown_ones_are_a_type_error():
     from mpi4py import MPI
 
-    from alpha_mpi.execution import Allreducer, allreduce
+    from alpha_mpi.execution import Allreducer, ScatterCombiner, allreduce
+    from alpha_mpi.planning import plan_scatter
 
     tree = pairwise(range(2), 1)
     with pytest.warns(DeprecationWarning, match="crossover_bytes= is ignored"):
@@ -221,6 +222,12 @@ def test_retired_keywords_of_0_1_warn_and_unknown_ones_are_a_type_error():
         Allreducer(MPI.COMM_SELF, tree, 4, depth=2).free()
     with pytest.raises(TypeError, match="'crossover'"):
         Allreducer(MPI.COMM_SELF, tree, 4, crossover=1)
+    with pytest.warns(DeprecationWarning, match="crossover_bytes= is ignored"):
+        Allreducer(MPI.COMM_SELF, tree, 4, None, "auto", 1 << 16).free()  # 0.1's 6th positional
+    with pytest.raises(TypeError, match="at most 6 positional"):
+        Allreducer(MPI.COMM_SELF, tree, 4, None, "auto", 1, 2)
+    with pytest.warns(DeprecationWarning, match="depth= is ignored"):
+        ScatterCombiner(MPI.COMM_SELF, plan_scatter(tree, None, 4, size=1), depth=2).free()
     x = {0: np.arange(4.0), 1: np.ones(4)}
     with pytest.warns(DeprecationWarning, match="crossover_bytes"):
         got = allreduce(MPI.COMM_SELF, tree, x, crossover_bytes=0)

@@ -7,6 +7,7 @@ transport.py owns waits, bounds and the debug log.
 from .allreduce import (  # noqa: F401
     REALIZATIONS,
     Allreducer,
+    Chunk,
     Combiner,
     ScatterCombiner,
     allreduce,
@@ -21,6 +22,7 @@ __all__ = [
     "Allreducer",
     "Combiner",
     "ScatterCombiner",
+    "Chunk",
     "Engine",
     "Assembler",
     "allreduce",

@@ -84,7 +84,7 @@ class Allreducer:
         layout=None,
         delivery=None,
         realization: str = "auto",
-        *,
+        *legacy,
         timeout=None,
         contract: str = "",
         segment=None,
@@ -94,7 +94,9 @@ class Allreducer:
         calibration=None,
         **retired,
     ):
-        _warn_retired(retired)
+        if len(legacy) > 1:
+            raise TypeError(f"Allreducer takes at most 6 positional arguments, got {5 + len(legacy)}")
+        _warn_retired({**retired, **({"crossover_bytes": legacy[0]} if legacy else {})})
         size = comm.Get_size()
         if isinstance(tree, Plan):
             if tree.size != size:
@@ -179,7 +181,10 @@ class Combiner(Engine):
 class ScatterCombiner(Engine):
     """The scatter realization: a Program from `plan_scatter` (or realize(..., "scatter"))."""
 
-    def __init__(self, comm, splan: Program, *, timeout=None, contract: str = "", dup: bool = True):
+    def __init__(
+        self, comm, splan: Program, *, timeout=None, contract: str = "", dup: bool = True, **retired
+    ):
+        _warn_retired(retired)
         if not isinstance(splan, Program) or splan.realization != "scatter":
             what = getattr(splan, "realization", type(splan).__name__)
             raise PlanRefusal(

@@ -60,8 +60,9 @@ class Assembler(Endpoint):
         """`pieces` maps (start, stop) -> float64 array for every range this rank owns.
 
         Returns the full vector on receivers, else None (an `out` array is then left untouched).
-        `flags` (a small int) travels in this rank's frame headers; afterwards `self.flags` is the
-        OR of this rank's and every received frame's flags: a one-bit vote riding on the data.
+        `flags` (0 or 1) travels in this rank's frame headers; afterwards `self.flags` is the OR
+        of this rank's and every received frame's flags: a one-bit vote riding on the data.
+        `out`: a writeable float64 vector of n elements (where given, on any rank).
 
         Bad pieces on one rank do not leave the others waiting: that rank sends zeros in frames
         flagged with its rank and code, every rank completes the round, then it raises its own
@@ -70,8 +71,10 @@ class Assembler(Endpoint):
         """
         if self.broken is not None:
             raise Refusal("combiner-broken", f"an earlier assembly refused with [{self.broken}]")
-        local = self._refusal_of(pieces)
-        if local is not None:
+        local = self._refusal_of(pieces, out, flags)
+        if local is not None:  # the round still runs, on zeros, into a buffer it can write
+            flags = 0
+            out = out if self._out_ok(out) else None
             pieces = {(a, b): np.zeros(b - a) for a, b in self.own}
             flags |= FLAG_REFUSED
         self.flags = flags
@@ -123,8 +126,22 @@ class Assembler(Endpoint):
             )
         return out if receiver else None
 
-    def _refusal_of(self, pieces):
-        """The Refusal bad `pieces` earn on this rank (None when they are what it owns)."""
+    def _out_ok(self, out) -> bool:
+        return out is None or (
+            isinstance(out, np.ndarray)
+            and out.dtype == np.float64
+            and out.shape == (self.plan.n,)
+            and out.flags.writeable
+            and out.flags.c_contiguous
+        )
+
+    def _refusal_of(self, pieces, out, flags):
+        """The Refusal this rank's arguments earn (None when they are what it owns, an `out` it
+        can write the whole vector to, and a one-bit vote)."""
+        if not self._out_ok(out):
+            return Refusal("out-invalid", f"out must be a writeable float64 vector of {self.plan.n} elements")
+        if flags not in (0, 1):
+            return Refusal("usage", f"flags is a one-bit vote (0 or 1), got {flags!r}")
         if not isinstance(pieces, dict):
             return Refusal(
                 "contribution-shape",
@@ -138,8 +155,10 @@ class Assembler(Endpoint):
                 f"rank {self.rank} owns ranges {self.own}, got {list(pieces)}",
             )
         for (a, b), v in pieces.items():
-            if not isinstance(v, np.ndarray) or v.dtype != np.float64 or v.size != b - a:
-                return Refusal("contribution-shape", f"range [{a}, {b}) needs {b - a} float64 values")
+            if not isinstance(v, np.ndarray) or v.dtype != np.float64 or v.shape != (b - a,):
+                return Refusal(
+                    "contribution-shape", f"range [{a}, {b}) needs a float64 vector of {b - a} values"
+                )
         return None
 
     def free(self) -> None:

@@ -53,9 +53,10 @@ def deprecated_order_id(owner: str) -> property:
     return property(order_id)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class PlanBase:
-    """The fields every plan has (see the module docstring)."""
+    """The fields every plan has (see the module docstring). Equality is each kind's own: a
+    tree Plan compares by all its fields, a Program (whose builder is code) by identity."""
 
     realization: str
     tree: Node = field(repr=False)

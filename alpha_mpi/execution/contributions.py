@@ -6,9 +6,14 @@ stays usable (only this rank's peers will wait for it, up to their timeout).
 
 from __future__ import annotations
 
+from typing import Union
+
 import numpy as np
 
 from ..refusals import Refusal
+
+#: One rank's contributions: slot -> float64 payload, or a tuple of parts (numerator, mass).
+Contributions = dict[int, Union[np.ndarray, tuple[np.ndarray, ...]]]
 
 
 def check_contributions(contributions, slots, rank: int, count: int, layout_key: str) -> dict:

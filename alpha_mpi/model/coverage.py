@@ -7,11 +7,12 @@ A missing, duplicated or unknown leaf is refused by name even when the byte tota
 from __future__ import annotations
 
 from collections import Counter
+from typing import Union
 
 from ..refusals import ModelRefusal
 from .tree import leaf_sequence
 
-__all__ = ["OrderedMembers", "ParticipantGroup", "default_coverage", "check_coverage"]
+__all__ = ["OrderedMembers", "ParticipantGroup", "default_coverage", "check_coverage", "Coverage"]
 
 
 def _as_slots(members, what):
@@ -116,3 +117,7 @@ def check_coverage(tree, coverage) -> None:
             f"{coverage.members[first]} there",
             position=first,
         )
+
+
+#: A declared coverage: the members in order, or a group whose order the tree states.
+Coverage = Union[OrderedMembers, ParticipantGroup]

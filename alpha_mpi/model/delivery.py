@@ -7,10 +7,11 @@ text form that plan digests include.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Union
 
 from ..refusals import ModelRefusal
 
-__all__ = ["ReplicateAll", "DeliverTo", "ReduceScatter", "check_delivery"]
+__all__ = ["ReplicateAll", "DeliverTo", "ReduceScatter", "check_delivery", "Delivery"]
 
 
 @dataclass(frozen=True)
@@ -58,3 +59,7 @@ def check_delivery(delivery) -> None:
     """Refuse (`delivery-invalid`) anything but a delivery of this module."""
     if not isinstance(delivery, (ReplicateAll, DeliverTo)):
         raise ModelRefusal("delivery-invalid", f"unknown delivery {delivery!r}")
+
+
+#: Any delivery: every owner gets the result, one rank does, or each keeps its chunk.
+Delivery = Union[ReplicateAll, DeliverTo, ReduceScatter]

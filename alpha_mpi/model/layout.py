@@ -7,9 +7,11 @@ normalisation (numerator / mass) is the learner's job, done once after the combi
 
 from __future__ import annotations
 
+from typing import Union
+
 from ..refusals import ModelRefusal
 
-__all__ = ["Layout", "as_layout"]
+__all__ = ["Layout", "as_layout", "LayoutLike"]
 
 
 class Layout:
@@ -99,3 +101,7 @@ def as_layout(layout) -> Layout:
     if isinstance(layout, int) and not isinstance(layout, bool):
         return Layout.vector(layout)
     raise ModelRefusal("layout-invalid", f"expected a Layout or an element count, got {layout!r}")
+
+
+#: What every `layout=` argument takes: a Layout, or an element count (a one-vector layout).
+LayoutLike = Union[Layout, int]

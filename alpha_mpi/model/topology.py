@@ -7,12 +7,20 @@ bits. A star and a hierarchy over the same slots are two different orders (two c
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Union
 
 from ..refusals import ModelRefusal
 from .tree import Branch, Leaf, Node, leaf_sequence
 
+#: What `slots=` takes: a count (slots 0..k-1) or the slots themselves, in tree order.
+Slots = Union[int, Iterable[int]]
+#: What `owners=` takes: a rank count (contiguous blocks), one rank per slot, or slot -> rank.
+Owners = Union[int, Sequence[int], Mapping[int, int]]
+
 __all__ = [
+    "Slots",
+    "Owners",
     "block_owners",
     "placement",
     "star",

@@ -29,7 +29,7 @@ from ..refusals import NumericalOrderMismatch, NumericalProfileMismatch
 from .formulas import FORMULAS
 from .operations import CombineOrder, Formula, operation_from_dict
 from .profile import Profile, RoundBinary64, WidenBinary32, check_keys, invalid
-from .relation import RELATIONS, BitIdentical, BoundedDifference, relation_from_dict
+from .relation import RELATIONS, BitIdentical, BoundedDifference, Relation, relation_from_dict
 
 __all__ = [
     "FORMAT_NAME",
@@ -59,8 +59,8 @@ class NumericalContract:
     """
 
     profile: Profile
-    operations: tuple
-    relation: object = BitIdentical()
+    operations: tuple[CombineOrder | Formula, ...]
+    relation: Relation = BitIdentical()
 
     def __post_init__(self):
         if not isinstance(self.profile, Profile):
@@ -172,7 +172,7 @@ class NumericalContract:
 Contract = NumericalContract
 
 
-def as_contract(c, what: str) -> NumericalContract:
+def as_contract(c: NumericalContract | dict, what: str) -> NumericalContract:
     """`c` itself, or the contract its `to_dict()` describes; refuses anything else."""
     if isinstance(c, NumericalContract):
         return c
@@ -182,7 +182,11 @@ def as_contract(c, what: str) -> NumericalContract:
 
 
 def numerical_compatibility(
-    ours, theirs, *, ours_name: str = "this run", theirs_name: str = "the peer"
+    ours: NumericalContract | dict,
+    theirs: NumericalContract | dict,
+    *,
+    ours_name: str = "this run",
+    theirs_name: str = "the peer",
 ) -> None:
     """Refuse a peer or checkpoint whose profile (NumericalProfileMismatch) or operation order
     (NumericalOrderMismatch) differs from ours; return None when they are compatible.
@@ -218,7 +222,7 @@ def numerical_compatibility(
     return None
 
 
-def _optimizer_formula(optimizer):
+def _optimizer_formula(optimizer: str | Formula | None) -> Formula | None:
     if optimizer is None:
         return None
     if isinstance(optimizer, Formula):
@@ -230,8 +234,13 @@ def _optimizer_formula(optimizer):
 
 
 def contract_for_plan(
-    plan, optimizer=None, *, normalize=None, relation=None, contributions: str = "binary64"
-):
+    plan: object,
+    optimizer: str | Formula | None = None,
+    *,
+    normalize: bool | None = None,
+    relation: Relation | None = None,
+    contributions: str = "binary64",
+) -> NumericalContract:
     """The standard contract of a combine plan (and the learner using it).
 
     profile: binary64, nearest-even, subnormals preserved, FiniteOrRefuse; contributions enter

@@ -7,15 +7,16 @@ A missing, duplicated or unknown leaf is refused by name even when the byte tota
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from typing import Union
 
 from ..refusals import ModelRefusal
-from .tree import leaf_sequence
+from .tree import Node, leaf_sequence
 
 __all__ = ["OrderedMembers", "ParticipantGroup", "default_coverage", "check_coverage", "Coverage"]
 
 
-def _as_slots(members, what):
+def _as_slots(members: Iterable[int], what: str) -> tuple[int, ...]:
     try:
         slots = tuple(members)
     except TypeError:
@@ -29,7 +30,7 @@ def _as_slots(members, what):
 class OrderedMembers:
     """An explicit slot list; the tree's left-to-right leaf sequence must equal it."""
 
-    def __init__(self, members):
+    def __init__(self, members: Iterable[int]) -> None:
         self.members = _as_slots(members, "OrderedMembers")
         dup = [s for s, c in Counter(self.members).items() if c > 1]
         if dup:
@@ -52,7 +53,7 @@ class OrderedMembers:
 class ParticipantGroup:
     """A compact membership (e.g. `range(10)`); every member exactly once, in any order."""
 
-    def __init__(self, members):
+    def __init__(self, members: Iterable[int]) -> None:
         if isinstance(members, range) and members.step != 1:
             raise ModelRefusal("coverage-invalid", "ParticipantGroup ranges must have step 1")
         self.members = frozenset(_as_slots(members, "ParticipantGroup"))
@@ -74,12 +75,12 @@ class ParticipantGroup:
         return hash(self.members)
 
 
-def default_coverage(tree) -> ParticipantGroup:
+def default_coverage(tree: Node) -> ParticipantGroup:
     """Slots 0..n-1 for an n-leaf tree: a duplicate then always leaves some slot missing."""
     return ParticipantGroup(range(tree.leaves))
 
 
-def check_coverage(tree, coverage) -> None:
+def check_coverage(tree: Node, coverage: Coverage | None) -> None:
     """Refuse unless the tree's leaves are exactly the declared members (and order, if ordered)."""
     if coverage is None:
         coverage = default_coverage(tree)

@@ -55,8 +55,9 @@ class ReduceScatter:
         return "reduce-scatter"
 
 
-def check_delivery(delivery) -> None:
-    """Refuse (`delivery-invalid`) anything but a delivery of this module."""
+def check_delivery(delivery: object) -> None:
+    """Refuse (`delivery-invalid`) anything but ReplicateAll() or DeliverTo(rank) (the tree plan's
+    deliveries; a realization that takes ReduceScatter() checks for it before calling this)."""
     if not isinstance(delivery, (ReplicateAll, DeliverTo)):
         raise ModelRefusal("delivery-invalid", f"unknown delivery {delivery!r}")
 

@@ -7,6 +7,7 @@ normalisation (numerator / mass) is the learner's job, done once after the combi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Union
 
 from ..refusals import ModelRefusal
@@ -26,7 +27,7 @@ class Layout:
 
     __slots__ = ("components", "total", "offsets")
 
-    def __init__(self, *components):
+    def __init__(self, *components: tuple[str, int] | Sequence[tuple[str, int]]) -> None:
         if (
             len(components) == 1
             and isinstance(components[0], (list, tuple))
@@ -94,7 +95,7 @@ class Layout:
         return hash(self.components)
 
 
-def as_layout(layout) -> Layout:
+def as_layout(layout: LayoutLike) -> Layout:
     """`layout` itself, or `Layout.vector(n)` for an element count n; refuses anything else."""
     if isinstance(layout, Layout):
         return layout

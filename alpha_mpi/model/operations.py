@@ -70,7 +70,7 @@ class Formula:
         return f"formula {self.formula_id} ({self.expression})"
 
 
-def operation_from_dict(d) -> CombineOrder | Formula:
+def operation_from_dict(d: dict) -> CombineOrder | Formula:
     """Read one operation's `to_dict()` form; refuses anything else (`numerical-contract-invalid`)."""
     kind = d.get("kind") if isinstance(d, dict) else None
     if kind == "combine":

@@ -200,7 +200,7 @@ RELATIONS = (BitIdentical, BoundedDifference, Unchecked)
 Relation = Union[BitIdentical, BoundedDifference, Unchecked]
 
 
-def relation_from_dict(d) -> Relation:
+def relation_from_dict(d: dict) -> Relation:
     """Read one relation's `to_dict()` form; refuses anything else (`numerical-contract-invalid`)."""
     kind = d.get("kind") if isinstance(d, dict) else None
     if kind == "BitIdentical":

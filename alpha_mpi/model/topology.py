@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 
-def _slots(slots) -> list:
+def _slots(slots: Slots) -> list[int]:
     if isinstance(slots, int) and not isinstance(slots, bool):
         if slots < 1:
             raise ModelRefusal("slot-invalid", f"need at least one slot, got {slots}")
@@ -49,12 +49,12 @@ def _slots(slots) -> list:
     return out
 
 
-def block_owners(nslots: int, ranks: int) -> list:
+def block_owners(nslots: int, ranks: int) -> list[int]:
     """Slot position i -> rank i*ranks//nslots: contiguous blocks differing by at most one slot."""
     return [i * ranks // nslots for i in range(nslots)]
 
 
-def placement(slots: list, owners) -> list:
+def placement(slots: list[int], owners: Owners | None) -> list[int]:
     """Owner rank for each slot position: from a rank count, a per-slot list, or a mapping."""
     n = len(slots)
     if owners is None:
@@ -77,7 +77,7 @@ def placement(slots: list, owners) -> list:
     return out
 
 
-def star(slots, owners=None, hub=None) -> Node:
+def star(slots: Slots, owners: Owners | None = None, hub: int | None = None) -> Node:
     """The chain ((x0 + x1) + x2) + ... with every branch at `hub` (default: first slot's owner)."""
     slots = _slots(slots)
     place = placement(slots, owners)
@@ -89,7 +89,7 @@ def star(slots, owners=None, hub=None) -> Node:
     return _known(acc, "single" if len(slots) == 1 else "star")
 
 
-def hierarchy(slots, owners=None, fanout: int = 2) -> Node:
+def hierarchy(slots: Slots, owners: Owners | None = None, fanout: int = 2) -> Node:
     """Slot positions in a k-ary heap (children of i are k*i+1 .. k*i+k).
 
     Each node folds its own contribution, then each child subtree in order, at the node's owner:
@@ -118,7 +118,7 @@ def pairwise_split(lo: int, hi: int) -> int:
     return lo + (1 << ((hi - lo - 1).bit_length() - 1))
 
 
-def pairwise(slots, owners=None) -> Node:
+def pairwise(slots: Slots, owners: Owners | None = None) -> Node:
     """The balanced binary tree over slot positions: [lo, hi) split at pairwise_split(lo, hi).
 
     Each branch sits at the owner of its first slot. Placed in contiguous blocks with a
@@ -147,7 +147,7 @@ def pairwise(slots, owners=None) -> Node:
 TOPOLOGIES = "pairwise | star | star:HUB | hierarchy:K"
 
 
-def parse_topology(text: str):
+def parse_topology(text: str) -> tuple[str, int | None]:
     """'pairwise', 'star', 'star:HUB', 'hierarchy:K' -> (kind, parameter)."""
     kind, _, arg = str(text).partition(":")
     try:
@@ -164,7 +164,7 @@ def parse_topology(text: str):
     raise ModelRefusal("topology-invalid", f"cannot read topology {text!r}")
 
 
-def build(topology: str, slots, owners=None) -> Node:
+def build(topology: str, slots: Slots, owners: Owners | None = None) -> Node:
     """The tree a topology string names (parse_topology) over `slots`, placed by `owners`."""
     kind, arg = parse_topology(topology)
     if kind == "pairwise":
@@ -174,7 +174,7 @@ def build(topology: str, slots, owners=None) -> Node:
     return hierarchy(slots, owners, fanout=arg)
 
 
-def heap_preorder(n: int, k: int) -> list:
+def heap_preorder(n: int, k: int) -> list[int]:
     """Heap positions in the order their leaves appear left to right in hierarchy(n, k)."""
     out, stack = [], [0]
     while stack:

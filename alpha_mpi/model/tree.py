@@ -116,7 +116,7 @@ class Branch(Node):
         return f"Branch({self.left!r}, {self.right!r}, {self.owner})"
 
 
-def postorder(root: Node):
+def postorder(root: Node) -> list[Node]:
     """Nodes in postorder (children before parents), iteratively."""
     out = []
     stack = [(root, False)]
@@ -131,7 +131,7 @@ def postorder(root: Node):
     return out
 
 
-def leaf_sequence(root: Node) -> list:
+def leaf_sequence(root: Node) -> list[Leaf]:
     """Leaves left to right: the in-order sequence that OrderedMembers constrains."""
     return [n for n in postorder(root) if isinstance(n, Leaf)]
 
@@ -148,6 +148,6 @@ def expression(root: Node, placed: bool = False) -> str:
     return parts[id(root)]
 
 
-def owners(root: Node) -> set:
+def owners(root: Node) -> set[int]:
     """The ranks that own a node of the tree."""
     return {n.owner for n in postorder(root)}

@@ -8,6 +8,7 @@ owner, of exactly that range's size), copies its own ranges, starts its `aS` sen
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..model.delivery import DeliverTo, ReplicateAll, check_delivery
@@ -20,14 +21,14 @@ from .validate import check_size
 class AssemblyPlan:
     n: int
     size: int
-    pieces: tuple  # (owner, start, stop), sorted by start
-    delivery: object
+    pieces: tuple[tuple[int, int, int], ...]  # (owner, start, stop), sorted by start
+    delivery: ReplicateAll | DeliverTo
     identity: str
     edges: tuple  # Edge(index, "a", src, dst, nbytes)
     programs: tuple
-    receivers: frozenset
+    receivers: frozenset[int]
 
-    def piece_of_edge(self, index: int):
+    def piece_of_edge(self, index: int) -> tuple[int, int, int]:
         return self.pieces[index // self.size]
 
     def describe(self) -> str:
@@ -43,7 +44,7 @@ class AssemblyPlan:
         return "\n".join(lines)
 
 
-def _pieces(ranges, n, size):
+def _pieces(ranges: Iterable[tuple[int, int, int]], n: int, size: int) -> tuple[tuple[int, int, int], ...]:
     items = []
     for item in ranges:
         try:
@@ -87,7 +88,12 @@ def _pieces(ranges, n, size):
     return tuple(items)
 
 
-def plan_assembly(ranges, n: int, size: int, delivery=None) -> AssemblyPlan:
+def plan_assembly(
+    ranges: Iterable[tuple[int, int, int]],
+    n: int,
+    size: int,
+    delivery: ReplicateAll | DeliverTo | None = None,
+) -> AssemblyPlan:
     """`ranges`: (owner, start, stop) pieces that must tile 0..n-1 exactly."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ModelRefusal("data-parallel-assembly-coverage", f"need n >= 1 coordinates, got {n!r}")
@@ -118,7 +124,7 @@ def plan_assembly(ranges, n: int, size: int, delivery=None) -> AssemblyPlan:
     return AssemblyPlan(n, size, pieces, delivery, identity, tuple(edges), programs, receivers)
 
 
-def even_ranges(n: int, size: int) -> list:
+def even_ranges(n: int, size: int) -> list[tuple[int, int, int]]:
     """Contiguous ranges, one per rank, sizes differing by at most one (empty ranks dropped)."""
     out = []
     for r in range(size):

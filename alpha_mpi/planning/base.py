@@ -18,6 +18,8 @@ import json
 import warnings
 from dataclasses import dataclass, field
 
+from ..model.coverage import Coverage
+from ..model.delivery import Delivery
 from ..model.layout import Layout
 from ..model.tree import Node
 from ..refusals import PlanRefusal
@@ -60,15 +62,15 @@ class PlanBase:
 
     realization: str
     tree: Node = field(repr=False)
-    delivery: object
+    delivery: Delivery
     layout: Layout
     size: int
-    coverage: object
+    coverage: Coverage
     topology: str
     tree_order_id: str
     layout_order_id: str
     identity: str
-    receivers: frozenset  # ranks whose run returns the whole result
+    receivers: frozenset[int]  # ranks whose run returns the whole result
 
     @property
     def payload_bytes(self) -> int:
@@ -76,7 +78,7 @@ class PlanBase:
 
     order_id = deprecated_order_id("Plan")
 
-    def check_rank(self, rank) -> int:
+    def check_rank(self, rank: int) -> int:
         """`rank`, refused (`rank-out-of-range`) unless it is an int in 0..size-1."""
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.size:
             raise PlanRefusal("rank-out-of-range", f"rank {rank!r} is outside a plan for {self.size} ranks")

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..model.delivery import ReplicateAll
+from ..model.coverage import Coverage
+from ..model.delivery import DeliverTo, ReplicateAll
+from ..model.layout import LayoutLike
 from ..model.topology import classify
 from ..model.tree import Branch, Leaf, Node, expression
 from .base import PlanBase, digest, layout_order_id
@@ -246,7 +248,14 @@ def lower_deliver(req: PlanRequest, gr: Grouping, groups: tuple, first_edge: int
     return tuple(edges), steps, receivers
 
 
-def plan(tree: Node, delivery=None, layout=1, *, size: int | None = None, coverage=None) -> Plan:
+def plan(
+    tree: Node,
+    delivery: ReplicateAll | DeliverTo | None = None,
+    layout: LayoutLike = 1,
+    *,
+    size: int | None = None,
+    coverage: Coverage | None = None,
+) -> Plan:
     """Plan `tree` for `size` ranks (default: highest owner + 1): validate, group, lower the
     reduce, lower the delivery (see the module docstring). `delivery`: ReplicateAll() (default)
     or DeliverTo(rank); `layout`: a Layout or an element count. Returns a frozen Plan; refuses

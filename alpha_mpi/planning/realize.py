@@ -15,7 +15,10 @@ apply with the reason for each that does not.
 
 from __future__ import annotations
 
-from ..model.delivery import DeliverTo, ReduceScatter
+from ..model.coverage import Coverage
+from ..model.delivery import DeliverTo, Delivery, ReduceScatter, ReplicateAll
+from ..model.layout import LayoutLike
+from ..model.tree import Node
 from ..refusals import PlanRefusal, Refusal
 from .base import digest
 from .builder import RankBuilder, is_split
@@ -30,7 +33,14 @@ REALIZATIONS = ("tree", "scatter", "replicate", "butterfly", "halving")
 REDUCE_SCATTER = ("halving", "scatter")
 
 
-def as_tree_plan(tree, delivery=None, layout=1, *, size=None, coverage=None) -> Plan:
+def as_tree_plan(
+    tree: Node | Plan,
+    delivery: ReplicateAll | DeliverTo | None = None,
+    layout: LayoutLike = 1,
+    *,
+    size: int | None = None,
+    coverage: Coverage | None = None,
+) -> Plan:
     """A tree Plan (validation once: tree, coverage, owners, delivery, layout)."""
     if isinstance(tree, Plan):
         return tree
@@ -69,13 +79,13 @@ def _why_not(tp: Plan, name: str, mode: str):
 
 
 def realize(
-    tree,
+    tree: Node | Plan,
     name: str,
     *,
-    delivery=None,
-    layout=None,
-    size=None,
-    coverage=None,
+    delivery: Delivery | None = None,
+    layout: LayoutLike | None = None,
+    size: int | None = None,
+    coverage: Coverage | None = None,
     mode: str = "allreduce",
     segment: int | None = None,
 ) -> Program:
@@ -155,7 +165,15 @@ def realize(
     )
 
 
-def plan_scatter(tree, delivery=None, layout=1, *, size=None, coverage=None, segment=None) -> Program:
+def plan_scatter(
+    tree: Node | Plan,
+    delivery: Delivery | None = None,
+    layout: LayoutLike = 1,
+    *,
+    size: int | None = None,
+    coverage: Coverage | None = None,
+    segment: int | None = None,
+) -> Program:
     """The scatter realization of `tree` (a Node, or a tree Plan whose tree, layout, size and
     coverage are reused): `realize(tree, "scatter", ...)`. `delivery`: ReplicateAll() (default),
     DeliverTo(rank), or ReduceScatter() (rank r keeps chunk r of the result)."""

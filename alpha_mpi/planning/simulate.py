@@ -8,21 +8,29 @@ to end, not only by counting bytes. Counts traffic per rank and per edge.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 from ..model.tree import Leaf, expression, postorder
 from ..refusals import PlanRefusal
+from .combine_plan import Plan
+from .steps import Step
 
 
 @dataclass
 class Traffic:
+    """What `simulate` saw a tree plan move: per rank (lists indexed by rank) the messages and
+    payload bytes sent and received, per edge `(phase, index) -> (src, dst, nbytes)`, and the
+    expression each receiver ended with (`results`, rank -> text)."""
+
     size: int
-    sent_msgs: list = field(default_factory=list)
-    sent_bytes: list = field(default_factory=list)
-    recv_msgs: list = field(default_factory=list)
-    recv_bytes: list = field(default_factory=list)
-    per_edge: dict = field(default_factory=dict)  # (phase, index) -> (src, dst, nbytes)
-    results: dict = field(default_factory=dict)  # rank -> expression it ended with
+    sent_msgs: list[int] = field(default_factory=list)
+    sent_bytes: list[int] = field(default_factory=list)
+    recv_msgs: list[int] = field(default_factory=list)
+    recv_bytes: list[int] = field(default_factory=list)
+    per_edge: dict[tuple[str, int], tuple[int, int, int]] = field(default_factory=dict)
+    results: dict[int, str] = field(default_factory=dict)  # rank -> expression it ended with
 
     def sends(self, rank: int, phase: str | None = None) -> int:
         return sum(1 for (ph, _), (s, _, _) in self.per_edge.items() if s == rank and phase in (None, ph))
@@ -50,7 +58,9 @@ class Traffic:
         }
 
 
-def grid(programs, pcs, failing_rank=None) -> str:
+def grid(
+    programs: Sequence[Sequence[Step]], pcs: Sequence[int] | None, failing_rank: int | None = None
+) -> str:
     """The rank x step grid, each rank's current step marked; the failing one with ERROR HERE."""
     lines = []
     for r, steps in enumerate(programs):
@@ -63,11 +73,23 @@ def grid(programs, pcs, failing_rank=None) -> str:
     return "\n".join(lines)
 
 
-def _fail(message, plan, pcs, rank=None):
+def _fail(message: str, plan: Plan, pcs: Sequence[int], rank: int | None = None) -> NoReturn:
     raise PlanRefusal("plan-simulation-failed", message + "\n" + grid(plan.programs, pcs, rank))
 
 
-def simulate(plan) -> Traffic:
+def simulate(plan: Plan) -> Traffic:
+    """Run a tree `Plan` (from `plan()`) symbolically, every rank in this one process, and
+    return its `Traffic`.
+
+    Sends are non-blocking and receives block, as in execution/. Every send must meet exactly one
+    receive of the same phase, edge, peers and size; every group is evaluated by its owner after
+    its inputs arrived; every receiver must end with the declared tree's expression (coverage
+    and order checked end to end, not only byte counts). Refuses (`plan-simulation-failed`,
+    with the rank x step grid and the failing rank marked) a mismatched or duplicate send, a
+    deadlock, a frame never received, a wrong expression at a receiver, or a root rank that
+    never evaluates the root. Takes the tree realization only: a `Program` from `realize` is
+    checked by `alpha_mpi.planning.check.check`.
+    """
     size = plan.size
     edges = {(e.phase, e.index): e for e in plan.edges}
     groups = plan.groups

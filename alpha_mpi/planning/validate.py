@@ -7,11 +7,12 @@ target), so one bad input gives one code whichever planner was called.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ..model.coverage import check_coverage, default_coverage
-from ..model.delivery import DeliverTo, ReduceScatter, ReplicateAll, check_delivery
-from ..model.layout import Layout, as_layout
+from ..model.coverage import Coverage, check_coverage, default_coverage
+from ..model.delivery import DeliverTo, Delivery, ReduceScatter, ReplicateAll, check_delivery
+from ..model.layout import Layout, LayoutLike, as_layout
 from ..model.tree import Leaf, Node, postorder
 from ..refusals import ModelRefusal, PlanRefusal
 
@@ -24,21 +25,21 @@ class PlanRequest:
     """A checked request: the tree, its delivery, payload layout, rank count and coverage."""
 
     tree: Node = field(repr=False)
-    delivery: object
+    delivery: Delivery
     layout: Layout
     size: int
-    coverage: object
-    nodes: tuple = field(repr=False)  # the tree in postorder
+    coverage: Coverage
+    nodes: tuple[Node, ...] = field(repr=False)  # the tree in postorder
 
 
-def check_size(size, what: str = "size") -> int:
+def check_size(size: int, what: str = "size") -> int:
     """`size` (a rank count), refused (`plan-size-invalid`) unless an int >= 1."""
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise PlanRefusal("plan-size-invalid", f"{what} must be an int >= 1, got {size!r}")
     return size
 
 
-def check_owners(nodes, size: int) -> None:
+def check_owners(nodes: Iterable[Node], size: int) -> None:
     for node in nodes:
         if node.owner >= size:
             kind = "leaf slot %d" % node.slot if isinstance(node, Leaf) else "a branch"
@@ -50,7 +51,13 @@ def check_owners(nodes, size: int) -> None:
 
 
 def validate(
-    tree, delivery=None, layout=1, *, size=None, coverage=None, reduce_scatter: bool = False
+    tree: Node,
+    delivery: Delivery | None = None,
+    layout: LayoutLike = 1,
+    *,
+    size: int | None = None,
+    coverage: Coverage | None = None,
+    reduce_scatter: bool = False,
 ) -> PlanRequest:
     """Check a plan request; `size` defaults to the highest owner + 1, `delivery` to
     ReplicateAll(), `coverage` to the tree's own slots. `reduce_scatter`: ReduceScatter() is a

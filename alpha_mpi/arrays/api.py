@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, SupportsIndex
 
 import numpy as np
 
@@ -19,6 +21,9 @@ from ..kernel import ffi, lib
 from ..refusals import KernelRefusal, PlanRefusal, Refusal
 from . import tree as T
 from .exchange import Channel
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
 
 __all__ = ["sum", "dot", "norm2", "dots", "reset"]
 
@@ -31,24 +36,43 @@ _CAP = T.CAPACITY
 _MAX_N = 1 << 62
 
 
-def sum(comm, x, offset, n, *, timeout=None) -> float:  # noqa: A001 - the natural name
+def sum(  # noqa: A001 - the natural name
+    comm: MPI.Comm, x: np.ndarray, offset: SupportsIndex, n: SupportsIndex, *, timeout: float | None = None
+) -> float:
     """Σ x_i over the global vector (the pairwise tree over [0, n)); the same float on every rank."""
     return _reduce(comm, "sum", (x,), None, offset, n, timeout)[0]
 
 
-def dot(comm, x, y, offset, n, *, timeout=None) -> float:
+def dot(
+    comm: MPI.Comm,
+    x: np.ndarray,
+    y: np.ndarray,
+    offset: SupportsIndex,
+    n: SupportsIndex,
+    *,
+    timeout: float | None = None,
+) -> float:
     """Σ x_i·y_i over the global vectors: each product rounded once (no FMA), then the pairwise
     tree over [0, n). x and y are this rank's blocks of one length."""
     return _reduce(comm, "dot", (x,), (y,), offset, n, timeout)[0]
 
 
-def norm2(comm, x, offset, n, *, timeout=None) -> float:
+def norm2(
+    comm: MPI.Comm, x: np.ndarray, offset: SupportsIndex, n: SupportsIndex, *, timeout: float | None = None
+) -> float:
     """sqrt(Σ x_i·x_i): the pairwise tree of the squares, then one correctly rounded square
     root. No scaling: |x_i| above ~1e154 overflows and is refused (non-finite-combined)."""
     return math.sqrt(_reduce(comm, "norm2", (x,), (x,), offset, n, timeout)[0])
 
 
-def dots(comm, pairs, offset, n, *, timeout=None) -> list:
+def dots(
+    comm: MPI.Comm,
+    pairs: Iterable[tuple[np.ndarray, np.ndarray]],
+    offset: SupportsIndex,
+    n: SupportsIndex,
+    *,
+    timeout: float | None = None,
+) -> list[float]:
     """[dot(x, y) for (x, y) in pairs] in one exchange (one latency for k inner products), the
     same bits as k calls of dot. Every pair is a block of the same [offset, offset + len)."""
     try:
@@ -62,7 +86,7 @@ def dots(comm, pairs, offset, n, *, timeout=None) -> list:
     return _reduce(comm, "dot", tuple(p[0] for p in pairs), tuple(p[1] for p in pairs), offset, n, timeout)
 
 
-def reset(comm) -> None:
+def reset(comm: MPI.Comm) -> None:
     """Forget alpha_mpi.arrays' duplicate of `comm` (after a peer-timeout left it broken).
     Collective: call it on every rank; the next reduction duplicates `comm` again."""
     kv = _keyval()

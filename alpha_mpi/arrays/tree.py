@@ -27,6 +27,7 @@ by offset (`sorted_order`), which again has at most two runs per window.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..refusals import PlanRefusal, Refusal
@@ -168,7 +169,7 @@ class Round:
             ) from None
 
 
-def schedule(size: int, rank: int, order=None) -> tuple:
+def schedule(size: int, rank: int, order: Iterable[int] | None = None) -> tuple[Round, ...]:
     """The rounds of `rank` on `size` ranks. `order` lists the ranks in exchange order (the
     default is rank order); position v sends to order[v - d] and receives from order[v + d]."""
     order = tuple(range(size)) if order is None else tuple(order)
@@ -184,7 +185,7 @@ def schedule(size: int, rank: int, order=None) -> tuple:
     )
 
 
-def simulate(size: int, order=None) -> list:
+def simulate(size: int, order: Iterable[int] | None = None) -> list[list[int]]:
     """Run the schedules of all ranks on sets (no MPI) and check the protocol: every send has
     its matching receive in the same round, and every rank ends with every rank's row exactly
     once and every rank's block. Returns, per rank, the ranks its rows came from in row order

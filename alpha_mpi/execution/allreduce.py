@@ -15,6 +15,7 @@ communicator, tree, layout, delivery and realization: no re-planning in loops.
 from __future__ import annotations
 
 import warnings
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,6 +31,16 @@ from .engine import Engine
 from .engine_bind import Chunk
 from .transport import library_comm
 
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+    from ..model.coverage import Coverage
+    from ..model.delivery import DeliverTo
+    from ..model.layout import LayoutLike
+    from ..model.tree import Node
+    from ..planning.cost import Calibration
+    from .contributions import Contributions
+
 REALIZATIONS = ("auto",) + NAMES
 
 
@@ -38,7 +49,9 @@ def _check_realization(realization: str) -> None:
         raise Refusal("usage", f"realization must be one of {', '.join(REALIZATIONS)}, got {realization!r}")
 
 
-def choose_realization(tp: Plan, realization: str = "auto", mode: str = "allreduce", calibration=None):
+def choose_realization(
+    tp: Plan, realization: str = "auto", mode: str = "allreduce", calibration: Calibration | None = None
+) -> tuple[str, dict[str, float]]:
     """(name, estimates {name: seconds}) for tree plan `tp`: `realization` itself if not auto
     (refused by name if inapplicable), else the applicable one with the lowest estimate."""
     _check_realization(realization)
@@ -79,21 +92,21 @@ class Allreducer:
 
     def __init__(
         self,
-        comm,
-        tree,
-        layout=None,
-        delivery=None,
+        comm: MPI.Comm,
+        tree: Node | Plan,
+        layout: LayoutLike | None = None,
+        delivery: ReplicateAll | DeliverTo | None = None,
         realization: str = "auto",
-        *legacy,
-        timeout=None,
+        *legacy: object,
+        timeout: float | None = None,
         contract: str = "",
-        segment=None,
-        coverage=None,
+        segment: int | None = None,
+        coverage: Coverage | None = None,
         dup: bool = True,
         mode: str = "allreduce",
-        calibration=None,
-        **retired,
-    ):
+        calibration: Calibration | None = None,
+        **retired: object,
+    ) -> None:
         if len(legacy) > 1:
             raise TypeError(f"Allreducer takes at most 6 positional arguments, got {5 + len(legacy)}")
         _warn_retired({**retired, **({"crossover_bytes": legacy[0]} if legacy else {})})
@@ -132,19 +145,26 @@ class Allreducer:
     order_id = deprecated_order_id("Allreducer")
 
     @property
-    def broken(self):
+    def broken(self) -> str | None:
+        """The refusal code that broke the executor (None while it is usable)."""
         return self.executor.broken
 
     @property
     def step(self) -> int:
         return self.executor.step
 
-    def run(self, contributions, out=None, *, timeout=None):
+    def run(
+        self, contributions: Contributions, out: np.ndarray | None = None, *, timeout: float | None = None
+    ) -> np.ndarray | None:
+        """Combine this rank's contributions once (see Engine.run): the combined payload where
+        delivery reaches this rank, else None; in reduce-scatter mode this rank's chunk."""
         return self.executor.run(contributions, out=out, timeout=timeout)
 
     __call__ = run
 
-    def reduce_scatter_run(self, contributions, out=None, *, timeout=None):
+    def reduce_scatter_run(
+        self, contributions: Contributions, out: np.ndarray | None = None, *, timeout: float | None = None
+    ) -> Chunk:
         """Reduce-scatter mode only: Chunk(start, stop, values of coordinates start..stop-1)."""
         return self.executor.reduce_scatter_run(contributions, out=out, timeout=timeout)
 
@@ -165,7 +185,15 @@ class Allreducer:
 class Combiner(Engine):
     """The tree realization of a tree Plan, exactly as placed (reduce up, deliver down)."""
 
-    def __init__(self, comm, plan: Plan, *, timeout=None, contract: str = "", dup: bool = True):
+    def __init__(
+        self,
+        comm: MPI.Comm,
+        plan: Plan,
+        *,
+        timeout: float | None = None,
+        contract: str = "",
+        dup: bool = True,
+    ) -> None:
         if not isinstance(plan, Plan):
             raise PlanRefusal(
                 "plan-kind-mismatch", f"Combiner runs a tree Plan (alpha_mpi.plan), got {type(plan).__name__}"
@@ -182,8 +210,15 @@ class ScatterCombiner(Engine):
     """The scatter realization: a Program from `plan_scatter` (or realize(..., "scatter"))."""
 
     def __init__(
-        self, comm, splan: Program, *, timeout=None, contract: str = "", dup: bool = True, **retired
-    ):
+        self,
+        comm: MPI.Comm,
+        splan: Program,
+        *,
+        timeout: float | None = None,
+        contract: str = "",
+        dup: bool = True,
+        **retired: object,
+    ) -> None:
         _warn_retired(retired)
         if not isinstance(splan, Program) or splan.realization != "scatter":
             what = getattr(splan, "realization", type(splan).__name__)
@@ -265,19 +300,19 @@ def _cached(comm, tree, contributions, delivery, layout, realization, mode, cove
 
 
 def allreduce(
-    comm,
-    tree,
-    contributions,
-    delivery=None,
+    comm: MPI.Comm,
+    tree: Node | Plan,
+    contributions: Contributions,
+    delivery: ReplicateAll | DeliverTo | None = None,
     *,
-    layout=None,
-    out=None,
+    layout: LayoutLike | None = None,
+    out: np.ndarray | None = None,
     realization: str = "auto",
-    timeout=None,
-    segment=None,
-    coverage=None,
-    **retired,
-):
+    timeout: float | None = None,
+    segment: int | None = None,
+    coverage: Coverage | None = None,
+    **retired: object,
+) -> np.ndarray | None:
     """Combine `contributions` (slot -> float64 array, or (numerator, mass) tuple) by `tree`
     (a Node or a tree Plan) with the chosen realization. Returns the combined payload where
     delivery reaches this rank, else None. Executors are cached (see the module docstring)."""
@@ -288,24 +323,33 @@ def allreduce(
     return a.run(contributions, out=out, timeout=timeout)
 
 
-def combine(comm, tree, contributions, delivery=None, *, layout=None, out=None, timeout=None):
+def combine(
+    comm: MPI.Comm,
+    tree: Node | Plan,
+    contributions: Contributions,
+    delivery: ReplicateAll | DeliverTo | None = None,
+    *,
+    layout: LayoutLike | None = None,
+    out: np.ndarray | None = None,
+    timeout: float | None = None,
+) -> np.ndarray | None:
     """Combine by the tree realization exactly as placed (see `allreduce` for the others)."""
     a = _cached(comm, tree, contributions, delivery, layout, "tree", "allreduce", None, None, timeout)
     return a.run(contributions, out=out, timeout=timeout)
 
 
 def reduce_scatter(
-    comm,
-    tree,
-    contributions,
+    comm: MPI.Comm,
+    tree: Node | Plan | Program,
+    contributions: Contributions,
     *,
-    layout=None,
-    out=None,
-    timeout=None,
-    segment=None,
-    coverage=None,
+    layout: LayoutLike | None = None,
+    out: np.ndarray | None = None,
+    timeout: float | None = None,
+    segment: int | None = None,
+    coverage: Coverage | None = None,
     realization: str = "auto",
-):
+) -> Chunk:
     """Reduce by `tree` and keep chunk r of the result at rank r only. Returns Chunk(start, stop,
     values of coordinates start..stop-1) on every rank (a chunk may be empty). `out`: an array
     of the chunk's length or of the whole payload (the chunk is then written at out[start:stop]).

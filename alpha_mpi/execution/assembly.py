@@ -19,7 +19,15 @@ from .transport import TAG, Endpoint, cancel_receives, log, mark_broken
 class Assembler(Endpoint):
     """Assembles one AssemblyPlan repeatedly. Build it on every rank of `comm`."""
 
-    def __init__(self, comm, aplan: AssemblyPlan, *, timeout=None, contract: str = "", dup: bool = True):
+    def __init__(
+        self,
+        comm: MPI.Comm,
+        aplan: AssemblyPlan,
+        *,
+        timeout: float | None = None,
+        contract: str = "",
+        dup: bool = True,
+    ) -> None:
         size = comm.Get_size()
         if aplan.size != size:
             raise PlanRefusal(
@@ -56,7 +64,9 @@ class Assembler(Endpoint):
         self.flags = 0
         self.sends.sort(key=lambda x: x[0].index)
 
-    def run(self, pieces: dict, out=None, flags: int = 0):
+    def run(
+        self, pieces: dict[tuple[int, int], np.ndarray], out: np.ndarray | None = None, flags: int = 0
+    ) -> np.ndarray | None:
         """`pieces` maps (start, stop) -> float64 array for every range this rank owns.
 
         Returns the full vector on receivers, else None (an `out` array is then left untouched).
@@ -174,6 +184,13 @@ class Assembler(Endpoint):
             self.comm.Free()
 
 
-def assemble(comm, aplan: AssemblyPlan, pieces: dict, out=None, *, timeout=None):
+def assemble(
+    comm: MPI.Comm,
+    aplan: AssemblyPlan,
+    pieces: dict[tuple[int, int], np.ndarray],
+    out: np.ndarray | None = None,
+    *,
+    timeout: float | None = None,
+) -> np.ndarray | None:
     """One-shot assembly (builds an Assembler, so it duplicates the communicator: all ranks call)."""
     return Assembler(comm, aplan, timeout=timeout).run(pieces, out=out)

@@ -6,6 +6,7 @@ stays usable (only this rank's peers will wait for it, up to their timeout).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Union
 
 import numpy as np
@@ -13,7 +14,10 @@ import numpy as np
 from ..refusals import Refusal
 
 #: One rank's contributions: slot -> float64 payload, or a tuple of parts (numerator, mass).
-Contributions = dict[int, Union[np.ndarray, tuple[np.ndarray, ...]]]
+#: Pass a dict (anything else is refused, `contribution-shape`); the alias says Mapping because a
+#: dict is invariant in its values: `{s: np.zeros(n)}` held in a variable would not be a
+#: dict[int, ndarray | tuple] to a type checker.
+Contributions = Mapping[int, Union[np.ndarray, tuple[np.ndarray, ...]]]
 
 
 def check_contributions(contributions, slots, rank: int, count: int, layout_key: str) -> dict:

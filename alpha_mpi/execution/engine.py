@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import sys
 import zlib
+from typing import TYPE_CHECKING
 
 import numpy as np
 from mpi4py import MPI
@@ -38,11 +39,22 @@ from .engine_bind import EngineBinding
 from .engine_build import PALL, C, D, E, EngineBuild, F, S, W, payload_check_from_env
 from .transport import Endpoint, cancel_receives, log, mark_broken
 
+if TYPE_CHECKING:
+    from .contributions import Contributions
+
 
 class Engine(Endpoint, EngineBuild, EngineBinding):
     """Executes one Program repeatedly on one communicator. Build it on every rank of `comm`."""
 
-    def __init__(self, comm, program: Program, *, timeout=None, contract: str = "", dup: bool = True):
+    def __init__(
+        self,
+        comm: MPI.Comm,
+        program: Program,
+        *,
+        timeout: float | None = None,
+        contract: str = "",
+        dup: bool = True,
+    ) -> None:
         if not isinstance(program, Program):
             raise PlanRefusal(
                 "plan-kind-mismatch",
@@ -103,7 +115,9 @@ class Engine(Endpoint, EngineBuild, EngineBinding):
     # -- construction --------------------------------------------------------------------------
     # -- binding the caller's memory -------------------------------------------------------------
     # -- running ---------------------------------------------------------------------------------
-    def run(self, contributions, out=None, *, timeout=None):
+    def run(
+        self, contributions: Contributions, out: np.ndarray | None = None, *, timeout: float | None = None
+    ) -> np.ndarray | None:
         """Run the program once with this rank's contributions (slot -> float64 payload).
 
         Returns the combined payload (a float64 vector) where the delivery reaches this rank,

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..refusals import PlanRefusal, Refusal
 from . import frames as fr
-from .contributions import check_contributions, refuse_nonfinite
+from .contributions import Contributions, check_contributions, refuse_nonfinite
 
 _F64 = np.dtype(np.float64)
 _MISSING = object()
@@ -26,7 +26,9 @@ class Chunk(NamedTuple):
 class EngineBinding:
     """Per-run binding of contributions and `out`, and the end of a run (see engine.py)."""
 
-    def reduce_scatter_run(self, contributions, out=None, *, timeout=None) -> Chunk:
+    def reduce_scatter_run(
+        self, contributions: Contributions, out: np.ndarray | None = None, *, timeout: float | None = None
+    ) -> Chunk:
         """Reduce-scatter programs only: run once and return Chunk(start, stop, values). `out`:
         an array of the chunk's length, or of the whole payload (written at out[start:stop])."""
         if self.program.mode != "reduce-scatter":

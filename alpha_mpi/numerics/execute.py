@@ -19,12 +19,21 @@ has completed (`non-finite-contribution` where the value was, `non-finite-combin
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from ..execution import Combiner
 from ..refusals import KernelRefusal, Refusal
 from .authorization import authorize
 from .conversion import convert_contribution
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+    from ..execution.contributions import Contributions
+    from ..model.contract import NumericalContract
+    from ..planning import Plan
 
 __all__ = ["ContractCombiner"]
 
@@ -38,7 +47,15 @@ class ContractCombiner:
     value); `free()` releases the communicator.
     """
 
-    def __init__(self, comm, plan, contract, *, timeout=None, dup: bool = True):
+    def __init__(
+        self,
+        comm: MPI.Comm,
+        plan: Plan,
+        contract: NumericalContract | dict,
+        *,
+        timeout: float | None = None,
+        dup: bool = True,
+    ) -> None:
         self.contract = authorize(contract, plan=plan)
         self.plan = plan
         self.kinds = self.contract.profile.site("contribution")
@@ -59,7 +76,7 @@ class ContractCombiner:
             return np.concatenate([np.ravel(np.asarray(p, dtype=dt)) for p in value])
         return value
 
-    def run(self, contributions, out=None):
+    def run(self, contributions: Contributions, out: np.ndarray | None = None) -> np.ndarray | None:
         """Convert this rank's contributions at the contract's site, then combine them."""
         if self.kinds == ("KeepFormat",):
             return self.combiner.run(contributions, out=out)

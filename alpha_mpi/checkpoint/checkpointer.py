@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -51,9 +52,54 @@ from .lock import DirectoryLock
 from .paths import step_name, step_of
 from .reader import Checkpoint, is_step_dir
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+    from mpi4py import MPI
+
+    from ..model.contract import NumericalContract
+
 DATA_STREAM = "permutation-v1"
 
-__all__ = ["Checkpointer", "Resumed", "SAME_ON_RESUME", "NOT_SAVED", "check_compatible"]
+__all__ = [
+    "Checkpointer",
+    "CheckpointedLearner",
+    "Resumed",
+    "SAME_ON_RESUME",
+    "NOT_SAVED",
+    "check_compatible",
+]
+
+
+class CheckpointedLearner(Protocol):
+    """What checkpoints need of a learner (DataParallelLearner, alpha_mpi.torch.DataParallel's
+    checkpoint view): its communicator (the learner's `save`/`restore` use it), step, order id and
+    numerical contract, the pieces this rank writes, its scalars, and `load_checkpoint(ck)`. A
+    learner may also offer `checkpoint_read(ck)` and `checkpoint_apply(state)`; the Checkpointer
+    then reads on every rank before any rank installs (DataParallelLearner does)."""
+
+    @property
+    def comm(self) -> MPI.Comm: ...
+
+    @property
+    def step(self) -> int: ...
+
+    @property
+    def order_id(self) -> str: ...
+
+    @property
+    def contract(self) -> NumericalContract: ...
+
+    def checkpoint_pieces(self) -> dict:
+        """name -> (length, [(start, stop, values)]) for the ranges this rank writes."""
+        ...
+
+    def checkpoint_scalars(self) -> dict:
+        """The JSON scalars stored in the manifest (step, optimizer, ...)."""
+        ...
+
+    def load_checkpoint(self, ck: Checkpoint) -> None:
+        """Read this rank's ranges of `ck` and install them."""
+        ...
 
 
 class Checkpointer:
@@ -82,16 +128,16 @@ class Checkpointer:
 
     def __init__(
         self,
-        comm,
+        comm: MPI.Comm,
         root: str,
-        learner,
-        cfg=None,
+        learner: CheckpointedLearner,
+        cfg: dict | DataclassInstance | None = None,
         *,
         adopt_contract: bool = False,
         adopt_lr: bool = False,
         data: dict | None = None,
-        timeout=None,
-    ):
+        timeout: float | None = None,
+    ) -> None:
         self.comm, self.root, self.learner = comm, root, learner
         self.size, self.rank = comm.Get_size(), comm.Get_rank()
         cfg = asdict(cfg) if cfg is not None and not isinstance(cfg, dict) else dict(cfg or {})
@@ -141,10 +187,10 @@ class Checkpointer:
             self._lock.release()
             self._lock = None
 
-    def __enter__(self):
+    def __enter__(self) -> Checkpointer:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def _all(self, failure, skip: bool = False, value: float = 0.0, flag: bool = False):
@@ -163,10 +209,13 @@ class Checkpointer:
         return total[1] > 0, int(total[2]), total[3] > 0
 
     def has(self, step: int) -> bool:
+        """Step `step` is published in the checkpoint directory."""
         return os.path.isdir(os.path.join(self.root, step_name(step)))
 
     # ------------------------------------------------------------------------------ save
     def save(self) -> str:
+        """Publish the learner's state at its current step (collective); returns the step
+        directory. A step already published is left as it is."""
         lr = self.learner
         step = lr.step
         failure, complete = None, False
@@ -243,7 +292,7 @@ class Checkpointer:
         step directory) into the learner, on any rank count. Collective; returns the step dir."""
         return self._load(path)
 
-    def restore_latest(self):
+    def restore_latest(self) -> str | None:
         """Restore what `resume()` finds in the checkpoint directory; None when there is none."""
         r = self.resume()
         return r.path

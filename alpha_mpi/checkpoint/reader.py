@@ -115,7 +115,13 @@ def _root_bytes(step_dir: str, expected: str | None):
 
 
 class Checkpoint:
-    def __init__(self, path: str, expected_sha256: str | None = None):
+    """One published step, opened from its path (see `open_checkpoint`): `dir`, `step`,
+    `manifest` (validated), `manifest_sha256`, `components` (name -> length and shards).
+    `length(name)`, `read_range(name, start, stop)` (hashing each shard it touches first) and
+    `verify()` (re-hashing every shard). `expected_sha256`: the manifest sha256 the caller
+    expects (else the one `latest` names, when reached through it)."""
+
+    def __init__(self, path: str, expected_sha256: str | None = None) -> None:
         self.dir, latest_sha = resolve(path)
         data, self.manifest_sha256 = _root_bytes(self.dir, expected_sha256 or latest_sha)
         where = os.path.join(self.dir, MANIFEST)

@@ -21,8 +21,13 @@ optimizer formula, another torch build) is refused (`numerical-order-mismatch` /
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from ..refusals import CheckpointRefusal
+
+if TYPE_CHECKING:
+    from ..checkpoint.checkpointer import CheckpointedLearner, Checkpointer
 
 __all__ = ["checkpointer", "save", "restore"]
 
@@ -34,7 +39,14 @@ def _config(learner, config):
     return {k: v for k, v in cfg.items() if v is not None}
 
 
-def checkpointer(learner, directory: str, *, config=None, adopt_contract: bool = False, timeout=None):
+def checkpointer(
+    learner: CheckpointedLearner,
+    directory: str,
+    *,
+    config: Mapping[str, object] | None = None,
+    adopt_contract: bool = False,
+    timeout: float | None = None,
+) -> Checkpointer:
     """The `Checkpointer` for (learner, directory), built once (collectively) and reused."""
     from ..checkpoint import Checkpointer
 
@@ -54,7 +66,13 @@ def checkpointer(learner, directory: str, *, config=None, adopt_contract: bool =
     return ck
 
 
-def save(learner, directory: str, *, config=None, timeout=None) -> str:
+def save(
+    learner: CheckpointedLearner,
+    directory: str,
+    *,
+    config: Mapping[str, object] | None = None,
+    timeout: float | None = None,
+) -> str:
     """Publish the learner's state at its current step under `directory`; returns the step
     directory. Collective: every rank calls it at the same step. A step already published is
     left as it is (published checkpoints are immutable)."""
@@ -62,14 +80,14 @@ def save(learner, directory: str, *, config=None, timeout=None) -> str:
 
 
 def restore(
-    learner,
+    learner: CheckpointedLearner,
     directory: str,
     *,
-    config=None,
+    config: Mapping[str, object] | None = None,
     adopt_contract: bool = False,
     missing_ok: bool = False,
-    timeout=None,
-):
+    timeout: float | None = None,
+) -> str | None:
     """Load the checkpoint at `directory` (a checkpoint directory, whose `latest` is followed, or
     one step directory) into the learner, whatever the rank count was at save time; returns the
     step directory read. With `missing_ok`, a directory without any checkpoint returns None

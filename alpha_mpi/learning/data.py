@@ -7,6 +7,8 @@ the same samples on 1, 2, 4 or 8 ranks.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
 from ..refusals import Refusal
@@ -119,7 +121,7 @@ def slot_sizes(batch: int, slots: int) -> list:
 class SlotStream:
     """Which samples slot s reads at step t; identical on every rank."""
 
-    def __init__(self, n: int, batch: int, slots: int, seed: int, sizes=None):
+    def __init__(self, n: int, batch: int, slots: int, seed: int, sizes: Iterable[int] | None = None) -> None:
         if batch < slots:
             raise Refusal(
                 "usage", f"--batch {batch} is smaller than --slots {slots}: every slot needs a sample"

@@ -23,6 +23,8 @@ every rank after the same step; see train_step for how both travel without an ex
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -34,6 +36,13 @@ from ..planning.assembly import plan_assembly
 from ..planning.realize import realize
 from ..refusals import KernelRefusal, Refusal
 from .optim import make_optimizer
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+    from mpi4py import MPI
+
+    from ..checkpoint.reader import Checkpoint
+    from .protocol import Model
 
 MODES = ("none", "state", "grads", "params")
 
@@ -86,8 +95,8 @@ class DataParallelLearner:
 
     def __init__(
         self,
-        comm,
-        model,
+        comm: MPI.Comm,
+        model: Model,
         *,
         slots: int,
         topology: str = "pairwise",
@@ -96,9 +105,9 @@ class DataParallelLearner:
         momentum: float = 0.9,
         partition: str = "none",
         seed: int = 0,
-        timeout=None,
-        init_params=None,
-    ):
+        timeout: float | None = None,
+        init_params: npt.ArrayLike | None = None,
+    ) -> None:
         if partition not in MODES:
             raise Refusal("usage", f"unknown partition {partition!r}; use one of {', '.join(MODES)}")
         from .protocol import check_model
@@ -186,7 +195,9 @@ class DataParallelLearner:
             self._full = self.assembler.run({self.own: self.params}, out=np.empty(self.n))
         return self._full
 
-    def train_step(self, batch: dict, stop: bool = False):
+    def train_step(
+        self, batch: Mapping[int, tuple[np.ndarray, np.ndarray]], stop: bool = False
+    ) -> tuple[float, np.bool_]:
         """One step over this rank's slots: `batch[slot] = (X, y)`. Returns (mean loss, stop?).
 
         `batch` holds exactly the slots in `my_slots` (`slice_batch` / `stream_batch` build it).
@@ -269,19 +280,26 @@ class DataParallelLearner:
         self.step += 1
         return loss / mass, stops > 0
 
-    def final_params(self):
+    def final_params(self) -> np.ndarray:
         """The full parameters on every rank (assembled in `params` mode: every rank calls)."""
         return self.full_params()
 
     # -- checkpoints: every component is a logical vector of length n, saved by coordinate range --
-    def save(self, directory: str, config=None) -> str:
+    def save(self, directory: str, config: Mapping[str, object] | None = None) -> str:
         """Publish a checkpoint of this step under `directory` (collective); returns its step
         directory. See alpha_mpi.learning.checkpoints.save."""
         from .checkpoints import save
 
         return save(self, directory, config=config)
 
-    def restore(self, directory: str, config=None, *, adopt_contract: bool = False, missing_ok: bool = False):
+    def restore(
+        self,
+        directory: str,
+        config: Mapping[str, object] | None = None,
+        *,
+        adopt_contract: bool = False,
+        missing_ok: bool = False,
+    ) -> str | None:
         """Load the latest checkpoint in `directory` (or that step directory) saved on any rank
         count (collective); returns the step directory. See alpha_mpi.learning.checkpoints.restore."""
         from .checkpoints import restore
@@ -314,7 +332,7 @@ class DataParallelLearner:
             "partition_saved": self.partition,
         }
 
-    def checkpoint_read(self, ck) -> dict:
+    def checkpoint_read(self, ck: Checkpoint) -> dict:
         """Read exactly the ranges this rank now owns (whatever the rank count was at save time)
         into fresh arrays, checking that the checkpoint is this learner's; nothing is installed."""
         from ..refusals import CheckpointRefusal
@@ -369,7 +387,7 @@ class DataParallelLearner:
         if self.partition == "params":
             self._full = None  # assembled again from the restored shards at the next forward pass
 
-    def load_checkpoint(self, ck) -> None:
+    def load_checkpoint(self, ck: Checkpoint) -> None:
         """Read this rank's ranges of `ck` and install them (checkpoint_read, then checkpoint_apply)."""
         self.checkpoint_apply(self.checkpoint_read(ck))
 

@@ -15,9 +15,13 @@ from threadpoolctl import threadpool_limits
 
 
 class MLP:
+    """The built-in `Model`: one ReLU hidden layer and softmax cross-entropy (summed over a slot's
+    samples), in numpy with one BLAS thread. `inputs`, `hidden`, `classes`: ints >= 1, at most
+    MAX_PARAMS parameters in all (`model-invalid` otherwise)."""
+
     MAX_PARAMS = 1 << 28  # 2 GiB per float64 vector; a learner holds several (params, moments, one per slot)
 
-    def __init__(self, inputs: int, hidden: int, classes: int):
+    def __init__(self, inputs: int, hidden: int, classes: int) -> None:
         from ..refusals import Refusal
 
         for name, v in (("inputs", inputs), ("hidden", hidden), ("classes", classes)):

@@ -24,7 +24,7 @@ import importlib
 import inspect
 import os
 import sys
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
 import numpy as np
 
@@ -98,7 +98,7 @@ def _check_arity(model, name: str, count: int) -> None:
 _SIGNATURES = {"init": "(seed)", "loss_and_grad_sum": "(params, X, y, grad_out)", "predict": "(params, X)"}
 
 
-def check_model(model, probe=None, seed: int = 0):
+def check_model(model: object, probe: tuple[np.ndarray, np.ndarray] | None = None, seed: int = 0) -> Model:
     """Return `model` if it satisfies `Model`, else refuse by name (`model-protocol`).
 
     Checks the members: `n_params` an int >= 1; `init(seed)` and
@@ -119,7 +119,7 @@ def check_model(model, probe=None, seed: int = 0):
         _check_arity(model, "predict", 2)
     if probe is not None:
         _probe(model, int(n), probe, seed)
-    return model
+    return cast(Model, model)
 
 
 def _probe(model, n: int, probe, seed: int) -> None:
@@ -168,7 +168,7 @@ def _probe(model, n: int, probe, seed: int) -> None:
         )
 
 
-def model_from_spec(spec: str, inputs: int, classes: int):
+def model_from_spec(spec: str, inputs: int, classes: int) -> Model:
     """Build the model `alpha-mpi train --model module:factory` names.
 
     `module` is imported with the working directory first on the path (then PYTHONPATH);

@@ -16,15 +16,34 @@ count). X and y may be numpy arrays or torch tensors (anything sliceable along i
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
 import numpy as np
 
 from ..refusals import Refusal
 from .data import SlotStream, slot_sizes
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
 __all__ = ["slot_ranges", "slice_batch", "slice_indices", "stream_batch", "SlotStream"]
 
 
-def slot_ranges(batch: int, slots: int, sizes=None) -> list:
+class Sliceable(Protocol):
+    """What X and y may be: a numpy array, a torch tensor, anything with a length and indexed
+    along its first axis (by a slice, or by an index array in `stream_batch`)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: Any, /) -> Any: ...
+
+
+_X = TypeVar("_X", bound=Sliceable)
+_Y = TypeVar("_Y", bound=Sliceable)
+
+
+def slot_ranges(batch: int, slots: int, sizes: Iterable[int] | None = None) -> list[tuple[int, int]]:
     """[(start, stop)] of each slot's window in a batch of `batch` samples (slot order).
 
     `sizes` (one count per slot, summing to `batch`) overrides the default cut (batch // slots,
@@ -53,7 +72,9 @@ def _owned(owned, slots):
     return owned
 
 
-def slice_batch(X, y, slots: int, owned, sizes=None) -> dict:
+def slice_batch(
+    X: _X, y: _Y, slots: int, owned: Iterable[int], sizes: Iterable[int] | None = None
+) -> dict[int, tuple[_X, _Y]]:
     """{slot: (X[a:b], y[a:b])} for the `owned` slots of the global batch (X, y).
 
     `owned` is `learner.my_slots` (or `DataParallel.my_slots`). Slices are views, not copies.
@@ -64,7 +85,9 @@ def slice_batch(X, y, slots: int, owned, sizes=None) -> dict:
     return {s: (X[ranges[s][0] : ranges[s][1]], y[ranges[s][0] : ranges[s][1]]) for s in _owned(owned, slots)}
 
 
-def slice_indices(indices, slots: int, owned, sizes=None) -> dict:
+def slice_indices(
+    indices: npt.ArrayLike, slots: int, owned: Iterable[int], sizes: Iterable[int] | None = None
+) -> dict[int, np.ndarray]:
     """{slot: sample indices} for the `owned` slots of one step's global index list.
 
     For samplers that yield the indices of a global batch (the same list on every rank).
@@ -74,7 +97,9 @@ def slice_indices(indices, slots: int, owned, sizes=None) -> dict:
     return {s: idx[ranges[s][0] : ranges[s][1]] for s in _owned(owned, slots)}
 
 
-def stream_batch(stream: SlotStream, step: int, owned, X, y) -> dict:
+def stream_batch(
+    stream: SlotStream, step: int, owned: Iterable[int], X: _X, y: _Y
+) -> dict[int, tuple[_X, _Y]]:
     """{slot: (X[idx], y[idx])} of step `step` of a seeded `SlotStream` (the CLI's data order).
 
     `SlotStream(n, batch, slots, seed)` walks seeded permutations of the n samples, one global

@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -13,11 +15,19 @@ from .data import SlotStream, load_npz, synthetic
 from .learner import DataParallelLearner
 from .mlp import MLP
 
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
 PREEMPTED = 99  # exit status: stopped on a signal after saving a checkpoint (job scripts requeue)
 
 
 @dataclass
 class TrainConfig:
+    """What `train` runs: the options of `alpha-mpi train`, one field per option of the same name
+    (steps, the slot tree and batch, the optimizer, the model: `model` "module:factory", else the
+    built-in MLP with `hidden` units; the data: `data` an .npz file, else synthetic; checkpoints
+    and resume)."""
+
     steps: int = 200
     slots: int = 8
     batch: int = 256
@@ -149,7 +159,7 @@ def build(comm, cfg: TrainConfig):
     return data, model, learner, stream
 
 
-def train(comm, cfg: TrainConfig, out=print) -> dict:
+def train(comm: MPI.Comm, cfg: TrainConfig, out: Callable[[str], object] = print) -> dict:
     """Run `cfg.steps` steps (continuing from a checkpoint with `resume`). Rank 0 prints."""
     rank = comm.Get_rank()
     say = out if rank == 0 else (lambda *a, **k: None)

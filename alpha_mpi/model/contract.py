@@ -262,7 +262,7 @@ def contract_for_plan(
         profile = Profile(("binary64", "binary32"), conversions=site)
     else:
         raise invalid(f"contributions must be 'binary64' or 'binary32', got {contributions!r}")
-    ops = [CombineOrder(oid)]
+    ops: list[CombineOrder | Formula] = [CombineOrder(oid)]
     if normalize is None:
         layout = getattr(plan, "layout", None)
         normalize = layout is not None and "mass" in getattr(layout, "offsets", {})

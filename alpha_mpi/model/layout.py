@@ -26,6 +26,9 @@ class Layout:
     """
 
     __slots__ = ("components", "total", "offsets")
+    components: tuple[tuple[str, int], ...]
+    total: int
+    offsets: dict[str, tuple[int, int]]
 
     def __init__(self, *components: tuple[str, int] | Sequence[tuple[str, int]]) -> None:
         if (

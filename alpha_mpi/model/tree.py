@@ -44,6 +44,11 @@ class Node:
     """
 
     __slots__ = ("owner", "_order", "_placed", "leaves", "depth")
+    owner: int
+    leaves: int
+    depth: int
+    _order: bytes
+    _placed: bytes
 
     def __eq__(self, other):
         return isinstance(other, Node) and self._placed == other._placed
@@ -76,6 +81,7 @@ class Leaf(Node):
     """One logical contribution `slot`, held by rank `owner`."""
 
     __slots__ = ("slot",)
+    slot: int
 
     def __init__(self, slot: int, owner: int = 0):
         slot = _check_index(slot, "Leaf slot", "slot-invalid")
@@ -93,6 +99,8 @@ class Branch(Node):
     """`left + right`, coordinate by coordinate in binary64, left operand first, at `owner`."""
 
     __slots__ = ("left", "right")
+    left: Node
+    right: Node
 
     def __init__(self, left: Node, right: Node, owner: int = 0):
         if not isinstance(left, Node) or not isinstance(right, Node):

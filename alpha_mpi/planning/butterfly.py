@@ -17,18 +17,21 @@ both hold the same bits without any assumption on the arithmetic.
 
 from __future__ import annotations
 
-from ..model.tree import Leaf
+from collections.abc import Callable
+
+from ..model.layout import Layout
+from ..model.tree import Leaf, Node
 from ..refusals import PlanRefusal
 from .builder import RankBuilder, is_split
 from .operands import lower_expression, operands
-from .program import Eval, Message
+from .program import Eval, Message, RankProgram
 
 
 def _inapplicable(name: str, why: str):
     return PlanRefusal("realization-inapplicable", f"{name}: {why}", realization=name)
 
 
-def balanced_top(tree, size: int, name: str = "butterfly") -> dict:
+def balanced_top(tree: Node, size: int, name: str = "butterfly") -> dict:
     """Check the butterfly shape; return {(level k, block base): left child is the lower block}
     and the operand of each rank. Raises realization-inapplicable saying why not."""
     if size & (size - 1):
@@ -106,7 +109,9 @@ def chunk_ranges(n: int, size: int) -> list:
     return ranges
 
 
-def lower_butterfly(tree, layout, size: int, receivers, top) -> callable:
+def lower_butterfly(
+    tree: Node, layout: Layout, size: int, receivers: frozenset[int], top: dict
+) -> Callable[[int], RankProgram]:
     n = layout.total
     L = size.bit_length() - 1
     key = layout.key()
@@ -141,7 +146,9 @@ def lower_butterfly(tree, layout, size: int, receivers, top) -> callable:
     return build
 
 
-def lower_halving(tree, layout, size: int, receivers, top, mode: str) -> callable:
+def lower_halving(
+    tree: Node, layout: Layout, size: int, receivers: frozenset[int], top: dict, mode: str
+) -> Callable[[int], RankProgram]:
     n = layout.total
     L = size.bit_length() - 1
     key = layout.key()

@@ -11,15 +11,18 @@
 
 from __future__ import annotations
 
-from ..model.tree import Leaf, leaf_sequence
+from collections.abc import Callable
+
+from ..model.layout import Layout
+from ..model.tree import Leaf, Node, leaf_sequence
 from .builder import RankBuilder, is_split
 from .operands import lower_expression, operands
-from .program import Message
+from .program import Message, RankProgram
 
 DEFAULT_SEGMENT = 1 << 16  # elements per scatter frame (512 KiB): transfer, add and copies pipeline
 
 
-def chunk_bounds(n: int, size: int) -> tuple:
+def chunk_bounds(n: int, size: int) -> tuple[tuple[int, int], ...]:
     """Contiguous chunks of 0..n-1, one per rank, sizes differing by at most one."""
     q, r = divmod(n, size)
     return tuple((c * q + min(c, r), c * q + min(c, r) + q + (1 if c < r else 0)) for c in range(size))
@@ -77,7 +80,9 @@ def region_of_node(region_of: dict):
     return lambda node: region_of.get(id(node))
 
 
-def lower_replicate(tree, layout, size: int, receivers) -> callable:
+def lower_replicate(
+    tree: Node, layout: Layout, size: int, receivers: frozenset[int]
+) -> Callable[[int], RankProgram]:
     n = layout.total
     key = layout.key()
     ops = operands(tree)
@@ -121,7 +126,9 @@ def lower_replicate(tree, layout, size: int, receivers) -> callable:
     return build
 
 
-def lower_scatter(tree, layout, size: int, receivers, mode: str, segment: int) -> callable:
+def lower_scatter(
+    tree: Node, layout: Layout, size: int, receivers: frozenset[int], mode: str, segment: int
+) -> tuple[Callable[[int], RankProgram], tuple[tuple[int, int], ...]]:
     n = layout.total
     key = layout.key()
     ops = operands(tree)

@@ -192,7 +192,9 @@ class Program(PlanBase):
 
     builder: object = field(default=None, repr=False)  # rank -> RankProgram
     mode: str = "allreduce"  # or "reduce-scatter"
-    chunks: tuple | None = None  # reduce-scatter: chunks[r] = (start, stop) rank r ends with
+    chunks: tuple[tuple[int, int], ...] | None = (
+        None  # reduce-scatter: chunks[r] = (start, stop) rank r ends with
+    )
     rounds: int = 0  # sequential message rounds on the critical path
     details: dict = field(default_factory=dict)
     _ranks: dict = field(default_factory=dict, init=False, repr=False)
@@ -206,7 +208,7 @@ class Program(PlanBase):
     def slots_of(self, r: int) -> tuple:
         return self.rank(r).slots
 
-    def chunk(self, r: int):
+    def chunk(self, r: int) -> tuple[int, int] | None:
         return None if self.chunks is None else self.chunks[r]
 
     def describe(self, ranks=None) -> str:

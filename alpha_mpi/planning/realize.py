@@ -15,6 +15,8 @@ apply with the reason for each that does not.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..model.coverage import Coverage
 from ..model.delivery import DeliverTo, Delivery, ReduceScatter, ReplicateAll
 from ..model.layout import LayoutLike
@@ -26,7 +28,7 @@ from .butterfly import balanced_top, chunk_ranges, lower_butterfly, lower_halvin
 from .combine_plan import Plan
 from .combine_plan import plan as plan_tree
 from .gather import DEFAULT_SEGMENT, chunk_bounds, lower_replicate, lower_scatter
-from .program import Eval, Message, Program
+from .program import Eval, Message, Program, RankProgram
 
 REALIZATIONS = ("tree", "scatter", "replicate", "butterfly", "halving")
 # Realizations that can stop after their reduce-scatter half (the learners' grads/params modes).
@@ -54,9 +56,9 @@ def _check_name(name: str) -> None:
         )
 
 
-def applicable(tp: Plan, mode: str = "allreduce") -> dict:
+def applicable(tp: Plan, mode: str = "allreduce") -> dict[str, str | None]:
     """name -> None if it applies to this tree plan, else the reason it does not."""
-    out = {}
+    out: dict[str, str | None] = {}
     for name in REALIZATIONS:
         try:
             _why_not(tp, name, mode)
@@ -66,7 +68,7 @@ def applicable(tp: Plan, mode: str = "allreduce") -> dict:
     return out
 
 
-def _why_not(tp: Plan, name: str, mode: str):
+def _why_not(tp: Plan, name: str, mode: str) -> dict | None:
     if mode == "reduce-scatter" and name not in REDUCE_SCATTER:
         raise PlanRefusal(
             "realization-inapplicable",
@@ -202,7 +204,7 @@ def _tree_rounds(tp: Plan) -> int:
     return up + max(down.values(), default=0)
 
 
-def lower_tree(tp: Plan) -> callable:
+def lower_tree(tp: Plan) -> Callable[[int], RankProgram]:
     """The tree Plan's groups and edges as programs: reduce frames are written by the kernel
     straight into framed buffers; the deliver phase sends the result down the tree."""
     n = tp.layout.total
@@ -261,7 +263,7 @@ def lower_tree(tp: Plan) -> callable:
     return build
 
 
-def reduce_scatter_chunks(program: Program) -> tuple:
+def reduce_scatter_chunks(program: Program) -> tuple[tuple[int, int], ...]:
     if program.chunks is None:
         raise PlanRefusal(
             "plan-delivery-mismatch",

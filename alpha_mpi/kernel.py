@@ -24,6 +24,9 @@ is loaded once, by _kernel_lib.py (`ffi`, `lib`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import NoReturn
+
 import numpy as np
 
 from ._kernel_lib import ffi, lib
@@ -57,7 +60,7 @@ MAX_DEPTH = 64
 # ----------------------------------------------------------------------------- combines
 
 
-def add(out, left, right):
+def add(out: np.ndarray, left: np.ndarray, right: np.ndarray) -> np.ndarray:
     """out = left + right (binary64, element by element). out may be left or right."""
     o = f64_buffer(out, "out", "add", True)
     l_ = f64_buffer(left, "left", "add")
@@ -70,7 +73,7 @@ def add(out, left, right):
     return out
 
 
-def _program(program):
+def _program(program: np.ndarray | Sequence[int]) -> np.ndarray:
     if type(program) is ND and program.dtype == I32 and program.ndim == 1 and program.flags.c_contiguous:
         return program
     try:
@@ -92,7 +95,7 @@ def _program(program):
     return np.ascontiguousarray(arr, dtype=I32)
 
 
-def check_program(program, k):
+def check_program(program: np.ndarray | Sequence[int], k: int) -> int:
     """Validate a postfix program over k inputs; return the stack depth it needs."""
     prog = _program(program)
     depth = ffi.new("size_t *")
@@ -102,7 +105,7 @@ def check_program(program, k):
     return int(depth[0])
 
 
-def _program_refusal(prog, k):
+def _program_refusal(prog: np.ndarray, k: int) -> NoReturn:
     # Re-walk in Python only to say what is wrong (the C check already refused).
     sp = 0
     reason = "it must leave exactly one value on the stack"
@@ -146,7 +149,9 @@ def _pointer_array(fn, out, inputs):
     return ptrs, keep
 
 
-def tree_eval(out, inputs, program):
+def tree_eval(
+    out: np.ndarray, inputs: Sequence[np.ndarray], program: np.ndarray | Sequence[int]
+) -> np.ndarray:
     """Evaluate a postfix tree program over `inputs` into `out` in one sweep.
 
     `program`: value >= 0 pushes inputs[value]; -1 pops right then left and pushes
@@ -162,7 +167,7 @@ def tree_eval(out, inputs, program):
     return out
 
 
-def fold(out, inputs):
+def fold(out: np.ndarray, inputs: Sequence[np.ndarray]) -> np.ndarray:
     """out = ((inputs[0] + inputs[1]) + inputs[2]) + ... (the star chain); out may be an input."""
     o = f64_buffer(out, "out", "fold", True)
     if len(inputs) == 0:
@@ -173,7 +178,7 @@ def fold(out, inputs):
     return out
 
 
-def first_nonfinite(x):
+def first_nonfinite(x: np.ndarray) -> int:
     """Index of the first NaN/Inf in the float64 array x, or -1."""
     return int(lib.ak_first_nonfinite(f64_buffer(x, "x", "first_nonfinite"), x.size))
 
@@ -181,7 +186,7 @@ def first_nonfinite(x):
 # ----------------------------------------------------------------------------- conversions
 
 
-def widen_binary32(out, x32):
+def widen_binary32(out: np.ndarray, x32: np.ndarray) -> np.ndarray:
     """out (float64) = x32 (float32) exactly (the WidenBinary32 conversion site)."""
     fn = "widen_binary32"
     o = f64_buffer(out, "out", fn, True)
@@ -199,7 +204,7 @@ def widen_binary32(out, x32):
     return out
 
 
-def round_binary64(out32, x64):
+def round_binary64(out32: np.ndarray, x64: np.ndarray) -> np.ndarray:
     """out32 (float32) = x64 rounded to nearest-even (the RoundBinary64 conversion site).
     A non-finite x64 refuses with non-finite-input; a finite value beyond binary32's range
     refuses with non-finite-output."""

@@ -8,10 +8,16 @@ user API: `alpha_mpi.kernel` is.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, NoReturn
+
 import numpy as np
 
 from ._kernel_lib import ffi
 from .refusals import KernelRefusal
+
+if TYPE_CHECKING:
+    from cffi import FFI
 
 __all__ = ["F64", "F32", "I32", "ND", "DARR", "FARR", "IARR", "f64_buffer", "same_size", "bad_argument"]
 
@@ -25,7 +31,7 @@ except KernelRefusal:  # pragma: no cover - no compiled kernel
     DARR = FARR = IARR = None
 
 
-def f64_buffer(a, name, fn, writable=False):
+def f64_buffer(a: np.ndarray, name: str, fn: str, writable: bool = False) -> FFI.CData:
     """`a` (a native float64 C-contiguous ndarray; writeable when `writable`) as a cffi buffer.
 
     Refused: `dtype-invalid` (not an ndarray, not float64), `kernel-bad-argument`
@@ -58,7 +64,7 @@ def f64_buffer(a, name, fn, writable=False):
     raise KernelRefusal("dtype-invalid", f"{fn}: {name} must be native float64, got {a.dtype}", argument=name)
 
 
-def same_size(fn, n, pairs):
+def same_size(fn: str, n: int, pairs: Iterable[tuple[str, np.ndarray]]) -> None:
     """Refuse (`kernel-bad-argument`) the first (name, array) in `pairs` without `n` elements."""
     for name, a in pairs:
         if a.size != n:
@@ -67,7 +73,7 @@ def same_size(fn, n, pairs):
             )
 
 
-def bad_argument(fn, what):
+def bad_argument(fn: str, what: str) -> NoReturn:
     """Raise `kernel-bad-argument` for a C call that refused its buffers (`what` says how)."""
     raise KernelRefusal(
         "kernel-bad-argument",

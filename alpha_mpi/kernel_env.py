@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import platform
+from typing import TypedDict
 
 from ._kernel_lib import ffi, lib
 from .refusals import KernelRefusal
@@ -24,7 +25,21 @@ __all__ = ["fpenv_state", "fpenv_check", "build_info"]
 _REGISTER = {"x86_64": "MXCSR", "aarch64": "FPCR"}
 
 
-def fpenv_state():
+class FpEnvState(TypedDict):
+    """What `fpenv_state()` returns: `arch`, the control `register` read (`MXCSR`, `FPCR` or
+    `none`) and its `raw` value, whether rounding is to nearest, FTZ and DAZ, and `on_profile`
+    (round-to-nearest with subnormals preserved)."""
+
+    arch: str
+    register: str
+    raw: int
+    rounding_nearest: bool
+    ftz: bool
+    daz: bool
+    on_profile: bool
+
+
+def fpenv_state() -> FpEnvState:
     """The floating-point environment of the calling thread, as the kernel sees it."""
     raw = ffi.new("uint32_t *")
     flags = lib.ak_fpenv_check(raw)
@@ -40,7 +55,7 @@ def fpenv_state():
     }
 
 
-def fpenv_check():
+def fpenv_check() -> FpEnvState:
     """Refuse (fp-environment-off-profile) unless rounding is to nearest and FTZ/DAZ are off.
     Returns fpenv_state() when the environment is on profile."""
     s = fpenv_state()
@@ -64,7 +79,7 @@ def fpenv_check():
 # ------------------------------------------------------------------ verification hook
 
 
-def _set_ftz_daz(ftz, daz):
+def _set_ftz_daz(ftz: bool, daz: bool) -> None:
     """Verification hook, not product API: switch FTZ / DAZ of the calling thread (x86-64,
     AArch64) so that the fp-environment refusal can be exercised in-process. Reached only from
     `alpha_mpi_verify.fpenv` (set_ftz_daz, ftz_daz); no product code calls it."""
@@ -75,7 +90,19 @@ def _set_ftz_daz(ftz, daz):
 # ----------------------------------------------------------------------------- identity
 
 
-def build_info():
+class BuildInfo(TypedDict):
+    """What `build_info()` returns: `build_id` (sha256 hex of the C sources and flags), the
+    compiler `flags`, `compiler`, `arch`, `machine`, and the compiled `module`'s file (or None)."""
+
+    build_id: str
+    flags: list[str]
+    compiler: str
+    arch: str
+    machine: str
+    module: str | None
+
+
+def build_info() -> BuildInfo:
     """Flags, compiler and machine of the compiled kernel, and its build_id (sha256 of the
     C sources and flags at build time): the identity conformance evidence names."""
     flags = ffi.string(lib.ak_build_flags()).decode()

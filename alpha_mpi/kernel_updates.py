@@ -8,9 +8,15 @@ orders are in csrc/alpha_kernel.h; `alpha_mpi.kernel` re-exports the public name
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, NoReturn
+
 from ._kernel_lib import ffi, lib
 from .kernel_buffers import bad_argument, f64_buffer, same_size
 from .refusals import KernelRefusal
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["adam_step", "adam_step_inplace_checked", "sgd_step"]
 
@@ -24,7 +30,16 @@ _W_SCALAR = 5
 _W_INTERMEDIATE = 6
 
 
-def _update_refusal(fn, st, idx, which, scalars, which_names, arrays, scalar_names):
+def _update_refusal(
+    fn: str,
+    st: int,
+    idx: int,
+    which: int,
+    scalars: tuple[float, ...],
+    which_names: dict[int, tuple[str, str]],
+    arrays: Mapping[str, np.ndarray | None],
+    scalar_names: tuple[str, ...],
+) -> NoReturn:
     if st == lib.AK_ERR_BAD_ARGUMENT:
         bad_argument(fn, "an output overlaps an input or another output")
     code = "non-finite-input" if st == lib.AK_ERR_NONFINITE_INPUT else "non-finite-output"
@@ -64,7 +79,23 @@ def _update_refusal(fn, st, idx, which, scalars, which_names, arrays, scalar_nam
     )
 
 
-def adam_step(p, m, v, g, p_out, m_out, v_out, *, lr, b1, b2, eps, b1t, b2t, allow_inplace=False):
+def adam_step(
+    p: np.ndarray,
+    m: np.ndarray,
+    v: np.ndarray,
+    g: np.ndarray,
+    p_out: np.ndarray,
+    m_out: np.ndarray,
+    v_out: np.ndarray,
+    *,
+    lr: float,
+    b1: float,
+    b2: float,
+    eps: float,
+    b1t: float,
+    b2t: float,
+    allow_inplace: bool = False,
+) -> None:
     """One Adam step (order in csrc/alpha_kernel.h) from (p, m, v) into (p_out, m_out, v_out).
 
     b1t, b2t are the carried bias-correction powers b1**t, b2**t for this step (multiply
@@ -105,7 +136,19 @@ def adam_step(p, m, v, g, p_out, m_out, v_out, *, lr, b1, b2, eps, b1t, b2t, all
         _update_refusal(fn, st, idx[0], which[0], scalars, _ADAM_WHICH, arrays, _ADAM_SCALARS)
 
 
-def adam_step_inplace_checked(p, m, v, g, *, lr, b1, b2, eps, b1t, b2t):
+def adam_step_inplace_checked(
+    p: np.ndarray,
+    m: np.ndarray,
+    v: np.ndarray,
+    g: np.ndarray,
+    *,
+    lr: float,
+    b1: float,
+    b2: float,
+    eps: float,
+    b1t: float,
+    b2t: float,
+) -> None:
     """The same Adam step in place, keeping the refusal guarantee with a check pass before
     the commit pass (slower than adam_step into separate buffers; see the C comment)."""
     fn = "adam_step_inplace_checked"
@@ -123,7 +166,17 @@ def adam_step_inplace_checked(p, m, v, g, *, lr, b1, b2, eps, b1t, b2t):
         _update_refusal(fn, st, idx[0], which[0], scalars, _ADAM_INPLACE_WHICH, arrays, _ADAM_SCALARS)
 
 
-def sgd_step(p, buf, g, p_out, buf_out, *, lr, momentum, allow_inplace=False):
+def sgd_step(
+    p: np.ndarray,
+    buf: np.ndarray | None,
+    g: np.ndarray,
+    p_out: np.ndarray,
+    buf_out: np.ndarray | None,
+    *,
+    lr: float,
+    momentum: float,
+    allow_inplace: bool = False,
+) -> None:
     """One SGD step, PyTorch convention without dampening:
     momentum != 0: buf' = momentum*buf + g; p' = p - lr*buf'
     momentum == 0: p' = p - lr*g (buf, buf_out ignored; may be None).

@@ -22,6 +22,11 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:  # annotations only: the oracle runs no code of the model either
+    from .model.tree import Node
 
 __all__ = [
     "OracleRefusal",
@@ -45,14 +50,14 @@ _isfinite = math.isfinite
 class OracleRefusal(Exception):
     """The oracle's FiniteOrRefuse verdict (what the kernel must refuse)."""
 
-    def __init__(self, code, array, index):
+    def __init__(self, code: str, array: str, index: int | None) -> None:
         self.code = code
         self.array = array
         self.index = index
         super().__init__(f"{code}: {array}[{index}]")
 
 
-def to_list(x):
+def to_list(x: float | Iterable[float]) -> list[float]:
     """Boundary conversion: a numpy array (or any iterable of numbers) -> list of floats."""
     tolist = getattr(x, "tolist", None)
     if tolist is not None:
@@ -62,7 +67,7 @@ def to_list(x):
     return [float(e) for e in x]
 
 
-def _div(a, b):
+def _div(a: float, b: float) -> float:
     if b != 0.0:
         return a / b
     if a != a or a == 0.0:
@@ -71,7 +76,7 @@ def _div(a, b):
     return math.copysign(_INF, sign)
 
 
-def _sqrt(x):
+def _sqrt(x: float) -> float:
     if x != x or x < 0.0:
         return _NAN
     return math.sqrt(x)  # sqrt(-0.0) = -0.0, sqrt(inf) = inf
@@ -80,7 +85,7 @@ def _sqrt(x):
 # ----------------------------------------------------------------------------- combines
 
 
-def add(a, b):
+def add(a: Iterable[float], b: Iterable[float]) -> list[float]:
     """[a[i] + b[i]]: one branch, left operand first."""
     a, b = to_list(a), to_list(b)
     if len(a) != len(b):
@@ -88,7 +93,7 @@ def add(a, b):
     return [x + y for x, y in zip(a, b)]
 
 
-def chain(vectors):
+def chain(vectors: Iterable[Iterable[float]]) -> list[float]:
     """((x0 + x1) + x2) + ... coordinate by coordinate (the star chain)."""
     vectors = [to_list(v) for v in vectors]
     if not vectors:
@@ -101,7 +106,9 @@ def chain(vectors):
     return acc
 
 
-def evaluate(tree, leaf_values):
+def evaluate(
+    tree: Node, leaf_values: Mapping[int, float | Iterable[float]] | Sequence[float | Iterable[float]]
+) -> list[float]:
     """Evaluate a tree duck-typed as Branch (.left, .right) / Leaf (.slot): each branch is
     left + right coordinate by coordinate, left operand first. `leaf_values` maps slot ->
     vector. Iterative (explicit stack), so chains thousands of leaves deep are fine."""
@@ -129,14 +136,25 @@ def evaluate(tree, leaf_values):
     return result
 
 
-def _mismatch():
+def _mismatch() -> NoReturn:
     raise ValueError("leaf vectors of different lengths")
 
 
 # ----------------------------------------------------------------------------- updates
 
 
-def adam(p, m, v, g, lr, b1, b2, eps, b1t, b2t):
+def adam(
+    p: Iterable[float],
+    m: Iterable[float],
+    v: Iterable[float],
+    g: Iterable[float],
+    lr: float,
+    b1: float,
+    b2: float,
+    eps: float,
+    b1t: float,
+    b2t: float,
+) -> tuple[list[float], list[float], list[float]]:
     """One Adam step in the kernel's declared order; returns (p', m', v') lists or raises
     OracleRefusal.
 
@@ -188,7 +206,9 @@ def adam(p, m, v, g, lr, b1, b2, eps, b1t, b2t):
     return po, mo, vo
 
 
-def sgd(p, buf, g, lr, momentum):
+def sgd(
+    p: Iterable[float], buf: Iterable[float] | None, g: Iterable[float], lr: float, momentum: float
+) -> tuple[list[float], list[float] | None]:
     """One SGD step (PyTorch convention, no dampening); returns (p', buf') lists, buf' is
     None when momentum == 0 (p' = p - lr*g); raises OracleRefusal.
 
@@ -229,13 +249,13 @@ def sgd(p, buf, g, lr, momentum):
 # ----------------------------------------------------------------------------- conversions
 
 
-def widen(x32_bits):
+def widen(x32_bits: Iterable[int]) -> list[float]:
     """binary32 bit patterns (ints < 2**32) -> exact binary64 values."""
     x32_bits = [int(b) for b in (x32_bits.tolist() if hasattr(x32_bits, "tolist") else x32_bits)]
     return list(struct.unpack(f"<{len(x32_bits)}f", struct.pack(f"<{len(x32_bits)}I", *x32_bits)))
 
 
-def narrow(x):
+def narrow(x: Iterable[float]) -> list[int]:
     """binary64 values -> binary32 bit patterns, nearest-even. A non-finite input raises
     OracleRefusal('non-finite-input'); a finite value that rounds beyond binary32's range
     raises OracleRefusal('non-finite-output') (struct refuses to pack it)."""
@@ -251,13 +271,13 @@ def narrow(x):
     return out
 
 
-def bits(values):
+def bits(values: Iterable[float]) -> list[int]:
     """binary64 values -> their uint64 bit patterns (ints)."""
     values = to_list(values)
     return list(struct.unpack(f"<{len(values)}Q", struct.pack(f"<{len(values)}d", *values)))
 
 
-def from_bits(patterns):
+def from_bits(patterns: Iterable[int]) -> list[float]:
     """uint64 bit patterns -> binary64 values."""
     patterns = [int(b) for b in patterns]
     return list(struct.unpack(f"<{len(patterns)}d", struct.pack(f"<{len(patterns)}Q", *patterns)))

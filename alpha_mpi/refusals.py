@@ -177,7 +177,7 @@ def cli_advice(code: str, command: str = "COMMAND") -> str:
 class Refusal(Exception):
     """Base of every alpha_mpi refusal. `code` is stable; `advice` says what to do."""
 
-    def __init__(self, code: str, message: str, **context):
+    def __init__(self, code: str, message: str, **context: object) -> None:
         if code not in ADVICE:
             # A typo in a code would silently break users' matching; fail loudly instead.
             raise ValueError(f"unregistered refusal code {code!r}")
@@ -211,14 +211,14 @@ class PeerTimeout(Refusal):
 class NumericalProfileMismatch(Refusal):
     """A peer, checkpoint or plan whose numerical profile (formats, rounding, subnormals, exceptional values, conversions) differ from ours."""
 
-    def __init__(self, message: str, **context):
+    def __init__(self, message: str, **context: object) -> None:
         super().__init__("numerical-profile-mismatch", message, **context)
 
 
 class NumericalOrderMismatch(Refusal):
     """A peer, checkpoint or plan whose numerical operations (combine order id, formula ids and texts) differ from ours."""
 
-    def __init__(self, message: str, **context):
+    def __init__(self, message: str, **context: object) -> None:
         super().__init__("numerical-order-mismatch", message, **context)
 
 

@@ -11,13 +11,21 @@ conformance evidence recorded for this kernel build (evidence.py measures it).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .. import kernel
+from ..kernel_env import FpEnvState
 from ..model.contract import NumericalContract, as_contract
+from ..model.layout import Layout
 from ..model.profile import ContractRefusal, Profile
 from ..model.relation import BitIdentical, BoundedDifference, ConformanceEvidence, Unchecked
+from ..planning.base import PlanBase
 from ..refusals import NumericalOrderMismatch, NumericalProfileMismatch
 from .evidence import SUITES, kernel_build_id
 from .oracle_check import compare
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 __all__ = [
     "EXECUTABLE",
@@ -32,7 +40,7 @@ __all__ = [
 EXECUTABLE = {"rounding": "nearest-even", "subnormals": "preserved", "exceptional": "FiniteOrRefuse"}
 
 
-def check_live_profile(profile: Profile) -> dict:
+def check_live_profile(profile: Profile) -> FpEnvState:
     """Refuse a profile this process cannot execute, or a floating-point environment that is off
     profile (kernel.fpenv_check: FTZ/DAZ on, or rounding not to nearest). Returns the FP state."""
     wrong = [
@@ -47,7 +55,7 @@ def check_live_profile(profile: Profile) -> dict:
     return kernel.fpenv_check()
 
 
-def _no_evidence(message, suite):
+def _no_evidence(message: str, suite: str) -> ContractRefusal:
     return ContractRefusal("bounded-difference-without-evidence", message, suite=suite)
 
 
@@ -103,7 +111,7 @@ def check_evidence(relation: BoundedDifference) -> ConformanceEvidence:
     return ev
 
 
-def authorize(contract, *, plan=None) -> NumericalContract:
+def authorize(contract: NumericalContract | dict, *, plan: PlanBase | str | None = None) -> NumericalContract:
     """Authorization to execute `contract` (or its `to_dict()`) in this process, optionally for
     `plan` (a Plan or an order id).
 
@@ -128,7 +136,13 @@ def authorize(contract, *, plan=None) -> NumericalContract:
     return c
 
 
-def claim_equal(contract, result, reference, *, layout=None) -> None:
+def claim_equal(
+    contract: NumericalContract | dict,
+    result: ArrayLike,
+    reference: ArrayLike,
+    *,
+    layout: Layout | None = None,
+) -> None:
     """Claim that `result` is related to the oracle's `reference` as the contract says.
 
     BitIdentical: the bits must be equal. BoundedDifference: the contract must be authorized

@@ -8,6 +8,9 @@ then exact widening). The executor (numerics/execute.py) and the conformance sui
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import cast
+
 import numpy as np
 
 from .. import kernel
@@ -19,7 +22,14 @@ __all__ = ["convert_contribution"]
 _F32 = np.dtype(np.float32)
 
 
-def convert_contribution(kinds, x, out=None, scratch32=None, *, passthrough_nonfinite=False):
+def convert_contribution(
+    kinds: Iterable[str],
+    x: np.ndarray,
+    out: np.ndarray | None = None,
+    scratch32: np.ndarray | None = None,
+    *,
+    passthrough_nonfinite: bool = False,
+) -> tuple[np.ndarray, int]:
     """Apply the conversion sequence `kinds` (Profile.site('contribution')) to one contribution.
 
     ('KeepFormat',): x as float64 (no copy when it already is one).
@@ -65,7 +75,7 @@ def convert_contribution(kinds, x, out=None, scratch32=None, *, passthrough_nonf
             with np.errstate(over="ignore", invalid="ignore"):
                 s32[...] = x64.astype(np.float32)
             if e.code == "non-finite-output":
-                overflow = int(e.context.get("index", -1))
+                overflow = int(cast("int", e.context.get("index", -1)))
         kernel.widen_binary32(out, s32)
         return out, overflow
     raise ContractRefusal("numerical-contract-invalid", f"conversion sequence {kinds} is not executable")

@@ -20,7 +20,9 @@ narrowing errs by at most 2**-19, so a 16-slot sum differs from the binary64 tre
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,10 +30,13 @@ from .. import kernel, oracle
 from ..model import hierarchy, star
 from ..model.profile import ContractRefusal
 from ..model.relation import DEFAULT_SUITE, ConformanceEvidence
-from ..model.tree import Leaf, postorder
+from ..model.tree import Leaf, Node, postorder
 from ..refusals import Refusal
 from .conversion import convert_contribution
 from .oracle_check import OracleMismatch, differences
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 __all__ = [
     "ConformanceSuite",
@@ -46,7 +51,7 @@ __all__ = [
 _F32 = np.dtype(np.float32)
 
 
-def oracle_convert(kinds, x) -> list:
+def oracle_convert(kinds: Iterable[str], x: np.ndarray) -> list[float]:
     """The oracle's reading of the same conversion site (plain Python, struct-based)."""
     kinds = tuple(kinds)
     if kinds == ("KeepFormat",):
@@ -58,7 +63,7 @@ def oracle_convert(kinds, x) -> list:
     raise ContractRefusal("numerical-contract-invalid", f"conversion sequence {kinds} is not executable")
 
 
-def kernel_tree(tree, leaves: dict) -> np.ndarray:
+def kernel_tree(tree: Node, leaves: Mapping[int, ArrayLike]) -> np.ndarray:
     """The whole tree in one fused kernel pass (postfix program over the leaves, in order)."""
     inputs, program, index = [], [], {}
     for node in postorder(tree):
@@ -92,7 +97,7 @@ class ConformanceSuite:
     conversions: tuple  # the conversion sequence at the contribution site
     description: str = ""
 
-    def sample(self, nslots: int, n: int, seed) -> dict:
+    def sample(self, nslots: int, n: int, seed: int | Sequence[int]) -> dict[int, np.ndarray]:
         """slot -> float64 vector drawn from the suite's domain (also for tests and demos)."""
         if nslots > self.max_slots:
             raise Refusal(
@@ -109,7 +114,7 @@ class ConformanceSuite:
             out[s] = x
         return out
 
-    def case(self, i: int):
+    def case(self, i: int) -> tuple[Node, dict[int, np.ndarray]]:
         """Case i: (tree, data). Trees cycle star / hierarchy:2 / hierarchy:3 over 2..max slots."""
         span = self.max_slots - self.min_slots + 1
         nslots = self.min_slots + (i % span)
@@ -117,7 +122,7 @@ class ConformanceSuite:
         tree = star(range(nslots)) if shape == 0 else hierarchy(range(nslots), None, shape + 1)
         return tree, self.sample(nslots, self.n, [self.seed, i])
 
-    def run_case(self, i: int):
+    def run_case(self, i: int) -> tuple[np.ndarray, list[float]]:
         """(candidate float64 array, binary64 oracle list) for case i, the candidate checked
         bit for bit against the oracle of the converted order."""
         tree, data = self.case(i)
@@ -135,7 +140,7 @@ class ConformanceSuite:
         return got, reference
 
 
-SUITES: dict = {
+SUITES: dict[str, ConformanceSuite] = {
     DEFAULT_SUITE: ConformanceSuite(
         name=DEFAULT_SUITE,
         size=60,

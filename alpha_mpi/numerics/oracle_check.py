@@ -9,10 +9,19 @@ error. A non-finite value on either side is an infinite difference.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, cast
+
 import numpy as np
 
 from .. import oracle
+from ..model.layout import Layout
+from ..model.relation import Tolerance
+from ..model.tree import Node
 from ..refusals import Refusal
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 __all__ = [
     "INFINITE_ULP",
@@ -32,20 +41,20 @@ INFINITE_ULP = 1 << 64
 class OracleMismatch(Refusal):
     """The executed result is not what the oracle says the declared order gives."""
 
-    def __init__(self, message: str, **context):
+    def __init__(self, message: str, **context: object) -> None:
         super().__init__("oracle-mismatch", message, **context)
 
     @property
-    def coordinates(self) -> list:
+    def coordinates(self) -> list[int]:
         """The coordinates whose bits differ (or lie outside the tolerance)."""
-        return self.context.get("coordinates", [])
+        return cast("list[int]", self.context.get("coordinates", []))
 
 
-def _f64(x) -> np.ndarray:
+def _f64(x: ArrayLike) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(x, dtype=np.float64)).reshape(-1)
 
 
-def ulp_distance(a, b) -> np.ndarray:
+def ulp_distance(a: ArrayLike, b: ArrayLike) -> np.ndarray:
     """|ord(a) - ord(b)| per coordinate as uint64 (ord: binary64 values in order along the line)."""
     ua, ub = _f64(a).view(np.uint64), _f64(b).view(np.uint64)
     ma, mb = ua & _MAG, ub & _MAG
@@ -56,7 +65,7 @@ def ulp_distance(a, b) -> np.ndarray:
     return np.where(same, d_same, d_cross)
 
 
-def differences(result, reference):
+def differences(result: ArrayLike, reference: ArrayLike) -> tuple[list[int], int, float]:
     """(coordinates that differ in bits, max ulp, max abs error), non-finite counted infinite."""
     r, w = _f64(result), _f64(reference)
     if r.size != w.size:
@@ -73,7 +82,7 @@ def differences(result, reference):
     return diff_bits.tolist(), max_ulp, max_abs
 
 
-def component_names(layout, coordinates) -> list:
+def component_names(layout: Layout | None, coordinates: Iterable[int]) -> list[str]:
     """'numerator[3]', 'mass[0]' ... for coordinates of a Layout's payload."""
     if layout is None:
         return [f"[{i}]" for i in coordinates]
@@ -89,7 +98,14 @@ def component_names(layout, coordinates) -> list:
     return out
 
 
-def compare(result, reference, *, layout=None, tolerance=None, what="the result") -> None:
+def compare(
+    result: ArrayLike,
+    reference: ArrayLike,
+    *,
+    layout: Layout | None = None,
+    tolerance: Tolerance | None = None,
+    what: str = "the result",
+) -> None:
     """Refuse (`oracle-mismatch`) unless result equals reference bit for bit, or, with a
     `tolerance` (contract.Tolerance), lies within it at every coordinate."""
     coords, max_ulp, max_abs = differences(result, reference)
@@ -113,8 +129,14 @@ def compare(result, reference, *, layout=None, tolerance=None, what="the result"
 
 
 def check_against_oracle(
-    tree, data, result, *, layout=None, tolerance=None, what="the executed result"
-) -> list:
+    tree: Node,
+    data: Mapping[int, float | Iterable[float]],
+    result: ArrayLike,
+    *,
+    layout: Layout | None = None,
+    tolerance: Tolerance | None = None,
+    what: str = "the executed result",
+) -> list[float]:
     """Evaluate the DECLARED `tree` with the oracle over `data` (slot -> vector) and compare the
     executed `result` with it; refuse with `oracle-mismatch` naming the coordinates. Returns the
     oracle's answer (a list of floats)."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:  # annotations only: the oracle runs no code of the model either
@@ -106,9 +106,7 @@ def chain(vectors: Iterable[Iterable[float]]) -> list[float]:
     return acc
 
 
-def evaluate(
-    tree: Node, leaf_values: Mapping[int, float | Iterable[float]] | Sequence[float | Iterable[float]]
-) -> list[float]:
+def evaluate(tree: Node, leaf_values: Mapping[int, Iterable[float]]) -> list[float]:
     """Evaluate a tree duck-typed as Branch (.left, .right) / Leaf (.slot): each branch is
     left + right coordinate by coordinate, left operand first. `leaf_values` maps slot ->
     vector. Iterative (explicit stack), so chains thousands of leaves deep are fine."""

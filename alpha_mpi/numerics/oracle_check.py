@@ -130,7 +130,7 @@ def compare(
 
 def check_against_oracle(
     tree: Node,
-    data: Mapping[int, float | Iterable[float]],
+    data: Mapping[int, Iterable[float]],
     result: ArrayLike,
     *,
     layout: Layout | None = None,

@@ -18,6 +18,10 @@ CLI's. This is what `alpha-mpi train --model module:factory` uses when the facto
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from ..refusals import Refusal
@@ -32,7 +36,7 @@ __all__ = [
 ]
 
 
-def require_torch():
+def require_torch() -> ModuleType:
     """The `torch` module, or a `torch-unavailable` refusal naming the extra to install."""
     try:
         import torch
@@ -76,10 +80,13 @@ def check_environment(expected: dict) -> None:
         )
 
 
-torch = require_torch()
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = require_torch()
 
 
-def summed_cross_entropy(logits, target):
+def summed_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Σ_i cross-entropy of sample i (reduction='sum')."""
     return torch.nn.functional.cross_entropy(logits, target, reduction="sum")
 
@@ -96,7 +103,13 @@ class ModuleModel:
     parameters only; use `alpha_mpi.torch.DataParallel(buffers="slot-mean")` for them.
     """
 
-    def __init__(self, module, *, loss_fn=None, threads: int = 1):
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        *,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+        threads: int = 1,
+    ) -> None:
         if not isinstance(module, torch.nn.Module):
             raise Refusal(
                 "model-protocol", f"ModuleModel needs a torch.nn.Module, got {type(module).__name__}"

@@ -8,13 +8,17 @@ digest two runs' parameters are compared by. Neither needs a communicator.
 from __future__ import annotations
 
 import hashlib
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..numerics import BitIdentical, CombineOrder, Formula, NumericalContract, Profile, WidenBinary32
 from ._env import require_torch
 
-torch = require_torch()
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = require_torch()
 
 __all__ = ["torch_contract", "parameter_digest", "dtype_name", "ROUND_ONCE_V1", "BUFFER_SLOT_MEAN_V1"]
 
@@ -32,12 +36,14 @@ BUFFER_SLOT_MEAN_V1 = (
 """The `buffers="slot-mean"` rule, as the contract names it."""
 
 
-def dtype_name(dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
     """`torch.float32` -> "float32"."""
     return str(dtype).replace("torch.", "")
 
 
-def torch_contract(order_id: str, dtype, env: dict, buffers: str = "refuse"):
+def torch_contract(
+    order_id: str, dtype: torch.dtype, env: dict, buffers: str = "refuse"
+) -> NumericalContract:
     """The NumericalContract of a DataParallel: combine order, normalise-once, the conversions.
 
     profile: binary64 (KeepFormat) for float64 modules; for float32 modules binary64 and binary32
@@ -67,7 +73,7 @@ def torch_contract(order_id: str, dtype, env: dict, buffers: str = "refuse"):
     return NumericalContract(profile, tuple(ops), BitIdentical())
 
 
-def parameter_digest(module) -> str:
+def parameter_digest(module: torch.nn.Module) -> str:
     """sha256 of the module's trainable parameters in order, widened exactly to little-endian
     binary64 (the same form as alpha_mpi.learning.digest): compare runs by this."""
     h = hashlib.sha256()

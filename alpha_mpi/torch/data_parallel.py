@@ -39,6 +39,8 @@ anything (module_check.py), the contract it names and the parameter digest
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
@@ -54,7 +56,15 @@ from .convert import into64 as _into64
 from .convert import pack, unpack
 from .module_check import BUFFER_RULES, check_module
 
-torch = require_torch()
+if TYPE_CHECKING:
+    import torch
+    from mpi4py import MPI
+
+    from ..learning.slicing import Sliceable
+else:
+    torch = require_torch()
+
+_Y = TypeVar("_Y", bound="Sliceable")  # the targets: loss_fn gets slices of y, of y's own type
 
 # torch_contract, parameter_digest and the rule texts are defined in contract_and_digest.py,
 # BUFFER_RULES in module_check.py; re-exported here, where they were first.
@@ -99,16 +109,16 @@ class DataParallel:
 
     def __init__(
         self,
-        module,
-        comm,
+        module: torch.nn.Module,
+        comm: MPI.Comm,
         *,
         slots: int,
         topology: str | None = None,
         threads: int = 1,
         buffers: str = "refuse",
-        timeout=None,
+        timeout: float | None = None,
         realization: str = "auto",
-    ):
+    ) -> None:
         kernel.fpenv_check()
         parts = check_module(module, buffers)
         self.module, self.comm, self.timeout = module, comm, timeout
@@ -189,7 +199,14 @@ class DataParallel:
         with torch.no_grad():
             unpack(tensors, out)
 
-    def step(self, X, y, loss_fn, *, sizes=None) -> float:
+    def step(
+        self,
+        X: Sliceable,
+        y: _Y,
+        loss_fn: Callable[[torch.Tensor, _Y], torch.Tensor],
+        *,
+        sizes: Iterable[int] | None = None,
+    ) -> float:
         """Forward and backward for each owned slot of the global batch (X, y), one ordered
         combine, `.grad = Σ g / Σ n` on every parameter of every rank. Returns the global
         batch's mean loss Σ loss / Σ n (the same float on every rank).
@@ -203,7 +220,9 @@ class DataParallel:
 
         return self.step_slots(slice_batch(X, y, self.slots, self.my_slots, sizes), loss_fn)
 
-    def step_slots(self, batch: dict, loss_fn) -> float:
+    def step_slots(
+        self, batch: Mapping[int, tuple[Sliceable, _Y]], loss_fn: Callable[[torch.Tensor, _Y], torch.Tensor]
+    ) -> float:
         """`step` for a batch already cut: {slot: (X_s, y_s)} for exactly `my_slots`."""
         reduction = getattr(loss_fn, "reduction", "sum")
         if reduction != "sum":
@@ -277,7 +296,13 @@ class DataParallel:
         return parameter_digest(self.module)
 
     # -- checkpoints ---------------------------------------------------------------------------
-    def save(self, directory: str, optimizer=None, *, config=None) -> str:
+    def save(
+        self,
+        directory: str,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        config: Mapping[str, object] | None = None,
+    ) -> str:
         """Publish the parameters, buffers and `optimizer`'s state at step `steps` under
         `directory` (collective); the CLI's checkpoint format, restorable on any rank count."""
         from ..learning.checkpoints import save
@@ -287,12 +312,12 @@ class DataParallel:
     def restore(
         self,
         directory: str,
-        optimizer=None,
+        optimizer: torch.optim.Optimizer | None = None,
         *,
-        config=None,
+        config: Mapping[str, object] | None = None,
         adopt_contract: bool = False,
         missing_ok: bool = False,
-    ):
+    ) -> str | None:
         """Load a checkpoint saved on any rank count into the module and `optimizer` (built
         over the module's parameters with the saved hyperparameters); sets `steps`. Returns
         the step directory, or None with `missing_ok` when there is none. Collective."""

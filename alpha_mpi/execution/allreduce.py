@@ -14,7 +14,6 @@ communicator, tree, layout, delivery and realization: no re-planning in loops.
 
 from __future__ import annotations
 
-import warnings
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -27,7 +26,7 @@ from ..planning.program import Program
 from ..planning.realize import REALIZATIONS as NAMES
 from ..planning.realize import REDUCE_SCATTER, applicable, as_tree_plan, realize
 from ..refusals import PlanRefusal, Refusal
-from .engine import Engine
+from .engine import Engine, warn_retired
 from .engine_bind import Chunk
 from .transport import library_comm
 
@@ -59,20 +58,6 @@ def choose_realization(
     cal = calibration if calibration is not None else load_calibration()
     best, est = choose(tp, ok, cal, mode)
     return (best if realization == "auto" else realization), est
-
-
-# Keywords of 0.1 that no longer steer anything: accepted with a warning, so old scripts run.
-_RETIRED = {
-    "crossover_bytes": "auto chooses by the α–β–γ model (calibration=, ALPHA_MPI_CALIBRATION)",
-    "depth": "the engine allocates its own buffers per message",
-}
-
-
-def _warn_retired(kwargs: dict) -> None:
-    for k in kwargs:
-        if k not in _RETIRED:
-            raise TypeError(f"unexpected keyword argument {k!r}")
-        warnings.warn(f"{k}= is ignored since 0.2: {_RETIRED[k]}", DeprecationWarning, stacklevel=3)
 
 
 class Allreducer:
@@ -109,7 +94,7 @@ class Allreducer:
     ) -> None:
         if len(legacy) > 1:
             raise TypeError(f"Allreducer takes at most 6 positional arguments, got {5 + len(legacy)}")
-        _warn_retired({**retired, **({"crossover_bytes": legacy[0]} if legacy else {})})
+        warn_retired({**retired, **({"crossover_bytes": legacy[0]} if legacy else {})})
         size = comm.Get_size()
         if isinstance(tree, Plan):
             if tree.size != size:
@@ -183,50 +168,30 @@ class Allreducer:
 
 
 class Combiner(Engine):
-    """The tree realization of a tree Plan, exactly as placed (reduce up, deliver down)."""
+    """The tree realization of a tree Plan, exactly as placed (reduce up, deliver down).
+    `Combiner(comm, plan, *, timeout=None, contract="", dup=True)`, as Engine."""
 
-    def __init__(
-        self,
-        comm: MPI.Comm,
-        plan: Plan,
-        *,
-        timeout: float | None = None,
-        contract: str = "",
-        dup: bool = True,
-    ) -> None:
+    def _program_of(self, plan: object) -> Program:
         if not isinstance(plan, Plan):
             raise PlanRefusal(
                 "plan-kind-mismatch", f"Combiner runs a tree Plan (alpha_mpi.plan), got {type(plan).__name__}"
             )
-        if plan.size != comm.Get_size():
-            raise PlanRefusal(
-                "plan-rank-mismatch", f"plan is for {plan.size} ranks, communicator has {comm.Get_size()}"
-            )
-        super().__init__(comm, realize(plan, "tree"), timeout=timeout, contract=contract, dup=dup)
         self.tree_plan = plan
+        return realize(plan, "tree")
 
 
 class ScatterCombiner(Engine):
-    """The scatter realization: a Program from `plan_scatter` (or realize(..., "scatter"))."""
+    """The scatter realization: a Program from `plan_scatter` (or realize(..., "scatter")).
+    `ScatterCombiner(comm, program, *, timeout=None, contract="", dup=True)`, as Engine."""
 
-    def __init__(
-        self,
-        comm: MPI.Comm,
-        splan: Program,
-        *,
-        timeout: float | None = None,
-        contract: str = "",
-        dup: bool = True,
-        **retired: object,
-    ) -> None:
-        _warn_retired(retired)
-        if not isinstance(splan, Program) or splan.realization != "scatter":
-            what = getattr(splan, "realization", type(splan).__name__)
+    def _program_of(self, plan: object) -> Program:
+        if not isinstance(plan, Program) or plan.realization != "scatter":
+            what = getattr(plan, "realization", type(plan).__name__)
             raise PlanRefusal(
                 "plan-kind-mismatch", f"ScatterCombiner runs a scatter program (plan_scatter), got {what}"
             )
-        super().__init__(comm, splan, timeout=timeout, contract=contract, dup=dup)
-        self.scatter_plan = splan
+        self.scatter_plan = plan
+        return plan
 
 
 # -- convenience calls, cached ------------------------------------------------------------------
@@ -316,7 +281,7 @@ def allreduce(
     """Combine `contributions` (slot -> float64 array, or (numerator, mass) tuple) by `tree`
     (a Node or a tree Plan) with the chosen realization. Returns the combined payload where
     delivery reaches this rank, else None. Executors are cached (see the module docstring)."""
-    _warn_retired(retired)
+    warn_retired(retired)
     a = _cached(
         comm, tree, contributions, delivery, layout, realization, "allreduce", coverage, segment, timeout
     )

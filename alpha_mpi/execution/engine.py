@@ -24,6 +24,7 @@ Failure semantics (the protocol, not an afterthought):
 from __future__ import annotations
 
 import sys
+import warnings
 import zlib
 from typing import TYPE_CHECKING
 
@@ -43,8 +44,26 @@ if TYPE_CHECKING:
     from .contributions import Contributions
 
 
+# Keywords of 0.1 that no longer steer anything: accepted with a warning, so old scripts run.
+_RETIRED = {
+    "crossover_bytes": "auto chooses by the α–β–γ model (calibration=, ALPHA_MPI_CALIBRATION)",
+    "depth": "the engine allocates its own buffers per message",
+}
+
+
+def warn_retired(kwargs: dict) -> None:
+    """Warn (DeprecationWarning) for each retired 0.1 keyword; any other is a TypeError."""
+    for k in kwargs:
+        if k not in _RETIRED:
+            raise TypeError(f"unexpected keyword argument {k!r}")
+        warnings.warn(f"{k}= is ignored since 0.2: {_RETIRED[k]}", DeprecationWarning, stacklevel=3)
+
+
 class Engine(Endpoint, EngineBuild, EngineBinding):
-    """Executes one Program repeatedly on one communicator. Build it on every rank of `comm`."""
+    """Executes one Program repeatedly on one communicator. Build it on every rank of `comm`.
+
+    Subclasses that take another kind of plan (Combiner: a tree Plan; ScatterCombiner: a
+    scatter program) say how it becomes the Program they run, in `_program_of`."""
 
     def __init__(
         self,
@@ -54,12 +73,10 @@ class Engine(Endpoint, EngineBuild, EngineBinding):
         timeout: float | None = None,
         contract: str = "",
         dup: bool = True,
+        **retired: object,
     ) -> None:
-        if not isinstance(program, Program):
-            raise PlanRefusal(
-                "plan-kind-mismatch",
-                f"Engine runs a Program (planning.realize), got {type(program).__name__}",
-            )
+        warn_retired(retired)
+        program = self._program_of(program)
         size = comm.Get_size()
         if program.size != size:
             raise PlanRefusal(
@@ -111,6 +128,14 @@ class Engine(Endpoint, EngineBuild, EngineBinding):
         # on arrival (opt-in: it costs a pass over every payload at both ends; README).
         self.payload_check = payload_check_from_env()
         self._corrupt = None
+
+    def _program_of(self, plan: object) -> Program:
+        """The Program this executor runs for `plan` (`plan-kind-mismatch` for another kind)."""
+        if not isinstance(plan, Program):
+            raise PlanRefusal(
+                "plan-kind-mismatch", f"Engine runs a Program (planning.realize), got {type(plan).__name__}"
+            )
+        return plan
 
     # -- construction --------------------------------------------------------------------------
     # -- binding the caller's memory -------------------------------------------------------------

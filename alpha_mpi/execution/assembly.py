@@ -1,8 +1,9 @@
 """Assembly over MPI: the full vector built by selection from owners of disjoint ranges.
 
 No arithmetic: every word is copied from exactly the owner that holds it. The plan
-(planning/assembly.py) has already refused overlaps and holes. Frames are checked like combine
-frames (phase "assemble"), receives name their source and have the exact piece size.
+(planning/assembly.py) has already refused overlaps and holes; it is lowered to a Program
+(planning/assembly_program.py) that the one engine runs, with the engine's frames, tags,
+bounded waits and failure path. This module only checks the caller's pieces.
 """
 
 from __future__ import annotations
@@ -11,13 +12,15 @@ import numpy as np
 from mpi4py import MPI
 
 from ..planning.assembly import AssemblyPlan
+from ..planning.assembly_program import lower_assembly
 from ..refusals import PlanRefusal, Refusal
-from .frames import FLAG_REFUSED, FrameSpec, frame_buffer, payload, refusal_of
-from .transport import TAG, Endpoint, cancel_receives, log, mark_broken
+from .engine import Engine
+from .frames import FLAG_VOTE
 
 
-class Assembler(Endpoint):
-    """Assembles one AssemblyPlan repeatedly. Build it on every rank of `comm`."""
+class Assembler:
+    """Assembles one AssemblyPlan repeatedly. Build it on every rank of `comm` (collectively:
+    it duplicates the communicator unless dup=False). `.engine` is the Engine that runs it."""
 
     def __init__(
         self,
@@ -34,35 +37,24 @@ class Assembler(Endpoint):
                 "plan-rank-mismatch", f"assembly plan is for {aplan.size} ranks, communicator has {size}"
             )
         self.plan = aplan
-        rank = self._open(comm, timeout, dup)
-        self.own = [(a, b) for o, a, b in aplan.pieces if o == rank]
-        self.recvs, self.sends = [], []
-        for s in aplan.programs[rank]:
-            o, a, b = aplan.piece_of_edge(s.index)
-            src, dst = (s.peer, rank) if s.kind == "R" else (rank, s.peer)
-            spec = FrameSpec(
-                phase="a",
-                edge=s.index,
-                sender=src,
-                receiver=dst,
-                count=b - a,
-                topology="assembly",
-                order_id="selection",
-                identity=aplan.identity,
-                layout_key=f"range:{a}:{b}",
-                contract=contract,
-            )
-            buf = frame_buffer(b - a)
-            if s.kind == "R":
-                req = self.comm.Recv_init(buf, source=s.peer, tag=TAG["a"])
-                self.recvs.append((s, spec, buf, payload(buf), (a, b), req, MPI.Status()))
-            else:
-                req = self.comm.Send_init(buf, dest=s.peer, tag=TAG["a"])
-                self.sends.append((s, spec, buf, payload(buf), (a, b), req))
-        # Receives are started in edge order, sends go out in edge order: MPI pairs them in order.
-        self.recvs.sort(key=lambda r: r[0].index)
+        self.program = lower_assembly(aplan)
+        self.engine = Engine(comm, self.program, timeout=timeout, contract=contract, dup=dup)
+        self.rank = rank = self.engine.rank
+        self.comm = self.engine.comm
+        # (start, stop) -> the program's slot (the piece's index in the plan)
+        self._slot = {(a, b): i for i, (o, a, b) in enumerate(aplan.pieces) if o == rank}
+        self.own = list(self._slot)
         self.flags = 0
-        self.sends.sort(key=lambda x: x[0].index)
+
+    @property
+    def step(self) -> int:
+        """Runs so far (the frames' step)."""
+        return self.engine.step
+
+    @property
+    def broken(self) -> str | None:
+        """The refusal code that broke the executor (None while it is usable)."""
+        return self.engine.broken
 
     def run(
         self, pieces: dict[tuple[int, int], np.ndarray], out: np.ndarray | None = None, flags: int = 0
@@ -79,62 +71,18 @@ class Assembler(Endpoint):
         refusal and every rank its frames reached raises `peer-refused` naming it (a receiver's
         `out` is then unspecified). The next run works.
         """
-        if self.broken is not None:
-            raise Refusal("combiner-broken", f"an earlier assembly refused with [{self.broken}]")
         local = self._refusal_of(pieces, out, flags)
-        if local is not None:  # the round still runs, on zeros, into a buffer it can write
-            flags = 0
-            out = out if self._out_ok(out) else None
-            pieces = {(a, b): np.zeros(b - a) for a, b in self.own}
-            flags |= FLAG_REFUSED
-        self.flags = flags
-        who = None
+        leaves = None
+        if local is None:
+            leaves = {self._slot[r]: np.ascontiguousarray(v) for r, v in pieces.items()}
+        elif not self._out_ok(out):
+            out = None
+        self.flags = 0
         try:
-            for r in self.recvs:
-                r[5].Start()
-            for s, spec, buf, pl, (a, b), req in self.sends:
-                np.copyto(pl, pieces[(a, b)])
-                if local is None:
-                    spec.write(buf, self.step, flags)
-                else:
-                    spec.write(buf, self.step, flags, refused=self.rank, code=local.code)
-                req.Start()
-                if self.debug:
-                    log(self.rank, f"send -> {s.peer} edge {s.index} step {self.step} {buf.nbytes}B")
-            receiver = self.rank in self.plan.receivers
-            if receiver:
-                if out is None:
-                    out = np.empty(self.plan.n)
-                for (a, b), v in pieces.items():
-                    out[a:b] = v
-            for s, spec, buf, pl, (a, b), req, status in self.recvs:
-                self.waiter.wait(req, status, s.peer, f"assemble frame {s.index}", self.step)
-                got = spec.check(buf, self.step, status.Get_count(MPI.BYTE))
-                if got & FLAG_REFUSED and who is None:
-                    who = refusal_of(memoryview(buf))
-                self.flags |= got
-                if self.debug:
-                    log(self.rank, f"recv <- {s.peer} edge {s.index} step {self.step} {buf.nbytes}B")
-                out[a:b] = pl
-            for s, _spec, _buf, _pl, _rng, req in self.sends:
-                self.waiter.wait(req, None, s.peer, f"assemble frame {s.index}", self.step)
-        except Refusal as e:
-            self.broken = e.code
-            cancel_receives([r[5] for r in self.recvs])  # never a send: see transport
-            mark_broken(self.rank, e.code, [x[5] for x in self.sends])
-            raise
+            got = self.engine.execute(leaves, out, local=local, vote=flags if local is None else 0)
         finally:
-            self.step += 1
-        if local is not None:
-            raise local
-        if who is not None:
-            raise Refusal(
-                "peer-refused",
-                f"rank {who[0]} refused assembly step {self.step - 1} [{who[1]}]; nothing was assembled",
-                peer=who[0],
-                peer_code=who[1],
-            )
-        return out if receiver else None
+            self.flags = 1 if self.engine.flags & FLAG_VOTE else 0
+        return got
 
     def _out_ok(self, out) -> bool:
         return out is None or (
@@ -173,15 +121,7 @@ class Assembler(Endpoint):
 
     def free(self) -> None:
         """Free the persistent requests (and the duplicated communicator, if this made one)."""
-        for x in self.recvs + self.sends:
-            try:
-                x[5].Free()
-            except Exception:
-                pass
-        self.recvs, self.sends = [], []
-        if self._owns_comm:
-            self._owns_comm = False
-            self.comm.Free()
+        self.engine.free()
 
 
 def assemble(

@@ -40,6 +40,9 @@ from .engine_bind import EngineBinding
 from .engine_build import PALL, C, D, E, EngineBuild, F, S, W, payload_check_from_env
 from .transport import Endpoint, cancel_receives, log, mark_broken
 
+# The flags a received frame passes on (its payload crc bit is its own).
+_FOLDED = fr.FLAG_NONFINITE | fr.FLAG_REFUSED | fr.FLAG_VOTE
+
 if TYPE_CHECKING:
     from .contributions import Contributions
 
@@ -127,7 +130,8 @@ class Engine(Endpoint, EngineBuild, EngineBinding):
         # ALPHA_MPI_PAYLOAD_CHECK=1: a crc32 of every payload travels in its header and is checked
         # on arrival (opt-in: it costs a pass over every payload at both ends; README).
         self.payload_check = payload_check_from_env()
-        self._corrupt = None
+        self._bad = None  # the first bad frame of the current run (refused, flagged onwards)
+        self.flags = 0  # the frame flags the last run saw (frames.FLAG_*)
 
     def _program_of(self, plan: object) -> Program:
         """The Program this executor runs for `plan` (`plan-kind-mismatch` for another kind)."""
@@ -149,6 +153,26 @@ class Engine(Endpoint, EngineBuild, EngineBinding):
         else None (`out`, if given, is then left as it was). Reduce-scatter mode: the values of
         this rank's chunk, coordinates `self.chunk` (`reduce_scatter_run` adds the bounds).
         `timeout` overrides the per-wait bound for this run."""
+        try:
+            leaves, local = self._leaves(contributions), None
+        except Refusal as e:
+            leaves, local = None, e
+        return self.execute(leaves, out, local=local, timeout=timeout)
+
+    def execute(
+        self,
+        leaves: dict | None,
+        out: np.ndarray | None = None,
+        *,
+        local: Refusal | None = None,
+        timeout: float | None = None,
+        vote: int = 0,
+    ) -> np.ndarray | None:
+        """The one run of every front end (combine, assembly, arrays). `leaves`: slot -> checked
+        contiguous float64 vector of its length, or None when `local` is this rank's refusal of
+        its inputs (the program then runs on zeros, flagged, and `local` is raised at the end);
+        `out`: the caller's (checked here); `vote` (0 or 1) rides on the frames, and afterwards
+        `self.flags` holds the frame flags this rank saw (`frames.FLAG_VOTE`: any rank voted)."""
         if self.broken is not None:
             raise Refusal(
                 "combiner-broken",
@@ -157,12 +181,10 @@ class Engine(Endpoint, EngineBuild, EngineBinding):
         if self._busy:
             raise Refusal("executor-reentrant", "run() called while a run is in progress")
         self._busy = True
-        local = None
+        self._bad = None
         try:
-            try:
-                leaves = self._leaves(contributions)
-            except Refusal as e:
-                local, leaves = e, self._zero_leaves()
+            if leaves is None:
+                leaves = self._zero_leaves()
             try:
                 outarr = self._bind_out(out)
                 if (
@@ -178,16 +200,21 @@ class Engine(Endpoint, EngineBuild, EngineBinding):
                     if self._internal_out is not None
                     else (np.empty(self.n) if self.rp.result is not None else None)
                 )
-            flags, who = self._walk(leaves, outarr, local, timeout)
+            flags, who = self._walk(leaves, outarr, local, timeout, vote)
         except Refusal as e:
             self._fail(e)
+            if self._bad is not None and e is not self._bad:
+                # a bad frame came first and explains what followed (a peer running another
+                # program stops sending what this one waits for)
+                raise self._bad from e
             raise
         finally:
             self.step += 1
             self._busy = False
+        self.flags = flags
         return self._finish(local, flags, who, leaves, outarr, out)
 
-    def _walk(self, leaves, outarr, local, timeout):
+    def _walk(self, leaves, outarr, local, timeout, vote=0):
         ffi, lib = self._ffi, self._lib
         bases, arrays, bound, names = self._bases, self._arrays, self._bound, self._leaf_names
         # Pointers into the caller's arrays, rebuilt only when another array object comes
@@ -205,8 +232,7 @@ class Engine(Endpoint, EngineBuild, EngineBinding):
             arrays["out"] = outarr
         step, waiter, debug, rank = self.step, self.waiter, self.debug, self.rank
         check_payload = self.payload_check
-        self._corrupt = None
-        flags = fr.FLAG_REFUSED if local is not None else 0
+        flags = (fr.FLAG_REFUSED if local is not None else 0) | (fr.FLAG_VOTE if vote else 0)
         who = (rank, local.code) if local is not None else None
         code = fr.code_tag(local.code) if local is not None else b"\0\0\0\0"
         refused = rank if local is not None else -1
@@ -248,59 +274,54 @@ class Engine(Endpoint, EngineBuild, EngineBinding):
                     log(rank, f"send -> {x.peer} {x.what} step {step} {fr.HEADER + 8 * x.m.count}B")
             elif k == W:
                 x = op[1]
+                bad = None
                 try:
-                    waiter.wait(x.hreq, x.status, x.peer, x.what, step, timeout)
-                except FrameRefusal as e:  # truncated: a longer frame; its header may say whose
-                    x.spec.check(x.hbuf, step, x.nbytes + 8, split=x.split)
-                    raise e
-                got = x.status.Get_count(MPI.BYTE)
-                f = x.spec.fast_check(x.hmv, step) if got == x.nbytes else -1
-                if f < 0:
                     try:
-                        f = x.spec.check(x.hbuf, step, got, split=x.split)
-                    except FrameRefusal as e:
-                        if e.code != "frame-checksum" or got == x.nbytes:
-                            raise
-                        # another size, and a header that did not arrive intact (some MPIs leave
-                        # a truncated receive's buffer undefined): the size is what is known
-                        raise FrameRefusal(
-                            "frame-size-mismatch",
-                            f"{x.what} from rank {x.peer} (step {step}): "
-                            f"{got} bytes arrived, expected {x.nbytes}",
-                            peer=x.peer,
-                            step=step,
-                        ) from None
+                        waiter.wait(x.hreq, x.status, x.peer, x.what, step, timeout)
+                        got = x.status.Get_count(MPI.BYTE)
+                    except FrameRefusal as e:  # truncated: a longer frame; its header may say whose
+                        got, bad = -1, e
+                    f = x.spec.fast_check(x.hmv, step) if got == x.nbytes else -1
+                    if f < 0:
+                        f = self._named(x, step, got, bad)
+                except FrameRefusal as e:
+                    bad = e
                 if x.split:
-                    waiter.wait(x.preq, x.pstatus, x.peer, x.what + " payload", step, timeout)
-                    if x.pstatus.Get_count(MPI.BYTE) != 8 * x.m.count:
-                        raise Refusal(
-                            "frame-size-mismatch",
-                            f"{x.what} from rank {x.peer}: payload of "
-                            f"{x.pstatus.Get_count(MPI.BYTE)} bytes, expected {8 * x.m.count}",
-                        )
-                if f & fr.FLAG_PAYLOAD_CRC and zlib.crc32(self._payload(x, arrays)) != fr.payload_crc_of(
-                    x.hmv
-                ):
-                    # Refused here and flagged onwards like any local refusal: every rank the
-                    # flag reaches refuses, nothing is applied, the next run works.
-                    if self._corrupt is None:
-                        self._corrupt = Refusal(
+                    try:
+                        waiter.wait(x.preq, x.pstatus, x.peer, x.what + " payload", step, timeout)
+                        if x.pstatus.Get_count(MPI.BYTE) != 8 * x.m.count:
+                            raise FrameRefusal(
+                                "frame-size-mismatch",
+                                f"{x.what} from rank {x.peer}: payload of "
+                                f"{x.pstatus.Get_count(MPI.BYTE)} bytes, expected {8 * x.m.count}",
+                                peer=x.peer,
+                                step=step,
+                            )
+                    except FrameRefusal as e:
+                        bad = bad or e
+                if bad is None and f & fr.FLAG_PAYLOAD_CRC:
+                    if zlib.crc32(self._payload(x, arrays)) != fr.payload_crc_of(x.hmv):
+                        bad = FrameRefusal(
                             "frame-payload-corrupt",
                             f"rank {rank}: the payload of {x.what} from rank {x.peer} (step {step}) fails its crc32",
                             peer=x.peer,
                             step=step,
                         )
+                if bad is not None:
+                    # Refused here and flagged onwards like a local refusal: the program goes on
+                    # over zeros in place of the frame's payload (no arithmetic ever reads a bad
+                    # frame), every rank the flag reaches refuses, and the next run works.
+                    if self._bad is None:
+                        self._bad = bad
+                    self._zero_payload(x, arrays)
                     if who is None:
-                        who, refused, code = (
-                            (rank, "frame-payload-corrupt"),
-                            rank,
-                            fr.code_tag("frame-payload-corrupt"),
-                        )
+                        who, refused, code = (rank, bad.code), rank, fr.code_tag(bad.code)
                     flags |= fr.FLAG_REFUSED
+                    continue
                 if f & fr.FLAG_REFUSED and who is None:
                     who = fr.refusal_of(x.hmv)
                     refused, code = who[0], fr.code_tag(who[1])
-                flags |= f & (fr.FLAG_NONFINITE | fr.FLAG_REFUSED)
+                flags |= f & _FOLDED
                 if debug:
                     log(rank, f"recv <- {x.peer} {x.what} step {step} {fr.HEADER + 8 * x.m.count}B")
             elif k == C:
@@ -325,6 +346,29 @@ class Engine(Endpoint, EngineBuild, EngineBinding):
                     arrays[reg.buf][reg.offset : reg.offset + reg.count], source=x.peer, tag=x.tag + 1
                 )
         return flags, who
+
+    @staticmethod
+    def _named(x, step, got, truncated):
+        """The flags of a header that is not byte for byte the expected one but passes every
+        check, else the FrameRefusal naming the field that differs (`got`: the bytes that
+        arrived, -1 when the frame was longer than planned and `truncated` said so)."""
+        try:
+            if got < 0:  # the header may still say whose frame it is; it raises at least the size
+                x.spec.check(x.hbuf, step, x.nbytes + 8, split=x.split)
+            return x.spec.check(x.hbuf, step, got, split=x.split)
+        except FrameRefusal as e:
+            if e.code != "frame-checksum" or got == x.nbytes:
+                raise
+            if truncated is not None:
+                raise truncated from None
+            # another size, and a header that did not arrive intact (some MPIs leave a truncated
+            # receive's buffer undefined): the size is what is known
+            raise FrameRefusal(
+                "frame-size-mismatch",
+                f"{x.what} from rank {x.peer} (step {step}): {got} bytes arrived, expected {x.nbytes}",
+                peer=x.peer,
+                step=step,
+            ) from None
 
     def _fail(self, e: Refusal) -> None:
         if e.code in ("executor-reentrant", "combiner-broken"):

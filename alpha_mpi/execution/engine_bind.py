@@ -96,9 +96,18 @@ class EngineBinding:
         return out is not None and any(np.shares_memory(out, v) for v in leaves.values())
 
     def _zero_leaves(self) -> dict:
+        """Zeros in place of every leaf (of its own length: `RankProgram.inputs`)."""
         if self._zeros is None:
-            self._zeros = np.zeros(self.n)
-        return {s: self._zeros for s in self.slots}
+            self._zeros = np.zeros(max([self.n, *self.rp.inputs.values()]))
+        counts = self.rp.inputs
+        return {s: self._zeros[: counts.get(s, self.n)] for s in self.slots}
+
+    def _zero_payload(self, x, arrays) -> None:
+        """Zeros over what message x brought (a refused frame is never read)."""
+        if x.split:
+            self._payload(x, arrays)[:] = 0.0
+        else:
+            x.hbuf[fr.HEADER :] = 0
 
     def _payload(self, x, arrays):
         """The payload bytes of message x at this rank (in its frame buffer or its region)."""
@@ -111,8 +120,8 @@ class EngineBinding:
     def _finish(self, local, flags, who, leaves, outarr, out):
         if local is not None:
             raise local
-        if self._corrupt is not None:
-            raise self._corrupt
+        if self._bad is not None:
+            raise self._bad
         if flags & fr.FLAG_REFUSED:
             rank, code = who
             raise Refusal(

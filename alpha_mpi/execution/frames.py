@@ -8,7 +8,8 @@ place (no copy of user data); see planning/program.py. Header (128 bytes, format
       0    8 magic b"ALPHAMPI"
       8    2 format version
      10    1 phase (PHASE_CODE)
-     11    1 flags (bit 0 non-finite upstream, bit 1 a rank refused, bit 2 payload crc present)
+     11    1 flags (bit 0 non-finite upstream, bit 1 a rank refused, bit 2 payload crc present,
+               bit 3 the caller's one-bit vote, e.g. the Assembler's `flags`)
      12    4 header size (128)
      16    8 topology code (sha256 of the shape name: star, hierarchy:K, pairwise, ...)
      24   16 order identity (tree order + payload layout)
@@ -62,6 +63,7 @@ PHASE_NAME = {
 FLAG_NONFINITE = 1
 FLAG_REFUSED = 2
 FLAG_PAYLOAD_CRC = 4
+FLAG_VOTE = 8  # a caller's one-bit vote riding on the frames (OR-ed along the program)
 if _FMT.size != 100:  # the layout above is part of the wire format
     raise ImportError("alpha_mpi frame header layout changed size")
 
@@ -316,6 +318,7 @@ __all__ = [
     "FLAG_NONFINITE",
     "FLAG_REFUSED",
     "FLAG_PAYLOAD_CRC",
+    "FLAG_VOTE",
     "FrameSpec",
     "patch",
     "refusal_of",

@@ -115,6 +115,9 @@ class RankProgram:
     checks: tuple = ()  # Regions
     ops: tuple = ()
     result: Region | None = None  # where the result lies at the end (None: delivery does not reach)
+    # slot -> element count of its `L<slot>` buffer where it is not the layout's total (assembly
+    # pieces, each of its own length); empty for the combine realizations
+    inputs: dict = field(repr=False, default_factory=dict)
 
     def sends(self):
         return [self.messages[o.index] for o in self.ops if o.kind == "S"]

@@ -86,14 +86,13 @@ ADVICE: dict[str, str] = {
     "calibration-invalid": "write the file with `alpha-mpi bench calibrate --out FILE` (JSON with alpha, beta, gamma in seconds), or unset ALPHA_MPI_CALIBRATION",
     "plan-delivery-mismatch": "give the delivery the plan was made with (or none), and use reduce_scatter / mode='reduce-scatter' for chunks",
     "executor-reentrant": "wait for one combine to finish before starting another on the same plan",
-    "combiner-broken": "this combiner refused earlier and its channel may hold stale frames; build a new one on every rank",
+    "combiner-broken": "this executor (combiner, assembler, or the arrays' channel of this communicator) failed earlier and frames may still be in flight; build a new one on every rank (arrays: alpha_mpi.arrays.reset(comm) on every rank), or restart the job",
     # distributed arrays (alpha_mpi.arrays)
     "array-block-invalid": "pass this rank's block as a 1-D float64 array x (and y of the same length) with integers 0 <= offset, offset + len(x) <= n",
     "array-batch-invalid": "pass dots() a list of 1..4096 (x, y) pairs of blocks, the same number on every rank",
     "array-length-mismatch": "every rank must pass the same global length n",
     "array-coverage-hole": "the ranks' blocks must cover [0, n) without a gap (empty blocks are fine); check each rank's offset and length",
     "array-coverage-overlap": "each global index must belong to exactly one rank's block; check each rank's offset and length",
-    "array-channel-broken": "an earlier array reduction on this communicator timed out or failed mid-exchange and frames may still be in flight; call alpha_mpi.arrays.reset(comm) on every rank, or restart the job",
     # contracts
     "numerical-profile-mismatch": "both sides must use the same numerical profile; adopt the new contract explicitly",
     "numerical-order-mismatch": "both sides must use the same operation order (tree order id, optimizer formula)",

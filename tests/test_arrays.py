@@ -131,8 +131,7 @@ def rows(*specs):
         ([(0, 4, 10, 0), (4, 5, 10, 0)], "array-coverage-hole"),  # the tail
         ([(0, 5, 10, 0), (5, 5, 11, 0)], "array-length-mismatch"),
         ([(0, 5, 10, 0), (5, 5, 10, tree.STATUS_NONFINITE)], "non-finite-contribution"),
-        ([(0, 5, 10, 0), (0, 0, 0, tree.STATUS_REFUSED)], "peer-failed"),
-        ([(0, 5, 10, tree.STATUS_BROKEN), (5, 5, 10, 0)], "peer-failed"),
+        ([(0, 5, 10, 0), (0, 0, 0, tree.STATUS_REFUSED)], "peer-refused"),
     ],
 )
 def test_verdicts_name_the_problem(specs, code):

@@ -41,6 +41,6 @@ def test_a_missing_peer_is_a_named_timeout_then_a_broken_channel(tmp_path):
     out = r.stdout + r.stderr
     assert "r0 first 45.0" in out and "r1 first 45.0" in out, out
     assert "r0 refused [peer-timeout]" in out, out
-    assert "r0 refused [array-channel-broken]" in out, out
+    assert "r0 refused [combiner-broken]" in out, out
     # frames of the abandoned step may still be in flight: the job is aborted at exit, not hung
     assert r.returncode == 70, out  # the transport aborts at exit (ABORT_STATUS) rather than hang

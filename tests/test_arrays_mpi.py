@@ -233,25 +233,25 @@ def _case(name, r, p, n, x, y):
         return (lambda c: arrays.dot(c, xb, yb, lo, n)), {"non-finite-combined"}
     if name == "float32":
         xs = xb.astype(np.float32) if r == 1 else xb
-        return (lambda c: arrays.sum(c, xs, lo, n)), {"dtype-invalid" if r == 1 else "peer-failed"}
+        return (lambda c: arrays.sum(c, xs, lo, n)), {"dtype-invalid" if r == 1 else "peer-refused"}
     if name == "wrong-length-y":
         ys = yb[:-1] if r == 0 else yb
-        return (lambda c: arrays.dot(c, xb, ys, lo, n)), {"array-block-invalid" if r == 0 else "peer-failed"}
+        return (lambda c: arrays.dot(c, xb, ys, lo, n)), {"array-block-invalid" if r == 0 else "peer-refused"}
     if name == "offset-out-of-range":
         off = n if r == 1 else lo
-        return (lambda c: arrays.sum(c, xb, off, n)), {"array-block-invalid" if r == 1 else "peer-failed"}
+        return (lambda c: arrays.sum(c, xb, off, n)), {"array-block-invalid" if r == 1 else "peer-refused"}
     if name == "bad-timeout":
         t = "soon" if r == 0 else None
-        return (lambda c: arrays.sum(c, xb, lo, n, timeout=t)), {"usage" if r == 0 else "peer-failed"}
+        return (lambda c: arrays.sum(c, xb, lo, n, timeout=t)), {"usage" if r == 0 else "peer-refused"}
     if name == "sum-vs-dot":
         fn = (lambda c: arrays.sum(c, xb, lo, n)) if r == 0 else (lambda c: arrays.dot(c, xb, yb, lo, n))
-        return fn, {"frame-order-mismatch", "frame-identity-mismatch", "peer-failed"}
+        return fn, {"frame-order-mismatch", "frame-identity-mismatch", "peer-refused"}
     if name == "batch-size":
         pairs = [(xb, yb), (xb, xb)] if r == 0 else [(xb, yb)]
         return (lambda c: arrays.dots(c, pairs, lo, n)), {
             "frame-size-mismatch",
             "frame-order-mismatch",
-            "peer-failed",
+            "peer-refused",
         }
     raise KeyError(name)
 

@@ -119,8 +119,9 @@ def _channel(comm) -> Channel:
         comm.Set_attr(kv, ch)
     if ch.broken is not None:
         raise Refusal(
-            "array-channel-broken",
-            f"an earlier array reduction on this communicator ended with [{ch.broken}]",
+            "combiner-broken",
+            f"an earlier array reduction on this communicator ended with [{ch.broken}] and frames "
+            "may still be in flight; call alpha_mpi.arrays.reset(comm) on every rank",
         )
     return ch
 
@@ -234,7 +235,7 @@ def _reduce(comm, op, xs, ys, offset, n, timeout, bad_batch=None):
                 py = ex.ys_ptrs
                 for j in range(k):
                     py[j] = held_y[j]
-        m = _summary(px, py, k, offset, length, n, ex.state[0], _CAP, ex.nonfinite)
+        m = _summary(px, py, k, offset, length, n, ex.state0, _CAP, ex.nonfinite)
         if m < 0:  # cannot happen for checked inputs; refused like a local refusal (peers finish)
             err = KernelRefusal("kernel-bad-argument", f"{op}: the kernel refused the block (status {m})")
             status, m = T.STATUS_REFUSED + T.LOCAL_CODES.index("kernel-bad-argument"), 0
@@ -246,10 +247,8 @@ def _reduce(comm, op, xs, ys, offset, n, timeout, bad_batch=None):
     if err is not None:
         n = 0
     try:
-        ex.run(row, m, n)
-        if err is not None:
-            raise err
-        if ex.frame_error is None and ex.valid_order is None and ex.table.tobytes() == ex.valid:
+        ex.run(row, m, n, local=err)  # raises this rank's refusal, a bad frame's or a peer's
+        if ex.valid_order is None and ex.table.tobytes() == ex.valid:
             values = ex.root(n)  # the table that passed every check last time: nothing to re-check
             if values is None:
                 values = _verdict(ch, ex, op, k, m, row, n, detail)
@@ -269,8 +268,6 @@ def _reduce(comm, op, xs, ys, offset, n, timeout, bad_batch=None):
 
 def _verdict(ch, ex, op, k, m_local, row, n, detail):
     """Refuse by name (the same on every rank) or return the root's values."""
-    if ex.frame_error is not None:
-        raise ex.frame_error
     tb = ex.table.tobytes()
     if tb != ex.valid:
         rows = ex.rows()
@@ -287,8 +284,6 @@ def _verdict(ch, ex, op, k, m_local, row, n, detail):
         ex2 = ch.exchange(op, k, ex.valid_order)
         ex2.copy_local_from(ex, m_local)
         ex2.run(row, m_local, n)
-        if ex2.frame_error is not None:
-            raise ex2.frame_error
         tb2 = ex2.table.tobytes()
         if tb2 != ex2.valid:
             T.check_rows(ex2.rows(), op)

@@ -61,7 +61,6 @@ MAX_BATCH = 4096  # csrc/pairwise.h AP_MAX_K
 # refused row, so that no peer waits for it and every rank can name it.
 STATUS_OK = 0
 STATUS_NONFINITE = 1  # a NaN or Inf among this rank's inputs
-STATUS_BROKEN = 2  # this row did not arrive intact (written by the rank that got a bad frame)
 STATUS_REFUSED = 16  # + index in LOCAL_CODES: the rank refused its inputs with that code
 LOCAL_CODES = ("dtype-invalid", "array-block-invalid", "array-batch-invalid", "kernel-bad-argument", "usage")
 
@@ -230,30 +229,23 @@ class Row:
 
 def status_code(status: int) -> str:
     i = status - STATUS_REFUSED
-    return LOCAL_CODES[i] if 0 <= i < len(LOCAL_CODES) else "peer-failed"
+    return LOCAL_CODES[i] if 0 <= i < len(LOCAL_CODES) else "unknown-code"
 
 
 def check_rows(rows, what: str) -> None:
     """Refuse, by name, anything that stops the rows from describing one reduction: a rank that
-    refused its inputs (peer-failed), a row that did not arrive intact (peer-failed), ranks
-    that disagree on n (array-length-mismatch), holes and overlaps (array-coverage-hole,
+    refused its inputs (peer-refused), ranks that disagree on n (array-length-mismatch), holes and overlaps (array-coverage-hole,
     array-coverage-overlap), NaN/Inf inputs (non-finite-contribution). Every rank calls this
     on the same rows, so every rank raises the same refusal. `rows` are in rank order."""
     refused = [r for r in rows if r.status >= STATUS_REFUSED]
-    if refused:
+    if refused:  # the engine's flags name a refusing rank first; this is the rows' own account
         names = ", ".join(f"rank {r.rank} [{status_code(r.status)}]" for r in refused)
         raise Refusal(
-            "peer-failed",
+            "peer-refused",
             f"{what}: {names} refused its inputs, so nothing was reduced",
+            peer=refused[0].rank,
+            peer_code=status_code(refused[0].status),
             ranks=[r.rank for r in refused],
-        )
-    broken = [r.rank for r in rows if r.status == STATUS_BROKEN]
-    if broken:
-        raise Refusal(
-            "peer-failed",
-            f"{what}: the summaries of ranks {broken} did not arrive intact "
-            "(a rank that received a bad frame names it)",
-            ranks=broken,
         )
     ns = sorted({r.n for r in rows})
     if len(ns) > 1:

@@ -37,8 +37,9 @@ from ..planning.program import Program
 from ..refusals import FrameRefusal, KernelRefusal, PlanRefusal, Refusal
 from . import frames as fr
 from .engine_bind import EngineBinding
-from .engine_build import PALL, C, D, E, EngineBuild, F, S, W, payload_check_from_env
-from .transport import Endpoint, cancel_receives, log, mark_broken
+from .engine_build import PALL, C, D, E, EngineBuild, F, M, S, W, payload_check_from_env
+from .engine_ops import merge, named_check
+from .transport import Endpoint, Waiter, cancel_receives, log, mark_broken
 
 # The flags a received frame passes on (its payload crc bit is its own).
 _FOLDED = fr.FLAG_NONFINITE | fr.FLAG_REFUSED | fr.FLAG_VOTE
@@ -65,7 +66,8 @@ def warn_retired(kwargs: dict) -> None:
 class Engine(Endpoint, EngineBuild, EngineBinding):
     """Executes one Program repeatedly on one communicator. Build it on every rank of `comm`.
 
-    Subclasses that take another kind of plan (Combiner: a tree Plan; ScatterCombiner: a
+    `waiter`: a transport.Waiter to share (its bound and idle policy) instead of making one,
+    which is collective over `comm`. Subclasses that take another kind of plan (Combiner: a tree Plan; ScatterCombiner: a
     scatter program) say how it becomes the Program they run, in `_program_of`."""
 
     def __init__(
@@ -76,6 +78,7 @@ class Engine(Endpoint, EngineBuild, EngineBinding):
         timeout: float | None = None,
         contract: str = "",
         dup: bool = True,
+        waiter: Waiter | None = None,
         **retired: object,
     ) -> None:
         warn_retired(retired)
@@ -86,7 +89,7 @@ class Engine(Endpoint, EngineBuild, EngineBinding):
                 "plan-rank-mismatch", f"the program is for {program.size} ranks, the communicator has {size}"
             )
         self.program = self.plan = program
-        rank = self._open(comm, timeout, dup)
+        rank = self._open(comm, timeout, dup, waiter)
         self._busy = False
         self.contract = contract
         rp = self.rp = program.rank(rank)
@@ -283,7 +286,7 @@ class Engine(Endpoint, EngineBuild, EngineBinding):
                         got, bad = -1, e
                     f = x.spec.fast_check(x.hmv, step) if got == x.nbytes else -1
                     if f < 0:
-                        f = self._named(x, step, got, bad)
+                        f = named_check(x, step, got, bad)
                 except FrameRefusal as e:
                     bad = e
                 if x.split:
@@ -338,6 +341,8 @@ class Engine(Endpoint, EngineBuild, EngineBinding):
                 waiter.wait(x.hreq, None, x.peer, x.what, step, timeout)
                 if x.split:
                     waiter.wait(x.preq, None, x.peer, x.what + " payload", step, timeout)
+            elif k == M:
+                merge(lib, op[1])
             else:  # P of a frame received into the caller's memory
                 x = op[1]
                 x.hreq.Start()
@@ -346,29 +351,6 @@ class Engine(Endpoint, EngineBuild, EngineBinding):
                     arrays[reg.buf][reg.offset : reg.offset + reg.count], source=x.peer, tag=x.tag + 1
                 )
         return flags, who
-
-    @staticmethod
-    def _named(x, step, got, truncated):
-        """The flags of a header that is not byte for byte the expected one but passes every
-        check, else the FrameRefusal naming the field that differs (`got`: the bytes that
-        arrived, -1 when the frame was longer than planned and `truncated` said so)."""
-        try:
-            if got < 0:  # the header may still say whose frame it is; it raises at least the size
-                x.spec.check(x.hbuf, step, x.nbytes + 8, split=x.split)
-            return x.spec.check(x.hbuf, step, got, split=x.split)
-        except FrameRefusal as e:
-            if e.code != "frame-checksum" or got == x.nbytes:
-                raise
-            if truncated is not None:
-                raise truncated from None
-            # another size, and a header that did not arrive intact (some MPIs leave a truncated
-            # receive's buffer undefined): the size is what is known
-            raise FrameRefusal(
-                "frame-size-mismatch",
-                f"{x.what} from rank {x.peer} (step {step}): {got} bytes arrived, expected {x.nbytes}",
-                peer=x.peer,
-                step=step,
-            ) from None
 
     def _fail(self, e: Refusal) -> None:
         if e.code in ("executor-reentrant", "combiner-broken"):

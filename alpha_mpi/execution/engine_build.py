@@ -13,8 +13,8 @@ from . import frames as fr
 from .transport import TAG_BASE
 
 _F64 = np.dtype(np.float64)
-P, S, W, D, E, C, F, PALL = range(8)
-_KIND = {"P": P, "S": S, "W": W, "D": D, "E": E, "C": C, "F": F}
+P, S, W, D, E, C, F, PALL, M = range(9)
+_KIND = {"P": P, "S": S, "W": W, "D": D, "E": E, "C": C, "F": F, "M": M}
 
 
 def payload_check_from_env() -> bool:
@@ -41,6 +41,13 @@ class _Msg:
         "tag",
         "what",
     )
+
+
+class MergeOp:
+    """An M op, compiled: int64 views of the three heads (count, flags) and of the length word,
+    kernel pointers to the three node arrays (see planning.program.Merge)."""
+
+    __slots__ = ("a_head", "b_head", "out_head", "n_word", "a_nodes", "b_nodes", "out_nodes", "k", "capacity")
 
 
 class EngineBuild:
@@ -182,4 +189,22 @@ class EngineBuild:
                         reg.count,
                     )
                 )
+            elif k == M:
+                table.append((M, self._merge_op(rp.merges[op.index])))
         return table
+
+    def _merge_op(self, mg) -> MergeOp:
+        ffi = self._ffi
+
+        def words(reg):
+            return self.bufs[reg.buf].view(np.int64)[reg.offset : reg.offset + reg.count]
+
+        def nodes(reg):
+            return ffi.cast("int64_t *", self._ptr[reg.buf] + reg.offset)
+
+        x = MergeOp()
+        x.a_head, x.b_head, x.out_head = words(mg.a[0]), words(mg.b[0]), words(mg.out[0])
+        x.n_word = words(mg.n)
+        x.a_nodes, x.b_nodes, x.out_nodes = nodes(mg.a[1]), nodes(mg.b[1]), nodes(mg.out[1])
+        x.k, x.capacity = mg.k, mg.capacity
+        return x

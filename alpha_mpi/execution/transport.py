@@ -34,8 +34,8 @@ ABORT_STATUS = 70
 POLLS_BEFORE_YIELD = 200
 SLEEP_AFTER = 0.005
 _yield = getattr(os, "sched_yield", lambda: time.sleep(0))
-# Tags: combine frames use 2*seq (header) and 2*seq + 1 (payload) from TAG_BASE up; assembly its own.
-TAG = {"a": 13}
+# Tags, one scheme for every program the engine runs (combine, assembly, arrays): the k-th
+# message from one rank to another in a run uses TAG_BASE + 2k (header) and + 2k + 1 (payload).
 TAG_BASE = 100
 
 
@@ -91,11 +91,13 @@ class Endpoint:
     itself (a library duplicate unless dup=False), its rank, the Waiter that owns its time
     bounds, the debug switch, the count of runs and the refusal that broke it (None)."""
 
-    def _open(self, comm, timeout, dup: bool) -> int:
+    def _open(self, comm, timeout, dup: bool, waiter=None) -> int:
         self.comm = library_comm(comm) if dup else comm
         self._owns_comm = dup
         self.rank = self.comm.Get_rank()
-        self.waiter = Waiter(self.comm, timeout)
+        # A shared Waiter (one per communicator, e.g. the arrays' channel) spares the collective
+        # Split_type of a new one: executors built lazily, on some ranks only, must not call it.
+        self.waiter = Waiter(self.comm, timeout) if waiter is None else waiter
         self.timeout = self.waiter.timeout
         self.debug = debug_enabled()
         self.step = 0
@@ -254,7 +256,6 @@ __all__ = [
     "ABORT_GRACE",
     "abort_job",
     "Endpoint",
-    "TAG",
     "TAG_BASE",
     "Waiter",
     "timeout_from_env",

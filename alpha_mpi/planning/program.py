@@ -11,6 +11,7 @@ the same programs in one process. A rank's program is a list of ops:
     E2   evaluate fused kernel program 2 (postfix over input regions, into an output region)
     C1   copy region pair 1
     F0   finiteness check of region 0 (sets the non-finite flag)
+    M0   merge pair 0 of node summaries (the array reductions' exchange, planning/array_program.py)
 
 Buffers are named per rank: `out` (the result vector, the caller's `out` when given), `L<slot>`
 (this rank's contribution for a slot: read only), `w<i>` (work buffers the executor allocates
@@ -33,8 +34,8 @@ from .base import PlanBase
 from .postfix import postfix_text
 from .steps import parse_or_refuse
 
-OP_KINDS = "PSWDECF"
-_OP_RE = re.compile(r"^([PSWDECF])(\d+)$")
+OP_KINDS = "PSWDECFM"
+_OP_RE = re.compile(r"^([PSWDECFM])(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,23 @@ class Eval:
 
 
 @dataclass(frozen=True)
+class Merge:
+    """Join two summaries of pairwise-tree nodes into a third (csrc/pairwise.h ap_merge).
+
+    Each of `a`, `b`, `out` is a (head, nodes) pair of Regions: the head is two int64 words
+    (record count, flags), the nodes `capacity` records of 2 + k words. `n` is a one-word
+    region holding the global length (written per call). The result's flags are a's, b's and
+    the merge's own (overflow, invalid); a count of b out of range is an invalid merge."""
+
+    a: tuple
+    b: tuple
+    out: tuple
+    n: Region
+    k: int
+    capacity: int
+
+
+@dataclass(frozen=True)
 class Op:
     kind: str
     index: int
@@ -99,7 +117,7 @@ class Op:
 
     @staticmethod
     def parse(text: str) -> Op:
-        m = parse_or_refuse(_OP_RE, text, "op (e.g. P3 S3 W3 D3 E2 C1 F0)")
+        m = parse_or_refuse(_OP_RE, text, "op (e.g. P3 S3 W3 D3 E2 C1 F0 M0)")
         return Op(m.group(1), int(m.group(2)))
 
 
@@ -118,6 +136,7 @@ class RankProgram:
     # slot -> element count of its `L<slot>` buffer where it is not the layout's total (assembly
     # pieces, each of its own length); empty for the combine realizations
     inputs: dict = field(repr=False, default_factory=dict)
+    merges: tuple = ()  # Merge records (array reductions only)
 
     def sends(self):
         return [self.messages[o.index] for o in self.ops if o.kind == "S"]
@@ -236,4 +255,15 @@ class Program(PlanBase):
         return out
 
 
-__all__ = ["Region", "BufferSpec", "Message", "Eval", "Op", "RankProgram", "Program", "schedule", "OP_KINDS"]
+__all__ = [
+    "Region",
+    "BufferSpec",
+    "Message",
+    "Eval",
+    "Merge",
+    "Op",
+    "RankProgram",
+    "Program",
+    "schedule",
+    "OP_KINDS",
+]

@@ -15,16 +15,19 @@ Failure semantics (the protocol, not an afterthought):
 - FiniteOrRefuse: a non-finite value makes the combined value non-finite; the ranks that check
   it (F) flag their later frames, and every rank the flag reaches refuses after communication
   completed (`non-finite-contribution` where the bad slot is, else `non-finite-combined`).
-- A genuine failure (timeout, a frame from another plan, a dead peer) may leave frames in
-  flight: the engine is broken (`combiner-broken` on later runs; build a new one on every rank)
-  and the job aborts at exit instead of hanging (transport.mark_broken). Sends are never
-  cancelled.
+- A bad frame (a header that is not the one planned, another size, a payload failing its
+  check) is refused on the rank that finds it and flagged onwards like a local refusal: the
+  program goes on over zeros in its place, every rank names it. A payload failure leaves the
+  engine usable; a frame of another program marks it broken after the run (that program may
+  have sent more), except where the Program says every peer program pairs one to one.
+- A genuine failure (timeout, a dead peer) may leave frames in flight: the engine is broken
+  (`combiner-broken` on later runs; build a new one on every rank) and the job aborts at exit
+  instead of hanging (transport.mark_broken). Sends are never cancelled.
 """
 
 from __future__ import annotations
 
 import sys
-import warnings
 import zlib
 from typing import TYPE_CHECKING
 
@@ -38,7 +41,7 @@ from ..refusals import FrameRefusal, KernelRefusal, PlanRefusal, Refusal
 from . import frames as fr
 from .engine_bind import EngineBinding
 from .engine_build import PALL, C, D, E, EngineBuild, F, M, S, W, payload_check_from_env
-from .engine_ops import merge, named_check
+from .engine_ops import merge, named_check, warn_retired
 from .transport import Endpoint, Waiter, cancel_receives, log, mark_broken
 
 # The flags a received frame passes on (its payload crc bit is its own).
@@ -46,21 +49,6 @@ _FOLDED = fr.FLAG_NONFINITE | fr.FLAG_REFUSED | fr.FLAG_VOTE
 
 if TYPE_CHECKING:
     from .contributions import Contributions
-
-
-# Keywords of 0.1 that no longer steer anything: accepted with a warning, so old scripts run.
-_RETIRED = {
-    "crossover_bytes": "auto chooses by the α–β–γ model (calibration=, ALPHA_MPI_CALIBRATION)",
-    "depth": "the engine allocates its own buffers per message",
-}
-
-
-def warn_retired(kwargs: dict) -> None:
-    """Warn (DeprecationWarning) for each retired 0.1 keyword; any other is a TypeError."""
-    for k in kwargs:
-        if k not in _RETIRED:
-            raise TypeError(f"unexpected keyword argument {k!r}")
-        warnings.warn(f"{k}= is ignored since 0.2: {_RETIRED[k]}", DeprecationWarning, stacklevel=3)
 
 
 class Engine(Endpoint, EngineBuild, EngineBinding):
@@ -134,6 +122,10 @@ class Engine(Endpoint, EngineBuild, EngineBinding):
         # on arrival (opt-in: it costs a pass over every payload at both ends; README).
         self.payload_check = payload_check_from_env()
         self._bad = None  # the first bad frame of the current run (refused, flagged onwards)
+        # Programs whose every possible peer program pairs its messages one to one with this one
+        # (the arrays' exchanges in rank order): a foreign frame leaves nothing in flight, so
+        # the executor stays usable after naming it.
+        self._pairs = bool(program.details.get("foreign_frames_pair"))
         self.flags = 0  # the frame flags the last run saw (frames.FLAG_*)
 
     def _program_of(self, plan: object) -> Program:
@@ -215,6 +207,11 @@ class Engine(Endpoint, EngineBuild, EngineBinding):
             self.step += 1
             self._busy = False
         self.flags = flags
+        bad = self._bad
+        if bad is not None and bad.code != "frame-payload-corrupt" and not self._pairs:
+            # A frame of another program: every rank has named it by now, but that program may
+            # have sent more than this one received, so the executor cannot run again.
+            self._fail(bad)
         return self._finish(local, flags, who, leaves, outarr, out)
 
     def _walk(self, leaves, outarr, local, timeout, vote=0):

@@ -1,10 +1,28 @@
 """The ops of the engine's walk that are not a line or two: naming a frame that is not the one
 expected, and the M op (a merge of node summaries, the arrays' exchange). Plain functions over
-the compiled records of engine_build."""
+the compiled records of engine_build; and the warning for the 0.1 keywords every executor
+still accepts."""
 
 from __future__ import annotations
 
+import warnings
+
 from ..refusals import FrameRefusal
+
+# Keywords of 0.1 that no longer steer anything: accepted with a warning, so old scripts run.
+_RETIRED = {
+    "crossover_bytes": "auto chooses by the α–β–γ model (calibration=, ALPHA_MPI_CALIBRATION)",
+    "depth": "the engine allocates its own buffers per message",
+}
+
+
+def warn_retired(kwargs: dict) -> None:
+    """Warn (DeprecationWarning) for each retired 0.1 keyword; any other is a TypeError."""
+    for k in kwargs:
+        if k not in _RETIRED:
+            raise TypeError(f"unexpected keyword argument {k!r}")
+        warnings.warn(f"{k}= is ignored since 0.2: {_RETIRED[k]}", DeprecationWarning, stacklevel=3)
+
 
 # A merged summary's flags word (arrays.tree FLAG_OVERFLOW, FLAG_INVALID).
 MERGE_OVERFLOW, MERGE_INVALID = 1, 2

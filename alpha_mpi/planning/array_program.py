@@ -115,7 +115,10 @@ def lower_summary_exchange(
         receivers=frozenset(),
         builder=build,
         rounds=n_rounds,
-        details={"k": k, "capacity": capacity},
+        # Every exchange of a channel in rank order has one message per round per pair, whatever
+        # its operation and batch size: a frame of another call pairs one to one and nothing
+        # stays in flight (the engine then stays usable after naming it).
+        details={"k": k, "capacity": capacity, "foreign_frames_pair": edge0 == 0},
     )
 
 

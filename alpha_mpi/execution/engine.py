@@ -5,7 +5,10 @@ unless told not to). Work buffers, frame headers, persistent requests, kernel po
 the op table are built once; a run binds the caller's contributions and `out`, then walks the
 rank's ops: P posts a receive, S starts a send (its header carries the flags seen so far), W
 waits for a frame and checks its header (one bytes comparison; the field-by-field naming only
-on a mismatch), D completes a send, E is one fused kernel pass, C a copy, F a finiteness check.
+on a mismatch), D completes a send, E is one fused kernel pass, C a copy, F a finiteness check,
+M a merge of node summaries (the arrays). By composition: engine_build compiles the rank's
+program once into a frozen Compiled (named op records), engine_bind's functions bind each run,
+engine_walk has one function per op kind; this class holds them and the run's bookkeeping.
 
 Failure semantics (the protocol, not an afterthought):
 - A local refusal (a bad contribution or `out`) does not leave peers waiting: this rank runs
@@ -28,35 +31,33 @@ Failure semantics (the protocol, not an afterthought):
 from __future__ import annotations
 
 import sys
-import zlib
 from typing import TYPE_CHECKING
 
 import numpy as np
-from mpi4py import MPI
 
 from .. import kernel
-from ..planning.builder import is_split
 from ..planning.program import Program
-from ..refusals import FrameRefusal, KernelRefusal, PlanRefusal, Refusal
-from . import frames as fr
-from .engine_bind import EngineBinding
-from .engine_build import PALL, C, D, E, EngineBuild, F, M, S, W, payload_check_from_env
-from .engine_ops import merge, named_check, warn_retired
-from .transport import Endpoint, Waiter, cancel_receives, log, mark_broken
-
-# The flags a received frame passes on (its payload crc bit is its own).
-_FOLDED = fr.FLAG_NONFINITE | fr.FLAG_REFUSED | fr.FLAG_VOTE
+from ..refusals import PlanRefusal, Refusal
+from . import engine_bind as bind
+from .engine_bind import Chunk
+from .engine_build import compile_program, payload_check_from_env
+from .engine_ops import warn_retired
+from .engine_walk import RunState
+from .transport import Waiter, cancel_receives, debug_enabled, library_comm, mark_broken
 
 if TYPE_CHECKING:
+    from mpi4py import MPI
+
     from .contributions import Contributions
 
 
-class Engine(Endpoint, EngineBuild, EngineBinding):
+class Engine:
     """Executes one Program repeatedly on one communicator. Build it on every rank of `comm`.
 
     `waiter`: a transport.Waiter to share (its bound and idle policy) instead of making one,
-    which is collective over `comm`. Subclasses that take another kind of plan (Combiner: a tree Plan; ScatterCombiner: a
-    scatter program) say how it becomes the Program they run, in `_program_of`."""
+    which is collective over `comm`. Subclasses that take another kind of plan (Combiner: a
+    tree Plan; ScatterCombiner: a scatter program) say how it becomes the Program they run, in
+    `_program_of`."""
 
     def __init__(
         self,
@@ -77,43 +78,28 @@ class Engine(Endpoint, EngineBuild, EngineBinding):
                 "plan-rank-mismatch", f"the program is for {program.size} ranks, the communicator has {size}"
             )
         self.program = self.plan = program
-        rank = self._open(comm, timeout, dup, waiter)
-        self._busy = False
+        self.comm = library_comm(comm) if dup else comm
+        self._owns_comm = dup
+        self.rank = rank = self.comm.Get_rank()
+        self.waiter = Waiter(self.comm, timeout) if waiter is None else waiter
+        self.timeout = self.waiter.timeout
+        self.debug = debug_enabled()
+        self.step = 0
+        self.broken = None  # the refusal code that broke this executor
         self.contract = contract
-        rp = self.rp = program.rank(rank)
-        self.slots = rp.slots
-        self.n = n = program.layout.total
-        self.is_receiver = rp.result is not None and program.mode == "allreduce"
+        self.compiled = c = compile_program(self.comm, program, rank, contract)
+        self.rp, self.bufs, self.n = c.rp, c.bufs, c.n
+        self._table = c.table  # (function, record) per op; emptied by free()
+        self.slots = c.rp.slots
+        self.is_receiver = c.is_receiver
         self.realization = program.realization
         self.chunk = program.chunk(rank)  # reduce-scatter: (start, stop) of this rank's chunk
-        ffi = kernel.ffi
-        self._ffi, self._lib = ffi, kernel.lib
-        self._darr = ffi.typeof("double[]")
-        # Work buffers (framed ones with header room in front).
-        self.bufs, self.framed = {}, {}
-        for b in rp.buffers:
-            if b.framed:
-                raw = np.zeros(fr.HEADER + 8 * b.count, dtype=np.uint8)
-                self.framed[b.name] = raw
-                self.bufs[b.name] = raw[fr.HEADER :].view(np.float64)
-            else:
-                self.bufs[b.name] = np.zeros(b.count)
-        self._keep = []
-        self._ptr = {name: self._p(arr) for name, arr in self.bufs.items()}
-        self._internal_out = None
-        if any(r.buf == "out" for r in self._all_regions()):
-            self._internal_out = np.zeros(n)
+        self._state = RunState(self.comm, self.waiter, rank, kernel.lib, kernel.ffi, self.debug)
+        self._darr = kernel.ffi.typeof("double[]")
+        self._names = {s: f"L{s}" for s in self.slots}
+        self._bound: dict = {}  # buffer name -> the caller's array its pointer was made from
         self._zeros = None
-        self._bases, self._arrays, self._bound = {}, {}, {}
-        self._leaf_names = {s: f"L{s}" for s in self.slots}
-        # Small results are computed in the internal buffer and copied to the caller's `out` once
-        # the run succeeded, so a refused run leaves `out` as it was; results of 64 KiB and more
-        # land in place (no copy), and `out` is unspecified after a refusal.
-        self._small = not is_split(n)
-        self._msgs = {}
-        for i, m in rp.messages.items():
-            self._msgs[i] = self._message(m, rp.regions.get(i))
-        self._table = self._compile()
+        self._busy = False
         # Fault injection for tests and verification tools (alpha_mpi_verify, tests/): when set,
         # called as send_hook(message index, header memoryview) after a header is written and
         # before it is sent. None in production (one attribute test per send).
@@ -121,7 +107,6 @@ class Engine(Endpoint, EngineBuild, EngineBinding):
         # ALPHA_MPI_PAYLOAD_CHECK=1: a crc32 of every payload travels in its header and is checked
         # on arrival (opt-in: it costs a pass over every payload at both ends; README).
         self.payload_check = payload_check_from_env()
-        self._bad = None  # the first bad frame of the current run (refused, flagged onwards)
         # Programs whose every possible peer program pairs its messages one to one with this one
         # (the arrays' exchanges in rank order): a foreign frame leaves nothing in flight, so
         # the executor stays usable after naming it.
@@ -136,9 +121,6 @@ class Engine(Endpoint, EngineBuild, EngineBinding):
             )
         return plan
 
-    # -- construction --------------------------------------------------------------------------
-    # -- binding the caller's memory -------------------------------------------------------------
-    # -- running ---------------------------------------------------------------------------------
     def run(
         self, contributions: Contributions, out: np.ndarray | None = None, *, timeout: float | None = None
     ) -> np.ndarray | None:
@@ -149,10 +131,26 @@ class Engine(Endpoint, EngineBuild, EngineBinding):
         this rank's chunk, coordinates `self.chunk` (`reduce_scatter_run` adds the bounds).
         `timeout` overrides the per-wait bound for this run."""
         try:
-            leaves, local = self._leaves(contributions), None
+            leaves, local = (
+                bind.check_leaves(self.compiled, contributions, self.rank, self.program.layout.key()),
+                None,
+            )
         except Refusal as e:
             leaves, local = None, e
         return self.execute(leaves, out, local=local, timeout=timeout)
+
+    def reduce_scatter_run(
+        self, contributions: Contributions, out: np.ndarray | None = None, *, timeout: float | None = None
+    ) -> Chunk:
+        """Reduce-scatter programs only: run once and return Chunk(start, stop, values). `out`:
+        an array of the chunk's length, or of the whole payload (written at out[start:stop])."""
+        if self.program.mode != "reduce-scatter":
+            raise PlanRefusal(
+                "plan-delivery-mismatch",
+                "this executor delivers the whole result; build it with mode='reduce-scatter'",
+            )
+        values = self.run(contributions, out=out, timeout=timeout)
+        return Chunk(self.chunk[0], self.chunk[1], values)
 
     def execute(
         self,
@@ -176,184 +174,55 @@ class Engine(Endpoint, EngineBuild, EngineBinding):
         if self._busy:
             raise Refusal("executor-reentrant", "run() called while a run is in progress")
         self._busy = True
-        self._bad = None
+        c, st, step = self.compiled, self._state, self.step
+        st.begin(step, timeout, local, vote, self.payload_check, self.send_hook)
         try:
             if leaves is None:
-                leaves = self._zero_leaves()
+                if self._zeros is None:
+                    self._zeros = bind.zeros_for(c)
+                leaves = bind.zero_leaves(c, self._zeros)
             try:
-                outarr = self._bind_out(out)
+                outarr = bind.bind_out(c, out, self.program.mode)
                 if (
                     outarr is not None
-                    and outarr is not self._internal_out
-                    and (self._small or self._aliased(outarr, leaves))
+                    and outarr is not c.internal_out
+                    and (c.small or bind.aliased(outarr, leaves))
                 ):
-                    outarr = self._internal_out  # copied to the caller's `out` only on success
+                    outarr = c.internal_out  # copied to the caller's `out` only on success
             except Refusal as e:
                 local = local or e
+                st.begin(step, timeout, local, vote, self.payload_check, self.send_hook)
                 outarr = (
-                    self._internal_out
-                    if self._internal_out is not None
-                    else (np.empty(self.n) if self.rp.result is not None else None)
+                    c.internal_out
+                    if c.internal_out is not None
+                    else (np.empty(self.n) if c.rp.result is not None else None)
                 )
-            flags, who = self._walk(leaves, outarr, local, timeout, vote)
+            bind.bind_pointers(st, self._names, self._bound, self._darr, leaves, outarr)
+            for fn, rec in self._table:
+                fn(st, rec)
         except Refusal as e:
             self._fail(e)
-            if self._bad is not None and e is not self._bad:
+            if st.bad is not None and e is not st.bad:
                 # a bad frame came first and explains what followed (a peer running another
                 # program stops sending what this one waits for)
-                raise self._bad from e
+                raise st.bad from e
             raise
         finally:
             self.step += 1
             self._busy = False
-        self.flags = flags
-        bad = self._bad
+            self.flags = st.flags
+        bad = st.bad
         if bad is not None and bad.code != "frame-payload-corrupt" and not self._pairs:
             # A frame of another program: every rank has named it by now, but that program may
             # have sent more than this one received, so the executor cannot run again.
             self._fail(bad)
-        return self._finish(local, flags, who, leaves, outarr, out)
-
-    def _walk(self, leaves, outarr, local, timeout, vote=0):
-        ffi, lib = self._ffi, self._lib
-        bases, arrays, bound, names = self._bases, self._arrays, self._bound, self._leaf_names
-        # Pointers into the caller's arrays, rebuilt only when another array object comes
-        # (the learner and most loops pass the same buffers every step).
-        for s, a in leaves.items():
-            name = names[s]
-            if bound.get(name) is not a:
-                bound[name] = a
-                bases[name] = ffi.from_buffer(self._darr, a)
-            arrays[name] = a
-        if outarr is not None:
-            if bound.get("out") is not outarr:
-                bound["out"] = outarr
-                bases["out"] = ffi.from_buffer(self._darr, outarr, True)
-            arrays["out"] = outarr
-        step, waiter, debug, rank = self.step, self.waiter, self.debug, self.rank
-        check_payload = self.payload_check
-        flags = (fr.FLAG_REFUSED if local is not None else 0) | (fr.FLAG_VOTE if vote else 0)
-        who = (rank, local.code) if local is not None else None
-        code = fr.code_tag(local.code) if local is not None else b"\0\0\0\0"
-        refused = rank if local is not None else -1
-        for op in self._table:
-            k = op[0]
-            if k == E:
-                _, ptrs, dyn, nin, cnt, pptr, plen, optr, obuf, ooff = op
-                for j, b, off in dyn:
-                    ptrs[j] = bases[b] + off
-                if optr is None:
-                    optr = bases[obuf] + ooff
-                st = lib.ak_tree_eval(optr, ptrs, nin, cnt, pptr, plen)
-                if st:
-                    raise KernelRefusal(
-                        "kernel-bad-argument", f"rank {rank}: the kernel refused an evaluation (status {st})"
-                    )
-            elif k == PALL:
-                MPI.Prequest.Startall(op[1])
-            elif k == S:
-                x = op[1]
-                if x.split and x.dyn:
-                    reg = x.region
-                    view = arrays[reg.buf][reg.offset : reg.offset + reg.count]
-                x.hmv[:124] = x.spec.expect  # the buffer may have held a received header
-                if check_payload and x.m.count:
-                    crc = zlib.crc32(view if x.split and x.dyn else self._payload(x, arrays))
-                    fr.patch(x.hmv, step, flags | fr.FLAG_PAYLOAD_CRC, refused, code, crc)
-                else:
-                    fr.patch(x.hmv, step, flags, refused, code)
-                if self.send_hook is not None:
-                    self.send_hook(x.m.index, x.hmv)
-                x.hreq.Start()
-                if x.split:
-                    if x.dyn:
-                        x.preq = self.comm.Isend(view, dest=x.peer, tag=x.tag + 1)
-                    else:
-                        x.preq.Start()
-                if debug:
-                    log(rank, f"send -> {x.peer} {x.what} step {step} {fr.HEADER + 8 * x.m.count}B")
-            elif k == W:
-                x = op[1]
-                bad = None
-                try:
-                    try:
-                        waiter.wait(x.hreq, x.status, x.peer, x.what, step, timeout)
-                        got = x.status.Get_count(MPI.BYTE)
-                    except FrameRefusal as e:  # truncated: a longer frame; its header may say whose
-                        got, bad = -1, e
-                    f = x.spec.fast_check(x.hmv, step) if got == x.nbytes else -1
-                    if f < 0:
-                        f = named_check(x, step, got, bad)
-                except FrameRefusal as e:
-                    bad = e
-                if x.split:
-                    try:
-                        waiter.wait(x.preq, x.pstatus, x.peer, x.what + " payload", step, timeout)
-                        if x.pstatus.Get_count(MPI.BYTE) != 8 * x.m.count:
-                            raise FrameRefusal(
-                                "frame-size-mismatch",
-                                f"{x.what} from rank {x.peer}: payload of "
-                                f"{x.pstatus.Get_count(MPI.BYTE)} bytes, expected {8 * x.m.count}",
-                                peer=x.peer,
-                                step=step,
-                            )
-                    except FrameRefusal as e:
-                        bad = bad or e
-                if bad is None and f & fr.FLAG_PAYLOAD_CRC:
-                    if zlib.crc32(self._payload(x, arrays)) != fr.payload_crc_of(x.hmv):
-                        bad = FrameRefusal(
-                            "frame-payload-corrupt",
-                            f"rank {rank}: the payload of {x.what} from rank {x.peer} (step {step}) fails its crc32",
-                            peer=x.peer,
-                            step=step,
-                        )
-                if bad is not None:
-                    # Refused here and flagged onwards like a local refusal: the program goes on
-                    # over zeros in place of the frame's payload (no arithmetic ever reads a bad
-                    # frame), every rank the flag reaches refuses, and the next run works.
-                    if self._bad is None:
-                        self._bad = bad
-                    self._zero_payload(x, arrays)
-                    if who is None:
-                        who, refused, code = (rank, bad.code), rank, fr.code_tag(bad.code)
-                    flags |= fr.FLAG_REFUSED
-                    continue
-                if f & fr.FLAG_REFUSED and who is None:
-                    who = fr.refusal_of(x.hmv)
-                    refused, code = who[0], fr.code_tag(who[1])
-                flags |= f & _FOLDED
-                if debug:
-                    log(rank, f"recv <- {x.peer} {x.what} step {step} {fr.HEADER + 8 * x.m.count}B")
-            elif k == C:
-                _, sp, sb, so, dp, db, do, nb = op
-                ffi.memmove(
-                    dp if dp is not None else bases[db] + do, sp if sp is not None else bases[sb] + so, nb
-                )
-            elif k == F:
-                _, rptr, rb, ro, cnt = op
-                if lib.ak_first_nonfinite(rptr if rptr is not None else bases[rb] + ro, cnt) >= 0:
-                    flags |= fr.FLAG_NONFINITE
-            elif k == D:
-                x = op[1]
-                waiter.wait(x.hreq, None, x.peer, x.what, step, timeout)
-                if x.split:
-                    waiter.wait(x.preq, None, x.peer, x.what + " payload", step, timeout)
-            elif k == M:
-                merge(lib, op[1])
-            else:  # P of a frame received into the caller's memory
-                x = op[1]
-                x.hreq.Start()
-                reg = x.region
-                x.preq = self.comm.Irecv(
-                    arrays[reg.buf][reg.offset : reg.offset + reg.count], source=x.peer, tag=x.tag + 1
-                )
-        return flags, who
+        return bind.finish(c, self.program, self.rank, step, st, local, leaves, outarr, out)
 
     def _fail(self, e: Refusal) -> None:
         if e.code in ("executor-reentrant", "combiner-broken"):
             return
         self.broken = e.code
-        mine = [x for x in self._msgs.values()]
+        mine = list(self.compiled.msgs.values())
         cancel_receives([r for x in mine if x.m.dst == self.rank for r in (x.hreq, x.preq) if r is not None])
         mark_broken(
             self.rank,
@@ -368,20 +237,20 @@ class Engine(Endpoint, EngineBuild, EngineBinding):
 
     def free(self) -> None:
         """Free the persistent requests (and the duplicated communicator, if this made one)."""
-        for x in self._msgs.values():
+        for x in self.compiled.msgs.values():
             for req in (x.hreq, x.preq if not x.dyn else None):
                 if req is not None:
                     try:
                         req.Free()
                     except Exception:
                         pass
-        self._msgs, self._table = {}, []
+        self._table = ()
         self._bound.clear()
-        self._bases.clear()
-        self._arrays.clear()
+        self._state.bases.clear()
+        self._state.arrays.clear()
         if self._owns_comm:
             self._owns_comm = False
             self.comm.Free()
 
 
-__all__ = ["Engine"]
+__all__ = ["Engine", "warn_retired"]

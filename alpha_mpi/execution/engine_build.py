@@ -1,28 +1,37 @@
-"""Building an Engine once per program: work buffers, frame headers, persistent requests and the
-op table with every pointer a run needs (a mixin of engine.Engine; construction only)."""
+"""Compiling a rank's Program once: work buffers, frame headers, persistent requests and the op
+table, each op a named record with every pointer a run needs (construction only; engine.py
+runs it, engine_walk.py holds the function of each op kind).
+
+`compile_program` returns a frozen `Compiled`. Its message records (`Msg`) hold the persistent
+requests; a frame received into or sent from the caller's memory gets its payload request per
+run (the only field a run writes).
+"""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from mpi4py import MPI
 
+from .. import kernel
 from ..planning.builder import is_split
+from ..planning.program import Program, RankProgram
+from . import engine_walk as w
 from . import frames as fr
 from .transport import TAG_BASE
 
-_F64 = np.dtype(np.float64)
-P, S, W, D, E, C, F, PALL, M = range(9)
-_KIND = {"P": P, "S": S, "W": W, "D": D, "E": E, "C": C, "F": F, "M": M}
-
 
 def payload_check_from_env() -> bool:
+    """ALPHA_MPI_PAYLOAD_CHECK=1: a crc32 of every payload travels in its header (opt-in)."""
     return os.environ.get("ALPHA_MPI_PAYLOAD_CHECK", "") not in ("", "0")
 
 
-class _Msg:
-    """One message at this rank: its header buffer and requests, its region."""
+class Msg:
+    """One message at this rank: its frame spec, header buffer and requests, its region, and
+    `pview`, its payload's memory when that is the engine's own (None: the caller's)."""
 
     __slots__ = (
         "m",
@@ -40,171 +49,272 @@ class _Msg:
         "peer",
         "tag",
         "what",
+        "pview",
     )
 
 
-class MergeOp:
-    """An M op, compiled: int64 views of the three heads (count, flags) and of the length word,
-    kernel pointers to the three node arrays (see planning.program.Merge)."""
+class EvalOp(NamedTuple):
+    """E: one fused kernel pass. `ptrs[j]` is set per run for each (j, buffer, offset) in `dyn`
+    (inputs in the caller's memory); `out_ptr` is None when the output is the caller's too."""
 
-    __slots__ = ("a_head", "b_head", "out_head", "n_word", "a_nodes", "b_nodes", "out_nodes", "k", "capacity")
+    ptrs: object
+    dyn: tuple
+    nin: int
+    count: int
+    prog: object
+    plen: int
+    out_ptr: object
+    out_buf: str
+    out_off: int
 
 
-class EngineBuild:
-    """What Engine.__init__ builds from its RankProgram (see engine.py for the protocol)."""
+class CopyOp(NamedTuple):
+    """C: copy `nbytes`; a pointer is None where its region lies in the caller's memory."""
 
-    def _p(self, arr):
-        c = self._ffi.from_buffer(self._darr, arr, True)
-        self._keep.append(c)
-        return c
+    src_ptr: object
+    src_buf: str
+    src_off: int
+    dst_ptr: object
+    dst_buf: str
+    dst_off: int
+    nbytes: int
 
-    def _all_regions(self):
-        rp = self.rp
-        for ev in rp.evals:
-            yield from ev.inputs
-            yield ev.output
-        for a, b in rp.copies:
-            yield a
-            yield b
-        yield from rp.checks
-        yield from (r for r in rp.regions.values() if r is not None)
-        if rp.result is not None:
-            yield rp.result
 
-    def _static(self, region) -> bool:
-        return region.buf.startswith("w")
+class CheckOp(NamedTuple):
+    """F: the finiteness check of `count` elements (ptr None: in the caller's memory)."""
 
-    def _message(self, m, region) -> _Msg:
-        prog = self.program
-        x = _Msg()
-        x.m, x.region, x.peer = m, region, (m.dst if m.src == self.rank else m.src)
-        x.spec = fr.FrameSpec(
-            phase=m.phase,
-            edge=m.index,
-            sender=m.src,
-            receiver=m.dst,
-            count=m.count,
-            topology=prog.topology,
-            order_id=prog.layout_order_id,
-            identity=prog.identity,
-            layout_key=m.what,
-            contract=self.contract,
+    ptr: object
+    buf: str
+    off: int
+    count: int
+
+
+class StartAll(NamedTuple):
+    """Consecutive P ops of frames into the engine's own memory: one Startall."""
+
+    reqs: list
+    msgs: list
+
+
+class MergeOp(NamedTuple):
+    """M: int64 views of the three heads (count, flags) and of the length word, kernel pointers
+    to the three node arrays (planning.program.Merge)."""
+
+    a_head: np.ndarray
+    b_head: np.ndarray
+    out_head: np.ndarray
+    n_word: np.ndarray
+    a_nodes: object
+    b_nodes: object
+    out_nodes: object
+    k: int
+    capacity: int
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """One rank's program, built once: buffers, messages, the op table ((function, record)
+    pairs, engine_walk's functions) and what binding a run needs to know."""
+
+    rp: RankProgram
+    n: int
+    bufs: dict  # work buffer name -> float64 array (a framed one: the payload after its header)
+    msgs: dict  # message index -> Msg
+    table: tuple
+    internal_out: np.ndarray | None  # the result buffer of small or aliased runs
+    small: bool  # results computed in internal_out, copied to the caller's `out` on success
+    is_receiver: bool
+    keep: list  # cdata that must live as long as the table's pointers
+
+
+def compile_program(comm: MPI.Comm, program: Program, rank: int, contract: str) -> Compiled:
+    """Build rank `rank`'s part of `program` on `comm` (persistent requests: no communication)."""
+    ffi = kernel.ffi
+    darr = ffi.typeof("double[]")
+    rp = program.rank(rank)
+    n = program.layout.total
+    keep: list = []
+    bufs, framed = {}, {}
+    for b in rp.buffers:
+        if b.framed:
+            raw = np.zeros(fr.HEADER + 8 * b.count, dtype=np.uint8)
+            framed[b.name] = raw
+            bufs[b.name] = raw[fr.HEADER :].view(np.float64)
+        else:
+            bufs[b.name] = np.zeros(b.count)
+    ptr = {}
+    for name, arr in bufs.items():
+        ptr[name] = ffi.from_buffer(darr, arr, True)
+        keep.append(ptr[name])
+    internal_out = np.zeros(n) if any(r.buf == "out" for r in _regions(rp)) else None
+    msgs = {
+        i: _message(comm, program, rank, contract, m, rp.regions.get(i), bufs, framed)
+        for i, m in rp.messages.items()
+    }
+    table = _table(rp, msgs, ptr, bufs, keep)
+    return Compiled(
+        rp=rp,
+        n=n,
+        bufs=bufs,
+        msgs=msgs,
+        table=table,
+        internal_out=internal_out,
+        # Small results are computed in the internal buffer and copied to the caller's `out`
+        # once the run succeeded, so a refused run leaves `out` as it was; results of 64 KiB and
+        # more land in place (no copy), and `out` is unspecified after a refusal.
+        small=not is_split(n),
+        is_receiver=rp.result is not None and program.mode == "allreduce",
+        keep=keep,
+    )
+
+
+def _static(region) -> bool:
+    return region.buf.startswith("w")
+
+
+def _regions(rp):
+    for ev in rp.evals:
+        yield from ev.inputs
+        yield ev.output
+    for a, b in rp.copies:
+        yield a
+        yield b
+    yield from rp.checks
+    yield from (r for r in rp.regions.values() if r is not None)
+    if rp.result is not None:
+        yield rp.result
+
+
+def _message(comm, program, rank, contract, m, region, bufs, framed) -> Msg:
+    x = Msg()
+    x.m, x.region, x.peer = m, region, (m.dst if m.src == rank else m.src)
+    x.spec = fr.FrameSpec(
+        phase=m.phase,
+        edge=m.index,
+        sender=m.src,
+        receiver=m.dst,
+        count=m.count,
+        topology=program.topology,
+        order_id=program.layout_order_id,
+        identity=program.identity,
+        layout_key=m.what,
+        contract=contract,
+    )
+    x.split = is_split(m.count)  # the planner's rule, the same at both ends
+    x.tag = TAG_BASE + 2 * m.seq
+    x.what = f"{fr.PHASE_NAME[fr.PHASE_CODE[m.phase]]} frame {m.index}"
+    x.status, x.pstatus = MPI.Status(), MPI.Status()
+    sending = m.src == rank
+    if x.split or m.count == 0:
+        x.hbuf = np.zeros(fr.HEADER, dtype=np.uint8)
+    else:
+        x.hbuf = framed[region.buf][: fr.HEADER + 8 * m.count]
+    x.hmv = memoryview(x.hbuf)
+    x.nbytes = x.hbuf.nbytes
+    if sending:
+        x.hmv[: fr.HEADER - 4] = x.spec.expect
+        x.hreq = comm.Send_init(x.hbuf, dest=x.peer, tag=x.tag)
+    else:
+        x.hreq = comm.Recv_init(x.hbuf, source=x.peer, tag=x.tag)
+    x.preq, x.dyn, x.pview = None, False, None
+    if not x.split:
+        x.pview = x.hbuf[fr.HEADER :]
+    elif _static(region):
+        view = bufs[region.buf][region.offset : region.offset + region.count]
+        x.pview = view
+        x.preq = (
+            comm.Send_init(view, dest=x.peer, tag=x.tag + 1)
+            if sending
+            else comm.Recv_init(view, source=x.peer, tag=x.tag + 1)
         )
-        x.split = is_split(m.count)  # the planner's rule, the same at both ends
-        x.tag = TAG_BASE + 2 * m.seq
-        x.what = f"{fr.PHASE_NAME[fr.PHASE_CODE[m.phase]]} frame {m.index}"
-        x.status, x.pstatus = MPI.Status(), MPI.Status()
-        sending = m.src == self.rank
-        if x.split or m.count == 0:
-            x.hbuf = np.zeros(fr.HEADER, dtype=np.uint8)
-        else:
-            x.hbuf = self.framed[region.buf][: fr.HEADER + 8 * m.count]
-        x.hmv = memoryview(x.hbuf)
-        x.nbytes = x.hbuf.nbytes
-        if sending:
-            x.hmv[: fr._CRC_OFF] = x.spec.expect
-            x.hreq = self.comm.Send_init(x.hbuf, dest=x.peer, tag=x.tag)
-        else:
-            x.hreq = self.comm.Recv_init(x.hbuf, source=x.peer, tag=x.tag)
-        x.preq, x.dyn = None, False
-        if x.split:
-            if self._static(region):
-                view = self.bufs[region.buf][region.offset : region.offset + region.count]
-                x.preq = (
-                    self.comm.Send_init(view, dest=x.peer, tag=x.tag + 1)
-                    if sending
-                    else self.comm.Recv_init(view, source=x.peer, tag=x.tag + 1)
-                )
-            else:
-                x.dyn = True  # in the caller's memory: a request per run
-        return x
+    else:
+        x.dyn = True  # in the caller's memory: a request per run
+    return x
 
-    def _compile(self) -> list:
-        """The op table: one tuple per op, with everything a run needs prebuilt."""
-        rp, ffi = self.rp, self._ffi
-        table = []
-        for op in rp.ops:
-            k = _KIND[op.kind]
-            if k in (P, S, W, D):
-                x = self._msgs[op.index]
-                if k == P and not x.dyn and table and table[-1][0] == PALL:
-                    table[-1][1].append(x.hreq)
-                    if x.preq is not None:
-                        table[-1][1].append(x.preq)
-                    table[-1][2].append(x)
-                elif k == P and not x.dyn:
-                    table.append((PALL, [x.hreq] + ([x.preq] if x.preq is not None else []), [x]))
+
+def _table(rp, msgs, ptr, bufs, keep) -> tuple:
+    """The op table: one (function, named record) per op, with everything a run needs."""
+    ffi = kernel.ffi
+    table: list = []
+    for op in rp.ops:
+        kind = op.kind
+        if kind in "PSWD":
+            x = msgs[op.index]
+            if kind == "P" and not x.dyn:
+                reqs = [x.hreq] + ([x.preq] if x.preq is not None else [])
+                if table and table[-1][0] is w.start_all:
+                    table[-1][1].reqs.extend(reqs)
+                    table[-1][1].msgs.append(x)
                 else:
-                    table.append((k, x))
-            elif k == E:
-                ev = rp.evals[op.index]
-                prog = np.asarray(ev.program, dtype=np.int32)
-                ptrs = ffi.new("double *[]", len(ev.inputs))
-                self._keep.append(ptrs)
-                dyn = []
-                for j, reg in enumerate(ev.inputs):
-                    if self._static(reg):
-                        ptrs[j] = self._ptr[reg.buf] + reg.offset
-                    else:
-                        dyn.append((j, reg.buf, reg.offset))
-                out = ev.output
-                pptr = ffi.from_buffer("int32_t[]", prog)
-                self._keep.append((prog, pptr))
-                table.append(
-                    (
-                        E,
-                        ptrs,
-                        tuple(dyn),
-                        len(ev.inputs),
-                        out.count,
-                        pptr,
-                        len(prog),
-                        self._ptr[out.buf] + out.offset if self._static(out) else None,
-                        out.buf,
-                        out.offset,
-                    )
-                )
-            elif k == C:
-                a, b = rp.copies[op.index]
-                table.append(
-                    (
-                        C,
-                        self._ptr[a.buf] + a.offset if self._static(a) else None,
-                        a.buf,
-                        a.offset,
-                        self._ptr[b.buf] + b.offset if self._static(b) else None,
-                        b.buf,
-                        b.offset,
-                        8 * a.count,
-                    )
-                )
-            elif k == F:
-                reg = rp.checks[op.index]
-                table.append(
-                    (
-                        F,
-                        self._ptr[reg.buf] + reg.offset if self._static(reg) else None,
-                        reg.buf,
-                        reg.offset,
-                        reg.count,
-                    )
-                )
-            elif k == M:
-                table.append((M, self._merge_op(rp.merges[op.index])))
-        return table
+                    table.append((w.start_all, StartAll(reqs, [x])))
+            else:
+                table.append(({"P": w.post_dyn, "S": w.send, "W": w.wait, "D": w.done}[kind], x))
+        elif kind == "E":
+            ev = rp.evals[op.index]
+            prog = np.asarray(ev.program, dtype=np.int32)
+            ptrs = ffi.new("double *[]", len(ev.inputs))
+            dyn = []
+            for j, reg in enumerate(ev.inputs):
+                if _static(reg):
+                    ptrs[j] = ptr[reg.buf] + reg.offset
+                else:
+                    dyn.append((j, reg.buf, reg.offset))
+            out = ev.output
+            pptr = ffi.from_buffer("int32_t[]", prog)
+            keep.extend((ptrs, prog, pptr))
+            rec = EvalOp(
+                ptrs,
+                tuple(dyn),
+                len(ev.inputs),
+                out.count,
+                pptr,
+                len(prog),
+                ptr[out.buf] + out.offset if _static(out) else None,
+                out.buf,
+                out.offset,
+            )
+            table.append((w.evaluate, rec))
+        elif kind == "C":
+            a, b = rp.copies[op.index]
+            rec = CopyOp(
+                ptr[a.buf] + a.offset if _static(a) else None,
+                a.buf,
+                a.offset,
+                ptr[b.buf] + b.offset if _static(b) else None,
+                b.buf,
+                b.offset,
+                8 * a.count,
+            )
+            table.append((w.copy, rec))
+        elif kind == "F":
+            reg = rp.checks[op.index]
+            rec = CheckOp(ptr[reg.buf] + reg.offset if _static(reg) else None, reg.buf, reg.offset, reg.count)
+            table.append((w.check, rec))
+        elif kind == "M":
+            table.append((w.merge, _merge_op(rp.merges[op.index], ptr, bufs)))
+    return tuple(table)
 
-    def _merge_op(self, mg) -> MergeOp:
-        ffi = self._ffi
 
-        def words(reg):
-            return self.bufs[reg.buf].view(np.int64)[reg.offset : reg.offset + reg.count]
+def _merge_op(mg, ptr, bufs) -> MergeOp:
+    ffi = kernel.ffi
 
-        def nodes(reg):
-            return ffi.cast("int64_t *", self._ptr[reg.buf] + reg.offset)
+    def words(reg):
+        return bufs[reg.buf].view(np.int64)[reg.offset : reg.offset + reg.count]
 
-        x = MergeOp()
-        x.a_head, x.b_head, x.out_head = words(mg.a[0]), words(mg.b[0]), words(mg.out[0])
-        x.n_word = words(mg.n)
-        x.a_nodes, x.b_nodes, x.out_nodes = nodes(mg.a[1]), nodes(mg.b[1]), nodes(mg.out[1])
-        x.k, x.capacity = mg.k, mg.capacity
-        return x
+    def nodes(reg):
+        return ffi.cast("int64_t *", ptr[reg.buf] + reg.offset)
+
+    return MergeOp(
+        words(mg.a[0]),
+        words(mg.b[0]),
+        words(mg.out[0]),
+        words(mg.n),
+        nodes(mg.a[1]),
+        nodes(mg.b[1]),
+        nodes(mg.out[1]),
+        mg.k,
+        mg.capacity,
+    )
+
+
+__all__ = ["Compiled", "compile_program", "payload_check_from_env", "Msg"]

@@ -335,3 +335,45 @@ def test_freed_communicator_leaves_no_stale_channel():
         arrays.reset(c)
         c.Free()
     agree(w, ok, "fresh communicators give the oracle's bits")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_flipped_payload_bit_is_refused_when_the_check_is_on(monkeypatch):
+    """The arrays' frames carry the engine's payload crc32 (ALPHA_MPI_PAYLOAD_CHECK=1): a frame of
+    rank 1 whose payload fails its crc is refused where it lands and flagged onwards, no rank
+    returns other bits than the oracle's, and the next call works."""
+    from alpha_mpi import arrays
+    from alpha_mpi.arrays.api import _channel
+
+    monkeypatch.setenv("ALPHA_MPI_PAYLOAD_CHECK", "1")
+    w = world()
+    c = w.Dup()  # a fresh channel, so its exchanges are built with the check on
+    p, r, n = c.Get_size(), c.Get_rank(), 1000
+    x, y, want = data(n)
+    lo, hi = _even(r, p, n)
+    ex = _channel(c).exchange("dot", 1)
+    assert ex.engine.payload_check
+
+    def flip(index, mv):
+        # The payload's crc field, header crc made valid: the receiver sees a payload that is
+        # not the one sent (flipping the payload itself would also corrupt rank 1's own state,
+        # which the same buffer holds).
+        import struct
+        import zlib
+
+        struct.pack_into("<I", mv, 108, struct.unpack_from("<I", mv, 108)[0] ^ 1)
+        struct.pack_into("<I", mv, 124, zlib.crc32(bytes(mv[:124])))
+
+    if r == 1:
+        ex.engine.send_hook = flip
+    try:
+        got, code = arrays.dot(c, x[lo:hi], y[lo:hi], lo, n), None
+    except Refusal as e:
+        got, code = None, e.code
+    codes = w.allgather(code)  # test-side verdict
+    ok = code in ("frame-payload-corrupt", "peer-refused") or u64(got) == u64(want["dot"])
+    agree(w, ok and "frame-payload-corrupt" in codes, f"rank {r}: {codes}")
+    ex.engine.send_hook = None
+    agree(w, u64(arrays.dot(c, x[lo:hi], y[lo:hi], lo, n)) == u64(want["dot"]), "the next call")
+    arrays.reset(c)
+    c.Free()

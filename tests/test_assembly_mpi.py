@@ -82,3 +82,66 @@ def test_one_ranks_bad_pieces_are_refused_on_every_rank_by_name_and_the_next_run
         got = a.run(good)  # the channel is intact
         agree(world, np.array_equal(bits(got), bits(full)), "next run's bits")
     a.free()
+
+
+def _flip_payload(index, mv):
+    """A send hook that flips one payload bit after the header (and its crc32) was written."""
+    if len(mv) > 128:
+        mv[128 + 5] ^= 0x08
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_flipped_payload_bit_is_refused_when_the_check_is_on(world, monkeypatch):
+    """Assembly frames carry the engine's payload crc32 (ALPHA_MPI_PAYLOAD_CHECK=1): a flipped bit
+    in rank 1's frames is refused where it lands, no rank returns other bits than the plan's, and
+    the next run works (a payload failure does not break the executor)."""
+    monkeypatch.setenv("ALPHA_MPI_PAYLOAD_CHECK", "1")
+    size, rank = world.Get_size(), world.Get_rank()
+    n = 10 * size
+    ap = plan_assembly(even_ranges(n, size), n, size)
+    a = Assembler(world, ap, timeout=30)
+    full = order_sensitive(np.random.default_rng(11), n)
+    good = {(a_, b): full[a_:b].copy() for o, a_, b in ap.pieces if o == rank}
+    if rank == 1:
+        a.send_hook = _flip_payload
+    try:
+        got, code = a.run(good), None
+    except Refusal as e:
+        got, code = None, e.code
+    codes = world.allgather(code)  # test-side verdict
+    ok = code in ("frame-payload-corrupt", "peer-refused") or np.array_equal(bits(got), bits(full))
+    agree(world, ok and "frame-payload-corrupt" in codes and codes[1] != "frame-payload-corrupt", f"{codes}")
+    a.send_hook = None
+    got = a.run(good)
+    agree(world, a.broken is None and np.array_equal(bits(got), bits(full)), "next run's bits")
+    a.free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_tampered_assembly_header_is_refused_by_name_before_out_is_written(world):
+    import struct
+    import zlib
+
+    size, rank = world.Get_size(), world.Get_rank()
+    n = 4 * size
+    ap = plan_assembly(even_ranges(n, size), n, size)
+    a = Assembler(world, ap, timeout=30)
+    full = np.arange(n, dtype=np.float64)
+    good = {(a_, b): full[a_:b].copy() for o, a_, b in ap.pieces if o == rank}
+
+    def tamper(index, mv):  # another plan identity, with a valid header crc
+        mv[40] ^= 0xFF
+        struct.pack_into("<I", mv, 124, zlib.crc32(bytes(mv[:124])))
+
+    if rank == 0:
+        a.send_hook = tamper
+    out = np.full(n, -7.0)
+    try:
+        got, code = a.run(good, out=out), None
+    except Refusal as e:
+        got, code = None, e.code
+    if rank == 0:
+        ok = code is None and np.array_equal(got, full)  # its own receives were all intact
+    else:
+        ok = code == "frame-identity-mismatch" and np.all(out == -7.0) and a.broken is not None
+    agree(world, ok, f"rank {rank}: {code}")

@@ -52,6 +52,15 @@ class Assembler:
         return self.engine.step
 
     @property
+    def send_hook(self):
+        """The engine's fault-injection hook (Engine.send_hook), for tests and verification."""
+        return self.engine.send_hook
+
+    @send_hook.setter
+    def send_hook(self, hook) -> None:
+        self.engine.send_hook = hook
+
+    @property
     def broken(self) -> str | None:
         """The refusal code that broke the executor (None while it is usable)."""
         return self.engine.broken

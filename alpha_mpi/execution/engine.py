@@ -132,7 +132,7 @@ class Engine:
         `timeout` overrides the per-wait bound for this run."""
         try:
             leaves, local = (
-                bind.check_leaves(self.compiled, contributions, self.rank, self.program.layout.key()),
+                bind.check_leaves(self.compiled, contributions, self.rank, self.program.layout),
                 None,
             )
         except Refusal as e:

@@ -23,7 +23,7 @@ class Chunk(NamedTuple):
     values: np.ndarray
 
 
-def check_leaves(c, contributions, rank: int, layout_key: str) -> dict:
+def check_leaves(c, contributions, rank: int, layout) -> dict:
     """slot -> contiguous float64 vector for exactly this rank's slots, or this rank's refusal."""
     slots, n = c.rp.slots, c.n
     # Fast path: exactly this rank's slots, each a contiguous float64 array of n elements.
@@ -37,7 +37,7 @@ def check_leaves(c, contributions, rank: int, layout_key: str) -> dict:
                 break
         else:
             return out
-    return check_contributions(contributions, slots, rank, n, layout_key)
+    return check_contributions(contributions, slots, rank, n, layout.key())
 
 
 def zero_leaves(c, zeros: np.ndarray) -> dict:

@@ -1,8 +1,10 @@
-"""The one executable form of every realization: each rank's program over regions of buffers.
+"""The one executable form of every exchange: each rank's program over regions of buffers.
 
-Every realization (tree, scatter, replicate, butterfly, halving) is lowered to this format and
-run by the one executor (execution/engine.py); the symbolic simulator (planning/check.py) runs
-the same programs in one process. A rank's program is a list of ops:
+Every realization (tree, scatter, replicate, butterfly, halving), assembly by selection
+(assembly_program.py) and the array reductions' summary exchange (array_program.py) is lowered
+to this format and run by the one executor (execution/engine.py); the symbolic simulator
+(planning/check.py) runs the realizations' programs in one process. A rank's program is a list
+of ops:
 
     P3   post the receive of message 3 (into its receive region)
     S3   start the send of message 3 (its header carries the flags this rank has seen so far)

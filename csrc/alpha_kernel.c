@@ -328,6 +328,34 @@ int ak_tree_eval(double *out, const double *const *inputs, size_t k, size_t n,
 
 /* ------------------------------------------------------------------ finiteness */
 
+int ak_tree_eval_finite(double *out, const double *const *inputs, size_t k, size_t n,
+                        const int32_t *prog, size_t prog_len, int32_t *nonfinite) {
+    if (!nonfinite || k > AK_EVAL_CHECK_MAX_INPUTS) return AK_ERR_BAD_ARGUMENT;
+    *nonfinite = 0;
+    if (n <= AK_EVAL_CHECK_BLOCK) { /* one block: the two calls, the output still in cache */
+        int st = ak_tree_eval(out, inputs, k, n, prog, prog_len);
+        if (st == AK_OK && n) *nonfinite = ak_first_nonfinite(out, n) >= 0;
+        return st;
+    }
+    /* Validate over the whole range first, as ak_tree_eval does: per block, an output that
+     * overlaps an input further on would pass and read values already overwritten. */
+    size_t depth = 0, n_scratch = 0;
+    int st0 = ak_program_scan(prog, prog_len, k, &depth, &n_scratch);
+    if (st0 != AK_OK) return st0;
+    if (!out || !inputs) return AK_ERR_BAD_ARGUMENT;
+    for (size_t j = 0; j < k; j++)
+        if (!inputs[j] || !ak_same_or_disjoint(out, inputs[j], n)) return AK_ERR_BAD_ARGUMENT;
+    const double *shifted[AK_EVAL_CHECK_MAX_INPUTS];
+    for (size_t b0 = 0; b0 < n; b0 += AK_EVAL_CHECK_BLOCK) {
+        size_t len = n - b0 < AK_EVAL_CHECK_BLOCK ? n - b0 : AK_EVAL_CHECK_BLOCK;
+        for (size_t j = 0; j < k; j++) shifted[j] = inputs[j] + b0;
+        int st = ak_tree_eval(out + b0, shifted, k, len, prog, prog_len);
+        if (st != AK_OK) return st;
+        if (!*nonfinite && ak_first_nonfinite(out + b0, len) >= 0) *nonfinite = 1;
+    }
+    return AK_OK;
+}
+
 int64_t ak_first_nonfinite(const double *x, size_t n) {
     if (!x) return -1;
     for (size_t b0 = 0; b0 < n; b0 += AK_BLOCK) {

@@ -74,6 +74,8 @@
 /* tree program opcode and limits */
 #define AK_OP_ADD (-1)
 #define AK_MAX_DEPTH 64
+#define AK_EVAL_CHECK_BLOCK 16384    /* elements per block of ak_tree_eval_finite (128 KiB) */
+#define AK_EVAL_CHECK_MAX_INPUTS 4096
 
 /* which array a FiniteOrRefuse status names (*bad_which) */
 #define AK_W_P 0            /* p (input) or p_out (output) */
@@ -104,6 +106,14 @@ int ak_add(double *out, const double *l, const double *r, size_t n);
 /* Evaluate a postfix tree program over k inputs of n elements each, in one sweep. */
 int ak_tree_eval(double *out, const double *const *inputs, size_t k, size_t n,
                  const int32_t *prog, size_t prog_len);
+
+/* ak_tree_eval and the finiteness check of its output in one pass: the output is
+ * evaluated in blocks of AK_EVAL_CHECK_BLOCK elements and each block is checked while it
+ * is still in cache. The bits of out are ak_tree_eval's (a block of out depends only on
+ * the same block of the inputs); *nonfinite = 1 if any element of out is NaN or Inf,
+ * else 0. Inputs beyond AK_EVAL_CHECK_MAX_INPUTS: AK_ERR_BAD_ARGUMENT (use the two calls). */
+int ak_tree_eval_finite(double *out, const double *const *inputs, size_t k, size_t n,
+                        const int32_t *prog, size_t prog_len, int32_t *nonfinite);
 
 /* Check a program without evaluating; *max_depth receives the stack depth it needs. */
 int ak_program_check(const int32_t *prog, size_t prog_len, size_t k, size_t *max_depth);

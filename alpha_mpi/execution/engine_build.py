@@ -236,8 +236,11 @@ def _table(rp, msgs, ptr, bufs, keep) -> tuple:
     """The op table: one (function, named record) per op, with everything a run needs."""
     ffi = kernel.ffi
     table: list = []
-    for op in rp.ops:
+    fused = _fused_checks(rp, kernel.lib.AK_EVAL_CHECK_MAX_INPUTS)
+    for pos, op in enumerate(rp.ops):
         kind = op.kind
+        if pos in fused.values():
+            continue  # this F runs inside the evaluation before it
         if kind in "PSWD":
             x = msgs[op.index]
             if kind == "P" and not x.dyn:
@@ -273,7 +276,7 @@ def _table(rp, msgs, ptr, bufs, keep) -> tuple:
                 out.buf,
                 out.offset,
             )
-            table.append((w.evaluate, rec))
+            table.append((w.evaluate_checked if pos in fused else w.evaluate, rec))
         elif kind == "C":
             a, b = rp.copies[op.index]
             rec = CopyOp(
@@ -293,6 +296,20 @@ def _table(rp, msgs, ptr, bufs, keep) -> tuple:
         elif kind == "M":
             table.append((w.merge, _merge_op(rp.merges[op.index], ptr, bufs)))
     return tuple(table)
+
+
+def _fused_checks(rp, max_inputs: int) -> dict:
+    """{position of an E op: position of the F op right after it} where that F checks exactly
+    the E's output: the pair is one kernel call (ak_tree_eval_finite), the check reading each
+    block while it is still in cache, instead of a second pass over the result."""
+    ops, out = rp.ops, {}
+    for pos in range(len(ops) - 1):
+        e, f = ops[pos], ops[pos + 1]
+        if e.kind == "E" and f.kind == "F":
+            ev = rp.evals[e.index]
+            if rp.checks[f.index] == ev.output and len(ev.inputs) <= max_inputs:
+                out[pos] = pos + 1
+    return out
 
 
 def _merge_op(mg, ptr, bufs) -> MergeOp:

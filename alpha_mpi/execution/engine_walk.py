@@ -50,6 +50,7 @@ class RunState:
         "refused",
         "code",
         "bad",
+        "nonfinite",
     )
 
     def __init__(self, comm, waiter, rank, lib, ffi, debug):
@@ -58,6 +59,7 @@ class RunState:
         self.arrays: dict = {}  # buffer name -> the caller's array
         self.debug = debug
         self.bad = None
+        self.nonfinite = ffi.new("int32_t *")  # ak_tree_eval_finite's verdict
 
     def begin(self, step, timeout, local, vote, check_payload, send_hook) -> None:
         """Reset for a run; `local`: this rank's refusal of its inputs (flagged from the start)."""
@@ -88,6 +90,22 @@ def evaluate(st: RunState, op) -> None:
         raise KernelRefusal(
             "kernel-bad-argument", f"rank {st.rank}: the kernel refused an evaluation (status {status})"
         )
+
+
+def evaluate_checked(st: RunState, op) -> None:
+    """An E op and the F op of its output in one kernel call (engine_build._fused_checks)."""
+    ptrs, bases = op.ptrs, st.bases
+    for j, b, off in op.dyn:
+        ptrs[j] = bases[b] + off
+    out = op.out_ptr if op.out_ptr is not None else bases[op.out_buf] + op.out_off
+    nf = st.nonfinite
+    status = st.lib.ak_tree_eval_finite(out, ptrs, op.nin, op.count, op.prog, op.plen, nf)
+    if status:
+        raise KernelRefusal(
+            "kernel-bad-argument", f"rank {st.rank}: the kernel refused an evaluation (status {status})"
+        )
+    if nf[0]:
+        st.flags |= fr.FLAG_NONFINITE
 
 
 def start_all(st: RunState, op) -> None:
@@ -210,6 +228,7 @@ __all__ = [
     "RunState",
     "payload_of",
     "evaluate",
+    "evaluate_checked",
     "start_all",
     "post_dyn",
     "send",

@@ -41,6 +41,7 @@ class Assembler:
         self.engine = Engine(comm, self.program, timeout=timeout, contract=contract, dup=dup)
         self.rank = rank = self.engine.rank
         self.comm = self.engine.comm
+        self.timeout = self.engine.timeout  # seconds one wait may take (as before: the Waiter's)
         # (start, stop) -> the program's slot (the piece's index in the plan)
         self._slot = {(a, b): i for i, (o, a, b) in enumerate(aplan.pieces) if o == rank}
         self.own = list(self._slot)

@@ -133,6 +133,11 @@ ADVICE: dict[str, str] = {
     "torch-environment-changed": "keep torch.set_num_threads and torch.use_deterministic_algorithms as DataParallel set them for the whole run (they are in its contract)",
     "torch-loss-invalid": "loss_fn(output, target) must return a finite scalar tensor: the SUM of the slot's per-sample losses (reduction='sum')",
     "torch-optimizer-state": "checkpoints hold optimizer state made of per-parameter tensors shaped like their parameter, and scalars (Adam, AdamW, SGD, RMSprop, ...)",
+    # alpha_mpi.torch: the promise for users' scripts (issue 20)
+    "torch-loss-undeclared": "declare that loss_fn returns the SUM of the slot's per-sample losses: a torch loss with reduction='sum', alpha_mpi.torch.summed(fn), or dp.step(..., reduction='sum')",
+    "torch-autocast-refused": "run DataParallel.step outside torch.autocast, with a float32 or float64 forward; reduced-precision kernels are not in the contract",
+    "torch-module-mismatch": "build the same module (architecture, parameter names, shapes and dtypes) on every rank; print alpha_mpi.torch.architecture_digest(module) on each to find the odd one",
+    "torch-state-unsupported": "register only objects whose state_dict() holds numbers, strings, booleans, None, lists, tuples and dicts with string keys (LR schedulers do); keep other state yourself",
     # tools
     "usage": "an argument is outside what the function accepts: the message names it and what it accepts (see help() of the function)",
     "data-invalid": "give an .npz with float arrays X (n, d) and integer labels y (n,)",

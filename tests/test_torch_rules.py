@@ -256,6 +256,7 @@ def test_a_changed_module_is_named_on_restore_before_the_contract(tmp_path):
     with pytest.raises(Refusal) as e:
         dp2.restore(str(tmp_path / "ck"), torch.optim.AdamW(other.parameters(), lr=0.05))
     assert e.value.code == "checkpoint-config-mismatch" and "model" in e.value.message, e.value
+    assert "--" not in e.value.advice  # worded for the Python API; the command line words its own
 
 
 def test_preemption_sets_the_flag_on_a_signal_and_the_step_agrees_on_it():

@@ -11,7 +11,7 @@ Apart from data_parallel.py because it is the one place `.grad` is written, with
 - A parameter no slot of the step gave a gradient (unused in the forward on every slot: the
   slots' `used` words, combined like the gradients, are all 0) keeps `.grad = None`, as DDP with
   `find_unused_parameters` leaves it (AdamW then skips it: no decay); with accumulation it keeps
-  the `.grad` it had. `unused="zeros"` gives it zeros instead (the behaviour before 0.2).
+  the `.grad` it had. `unused="zeros"` gives it zeros instead (the earlier behaviour).
 """
 
 from __future__ import annotations

@@ -32,6 +32,8 @@ _LAZY = {
     "Allreducer": ".execution",
     "allreduce": ".execution",
     "reduce_scatter": ".execution",
+    "abort_on_exception": ".execution",
+    "Preemption": ".learning",
     "NumericalContract": ".numerics",
     "contract_for_plan": ".numerics",
     "numerical_compatibility": ".numerics",

@@ -59,11 +59,11 @@ ADVICE: dict[str, str] = {
     "kernel-unavailable": "reinstall with `pip install -e .` so the cffi kernel is compiled",
     "non-finite-input": "a NaN or Inf reached an update input; the state was left unchanged; find its source (learning rate, data)",
     "non-finite-output": "an update overflowed to Inf/NaN; the state was left unchanged; lower the learning rate or rescale",
-    "non-finite-contribution": "a contribution holds NaN/Inf; nothing was combined or applied; check the data of that slot",
+    "non-finite-contribution": "a contribution holds NaN/Inf; nothing was combined or applied; check the values the message names (the slot or block, and the index) and where they came from",
     "non-finite-combined": "the combined value overflowed; nothing was applied; rescale the contributions",
     "fp-environment-off-profile": "something switched the FPU to flush-to-zero/denormals-are-zero or a non-nearest rounding mode (a library built with fast-math start-up code, which alpha_mpi never accepts?); remove it or reset the FP environment",
     "fast-math-refused": "alpha_mpi never builds with fast-math/FMA contraction; remove the flag from ALPHA_MPI_CFLAGS",
-    "dtype-invalid": "contributions are float64 arrays; convert binary32 explicitly with widen_binary32",
+    "dtype-invalid": "contributions are float64 arrays: convert with numpy (astype(np.float64); exact for integers up to 2**53), or float32 exactly with alpha_mpi.kernel.widen_binary32",
     # frames / execution
     "frame-magic": "the peer is not an alpha_mpi peer of this format version; run the same alpha_mpi on every rank",
     "frame-version": "every rank must run the same alpha_mpi frame format version",
@@ -107,20 +107,20 @@ ADVICE: dict[str, str] = {
     "mutant-unobservable": "the data gives the mutant the declared bits, so it proves nothing; use order-sensitive data",
     # checkpoints
     "checkpoint-exists": "a published step is immutable; save under a new step",
-    "checkpoint-missing": "no checkpoint there; check the path (`--resume` on a directory with no step at all starts at step 0 and says so)",
-    "checkpoint-corrupt": "a file of the step differs from the sha256 that covers it; resume from an earlier step with --resume-from DIR/step-NNNNNNNN (`alpha-mpi checkpoint verify DIR --all` shows which steps verify)",
-    "checkpoint-shard-missing": "a file named by the manifest is absent; resume from an earlier step with --resume-from DIR/step-NNNNNNNN",
+    "checkpoint-missing": "no checkpoint there; check the path (restore(..., missing_ok=True) starts from scratch instead)",
+    "checkpoint-corrupt": "a file of the step differs from the sha256 that covers it; restore an earlier step that verifies (pass its directory DIR/step-NNNNNNNN to restore)",
+    "checkpoint-shard-missing": "a file named by the manifest is absent; restore an earlier step (pass its directory DIR/step-NNNNNNNN to restore)",
     "checkpoint-path-escape": "a manifest entry points outside the checkpoint directory; refuse this checkpoint",
     "checkpoint-format-version": "this checkpoint was written by another format version; use a matching alpha_mpi",
-    "checkpoint-manifest": "the manifest is malformed; resume from an earlier step with --resume-from DIR/step-NNNNNNNN",
-    "checkpoint-config-mismatch": "resume with the saved run's --slots/--batch/--seed/--hidden/--data/--optimizer/--lr (see `alpha-mpi checkpoint inspect`)",
-    "checkpoint-latest-invalid": "`latest` must be a regular file that alpha_mpi wrote (`step-NNNNNNNN <sha256>`); delete it to resume from the newest step that verifies, or pass --resume-from DIR/step-NNNNNNNN",
-    "checkpoint-shard-invalid": "a shard's safetensors header disagrees with its manifest entry (dtype, shape, size); resume from an earlier step with --resume-from DIR/step-NNNNNNNN",
-    "checkpoint-data-mismatch": "resume with the data the checkpoint was trained on (the same --data file, or the same --seed for the synthetic task); start a fresh run for other data",
-    "checkpoint-locked": "another trainer holds this checkpoint directory; wait for it to end, stop it, or use another --checkpoint-dir",
+    "checkpoint-manifest": "the manifest is malformed; restore an earlier step (pass its directory DIR/step-NNNNNNNN to restore)",
+    "checkpoint-config-mismatch": "restore with the configuration the checkpoint was saved with (the message names what differs: a config key, the model, the optimizer, a registered object), or save into a fresh directory",
+    "checkpoint-latest-invalid": "`latest` must be a regular file that alpha_mpi wrote (`step-NNNNNNNN <sha256>`); delete it to resume from the newest step that verifies, or restore a step directory DIR/step-NNNNNNNN",
+    "checkpoint-shard-invalid": "a shard's safetensors header disagrees with its manifest entry (dtype, shape, size); restore an earlier step (pass its directory DIR/step-NNNNNNNN to restore)",
+    "checkpoint-data-mismatch": "resume with the data the checkpoint was trained on; start a fresh run for other data",
+    "checkpoint-locked": "another trainer holds this checkpoint directory; wait for it to end, stop it, or use another directory",
     "checkpoint-write-failed": "free disk space or fix permissions on the checkpoint directory; the previous published step is intact",
     "checkpoint-config-invalid": "a checkpoint's config holds JSON scalars only (string, finite number, true/false, null) under names like `batch` or `model_name`",
-    "checkpoint-dir-is-step": "give the checkpoint directory (the parent of step-NNNNNNNN) as --checkpoint-dir; choose a step with --resume-from",
+    "checkpoint-dir-is-step": "give the checkpoint directory (the parent of step-NNNNNNNN); to restore one step, pass its step directory to restore",
     "model-invalid": "give a model with at least one input feature, hidden unit and class, small enough for memory",
     # user models (alpha_mpi.learning.Model, alpha_mpi.torch)
     "model-protocol": "implement alpha_mpi.learning.Model: n_params (int >= 1), init(seed) -> float64 array (n_params,), loss_and_grad_sum(params, X, y, grad_out) -> float (see help(alpha_mpi.learning.Model))",
@@ -132,9 +132,14 @@ ADVICE: dict[str, str] = {
     "torch-environment-changed": "keep torch.set_num_threads and torch.use_deterministic_algorithms as DataParallel set them for the whole run (they are in its contract)",
     "torch-loss-invalid": "loss_fn(output, target) must return a finite scalar tensor: the SUM of the slot's per-sample losses (reduction='sum')",
     "torch-optimizer-state": "checkpoints hold optimizer state made of per-parameter tensors shaped like their parameter, and scalars (Adam, AdamW, SGD, RMSprop, ...)",
+    # alpha_mpi.torch: the promise for users' scripts (issue 20)
+    "torch-loss-undeclared": "declare that loss_fn returns the SUM of the slot's per-sample losses: a torch loss with reduction='sum', alpha_mpi.torch.summed(fn), or dp.step(..., reduction='sum')",
+    "torch-autocast-refused": "run DataParallel.step outside torch.autocast, with a float32 or float64 forward; reduced-precision kernels are not in the contract",
+    "torch-module-mismatch": "build the same module (architecture, parameter names, shapes and dtypes) on every rank; print alpha_mpi.torch.architecture_digest(module) on each to find the odd one",
+    "torch-state-unsupported": "register only objects whose state_dict() holds numbers, strings, booleans, None, lists, tuples and dicts with string keys (LR schedulers do); keep other state yourself",
     # tools
     "usage": "an argument is outside what the function accepts: the message names it and what it accepts (see help() of the function)",
-    "data-invalid": "give an .npz with float arrays X (n, d) and integer labels y (n,)",
+    "data-invalid": "give float features X of shape (n, d) and integer labels y of shape (n,)",
     "output-unwritable": "give --json a path in an existing, writable directory",
 }
 
@@ -164,6 +169,28 @@ CLI_ADVICE: dict[str, str] = {
     "--adopt-contract to continue under this run's profile (recorded in later checkpoints)",
     "model-invalid": "lower --hidden to fit the limit the message names (the built-in MLP; --data needs at "
     "least one feature column and one class)",
+    # checkpoints and data: ADVICE speaks restore()/the arrays; the command line names its options
+    "checkpoint-missing": "no checkpoint there; check the path (`--resume` on a directory with no step at all "
+    "starts at step 0 and says so)",
+    "checkpoint-corrupt": "a file of the step differs from the sha256 that covers it; resume from an earlier step "
+    "with --resume-from DIR/step-NNNNNNNN (`alpha-mpi checkpoint verify DIR --all` shows which steps verify)",
+    "checkpoint-shard-missing": "a file named by the manifest is absent; resume from an earlier step with "
+    "--resume-from DIR/step-NNNNNNNN",
+    "checkpoint-manifest": "the manifest is malformed; resume from an earlier step with --resume-from "
+    "DIR/step-NNNNNNNN",
+    "checkpoint-config-mismatch": "resume with the saved run's --slots/--batch/--seed/--hidden/--data/--model/"
+    "--optimizer/--lr (see `alpha-mpi checkpoint inspect`)",
+    "checkpoint-latest-invalid": "`latest` must be a regular file that alpha_mpi wrote (`step-NNNNNNNN "
+    "<sha256>`); delete it to resume from the newest step that verifies, or pass --resume-from DIR/step-NNNNNNNN",
+    "checkpoint-shard-invalid": "a shard's safetensors header disagrees with its manifest entry (dtype, shape, "
+    "size); resume from an earlier step with --resume-from DIR/step-NNNNNNNN",
+    "checkpoint-data-mismatch": "resume with the data the checkpoint was trained on (the same --data file, or "
+    "the same --seed for the synthetic task); start a fresh run for other data",
+    "checkpoint-locked": "another trainer holds this checkpoint directory; wait for it to end, stop it, or use "
+    "another --checkpoint-dir",
+    "checkpoint-dir-is-step": "give the checkpoint directory (the parent of step-NNNNNNNN) as --checkpoint-dir; "
+    "choose a step with --resume-from",
+    "data-invalid": "give --data an .npz with float arrays X (n, d) and integer labels y (n,)",
 }
 
 

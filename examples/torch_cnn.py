@@ -1,13 +1,16 @@
 """A small torch CNN on scikit-learn's bundled 8x8 digits with alpha_mpi.torch.DataParallel.
 
-mpiexec -n 1 python examples/torch_cnn.py      # one `digest:` line on 1, 2 and 4 ranks
-mpiexec -n 4 python examples/torch_cnn.py
-mpiexec -n 4 python examples/torch_cnn.py --steps 20 --stop-after 10 --checkpoint-dir /tmp/ck
-mpiexec -n 2 python examples/torch_cnn.py --steps 20 --resume --checkpoint-dir /tmp/ck   # same digest
+mpiexec -n 1 python -m mpi4py examples/torch_cnn.py      # one `digest:` line on 1, 2 and 4 ranks
+mpiexec -n 4 python -m mpi4py examples/torch_cnn.py
+mpiexec -n 4 python -m mpi4py examples/torch_cnn.py --steps 20 --stop-after 10 --checkpoint-dir /tmp/ck
+mpiexec -n 2 python -m mpi4py examples/torch_cnn.py --steps 20 --resume --checkpoint-dir /tmp/ck   # same digest
 
 The CNN (two 3x3 convolutions with 8 and 16 channels, a 2x2 max-pool, a linear classifier) is
 defined once, in alpha_mpi/tools/bench/torch_models.py, because `alpha-mpi bench torch` times
 the same module against torch DDP. Any nn.Module works here: see `factory`.
+
+`python -m mpi4py` aborts the whole job when one rank raises (else its peers wait for the
+peer bound, ALPHA_MPI_TIMEOUT); see examples/torch_preempt.py for preemption and docs/pytorch.md.
 """
 
 import torch

@@ -14,7 +14,9 @@
 #   ALPHA_CKPT_EVERY     checkpoint every N steps [100]
 #   ALPHA_SLOTS, ALPHA_OPTIMIZER, ALPHA_PARTITION, ALPHA_TOPOLOGY, ALPHA_SEED  (--slots ... when set)
 #   ALPHA_TRAIN_ARGS     further arguments for the trainer []
-#   ALPHA_TRAIN_CMD      the trainer command, split on blanks [alpha-mpi train]
+#   ALPHA_TRAIN_CMD      the trainer command, split on blanks [alpha-mpi train]; or a torch script
+#                        with those options that exits 99 when preempted (alpha_mpi.Preemption):
+#                        ALPHA_TRAIN_CMD="python -m mpi4py examples/torch_preempt.py"
 #   ALPHA_MPIEXEC        mpiexec command line [mpiexec]. Open MPI as root needs --allow-run-as-root
 #                        and, with more ranks than cores, --oversubscribe (see .ci/openmpi.sh).
 #   ALPHA_NP             number of ranks [2]

@@ -170,10 +170,19 @@ def test_cli_advice_names_options_and_leaves_the_python_advice_alone():
     assert "--slots" in cli_advice("placement-invalid") and "owners" not in cli_advice("placement-invalid")
     assert Refusal("placement-invalid", "x").advice == ADVICE["placement-invalid"]
     assert "owners" in ADVICE["placement-invalid"]  # the Python advice still speaks the Python API
-    assert cli_advice("checkpoint-corrupt") == ADVICE["checkpoint-corrupt"]  # no CLI wording: the same
+    assert cli_advice("frame-checksum") == ADVICE["frame-checksum"]  # no CLI wording: the same
     assert (
         cli_advice("usage", "plan") == "see `alpha-mpi plan --help` for the options and the values they take"
     )
+
+
+def test_advice_raised_through_the_python_api_names_no_command_line_options():
+    api = [c for c in CLI_ADVICE if c.startswith("checkpoint-")]
+    assert len(api) >= 10
+    for code in api + ["data-invalid"]:
+        assert "--" not in ADVICE[code], code  # restore(), arrays: what a Python caller can change
+        assert "--" in cli_advice(code), code  # the command line names its options
+    assert "binary32" not in ADVICE["dtype-invalid"].split(":")[0]  # an int64 array is not binary32
 
 
 def test_refusal_on_the_command_line_prints_the_cli_advice(capsys):

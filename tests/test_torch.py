@@ -50,8 +50,8 @@ def test_float32_contract_names_both_conversions_and_the_torch_settings():
     ops = {op.formula_id: op.expression for op in c.formulas}
     assert "RoundBinary64@gradient" in ops["round-binary64-once-v1"]
     assert "normalize-once" in ops
-    assert "set_num_threads(1)" in ops["torch-slot-gradient-v1"]
-    assert torch.__version__ in ops["torch-slot-gradient-v1"]
+    assert "set_num_threads(1)" in ops["torch-slot-gradient-v2"]
+    assert torch.__version__ in ops["torch-slot-gradient-v2"]
     assert dp.conversions == (("WidenBinary32", "contribution"), ("RoundBinary64", "gradient"))
     assert c.order_ids == (dp.order_id,)
     d64 = DataParallel(mlp(torch.float64), comm_self(), slots=4)
@@ -163,7 +163,7 @@ def test_unsupported_modules_losses_and_settings_are_refused_by_name():
         dp.step(X, y, torch.nn.CrossEntropyLoss())  # a mean
     assert e.value.code == "torch-loss-invalid"
     with pytest.raises(Refusal) as e:
-        dp.step(X, y, lambda out, t: out.sum(dim=1))  # not a scalar
+        dp.step(X, y, lambda out, t: out.sum(dim=1), reduction="sum")  # declared, but not a scalar
     assert e.value.code == "torch-loss-invalid"
     torch.set_num_threads(2)
     try:
@@ -218,11 +218,19 @@ def test_save_restore_in_one_process_continues_with_the_same_bits(tmp_path, make
     assert e.value.code == "checkpoint-config-mismatch"
 
 
-def test_a_parameter_the_loss_does_not_use_gets_a_zero_gradient():
-    net = mlp()
-    net.register_parameter("unused", torch.nn.Parameter(torch.ones(4)))
-    dp = DataParallel(net, comm_self(), slots=3)
-    X, y = batch(12)
-    dp.step(X, y, SUM)
-    assert torch.equal(net.unused.grad, torch.zeros(4)) and dp.n == sum(p.numel() for p in net.parameters())
-    assert all(p.grad.shape == p.shape for p in net.parameters())
+def test_a_parameter_the_loss_does_not_use_keeps_none_or_gets_zeros_when_asked():
+    for unused in ("none", "zeros"):
+        net = mlp()
+        net.register_parameter("unused", torch.nn.Parameter(torch.ones(4)))
+        dp = DataParallel(net, comm_self(), slots=3, unused=unused)
+        X, y = batch(12)
+        dp.step(X, y, SUM)
+        if unused == "none":
+            assert net.unused.grad is None  # as DDP(find_unused_parameters=True) leaves it
+        else:
+            assert torch.equal(net.unused.grad, torch.zeros(4))
+        assert dp.n == sum(p.numel() for p in net.parameters())
+        assert all(p.grad.shape == p.shape for p in net.parameters() if p is not net.unused)
+    with pytest.raises(Refusal) as e:
+        DataParallel(mlp(), comm_self(), slots=3, unused="zero")
+    assert e.value.code == "usage"

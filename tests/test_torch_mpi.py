@@ -184,3 +184,30 @@ def test_a_nan_in_one_slot_is_refused_on_every_rank(world):
         all(p.grad is None for p in net.parameters()) and parameter_digest(net) == before,
         "nothing applied",
     )
+
+
+def _two_layer(act=torch.nn.ReLU):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 6), act(), torch.nn.Linear(6, 2))  # 44 parameters
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize(
+    "other",
+    [lambda: torch.nn.Linear(43, 1), lambda: _two_layer(torch.nn.Tanh)],
+    ids=["same-count-other-shapes", "same-shapes-other-activation"],
+)
+def test_another_architecture_on_one_rank_is_refused_by_name_on_every_rank(world, other):
+    last = world.Get_rank() == world.Get_size() - 1
+    net = other() if last else _two_layer()
+    assert sum(p.numel() for p in net.parameters()) == 44
+    code = None
+    try:
+        DataParallel(net, world, slots=world.Get_size(), timeout=30)
+    except Refusal as e:
+        code = e.code, e.context.get("ranks")
+    agree(world, code == ("torch-module-mismatch", [world.Get_size() - 1]), f"refused: {code}")
+    net = _two_layer()  # the next construction, with the same module everywhere, works
+    dp = DataParallel(net, world, slots=world.Get_size(), timeout=30)
+    dp.step(torch.rand(8, 4), torch.randint(0, 2, (8,)), SUM)
+    agree(world, all(p.grad is not None for p in net.parameters()), "a step after the refusal")

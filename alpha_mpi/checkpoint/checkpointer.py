@@ -333,8 +333,10 @@ class Checkpointer:
                 raise CheckpointRefusal(
                     "checkpoint-manifest", f"{ck.dir} is not a learner checkpoint: it lacks {missing}"
                 )
-            adopted = check_compatible(m, self.learner, self.adopt_contract)
+            # The config first: a changed model or --slots is named as such, not as the
+            # numerical-order mismatch it also causes.
             changes = compare_config(m, self.cfg, self.data, self.learner, self.adopt_lr)
+            adopted = check_compatible(m, self.learner, self.adopt_contract)
             compare_data(m, self.data)
             read = getattr(self.learner, "checkpoint_read", None)
             state = read(ck) if read is not None else None

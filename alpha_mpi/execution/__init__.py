@@ -4,6 +4,7 @@ One executor (engine.Engine) runs every realization's program; frames.py owns he
 transport.py owns waits, bounds and the debug log.
 """
 
+from .abort import abort_on_exception  # noqa: F401
 from .allreduce import (  # noqa: F401
     REALIZATIONS,
     Allreducer,
@@ -31,4 +32,5 @@ __all__ = [
     "assemble",
     "choose_realization",
     "REALIZATIONS",
+    "abort_on_exception",
 ]

@@ -3,9 +3,11 @@
 from .checkpoints import restore, save
 from .learner import MODES, DataParallelLearner
 from .mlp import MLP
+from .preemption import PREEMPTED, Preemption
 from .protocol import Model, check_model, model_from_spec
+from .rng import slot_generator, slot_seed
 from .slicing import SlotStream, slice_batch, slice_indices, slot_ranges, stream_batch
-from .trainer import PREEMPTED, TrainConfig, digest, train
+from .trainer import TrainConfig, digest, train
 
 __all__ = [
     "DataParallelLearner",
@@ -23,6 +25,9 @@ __all__ = [
     "train",
     "digest",
     "PREEMPTED",
+    "Preemption",
+    "slot_generator",
+    "slot_seed",
     "save",
     "restore",
 ]

@@ -37,6 +37,7 @@ from ..planning.realize import realize
 from ..refusals import KernelRefusal, Refusal
 from .learner_checkpoint import LearnerCheckpoint
 from .optim import make_optimizer
+from .rng import slot_generator
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -81,7 +82,9 @@ class DataParallelLearner(LearnerCheckpoint):
         partition: "none" | "state" | "grads" | "params" (see the module docstring): where
             optimizer state, reduced gradients and parameters live. Every mode gives the bits of
             "none"; they differ only in memory per rank and traffic.
-        seed: passed to `model.init(seed)`, unless `init_params` (a float64 vector) is given.
+        seed: passed to `model.init(seed)`, unless `init_params` (a float64 vector) is given;
+            and the seed of the slots' generators: a model whose `loss_and_grad_sum` takes `rng`
+            gets `rng=alpha_mpi.learning.slot_generator(seed, step, slot)` for each slot.
         timeout: seconds a rank waits for a peer before `peer-timeout` (default
             ALPHA_MPI_TIMEOUT, else the executors' default).
 
@@ -110,9 +113,11 @@ class DataParallelLearner(LearnerCheckpoint):
     ) -> None:
         if partition not in MODES:
             raise Refusal("usage", f"unknown partition {partition!r}; use one of {', '.join(MODES)}")
-        from .protocol import check_model
+        from .protocol import check_model, takes_rng
 
         check_model(model)  # a model that breaks the protocol is refused by name, before any collective
+        # A model whose loss_and_grad_sum takes rng= gets each slot's own generator (seed, step, slot).
+        self.seed, self.takes_rng = seed, takes_rng(model)
         kernel.fpenv_check()  # FTZ/DAZ or a non-nearest rounding mode would change the bits: refuse
         self.comm, self.model = comm, model
         self.size, self.rank = comm.Get_size(), comm.Get_rank()
@@ -220,7 +225,8 @@ class DataParallelLearner(LearnerCheckpoint):
         for s in self.my_slots:
             X, y = batch[s]
             buf = self.payloads[s]
-            buf[n + 1] = self.model.loss_and_grad_sum(params, X, y, buf[:n])
+            extra = {"rng": slot_generator(self.seed, self.step, s)} if self.takes_rng else {}
+            buf[n + 1] = self.model.loss_and_grad_sum(params, X, y, buf[:n], **extra)
             buf[n] = float(len(y))
             buf[n + 2] = 1.0 if (stop and first) else 0.0
             first = False

@@ -5,6 +5,7 @@ A model is any object with these members (duck typing; no base class to inherit)
     n_params: int                                         number of float64 parameters
     init(seed) -> np.ndarray                              initial parameters, shape (n_params,)
     loss_and_grad_sum(params, X, y, grad_out) -> float    Σ_i loss_i; writes Σ_i ∇loss_i
+        (optionally with a keyword `rng`: the slot's numpy Generator, from (seed, step, slot))
     predict(params, X) -> np.ndarray                      optional: labels, for accuracy
 
 `check_model(model)` refuses an object that breaks the protocol by name (`model-protocol`),
@@ -29,8 +30,9 @@ from typing import Protocol, cast, runtime_checkable
 import numpy as np
 
 from ..refusals import Refusal
+from .rng import slot_generator
 
-__all__ = ["Model", "check_model", "model_from_spec", "REQUIRED_METHODS"]
+__all__ = ["Model", "check_model", "model_from_spec", "takes_rng", "REQUIRED_METHODS"]
 
 
 @runtime_checkable
@@ -50,6 +52,11 @@ class Model(Protocol):
     - Reproducible per slot: the same (params, X, y) give the same bits on whichever rank runs
       the slot. Fix the BLAS threads while computing (`threadpoolctl.threadpool_limits(1)`),
       do not let shapes depend on the rank or the rank count, read no global random state.
+      A model that needs random numbers (dropout, noise, augmentation) takes a keyword `rng` in
+      `loss_and_grad_sum(params, X, y, grad_out, rng=None)` and draws from it only: the learner
+      passes each slot `alpha_mpi.learning.slot_generator(seed, step, slot)`, whose state
+      depends on nothing else, so the draws are the same on whichever rank runs the slot.
+      Models without that keyword are called as before.
     - `params` must not be modified (the learner owns it); `grad_out` is the only output.
     - Optional `predict(params, X) -> labels` is used for the accuracy `alpha-mpi train` prints.
     """
@@ -98,6 +105,20 @@ def _check_arity(model, name: str, count: int) -> None:
 _SIGNATURES = {"init": "(seed)", "loss_and_grad_sum": "(params, X, y, grad_out)", "predict": "(params, X)"}
 
 
+def takes_rng(model: object) -> bool:
+    """Whether `model.loss_and_grad_sum` accepts the keyword `rng` (a parameter of that name, or
+    **kwargs): then the learner passes each slot its generator."""
+    fn = getattr(model, "loss_and_grad_sum", None)
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(
+        (p.name == "rng" and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)) or p.kind == p.VAR_KEYWORD
+        for p in params
+    )
+
+
 def check_model(model: object, probe: tuple[np.ndarray, np.ndarray] | None = None, seed: int = 0) -> Model:
     """Return `model` if it satisfies `Model`, else refuse by name (`model-protocol`).
 
@@ -143,7 +164,8 @@ def _probe(model, n: int, probe, seed: int) -> None:
     grads, losses = [], []
     for _ in range(2):
         g = np.full(n, np.nan)
-        loss = model.loss_and_grad_sum(p, X, y, g)
+        extra = {"rng": slot_generator(seed, 0, 0)} if takes_rng(model) else {}  # the same both times
+        loss = model.loss_and_grad_sum(p, X, y, g, **extra)
         if isinstance(loss, bool) or not isinstance(loss, (float, int, np.floating, np.integer)):
             raise _refuse(
                 model,

@@ -91,6 +91,9 @@ def summed_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Te
     return torch.nn.functional.cross_entropy(logits, target, reduction="sum")
 
 
+summed_cross_entropy.reduction = "sum"  # type: ignore[attr-defined]  # declared: DataParallel reads it
+
+
 class ModuleModel:
     """A float64 view of `module` satisfying `alpha_mpi.learning.Model`.
 
@@ -156,17 +159,28 @@ class ModuleModel:
         return out
 
     def loss_and_grad_sum(
-        self, params: np.ndarray, X: np.ndarray, y: np.ndarray, grad_out: np.ndarray
+        self,
+        params: np.ndarray,
+        X: np.ndarray,
+        y: np.ndarray,
+        grad_out: np.ndarray,
+        rng: np.random.Generator | None = None,
     ) -> float:
-        """Write Σ_i ∇loss_i of the slot into grad_out; return Σ_i loss_i (one forward, one backward)."""
+        """Write Σ_i ∇loss_i of the slot into grad_out; return Σ_i loss_i (one forward, one
+        backward). With `rng` (the slot's generator, which the learner passes), the forward and
+        backward run under torch's generator forked and seeded from one draw of it, so dropout
+        gives the same bits on whichever rank runs the slot."""
         check_environment(self.env)
         self._load(params)
         for p in self.params:
             p.grad = None
         Xt = torch.from_numpy(np.ascontiguousarray(X, dtype=np.float64))
         yt = torch.from_numpy(np.ascontiguousarray(y, dtype=np.int64))
-        loss = self.loss_fn(self.module(Xt), yt)
-        loss.backward()
+        with torch.random.fork_rng(devices=[]):
+            if rng is not None:
+                torch.manual_seed(int(rng.integers(0, 2**63)))
+            loss = self.loss_fn(self.module(Xt), yt)
+            loss.backward()
         for p, (a, b) in zip(self.params, self.offsets):
             if p.grad is None:
                 grad_out[a:b] = 0.0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -14,11 +13,10 @@ import numpy as np
 from .data import SlotStream, load_npz, synthetic
 from .learner import DataParallelLearner
 from .mlp import MLP
+from .preemption import PREEMPTED, Preemption  # noqa: F401 (PREEMPTED: its old home)
 
 if TYPE_CHECKING:
     from mpi4py import MPI
-
-PREEMPTED = 99  # exit status: stopped on a signal after saving a checkpoint (job scripts requeue)
 
 
 @dataclass
@@ -55,27 +53,7 @@ def digest(params: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(params, dtype="<f8").tobytes()).hexdigest()
 
 
-class StopFlag:
-    """Set by SIGUSR1/SIGTERM (Slurm's warning and preemption signals); read between steps."""
-
-    def __init__(self):
-        self.set = False
-        self._old = {}
-
-    def install(self):
-        for sig in (signal.SIGUSR1, signal.SIGTERM):
-            try:
-                self._old[sig] = signal.signal(sig, self._handler)
-            except ValueError:  # not the main thread
-                pass
-        return self
-
-    def _handler(self, signum, frame):
-        self.set = True
-
-    def restore(self):
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
+StopFlag = Preemption  # the name train() used before Preemption was public
 
 
 def memory_per_rank(learner) -> dict:
@@ -202,7 +180,7 @@ def train(comm: MPI.Comm, cfg: TrainConfig, out: Callable[[str], object] = print
             + ("--steps" if start_step == cfg.steps else "past --steps")
             + f" {cfg.steps}"
         )
-    stop = StopFlag().install()
+    stop = Preemption().install()
     preempted = False
     t_start = time.perf_counter()
     progress = Progress(learner, cfg, t_start)
@@ -214,7 +192,7 @@ def train(comm: MPI.Comm, cfg: TrainConfig, out: Callable[[str], object] = print
             for s in learner.my_slots:
                 idx = stream.indices(t, s)
                 batch[s] = (data.X[idx], data.y[idx])
-            loss, stop_now = learner.train_step(batch, stop=stop.set)
+            loss, stop_now = learner.train_step(batch, stop=stop.requested)
             if ckpt and cfg.checkpoint_every and learner.step % cfg.checkpoint_every == 0:
                 ckpt.save()
             if stop_now:

@@ -4,7 +4,7 @@ rank count that places the same slot tree (the optional extra `pip install 'alph
     dp = alpha_mpi.torch.DataParallel(module, comm, slots=8)
     opt = torch.optim.Adam(module.parameters(), lr=1e-3)
     for X, y in batches:                       # the same global batch on every rank
-        loss = dp.step(X, y, loss_fn)          # loss_fn returns the SUM over a slot's samples
+        loss = dp.step(X, y, loss_fn)          # loss_fn: declared to return the SUM over a slot
         opt.step(); opt.zero_grad()
     dp.save("ckpt", opt)                       # resume on any rank count: dp.restore("ckpt", opt)
 
@@ -23,16 +23,27 @@ from ._env import environment, fix_environment, require_torch  # noqa: F401
 require_torch()
 
 from ..learning.torch_model import ModuleModel, summed_cross_entropy  # noqa: E402,F401
-from .data_parallel import BUFFER_RULES, DataParallel, parameter_digest, torch_contract  # noqa: E402,F401
+from .data_parallel import (  # noqa: E402,F401
+    BUFFER_RULES,
+    UNUSED_RULES,
+    DataParallel,
+    parameter_digest,
+    torch_contract,
+)
+from .same_module import architecture_digest  # noqa: E402,F401
+from .slot_rules import summed  # noqa: E402,F401
 
 __all__ = [
     "BUFFER_RULES",
+    "UNUSED_RULES",
     "DataParallel",
+    "architecture_digest",
     "ModuleModel",
     "environment",
     "fix_environment",
     "parameter_digest",
     "require_torch",
+    "summed",
     "summed_cross_entropy",
     "torch_contract",
 ]

@@ -10,12 +10,23 @@ scalars. A `TorchCheckpointView` presents a DataParallel and an optimizer that w
   `exp_avg`, `exp_avg_sq`, SGD's `momentum_buffer`), concatenated like `params`.
 - scalars: the step, the optimizer's class and hyperparameters (compared on restore:
   `checkpoint-config-mismatch`), and its scalar state per parameter (Adam's `step`) with dtype.
+- `registered`: the `state_dict()` of every object registered with the DataParallel (an LR
+  scheduler, a sampler, a loss scaler ...) by name, as JSON (`encode_state`); on restore the
+  same names must be registered and each gets `load_state_dict(saved)`.
+
+Learning rates: a scheduler changes each param group's `lr`, so `lr` is state, not config. The
+configured rate is `initial_lr` (set by a scheduler) or else `lr`; that is compared on restore
+(`checkpoint-config-mismatch`, unless `adopt_lr=True`), and the saved `lr` of each group is
+restored. With `adopt_lr=True` the optimizer keeps its present `lr`/`initial_lr` and a scheduler
+its `base_lrs`; the schedule's position (last_epoch) is restored.
 
 Rank r writes coordinates [r*n/p, (r+1)*n/p) of every vector; every rank reads all of them back,
 whatever the rank count was at save time.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from ..refusals import CheckpointRefusal, Refusal
 from ._env import require_torch
@@ -24,7 +35,7 @@ from .convert import pack, unpack
 
 torch = require_torch()
 
-__all__ = ["TorchCheckpointView"]
+__all__ = ["TorchCheckpointView", "CheckpointMethods", "encode_state", "decode_state"]
 
 
 def _jsonable(v):
@@ -49,13 +60,59 @@ def _hyper(optimizer) -> list:
     return [{k: _jsonable(v) for k, v in sorted(g.items()) if k != "params"} for g in optimizer.param_groups]
 
 
+_LR_KEYS = ("lr", "initial_lr")
+
+
+def _fixed(hyper: list) -> list:
+    """The hyperparameters a resume must share: all but the (scheduled) learning rates."""
+    return [{k: v for k, v in g.items() if k not in _LR_KEYS} for g in hyper]
+
+
+def _base_lrs(hyper: list) -> list:
+    """The configured learning rate of each group: `initial_lr` where a scheduler set it."""
+    return [g.get("initial_lr", g.get("lr")) for g in hyper]
+
+
+def encode_state(v, where: str = "state"):
+    """A state_dict value as JSON the manifest accepts, exactly: floats round-trip (repr),
+    non-finite floats and tuples are tagged; anything else (a tensor, a function) is refused."""
+    if isinstance(v, bool) or v is None or isinstance(v, (int, str)):
+        return v
+    if isinstance(v, float):
+        return v if v == v and abs(v) != float("inf") else {"__float__": repr(v)}
+    if isinstance(v, tuple):
+        return {"__tuple__": [encode_state(x, where) for x in v]}
+    if isinstance(v, list):
+        return [encode_state(x, where) for x in v]
+    if isinstance(v, dict) and all(isinstance(k, str) and not k.startswith("__") for k in v):
+        return {k: encode_state(x, f"{where}.{k}") for k, x in v.items()}
+    raise Refusal(
+        "torch-state-unsupported",
+        f"{where} is a {type(v).__name__}; a registered object's state_dict() must hold numbers, "
+        "strings, booleans, None, lists, tuples and dicts with string keys",
+    )
+
+
+def decode_state(v):
+    """The inverse of encode_state."""
+    if isinstance(v, list):
+        return [decode_state(x) for x in v]
+    if isinstance(v, dict):
+        if set(v) == {"__float__"}:
+            return float(v["__float__"])
+        if set(v) == {"__tuple__"}:
+            return tuple(decode_state(x) for x in v["__tuple__"])
+        return {k: decode_state(x) for k, x in v.items()}
+    return v
+
+
 class TorchCheckpointView:
     """The checkpoint members `Checkpointer` reads (`step`, `order_id`, `contract`, `slots`,
     `comm`, `checkpoint_pieces`, `checkpoint_scalars`, `load_checkpoint`) over a DataParallel
     and an optional torch optimizer."""
 
-    def __init__(self, dp, optimizer=None):
-        self.dp, self.optimizer = dp, optimizer
+    def __init__(self, dp, optimizer=None, adopt_lr: bool = False):
+        self.dp, self.optimizer, self.adopt_lr = dp, optimizer, adopt_lr
         self.comm, self.slots, self.timeout = dp.comm, dp.slots, dp.timeout
         #: The combine's order id and the DataParallel's numerical contract (stored in the
         #: manifest, compared on restore); both are fixed when the DataParallel is built.
@@ -116,6 +173,7 @@ class TorchCheckpointView:
             "framework": "torch",
             "dtype": dtype_name(dp.dtype),
             "int_buffers": {k: b.reshape(-1).tolist() for k, b in dp.other_buffers},
+            "registered": {k: encode_state(o.state_dict(), k) for k, o in sorted(dp.registered.items())},
         }
         opt = self.optimizer
         if opt is not None:
@@ -167,10 +225,26 @@ class TorchCheckpointView:
             raise CheckpointRefusal(
                 "checkpoint-config-mismatch", f"checkpoint optimizer {saved_opt}, now {type(opt).__name__}"
             )
-        if opt is not None and saved_opt is not None and sc.get("optimizer_hyper") != _hyper(opt):
+        saved_hyper = sc.get("optimizer_hyper") or []
+        if opt is not None and saved_opt is not None:
+            now = _hyper(opt)
+            if len(saved_hyper) != len(now) or _fixed(saved_hyper) != _fixed(now):
+                raise CheckpointRefusal(
+                    "checkpoint-config-mismatch",
+                    f"optimizer hyperparameters differ: saved {_fixed(saved_hyper)}, now {_fixed(now)}",
+                )
+            if _base_lrs(saved_hyper) != _base_lrs(now) and not self.adopt_lr:
+                raise CheckpointRefusal(
+                    "checkpoint-config-mismatch",
+                    f"lr: saved {_base_lrs(saved_hyper)}, now {_base_lrs(now)}; restore with the saved "
+                    "learning rate, or pass adopt_lr=True to continue with this one",
+                )
+        saved_reg, reg = sc.get("registered", {}), self.dp.registered
+        if sorted(saved_reg) != sorted(reg):
             raise CheckpointRefusal(
                 "checkpoint-config-mismatch",
-                f"optimizer hyperparameters differ: saved {sc.get('optimizer_hyper')}, now {_hyper(opt)}",
+                f"the checkpoint holds the state of {sorted(saved_reg)}, this DataParallel has "
+                f"{sorted(reg)} registered; register (or pass scheduler=) the same objects to restore",
             )
         with torch.no_grad():
             self._read(ck, "params", [p.data for p in dp.params])
@@ -195,6 +269,14 @@ class TorchCheckpointView:
                         if e["dtype"] is not None:
                             v = torch.tensor(v, dtype=getattr(torch, e["dtype"])).reshape(e["shape"])
                         opt.state[p][k] = v
+            if saved_opt is not None and not self.adopt_lr:
+                for g, h in zip(opt.param_groups, saved_hyper):
+                    g["lr"] = h["lr"]  # the scheduled rate at the saved step
+        for k, o in reg.items():
+            keep = list(o.base_lrs) if self.adopt_lr and hasattr(o, "base_lrs") else None
+            o.load_state_dict(decode_state(saved_reg[k]))
+            if keep is not None:
+                o.base_lrs = keep
         dp.steps = int(sc["step"])
 
     @staticmethod
@@ -206,3 +288,86 @@ class TorchCheckpointView:
                 f"component {name} has {ck.length(name)} values, this module {total}",
             )
         unpack(tensors, ck.read_range(name, 0, total))
+
+
+class CheckpointMethods:
+    """DataParallel's checkpoint methods: `register`, `save`, `restore` (a mixin: the step is
+    in data_parallel.py, the checkpoint view above)."""
+
+    registered: dict
+
+    def register(self, name: str, obj) -> None:
+        """Carry `obj.state_dict()` in every checkpoint under `name` and `obj.load_state_dict`
+        it on restore (an LR scheduler, a sampler, a gradient scaler ...)."""
+        if not isinstance(name, str) or not name:
+            raise Refusal("usage", f"register() needs a non-empty name, got {name!r}")
+        if not (
+            callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+        ):
+            raise Refusal(
+                "usage", f"register({name!r}, ...) needs an object with state_dict() and load_state_dict()"
+            )
+        self.registered[name] = obj
+
+    def _with_scheduler(self, scheduler) -> None:
+        if scheduler is not None and self.registered.get("scheduler") is not scheduler:
+            self.register("scheduler", scheduler)
+
+    def _config(self, config):
+        """The checkpoint config: the caller's (default: slots), with the architecture's digest
+        as `model`, so a changed module is named as such on restore."""
+        from .same_module import architecture_digest
+
+        cfg = {"slots": self.slots} if config is None else dict(config)
+        cfg.setdefault("model", f"torch-architecture:{architecture_digest(self.module)[:16]}")
+        return cfg
+
+    def save(
+        self,
+        directory: str,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        config: Mapping[str, object] | None = None,
+        scheduler: object | None = None,
+    ) -> str:
+        """Publish the parameters, buffers, `optimizer`'s state and every registered object's
+        state (`scheduler`: registered as "scheduler") at step `steps` under `directory`
+        (collective); the CLI's checkpoint format, restorable on any rank count."""
+        from ..learning.checkpoints import save
+
+        self._with_scheduler(scheduler)
+        return save(self._view(optimizer), directory, config=self._config(config))
+
+    def restore(
+        self,
+        directory: str,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        config: Mapping[str, object] | None = None,
+        scheduler: object | None = None,
+        adopt_contract: bool = False,
+        adopt_lr: bool = False,
+        missing_ok: bool = False,
+    ) -> str | None:
+        """Load a checkpoint saved on any rank count into the module, `optimizer` (built over
+        the module's parameters with the saved hyperparameters) and the registered objects
+        (`scheduler`: registered as "scheduler"); sets `steps`. `adopt_lr`: continue with the
+        optimizer's present learning rate (see the module docstring). Returns the step
+        directory, or None with `missing_ok` when there is none. Collective."""
+        from ..learning.checkpoints import restore
+
+        self._with_scheduler(scheduler)
+        return restore(
+            self._view(optimizer, adopt_lr),
+            directory,
+            config=self._config(config),
+            adopt_contract=adopt_contract,
+            missing_ok=missing_ok,
+        )
+
+    def _view(self, optimizer, adopt_lr: bool = False):
+        views = self.__dict__.setdefault("_views", {})
+        v = views.get((id(optimizer), adopt_lr))
+        if v is None:
+            v = views[(id(optimizer), adopt_lr)] = TorchCheckpointView(self, optimizer, adopt_lr)
+        return v

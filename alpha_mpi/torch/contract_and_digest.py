@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..learning.rng import SLOT_RNG_RULE
 from ..numerics import BitIdentical, CombineOrder, Formula, NumericalContract, Profile, WidenBinary32
 from ._env import require_torch
 
@@ -24,7 +25,8 @@ __all__ = ["torch_contract", "parameter_digest", "dtype_name", "ROUND_ONCE_V1", 
 
 ROUND_ONCE_V1 = (
     "g32=RoundBinary64@gradient(g) (kernel.round_binary64, nearest-even, binary64->binary32), "
-    "once per step per coordinate, into each parameter's .grad"
+    "once per step per coordinate, into each parameter's .grad; accumulating: "
+    "g32=RoundBinary64@gradient(WidenBinary32(g32_held)+g); a parameter no slot used: .grad None"
 )
 """The round-once site of float32 models, as the contract names it (an operation: the profile's
 conversion sites are contribution sites)."""
@@ -49,8 +51,8 @@ def torch_contract(
     profile: binary64 (KeepFormat) for float64 modules; for float32 modules binary64 and binary32
     with `WidenBinary32@contribution`, and the operation `round-binary64-once-v1` naming the
     `RoundBinary64@gradient` site. operations: the combine's order id, `normalize-once`, the
-    round-once site (float32), the buffer rule (slot-mean), and `torch-slot-gradient-v1`: the
-    per-slot forward/backward with the torch version, threads and deterministic flag.
+    round-once site (float32), the buffer rule (slot-mean), and `torch-slot-gradient-v2`: the
+    per-slot forward/backward (under the slot's generator) with the torch version, threads and deterministic flag.
     """
     f32 = dtype == torch.float32
     profile = (
@@ -63,8 +65,9 @@ def torch_contract(
         ops.append(Formula("buffers-slot-mean-v1", BUFFER_SLOT_MEAN_V1))
     ops.append(
         Formula(
-            "torch-slot-gradient-v1",
+            "torch-slot-gradient-v2",
             "per slot: loss=loss_fn(module(X_s),y_s) (a sum); g_s=torch.autograd.grad(loss, params); "
+            f"both under torch.random.fork_rng with {SLOT_RNG_RULE}; no autocast; "
             f"torch {env['torch']}; "
             f"set_num_threads({env['threads']}); use_deterministic_algorithms({env['deterministic']}); "
             f"parameters {dtype_name(dtype)}",

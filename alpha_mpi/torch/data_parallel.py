@@ -4,9 +4,10 @@ Protocol of one `step(X, y, loss_fn)` (every rank calls it, with the same global
 
 1. The batch is cut into `slots` contiguous windows (alpha_mpi.learning.slicing); this rank takes
    the slots it owns in the tree (`my_slots`).
-2. For each owned slot, separately: `loss = loss_fn(module(X_s), y_s)` (the SUM of the slot's
-   per-sample losses), then `torch.autograd.grad(loss, params)` (the slot's own backward into
-   fresh tensors; nothing accumulates across slots). Fixed intra-op threads and
+2. For each owned slot, separately, under torch's generators seeded from (seed, step, slot):
+   `loss = loss_fn(module(X_s), y_s)` (the SUM of the slot's per-sample losses, declared so),
+   then `torch.autograd.grad(loss, params)` (the slot's own backward into fresh tensors;
+   nothing accumulates across slots). Fixed intra-op threads and
    deterministic algorithms (set at construction, checked every step, named in the contract), so
    a slot's gradient has the same bits on whichever rank runs it.
 3. The slot's payload: its gradients (float32 widened exactly to binary64 by
@@ -14,7 +15,8 @@ Protocol of one `step(X, y, loss_fn)` (every rank calls it, with the same global
    buffers in `slot-mean` mode, the sample count (mass) and the loss sum.
 4. One combine over the slot tree (alpha_mpi.execution.Allreducer; no MPI collective), then
    `g = numerator / mass` once in binary64, then for float32 one `kernel.round_binary64` into each
-   parameter's `.grad` (the `RoundBinary64@gradient` site). Every rank holds the same `.grad`.
+   parameter's `.grad` (the `RoundBinary64@gradient` site; added to the `.grad` held with
+   `accumulate`; None for a parameter no slot used). Every rank holds the same `.grad`.
 5. The user's optimizer (`opt.step()`) runs on identical gradients and identical state on every
    rank, so the parameters stay identical.
 
@@ -38,28 +40,35 @@ anything (module_check.py), the contract it names and the parameter digest
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
 from .. import kernel
 from ..execution import Allreducer
+from ..learning.rng import slot_seed
 from ..model import Layout, ReplicateAll, build, star
 from ..planning import plan
 from ..refusals import Refusal
 from ._env import check_environment, fix_environment, require_torch
+from .checkpointing import CheckpointMethods
 from .contract_and_digest import BUFFER_SLOT_MEAN_V1, ROUND_ONCE_V1, parameter_digest, torch_contract
 from .convert import from64 as _from64
 from .convert import into64 as _into64
 from .convert import pack, unpack
+from .gradients import UNUSED_RULES, GradientWriter
 from .module_check import BUFFER_RULES, check_module
+from .same_module import check_same_module
+from .slot_rules import check_precision, loss_reduction, slot_rng
 
 if TYPE_CHECKING:
     import torch
     from mpi4py import MPI
 
+    from ..learning.preemption import Preemption
     from ..learning.slicing import Sliceable
 else:
     torch = require_torch()
@@ -73,6 +82,7 @@ __all__ = [
     "torch_contract",
     "parameter_digest",
     "BUFFER_RULES",
+    "UNUSED_RULES",
     "ROUND_ONCE_V1",
     "BUFFER_SLOT_MEAN_V1",
 ]
@@ -85,7 +95,7 @@ def _default_topology() -> str:
     return inspect.signature(DataParallelLearner.__init__).parameters["topology"].default
 
 
-class DataParallel:
+class DataParallel(CheckpointMethods):
     """Data-parallel training of `module` over `comm` with a declared slot tree.
 
     Arguments:
@@ -101,10 +111,21 @@ class DataParallel:
         buffers: "refuse" (default: a module with buffers is refused by name) or "slot-mean"
             (the rule in the module docstring).
         timeout: seconds a rank waits for a peer (default ALPHA_MPI_TIMEOUT).
+        seed: the random-number seed of the slots: slot s of step t runs under torch's
+            generators seeded from (seed, t, s), so dropout and every random op give the same
+            bits on any rank count (alpha_mpi.torch.slot_rules).
+        unused: `.grad` of a parameter no slot gave a gradient in a step: "none" (default: it
+            keeps None, as DDP leaves it) or "zeros" (alpha_mpi.torch.gradients).
+        preemption: an `alpha_mpi.Preemption`; its signal flag travels in every step's combine
+            and sets its `agreed` (and `stop_agreed`) on every rank after the same step.
+
+    Construction checks that every rank holds the same architecture (`torch-module-mismatch`,
+    alpha_mpi.torch.same_module), then copies rank 0's parameters to every rank.
 
     Attributes: `my_slots`, `steps` (combined steps), `contract`, `order_id`, `conversions`
     (the conversion sites: `WidenBinary32@contribution`, `RoundBinary64@gradient` for float32),
-    `params` (the trainable parameters in order), `n` (their element count).
+    `params` (the trainable parameters in order), `n` (their element count), `stop_agreed`,
+    `registered` (the objects whose state checkpoints carry: `register`, `scheduler=`).
     """
 
     def __init__(
@@ -118,6 +139,9 @@ class DataParallel:
         buffers: str = "refuse",
         timeout: float | None = None,
         realization: str = "auto",
+        seed: int = 0,
+        unused: str = "none",
+        preemption: Preemption | None = None,
     ) -> None:
         kernel.fpenv_check()
         parts = check_module(module, buffers)
@@ -129,12 +153,15 @@ class DataParallel:
                 f"{slots!r} slots on {self.size} ranks leaves ranks without a contribution; "
                 "use slots >= ranks",
             )
-        self.slots = slots
+        slot_seed(seed, 0, 0)  # refuses a seed that is not an int >= 0, before any communication
+        self.slots, self.seed, self.preemption = slots, int(seed), preemption
         self.topology = _default_topology() if topology is None else topology
         self.params, self.dtype = parts.params, parts.dtype
         self.buffer_rule = buffers
         self.float_buffers, self.other_buffers = parts.float_buffers, parts.other_buffers
         self.env = fix_environment(threads)
+        # Every rank must hold the same architecture before any payload is sized by it.
+        self._same = check_same_module(module, comm, timeout)
         # Offsets of each parameter and each floating buffer in the flat binary64 payload.
         self.offsets, off = [], 0
         for p in self.params:
@@ -146,9 +173,11 @@ class DataParallel:
             self.buffer_offsets.append((boff, boff + b.numel()))
             boff += b.numel()
         self.nb = boff - n
-        comps = [("numerator", n)] + ([("buffers", self.nb)] if self.nb else []) + [("mass", 1), ("loss", 1)]
+        k = len(self.params)
+        comps = [("numerator", n)] + ([("buffers", self.nb)] if self.nb else [])
+        comps += [("used", k), ("mass", 1), ("loss", 1), ("stop", 1)]
         self.layout = Layout(*comps)
-        self.mass_at, self.loss_at = boff, boff + 1
+        self.used_at, self.mass_at, self.loss_at, self.stop_at = boff, boff + k, boff + k + 1, boff + k + 2
         self.tree = build(self.topology, slots, self.size)
         self.plan = plan(self.tree, ReplicateAll(), self.layout, size=self.size)
         self.my_slots = self.plan.slots_of(self.rank)
@@ -166,15 +195,15 @@ class DataParallel:
         self.payloads = {s: np.zeros(self.layout.total) for s in self.my_slots}
         self.reduced = np.empty(self.layout.total)
         self._g = np.empty(n)
-        # .grad of every parameter: views of one flat buffer, written once per step.
-        self._grad_flat = torch.empty(n, dtype=self.dtype)
-        self._grad_views = [
-            self._grad_flat[a:b].view(p.shape) for p, (a, b) in zip(self.params, self.offsets)
-        ]
+        self.grads = GradientWriter(self.params, self.offsets, self.dtype, unused)
         self._zeros = [torch.zeros(p.numel(), dtype=self.dtype) for p in self.params]  # unused parameters
         self._b = np.empty(self.nb)
         self.steps = 0
         self.last_loss = float("nan")
+        self.stop_agreed = False
+        self._no_sync = 0  # depth of no_sync() contexts; > 0: steps accumulate
+        self._after_no_sync = False  # the step right after a no_sync() block accumulates too (DDP)
+        self.registered: dict[str, object] = {}  # name -> object with state_dict/load_state_dict
         self._sync_from_rank0()
 
     # ------------------------------------------------------------------------------------------
@@ -206,36 +235,64 @@ class DataParallel:
         loss_fn: Callable[[torch.Tensor, _Y], torch.Tensor],
         *,
         sizes: Iterable[int] | None = None,
+        reduction: str | None = None,
+        accumulate: bool | None = None,
+        stop: bool = False,
     ) -> float:
         """Forward and backward for each owned slot of the global batch (X, y), one ordered
         combine, `.grad = Σ g / Σ n` on every parameter of every rank. Returns the global
         batch's mean loss Σ loss / Σ n (the same float on every rank).
 
         X, y: the same global batch on every rank (tensors or arrays sliceable on axis 0).
-        loss_fn(output, target): a scalar tensor, the SUM of the slot's per-sample losses
-        (e.g. torch.nn.CrossEntropyLoss(reduction="sum")). `sizes`: slot sizes (default: the
-        even cut of alpha_mpi.learning.slot_ranges).
+        loss_fn(output, target): a scalar tensor, the SUM of the slot's per-sample losses,
+        declared so: a torch loss with reduction="sum", `alpha_mpi.torch.summed(fn)`, or any
+        callable with `reduction="sum"` here (`torch-loss-undeclared` otherwise). `sizes`: slot
+        sizes (default: the even cut of alpha_mpi.learning.slot_ranges). Each slot runs under
+        torch's generators seeded from (seed, steps, slot) (alpha_mpi.torch.slot_rules).
+        `accumulate`: add into `.grad` (see alpha_mpi.torch.gradients) instead of overwriting;
+        None: True inside `no_sync()` and for the step right after it, else False. `stop`: this
+        rank asks every rank to stop (also when the DataParallel's `preemption` was signalled);
+        afterwards `stop_agreed` is True on every rank when any rank asked.
         """
         from ..learning.slicing import slice_batch
 
-        return self.step_slots(slice_batch(X, y, self.slots, self.my_slots, sizes), loss_fn)
+        batch = slice_batch(X, y, self.slots, self.my_slots, sizes)
+        return self.step_slots(batch, loss_fn, reduction=reduction, accumulate=accumulate, stop=stop)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Steps inside (and the first step after) add into `.grad`, as DDP's no_sync pattern
+        expects; each step still combines over the slot tree (that is what keeps the bits)."""
+        self._no_sync += 1
+        try:
+            yield
+        finally:
+            self._no_sync -= 1
+            self._after_no_sync = self._no_sync == 0
 
     def step_slots(
-        self, batch: Mapping[int, tuple[Sliceable, _Y]], loss_fn: Callable[[torch.Tensor, _Y], torch.Tensor]
+        self,
+        batch: Mapping[int, tuple[Sliceable, _Y]],
+        loss_fn: Callable[[torch.Tensor, _Y], torch.Tensor],
+        *,
+        reduction: str | None = None,
+        accumulate: bool | None = None,
+        stop: bool = False,
     ) -> float:
         """`step` for a batch already cut: {slot: (X_s, y_s)} for exactly `my_slots`."""
-        reduction = getattr(loss_fn, "reduction", "sum")
-        if reduction != "sum":
-            raise Refusal(
-                "torch-loss-invalid",
-                f"{type(loss_fn).__name__} has reduction={reduction!r}; the slot loss must be a sum",
-            )
+        loss_reduction(loss_fn, reduction)
+        check_precision()
+        if accumulate is None:
+            accumulate = self._no_sync > 0 or self._after_no_sync
+        if self._no_sync == 0:
+            self._after_no_sync = False
         missing = [s for s in self.my_slots if s not in batch]
         if missing or len(batch) != len(self.my_slots):
             raise Refusal(
                 "contribution-missing", f"batch holds slots {sorted(batch)}, this rank owns {self.my_slots}"
             )
         check_environment(self.env)
+        asked = bool(stop) or bool(self.preemption is not None and self.preemption.requested)
         n = self.n
         start = (
             [b.detach().clone() for _, b in self.float_buffers + self.other_buffers]
@@ -243,31 +300,12 @@ class DataParallel:
             else None
         )
         try:
-            for s in self.my_slots:
-                Xs, ys = batch[s]
-                buf = self.payloads[s]
-                self._restore_buffers(start)
-                loss = loss_fn(self.module(Xs), ys)
-                if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
-                    raise Refusal(
-                        "torch-loss-invalid",
-                        f"loss_fn returned {type(loss).__name__} "
-                        f"{tuple(getattr(loss, 'shape', ()))}; it must return a scalar tensor with a graph",
-                    )
-                # The slot's gradient: the backward of its own loss alone (fresh tensors, nothing
-                # accumulated), flattened in parameter order and widened in one call.
-                grads = torch.autograd.grad(loss, self.params, allow_unused=True)
-                flat = torch.cat([g.reshape(-1) if g is not None else z for g, z in zip(grads, self._zeros)])
-                _into64(buf[:n], flat)
-                for (_, t), (a, b) in zip(self.float_buffers, self.buffer_offsets):
-                    _into64(buf[a:b], t)
-                buf[self.mass_at] = float(len(ys))
-                buf[self.loss_at] = float(loss.detach())  # float32 -> Python float: exact
+            for i, s in enumerate(self.my_slots):
+                self._slot(s, batch[s], loss_fn, start)
+                self.payloads[s][self.stop_at] = 1.0 if (asked and i == 0) else 0.0
             red = self.reducer.run(self.payloads, out=self.reduced)
             np.divide(red[:n], red[self.mass_at], out=self._g)  # normalised once, after the combine
-            _from64(self._grad_flat, self._g)  # RoundBinary64@gradient for float32, one call
-            for p, view in zip(self.params, self._grad_views):
-                p.grad = view
+            self.grads.write(self._g, red[self.used_at : self.mass_at] > 0, accumulate)
             if self.nb:
                 np.divide(red[n : n + self.nb], float(self.slots), out=self._b)
                 with torch.no_grad():
@@ -281,7 +319,35 @@ class DataParallel:
             raise
         self.steps += 1
         self.last_loss = loss_mean
+        self.stop_agreed = bool(red[self.stop_at] > 0)
+        if self.stop_agreed and self.preemption is not None:
+            self.preemption.agreed = True
         return loss_mean
+
+    def _slot(self, s: int, data, loss_fn, start) -> None:
+        """Slot s's payload: its forward and backward alone, under its own generator state."""
+        Xs, ys = data
+        buf = self.payloads[s]
+        self._restore_buffers(start)
+        with slot_rng(self.seed, self.steps, s):
+            loss = loss_fn(self.module(Xs), ys)
+            if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
+                raise Refusal(
+                    "torch-loss-invalid",
+                    f"loss_fn returned {type(loss).__name__} "
+                    f"{tuple(getattr(loss, 'shape', ()))}; it must return a scalar tensor with a graph",
+                )
+            check_precision(loss)
+            # The slot's gradient: the backward of its own loss alone (fresh tensors, nothing
+            # accumulated), flattened in parameter order and widened in one call.
+            grads = torch.autograd.grad(loss, self.params, allow_unused=True)
+        flat = torch.cat([g.reshape(-1) if g is not None else z for g, z in zip(grads, self._zeros)])
+        _into64(buf[: self.n], flat)
+        for (_, t), (a, b) in zip(self.float_buffers, self.buffer_offsets):
+            _into64(buf[a:b], t)
+        buf[self.used_at : self.mass_at] = [0.0 if g is None else 1.0 for g in grads]
+        buf[self.mass_at] = float(len(ys))
+        buf[self.loss_at] = float(loss.detach())  # float32 -> Python float: exact
 
     def _restore_buffers(self, start) -> None:
         """Every buffer back to its step-start value (`start`: their clones; None: nothing kept)."""
@@ -294,51 +360,6 @@ class DataParallel:
     def digest(self) -> str:
         """parameter_digest(module): sha256 of the parameters as binary64."""
         return parameter_digest(self.module)
-
-    # -- checkpoints ---------------------------------------------------------------------------
-    def save(
-        self,
-        directory: str,
-        optimizer: torch.optim.Optimizer | None = None,
-        *,
-        config: Mapping[str, object] | None = None,
-    ) -> str:
-        """Publish the parameters, buffers and `optimizer`'s state at step `steps` under
-        `directory` (collective); the CLI's checkpoint format, restorable on any rank count."""
-        from ..learning.checkpoints import save
-
-        return save(self._view(optimizer), directory, config=config)
-
-    def restore(
-        self,
-        directory: str,
-        optimizer: torch.optim.Optimizer | None = None,
-        *,
-        config: Mapping[str, object] | None = None,
-        adopt_contract: bool = False,
-        missing_ok: bool = False,
-    ) -> str | None:
-        """Load a checkpoint saved on any rank count into the module and `optimizer` (built
-        over the module's parameters with the saved hyperparameters); sets `steps`. Returns
-        the step directory, or None with `missing_ok` when there is none. Collective."""
-        from ..learning.checkpoints import restore
-
-        return restore(
-            self._view(optimizer),
-            directory,
-            config=config,
-            adopt_contract=adopt_contract,
-            missing_ok=missing_ok,
-        )
-
-    def _view(self, optimizer):
-        from .checkpointing import TorchCheckpointView
-
-        views = self.__dict__.setdefault("_views", {})
-        v = views.get(id(optimizer))
-        if v is None:
-            v = views[id(optimizer)] = TorchCheckpointView(self, optimizer)
-        return v
 
     def free(self) -> None:
         """Free the combine's communicator and requests (collective)."""

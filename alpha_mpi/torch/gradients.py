@@ -1,0 +1,66 @@
+"""How a step's combined gradient reaches `.grad`: overwrite or accumulate, and unused parameters.
+
+Apart from data_parallel.py because it is the one place `.grad` is written, with its rules:
+
+- A step writes `.grad = RoundBinary64(g)` (float32; a copy for float64), g = Σ gradients / Σ
+  samples of the step's global batch in binary64, into views of one flat tensor.
+- `accumulate=True` (or a step inside / right after `DataParallel.no_sync()`) adds instead:
+  `.grad = RoundBinary64(WidenBinary32(.grad) + g)`, one binary64 addition and one rounding per
+  call and coordinate, in call order. Every rank holds the same `.grad` before and the same g,
+  so the sum is the same on every rank and every rank count.
+- A parameter no slot of the step gave a gradient (unused in the forward on every slot: the
+  slots' `used` words, combined like the gradients, are all 0) keeps `.grad = None`, as DDP with
+  `find_unused_parameters` leaves it (AdamW then skips it: no decay); with accumulation it keeps
+  the `.grad` it had. `unused="zeros"` gives it zeros instead (the earlier behaviour).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..refusals import Refusal
+from ._env import require_torch
+from .convert import from64, into64
+
+torch = require_torch()
+
+__all__ = ["GradientWriter", "UNUSED_RULES"]
+
+UNUSED_RULES = ("none", "zeros")
+"""The values of DataParallel's `unused=`: `.grad` of a parameter without a gradient in a step."""
+
+
+class GradientWriter:
+    """Writes a step's binary64 gradient into `.grad` of `params` (laid out at `offsets`)."""
+
+    def __init__(self, params: list, offsets: list, dtype, unused: str = "none") -> None:
+        if unused not in UNUSED_RULES:
+            raise Refusal("usage", f"unused must be one of {', '.join(UNUSED_RULES)}, got {unused!r}")
+        self.params, self.offsets, self.unused = params, offsets, unused
+        n = offsets[-1][1] if offsets else 0
+        self.flat = torch.empty(n, dtype=dtype)
+        self.views = [self.flat[a:b].view(p.shape) for p, (a, b) in zip(params, offsets)]
+        self._prev = np.empty(n)
+
+    def write(self, g64: np.ndarray, used: np.ndarray, accumulate: bool) -> None:
+        """`.grad` from g64 (modified in place when accumulating) and the per-parameter `used` flags."""
+        held = [accumulate and p.grad is not None for p in self.params]
+        for p, (a, b), h in zip(self.params, self.offsets, held):
+            if not h:
+                continue
+            if p.grad.shape != p.shape or p.grad.dtype != p.dtype or p.grad.device.type != "cpu":
+                raise Refusal(
+                    "usage",
+                    f"accumulate=True adds into .grad, which holds {p.grad.dtype} {tuple(p.grad.shape)}; "
+                    f"the parameter is {p.dtype} {tuple(p.shape)} (clear it with optimizer.zero_grad())",
+                )
+            into64(self._prev[a:b], p.grad)  # read every held .grad before the flat tensor is rewritten
+        for (a, b), h in zip(self.offsets, held):
+            if h:
+                g64[a:b] += self._prev[a:b]
+        from64(self.flat, g64)  # RoundBinary64@gradient for float32, one call
+        for p, view, u, h in zip(self.params, self.views, used, held):
+            if u or h or self.unused == "zeros":
+                p.grad = view  # an unused parameter's held .grad comes back exactly (0 + prev)
+            else:
+                p.grad = None

@@ -1,4 +1,4 @@
-"""Resume semantics a user can predict (README "Checkpoints"), in-process and from the command:
+"""Resume semantics a user can predict (docs/checkpoints.md), in-process and from the command:
 
 - no step in the directory: step 0, said loudly;
 - `latest` missing, steps present: the newest step that verifies, said; newer broken steps or

@@ -5,6 +5,7 @@ gathered (`agree`) and fails on all, and every MPI test builds combiners with a 
 """
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import time
 
 import numpy as np
 import pytest
+from kinds import kind
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -48,6 +50,25 @@ def run_example(n, args, limit=300, cwd=EXAMPLES):
     return r.stdout
 
 
+def printed_digests(text, label="state digest"):
+    """Every digest a run printed under `label`, in order: lines `LABEL: <64 hex>` (the train
+    command's `state digest:`, the examples' `digest:` and `ddp digest:`), also
+    `# LABEL after N steps: <hex>` (bench torch's `# digest alpha_mpi after 20 steps:`).
+    The one parser of the tests."""
+    pattern = rf"^\s*#? ?{re.escape(label)}(?: after \d+ steps)?:\s+([0-9a-f]{{64}})\s*$"
+    return re.findall(pattern, text, re.M)
+
+
+def printed_digest(text, label="state digest", required=True):
+    """The one digest a run printed under `label`. Fails the test (with the output's tail) unless
+    there is exactly one; with `required=False` returns None when there is none."""
+    found = printed_digests(text, label)
+    if not found and not required:
+        return None
+    assert len(found) == 1, f"expected one {label!r} line, found {len(found)}:\n{text[-1500:]}"
+    return found[0]
+
+
 def order_sensitive(rng, n):
     """Values spread over ~120 binades with mixed signs: a different add order changes bits."""
     mant = 1.0 + rng.random(n)
@@ -73,6 +94,16 @@ def agree(comm, ok, what=""):
     bad = [(r, w) for r, (o, w) in enumerate(oks) if not o]
     if bad:
         pytest.fail(f"failed on ranks {bad}")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every test with its kind (`pure`, `launcher`; `mpi` is written on the test), decided
+    in tests/kinds.py: `-m pure` runs the single-process tests that start nothing."""
+    for item in items:
+        name = getattr(item, "originalname", None) or item.name
+        found = kind(str(item.path), name, item.get_closest_marker("mpi") is not None)
+        if found != "mpi":
+            item.add_marker(found)
 
 
 @pytest.fixture(scope="session", autouse=True)

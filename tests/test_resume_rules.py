@@ -11,7 +11,6 @@
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -24,6 +23,8 @@ from alpha_mpi.checkpoint import Checkpointer, open_checkpoint
 from alpha_mpi.checkpoint.paths import LATEST, step_name
 from alpha_mpi.learning import MLP
 from alpha_mpi.refusals import Refusal
+
+from conftest import printed_digest
 
 
 def saved_steps(root, steps=(2, 4), cfg=CFG, data=None):
@@ -206,8 +207,7 @@ def cli(*args, n=None, limit=120):
 
         cmd = [mpiexec(), "-n", str(n)] + cmd
     r = subprocess.run(["timeout", "-k", "5", str(limit)] + cmd, capture_output=True, text=True)
-    m = re.search(r"^state digest: ([0-9a-f]{64})$", r.stdout, re.M)
-    return r, (m.group(1) if m else None)
+    return r, printed_digest(r.stdout, required=False)
 
 
 def test_command_final_state_saved_loud_start_and_nothing_to_train(tmp_path):

@@ -30,13 +30,28 @@ EXAMPLES = os.path.join(ROOT, "examples")
 needs_mpiexec = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec on PATH or beside the interpreter")
 
 
+def launch(*argv, n=None, limit=120, env=None, cwd=None):
+    """The one way the tests start a process: `python ARGV...` in a fresh interpreter (`n` None)
+    or on `n` ranks under the launcher, always under a hard `timeout -k 5 LIMIT`, so that a hang
+    fails the test instead of the suite. `env`: the whole environment (default: this one's).
+    Returns the CompletedProcess, with text output."""
+    cmd = [sys.executable, *map(str, argv)]
+    if n is not None:
+        cmd = [mpiexec(), "-n", str(n), *cmd]
+    return subprocess.run(
+        ["timeout", "-k", "5", str(limit), *cmd], capture_output=True, text=True, env=env, cwd=cwd
+    )
+
+
+def alpha_command(*args, n=None, limit=120, env=None, cwd=None):
+    """`python -m alpha_mpi ARGS` (the `alpha-mpi` command), through `launch`."""
+    return launch("-m", "alpha_mpi", *args, n=n, limit=limit, env=env, cwd=cwd)
+
+
 def run_mpi(n, *argv, limit=120, env=None, cwd=None):
-    """Run `python ARGV...` on `n` ranks under a hard `timeout -k 5 LIMIT`, so that a hang fails
-    the test instead of the suite. `env`: the whole environment (default: this one's).
-    Returns (CompletedProcess with text output, seconds it took)."""
-    cmd = ["timeout", "-k", "5", str(limit), mpiexec(), "-n", str(n), sys.executable, *map(str, argv)]
+    """`launch` on `n` ranks, timed: (CompletedProcess with text output, seconds it took)."""
     t0 = time.monotonic()
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
+    r = launch(*argv, n=n, limit=limit, env=env, cwd=cwd)
     return r, time.monotonic() - t0
 
 

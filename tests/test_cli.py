@@ -16,7 +16,7 @@ from alpha_mpi import cli
 from alpha_mpi.refusals import ADVICE, CLI_ADVICE, Refusal, cli_advice
 from alpha_mpi.tools import _args
 
-from conftest import printed_digest
+from conftest import alpha_command, printed_digest
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--hidden", "8", "--slots", "4", "--batch", "32"]
@@ -24,12 +24,7 @@ TINY = ["--hidden", "8", "--slots", "4", "--batch", "32"]
 
 def alpha(*args, env=None, limit=120):
     """`python -m alpha_mpi ARGS` in a fresh process (one rank, no mpiexec needed)."""
-    return subprocess.run(
-        ["timeout", "-k", "5", str(limit), sys.executable, "-m", "alpha_mpi", *args],
-        capture_output=True,
-        text=True,
-        env=None if env is None else {**os.environ, **env},
-    )
+    return alpha_command(*args, limit=limit, env=None if env is None else {**os.environ, **env})
 
 
 def main(capsys, *args):
@@ -81,24 +76,7 @@ def test_any_rank_count_up_to_the_slots_gives_the_same_digest_as_one():
         pytest.skip("no mpiexec")
     args = ["--hidden", "8", "--slots", "5", "--batch", "40", "--steps", "3", "--log-every", "0"]
     one = alpha("train", *args)
-    three = subprocess.run(
-        [
-            "timeout",
-            "-k",
-            "5",
-            "200",
-            mpiexec(),
-            "-n",
-            "3",
-            sys.executable,
-            "-m",
-            "alpha_mpi",
-            "train",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-    )
+    three = alpha_command("train", *args, n=3, limit=200)
     assert one.returncode == three.returncode == 0, three.stderr
     assert printed_digest(one.stdout) == printed_digest(three.stdout)
 

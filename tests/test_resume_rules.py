@@ -12,8 +12,6 @@
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -24,7 +22,7 @@ from alpha_mpi.checkpoint.paths import LATEST, step_name
 from alpha_mpi.learning import MLP
 from alpha_mpi.refusals import Refusal
 
-from conftest import printed_digest
+from conftest import alpha_command, printed_digest
 
 
 def saved_steps(root, steps=(2, 4), cfg=CFG, data=None):
@@ -201,12 +199,7 @@ def test_model_and_data_inputs_are_refused_by_name(tmp_path):
 
 # ------------------------------------------------------------------------------ the command
 def cli(*args, n=None, limit=120):
-    cmd = [sys.executable, "-m", "alpha_mpi", "train", "--hidden", "8", "--log-every", "1000", *args]
-    if n:
-        from conftest import mpiexec
-
-        cmd = [mpiexec(), "-n", str(n)] + cmd
-    r = subprocess.run(["timeout", "-k", "5", str(limit)] + cmd, capture_output=True, text=True)
+    r = alpha_command("train", "--hidden", "8", "--log-every", "1000", *args, n=n or None, limit=limit)
     return r, printed_digest(r.stdout, required=False)
 
 
@@ -282,9 +275,7 @@ def test_command_resume_rules_end_with_the_uninterrupted_digest(tmp_path):
     ],
 )
 def test_bad_flags_are_usage_errors(args, needle, tmp_path):
-    r = subprocess.run(
-        [sys.executable, "-m", "alpha_mpi", "train", *args], capture_output=True, text=True, cwd=str(tmp_path)
-    )
+    r = alpha_command("train", *args, cwd=str(tmp_path))
     assert r.returncode == 2 and needle in r.stderr, r.stderr
     assert os.listdir(tmp_path) == []  # nothing written
 

@@ -7,7 +7,7 @@ Layers, each depending only on those above it:
     2 planning   alpha_mpi.planning
     3 kernel     alpha_mpi.kernel, kernel_buffers, kernel_updates, kernel_env, _kernel_lib,
                  _kernel_build, _alpha_kernel, numerics
-    4 execution  alpha_mpi.execution, arrays, numerics.execute (ContractCombiner)
+    4 execution  alpha_mpi.execution, arrays
     5 learning   alpha_mpi.learning, checkpoint, torch
     6 tools      alpha_mpi.tools (the commands and tools.bench), cli, __main__
 
@@ -49,7 +49,6 @@ LAYERS = {
     "alpha_mpi._kernel_build": 3,
     "alpha_mpi._alpha_kernel": 3,
     "alpha_mpi.numerics": 3,
-    "alpha_mpi.numerics.execute": 4,
     "alpha_mpi.execution": 4,
     "alpha_mpi.arrays": 4,  # decomposition-independent array reductions over a communicator
     "alpha_mpi.learning": 5,

@@ -16,6 +16,7 @@ from .allreduce import (  # noqa: F401
     reduce_scatter,
 )
 from .assembly import Assembler, assemble  # noqa: F401
+from .contract_combiner import ContractCombiner  # noqa: F401
 from .engine import Engine  # noqa: F401
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "Chunk",
     "Engine",
     "Assembler",
+    "ContractCombiner",
     "allreduce",
     "combine",
     "reduce_scatter",

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 import pytest
-from kinds import kind
+from kinds import kind, slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -119,6 +119,8 @@ def pytest_collection_modifyitems(config, items):
         found = kind(str(item.path), name, item.get_closest_marker("mpi") is not None)
         if found != "mpi":
             item.add_marker(found)
+        if slow(str(item.path), name):
+            item.add_marker("slow")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -9,6 +9,11 @@ Three kinds, each a marker (`pytest -m pure`, `-m launcher`, `-m mpi`):
   or a Slurm job;
 - `pure`: every other single-process test (one process, no launch).
 
+And `slow`, beside the kind: the pure tests listed in SLOW, which take tens of seconds each
+(thousands of generated trees, plans over 1024 ranks). `tests/run-all.sh` runs the pure tests
+but the slow ones by default, and the slow ones with the launchers in its `long` stage
+(`STAGES=all`, what CI runs).
+
 A test is a launcher when its body, a fixture it takes or a module-level function either calls
 (followed transitively, in the test's own module) names one of LAUNCHING — read from the source
 with ast, so a new launching test is labelled without anyone remembering to. A test marked both
@@ -22,7 +27,28 @@ from functools import cache
 from pathlib import Path
 
 #: Names whose use means "starts a process": conftest's launch helpers, subprocess, Slurm.
-LAUNCHING = frozenset({"run_mpi", "run_example", "subprocess", "Popen", "mpiexec", "slurm"})
+LAUNCHING = frozenset(
+    {"launch", "alpha_command", "run_mpi", "run_example", "subprocess", "Popen", "mpiexec", "slurm"}
+)
+
+
+#: Pure tests that take tens of seconds each (measured with --durations on the 2-core development
+#: machine): file -> test functions (every parametrization of each).
+SLOW = {
+    "test_plan_properties.py": {
+        "test_malformed_trees_are_refused_by_name",
+        "test_random_valid_trees_plan_and_simulate_clean",
+    },
+    "test_realizations.py": {"test_1024_ranks_on_paper", "test_replicate_at_256_ranks_any_tree"},
+    "test_checkpoint_trust.py": {
+        "test_every_bit_flip_of_root_manifest_seal_and_latest_is_refused_by_verify_and_resume"
+    },
+}
+
+
+def slow(path: str, function: str) -> bool:
+    """Whether test `function` of `path` is listed in SLOW."""
+    return function in SLOW.get(Path(path).name, ())
 
 
 @cache

@@ -103,3 +103,14 @@ def _test_names(path):
 
     tree = ast.parse(Path(path).read_text())
     return [n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")]
+
+
+def test_every_slow_entry_names_a_test_that_exists():
+    """A renamed slow test would silently join the quick stage: the list must name real tests."""
+    from kinds import SLOW
+
+    for filename, names in SLOW.items():
+        assert set(names) <= set(_test_names(HERE / filename)), (
+            filename,
+            set(names) - set(_test_names(HERE / filename)),
+        )

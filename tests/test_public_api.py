@@ -34,7 +34,7 @@ DOCUMENTED = [
     "alpha_mpi.refusals",
     "alpha_mpi.oracle",
     "alpha_mpi.kernel",
-    "alpha_mpi.kernel_env",
+    "alpha_mpi.kernel.env",
     "alpha_mpi.planning",
     "alpha_mpi.execution",
     "alpha_mpi.learning",
@@ -168,7 +168,7 @@ def test_contracts_and_the_model_import_without_numpy_or_the_kernel():
     code = (
         "import sys, alpha_mpi.model, alpha_mpi.numerics;"
         "from alpha_mpi.numerics import NumericalContract, numerical_compatibility;"
-        "heavy = ('numpy', 'alpha_mpi.kernel', 'alpha_mpi._alpha_kernel', 'mpi4py');"
+        "heavy = ('numpy', 'alpha_mpi.kernel', 'alpha_mpi.kernel._alpha_kernel', 'mpi4py');"
         "bad = [m for m in heavy if m in sys.modules];"
         "print(','.join(bad))"
     )

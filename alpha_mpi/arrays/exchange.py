@@ -37,7 +37,9 @@ from . import tree as T
 __all__ = ["Channel", "Exchange"]
 
 if lib.AP_CAPACITY != T.CAPACITY or lib.AP_MAX_K != T.MAX_BATCH:  # pragma: no cover - a stale build
-    raise ImportError("alpha_mpi._alpha_kernel is older than alpha_mpi/arrays (rebuild: pip install -e .)")
+    raise ImportError(
+        "alpha_mpi.kernel._alpha_kernel is older than alpha_mpi/arrays (rebuild: pip install -e .)"
+    )
 
 # The channel is alpha_mpi.arrays' own duplicate of the user's communicator, so no other frame
 # (user, combiner, assembly) can ever match this tag; frames of one call are told apart by source

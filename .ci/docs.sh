@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Docs stage: builds the API reference (mkdocs.yml, docs/) with `mkdocs build --strict`, so a
-# warning (a broken reference, a docstring griffe cannot read) fails the build. Installs the
-# `docs` extra's packages (pyproject.toml) in its own venv; the package itself is read from the
-# sources (mkdocstrings/griffe, no import), so neither the kernel nor MPI is needed.
+# Docs stage: checks that the errors page is what tools/errors_page.py writes from the refusal
+# registry, then builds the manual and its API reference (mkdocs.yml, docs/) with
+# `mkdocs build --strict`, so a warning (a broken link or anchor, a docstring griffe cannot
+# read) fails the build. Installs the `docs` extra's packages (pyproject.toml) in its own venv;
+# the package itself is read from the sources (mkdocstrings/griffe, no import; the errors page
+# generator reads them with ast), so neither the kernel nor MPI is needed.
 #
 #   .ci/docs.sh                        # builds into site/
 #   DOCS_VENV=/tmp/docs .ci/docs.sh    # reuse a venv between runs
@@ -26,6 +28,8 @@ PY
   python3 -m venv "$VENV" && "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${REQS[@]}" \
     || { echo "!! could not install the docs packages: ${REQS[*]}"; exit 1; }
 fi
+echo "== errors page (tools/errors_page.py --check: every refusal code of the registry, current)"
+python3 tools/errors_page.py --check || { echo "== docs FAILED"; exit 1; }
 echo "== mkdocs build --strict"
 if NO_MKDOCS_2_WARNING=1 "$VENV/bin/mkdocs" build --strict --site-dir "${DOCS_SITE:-site}"; then
   echo "== docs passed"

@@ -12,16 +12,20 @@ import importlib
 __all__ = ["lazy_attributes"]
 
 
-def lazy_attributes(package: str, table: dict, namespace: dict):
+def lazy_attributes(package: str, table: dict, namespace: dict, moved: dict | None = None):
     """`(__getattr__, __dir__)` for the module `package` whose globals are `namespace`.
 
     `table` maps a name to the module (relative to `package`) that defines it; `__getattr__`
     imports that module on first use and returns the name from it, and refuses any other name
     with AttributeError; `__dir__` lists the module's globals and the lazy names together.
+    `moved` maps a name the package no longer has to where it went: the AttributeError says so.
     """
+    moved = moved or {}
 
     def __getattr__(name):
         target = table.get(name)
+        if target is None and name in moved:
+            raise AttributeError(f"{package}.{name} moved to {moved[name]}: import it from there")
         if target is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         return getattr(importlib.import_module(target, package), name)

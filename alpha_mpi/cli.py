@@ -1,7 +1,7 @@
 """The `alpha-mpi` command: a registry of subcommands, each in its own module under tools/.
 
 Every subcommand module has `run(argv) -> int`. The exit status means the same for every command
-(the table is in alpha_mpi/tools/_args.py and the README's "Exit codes"): 0 done, 1 a bug,
+(the table is in alpha_mpi/tools/_args.py and docs/exit-codes.md): 0 done, 1 a bug,
 2 a usage error, 3 a refusal by a stable code, 70 a job aborted after a failed combine, 99 train
 preempted, 130 interrupted, 141 output closed. A refusal prints its code, message and the advice
 worded for the command line (alpha_mpi.refusals.cli_advice). Under MPI (more than one rank) a

@@ -11,7 +11,7 @@ harness (`tests/`): the product never imports it; tests and the conformance jobs
   environment can be exercised in-process.
 
 Hooks into the product are explicit and few: `fpenv` calls the kernel's verification hook
-`alpha_mpi.kernel_env._set_ftz_daz` (documented there; no product code calls it); `mutants` builds
+`alpha_mpi.kernel.env._set_ftz_daz` (documented there; no product code calls it); `mutants` builds
 `alpha_mpi.planning.Plan` objects directly and runs them through the public
 `alpha_mpi.execution.Combiner`. The independent oracle (`alpha_mpi.oracle`) imports nothing
 from the planner or the kernel.

@@ -3,7 +3,7 @@ refusal in-process (x86-64 MXCSR, AArch64 FPCR.FZ).
 
 The product never sets these bits; it only checks them (`alpha_mpi.kernel.fpenv_check`). This
 module reaches the one C entry point that sets them through the kernel's verification hook
-`alpha_mpi.kernel_env._set_ftz_daz`.
+`alpha_mpi.kernel.env._set_ftz_daz`.
 
     with ftz_daz(ftz=True, daz=False):
         ...  # fpenv_check() refuses in here
@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import contextlib
 
-from alpha_mpi import kernel, kernel_env
+from alpha_mpi import kernel
+from alpha_mpi.kernel import env as kernel_env
 
 __all__ = ["set_ftz_daz", "ftz_daz", "supported"]
 

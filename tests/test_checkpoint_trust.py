@@ -31,7 +31,7 @@ from alpha_mpi.learning import MLP, DataParallelLearner
 from alpha_mpi.learning.data import SlotStream, synthetic
 from alpha_mpi.refusals import Refusal
 
-from conftest import bits
+from conftest import alpha_command, bits
 
 CFG = {**BASE_CFG, "steps": 3}
 
@@ -368,35 +368,14 @@ def test_latest_symlink_to_a_secret_is_never_read_or_echoed(saved, tmp_path):
         ["checkpoint", "inspect", root],
         ["checkpoint", "verify", root, "--all"],
     ):
-        r = subprocess.run([sys.executable, "-m", "alpha_mpi", *args], capture_output=True, text=True)
+        r = alpha_command(*args)
         assert "TOP-SECRET" not in r.stdout + r.stderr, args
-    r = subprocess.run(
-        [sys.executable, "-m", "alpha_mpi", "checkpoint", "verify", root], capture_output=True, text=True
-    )
+    r = alpha_command("checkpoint", "verify", root)
     assert r.returncode == 3 and "[checkpoint-latest-invalid]" in r.stderr, r.stderr
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "alpha_mpi",
-            "train",
-            "--hidden",
-            "5",
-            "--steps",
-            "1",
-            "--slots",
-            "4",
-            "--batch",
-            "29",
-            "--seed",
-            "3",
-            "--checkpoint-dir",
-            root,
-            "--resume",
-        ],
-        capture_output=True,
-        text=True,
-    )
+    r = alpha_command(
+        "train", "--hidden", "5", "--steps", "1", "--slots", "4", "--batch", "29", "--seed", "3",
+        "--checkpoint-dir", root, "--resume",
+    )  # fmt: skip
     assert (
         r.returncode == 3
         and "[checkpoint-latest-invalid]" in r.stderr
@@ -457,7 +436,7 @@ def test_shard_files_are_byte_identical_across_runs_and_readable_by_safetensors(
 
 # -------------------------------------------------------------------------- the lock
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "alpha_mpi", *args], capture_output=True, text=True)
+    return alpha_command(*args)
 
 
 TINY = ["train", "--hidden", "5", "--slots", "4", "--batch", "29", "--seed", "3", "--log-every", "1000"]

@@ -16,18 +16,15 @@ from alpha_mpi import cli
 from alpha_mpi.refusals import ADVICE, CLI_ADVICE, Refusal, cli_advice
 from alpha_mpi.tools import _args
 
+from conftest import alpha_command, printed_digest
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--hidden", "8", "--slots", "4", "--batch", "32"]
 
 
 def alpha(*args, env=None, limit=120):
     """`python -m alpha_mpi ARGS` in a fresh process (one rank, no mpiexec needed)."""
-    return subprocess.run(
-        ["timeout", "-k", "5", str(limit), sys.executable, "-m", "alpha_mpi", *args],
-        capture_output=True,
-        text=True,
-        env=None if env is None else {**os.environ, **env},
-    )
+    return alpha_command(*args, limit=limit, env=None if env is None else {**os.environ, **env})
 
 
 def main(capsys, *args):
@@ -79,27 +76,9 @@ def test_any_rank_count_up_to_the_slots_gives_the_same_digest_as_one():
         pytest.skip("no mpiexec")
     args = ["--hidden", "8", "--slots", "5", "--batch", "40", "--steps", "3", "--log-every", "0"]
     one = alpha("train", *args)
-    three = subprocess.run(
-        [
-            "timeout",
-            "-k",
-            "5",
-            "200",
-            mpiexec(),
-            "-n",
-            "3",
-            sys.executable,
-            "-m",
-            "alpha_mpi",
-            "train",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-    )
-    digest = re.compile(r"^state digest: ([0-9a-f]{64})$", re.M)
+    three = alpha_command("train", *args, n=3, limit=200)
     assert one.returncode == three.returncode == 0, three.stderr
-    assert digest.search(one.stdout).group(1) == digest.search(three.stdout).group(1)
+    assert printed_digest(one.stdout) == printed_digest(three.stdout)
 
 
 # ------------------------------------------------------------------------------ exit codes
@@ -110,8 +89,8 @@ def test_exit_codes_are_the_ones_the_library_uses():
     assert _args.EXIT_ABORTED == ABORT_STATUS and _args.EXIT_PREEMPTED == PREEMPTED
     codes = [c for c, _ in _args.EXIT_CODES]
     assert codes == sorted(set(codes)) and {0, 1, 2, 3, 70, 99, 130, 141} == set(codes)
-    readme = (ROOT / "README.md").read_text()
-    table = readme.split("### Exit codes of `alpha-mpi`", 1)[1].split("\n#", 1)[0]
+    page = (ROOT / "docs" / "exit-codes.md").read_text()
+    table = page.split("# Exit codes", 1)[1].split("\n#", 1)[0]
     assert [int(m) for m in re.findall(r"^\| (\d+) \|", table, re.M)] == codes
 
 

@@ -1,14 +1,12 @@
 """`alpha-mpi plan` from the installed package: output checked, refusals exit 3 with a code."""
 
 import json
-import subprocess
-import sys
+
+from conftest import alpha_command
 
 
 def run(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "alpha_mpi", *args], capture_output=True, text=True, timeout=60
-    )
+    return alpha_command(*args, limit=60)
 
 
 def test_plan_text_output():

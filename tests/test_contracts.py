@@ -462,7 +462,7 @@ def suite_plan(size, n=64):
 
 @pytest.mark.mpi(min_size=2)
 def test_bounded_difference_combine_runs_with_evidence_and_lands_within_tolerance(world, evidence):
-    from alpha_mpi.numerics import ContractCombiner
+    from alpha_mpi.execution import ContractCombiner
 
     size, rank = world.Get_size(), world.Get_rank()
     p, slots = suite_plan(size)
@@ -490,7 +490,7 @@ def test_bounded_difference_combine_runs_with_evidence_and_lands_within_toleranc
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("case", ["no-evidence", "outside-tolerance", "other-build"])
 def test_bounded_difference_combine_refuses_before_any_communication(world, evidence, case):
-    from alpha_mpi.numerics import ContractCombiner
+    from alpha_mpi.execution import ContractCombiner
 
     p, _ = suite_plan(world.Get_size())
     c, want = {
@@ -508,7 +508,7 @@ def test_bounded_difference_combine_refuses_before_any_communication(world, evid
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("poison", [np.nan, 1e39])  # 1e39 is finite but beyond binary32
 def test_finite_or_refuse_through_a_conversion_site_refuses_on_every_receiver(world, evidence, poison):
-    from alpha_mpi.numerics import ContractCombiner
+    from alpha_mpi.execution import ContractCombiner
 
     size, rank = world.Get_size(), world.Get_rank()
     p, slots = suite_plan(size)

@@ -677,7 +677,7 @@ def test_fpenv_refuses_ftz_daz(ftz, daz, word):
     ],
 )
 def test_build_refuses_fast_math(extra):
-    from alpha_mpi import _kernel_build as kb
+    from alpha_mpi.kernel import build as kb
 
     with pytest.raises(KernelRefusal) as e:
         kb.cflags({"ALPHA_MPI_CFLAGS": extra})
@@ -685,7 +685,7 @@ def test_build_refuses_fast_math(extra):
 
 
 def test_build_allows_value_safe_flags():
-    from alpha_mpi import _kernel_build as kb
+    from alpha_mpi.kernel import build as kb
 
     flags = kb.cflags({"ALPHA_MPI_CFLAGS": "-march=native -g -fno-associative-math"})
     assert flags[: len(kb.BASE_CFLAGS)] == kb.BASE_CFLAGS and "-march=native" in flags
@@ -695,7 +695,7 @@ def test_build_allows_value_safe_flags():
 def test_build_script_stops_with_code():
     env = dict(os.environ, ALPHA_MPI_CFLAGS="-ffast-math")
     r = subprocess.run(
-        [sys.executable, str(ROOT / "alpha_mpi" / "_kernel_build.py")],
+        [sys.executable, str(ROOT / "alpha_mpi" / "kernel" / "build.py")],
         env=env,
         capture_output=True,
         text=True,
@@ -706,7 +706,7 @@ def test_build_script_stops_with_code():
 
 
 def test_build_info_identity():
-    from alpha_mpi import _kernel_build as kb
+    from alpha_mpi.kernel import build as kb
 
     info = K.build_info()
     assert "-ffp-contract=off" in info["flags"] and "-ffast-math" not in info["flags"]
@@ -718,7 +718,7 @@ def test_build_info_identity():
 
 
 def test_build_refuses_fast_math_in_cflags_too():
-    from alpha_mpi import _kernel_build as kb
+    from alpha_mpi.kernel import build as kb
 
     with pytest.raises(KernelRefusal) as e:
         kb.cflags({"CFLAGS": "-O2 -ffast-math"})

@@ -5,9 +5,9 @@ Layers, each depending only on those above it:
     1 model      alpha_mpi.model, refusals, oracle (the independent oracle: no planner, no kernel),
                  _lazy (the facades' first-use loader, importing nothing of the package)
     2 planning   alpha_mpi.planning
-    3 kernel     alpha_mpi.kernel, kernel_buffers, kernel_updates, kernel_env, _kernel_lib,
-                 _kernel_build, _alpha_kernel, numerics
-    4 execution  alpha_mpi.execution, arrays, numerics.execute (ContractCombiner)
+    3 kernel     alpha_mpi.kernel (the package: api, updates, buffers, env, compiled, build and
+                 the compiled _alpha_kernel), numerics
+    4 execution  alpha_mpi.execution, arrays
     5 learning   alpha_mpi.learning, checkpoint, torch
     6 tools      alpha_mpi.tools (the commands and tools.bench), cli, __main__
 
@@ -42,14 +42,7 @@ LAYERS = {
     "alpha_mpi._lazy": 1,
     "alpha_mpi.planning": 2,
     "alpha_mpi.kernel": 3,
-    "alpha_mpi.kernel_buffers": 3,
-    "alpha_mpi.kernel_updates": 3,
-    "alpha_mpi.kernel_env": 3,
-    "alpha_mpi._kernel_lib": 3,
-    "alpha_mpi._kernel_build": 3,
-    "alpha_mpi._alpha_kernel": 3,
     "alpha_mpi.numerics": 3,
-    "alpha_mpi.numerics.execute": 4,
     "alpha_mpi.execution": 4,
     "alpha_mpi.arrays": 4,  # decomposition-independent array reductions over a communicator
     "alpha_mpi.learning": 5,
@@ -106,7 +99,7 @@ def _resolve(importer: str, is_package: bool, node) -> list:
     names = []
     for a in node.names:
         sub = f"{mod}.{a.name}"
-        names.append(sub if sub in SOURCES or sub == "alpha_mpi._alpha_kernel" else mod)
+        names.append(sub if sub in SOURCES or sub == "alpha_mpi.kernel._alpha_kernel" else mod)
     return names
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import re
 import subprocess
 import sys
 
@@ -33,7 +34,7 @@ DOCUMENTED = [
     "alpha_mpi.refusals",
     "alpha_mpi.oracle",
     "alpha_mpi.kernel",
-    "alpha_mpi.kernel_env",
+    "alpha_mpi.kernel.env",
     "alpha_mpi.planning",
     "alpha_mpi.execution",
     "alpha_mpi.learning",
@@ -113,37 +114,61 @@ def test_dir_of_the_package_shows_the_lazy_names():
 def test_numerics_lists_its_lazy_names_too():
     import alpha_mpi.numerics as numerics
 
-    for n in ("authorize", "claim_equal", "measure_evidence", "SUITES", "ContractCombiner", "OracleMismatch"):
+    for n in ("authorize", "claim_equal", "measure_evidence", "SUITES", "OracleMismatch"):
         assert n in dir(numerics) and n in numerics.__all__, n
 
 
-def test_names_that_moved_are_still_importable_where_they_were():
-    import alpha_mpi.model.contract as model_contract
+def test_the_contract_combiner_left_numerics_and_the_old_name_says_where():
+    import alpha_mpi.execution as execution
     import alpha_mpi.numerics as numerics
-    import alpha_mpi.numerics.conformance as conformance
-    import alpha_mpi.numerics.contract as old_contract
-    import alpha_mpi.numerics.formulas as old_formulas
+
+    assert "ContractCombiner" in execution.__all__ and "ContractCombiner" not in numerics.__all__
+    with pytest.raises(
+        AttributeError, match=r"alpha_mpi\.numerics\.ContractCombiner moved to alpha_mpi\.execution"
+    ):
+        _ = numerics.ContractCombiner
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("alpha_mpi.numerics.execute")
+
+
+def test_names_that_moved_are_importable_where_they_live():
+    import alpha_mpi.model.contract as model_contract
+    import alpha_mpi.model.formulas as formulas
+    import alpha_mpi.numerics as numerics
+    import alpha_mpi.numerics.authorization as authorization
+    import alpha_mpi.numerics.evidence as evidence
 
     for name in ("NumericalContract", "contract_for_plan", "numerical_compatibility"):
         assert getattr(alpha_mpi, name) is getattr(numerics, name) is getattr(model_contract, name)
-        assert getattr(old_contract, name) is getattr(model_contract, name)
-    for name in ("authorize", "claim_equal", "check_live_profile", "kernel_build_id"):
-        assert getattr(old_contract, name) is getattr(numerics, name)
-    for name in ("SUITES", "measure_evidence", "ConformanceSuite", "convert_contribution"):
-        assert getattr(conformance, name) is getattr(numerics, name)
-    for name in old_contract.__all__:
-        getattr(old_contract, name)  # every name of the old module resolves
-    assert old_contract.EXECUTABLE["subnormals"] == "preserved" and callable(old_contract.check_evidence)
-    assert old_contract.DEFAULT_SUITE in numerics.SUITES and len(numerics.kernel_build_id()) == 64
-    assert "adam-v1" in old_formulas.FORMULAS and old_formulas.assignments(old_formulas.ADAM_V1)
-    assert issubclass(old_contract.ContractRefusal, alpha_mpi.Refusal)
+    for name in ("authorize", "claim_equal", "check_live_profile"):
+        assert getattr(authorization, name) is getattr(numerics, name)
+    for name in ("SUITES", "measure_evidence", "ConformanceSuite", "kernel_build_id"):
+        assert getattr(evidence, name) is getattr(numerics, name)
+    assert authorization.EXECUTABLE["subnormals"] == "preserved" and callable(authorization.check_evidence)
+    assert numerics.DEFAULT_SUITE in numerics.SUITES and len(numerics.kernel_build_id()) == 64
+    assert "adam-v1" in formulas.FORMULAS and formulas.assignments(formulas.ADAM_V1)
+
+
+@pytest.mark.parametrize(
+    "old,where",
+    [
+        ("alpha_mpi.numerics.contract", "alpha_mpi.model"),
+        ("alpha_mpi.numerics.formulas", "alpha_mpi.model.formulas"),
+        ("alpha_mpi.numerics.conformance", "alpha_mpi.numerics.evidence"),
+    ],
+)
+def test_the_0_1_shims_are_gone_and_say_where_their_names_went(old, where):
+    """Every name a shim re-exported is importable at the place its error names."""
+    with pytest.raises(ImportError, match=rf"{re.escape(old)} is gone \(0\.2\): .*{re.escape(where)}"):
+        importlib.import_module(old)
+    assert old not in sys.modules
 
 
 def test_contracts_and_the_model_import_without_numpy_or_the_kernel():
     code = (
-        "import sys, alpha_mpi.model, alpha_mpi.numerics, alpha_mpi.numerics.contract;"
+        "import sys, alpha_mpi.model, alpha_mpi.numerics;"
         "from alpha_mpi.numerics import NumericalContract, numerical_compatibility;"
-        "heavy = ('numpy', 'alpha_mpi.kernel', 'alpha_mpi._alpha_kernel', 'mpi4py');"
+        "heavy = ('numpy', 'alpha_mpi.kernel', 'alpha_mpi.kernel._alpha_kernel', 'mpi4py');"
         "bad = [m for m in heavy if m in sys.modules];"
         "print(','.join(bad))"
     )

@@ -1,4 +1,4 @@
-"""Resume semantics a user can predict (README "Checkpoints"), in-process and from the command:
+"""Resume semantics a user can predict (docs/checkpoints.md), in-process and from the command:
 
 - no step in the directory: step 0, said loudly;
 - `latest` missing, steps present: the newest step that verifies, said; newer broken steps or
@@ -11,10 +11,7 @@
 
 import json
 import os
-import re
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -24,6 +21,8 @@ from alpha_mpi.checkpoint import Checkpointer, open_checkpoint
 from alpha_mpi.checkpoint.paths import LATEST, step_name
 from alpha_mpi.learning import MLP
 from alpha_mpi.refusals import Refusal
+
+from conftest import alpha_command, printed_digest
 
 
 def saved_steps(root, steps=(2, 4), cfg=CFG, data=None):
@@ -200,14 +199,8 @@ def test_model_and_data_inputs_are_refused_by_name(tmp_path):
 
 # ------------------------------------------------------------------------------ the command
 def cli(*args, n=None, limit=120):
-    cmd = [sys.executable, "-m", "alpha_mpi", "train", "--hidden", "8", "--log-every", "1000", *args]
-    if n:
-        from conftest import mpiexec
-
-        cmd = [mpiexec(), "-n", str(n)] + cmd
-    r = subprocess.run(["timeout", "-k", "5", str(limit)] + cmd, capture_output=True, text=True)
-    m = re.search(r"^state digest: ([0-9a-f]{64})$", r.stdout, re.M)
-    return r, (m.group(1) if m else None)
+    r = alpha_command("train", "--hidden", "8", "--log-every", "1000", *args, n=n or None, limit=limit)
+    return r, printed_digest(r.stdout, required=False)
 
 
 def test_command_final_state_saved_loud_start_and_nothing_to_train(tmp_path):
@@ -282,9 +275,7 @@ def test_command_resume_rules_end_with_the_uninterrupted_digest(tmp_path):
     ],
 )
 def test_bad_flags_are_usage_errors(args, needle, tmp_path):
-    r = subprocess.run(
-        [sys.executable, "-m", "alpha_mpi", "train", *args], capture_output=True, text=True, cwd=str(tmp_path)
-    )
+    r = alpha_command("train", *args, cwd=str(tmp_path))
     assert r.returncode == 2 and needle in r.stderr, r.stderr
     assert os.listdir(tmp_path) == []  # nothing written
 

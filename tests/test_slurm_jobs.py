@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import printed_digests
+
 REPO = Path(__file__).resolve().parent.parent
 JOBS = REPO / "jobs"
 FAKE_TRAIN = REPO / "tests" / "slurm" / "fake_train.py"
@@ -34,7 +36,6 @@ FINAL_STATES = {
     "DEADLINE",
     "PREEMPTED",
 }
-DIGEST = re.compile(r"state digest: ([0-9a-f]{64})\s*$", re.M)
 
 
 def _not_ready():
@@ -186,9 +187,9 @@ def reference_digest(slurm, tmp_path_factory):
     text = Path(out).read_text()
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", tail(out)
     assert info.get("Restarts") == "0", tail(out)
-    digests = DIGEST.findall(text)
-    assert len(digests) == 1, tail(out)
-    return digests[0]
+    found = printed_digests(text)
+    assert len(found) == 1, tail(out)
+    return found[0]
 
 
 def launcher_env(launcher):
@@ -245,7 +246,7 @@ def test_train_preempted_requeued_resumes_to_same_digest(slurm, reference_digest
     assert "requeueing job %s" % job in text, tail(out)
     if target == "batch":
         assert "SIGUSR1: asking the trainer to checkpoint" in text, tail(out)
-    assert DIGEST.findall(text) == [reference_digest], tail(out)
+    assert printed_digests(text) == [reference_digest], tail(out)
     if FAKE:
         stopped = [int(s) for s in re.findall(r"preempted at step (\d+), checkpoint saved", text)]
         resumed = [int(s) for s in re.findall(r"resumed from step (\d+)", text)]

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from conftest import mpiexec, needs_mpiexec, run_mpi
+from conftest import mpiexec, needs_mpiexec, printed_digest, run_mpi
 
 pytestmark = needs_mpiexec
 SMALL = ["--hidden", "48", "--log-every", "1000"]
@@ -17,8 +17,7 @@ SMALL = ["--hidden", "48", "--log-every", "1000"]
 
 def train(n, *args, limit=180):
     r, _ = run_mpi(n, "-m", "alpha_mpi", "train", *SMALL, *args, limit=limit)
-    m = re.search(r"^state digest: ([0-9a-f]{64})$", r.stdout, re.M)
-    return r, (m.group(1) if m else None)
+    return r, printed_digest(r.stdout, required=False)
 
 
 def test_same_digest_on_1_2_4_ranks():

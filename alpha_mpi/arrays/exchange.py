@@ -34,7 +34,9 @@ from . import tree as T
 __all__ = ["Channel", "Exchange"]
 
 if lib.AP_CAPACITY != T.CAPACITY or lib.AP_MAX_K != T.MAX_BATCH:  # pragma: no cover - a stale build
-    raise ImportError("alpha_mpi._alpha_kernel is older than alpha_mpi/arrays (rebuild: pip install -e .)")
+    raise ImportError(
+        "alpha_mpi.kernel._alpha_kernel is older than alpha_mpi/arrays (rebuild: pip install -e .)"
+    )
 
 _FALLBACK_EDGES = 64  # rounds of the second exchange (blocks out of rank order) start here
 _FINAL = struct.Struct("<4q")  # record count, flags, lo and hi of the first record

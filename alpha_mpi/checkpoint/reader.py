@@ -226,7 +226,7 @@ def open_checkpoint(path: str) -> Checkpoint:
     """The checkpoint at `path`: a checkpoint directory (the step its `latest` names, read as
     data) or a step directory. Its seal and every manifest field are checked on opening;
     `verify()` re-hashes every shard, `read_range(component, start, stop)` reads values
-    (hashing each shard it touches first). Refusals: `checkpoint-*` codes (README)."""
+    (hashing each shard it touches first). Refusals: `checkpoint-*` codes (docs/errors.md)."""
     return Checkpoint(path)
 
 

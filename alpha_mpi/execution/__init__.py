@@ -17,6 +17,7 @@ from .allreduce import (  # noqa: F401
     reduce_scatter,
 )
 from .assembly import Assembler, assemble  # noqa: F401
+from .contract_combiner import ContractCombiner  # noqa: F401
 from .engine import Engine  # noqa: F401
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "Chunk",
     "Engine",
     "Assembler",
+    "ContractCombiner",
     "allreduce",
     "combine",
     "reduce_scatter",

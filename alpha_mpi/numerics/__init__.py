@@ -8,7 +8,8 @@ Where each part lives:
 - authorization with conformance evidence, next to the kernel (layer 3): `authorization.py`
   (authorize, claim_equal, check_live_profile), `evidence.py` (suites, measure_evidence),
   `conversion.py` (the conversion site), `oracle_check.py` (comparing with the oracle);
-- the contract-checked combine (layer 4, needs mpi4py): `execute.py` (ContractCombiner).
+- the contract-checked combine (layer 4, needs mpi4py): `alpha_mpi.execution.ContractCombiner`
+  (was `alpha_mpi.numerics.execute` in 0.1; the old name says where it went).
 
 This package re-exports all of them. Pure to import: the data names load eagerly and need
 neither numpy, the compiled kernel nor MPI; the others load on first use.
@@ -42,7 +43,6 @@ _LAZY = {
     "SUITES": ".evidence",
     "ConformanceSuite": ".evidence",
     "convert_contribution": ".conversion",
-    "ContractCombiner": ".execute",
     "OracleMismatch": ".oracle_check",
     "check_against_oracle": ".oracle_check",
     "compare": ".oracle_check",
@@ -76,4 +76,7 @@ __all__ = [
 ]
 
 
-__getattr__, __dir__ = _lazy_attributes(__name__, _LAZY, globals())
+#: 0.1 names that left this package: asking for one raises an error that says where it went.
+_MOVED = {"ContractCombiner": "alpha_mpi.execution.ContractCombiner"}
+
+__getattr__, __dir__ = _lazy_attributes(__name__, _LAZY, globals(), moved=_MOVED)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .. import kernel
-from ..kernel_env import FpEnvState
+from ..kernel.env import FpEnvState
 from ..model.contract import NumericalContract, as_contract
 from ..model.layout import Layout
 from ..model.profile import ContractRefusal, Profile

@@ -1,15 +1,11 @@
-"""Conformance suites and evidence: now `alpha_mpi.numerics.evidence` (and the conversion site
-`alpha_mpi.numerics.conversion`); these names stay importable from here."""
+"""Removed in 0.2: `alpha_mpi.numerics.conformance` was 0.1's re-export of the evidence names.
 
-from .conversion import convert_contribution
-from .evidence import SUITES, ConformanceSuite, kernel_tree, measure_evidence, oracle_convert, suite
+Importing it raises ImportError naming where the names went.
+"""
 
-__all__ = [
-    "ConformanceSuite",
-    "SUITES",
-    "suite",
-    "measure_evidence",
-    "convert_contribution",
-    "kernel_tree",
-    "oracle_convert",
-]
+raise ImportError(
+    "alpha_mpi.numerics.conformance is gone (0.2): import ConformanceSuite, SUITES, suite, "
+    "measure_evidence, kernel_tree and oracle_convert from alpha_mpi.numerics.evidence, and "
+    "convert_contribution from alpha_mpi.numerics.conversion (all but kernel_tree, oracle_convert "
+    "and suite also from alpha_mpi.numerics)"
+)

@@ -2,7 +2,7 @@
 
 `convert_contribution(kinds, x)` applies `Profile.site("contribution")` to one contribution:
 KeepFormat, WidenBinary32 (exact), or RoundBinary64 then WidenBinary32 (nearest-even narrowing,
-then exact widening). The executor (numerics/execute.py) and the conformance suites
+then exact widening). The executor (execution/contract_combiner.py) and the conformance suites
 (evidence.py) run exactly this code.
 """
 

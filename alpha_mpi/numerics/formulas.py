@@ -1,6 +1,9 @@
-"""Formula ids and evaluation orders: moved to `alpha_mpi.model.formulas` (contracts are data);
-this name stays importable."""
+"""Removed in 0.2: `alpha_mpi.numerics.formulas` was 0.1's re-export of `alpha_mpi.model.formulas`.
 
-from ..model.formulas import ADAM_V1, ALIASES, FORMULAS, NORMALIZE_ONCE, SGD_MOMENTUM_V1, assignments
+Importing it raises ImportError naming where the names went.
+"""
 
-__all__ = ["ADAM_V1", "SGD_MOMENTUM_V1", "NORMALIZE_ONCE", "FORMULAS", "ALIASES", "assignments"]
+raise ImportError(
+    "alpha_mpi.numerics.formulas is gone (0.2): import ADAM_V1, SGD_MOMENTUM_V1, NORMALIZE_ONCE, "
+    "FORMULAS, ALIASES and assignments from alpha_mpi.model.formulas"
+)

@@ -3,7 +3,7 @@
 The commands (tools/*_cmd.py) import this module and cli.py imports the commands, so imports run
 one way: cli -> tools/*_cmd -> tools/_args. Nothing here imports cli.py.
 
-Exit codes, the same for every command (the README's "Exit codes" lists them):
+Exit codes, the same for every command (docs/exit-codes.md lists them):
 
     0    done
     1    a bug: an unexpected error (the traceback is printed) or `bench` results that are not

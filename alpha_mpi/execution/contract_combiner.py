@@ -1,8 +1,7 @@
-"""Executing a combine under a numerical contract (needs mpi4py; import it explicitly).
+"""Executing a combine under a numerical contract (layer 4: binds the numerics to the executor).
 
-Execution-level code (layer 4) kept beside the numerics it binds: it imports the executor
-(`alpha_mpi.execution.Combiner`) and nothing imports it except the lazy `ContractCombiner`
-name of `alpha_mpi.numerics`.
+Was `alpha_mpi.numerics.execute` (0.1): execution-level code kept beside the numerics it binds,
+which made the numerics package straddle two layers; it lives with the executor it uses now.
 
 `ContractCombiner(comm, plan, contract)` authorizes the contract for the plan in this process
 (profile, live FP environment, order id, relation and evidence), then builds a Combiner whose
@@ -23,10 +22,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..execution import Combiner
+from ..numerics.authorization import authorize
+from ..numerics.conversion import convert_contribution
 from ..refusals import KernelRefusal, Refusal
-from .authorization import authorize
-from .conversion import convert_contribution
+from .allreduce import Combiner
 
 if TYPE_CHECKING:
     from mpi4py import MPI

@@ -15,8 +15,8 @@ from __future__ import annotations
 import platform
 from typing import TypedDict
 
-from ._kernel_lib import ffi, lib
-from .refusals import KernelRefusal
+from ..refusals import KernelRefusal
+from .compiled import ffi, lib
 
 __all__ = ["fpenv_state", "fpenv_check", "build_info"]
 
@@ -112,5 +112,5 @@ def build_info() -> BuildInfo:
         "compiler": ffi.string(lib.ak_compiler()).decode(),
         "arch": ffi.string(lib.ak_arch()).decode(),
         "machine": platform.machine(),
-        "module": getattr(__import__("alpha_mpi._alpha_kernel", fromlist=["x"]), "__file__", None),
+        "module": getattr(__import__("alpha_mpi.kernel._alpha_kernel", fromlist=["x"]), "__file__", None),
     }

@@ -1,6 +1,6 @@
 """The argument checks every kernel wrapper shares (layer 3): buffers in, named refusals out.
 
-Apart from kernel.py and kernel_updates.py because both wrap their C calls with them: a float64
+Apart from api.py and updates.py because both wrap their C calls with them: a float64
 buffer is checked (dtype, contiguity, writeability) and wrapped with `ffi.from_buffer` in one
 step, sizes are compared, and a C status of bad argument becomes `kernel-bad-argument`. Not
 user API: `alpha_mpi.kernel` is.
@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, NoReturn
 
 import numpy as np
 
-from ._kernel_lib import ffi
-from .refusals import KernelRefusal
+from ..refusals import KernelRefusal
+from .compiled import ffi
 
 if TYPE_CHECKING:
     from cffi import FFI

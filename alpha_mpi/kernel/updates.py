@@ -1,6 +1,6 @@
 """The optimizer updates of the C kernel (layer 3): Adam and SGD steps, FiniteOrRefuse.
 
-Apart from kernel.py because an update is a different kind of call from a combine: it reads
+Apart from api.py because an update is a different kind of call from a combine: it reads
 and writes the whole optimizer state, takes hyperparameter scalars, and on a non-finite value
 explains which input, scalar, intermediate or output it was (`_update_refusal`). Evaluation
 orders are in csrc/alpha_kernel.h; `alpha_mpi.kernel` re-exports the public names.
@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, NoReturn
 
-from ._kernel_lib import ffi, lib
-from .kernel_buffers import bad_argument, f64_buffer, same_size
-from .refusals import KernelRefusal
+from ..refusals import KernelRefusal
+from .buffers import bad_argument, f64_buffer, same_size
+from .compiled import ffi, lib
 
 if TYPE_CHECKING:
     import numpy as np

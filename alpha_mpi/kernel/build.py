@@ -1,7 +1,7 @@
-"""cffi (API mode) build of the C kernel `alpha_mpi._alpha_kernel` from csrc/.
+"""cffi (API mode) build of the C kernel `alpha_mpi.kernel._alpha_kernel` from csrc/.
 
-setup.py names this file (`cffi_modules=["alpha_mpi/_kernel_build.py:ffi"]`); for a
-development build run `python alpha_mpi/_kernel_build.py` from the repository root.
+setup.py names this file (`cffi_modules=["alpha_mpi/kernel/build.py:ffi"]`); for a
+development build run `python alpha_mpi/kernel/build.py` from the repository root.
 
 The compile flags live HERE and nowhere else: `BASE_CFLAGS` is also what the
 instruction-set conformance driver (tests/test_isa_conformance.py) is built with.
@@ -74,8 +74,8 @@ FORBIDDEN_FLAGS = frozenset(
 )
 FORBIDDEN_PREFIXES = ("-mlow-precision-", "-mrecip=", "-ffp-contract=fast", "-ffast-math")  # refused
 
-_HERE = Path(__file__).resolve().parent
-ROOT = _HERE.parent
+_HERE = Path(__file__).resolve().parent  # alpha_mpi/kernel
+ROOT = _HERE.parents[1]  # the repository (or sdist) root, which holds csrc/
 CSRC = ROOT / "csrc"
 KERNEL_SOURCES = ("alpha_kernel.c", "pairwise.c")
 KERNEL_HEADERS = ("alpha_kernel.h", "pairwise.h")
@@ -89,7 +89,7 @@ def _refusal(message: str, **context) -> Exception:
     except ImportError:  # pragma: no cover - only in a bare setup.py build
         import importlib.util
 
-        spec = importlib.util.spec_from_file_location("_alpha_mpi_refusals", _HERE / "refusals.py")
+        spec = importlib.util.spec_from_file_location("_alpha_mpi_refusals", _HERE.parent / "refusals.py")
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         KernelRefusal = mod.KernelRefusal
@@ -191,7 +191,7 @@ def make_ffi(flags=None):
     ffi = cffi.FFI()
     ffi.cdef(cdef())
     ffi.set_source(
-        "alpha_mpi._alpha_kernel",
+        "alpha_mpi.kernel._alpha_kernel",
         '#include "alpha_kernel.h"\n'
         '#include "pairwise.h"\n'
         f"const char *ak_build_flags(void) {{ return {_c_string(' '.join(flags))}; }}\n"
@@ -205,7 +205,7 @@ def make_ffi(flags=None):
     return ffi
 
 
-if __name__ == "__main__":  # development build: python alpha_mpi/_kernel_build.py
+if __name__ == "__main__":  # development build: python alpha_mpi/kernel/build.py
     os.chdir(ROOT)
     ffi = make_ffi()
     ffi.compile(verbose=True)

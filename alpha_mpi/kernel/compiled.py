@@ -1,4 +1,4 @@
-"""The compiled kernel module `alpha_mpi._alpha_kernel` (cffi API mode), loaded once.
+"""The compiled kernel module `alpha_mpi.kernel._alpha_kernel` (cffi API mode), loaded once.
 
 `ffi` and `lib` are the cffi objects. On a broken install (no compiled module) both are
 stand-ins that refuse every use with `kernel-unavailable`, so that importing the package
@@ -7,7 +7,7 @@ still works and the refusal names the cause.
 
 from __future__ import annotations
 
-from .refusals import KernelRefusal
+from ..refusals import KernelRefusal
 
 __all__ = ["ffi", "lib"]
 
@@ -20,7 +20,7 @@ except ImportError as _exc:  # pragma: no cover - exercised only on a broken ins
         def __getattr__(self, name):
             raise KernelRefusal(
                 "kernel-unavailable",
-                f"the compiled kernel alpha_mpi._alpha_kernel could not be imported ({_IMPORT_ERROR})",
+                f"the compiled kernel alpha_mpi.kernel._alpha_kernel could not be imported ({_IMPORT_ERROR})",
             )
 
     ffi = lib = _Missing()

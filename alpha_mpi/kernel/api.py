@@ -15,11 +15,11 @@ buffers), checks dtype / contiguity / writeability / length, wraps the buffers w
     kernel-unavailable    the compiled module is missing
 
 Evaluation orders (Adam, SGD, tree programs) are documented once, in csrc/alpha_kernel.h.
-This module holds the combines (add, tree programs, fold) and the conversion sites; it is the
-one a caller imports, and re-exports the rest, split by concern: the optimizer updates in
-kernel_updates.py, the buffer checks both wrap their C calls with in kernel_buffers.py, the
-floating-point environment check and the build identity in kernel_env.py; the compiled module
-is loaded once, by _kernel_lib.py (`ffi`, `lib`).
+This module holds the combines (add, tree programs, fold) and the conversion sites; the package
+(`alpha_mpi.kernel`) is what a caller imports, and re-exports the rest, split by concern: the
+optimizer updates in updates.py, the buffer checks both wrap their C calls with in buffers.py,
+the floating-point environment check and the build identity in env.py; the compiled module is
+loaded once, by compiled.py (`ffi`, `lib`), and built by build.py.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ from typing import NoReturn
 
 import numpy as np
 
-from ._kernel_lib import ffi, lib
-from .kernel_buffers import F32, FARR, I32, IARR, ND, bad_argument, f64_buffer, same_size
-from .kernel_env import build_info, fpenv_check, fpenv_state
-from .kernel_updates import adam_step, adam_step_inplace_checked, sgd_step
-from .refusals import KernelRefusal
+from ..refusals import KernelRefusal
+from .buffers import F32, FARR, I32, IARR, ND, bad_argument, f64_buffer, same_size
+from .compiled import ffi, lib
+from .env import build_info, fpenv_check, fpenv_state
+from .updates import adam_step, adam_step_inplace_checked, sgd_step
 
 __all__ = [
     "add",

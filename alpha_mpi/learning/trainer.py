@@ -18,6 +18,7 @@ from .mlp import MLP
 if TYPE_CHECKING:
     from mpi4py import MPI
 
+PROBE_SAMPLES = 8  # samples of the probe slot `train` runs a --model on before training
 PREEMPTED = 99  # exit status: stopped on a signal after saving a checkpoint (job scripts requeue)
 
 
@@ -141,6 +142,12 @@ def build(comm, cfg: TrainConfig):
         from .protocol import model_from_spec
 
         model = model_from_spec(cfg.model, data.inputs, data.classes)
+        # A user's model is probed on every rank before anything trains: a gradient that is not the
+        # same bits twice, or not the same on every rank, is refused by name on every rank.
+        from .same_start import probe_model
+
+        k = min(len(data.y), PROBE_SAMPLES)
+        probe_model(comm, model, (data.X[:k], data.y[:k]), seed=cfg.seed, timeout=cfg.timeout)
     else:
         model = MLP(data.inputs, cfg.hidden, data.classes)
     learner = DataParallelLearner(

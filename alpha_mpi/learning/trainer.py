@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..refusals import Refusal
 from .data import SlotStream, load_npz, synthetic
 from .learner import DataParallelLearner
 from .mlp import MLP
@@ -138,6 +139,12 @@ class Progress:
 
 def build(comm, cfg: TrainConfig):
     data = load_npz(cfg.data) if cfg.data else synthetic(cfg.seed)
+    if cfg.batch < cfg.slots:  # before any tree over the slots is built
+        raise Refusal(
+            "usage", f"--batch {cfg.batch} is smaller than --slots {cfg.slots}: every slot needs a sample"
+        )
+    if cfg.batch > len(data.y):  # a step reads each sample at most once (and allocates the batch)
+        raise Refusal("usage", f"--batch {cfg.batch} is more than the {len(data.y)} samples of {data.name}")
     if cfg.model:  # a user's model: a Model or an nn.Module (summed cross-entropy, binary64)
         from .protocol import model_from_spec
 

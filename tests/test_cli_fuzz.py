@@ -330,3 +330,11 @@ def test_the_listed_inputs_are_named_by_the_real_command(files, argv, rc, text):
         r.returncode,
         r.stderr,
     )
+
+
+def test_a_deeply_nested_calibration_in_the_environment_is_refused_by_train(files):
+    env = dict(os.environ, ALPHA_MPI_CALIBRATION=str(files / "deep.json"))
+    r = subprocess.run(
+        [sys.executable, "-m", "alpha_mpi", *TRAIN_BASE], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert r.returncode == 3 and "[calibration-invalid]" in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -151,7 +151,7 @@ ALLREDUCE_BASE = [
     "tree",
 ]
 ALLREDUCE = {
-    "--sizes": ["", "0", "12", "-8", "8:4", "x", "8,16", "1K", "8:", "1e3"],
+    "--sizes": ["", "0", "12", "-8", "8:4", "x", "8,16", "1K", "8:", "1e3", "1000G"],
     "--iters": ["0", "-1", "x", "2"],
     "--min-iters": ["0", "-1", "x"],
     "--warmup": ["-1", "x"],
@@ -165,6 +165,13 @@ ALLREDUCE = {
     "--model-size": ["x", "0", "8"],
     "--json": PATHS + ["out.json"],
     "--plot": ["", "/nonexistent/x.png"],
+}
+KERNEL_BASE = ["bench", "kernel", "--sizes", "1000", "--ks", "2", "--repeat", "1"]
+KERNEL = {
+    "--sizes": ["", "0", "-1", "1.5", "1e12", "x", "1000,2000", ","],
+    "--ks": ["", "0", "65", "x", "2,3"],
+    "--repeat": ["0", "-1", "x", "2"],
+    "--json": PATHS + ["out.json"],
 }
 SUMMARY_FILES = PATHS
 
@@ -252,6 +259,13 @@ def test_fuzz_bench_allreduce(files, tmp_path_factory, opts):
     argv = ALLREDUCE_BASE + opts
     named(*run_cli(argv, fresh(files, tmp_path_factory)), argv)
     os.environ.pop("ALPHA_MPI_SPIN", None)  # --spin sets it for the rest of the process
+
+
+@FUZZ
+@given(opts=options(KERNEL))
+def test_fuzz_bench_kernel(files, tmp_path_factory, opts):
+    argv = KERNEL_BASE + opts
+    named(*run_cli(argv, fresh(files, tmp_path_factory)), argv)
 
 
 @FUZZ

@@ -59,7 +59,7 @@ from .allreduce_variants import (
     slot_values,
 )
 from .floor import Floor
-from .harness import machine_info, statistic, timed
+from .harness import machine_info, memory_refusal, statistic, timed
 from .results import write_json
 
 
@@ -81,6 +81,10 @@ def _configure(comm, argv):
         parser.error("--iters, --min-iters and --slots-per-rank must be >= 1, --warmup >= 0")
     if args.spin:
         os.environ["ALPHA_MPI_SPIN"] = "1"
+    # this rank's slots at the largest size, and about six more vectors (outputs, baselines)
+    too_big = memory_refusal(max(args.sizes) * (args.slots_per_rank + 6), f"--sizes {max(args.sizes)}")
+    if too_big is not None:
+        parser.error(too_big.message)
     if p * args.slots_per_rank > MAX_NODES // 2:  # a binary tree of k leaves has 2k - 1 nodes
         parser.error(
             f"--slots-per-rank {args.slots_per_rank} on {p} ranks: more than {MAX_NODES // 2} leaves"

@@ -21,7 +21,6 @@ when the C and numpy Adam bits differ (as `bench allreduce` exits 1 on a BITS MI
 from __future__ import annotations
 
 import argparse
-import os
 import platform
 import time
 from functools import partial
@@ -31,7 +30,7 @@ import numpy as np
 from ... import kernel
 from ...refusals import Refusal
 from .._args import path
-from .harness import RankParser
+from .harness import RankParser, memory_refusal
 from .results import write_json
 
 MAX_KS = 64  # inputs of one fused add
@@ -186,17 +185,9 @@ def _check_memory(sizes, ks) -> None:
     """Refuse sizes whose arrays (k inputs + 6 more vectors) would not fit in half the memory."""
     if max(ks) > MAX_KS:
         raise Refusal("usage", f"--ks: at most {MAX_KS} inputs per fused add, got {max(ks)}")
-    need = 8 * max(sizes) * (max(ks) + 6)
-    try:
-        have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return
-    if need > have // 2:
-        raise Refusal(
-            "usage",
-            f"--sizes {max(sizes)} with --ks {max(ks)} needs {need / 2**30:.1f} GiB, more than half of "
-            f"this machine's {have / 2**30:.1f} GiB",
-        )
+    refusal = memory_refusal(8 * max(sizes) * (max(ks) + 6), f"--sizes {max(sizes)} with --ks {max(ks)}")
+    if refusal is not None:
+        raise refusal
 
 
 def cmd(comm, argv) -> int:

@@ -11,7 +11,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RUFF_VERSION=0.17.6
-PATHS=(alpha_mpi alpha_mpi_verify tests tools examples)
+PATHS=(alpha_mpi alpha_mpi_verify tests tools examples benchmarks)
 VENV=${LINT_VENV:-$(mktemp -d)/ruff}
 if [ ! -x "$VENV/bin/ruff" ] || [ "$("$VENV/bin/ruff" --version)" != "ruff $RUFF_VERSION" ]; then
   python3 -m venv "$VENV" && "$VENV/bin/python" -m pip install -q --disable-pip-version-check "ruff==$RUFF_VERSION" \

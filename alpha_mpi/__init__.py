@@ -21,7 +21,7 @@ from .model import (  # noqa: F401
 from .planning import plan, plan_assembly, simulate  # noqa: F401
 from .refusals import Refusal  # noqa: F401
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # name -> module (relative) for the layers that need MPI or the compiled kernel.
 _LAZY = {

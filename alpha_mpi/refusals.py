@@ -125,6 +125,10 @@ ADVICE: dict[str, str] = {
     # user models (alpha_mpi.learning.Model, alpha_mpi.torch)
     "model-protocol": "implement alpha_mpi.learning.Model: n_params (int >= 1), init(seed) -> float64 array (n_params,), loss_and_grad_sum(params, X, y, grad_out) -> float (see help(alpha_mpi.learning.Model))",
     "model-nondeterministic": "a slot's gradient must have the same bits on every call: fix the BLAS / intra-op threads (threadpoolctl, torch.set_num_threads) and use deterministic kernels only",
+    # every rank starts from the same state (alpha_mpi.learning.same_start)
+    "initial-params-mismatch": "every rank must start from the same parameters: make Model.init(seed) a function of seed alone (np.random.default_rng([seed, ...]), no rank, no global random state), or pass the same init_params on every rank",
+    "model-rank-dependent": "a slot's gradient must not depend on the rank that computes it: read no rank, rank count, hostname or global random state in loss_and_grad_sum, and fix the BLAS / intra-op threads (threadpoolctl, torch.set_num_threads)",
+    "bench-document-invalid": "give `alpha-mpi bench summary` the JSON files `alpha-mpi bench allreduce --json` wrote (or a sweep merged from them with --merge)",
     "model-factory": "give --model as module:factory with the module importable from the working directory or PYTHONPATH; factory(inputs, classes) returns a Model or a torch.nn.Module",
     "torch-unavailable": "install the PyTorch extra: pip install 'alpha_mpi[torch]'",
     "torch-module-unsupported": "alpha_mpi.torch trains CPU modules whose trainable parameters all have one dtype, float32 or float64",
@@ -167,6 +171,8 @@ CLI_ADVICE: dict[str, str] = {
     "run's order (recorded in later checkpoints)",
     "numerical-profile-mismatch": "resume with the alpha_mpi build the checkpoint was saved with, or pass "
     "--adopt-contract to continue under this run's profile (recorded in later checkpoints)",
+    "initial-params-mismatch": "make the initial parameters of your --model a function of --seed alone: the same "
+    "bits on every rank (seed its generator with the seed, never with the rank or the global random state)",
     "model-invalid": "lower --hidden to fit the limit the message names (the built-in MLP; --data needs at "
     "least one feature column and one class)",
     # checkpoints and data: ADVICE speaks restore()/the arrays; the command line names its options

@@ -39,28 +39,44 @@ def test_allreduce_table_and_json(tmp_path):
     header = next(
         line for line in lines if line.startswith("#") and "bytes" in line and "realization" in line
     )
-    for col in ("t_min[us]", "t_avg[us]", "t_max[us]", "algbw[GB/s]", "busbw[GB/s]", "ratio", "bits"):
+    for col in (
+        "t_min[us]",
+        "t_avg[us]",
+        "t_max[us]",
+        "algbw[GB/s]",
+        "busbw[GB/s]",
+        "ratio",
+        "/floor",
+        "bits",
+    ):
         assert col in header
     rows = [line.split() for line in lines if line and not line.startswith("#")]
-    # The library baselines: MPI_Allreduce, and torch's gloo where torch imports (the torch extra).
-    libraries = ["MPI_Allreduce"] + (["gloo"] if gloo_available() else [])
-    # per size: the baselines, auto and the five realizations (pairwise on 2 ranks)
-    assert len(rows) == 2 * (len(libraries) + 6), rows
+    doc = json.loads(out.read_text())
+    gloo = doc["config"]["gloo"]  # a gloo row per size wherever torch imports, none elsewhere
+    assert gloo == gloo_available()
+    # MPI_Allreduce, the floor, (gloo,) auto and the five realizations (pairwise on 2 ranks) per size
+    per_size = 8 + gloo
+    assert len(rows) == 2 * per_size
     assert {row[0] for row in rows} == {"8", "65536"}
     names = [row[1] for row in rows]
-    for name in (*libraries, "butterfly", "halving", "replicate", "tree", "scatter"):
+    for name in ("MPI_Allreduce", "floor", "butterfly", "halving", "replicate", "tree", "scatter"):
         assert names.count(name) == 2, names
+    assert names.count("gloo") == 2 * gloo
     assert "auto(butterfly)" in names
     for row in rows:
         if row[1] == "MPI_Allreduce":
-            assert float(row[-2]) == 1.0
-        elif row[1] not in libraries:  # a library's bits are its own: timed, not checked
+            assert float(row[-3]) == 1.0
+        elif row[1] == "floor":
+            assert float(row[-2]) == 1.0 and row[-1] == "-"  # timed, its bits never used
+        elif row[1] != "gloo":
             assert row[-1] == "ok", row
-    doc = json.loads(out.read_text())
-    assert doc["machine"]["p"] == 2 and doc["bits_ok"] is True
+    assert doc["machine"]["p"] == 2 and doc["bits_ok"] is True and doc["benchmark"] == "allreduce"
     assert doc["config"]["realizations"] == ["auto", "butterfly", "halving", "replicate", "tree", "scatter"]
     res = doc["results"]
-    assert len(res) == 14
+    assert len(res) == 2 * per_size
+    for r_ in res:  # the ratio to the floor is t_max over the floor's t_max at that size
+        floor = next(f for f in res if f["realization"] == "floor" and f["bytes"] == r_["bytes"])
+        assert r_["ratio_floor"] == pytest.approx(r_["t_max_us"] / floor["t_max_us"])
     for r_ in res:
         assert r_["t_min_us"] <= r_["t_avg_us"] <= r_["t_max_us"]
         # the spread of single iterations holds every rank's mean
@@ -73,6 +89,30 @@ def test_allreduce_table_and_json(tmp_path):
         assert f"# plot written to {png}" in r.stdout and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     else:
         assert "# plot skipped: matplotlib is not installed" in r.stdout and not png.exists()
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("n", [2, 3])
+def test_reduce_scatter_table_against_reduce_scatter_block_and_reduce_then_scatter(tmp_path, n):
+    """On 3 ranks 64 KiB does not split in equal chunks: the bits are still checked chunk by chunk."""
+    out = tmp_path / "rs.json"
+    r = launch("allreduce", "--reduce-scatter", "--sizes", "8,64K", "--iters", "2", "--json", str(out), n=n)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("# alpha_mpi reduce-scatter benchmark")
+    header = next(line for line in lines if line.startswith("#") and "realization" in line)
+    assert "/root" in header and "/floor" not in header
+    rows = [line.split() for line in lines if line and not line.startswith("#")]
+    names = [row[1] for row in rows]
+    for name in ("MPI_Reduce_scatter_block", "MPI_Reduce+Scatter", "scatter"):
+        assert names.count(name) == 2, names
+    assert all(row[-1] == "ok" for row in rows if not row[1].startswith("MPI_")), rows
+    doc = json.loads(out.read_text())
+    assert (
+        doc["benchmark"] == "reduce-scatter" and doc["config"]["mode"] == "reduce-scatter" and doc["bits_ok"]
+    )
+    assert {r_["requested"] for r_ in doc["results"]} >= {"auto", "scatter", "MPI_Reduce_scatter_block"}
+    assert "MPI_Allreduce" not in names and "floor" not in names
 
 
 @needs_mpiexec

@@ -134,3 +134,59 @@ def test_memory_line_in_params_mode_counts_this_ranks_shard(tmp_path):
     chunk = mem["gradients"] // 8 - 4 * (n + 3)  # 4 slot sums, then this rank's reduced chunk
     assert abs(chunk - (n + 3) / 2) <= 1, (n, mem)
     assert f"params {mem['params'] / 2**20:.2f} MiB" in r.stdout
+
+
+RANK_MODELS = """
+import numpy as np
+from mpi4py import MPI
+
+from alpha_mpi.learning import MLP
+
+
+class RankGrad(MLP):
+    def loss_and_grad_sum(self, params, X, y, grad_out):
+        loss = super().loss_and_grad_sum(params, X, y, grad_out)
+        if MPI.COMM_WORLD.Get_rank() == MPI.COMM_WORLD.Get_size() - 1:
+            grad_out[0] = np.nextafter(grad_out[0], np.inf)
+        return loss
+
+
+class RankInit(MLP):
+    def init(self, seed):
+        last = MPI.COMM_WORLD.Get_rank() == MPI.COMM_WORLD.Get_size() - 1
+        return super().init(seed + 1 if last else seed)
+
+
+def rank_grad(inputs, classes):
+    return RankGrad(inputs, 8, classes)
+
+
+def rank_init(inputs, classes):
+    return RankInit(inputs, 8, classes)
+
+
+def healthy(inputs, classes):
+    return MLP(inputs, 8, classes)
+"""
+
+
+def test_train_model_probe_refuses_rank_dependent_gradients_and_parameters(tmp_path):
+    (tmp_path / "rank_models.py").write_text(RANK_MODELS)
+    for n in (2, 5):
+        for factory, code in (
+            ("rank_grad", "model-rank-dependent"),
+            ("rank_init", "initial-params-mismatch"),
+        ):
+            argv = ["-m", "alpha_mpi", "train", "--model", f"rank_models:{factory}", "--steps", "2", *SMALL]
+            r, _ = run_mpi(n, *argv, cwd=tmp_path, limit=120)
+            assert r.returncode == 3 and f"[{code}]" in r.stderr, (
+                n,
+                factory,
+                r.stdout[-500:],
+                r.stderr[-2000:],
+            )
+            assert f"rank {n - 1} differ" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+    r, _ = run_mpi(
+        2, "-m", "alpha_mpi", "train", "--model", "rank_models:healthy", "--steps", "2", *SMALL, cwd=tmp_path
+    )
+    assert r.returncode == 0 and "state digest:" in r.stdout, r.stderr[-2000:]

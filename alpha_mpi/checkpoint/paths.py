@@ -112,6 +112,51 @@ def read_small(path: str, what: str, limit: int, missing_code: str = "checkpoint
         os.close(fd)
 
 
+def open_shard(path: str, size: int):
+    """Open a shard for reading as data, like `latest`: never through a symlink, never a device,
+    a FIFO or a directory (O_NONBLOCK, so opening a FIFO cannot wait for a writer), and only when
+    it holds exactly the `size` bytes its manifest entry says, so no read can run past that.
+    Returns a binary file object; refuses with `checkpoint-shard-missing`, `checkpoint-path-escape`
+    (a symlink) or `checkpoint-corrupt` (not a regular file of that size)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise CheckpointRefusal(
+            "checkpoint-shard-missing", f"shard {path} named by the manifest is missing", path=path
+        )
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise CheckpointRefusal(
+                "checkpoint-path-escape",
+                f"shard {path} is a symbolic link; alpha_mpi writes shards as regular files and never follows them",
+                path=path,
+            )
+        raise CheckpointRefusal("checkpoint-corrupt", f"cannot open shard {path}: {e.strerror}", path=path)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise CheckpointRefusal(
+                "checkpoint-corrupt", f"shard {path} is not a regular file ({_kind(st.st_mode)})", path=path
+            )
+        if st.st_size != size:
+            raise CheckpointRefusal(
+                "checkpoint-corrupt",
+                f"shard {path} holds {st.st_size} bytes, its manifest entry says {size}",
+                path=path,
+            )
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file"
+
+
 def parse_latest(data: bytes, path: str):
     """(step directory name, manifest sha256) from the bytes of `latest`; never echoes them."""
     m = _LATEST_RE.fullmatch(data)

@@ -23,6 +23,7 @@ from .paths import (
     MAX_POINTER,
     SEAL,
     is_real_dir,
+    open_shard,
     parse_latest,
     parse_seal,
     published_steps,
@@ -153,22 +154,16 @@ class Checkpoint:
             return
         h = hashlib.sha256()
         size = 0
-        try:
-            with open(e["file"], "rb") as f:
-                for block in iter(lambda: f.read(1 << 22), b""):
-                    h.update(block)
-                    size += len(block)
-                    if size > e["bytes"]:
-                        break
-                if size == e["bytes"] and h.hexdigest() == e["sha256"]:
-                    f.seek(0)
-                    shardfile.check_header(f, e["file"], size, name, e["start"], e["stop"])
-        except FileNotFoundError:
-            raise CheckpointRefusal(
-                "checkpoint-shard-missing", f"shard {e['file']} named by the manifest is missing"
-            )
-        except IsADirectoryError:
-            raise CheckpointRefusal("checkpoint-corrupt", f"shard {e['file']} is a directory")
+        # Opened as data (regular file, no symlink, no FIFO, exactly its size): reads are bounded.
+        with open_shard(e["file"], e["bytes"]) as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                h.update(block)
+                size += len(block)
+                if size > e["bytes"]:
+                    break
+            if size == e["bytes"] and h.hexdigest() == e["sha256"]:
+                f.seek(0)
+                shardfile.check_header(f, e["file"], size, name, e["start"], e["stop"])
         if size != e["bytes"] or h.hexdigest() != e["sha256"]:
             raise CheckpointRefusal(
                 "checkpoint-corrupt", f"shard {e['file']} does not match its manifest sha256/size"

@@ -21,6 +21,7 @@ import struct
 import numpy as np
 
 from ..refusals import CheckpointRefusal
+from .paths import open_shard
 
 TENSOR = "values"
 MAX_HEADER = 1 << 16  # bytes; ours are about 200
@@ -93,7 +94,7 @@ def check_header(f, path: str, size: int, component: str, start: int, stop: int)
 
 def read_values(path: str, size: int, component: str, start: int, stop: int, lo: int, hi: int) -> np.ndarray:
     """Values [lo, hi) (global coordinates inside [start, stop)) of a shard file."""
-    with open(path, "rb") as f:
+    with open_shard(path, size) as f:  # as data: a regular file of exactly `size` bytes
         base = check_header(f, path, size, component, start, stop)
         f.seek(base + 8 * (lo - start))
         data = f.read(8 * (hi - lo))

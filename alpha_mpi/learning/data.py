@@ -7,6 +7,7 @@ the same samples on 1, 2, 4 or 8 ranks.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 
 import numpy as np
@@ -48,6 +49,8 @@ def load_npz(path: str, eval_fraction: float = 0.2) -> Dataset:
     complex, boolean or string X, no feature column, NaN/Inf, non-integer or negative labels, and
     labels whose range would need more than MAX_CLASSES output classes.
     """
+    if os.path.exists(path) and not os.path.isfile(path):  # a FIFO would block np.load for ever
+        raise Refusal("data-invalid", f"{path} is not a regular file")
     try:
         f = np.load(path, allow_pickle=False)
         if not isinstance(f, np.lib.npyio.NpzFile):

@@ -38,6 +38,7 @@ from ..refusals import KernelRefusal, Refusal
 from .learner_checkpoint import LearnerCheckpoint
 from .optim import make_optimizer
 from .rng import slot_generator
+from .same_start import start_params
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -85,6 +86,8 @@ class DataParallelLearner(LearnerCheckpoint):
         seed: passed to `model.init(seed)`, unless `init_params` (a float64 vector) is given;
             and the seed of the slots' generators: a model whose `loss_and_grad_sum` takes `rng`
             gets `rng=alpha_mpi.learning.slot_generator(seed, step, slot)` for each slot.
+            Every rank must start from the same bits: a digest round here refuses otherwise on
+            every rank (`initial-params-mismatch`, naming the ranks; learning/same_start.py).
         timeout: seconds a rank waits for a peer before `peer-timeout` (default
             ALPHA_MPI_TIMEOUT, else the executors' default).
 
@@ -149,7 +152,8 @@ class DataParallelLearner(LearnerCheckpoint):
             (r, min(lo, n), min(hi, n)) for r, (lo, hi) in enumerate(self.chunks) if min(hi, n) > min(lo, n)
         ]
         a, b = self.own = next(((a, b) for r, a, b in self.ranges if r == self.rank), (0, 0))
-        full = model.init(seed) if init_params is None else np.array(init_params, dtype=np.float64)
+        # Collective: every rank holds the same start (or every rank refuses, naming the ranks).
+        full = start_params(comm, model, seed=seed, init_params=init_params, timeout=timeout)
         self.params = full if partition != "params" else full[a:b].copy()
         self._p_next = np.empty(n if partition == "none" else b - a)
         self.opt = make_optimizer(optimizer, n if partition == "none" else b - a, lr=lr, momentum=momentum)

@@ -212,6 +212,14 @@ def model_from_spec(spec: str, inputs: int, classes: int) -> Model:
     factory = getattr(mod, attr, None)
     if factory is None or not callable(factory):
         raise Refusal("model-factory", f"{mod_name} has no callable {attr!r}")
+    try:
+        inspect.signature(factory).bind(inputs, classes)
+    except TypeError:
+        raise Refusal(
+            "model-factory", f"{spec}{inspect.signature(factory)} cannot be called as {attr}(inputs, classes)"
+        ) from None
+    except ValueError:  # a builtin without a signature: the call itself will tell
+        pass
     model = factory(inputs, classes)
     if _is_torch_module(model):
         from .torch_model import ModuleModel

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..refusals import Refusal
 from .data import SlotStream, load_npz, synthetic
 from .learner import DataParallelLearner
 from .mlp import MLP
@@ -17,6 +18,8 @@ from .preemption import PREEMPTED, Preemption  # noqa: F401 (PREEMPTED: its old 
 
 if TYPE_CHECKING:
     from mpi4py import MPI
+
+PROBE_SAMPLES = 8  # samples of the probe slot `train` runs a --model on before training
 
 
 @dataclass
@@ -115,10 +118,22 @@ class Progress:
 
 def build(comm, cfg: TrainConfig):
     data = load_npz(cfg.data) if cfg.data else synthetic(cfg.seed)
+    if cfg.batch < cfg.slots:  # before any tree over the slots is built
+        raise Refusal(
+            "usage", f"--batch {cfg.batch} is smaller than --slots {cfg.slots}: every slot needs a sample"
+        )
+    if cfg.batch > len(data.y):  # a step reads each sample at most once (and allocates the batch)
+        raise Refusal("usage", f"--batch {cfg.batch} is more than the {len(data.y)} samples of {data.name}")
     if cfg.model:  # a user's model: a Model or an nn.Module (summed cross-entropy, binary64)
         from .protocol import model_from_spec
 
         model = model_from_spec(cfg.model, data.inputs, data.classes)
+        # A user's model is probed on every rank before anything trains: a gradient that is not the
+        # same bits twice, or not the same on every rank, is refused by name on every rank.
+        from .same_start import probe_model
+
+        k = min(len(data.y), PROBE_SAMPLES)
+        probe_model(comm, model, (data.X[:k], data.y[:k]), seed=cfg.seed, timeout=cfg.timeout)
     else:
         model = MLP(data.inputs, cfg.hidden, data.classes)
     learner = DataParallelLearner(

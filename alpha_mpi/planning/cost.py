@@ -42,11 +42,13 @@ def load_calibration(path: str | None = None) -> Calibration:
     path = path if path is not None else os.environ.get(ENV) or None
     if path is None:
         return Calibration()
+    if os.path.exists(path) and not os.path.isfile(path):  # a FIFO would block the read for ever
+        raise Refusal("calibration-invalid", f"{path!r} is not a regular file")
     try:
         with open(path) as f:
             d = json.load(f)
         values = [float(d[k]) for k in ("alpha", "beta", "gamma")]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
         raise Refusal("calibration-invalid", f"cannot read a calibration from {path!r}: {e}") from None
     if not all(math.isfinite(v) and v >= 0 for v in values):
         raise Refusal(

@@ -24,8 +24,12 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import shutil
+import stat
 import textwrap
+
+from ..refusals import Refusal
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1
@@ -102,6 +106,44 @@ def real(lo: float, hi: float = math.inf, lo_open: bool = True, hi_open: bool = 
         return v
 
     return parse
+
+
+def path(text: str) -> str:
+    """An argparse type: a non-empty path. An empty string would name the working directory to
+    some calls and nothing to others (`--checkpoint-dir ''` saved nothing), so it is refused."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a path, got an empty string")
+    return text
+
+
+def write_output(path: str, text: str, flag: str = "--json") -> None:
+    """Write a command's output file (`flag` names the option that gave `path`). Opened
+    non-blocking, so a FIFO with no reader is refused instead of waited on; a directory, a full
+    disk (/dev/full) or a missing folder are refused as `output-unwritable`, never a traceback."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NONBLOCK", 0), 0o644)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+    except OSError as e:
+        raise Refusal("output-unwritable", f"{flag} {path}: cannot write it: {e.strerror or e}")
+
+
+def check_output(path: str, flag: str = "--json") -> None:
+    """Refuse, before any work, an output path no result could be written to: a directory, a
+    FIFO or socket (a write would wait for a reader), a missing or read-only folder."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as e:
+        raise Refusal("output-unwritable", f"{flag} {path}: {e.strerror}")
+    if mode is not None and (stat.S_ISDIR(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+        raise Refusal("output-unwritable", f"{flag} {path}: a directory, FIFO or socket, not a file")
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
+        raise Refusal("output-unwritable", f"{flag} {path}: the folder {folder} must exist and be writable")
+    if mode is not None and not os.access(path, os.W_OK):
+        raise Refusal("output-unwritable", f"{flag} {path}: the file is not writable")
 
 
 def int_option(p: argparse.ArgumentParser, flag: str, default, help: str, lo: int = 1, **kw) -> None:

@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 
-from ._args import EXIT_REFUSAL, examples_epilog, subparser, wrap
+from ._args import EXIT_REFUSAL, examples_epilog, path, subparser, wrap
 
 VERIFY_EXAMPLES = (
     "alpha-mpi checkpoint verify ckpt                  # the step `latest` names",
@@ -86,7 +86,9 @@ def _action(sub, name: str, help_text: str, examples) -> argparse.ArgumentParser
         epilog=examples_epilog(examples),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    q.add_argument("dir", help="a checkpoint directory (the step its `latest` names) or one step directory")
+    q.add_argument(
+        "dir", type=path, help="a checkpoint directory (the step its `latest` names) or one step directory"
+    )
     return q
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._args import EXIT_PREEMPTED, int_option, real, subparser
+from ._args import EXIT_PREEMPTED, check_output, int_option, path, real, subparser, write_output
 
 EXAMPLES = (
     "mpiexec -n 4 alpha-mpi train         # 200 Adam steps of the built-in synthetic task",
@@ -63,7 +63,10 @@ def parser():
         "default: the built-in MLP (--hidden)",
     )
     p.add_argument(
-        "--data", default=None, help="an .npz with X (n, d) and y (n,) instead of the synthetic task"
+        "--data",
+        type=path,
+        default=None,
+        help="an .npz with X (n, d) and y (n,) instead of the synthetic task",
     )
     int_option(
         p,
@@ -81,6 +84,7 @@ def parser():
     )
     p.add_argument(
         "--checkpoint-dir",
+        type=path,
         default=None,
         help="save sharded checkpoints here (always the final state; one trainer per directory, locked)",
     )
@@ -99,6 +103,7 @@ def parser():
     )
     p.add_argument(
         "--resume-from",
+        type=path,
         default=None,
         metavar="PATH",
         help="continue from this step directory (or another checkpoint directory's latest); saves go to "
@@ -116,6 +121,7 @@ def parser():
     )
     p.add_argument(
         "--json",
+        type=path,
         default=None,
         help="write the result (digest, loss, accuracy, timings) to this file (rank 0)",
     )
@@ -140,10 +146,9 @@ def run(argv) -> int:
     from mpi4py import MPI
 
     from ..learning import TrainConfig, train
-    from ..refusals import Refusal
 
     if a.json and MPI.COMM_WORLD.Get_rank() == 0:
-        _check_writable(a.json, Refusal)  # before training, not after it
+        check_output(a.json)  # before training, not after it
     if a.lr is None:
         a.lr = 2e-3 if a.optimizer == "adam" else 0.05
     # Every TrainConfig field is the option of the same name.
@@ -153,23 +158,5 @@ def run(argv) -> int:
     if a.json and comm.Get_rank() == 0:
         import json
 
-        with open(a.json, "w") as f:
-            json.dump(result, f, indent=2)
+        write_output(a.json, json.dumps(result, indent=2))  # a full disk: named, after the digest
     return EXIT_PREEMPTED if result["preempted"] else 0
-
-
-def _check_writable(path: str, Refusal) -> None:
-    import os
-
-    d = os.path.dirname(os.path.abspath(path))
-    if (
-        os.path.isdir(path)
-        or not os.path.isdir(d)
-        or not os.access(d, os.W_OK | os.X_OK)
-        or (os.path.exists(path) and not os.access(path, os.W_OK))
-    ):
-        raise Refusal(
-            "output-unwritable",
-            f"--json {path}: cannot write there (the directory {d} must exist and "
-            f"be writable, and the path must not be a directory)",
-        )

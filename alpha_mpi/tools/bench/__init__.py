@@ -7,8 +7,9 @@ in train_bench.py) is reported, not fatal to the others. An unknown command is a
 rank 0 and exits 2 on every rank.
 
 The modules: allreduce_bench (the loop) with allreduce_args, allreduce_variants and
-allreduce_report; dot_bench, train_bench, torch_bench (with torch_models), calibrate; summary
-(a sweep's summary and merged results); harness (what they share); baseline.
+allreduce_report; floor (the bare mpi4py exchange the allreduce table compares with); dot_bench,
+train_bench, torch_bench (with torch_models), calibrate, kernel_bench; summary (a sweep's summary
+and merged results); harness and results (what they share); baseline.
 
 Collectives: the harness may time and aggregate with MPI collectives (Barrier, gather of
 timings); MPI_Allreduce on data appears only in baseline.py, the reference being measured.
@@ -37,6 +38,10 @@ COMMANDS = {
     "torch": (
         "alpha_mpi.tools.bench.torch_bench",
         "alpha_mpi.torch vs torch DDP (gloo) step time (needs .[torch])",
+    ),
+    "kernel": (
+        "alpha_mpi.tools.bench.kernel_bench",
+        "the C kernel alone: fused k-input add vs copy bandwidth, C Adam vs numpy (one process)",
     ),
     "summary": (
         "alpha_mpi.tools.bench.summary",
@@ -68,6 +73,7 @@ def _usage() -> str:
         "  mpiexec -n 2 alpha-mpi bench calibrate --out cal.json     # then ALPHA_MPI_CALIBRATION=cal.json",
         "  mpiexec -n 2 alpha-mpi bench train --steps 20",
         "  alpha-mpi bench summary benchmarks/results/mpich-sweep-p2.json",
+        "  alpha-mpi bench kernel --sizes 1e6,1e7 --repeat 10",
     ]
     return "\n".join(lines)
 

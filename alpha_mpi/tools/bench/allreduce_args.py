@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from .._args import at_least, path
 from .harness import RankParser
 
 LARGE = 1 << 20  # sizes above this run fewer iterations (iters * LARGE / size, at least --min-iters)
@@ -11,6 +12,7 @@ _SUFFIX = {"": 1, "B": 1}
 _SUFFIX.update({s + t: 1 << (10 * i) for i, s in enumerate("KMG", 1) for t in ("", "B", "IB")})
 DEFAULT_SIZES = [8 << i for i in range(24)]  # 8 B .. 64 MiB
 DEFAULT_REALIZATIONS = "auto,butterfly,halving,replicate,tree,scatter"
+DEFAULT_REDUCE_SCATTER = "auto,halving,scatter"  # the realizations with a reduce-scatter form
 
 #: the on/off options: (flag, help)
 SWITCHES = (
@@ -18,6 +20,11 @@ SWITCHES = (
     (
         "--functional",
         "also time the convenience call allreduce(comm, tree, ...) (cached executor, no re-planning)",
+    ),
+    (
+        "--reduce-scatter",
+        "time the reduce-scatter (rank r ends with chunk r) against MPI_Reduce_scatter_block and the "
+        "fixed-root MPI_Reduce + MPI_Scatter, instead of the allreduce",
     ),
     (
         "--spin",
@@ -84,25 +91,42 @@ def make_parser(rank: int) -> argparse.ArgumentParser:
         default=DEFAULT_SIZES,
         help="bytes, comma separated (8,1K,1M,64M) or A:B for powers of two (default 8:64M)",
     )
-    add("--iters", type=int, default=100, help="timed iterations up to 1 MiB (default 100)")
-    add("--min-iters", type=int, default=10, help="timed iterations at least, for big sizes (default 10)")
-    add("--warmup", type=int, default=3, help="untimed iterations per size (default 3)")
+    add("--iters", type=at_least(1), default=100, help="timed iterations up to 1 MiB (default 100)")
+    add(
+        "--min-iters",
+        type=at_least(1),
+        default=10,
+        help="timed iterations at least, for big sizes (default 10)",
+    )
+    add("--warmup", type=at_least(0), default=3, help="untimed iterations per size (default 3)")
     add(
         "--realizations",
-        default=DEFAULT_REALIZATIONS,
-        help="alpha_mpi realizations to run (default: auto and every one that applies)",
+        default=None,
+        help=f"alpha_mpi realizations to run (default: auto and every one that applies: {DEFAULT_REALIZATIONS}; "
+        f"with --reduce-scatter {DEFAULT_REDUCE_SCATTER})",
     )
     add("--topology", default="pairwise", help="pairwise | star | star:HUB | hierarchy:K (default pairwise)")
-    add("--slots-per-rank", type=int, default=1, help="leaves per rank (default 1)")
+    add("--slots-per-rank", type=at_least(1), default=1, help="leaves per rank (default 1)")
     add(
         "--calibration",
+        type=path,
         default=None,
         metavar="FILE",
         help="α, β, γ for auto's cost model (default ALPHA_MPI_CALIBRATION or built-in; see bench calibrate)",
     )
-    add("--segment", type=int, default=None, help="scatter segment length in elements (default: built-in)")
+    add(
+        "--segment",
+        type=at_least(1),
+        default=None,
+        help="scatter segment length in elements (default: built-in)",
+    )
     add("--stat", choices=("mean", "median", "min"), default="mean", help="per-rank statistic (default mean)")
-    add("--oracle", type=int, default=4096, help="coordinates checked against the oracle (default 4096)")
+    add(
+        "--oracle",
+        type=at_least(0),
+        default=4096,
+        help="coordinates checked against the oracle (default 4096)",
+    )
     add(
         "--model-size",
         type=parse_size,
@@ -111,9 +135,10 @@ def make_parser(rank: int) -> argparse.ArgumentParser:
     )
     for flag, text in SWITCHES:
         add(flag, action="store_true", help=text)
-    add("--json", metavar="PATH", help="write the results as JSON (rank 0)")
+    add("--json", metavar="PATH", type=path, help="write the results as JSON (rank 0)")
     add(
         "--plot",
+        type=path,
         metavar="PATH.png",
         help="plot t_max and the ratio to MPI_Allreduce against size, with the spread of single iterations "
         "(needs matplotlib: pip install alpha_mpi[plot])",

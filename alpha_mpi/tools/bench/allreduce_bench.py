@@ -45,8 +45,10 @@ from ...planning import plan
 from ...planning.cost import load_calibration
 from ...planning.gather import DEFAULT_SEGMENT
 from ...planning.realize import REALIZATIONS, applicable
+from ...planning.validate import MAX_NODES
+from ...refusals import Refusal
 from . import baseline
-from .allreduce_args import iterations, make_parser
+from .allreduce_args import DEFAULT_REALIZATIONS, DEFAULT_REDUCE_SCATTER, iterations, make_parser
 from .allreduce_report import finish_model, plot, preamble, result_row, table_line
 from .allreduce_variants import (
     AlphaVariant,
@@ -56,7 +58,8 @@ from .allreduce_variants import (
     owned_slots,
     slot_values,
 )
-from .harness import machine_info, statistic, timed
+from .floor import Floor
+from .harness import machine_info, memory_refusal, statistic, timed
 from .results import write_json
 
 
@@ -65,24 +68,38 @@ def _configure(comm, argv):
     rank, p = comm.Get_rank(), comm.Get_size()
     parser = make_parser(rank)
     args = parser.parse_args(argv)
+    mode = "reduce-scatter" if args.reduce_scatter else "allreduce"
+    if args.realizations is None:
+        args.realizations = DEFAULT_REDUCE_SCATTER if args.reduce_scatter else DEFAULT_REALIZATIONS
     reals = [r.strip() for r in args.realizations.split(",") if r.strip()]
     bad = [r for r in reals if r not in ("auto",) + REALIZATIONS]
     if bad or not reals:
         parser.error(f"--realizations takes auto, {', '.join(REALIZATIONS)}; got {args.realizations!r}")
+    if args.reduce_scatter and args.functional:
+        parser.error("--functional times allreduce(); it does not combine with --reduce-scatter")
     if args.iters < 1 or args.min_iters < 1 or args.warmup < 0 or args.slots_per_rank < 1:
         parser.error("--iters, --min-iters and --slots-per-rank must be >= 1, --warmup >= 0")
     if args.spin:
         os.environ["ALPHA_MPI_SPIN"] = "1"
+    # this rank's slots at the largest size, and about six more vectors (outputs, baselines)
+    too_big = memory_refusal(max(args.sizes) * (args.slots_per_rank + 6), f"--sizes {max(args.sizes)}")
+    if too_big is not None:
+        parser.error(too_big.message)
+    if p * args.slots_per_rank > MAX_NODES // 2:  # a binary tree of k leaves has 2k - 1 nodes
+        parser.error(
+            f"--slots-per-rank {args.slots_per_rank} on {p} ranks: more than {MAX_NODES // 2} leaves"
+        )
     try:
         tree = build(args.topology, range(p * args.slots_per_rank), p)
-    except Exception as e:
-        parser.error(f"--topology: {e}")
+    except Refusal as e:
+        parser.error(f"--topology {args.topology}: [{e.code}] {e.message}")
     gloo = (not args.no_gloo) and baseline.gloo_available()
     args.cal = load_calibration(args.calibration)
-    why = applicable(plan(tree, None, 1, size=p))
+    why = applicable(plan(tree, None, 1, size=p), mode)
     skipped = [r for r in reals if r != "auto" and why[r] is not None]
     reals = [r for r in reals if r == "auto" or why[r] is None]
     config = {
+        "mode": mode,
         "topology": args.topology,
         "slots_per_rank": args.slots_per_rank,
         "realizations": reals,
@@ -101,34 +118,56 @@ def _configure(comm, argv):
     return args, tree, reals, config
 
 
-def _variants(comm, tree, n, reals, args, gloo, mine):
-    """The baselines (MPI_Allreduce first: the reference) and alpha_mpi's variants at n elements."""
+def _variants(comm, tree, n, reals, args, gloo, mine, mode):
+    """The baselines (the reference first, then the second the table compares with: the floor,
+    or MPI_Reduce + MPI_Scatter) and alpha_mpi's variants at n elements."""
     send = np.zeros(n)
-    for v in mine.values():  # MPI_Allreduce sums this rank's slots first, as one contribution
+    for v in mine.values():  # the baselines sum this rank's slots first, as one contribution
         send += v
-    base = [BaselineVariant(baseline.MpiAllreduce(comm, send, np.empty(n)))]
-    if gloo:
-        base.append(BaselineVariant(baseline.GlooAllreduce(comm, send, np.empty(n))))
-    alphas = [AlphaVariant(comm, tree, n, r, args, mine) for r in reals]
+    if mode == "reduce-scatter":
+        block = -(-n // comm.Get_size())
+        base = [
+            BaselineVariant(baseline.MpiReduceScatterBlock(comm, send, block)),
+            BaselineVariant(baseline.MpiReduceThenScatter(comm, send, block)),
+        ]
+    else:
+        base = [
+            BaselineVariant(baseline.MpiAllreduce(comm, send, np.empty(n))),
+            BaselineVariant(Floor(comm, send, np.empty(n))),
+        ]
+        if gloo:
+            base.append(BaselineVariant(baseline.GlooAllreduce(comm, send, np.empty(n))))
+    alphas = [AlphaVariant(comm, tree, n, r, args, mine, mode=mode) for r in reals]
     if args.functional:
         alphas.append(FunctionalVariant(comm, tree, n, args, mine))
     return base, alphas
 
 
-def _prime(alphas, reference, want_head) -> tuple:
-    """Every alpha_mpi variant once, compared with each other and with the oracle's head; then
-    the reference once. Returns (bits ok, MPI_Allreduce equal to the declared tree)."""
+def _declared(comm, tree, n, args, mine, want_head) -> tuple:
+    """The declared tree's whole result (tree realization, untimed) and whether its head equals
+    the oracle's: what every variant's bits are compared with."""
+    a = AlphaVariant(comm, tree, n, "tree", args, mine)
+    a.run()
+    a.close()
+    full = a.out.view(np.uint64).copy()
+    h = min(len(full), len(want_head))
+    return full, bool(np.array_equal(full[:h], want_head[:h]))
+
+
+def _prime(alphas, reference, full, head_ok) -> tuple:
+    """Every alpha_mpi variant once, each compared with its part of the declared result `full`
+    (checked against the oracle's head); then the reference once. Returns (bits ok, the
+    reference's result equal to the declared tree's)."""
+    ok = head_ok
     for a in alphas:
         a.run()
-    ref = alphas[0].out.view(np.uint64).copy()
-    ok = True
-    for a in alphas:
-        a.ref = ref
-        ok &= bool(np.array_equal(a.out.view(np.uint64), ref))
-    h = min(len(ref), len(want_head))
-    ok &= bool(np.array_equal(ref[:h], want_head[:h]))
+        a.ref = full[a.lo : a.hi]
+        ok &= bool(np.array_equal(a.out.view(np.uint64), a.ref))
     reference.run()
-    return ok, bool(np.array_equal(reference.impl.recv.view(np.uint64), ref))
+    got = reference.impl.recv.view(np.uint64)
+    lo = getattr(reference.impl, "lo", 0)  # where its result sits in the whole vector
+    want = full[lo : lo + got.size]
+    return ok, bool(got.size == want.size and np.array_equal(got, want))
 
 
 def _time(comm, variants, warmup: int, iters: int) -> None:
@@ -192,22 +231,28 @@ def cmd(comm, argv) -> int:
     for size in args.sizes:
         n = size // 8
         mine = {s: v[:n] for s, v in mine_full.items()}
-        base, alphas = _variants(comm, tree, n, reals, args, config["gloo"], mine)
+        base, alphas = _variants(comm, tree, n, reals, args, config["gloo"], mine, config["mode"])
         variants = base + alphas
-        ok, mpi_same = _prime(alphas, base[0], want_head)
+        ok, mpi_same = _prime(alphas, base[0], *_declared(comm, tree, n, args, mine, want_head))
         iters = iterations(size, args)
         _time(comm, variants, args.warmup, iters)
         gathered = _gather(comm, variants, args.stat)
         size_ok = _all_agree(comm, ok and all(a.ok for a in alphas))
         all_ok &= size_ok
-        if size == args.model_size and any(a.chosen in ("scatter", "halving") for a in alphas):
+        if (
+            size == args.model_size
+            and config["mode"] == "allreduce"
+            and any(a.chosen in ("scatter", "halving") for a in alphas)
+        ):
             model = bandwidth_model(comm, n, max(3, min(iters, 10)), args.stat)
         for v in variants:
             v.close()
         if rank == 0:
-            t_ref = max(gathered[0][0])
+            t_ref, t_second = max(gathered[0][0]), max(gathered[1][0])
             for v, (ts, spread) in zip(variants, gathered):
-                row = result_row(v, size, p, ts, spread, t_ref, iters, size_ok, mpi_same)
+                row = result_row(
+                    v, size, p, ts, spread, (t_ref, t_second), iters, size_ok, mpi_same, config["mode"]
+                )
                 results.append(row)
                 say(table_line(row))
     if model is not None and rank == 0:
@@ -217,7 +262,7 @@ def cmd(comm, argv) -> int:
     if not all_ok:
         say("# BITS MISMATCH: an alpha_mpi realization disagreed with another or with the oracle")
     if rank == 0:
-        doc = {"benchmark": "allreduce", "machine": info, "config": config, "results": results}
+        doc = {"benchmark": config["mode"], "machine": info, "config": config, "results": results}
         doc.update(model=model, bits_ok=all_ok)
         if args.json:
             write_json(args.json, doc)

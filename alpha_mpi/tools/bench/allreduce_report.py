@@ -8,10 +8,30 @@ Every printed row is formatted from its JSON row, so the table and the JSON alwa
 from __future__ import annotations
 
 TITLE = "# alpha_mpi allreduce benchmark: declared-order binary64 sum vs MPI_Allreduce (OSU/IMB style)"
-HEADER = (
-    f"#{'bytes':>11s}  {'realization':<15s}{'t_min[us]':>11s}{'t_avg[us]':>11s}{'t_max[us]':>11s}"
-    f"{'algbw[GB/s]':>13s}{'busbw[GB/s]':>13s}{'ratio':>8s}  bits"
+RS_TITLE = (
+    "# alpha_mpi reduce-scatter benchmark: declared-order binary64 sum, rank r ends with chunk r, vs "
+    "MPI_Reduce_scatter_block and MPI_Reduce + MPI_Scatter"
 )
+#: per mode: the reference (the `ratio` column), the second baseline (the column after it) and
+#: the JSON field of the ratio to that second baseline
+REFERENCES = {
+    "allreduce": ("MPI_Allreduce", "floor", "ratio_floor"),
+    "reduce-scatter": ("MPI_Reduce_scatter_block", "MPI_Reduce+Scatter", "ratio_root"),
+}
+SECOND_COLUMN = {"ratio_floor": "/floor", "ratio_root": "/root"}
+
+
+def header(mode: str = "allreduce") -> str:
+    """The table's column line; the column after `ratio` is the ratio to the floor (allreduce)
+    or to MPI_Reduce + MPI_Scatter (reduce-scatter)."""
+    second = SECOND_COLUMN[REFERENCES[mode][2]]
+    return (
+        f"#{'bytes':>11s}  {'realization':<25s}{'t_min[us]':>11s}{'t_avg[us]':>11s}{'t_max[us]':>11s}"
+        f"{'algbw[GB/s]':>13s}{'busbw[GB/s]':>13s}{'ratio':>8s}{second:>8s}  bits"
+    )
+
+
+HEADER = header()
 #: what the shaded band of the plot spans, by the fields a document has
 BAND = {
     "t_iter_min_us": "fastest to slowest single iteration on any rank",
@@ -30,8 +50,10 @@ def human(nbytes: int) -> str:
 def preamble(info: dict, config: dict, args) -> list:
     """The '#' lines above the table: machine, configuration, skipped realizations, columns."""
     gloo = config["gloo"]
+    mode = config.get("mode", "allreduce")
+    ref, second, _ = REFERENCES[mode]
     lines = [
-        TITLE,
+        TITLE if mode == "allreduce" else RS_TITLE,
         f"# machine: host={info['hostname']} cpu={info['cpu']!r} cores={info['cores']} mpi={info['mpi']!r} "
         f"p={info['p']}" + ("  (OVERSUBSCRIBED: more ranks than cores)" if info["oversubscribed"] else ""),
         f"# MPI_Allreduce algorithm: {config['mpi_allreduce_algorithm']} (MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM)   "
@@ -43,15 +65,35 @@ def preamble(info: dict, config: dict, args) -> list:
     lines.append(
         "# t_* = min/avg/max over ranks of each rank's per-iteration "
         + args.stat
-        + "; algbw = bytes/t_max; busbw = algbw*2(p-1)/p; ratio = t_max / t_max(MPI_Allreduce)"
+        + f"; algbw = bytes/t_max; busbw = algbw*2(p-1)/p; ratio = t_max / t_max({ref}); "
+        + f"{SECOND_COLUMN[REFERENCES[mode][2]]} = t_max / t_max({second})"
     )
-    lines.append(HEADER)
+    if mode == "allreduce":
+        lines.append(
+            "# floor = a bare mpi4py recursive-doubling exchange (persistent requests, np.add, no headers, "
+            "no checks): the fastest this design could be in Python; auto's /floor is the price of its checks"
+        )
+    lines.append(header(mode))
     return lines
 
 
-def result_row(v, size: int, p: int, ts, spread, t_ref: float, iters: int, size_ok: bool, mpi_same: bool):
+def result_row(
+    v,
+    size: int,
+    p: int,
+    ts,
+    spread,
+    t_refs,
+    iters: int,
+    size_ok: bool,
+    mpi_same: bool,
+    mode: str = "allreduce",
+):
     """The JSON row of one variant at one size. `ts`: each rank's statistic; `spread`: the
-    fastest and the slowest single iteration over all ranks; `t_ref`: MPI_Allreduce's t_max."""
+    fastest and the slowest single iteration over all ranks; `t_refs`: the t_max of the
+    reference and of the second baseline of `mode` (REFERENCES)."""
+    ref, _, second_key = REFERENCES[mode]
+    t_ref, t_second = t_refs
     tmin, tavg, tmax = min(ts), sum(ts) / len(ts), max(ts)
     algbw = size / tmax / 1e9
     alpha = v.chosen is not None
@@ -68,9 +110,10 @@ def result_row(v, size: int, p: int, ts, spread, t_ref: float, iters: int, size_
         "algbw_GBs": algbw,
         "busbw_GBs": algbw * 2 * (p - 1) / p if p > 1 else 0.0,
         "ratio": tmax / t_ref,
+        second_key: tmax / t_second,
         "iters": iters,
         "bits_ok": size_ok if alpha else None,
-        "bits_equal_declared": mpi_same if v.name == "MPI_Allreduce" else None,
+        "bits_equal_declared": mpi_same if v.name == ref else None,
     }
 
 
@@ -79,10 +122,12 @@ def table_line(r: dict) -> str:
     if r["chosen"] is not None:
         bits = "ok" if r["bits_ok"] else "MISMATCH"
     else:
-        bits = "=tree" if (r["realization"] == "MPI_Allreduce" and r["bits_equal_declared"]) else "-"
+        bits = "=tree" if r.get("bits_equal_declared") else "-"
+    second = next((r[k] for k in SECOND_COLUMN if k in r), float("nan"))  # older documents lack it
     return (
-        f"{r['bytes']:>12d}  {r['realization']:<15s}{r['t_min_us']:>11.2f}{r['t_avg_us']:>11.2f}"
-        f"{r['t_max_us']:>11.2f}{r['algbw_GBs']:>13.3f}{r['busbw_GBs']:>13.3f}{r['ratio']:>8.2f}  {bits}"
+        f"{r['bytes']:>12d}  {r['realization']:<25s}{r['t_min_us']:>11.2f}{r['t_avg_us']:>11.2f}"
+        f"{r['t_max_us']:>11.2f}{r['algbw_GBs']:>13.3f}{r['busbw_GBs']:>13.3f}{r['ratio']:>8.2f}"
+        f"{second:>8.2f}  {bits}"
     )
 
 

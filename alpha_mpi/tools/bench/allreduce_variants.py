@@ -46,15 +46,17 @@ def owned_slots(tree, rank: int) -> list:
 
 
 class AlphaVariant:
-    """One alpha_mpi realization (or `auto`) as a persistent Allreducer."""
+    """One alpha_mpi realization (or `auto`) as a persistent Allreducer; in reduce-scatter mode
+    its result is this rank's chunk, coordinates [lo, hi) of the whole vector."""
 
-    def __init__(self, comm, tree, n, realization, args, mine):
+    def __init__(self, comm, tree, n, realization, args, mine, mode="allreduce"):
         self.a = Allreducer(
-            comm, tree, n, realization=realization, segment=args.segment, calibration=args.cal
+            comm, tree, n, realization=realization, segment=args.segment, calibration=args.cal, mode=mode
         )
         self.requested = realization
         self.name = f"auto({self.a.realization})" if realization == "auto" else realization
-        self.out = np.empty(n)
+        self.lo, self.hi = self.a.plan.chunks[comm.Get_rank()] if mode == "reduce-scatter" else (0, n)
+        self.out = np.empty(self.hi - self.lo)
         self.mine = mine
         self.times = []
         self.ok = True

@@ -1,10 +1,12 @@
-"""THE BASELINES: the library allreduce collectives alpha_mpi is measured against.
+"""THE BASELINES: the library collectives alpha_mpi is measured against.
 
 This is the only module of alpha_mpi where a collective touches data: MPI_Allreduce (whatever
 algorithm MPICH / Open MPI picks, or the one forced through the environment, e.g.
-MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=ring) and, where torch is importable, torch.distributed's
-gloo all_reduce. Their results are timed, never used: their summation order belongs to the
-library and changes with the rank count and the message size.
+MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=ring), where torch is importable torch.distributed's gloo
+all_reduce, and for `bench allreduce --reduce-scatter` MPI_Reduce_scatter_block and the
+fixed-root MPI_Reduce + MPI_Scatter. (The bare point-to-point floor is in floor.py.) Their
+results are timed, never used: their summation order belongs to the library and changes with
+the rank count and the message size.
 """
 
 from __future__ import annotations
@@ -94,6 +96,57 @@ class GlooAllreduce:
 
     def refill(self):
         self.recv[...] = self.send
+
+    def close(self):
+        pass
+
+
+class MpiReduceScatterBlock:
+    """comm.Reduce_scatter_block(send, recv, MPI.SUM): rank r ends with block r of m = ⌈n/p⌉
+    values (the input padded with zeros to p*m, outside the timed region)."""
+
+    name = "MPI_Reduce_scatter_block"
+
+    def __init__(self, comm, send, block: int):
+        p = comm.Get_size()
+        self.comm, self.lo = comm, comm.Get_rank() * block
+        self.send = np.zeros(p * block)
+        self.send[: len(send)] = send
+        self.recv = np.empty(block)
+
+    def run(self):
+        self.comm.Reduce_scatter_block(self.send, self.recv, op=MPI.SUM)
+        return self.recv
+
+    def refill(self):
+        pass
+
+    def close(self):
+        pass
+
+
+class MpiReduceThenScatter:
+    """The fixed-root deterministic reduce-scatter production stacks use (vLLM): MPI_Reduce of
+    the whole vector to rank 0 (one library order, fixed for one p and size), then MPI_Scatter of
+    its blocks of m = ⌈n/p⌉ values."""
+
+    name = "MPI_Reduce+Scatter"
+
+    def __init__(self, comm, send, block: int):
+        p = comm.Get_size()
+        self.comm, self.lo = comm, comm.Get_rank() * block
+        self.send = np.zeros(p * block)
+        self.send[: len(send)] = send
+        self.whole = np.empty(p * block) if comm.Get_rank() == 0 else None
+        self.recv = np.empty(block)
+
+    def run(self):
+        self.comm.Reduce(self.send, self.whole, op=MPI.SUM, root=0)
+        self.comm.Scatter(self.whole, self.recv, root=0)
+        return self.recv
+
+    def refill(self):
+        pass
 
     def close(self):
         pass

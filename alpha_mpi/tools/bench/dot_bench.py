@@ -32,6 +32,7 @@ import numpy as np
 from ... import arrays
 from ...arrays import local
 from ...kernel import ffi, lib
+from .._args import at_least, path
 from .baseline import MpiAllreduce
 from .harness import RankParser, machine_info, statistic, timed
 from .results import write_json
@@ -58,22 +59,26 @@ def make_parser(rank: int) -> argparse.ArgumentParser:
     p.add_argument(
         "--lengths", type=_lengths, default=DEFAULT_LENGTHS, help="local lengths (default 1e2,...,1e7)"
     )
-    p.add_argument("--iters", type=int, default=300, help="timed iterations up to 1e4 elements (default 300)")
-    p.add_argument("--min-iters", type=int, default=10, help="timed iterations at least (default 10)")
-    p.add_argument("--warmup", type=int, default=20, help="untimed iterations per length (default 20)")
+    p.add_argument(
+        "--iters", type=at_least(1), default=300, help="timed iterations up to 1e4 elements (default 300)"
+    )
+    p.add_argument("--min-iters", type=at_least(1), default=10, help="timed iterations at least (default 10)")
+    p.add_argument(
+        "--warmup", type=at_least(0), default=20, help="untimed iterations per length (default 20)"
+    )
     p.add_argument(
         "--stat", choices=("min", "median", "mean"), default="min", help="per-rank statistic (default min)"
     )
     p.add_argument(
         "--check",
-        type=int,
+        type=at_least(0),
         default=10**6,
         help="check bits against the whole tree up to this L (default 1e6)",
     )
     g = p.add_mutually_exclusive_group()
     g.add_argument("--kernel-only", action="store_true", help="only part 2 (the local kernel)")
     g.add_argument("--no-kernel", action="store_true", help="only part 1 (per call)")
-    p.add_argument("--json", metavar="PATH", help="write the results as JSON (rank 0)")
+    p.add_argument("--json", metavar="PATH", type=path, help="write the results as JSON (rank 0)")
     return p
 
 

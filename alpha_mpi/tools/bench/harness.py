@@ -32,6 +32,24 @@ class RankParser(argparse.ArgumentParser):
             super()._print_message(message, file)
 
 
+def memory_refusal(nbytes: int, what: str):
+    """A `usage` Refusal when `what` would need `nbytes` of arrays, more than half this machine's
+    memory (None when it fits, or when the machine does not say): a size too large for the
+    machine is a named usage error, not a MemoryError traceback halfway through a run."""
+    from ...refusals import Refusal
+
+    try:
+        have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+    if nbytes <= have // 2:
+        return None
+    return Refusal(
+        "usage",
+        f"{what} needs {nbytes / 2**30:.1f} GiB, more than half of this machine's {have / 2**30:.1f} GiB",
+    )
+
+
 STATISTICS = {"mean": np.mean, "median": np.median, "min": np.min}
 
 

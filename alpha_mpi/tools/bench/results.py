@@ -6,6 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import stat
+
+from ...refusals import Refusal
+from .._args import write_output
+
+MAX_DOCUMENT = 1 << 28  # bytes: a sweep of every MPICH algorithm is a few MiB
 
 
 def _nested(obj) -> bool:
@@ -26,7 +32,39 @@ def to_json(obj, level: int = 0) -> str:
 
 
 def write_json(path: str, doc) -> None:
-    """Write `doc` to `path` (creating its folder) as `to_json` lays it out."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        f.write(to_json(doc) + "\n")
+    """Write `doc` to `path` (creating its folder) as `to_json` lays it out; a path that cannot
+    be written (a full disk, /dev/full, a directory) is refused as `output-unwritable`."""
+    text = to_json(doc) + "\n"
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    except OSError as e:
+        raise Refusal("output-unwritable", f"--json {path}: cannot make its folder: {e.strerror or e}")
+    write_output(path, text)
+
+
+def read_json(path: str):
+    """A benchmark document read as data: a regular file (never a FIFO or a device: opened
+    non-blocking), at most MAX_DOCUMENT bytes, JSON that parses (not nested past what Python
+    can decode); else `bench-document-invalid` naming the file and what is wrong with it."""
+
+    def bad(what):
+        return Refusal("bench-document-invalid", f"{path}: {what}", path=path)
+
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        raise bad(f"cannot open it: {e.strerror}")
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise bad("not a regular file")
+        if st.st_size > MAX_DOCUMENT:
+            raise bad(f"{st.st_size} bytes, more than the {MAX_DOCUMENT} a benchmark document may hold")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            raw = f.read(MAX_DOCUMENT + 1)
+    finally:
+        os.close(fd)
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise bad(f"not a JSON document ({type(e).__name__})")

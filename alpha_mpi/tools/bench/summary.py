@@ -25,13 +25,14 @@ targets, each with its worst case.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections import defaultdict
 
+from ...refusals import Refusal
+from .._args import path as path_arg
 from .allreduce_report import human
-from .results import write_json
+from .results import read_json, write_json
 
 nan = float("nan")
 SWEEP = "allreduce-sweep"
@@ -43,14 +44,36 @@ def load_runs(paths) -> list:
     naming where it came from. Other documents are passed over."""
     runs = []
     for path in paths:
-        with open(path) as f:
-            doc = json.load(f)
+        doc = read_json(path)
+        if not isinstance(doc, dict):
+            raise Refusal("bench-document-invalid", f"{path}: a {type(doc).__name__}, not a JSON object")
         if doc.get("benchmark") == SWEEP:
+            if not isinstance(doc.get("runs"), dict):
+                raise Refusal("bench-document-invalid", f"{path}: a sweep document without its `runs` object")
             for alg, run in doc["runs"].items():
-                runs.append({**run, "_path": f"{path}[{alg}]"})
+                runs.append(_run(run, f"{path}[{alg}]"))
         elif doc.get("benchmark") == "allreduce":
-            runs.append({**doc, "_path": path})
+            runs.append(_run(doc, path))
     return runs
+
+
+def _run(doc, where: str) -> dict:
+    """A run document with the fields the summary and --merge read at the top, or a refusal."""
+    ok = (
+        isinstance(doc, dict)
+        and isinstance(doc.get("machine"), dict)
+        and isinstance(doc["machine"].get("p"), int)
+        and isinstance(doc.get("config"), dict)
+        and isinstance(doc["config"].get("mpi_allreduce_algorithm"), str)
+        and isinstance(doc.get("results"), list)
+        and all(isinstance(r, dict) for r in doc["results"])
+    )
+    if not ok:
+        raise Refusal(
+            "bench-document-invalid",
+            f"{where}: not an allreduce run (machine.p, config.mpi_allreduce_algorithm and results are needed)",
+        )
+    return {**doc, "_path": where}
 
 
 def merge(runs, into=None) -> dict:
@@ -164,18 +187,28 @@ def _merge_into(target: str, paths) -> int:
     runs = load_runs(paths)
     into = None
     if os.path.exists(target):
-        with open(target) as f:
-            into = json.load(f)
-        if into.get("benchmark") != SWEEP:
-            print(f"{target} is not a sweep document ({SWEEP}); not overwritten", file=sys.stderr)
+        into = read_json(target)
+        if (
+            not isinstance(into, dict)
+            or into.get("benchmark") != SWEEP
+            or not isinstance(into.get("runs"), dict)
+            or not isinstance(into.get("p"), int)
+        ):
+            print(
+                f"alpha-mpi bench summary: error: {target} is not a sweep document ({SWEEP}); not overwritten",
+                file=sys.stderr,
+            )
             return EXIT_USAGE
     if not runs:
-        print("no allreduce benchmark results in the given files", file=sys.stderr)
+        print(
+            "alpha-mpi bench summary: error: no allreduce benchmark results in the given files",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     try:
         doc = merge(runs, into)
     except ValueError as e:
-        print(f"--merge: {e}", file=sys.stderr)
+        print(f"alpha-mpi bench summary: error: --merge: {e}", file=sys.stderr)
         return EXIT_USAGE
     write_json(target, doc)
     print(f"{target}: p={doc['p']}, runs {', '.join(doc['runs'])}")
@@ -187,8 +220,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="alpha-mpi bench summary", description=__doc__.split("\n\n")[0].replace("\n", " ")
     )
-    parser.add_argument("files", nargs="+", metavar="FILE.json", help="run or sweep documents")
-    parser.add_argument("--merge", metavar="SWEEP.json", help="merge the runs into this sweep document")
+    parser.add_argument("files", nargs="+", type=path_arg, metavar="FILE.json", help="run or sweep documents")
+    parser.add_argument(
+        "--merge", type=path_arg, metavar="SWEEP.json", help="merge the runs into this sweep document"
+    )
     try:
         a = parser.parse_args(argv)
     except SystemExit as e:
@@ -197,9 +232,19 @@ def main(argv=None) -> int:
         return _merge_into(a.merge, a.files)
     runs = load_runs(a.files)
     if not runs:
-        print("no allreduce benchmark results in the given files", file=sys.stderr)
+        print(
+            "alpha-mpi bench summary: error: no allreduce benchmark results in the given files",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
-    print(summarize(runs))
+    try:
+        text = summarize(runs)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:  # a row without the fields a run has
+        raise Refusal(
+            "bench-document-invalid",
+            f"{', '.join(a.files)}: a result row lacks or mistypes a field ({type(e).__name__}: {e})",
+        )
+    print(text)
     return 0
 
 

@@ -21,6 +21,7 @@ import socket
 
 from ...learning.data import SlotStream
 from ...learning.torch_model import require_torch
+from .._args import at_least, path
 from .baseline import init_gloo
 from .harness import RankParser, interleaved_steps, report_step_times
 from .results import write_json
@@ -29,13 +30,13 @@ from .results import write_json
 def _parser(rank):
     p = RankParser(rank, prog="alpha-mpi bench torch", description=__doc__.splitlines()[0])
     p.add_argument("--model", choices=("cnn", "mlp"), default="cnn")
-    p.add_argument("--steps", type=int, default=40, help="timed steps per learner (default 40)")
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--block", type=int, default=5, help="steps per interleaved block (default 5)")
-    p.add_argument("--slots", type=int, default=8)
-    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--steps", type=at_least(1), default=40, help="timed steps per learner (default 40)")
+    p.add_argument("--warmup", type=at_least(0), default=3)
+    p.add_argument("--block", type=at_least(1), default=5, help="steps per interleaved block (default 5)")
+    p.add_argument("--slots", type=at_least(1), default=8)
+    p.add_argument("--batch", type=at_least(1), default=128)
     p.add_argument("--lr", type=float, default=1e-2)
-    p.add_argument("--json", default=None)
+    p.add_argument("--json", type=path, default=None)
     return p
 
 

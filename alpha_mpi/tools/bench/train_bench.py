@@ -17,6 +17,7 @@ import numpy as np
 from ...learning.optim import make_optimizer
 from ...learning.slicing import stream_batch
 from ...learning.trainer import TrainConfig, build
+from .._args import at_least, path
 from . import baseline
 from .harness import RankParser, interleaved_steps, report_step_times
 from .results import write_json
@@ -62,16 +63,16 @@ def _batch(learner, stream, data) -> dict:
 
 def _parser(rank):
     p = RankParser(rank, prog="alpha-mpi bench train", description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=60, help="timed steps per learner (default 60)")
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--block", type=int, default=5, help="steps per interleaved block (default 5)")
-    p.add_argument("--slots", type=int, default=8)
-    p.add_argument("--batch", type=int, default=256)
-    p.add_argument("--hidden", type=int, default=700)
+    p.add_argument("--steps", type=at_least(1), default=60, help="timed steps per learner (default 60)")
+    p.add_argument("--warmup", type=at_least(0), default=5)
+    p.add_argument("--block", type=at_least(1), default=5, help="steps per interleaved block (default 5)")
+    p.add_argument("--slots", type=at_least(1), default=8)
+    p.add_argument("--batch", type=at_least(1), default=256)
+    p.add_argument("--hidden", type=at_least(1), default=700)
     p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
     p.add_argument("--topology", default="pairwise", help="slot tree (default pairwise, as the learners)")
     p.add_argument("--partition", choices=("none", "state", "grads", "params"), default="none")
-    p.add_argument("--json", default=None)
+    p.add_argument("--json", type=path, default=None)
     return p
 
 

@@ -1,0 +1,233 @@
+"""Every rank starts from the same state: one digest round when a learner is built (and, for
+`alpha-mpi train --model`, when the user's model is probed).
+
+Why a round: a learner applies the one combined update to each rank's own copy of the
+parameters, so ranks that start from different bits (a rank-dependent `Model.init`, `init_params`
+read from a per-rank file) keep different parameters for ever and nothing else would notice; a
+gradient that depends on the rank that computes it breaks rank-count independence as silently.
+Each rank hashes what must agree (sha256 of its little-endian binary64 bytes) and the digests go
+through the project's own executor: an Assembler (selection only, no arithmetic, no collective,
+no pickle) gives every rank every rank's words, so every rank reaches the same verdict from the
+same data: all go on, or all refuse by name, naming the ranks that differ.
+
+Words per rank: [status, then per item: its length, its digest as eight 32-bit integers]. Every
+word is an integer below 2^32, exact and finite in binary64. `status` is 0, or 1 + the index of
+this rank's local refusal code in the registry (`ADVICE`, the same on every rank of one job), or
+UNEXPECTED when the rank's model raised something else: a rank that failed locally still takes
+part in the round, so the others refuse at once (`peer-refused`, naming it) instead of waiting for
+it until the time bound.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..refusals import ADVICE, Refusal
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+    from .protocol import Model
+
+__all__ = ["Item", "agree", "start_params", "probe_model"]
+
+DIGEST_WORDS = 8  # sha256 as eight 32-bit words
+UNEXPECTED = 2.0**31  # status of a rank whose model raised a non-Refusal exception
+_CODES = list(ADVICE)
+
+
+@dataclass(frozen=True)
+class Item:
+    """One thing every rank must hold with the same bits: a label for messages (`"the initial
+    parameters"`), this rank's values (None when a local failure left nothing to hash) and the
+    refusal code raised when ranks differ."""
+
+    label: str
+    values: np.ndarray | None
+    code: str
+
+
+def _words(values: np.ndarray | None) -> list[float]:
+    if values is None:
+        return [0.0] * (1 + DIGEST_WORDS)
+    raw = np.ascontiguousarray(values, dtype="<f8").tobytes()
+    digest = hashlib.sha256(raw).digest()
+    return [float(len(raw) // 8)] + [
+        float(int.from_bytes(digest[i : i + 4], "little")) for i in range(0, 32, 4)
+    ]
+
+
+def _hex(words: Sequence[float]) -> str:
+    return b"".join(int(w).to_bytes(4, "little") for w in words[1:]).hex()
+
+
+def _status(local: BaseException | None) -> float:
+    if local is None:
+        return 0.0
+    if isinstance(local, Refusal):
+        return float(1 + _CODES.index(local.code))
+    return UNEXPECTED
+
+
+def _code_of(status: float) -> str:
+    return "an unexpected exception" if status == UNEXPECTED else _CODES[int(status) - 1]
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def agree(
+    comm: MPI.Comm,
+    items: Sequence[Item],
+    *,
+    what: str,
+    local: BaseException | None = None,
+    timeout: float | None = None,
+) -> None:
+    """Collective: return when every rank of `comm` holds every item with the same bits.
+
+    Otherwise every rank raises the same refusal: a rank with a `local` failure re-raises it and
+    the others raise `peer-refused` naming it (lowest such rank first); else, for the first item
+    that differs, `item.code` naming the ranks outside the largest group of equal digests (ties:
+    the group holding the lowest rank), with `ranks=` those ranks. `what` says what the round is
+    for ("building the learner"). Every rank passes the same number of items, in the same order.
+    """
+    size, rank = comm.Get_size(), comm.Get_rank()
+    mine = [_status(local)]
+    for item in items:
+        mine += _words(item.values)
+    if size > 1:
+        from ..execution import Assembler
+        from ..planning import plan_assembly
+
+        k = len(mine)
+        aplan = plan_assembly([(r, r * k, (r + 1) * k) for r in range(size)], size * k, size)
+        gather = Assembler(comm, aplan, timeout=timeout)
+        try:
+            table = gather.run({(rank * k, (rank + 1) * k): np.array(mine)}).reshape(size, k)
+        finally:
+            gather.free()
+    else:
+        table = np.array([mine])
+    if local is not None:
+        raise local
+    failed = [r for r in range(size) if table[r, 0] != 0.0]
+    if failed:
+        first = failed[0]
+        code = _code_of(table[first, 0])
+        raise Refusal(
+            "peer-refused",
+            f"{_ranks(failed)} refused while {what} (rank {first}: [{code}]); see that rank's error",
+            peer=first,
+            peer_code=code,
+        )
+    for i, item in enumerate(items):
+        cols = slice(1 + i * (1 + DIGEST_WORDS), 1 + (i + 1) * (1 + DIGEST_WORDS))
+        groups: dict[tuple, list[int]] = {}
+        for r in range(size):
+            groups.setdefault(tuple(table[r, cols]), []).append(r)
+        if len(groups) == 1:
+            continue
+        ref_key, ref = max(groups.items(), key=lambda kv: (len(kv[1]), -kv[1][0]))
+        differ = sorted(r for key, ranks in groups.items() if key != ref_key for r in ranks)
+        shown = "; ".join(
+            f"{_ranks(ranks)} {'holds' if len(ranks) == 1 else 'hold'} sha256 {_hex(key)[:16]}… "
+            f"({int(key[0])} values)"
+            for key, ranks in list(groups.items())[:4]
+        ) + ("; ..." if len(groups) > 4 else "")
+        raise Refusal(
+            item.code,
+            f"{item.label} differ across ranks while {what}: {_ranks(differ)} differ from "
+            f"{_ranks(ref)} ({shown})",
+            ranks=differ,
+        )
+
+
+def _initial(model: Model, seed: int, init_params) -> np.ndarray:
+    n = int(model.n_params)
+    if init_params is not None:
+        try:
+            p = np.array(init_params, dtype=np.float64)
+        except (TypeError, ValueError) as e:
+            raise Refusal("usage", f"init_params must be {n} float64 values: {e}") from None
+        if p.shape != (n,) or not np.all(np.isfinite(p)):
+            raise Refusal("usage", f"init_params must be {n} finite float64 values, got shape {p.shape}")
+        return p
+    p = model.init(seed)
+    if not isinstance(p, np.ndarray) or p.dtype != np.float64 or p.shape != (n,):
+        raise Refusal(
+            "model-protocol",
+            f"{type(model).__name__}.init({seed}) returned {type(p).__name__} {getattr(p, 'dtype', '')} "
+            f"{getattr(p, 'shape', '')}; it must be a float64 array of shape ({n},)",
+            member="init",
+        )
+    if not np.all(np.isfinite(p)):
+        raise Refusal(
+            "model-protocol",
+            f"{type(model).__name__}.init({seed}) returned non-finite parameters",
+            member="init",
+        )
+    return p
+
+
+def start_params(
+    comm: MPI.Comm, model: Model, *, seed: int, init_params=None, timeout: float | None = None
+) -> np.ndarray:
+    """Collective: the initial parameter vector (`init_params`, else `model.init(seed)`), checked
+    on this rank (float64, shape (n_params,), finite: `model-protocol` / `usage`) and then equal
+    on every rank (`initial-params-mismatch` naming the ranks that differ)."""
+    full, local = None, None
+    try:
+        full = _initial(model, seed, init_params)
+    except Exception as e:  # it travels to every rank, then is re-raised here
+        local = e
+    agree(
+        comm,
+        [Item("the initial parameters", full, "initial-params-mismatch")],
+        what="building the learner",
+        local=local,
+        timeout=timeout,
+    )
+    return full
+
+
+def probe_model(
+    comm: MPI.Comm,
+    model: Model,
+    probe: tuple[np.ndarray, np.ndarray],
+    *,
+    seed: int = 0,
+    timeout: float | None = None,
+) -> None:
+    """Collective: `check_model(model, probe=probe, seed=seed)` on every rank (the protocol, and
+    the same bits on a second call: `model-nondeterministic`), then `init(seed)` and the probe
+    slot's gradient and loss from it compared across ranks (`initial-params-mismatch`, then
+    `model-rank-dependent`, naming the ranks that differ). `probe` = (X, y) is one small slot, the same on every rank."""
+    from .protocol import check_model
+
+    params, grad, loss, local = None, None, None, None
+    try:
+        check_model(model, probe=probe, seed=seed)
+        params, grad = model.init(seed), np.empty(int(model.n_params))
+        loss = np.array([model.loss_and_grad_sum(params, probe[0], probe[1], grad)], dtype=np.float64)
+    except Exception as e:  # it travels to every rank, then is re-raised here
+        local = e
+    agree(
+        comm,
+        [
+            Item(
+                "the initial parameters", params, "initial-params-mismatch"
+            ),  # else the gradients differ too
+            Item("the probe slot's gradients", grad, "model-rank-dependent"),
+            Item("the probe slot's losses", loss, "model-rank-dependent"),
+        ],
+        what="probing the model",
+        local=local,
+        timeout=timeout,
+    )

@@ -15,10 +15,12 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections import Counter
 from dataclasses import dataclass
 
 from ..refusals import Refusal
 from .operands import operands
+from .ranktop import butterfly_rounds, halving_shape, top_of
 from .realize import _tree_rounds
 
 ENV = "ALPHA_MPI_CALIBRATION"
@@ -63,16 +65,21 @@ def estimate(tp, name: str, cal: Calibration, mode: str = "allreduce") -> float:
     if p == 1:
         return nb * g
     if name == "butterfly":
-        return L * (a + nb * b + nb * g)
+        top = top_of(tp.tree, p, name)
+        late = any(r in tp.receivers for r in top.extra)
+        return butterfly_rounds(top, late) * (a + nb * b + nb * g)
     if name == "halving":
-        part = nb * (p - 1) / p
-        return (
-            (2 * L if mode == "allreduce" else 2 * L) * a
-            + (2 if mode == "allreduce" else 1) * part * b
-            + part * g
-        )
+        top = top_of(tp.tree, p, name)
+        depth, rs_rounds = halving_shape(top)
+        part = nb * (1 - 0.5**depth)  # a holder's share of the vector moved each way
+        if mode == "allreduce":
+            late = (1 << depth) < len(tp.receivers)  # ranks without a chunk get the whole result
+            rounds = rs_rounds + depth + late
+            return rounds * a + (2 * part + nb * late) * b + part * g
+        return (rs_rounds + L) * a + part * b + part * g
     ops = operands(tp.tree)
-    k_max = max((sum(1 for o in ops if o.owner == r) for r in range(p)), default=1)
+    counts = Counter(o.owner for o in ops)
+    k_max = max(counts.values(), default=1)
     if name == "replicate":
         return L * a + nb * (len(ops) - 1) * b + nb * (len(ops) - 1) * g
     if name == "scatter":

@@ -24,11 +24,13 @@ from ..model.tree import Node
 from ..refusals import PlanRefusal, Refusal
 from .base import digest
 from .builder import RankBuilder, is_split
-from .butterfly import balanced_top, chunk_ranges, lower_butterfly, lower_halving
+from .butterfly import lower_butterfly
 from .combine_plan import Plan
 from .combine_plan import plan as plan_tree
 from .gather import DEFAULT_SEGMENT, chunk_bounds, lower_replicate, lower_scatter
+from .halving import lower_halving
 from .program import Eval, Message, Program, RankProgram
+from .ranktop import top_of
 
 REALIZATIONS = ("tree", "scatter", "replicate", "butterfly", "halving")
 # Realizations that can stop after their reduce-scatter half (the learners' grads/params modes).
@@ -76,7 +78,7 @@ def _why_not(tp: Plan, name: str, mode: str) -> dict | None:
             realization=name,
         )
     if name in ("butterfly", "halving"):
-        return balanced_top(tp.tree, tp.size, name)
+        return top_of(tp.tree, tp.size, name)
     return None
 
 
@@ -121,15 +123,12 @@ def realize(
     receivers = frozenset() if mode == "reduce-scatter" else tp.receivers
     delivery = ReduceScatter() if mode == "reduce-scatter" else tp.delivery
     chunks, rounds, extra = None, 0, ""
-    L = p.bit_length() - 1
     if name == "tree":
         builder, rounds = lower_tree(tp), _tree_rounds(tp)
     elif name == "butterfly":
-        builder, rounds = lower_butterfly(tp.tree, tp.layout, p, receivers, top), L
+        builder, rounds = lower_butterfly(top, tp.layout, p, receivers)
     elif name == "halving":
-        builder = lower_halving(tp.tree, tp.layout, p, receivers, top, mode)
-        chunks = tuple(r[L] for r in chunk_ranges(n, p))
-        rounds = 2 * L
+        builder, rounds, chunks = lower_halving(top, tp.layout, p, receivers, mode)
         extra = "chunks=" + ",".join(f"{a}:{b}" for a, b in chunks)
     elif name == "replicate":
         builder = lower_replicate(tp.tree, tp.layout, p, receivers)

@@ -25,10 +25,37 @@ from collections.abc import Callable
 
 from ..model.layout import Layout
 from ..model.tree import Leaf, Node, leaf_sequence
-from .builder import RankBuilder, is_split
+from ..refusals import PlanRefusal
+from .builder import Lowering, RankBuilder, allreduce_only, is_split
+from .combine_plan import Plan
 from .operands import lower_expression
 from .program import Eval, Message, RankProgram
-from .ranktop import Load, RankTop
+from .ranktop import Load, RankTop, butterfly_rounds, top_of
+
+NAME = "butterfly"
+
+
+def applies(tp: Plan, mode: str = "allreduce") -> str | None:
+    """A rank-partitioned top (ranktop.py), in allreduce mode."""
+    why = allreduce_only(NAME, mode)
+    if why is None:
+        try:
+            top_of(tp.tree, tp.size, NAME)
+        except PlanRefusal as e:
+            return e.message
+    return why
+
+
+def lower(tp: Plan, mode: str, receivers: frozenset, segment: int) -> Lowering:
+    builder, rounds = lower_butterfly(top_of(tp.tree, tp.size, NAME), tp.layout, tp.size, receivers)
+    return Lowering(builder, rounds)
+
+
+def estimate(tp: Plan, cal, mode: str = "allreduce") -> float:
+    """Each round moves and adds the whole payload (the piggybacked rounds carry two: ignored)."""
+    top, nb = top_of(tp.tree, tp.size, NAME), tp.layout.nbytes
+    late = any(r in tp.receivers for r in top.extra)
+    return butterfly_rounds(top, late) * (cal.alpha + nb * cal.beta + nb * cal.gamma)
 
 
 class Transfer:
@@ -245,4 +272,15 @@ def lower_butterfly(
     return build, sc.rounds
 
 
-__all__ = ["lower_butterfly", "plan_schedule", "messages", "operand_value", "slots_of", "Schedule"]
+__all__ = [
+    "NAME",
+    "applies",
+    "lower",
+    "estimate",
+    "lower_butterfly",
+    "plan_schedule",
+    "messages",
+    "operand_value",
+    "slots_of",
+    "Schedule",
+]

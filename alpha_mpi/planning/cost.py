@@ -15,13 +15,10 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections import Counter
 from dataclasses import dataclass
 
 from ..refusals import Refusal
-from .operands import operands
-from .ranktop import butterfly_rounds, halving_shape, top_of
-from .realize import _tree_rounds
+from .realize import REGISTRY
 
 ENV = "ALPHA_MPI_CALIBRATION"
 
@@ -59,36 +56,9 @@ def load_calibration(path: str | None = None) -> Calibration:
 
 def estimate(tp, name: str, cal: Calibration, mode: str = "allreduce") -> float:
     """Modelled seconds of one run of realization `name` of tree plan `tp`."""
-    p, nb = tp.size, tp.layout.nbytes
-    a, b, g = cal.alpha, cal.beta, cal.gamma
-    L = max(0, (p - 1).bit_length())
-    if p == 1:
-        return nb * g
-    if name == "butterfly":
-        top = top_of(tp.tree, p, name)
-        late = any(r in tp.receivers for r in top.extra)
-        return butterfly_rounds(top, late) * (a + nb * b + nb * g)
-    if name == "halving":
-        top = top_of(tp.tree, p, name)
-        depth, rs_rounds = halving_shape(top)
-        part = nb * (1 - 0.5**depth)  # a holder's share of the vector moved each way
-        if mode == "allreduce":
-            late = (1 << depth) < len(tp.receivers)  # ranks without a chunk get the whole result
-            rounds = rs_rounds + depth + late
-            return rounds * a + (2 * part + nb * late) * b + part * g
-        return (rs_rounds + L) * a + part * b + part * g
-    ops = operands(tp.tree)
-    counts = Counter(o.owner for o in ops)
-    k_max = max(counts.values(), default=1)
-    if name == "replicate":
-        return L * a + nb * (len(ops) - 1) * b + nb * (len(ops) - 1) * g
-    if name == "scatter":
-        part = nb * (p - 1) / p
-        gather = part if mode == "allreduce" else 0.0
-        return 2 * (p - 1) * a + (part * k_max + gather) * b + nb / p * (len(ops) - 1) * g
-    # tree: the critical path hops, a full payload moved and added per hop
-    hops = _tree_rounds(tp)
-    return hops * (a + nb * b) + max(1, hops // 2) * nb * g
+    if tp.size == 1:
+        return tp.layout.nbytes * cal.gamma
+    return REGISTRY[name].estimate(tp, cal, mode)  # each realization's module models itself
 
 
 # Ties (equal estimates) go to the realization with the simplest per-rank program.

@@ -21,10 +21,41 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..model.layout import Layout
-from .builder import RankBuilder
+from ..refusals import PlanRefusal
+from .builder import Lowering, RankBuilder
 from .butterfly import Transfer, operand_value, slots_of
+from .combine_plan import Plan
 from .program import Eval, Message, RankProgram
-from .ranktop import Load, RankTop
+from .ranktop import Load, RankTop, halving_shape, top_of
+
+NAME = "halving"
+
+
+def applies(tp: Plan, mode: str = "allreduce") -> str | None:
+    """A rank-partitioned top (ranktop.py), in both modes."""
+    try:
+        top_of(tp.tree, tp.size, NAME)
+    except PlanRefusal as e:
+        return e.message
+    return None
+
+
+def lower(tp: Plan, mode: str, receivers: frozenset, segment: int) -> Lowering:
+    top = top_of(tp.tree, tp.size, NAME)
+    builder, rounds, chunks = lower_halving(top, tp.layout, tp.size, receivers, mode)
+    return Lowering(builder, rounds, chunks, "chunks=" + ",".join(f"{a}:{b}" for a, b in chunks))
+
+
+def estimate(tp: Plan, cal, mode: str = "allreduce") -> float:
+    """A holder moves its share of the vector out each way; chunkless ranks get the whole."""
+    p, nb = tp.size, tp.layout.nbytes
+    depth, rs_rounds = halving_shape(top_of(tp.tree, p, NAME))
+    part = nb * (1 - 0.5**depth)
+    if mode == "allreduce":
+        late = (1 << depth) < len(tp.receivers)
+        rounds = rs_rounds + depth + late
+        return rounds * cal.alpha + (2 * part + nb * late) * cal.beta + part * cal.gamma
+    return (rs_rounds + (p - 1).bit_length()) * cal.alpha + part * (cal.beta + cal.gamma)
 
 
 def halves(lo: int, hi: int) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -188,4 +219,4 @@ def lower_halving(
     return build, sc.rounds, chunks
 
 
-__all__ = ["lower_halving", "plan_halving", "bisection", "halves"]
+__all__ = ["NAME", "applies", "lower", "estimate", "lower_halving", "plan_halving", "bisection", "halves"]

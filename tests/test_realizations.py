@@ -264,3 +264,24 @@ def test_retired_keywords_of_0_1_warn_and_unknown_ones_are_a_type_error():
     with pytest.warns(DeprecationWarning, match="crossover_bytes"):
         got = allreduce(MPI.COMM_SELF, tree, x, crossover_bytes=0)
     assert np.array_equal(got, np.arange(4.0) + 1)
+
+
+def test_two_latencies_charge_further_messages_of_a_round_apart(tmp_path, monkeypatch):
+    """scatter posts p-1 messages in each of its two rounds: with α_msg = α it costs what the
+    one-latency model charged (2(p-1) α), with α_msg = 0 two rounds; a 0.1 file (no α_msg)
+    charges messages like rounds."""
+    tp = plan(star(range(10), 5), None, 1, size=5)
+    f = tmp_path / "cal.json"
+    f.write_text(json.dumps({"alpha": 1e-3, "beta": 0.0, "gamma": 0.0}))
+    monkeypatch.setenv("ALPHA_MPI_CALIBRATION", str(f))
+    old = load_calibration()
+    assert old.alpha_msg == old.alpha and estimate(tp, "scatter", old) == pytest.approx(2 * 4 * 1e-3)
+    f.write_text(json.dumps({"alpha": 1e-3, "alpha_msg": 0.0, "beta": 0.0, "gamma": 0.0}))
+    cheap = load_calibration()
+    assert estimate(tp, "scatter", cheap) == pytest.approx(2 * 1e-3)
+    assert estimate(tp, "replicate", cheap) == estimate(tp, "replicate", old)  # one message a round
+    assert cheap.to_dict()["alpha_msg"] == 0.0
+    f.write_text(json.dumps({"alpha": 1e-3, "alpha_msg": -1, "beta": 0.0, "gamma": 0.0}))
+    with pytest.raises(Refusal) as e:
+        load_calibration()
+    assert e.value.code == "calibration-invalid"

@@ -136,8 +136,9 @@ class DataParallelLearner(LearnerCheckpoint):
         self.payloads = {s: np.zeros(n + 3) for s in self.my_slots}
         # Coordinate ranges of the partitioned modes: the reduce-scatter chunks of the payload,
         # clipped to the n parameters (the last chunk also holds the mass and loss words).
-        # The reduce-scatter realization (halving on a pairwise tree over 2^k ranks, else scatter)
-        # fixes the chunks, and so each rank's coordinate range in the partitioned modes.
+        # The reduce-scatter realization (halving where the tree's top is rank-partitioned, at any
+        # p, else scatter) fixes the chunks, and so each rank's coordinate range in the partitioned
+        # modes; halving at p != 2^k leaves some ranks no chunk (they hold no piece, see _mine).
         self.rs_realization, _ = choose_realization(self.full_plan, "auto", "reduce-scatter")
         self.chunks = realize(self.full_plan, self.rs_realization, mode="reduce-scatter").chunks
         self.ranges = [

@@ -12,8 +12,10 @@ Per node of the top (ranktop.py), bottom up:
   finishes early (round t_S): it *injects* its value into Big's positions [0, 2^e),
   e = min(m, t_S + 1), and Big's own exchange messages carry it on (piggybacked in the same
   frame: position i < 2^k appends it in round k), so every Big rank holds it after round m-1
-  without extra messages; then Big's value goes to S in one round. ceil(log2 p) rounds on a
-  pairwise tree over p ranks, and a few sends per rank above log2 p;
+  without extra messages (when S finishes one round before Big, it injects into half the
+  positions and that half forwards in round m: at most 2 messages per S rank); then Big's value
+  goes to S in one round. ceil(log2 p) rounds on a pairwise tree over p ranks, at most
+  ceil(log2 p) + 2 sends per rank (tests/test_any_rank_count.py checks every p up to 300);
 - any other node: a direct cross round, each side's value to every rank of the other, sent by
   the least loaded ranks of that side.
 Ranks holding no operand receive the result in one more round (when delivery reaches them).

@@ -1,10 +1,13 @@
 """The α–β–γ cost model that `auto` chooses realizations by (pure).
 
-    T = rounds·α + bytes moved per rank·β + bytes added per rank·γ
+    T = rounds·α + (messages per rank − rounds)·α_msg + bytes moved per rank·β + bytes added·γ
 
-α: seconds per message round (Python + MPI latency), β: seconds per byte moved, γ: seconds per
-byte added by the kernel. Built-in defaults were measured on the development machine (2-core
-KVM guest, MPICH 5.0.2); `alpha-mpi bench calibrate --out FILE` measures them on yours, and
+Two latencies: α, the fixed cost of a round (the Python of one executor round and its first
+message), and α_msg, the cost of each further message a rank posts in a round (MPI). β: seconds
+per byte moved, γ: seconds per byte added by the kernel. A calibration without α_msg (0.1
+files) charges each further message like a round (α_msg = α), as the one-latency model did.
+Built-in defaults were measured on the development machine (2-core KVM guest, MPICH 5.0.2);
+`alpha-mpi bench calibrate --out FILE` measures all four on yours, and
 ALPHA_MPI_CALIBRATION=FILE makes every rank read that file. Every rank must choose the same
 realization: give every rank the same file (a rank that chose differently is refused by name,
 its frames naming another plan identity).
@@ -30,10 +33,17 @@ class Calibration:
     alpha: float = 18.5e-6  # s per message round (Python + MPI)
     beta: float = 0.18e-9  # s per byte moved (about 5.5 GB/s through shared memory)
     gamma: float = 0.17e-9  # s per byte added (about 6 GB/s for one fused add)
+    alpha_msg: float = 18.5e-6  # s per further message in a round (not measured apart here: = alpha)
     source: str = "built-in defaults (development machine)"
 
     def to_dict(self) -> dict:
-        return {"alpha": self.alpha, "beta": self.beta, "gamma": self.gamma, "source": self.source}
+        return {
+            "alpha": self.alpha,
+            "alpha_msg": self.alpha_msg,
+            "beta": self.beta,
+            "gamma": self.gamma,
+            "source": self.source,
+        }
 
 
 def load_calibration(path: str | None = None) -> Calibration:
@@ -45,13 +55,16 @@ def load_calibration(path: str | None = None) -> Calibration:
         with open(path) as f:
             d = json.load(f)
         values = [float(d[k]) for k in ("alpha", "beta", "gamma")]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        values.append(float(d.get("alpha_msg", values[0])))  # a 0.1 file: one latency
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise Refusal("calibration-invalid", f"cannot read a calibration from {path!r}: {e}") from None
     if not all(math.isfinite(v) and v >= 0 for v in values):
         raise Refusal(
-            "calibration-invalid", f"{path!r}: alpha, beta and gamma must be finite and >= 0, got {values}"
+            "calibration-invalid",
+            f"{path!r}: alpha, beta, gamma and alpha_msg must be finite and >= 0, got {values}",
         )
-    return Calibration(*values, source=str(path))
+    alpha, beta, gamma, alpha_msg = values
+    return Calibration(alpha, beta, gamma, alpha_msg, source=str(path))
 
 
 def estimate(tp, name: str, cal: Calibration, mode: str = "allreduce") -> float:

@@ -3,9 +3,10 @@
 After pre-evaluation each rank holds the operands it alone owns (operands.py); the *top* is the
 rest of the tree. The butterflies (butterfly.py, halving.py) need the top to be
 *rank-partitioned*: every rank holds at most one operand, so every branch of the top joins two
-disjoint sets of ranks and a rank's value is the value of one node of the top at any time. The
-pairwise topology over contiguous blocks has this shape at every rank count; a random tree, or
-blocks that are not subtrees, do not.
+disjoint sets of ranks and a rank's value is the value of one node of the top at any time. A
+pairwise tree has this shape at every rank count when each rank's block of slots is one
+subtree (one slot per rank, 2^k slots per rank, 8 slots on 6 ranks); a random tree, or blocks
+that are not subtrees (8 slots on 3 ranks), do not.
 
 A node of the top is *complete* when it is a balanced power-of-two block (both children
 complete, of one size): the classic recursive-doubling block, whose position i (leaf order)
@@ -70,7 +71,8 @@ def rank_top(tree: Node, size: int, name: str) -> RankTop:
         raise inapplicable(
             name,
             f"the top is not rank-partitioned: rank(s) {several[:6]} hold several operands (their slots "
-            "are not one subtree); the pairwise topology over contiguous blocks is",
+            "are not one subtree); a pairwise tree is when each rank's block of slots is one subtree "
+            "(one slot per rank, or 2^k slots per rank)",
         )
     operand_of = {id(o.node): o for o in ops}
     nodes: list = []

@@ -38,13 +38,15 @@ def lower(tp: Plan, mode: str, receivers: frozenset, segment: int) -> Lowering:
 
 
 def estimate(tp: Plan, cal, mode: str = "allreduce") -> float:
-    """2(p-1) message latencies; each rank's operands' pieces out, its chunk's pieces in."""
+    """Two rounds of p-1 messages each (pieces out, chunks gathered); each rank's operands'
+    pieces out, its chunk's pieces in."""
     p, nb = tp.size, tp.layout.nbytes
     ops = operands(tp.tree)
     k_max = max(Counter(o.owner for o in ops).values(), default=1)
     part = nb * (p - 1) / p
     gather = part if mode == "allreduce" else 0.0
-    return 2 * (p - 1) * cal.alpha + (part * k_max + gather) * cal.beta + nb / p * (len(ops) - 1) * cal.gamma
+    latency = 2 * cal.alpha + (2 * (p - 1) - 2) * cal.alpha_msg
+    return latency + (part * k_max + gather) * cal.beta + nb / p * (len(ops) - 1) * cal.gamma
 
 
 def chunk_bounds(n: int, size: int) -> tuple[tuple[int, int], ...]:

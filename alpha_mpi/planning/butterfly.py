@@ -27,25 +27,18 @@ from collections.abc import Callable
 
 from ..model.layout import Layout
 from ..model.tree import Leaf, Node, leaf_sequence
-from ..refusals import PlanRefusal
 from .builder import Lowering, RankBuilder, allreduce_only, is_split
 from .combine_plan import Plan
 from .operands import lower_expression
 from .program import Eval, Message, RankProgram
-from .ranktop import Load, RankTop, butterfly_rounds, top_of
+from .ranktop import Load, RankTop, butterfly_rounds, top_of, why_not
 
 NAME = "butterfly"
 
 
 def applies(tp: Plan, mode: str = "allreduce") -> str | None:
     """A rank-partitioned top (ranktop.py), in allreduce mode."""
-    why = allreduce_only(NAME, mode)
-    if why is None:
-        try:
-            top_of(tp.tree, tp.size, NAME)
-        except PlanRefusal as e:
-            return e.message
-    return why
+    return allreduce_only(NAME, mode) or why_not(tp.tree, tp.size, NAME)
 
 
 def lower(tp: Plan, mode: str, receivers: frozenset, segment: int) -> Lowering:

@@ -21,23 +21,18 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..model.layout import Layout
-from ..refusals import PlanRefusal
 from .builder import Lowering, RankBuilder
 from .butterfly import Transfer, operand_value, slots_of
 from .combine_plan import Plan
 from .program import Eval, Message, RankProgram
-from .ranktop import Load, RankTop, halving_shape, top_of
+from .ranktop import Load, RankTop, halving_shape, top_of, why_not
 
 NAME = "halving"
 
 
 def applies(tp: Plan, mode: str = "allreduce") -> str | None:
     """A rank-partitioned top (ranktop.py), in both modes."""
-    try:
-        top_of(tp.tree, tp.size, NAME)
-    except PlanRefusal as e:
-        return e.message
-    return None
+    return why_not(tp.tree, tp.size, NAME)
 
 
 def lower(tp: Plan, mode: str, receivers: frozenset, segment: int) -> Lowering:

@@ -105,3 +105,11 @@ def pre_evaluate(b, ops, n: int, dests) -> list:
 
 def slots_of_operands(ops) -> tuple:
     return tuple(leaf.slot for op in ops for leaf in leaf_sequence(op.node))
+
+
+def operands_by_rank(ops, size: int) -> list:
+    """The operands each rank holds, left to right (one pass; a scan per rank is O(p^2))."""
+    by_rank: list = [[] for _ in range(size)]
+    for o in ops:
+        by_rank[o.owner].append(o)
+    return by_rank

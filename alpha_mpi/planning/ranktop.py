@@ -116,6 +116,15 @@ class Load:
         self.sent[rank] += amount
 
 
+def why_not(tree: Node, size: int, name: str) -> str | None:
+    """None when the top of `tree` is rank-partitioned on `size` ranks, else the reason."""
+    try:
+        top_of(tree, size, name)
+    except PlanRefusal as e:
+        return e.message
+    return None
+
+
 def butterfly_rounds(top: RankTop, late_receivers: bool) -> int:
     """The butterfly's rounds (butterfly.plan_schedule's recursion, times only: O(nodes))."""
     done: dict = {}
@@ -177,6 +186,7 @@ __all__ = [
     "RankTop",
     "rank_top",
     "top_of",
+    "why_not",
     "inapplicable",
     "Load",
     "butterfly_rounds",

@@ -13,7 +13,7 @@ from ..model.layout import Layout
 from ..model.tree import Node
 from .builder import Lowering, RankBuilder, allreduce_only
 from .combine_plan import Plan
-from .operands import lower_expression, operands, pre_evaluate, slots_of_operands
+from .operands import lower_expression, operands, operands_by_rank, pre_evaluate, slots_of_operands
 from .program import Message, RankProgram
 
 NAME = "replicate"
@@ -50,9 +50,7 @@ def lower_replicate(
     n = layout.total
     key = layout.key()
     ops = operands(tree)
-    by_rank: list = [[] for _ in range(size)]
-    for o in ops:  # one pass (a list per rank filled by scanning all operands is O(p^2))
-        by_rank[o.owner].append(o)
+    by_rank = operands_by_rank(ops, size)
     counts = [len(x) for x in by_rank]
     rounds = bruck_rounds(size)
     place = {id(o.node): i for mine_q in by_rank for i, o in enumerate(mine_q)}  # within its rank

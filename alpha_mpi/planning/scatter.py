@@ -15,7 +15,7 @@ from ..model.layout import Layout
 from ..model.tree import Node
 from .builder import Lowering, RankBuilder, is_split
 from .combine_plan import Plan
-from .operands import lower_expression, operands, pre_evaluate, slots_of_operands
+from .operands import lower_expression, operands, operands_by_rank, pre_evaluate, slots_of_operands
 from .program import Message, RankProgram
 
 NAME = "scatter"
@@ -77,9 +77,7 @@ def lower_scatter(
     n = layout.total
     key = layout.key()
     ops = operands(tree)
-    by_rank: list = [[] for _ in range(size)]
-    for o in ops:  # one pass (a list per rank filled by scanning all operands is O(p^2))
-        by_rank[o.owner].append(o)
+    by_rank = operands_by_rank(ops, size)
     chunks = chunk_bounds(n, size)
     segs = [[(a, min(a + segment, hi)) for a in range(lo, hi, segment)] for lo, hi in chunks]
     nseg = max((len(s) for s in segs), default=0)

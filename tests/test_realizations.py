@@ -63,20 +63,26 @@ def test_reduce_scatter_forms_end_with_their_chunk_of_the_tree(size, n):
             assert max(b - a for a, b in chunks) - min(b - a for a, b in chunks) <= 1
 
 
-def test_butterfly_applies_exactly_to_balanced_rank_tops():
+def test_butterflies_apply_exactly_to_rank_partitioned_tops():
     ok = plan(pairwise(range(16), 4), None, 4, size=4)
     assert applicable(ok)["butterfly"] is None and applicable(ok)["halving"] is None
     # A mirrored balanced top is still a butterfly (both partners add left then right).
     mirrored = Branch(Branch(Leaf(1, 1), Leaf(0, 0), 1), Branch(Leaf(3, 3), Leaf(2, 2), 3), 1)
     check(realize(plan(mirrored, None, 3, size=4), "butterfly"))
-    for tree, size, why in (
-        (pairwise(range(6), 3), 3, "not a power of two"),
-        (pairwise(range(6), 2), 2, "several operands"),  # blocks [0,3) [3,6) are not subtrees
-        (star(range(4), 4), 4, "not balanced"),
-        (hierarchy(range(8), 4, 2), 4, "several operands"),
+    # Any rank count, and any top whose branches join disjoint rank sets (a star over ranks too).
+    for tree, size in ((pairwise(range(6), 3), 3), (pairwise(range(8), 6), 6), (star(range(4), 4), 4)):
+        tp = plan(tree, None, 4, size=size)
+        assert applicable(tp)["butterfly"] is None and applicable(tp)["halving"] is None
+        for name in ("butterfly", "halving"):
+            check(realize(tp, name))
+    for tree, size in (
+        (pairwise(range(6), 2), 2),  # blocks [0,3) [3,6) are not subtrees
+        (pairwise(range(8), 3), 3),  # blocks of 3, 3, 2 slots: rank 0 holds [0,2) and 2
+        (hierarchy(range(8), 4, 2), 4),
     ):
         tp = plan(tree, None, 4, size=size)
-        assert why in applicable(tp)["butterfly"]
+        assert "not rank-partitioned" in applicable(tp)["butterfly"]
+        assert "several operands" in applicable(tp)["halving"]
         with pytest.raises(Refusal) as e:
             realize(tp, "halving")
         assert e.value.code == "realization-inapplicable" and e.value.context["applicable"] == [
@@ -123,13 +129,39 @@ def test_the_checker_refuses_a_swapped_operand_and_a_write_under_a_send():
     ops = [o for o in r0.ops if o.kind != "D"] + [o for o in r0.ops if o.kind == "D"]
     big._ranks[0] = _replace(r0, ops=tuple(ops))
     check(big)  # one round: the E writes `out`, never the leaf it sends from, so still fine
-    four = realize(plan(pairwise(range(4), 4), None, 9000, size=4), "butterfly")
-    r0 = four.rank(0)
-    ops = [o for o in r0.ops if o.kind != "D"] + [o for o in r0.ops if o.kind == "D"]
-    four._ranks[0] = _replace(r0, ops=tuple(ops))
+    # Large payloads reuse dead work buffers: a D then guards a later write to its region, and
+    # moving that D to the end must be refused.
+    wide = realize(plan(pairwise(range(16), 16), None, 9000, size=16), "butterfly")
+    r, d = _guarding_d(wide)
+    rp = wide.rank(r)
+    ops = [o for o in rp.ops if o != d] + [d]
+    wide._ranks[r] = _replace(rp, ops=tuple(ops))
     with pytest.raises(Refusal) as e:
-        check(four)
+        check(wide)
     assert "still sent from" in str(e.value)
+
+
+def _guarding_d(prog):
+    """(rank, D op) whose send region is written (by an E, C or a posted receive) after it."""
+    for r in range(prog.size):
+        rp = prog.rank(r)
+        for i, o in enumerate(rp.ops):
+            if o.kind != "D" or rp.regions.get(o.index) is None:
+                continue
+            src = rp.regions[o.index]
+            for later in rp.ops[i + 1 :]:
+                written = (
+                    rp.evals[later.index].output
+                    if later.kind == "E"
+                    else rp.copies[later.index][1]
+                    if later.kind == "C"
+                    else rp.regions.get(later.index)
+                    if later.kind == "P"
+                    else None
+                )
+                if written is not None and written.overlaps(src):
+                    return r, o
+    raise AssertionError("no D guards a later write: the test data does not exercise reuse")
 
 
 def _replace(rp, **kw):
@@ -232,3 +264,24 @@ def test_retired_keywords_of_0_1_warn_and_unknown_ones_are_a_type_error():
     with pytest.warns(DeprecationWarning, match="crossover_bytes"):
         got = allreduce(MPI.COMM_SELF, tree, x, crossover_bytes=0)
     assert np.array_equal(got, np.arange(4.0) + 1)
+
+
+def test_two_latencies_charge_further_messages_of_a_round_apart(tmp_path, monkeypatch):
+    """scatter posts p-1 messages in each of its two rounds: with α_msg = α it costs what the
+    one-latency model charged (2(p-1) α), with α_msg = 0 two rounds; a 0.1 file (no α_msg)
+    charges messages like rounds."""
+    tp = plan(star(range(10), 5), None, 1, size=5)
+    f = tmp_path / "cal.json"
+    f.write_text(json.dumps({"alpha": 1e-3, "beta": 0.0, "gamma": 0.0}))
+    monkeypatch.setenv("ALPHA_MPI_CALIBRATION", str(f))
+    old = load_calibration()
+    assert old.alpha_msg == old.alpha and estimate(tp, "scatter", old) == pytest.approx(2 * 4 * 1e-3)
+    f.write_text(json.dumps({"alpha": 1e-3, "alpha_msg": 0.0, "beta": 0.0, "gamma": 0.0}))
+    cheap = load_calibration()
+    assert estimate(tp, "scatter", cheap) == pytest.approx(2 * 1e-3)
+    assert estimate(tp, "replicate", cheap) == estimate(tp, "replicate", old)  # one message a round
+    assert cheap.to_dict()["alpha_msg"] == 0.0
+    f.write_text(json.dumps({"alpha": 1e-3, "alpha_msg": -1, "beta": 0.0, "gamma": 0.0}))
+    with pytest.raises(Refusal) as e:
+        load_calibration()
+    assert e.value.code == "calibration-invalid"

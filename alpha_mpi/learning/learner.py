@@ -144,8 +144,9 @@ class DataParallelLearner(LearnerCheckpoint):
         self.payloads = {s: np.zeros(n + 3) for s in self.my_slots}
         # Coordinate ranges of the partitioned modes: the reduce-scatter chunks of the payload,
         # clipped to the n parameters (the last chunk also holds the mass and loss words).
-        # The reduce-scatter realization (halving on a pairwise tree over 2^k ranks, else scatter)
-        # fixes the chunks, and so each rank's coordinate range in the partitioned modes.
+        # The reduce-scatter realization (halving where the tree's top is rank-partitioned, at any
+        # p, else scatter) fixes the chunks, and so each rank's coordinate range in the partitioned
+        # modes; halving at p != 2^k leaves some ranks no chunk (they hold no piece, see _mine).
         self.rs_realization, _ = choose_realization(self.full_plan, "auto", "reduce-scatter")
         self.chunks = realize(self.full_plan, self.rs_realization, mode="reduce-scatter").chunks
         self.ranges = [
@@ -196,12 +197,18 @@ class DataParallelLearner(LearnerCheckpoint):
         )
 
     # ------------------------------------------------------------------------------------------
+    def _mine(self, values: np.ndarray) -> dict:
+        """This rank's piece for the Assembler: none where the reduce-scatter left it no chunk
+        (halving on a rank count that is not a power of two, or fewer coordinates than ranks)."""
+        a, b = self.own
+        return {self.own: values} if b > a else {}
+
     def full_params(self) -> np.ndarray:
         """The whole parameter vector on this rank (assembled in `params` mode: every rank calls)."""
         if self.partition != "params":
             return self.params
         if self._full is None:
-            self._full = self.assembler.run({self.own: self.params}, out=np.empty(self.n))
+            self._full = self.assembler.run(self._mine(self.params), out=np.empty(self.n))
         return self._full
 
     def train_step(
@@ -269,7 +276,7 @@ class DataParallelLearner(LearnerCheckpoint):
         else:
             # Params mode assembles into a fresh vector that lives until the next forward pass.
             target = np.empty(n) if self.partition == "params" else self._full_next
-            full_next = self.assembler.run({self.own: self._p_next}, out=target, flags=1 if failure else 0)
+            full_next = self.assembler.run(self._mine(self._p_next), out=target, flags=1 if failure else 0)
             if self.assembler.flags:
                 if failure is not None:
                     raise failure

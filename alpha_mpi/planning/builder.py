@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
 from .program import BufferSpec, Eval, Message, Op, RankProgram, Region, schedule
 
 # Payloads of at least this many elements (64 KiB) travel as a header message plus a payload
@@ -114,3 +117,25 @@ class RankBuilder:
             ops=schedule(self.logical, self.regions),
             result=result,
         )
+
+
+@dataclass(frozen=True)
+class Lowering:
+    """What a realization module's `lower` returns: the per-rank program builder and what the
+    Program states about it (rounds on the critical path, reduce-scatter chunks, the extra
+    text its identity digests, details shown by `to_dict`; `identity` set only by `tree`, whose
+    Program keeps the tree Plan's identity)."""
+
+    builder: Callable[[int], RankProgram]
+    rounds: int
+    chunks: tuple | None = None
+    extra: str = ""
+    details: dict = field(default_factory=dict)
+    identity: str | None = None
+
+
+def allreduce_only(name: str, mode: str) -> str | None:
+    """The reason a realization without a reduce-scatter form does not apply in that mode."""
+    if mode == "reduce-scatter":
+        return f"{name}: has no reduce-scatter form (use halving or scatter)"
+    return None

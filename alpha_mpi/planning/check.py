@@ -13,6 +13,7 @@ expression strings are built.
 
 from __future__ import annotations
 
+import re
 from bisect import bisect_right
 from dataclasses import dataclass, field
 
@@ -160,6 +161,20 @@ def _uniform(pieces, what):
     return base, expr
 
 
+def op_grid(ranks, pcs, message: str = "") -> str:
+    """The rank x op grid, each rank's current op marked `*`, the rank the message names (or the
+    first stuck one of a deadlock) marked `<-- ERROR HERE`; 32 ranks at most, around it."""
+    m = re.search(r"\brank (\d+)|\br(\d+)@", message)
+    failing = int(m.group(1) or m.group(2)) if m else None
+    lo = 0 if failing is None else max(0, failing - 16)
+    lines = []
+    for r in range(lo, min(len(ranks), lo + 32)):
+        cells = [("*" if i == pcs[r] else "") + str(o) for i, o in enumerate(ranks[r].ops)]
+        tail = "  <-- ERROR HERE" if r == failing else ""
+        lines.append(f"  r{r}: " + (" ".join(cells) if cells else "(idle)") + tail)
+    return "\n".join(lines)
+
+
 def check(program, leaf_slots_count=None) -> Cost:
     """Run `program` symbolically on every rank; returns its Cost. Raises plan-simulation-failed."""
     p = program.size
@@ -286,15 +301,20 @@ def check(program, leaf_slots_count=None) -> Cost:
             progressed = True
         return progressed
 
-    while any(pcs[r] < len(ranks[r].ops) for r in range(p)):
-        if not any([step(r) for r in range(p)]):
-            stuck = [f"r{r}@{ranks[r].ops[pcs[r]]}" for r in range(p) if pcs[r] < len(ranks[r].ops)]
-            _fail(f"deadlock: every unfinished rank waits ({', '.join(stuck[:8])})")
-    if set(sent) != received:
-        _fail(f"messages sent but never received: {sorted(set(sent) - received)[:8]}")
-    for r in range(p):
-        if inflight[r]:
-            _fail(f"rank {r} ends with sends still in flight: {sorted(inflight[r])[:8]}")
+    try:
+        while any(pcs[r] < len(ranks[r].ops) for r in range(p)):
+            if not any([step(r) for r in range(p)]):
+                stuck = [f"r{r}@{ranks[r].ops[pcs[r]]}" for r in range(p) if pcs[r] < len(ranks[r].ops)]
+                _fail(f"deadlock: every unfinished rank waits ({', '.join(stuck[:8])})")
+        if set(sent) != received:
+            _fail(f"messages sent but never received: {sorted(set(sent) - received)[:8]}")
+        for r in range(p):
+            if inflight[r]:
+                _fail(f"rank {r} ends with sends still in flight: {sorted(inflight[r])[:8]}")
+    except PlanRefusal as e:
+        raise PlanRefusal(
+            "plan-simulation-failed", e.message + "\n" + op_grid(ranks, pcs, e.message)
+        ) from None
 
     # The declared tree's expression id.
     ids = {}
@@ -327,4 +347,4 @@ def check(program, leaf_slots_count=None) -> Cost:
     return count(program)
 
 
-__all__ = ["Cost", "check", "count"]
+__all__ = ["Cost", "check", "count", "op_grid"]

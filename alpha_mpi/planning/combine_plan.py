@@ -63,7 +63,15 @@ class Plan(PlanBase):
         return self.programs[self.check_rank(rank)]
 
     def slots_of(self, rank: int) -> tuple:
-        return tuple(s for g in self.groups if g.rank == rank for k, s in g.inputs if k == "leaf")
+        """The leaves `rank` passes, in group order (one pass over the groups for all ranks)."""
+        m = self.__dict__.get("_slots_by_rank")
+        if m is None:
+            m = {}
+            for g in self.groups:
+                m.setdefault(g.rank, []).extend(s for k, s in g.inputs if k == "leaf")
+            m = {r: tuple(v) for r, v in m.items()}
+            object.__setattr__(self, "_slots_by_rank", m)
+        return m.get(rank, ())
 
     def edge(self, phase: str, index: int) -> Edge:
         return self._edge_map()[(phase, index)]

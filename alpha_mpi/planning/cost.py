@@ -1,10 +1,13 @@
 """The α–β–γ cost model that `auto` chooses realizations by (pure).
 
-    T = rounds·α + bytes moved per rank·β + bytes added per rank·γ
+    T = rounds·α + (messages per rank − rounds)·α_msg + bytes moved per rank·β + bytes added·γ
 
-α: seconds per message round (Python + MPI latency), β: seconds per byte moved, γ: seconds per
-byte added by the kernel. Built-in defaults were measured on the development machine (2-core
-KVM guest, MPICH 5.0.2); `alpha-mpi bench calibrate --out FILE` measures them on yours, and
+Two latencies: α, the fixed cost of a round (the Python of one executor round and its first
+message), and α_msg, the cost of each further message a rank posts in a round (MPI). β: seconds
+per byte moved, γ: seconds per byte added by the kernel. A calibration without α_msg (0.1
+files) charges each further message like a round (α_msg = α), as the one-latency model did.
+Built-in defaults were measured on the development machine (2-core KVM guest, MPICH 5.0.2);
+`alpha-mpi bench calibrate --out FILE` measures all four on yours, and
 ALPHA_MPI_CALIBRATION=FILE makes every rank read that file. Every rank must choose the same
 realization: give every rank the same file (a rank that chose differently is refused by name,
 its frames naming another plan identity).
@@ -18,8 +21,7 @@ import os
 from dataclasses import dataclass
 
 from ..refusals import Refusal
-from .operands import operands
-from .realize import _tree_rounds
+from .realize import REGISTRY
 
 ENV = "ALPHA_MPI_CALIBRATION"
 
@@ -31,10 +33,17 @@ class Calibration:
     alpha: float = 18.5e-6  # s per message round (Python + MPI)
     beta: float = 0.18e-9  # s per byte moved (about 5.5 GB/s through shared memory)
     gamma: float = 0.17e-9  # s per byte added (about 6 GB/s for one fused add)
+    alpha_msg: float = 18.5e-6  # s per further message in a round (not measured apart here: = alpha)
     source: str = "built-in defaults (development machine)"
 
     def to_dict(self) -> dict:
-        return {"alpha": self.alpha, "beta": self.beta, "gamma": self.gamma, "source": self.source}
+        return {
+            "alpha": self.alpha,
+            "alpha_msg": self.alpha_msg,
+            "beta": self.beta,
+            "gamma": self.gamma,
+            "source": self.source,
+        }
 
 
 def load_calibration(path: str | None = None) -> Calibration:
@@ -48,42 +57,23 @@ def load_calibration(path: str | None = None) -> Calibration:
         with open(path) as f:
             d = json.load(f)
         values = [float(d[k]) for k in ("alpha", "beta", "gamma")]
-    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
+        values.append(float(d.get("alpha_msg", values[0])))  # a 0.1 file: one latency
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
         raise Refusal("calibration-invalid", f"cannot read a calibration from {path!r}: {e}") from None
     if not all(math.isfinite(v) and v >= 0 for v in values):
         raise Refusal(
-            "calibration-invalid", f"{path!r}: alpha, beta and gamma must be finite and >= 0, got {values}"
+            "calibration-invalid",
+            f"{path!r}: alpha, beta, gamma and alpha_msg must be finite and >= 0, got {values}",
         )
-    return Calibration(*values, source=str(path))
+    alpha, beta, gamma, alpha_msg = values
+    return Calibration(alpha, beta, gamma, alpha_msg, source=str(path))
 
 
 def estimate(tp, name: str, cal: Calibration, mode: str = "allreduce") -> float:
     """Modelled seconds of one run of realization `name` of tree plan `tp`."""
-    p, nb = tp.size, tp.layout.nbytes
-    a, b, g = cal.alpha, cal.beta, cal.gamma
-    L = max(0, (p - 1).bit_length())
-    if p == 1:
-        return nb * g
-    if name == "butterfly":
-        return L * (a + nb * b + nb * g)
-    if name == "halving":
-        part = nb * (p - 1) / p
-        return (
-            (2 * L if mode == "allreduce" else 2 * L) * a
-            + (2 if mode == "allreduce" else 1) * part * b
-            + part * g
-        )
-    ops = operands(tp.tree)
-    k_max = max((sum(1 for o in ops if o.owner == r) for r in range(p)), default=1)
-    if name == "replicate":
-        return L * a + nb * (len(ops) - 1) * b + nb * (len(ops) - 1) * g
-    if name == "scatter":
-        part = nb * (p - 1) / p
-        gather = part if mode == "allreduce" else 0.0
-        return 2 * (p - 1) * a + (part * k_max + gather) * b + nb / p * (len(ops) - 1) * g
-    # tree: the critical path hops, a full payload moved and added per hop
-    hops = _tree_rounds(tp)
-    return hops * (a + nb * b) + max(1, hops // 2) * nb * g
+    if tp.size == 1:
+        return tp.layout.nbytes * cal.gamma
+    return REGISTRY[name].estimate(tp, cal, mode)  # each realization's module models itself
 
 
 # Ties (equal estimates) go to the realization with the simplest per-rank program.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..model.tree import Leaf, Node, postorder
+from ..model.tree import Leaf, Node, leaf_sequence, postorder
 from .postfix import postfix, stack_cuts
 from .program import Eval, Region
 
@@ -78,3 +78,38 @@ def _one(root, input_region, done, out) -> Eval:
     """One postfix program for `root` (not itself an input) over its inputs."""
     inputs, prog = postfix(root, lambda node: done.get(id(node)) or input_region(node))
     return Eval(inputs, prog, out)
+
+
+def pre_evaluate(b, ops, n: int, dests) -> list:
+    """Write each of this rank's operands into its destination Region (or use the leaf itself
+    when `dests[i]` is None); returns the Regions holding the operand values."""
+    out = []
+    for op, dest in zip(ops, dests):
+        if isinstance(op.node, Leaf):
+            leaf = b.leaf(op.node.slot, n)
+            if dest is not None:
+                b.copy(leaf, dest)
+            out.append(dest or leaf)
+            continue
+        target = dest or b.work(n)
+        for ev in lower_expression(
+            op.node,
+            lambda nd: b.leaf(nd.slot, n) if isinstance(nd, Leaf) else None,
+            target,
+            lambda c: b.work(c),
+        ):
+            b.eval(ev)
+        out.append(target)
+    return out
+
+
+def slots_of_operands(ops) -> tuple:
+    return tuple(leaf.slot for op in ops for leaf in leaf_sequence(op.node))
+
+
+def operands_by_rank(ops, size: int) -> list:
+    """The operands each rank holds, left to right (one pass; a scan per rank is O(p^2))."""
+    by_rank: list = [[] for _ in range(size)]
+    for o in ops:
+        by_rank[o.owner].append(o)
+    return by_rank

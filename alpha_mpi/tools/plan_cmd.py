@@ -107,7 +107,8 @@ def run(argv) -> int:
         + ("   (checked symbolically)" if a.check else "")
     )
     print(
-        f"  model ({cal.source}: α {cal.alpha * 1e6:.2f} us, β {cal.beta * 1e9:.3f} ns/B, γ {cal.gamma * 1e9:.3f} ns/B):"
+        f"  model ({cal.source}: α {cal.alpha * 1e6:.2f} us/round, α_msg {cal.alpha_msg * 1e6:.2f} us/message, "
+        f"β {cal.beta * 1e9:.3f} ns/B, γ {cal.gamma * 1e9:.3f} ns/B):"
     )
     for k, v in sorted(est.items(), key=lambda kv: kv[1]):
         print(f"    {k:<10s} {v * 1e6:12.2f} us" + ("   <-- this plan" if k == a.realization else ""))

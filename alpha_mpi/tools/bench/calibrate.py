@@ -4,7 +4,9 @@
     export ALPHA_MPI_CALIBRATION=$PWD/calibration.json      # then every rank reads the same file
 
 α (seconds per message round): the time of a one-element exchange through alpha_mpi's executor
-(butterfly on a power-of-two rank count, replicate otherwise), divided by its rounds. β (seconds
+(auto's realization of the pairwise tree, named in the file), divided by its rounds: Python's fixed cost of a round and its
+first message. α_msg (seconds per further message in a round): a one-element exchange between
+ranks 0 and 1 through mpi4py's buffer Sendrecv alone, the MPI cost of one message. β (seconds
 per byte moved): a large exchange between ranks 0 and 1 (mpi4py buffer Sendrecv). γ (seconds per
 byte added): the kernel's add of two large vectors. Each figure is the median of --iters runs,
 the worst over ranks. The harness times with Barrier and reduces its timings with buffer
@@ -58,10 +60,18 @@ def cmd(comm, argv) -> int:
             comm.Sendrecv(buf, dest=peer, recvbuf=got, source=peer)
 
     beta = _median(exchange, max(5, a.iters // 20), comm) / (8 * n)
+    one, one_got = np.ones(1), np.empty(1)
+
+    def message():
+        if peer is not None:
+            comm.Sendrecv(one, dest=peer, recvbuf=one_got, source=peer)
+
+    alpha_msg = _median(message, a.iters, comm)
     y = np.ones(n)
     gamma = _median(lambda: kernel.add(got, buf, y), max(5, a.iters // 20), comm) / (8 * n)
     doc = {
         "alpha": alpha,
+        "alpha_msg": alpha_msg,
         "beta": beta,
         "gamma": gamma,
         "ranks": p,
@@ -72,7 +82,8 @@ def cmd(comm, argv) -> int:
     if rank == 0:
         write_json(a.out, doc)
         print(
-            f"alpha {alpha * 1e6:.2f} us/round   beta {beta * 1e9:.3f} ns/B   gamma {gamma * 1e9:.3f} ns/B  -> {a.out}"
+            f"alpha {alpha * 1e6:.2f} us/round   alpha_msg {alpha_msg * 1e6:.2f} us/message   "
+            f"beta {beta * 1e9:.3f} ns/B   gamma {gamma * 1e9:.3f} ns/B  -> {a.out}"
         )
     small.free()
     return 0

@@ -1,0 +1,194 @@
+"""The tree's top over ranks, for the butterflies: which ranks each branch joins (pure).
+
+After pre-evaluation each rank holds the operands it alone owns (operands.py); the *top* is the
+rest of the tree. The butterflies (butterfly.py, halving.py) need the top to be
+*rank-partitioned*: every rank holds at most one operand, so every branch of the top joins two
+disjoint sets of ranks and a rank's value is the value of one node of the top at any time. A
+pairwise tree has this shape at every rank count when each rank's block of slots is one
+subtree (one slot per rank, 2^k slots per rank, 8 slots on 6 ranks); a random tree, or blocks
+that are not subtrees (8 slots on 3 ranks), do not.
+
+A node of the top is *complete* when it is a balanced power-of-two block (both children
+complete, of one size): the classic recursive-doubling block, whose position i (leaf order)
+meets position i ^ 2^k in round k. The split of any other node follows DESIGN.md "Any rank
+count": each side is realized by itself, then a cross round joins them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..model.tree import Node
+from ..refusals import PlanRefusal
+from .operands import operands
+
+
+@dataclass(eq=False)
+class TopNode:
+    """A node of the top: an operand (`rank` set, no children) or a branch over two nodes."""
+
+    key: int  # postorder index among the top's nodes
+    node: Node = field(repr=False)  # the tree node it stands for
+    ranks: tuple = ()  # the ranks below, in leaf order
+    left: TopNode | None = None
+    right: TopNode | None = None
+    rank: int = -1  # an operand's rank
+    complete: bool = False  # a balanced power-of-two block
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def is_operand(self) -> bool:
+        return self.left is None
+
+
+@dataclass(frozen=True)
+class RankTop:
+    """The top of `tree` over ranks: `root`, postorder `nodes`, each rank's operand, and the
+    `extra` ranks that hold no operand (they only receive the result)."""
+
+    root: TopNode
+    nodes: tuple
+    operand: dict  # rank -> Operand
+    extra: tuple
+    leaf_key: dict  # rank -> the key of its operand's node
+
+
+def inapplicable(name: str, why: str) -> PlanRefusal:
+    return PlanRefusal("realization-inapplicable", f"{name}: {why}", realization=name)
+
+
+def rank_top(tree: Node, size: int, name: str) -> RankTop:
+    """The rank-partitioned top of `tree` on `size` ranks, or realization-inapplicable saying why."""
+    ops = operands(tree)
+    per_rank: dict = {}
+    for o in ops:
+        per_rank.setdefault(o.owner, []).append(o)
+    several = sorted(r for r, v in per_rank.items() if len(v) > 1)
+    if several:
+        raise inapplicable(
+            name,
+            f"the top is not rank-partitioned: rank(s) {several[:6]} hold several operands (their slots "
+            "are not one subtree); a pairwise tree is when each rank's block of slots is one subtree "
+            "(one slot per rank, or 2^k slots per rank)",
+        )
+    operand_of = {id(o.node): o for o in ops}
+    nodes: list = []
+    built: dict = {}
+    stack = [(tree, False)]
+    while stack:  # postorder without recursion (a deep chain must not overflow the stack)
+        node, expanded = stack.pop()
+        o = operand_of.get(id(node))
+        if o is not None:
+            t = TopNode(len(nodes), node, (o.owner,), rank=o.owner, complete=True)
+        elif not expanded:
+            stack.extend([(node, True), (node.right, False), (node.left, False)])
+            continue
+        else:
+            a, b = built[id(node.left)], built[id(node.right)]
+            t = TopNode(len(nodes), node, a.ranks + b.ranks, a, b)
+            t.complete = a.complete and b.complete and a.size == b.size
+        built[id(node)] = t
+        nodes.append(t)
+    root = nodes[-1]
+    extra = tuple(r for r in range(size) if r not in per_rank)
+    leaf_key = {t.rank: t.key for t in nodes if t.is_operand}
+    return RankTop(root, tuple(nodes), {r: v[0] for r, v in per_rank.items()}, extra, leaf_key)
+
+
+class Load:
+    """Messages (or bytes) each rank sends so far, for choosing among equivalent senders: when
+    every rank of a set holds one value, the least loaded ones send it (ties by position)."""
+
+    def __init__(self, size: int):
+        self.sent = [0] * size
+
+    def pick(self, candidates, count: int) -> list:
+        """`count` senders among `candidates` (round robin over them, least loaded first)."""
+        if not candidates:
+            return []
+        order = sorted(range(len(candidates)), key=lambda i: (self.sent[candidates[i]], i))
+        return [candidates[order[j % len(order)]] for j in range(count)]
+
+    def add(self, rank: int, amount: int = 1) -> None:
+        self.sent[rank] += amount
+
+
+def why_not(tree: Node, size: int, name: str) -> str | None:
+    """None when the top of `tree` is rank-partitioned on `size` ranks, else the reason."""
+    try:
+        top_of(tree, size, name)
+    except PlanRefusal as e:
+        return e.message
+    return None
+
+
+def butterfly_rounds(top: RankTop, late_receivers: bool) -> int:
+    """The butterfly's rounds (butterfly.plan_schedule's recursion, times only: O(nodes))."""
+    done: dict = {}
+    for t in top.nodes:
+        if t.is_operand:
+            done[t.key] = 0
+            continue
+        a, b = t.left, t.right
+        ta, tb = done[a.key], done[b.key]
+        if t.complete:
+            done[t.key] = ta + 1
+        elif (a.complete and a.size >= b.size) or (b.complete and b.size > a.size):
+            big, small = (a, b) if a.complete and a.size >= b.size else (b, a)
+            done[t.key] = max(done[big.key], done[small.key]) + 1
+        else:
+            done[t.key] = max(ta, tb) + 1
+    return done[top.root.key] + (1 if late_receivers else 0)
+
+
+def halving_shape(top: RankTop) -> tuple[int, int]:
+    """(depth of the root's holders, rounds of the reduce-scatter half): halving.plan_halving's
+    recursion, times only (O(nodes)). The root has 2^depth holders."""
+    held: dict = {}
+    for t in top.nodes:
+        if t.is_operand:
+            held[t.key] = (0, 0)
+            continue
+        (da, ta), (db, tb) = held[t.left.key], held[t.right.key]
+        if da == db:
+            held[t.key] = (da + 1, max(ta, tb) + 1)
+        else:
+            (dt, tt), (_, tu) = ((da, ta), (db, tb)) if da > db else ((db, tb), (da, ta))
+            held[t.key] = (dt, max(tt, tu + 1))
+    return held[top.root.key]
+
+
+_TOPS: dict = {}  # (tree identity, size) -> RankTop or the reason it is not rank-partitioned
+
+
+def top_of(tree: Node, size: int, name: str) -> RankTop:
+    """rank_top, remembered for the last few trees (applicable, auto and realize all ask)."""
+    key = (tree.identity, size)
+    got = _TOPS.get(key)
+    if got is None:
+        try:
+            got = rank_top(tree, size, "{name}")
+        except PlanRefusal as e:
+            got = e.message
+        if len(_TOPS) >= 8:
+            _TOPS.pop(next(iter(_TOPS)))
+        _TOPS[key] = got
+    if isinstance(got, str):
+        raise inapplicable(name, got.split(": ", 1)[1])
+    return got
+
+
+__all__ = [
+    "TopNode",
+    "RankTop",
+    "rank_top",
+    "top_of",
+    "why_not",
+    "inapplicable",
+    "Load",
+    "butterfly_rounds",
+    "halving_shape",
+]

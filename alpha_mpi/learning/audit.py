@@ -1,0 +1,222 @@
+"""Audited slots: catch silent data corruption by recomputing slots on another rank (layer 5).
+
+A slot's payload (Σ gradients, Σ samples, Σ loss) is a pure function of (params, data, slot
+seed), so it has the same bits on whichever rank computes it. Each step, K slots chosen by a
+deterministic rotation are computed a second time by another rank, and the digests of the two
+payloads are compared BEFORE the gradient combine, so a mismatch applies nothing:
+
+    audited(step)   slots (step*K + j) mod S for j in 0..K-1: every slot once per ceil(S/K) steps,
+                    so a persistent fault on one rank is met within ceil(S/K) steps
+    owner(s)        the rank the tree gives slot s
+    auditor(s)      (owner + 1) mod p: recomputes s every step s is audited
+    referee(s)      (owner + 2) mod p (p >= 3): recomputes s only after a mismatch, to say which of
+                    the two was wrong; with p = 2 there is no third rank and both are named
+
+Exchange (through the engine, no collective): an Assembler over p blocks of 2K words; rank r's
+block holds, at word pair j, the digest of audited slot j as r computed it (the two 32-bit halves
+of a 64-bit digest, each an exact float64; zeros where r did not compute it). Every rank reads
+the same table, so every rank decides alike. After a mismatch a second Assembler (p blocks of
+2K + 16 words) carries the referees' digests and each rank's host name, and every rank raises
+`sdc-detected` naming the faulty rank(s) and host(s). Nothing else is changed: a healthy run has
+the bits of a run without auditing.
+
+Digest: BLAKE2b (8 bytes) of the payload's words except the stop word (which only the owner
+sets), computed by hashlib's C implementation over the buffer, no copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+from ..execution import Assembler
+from ..planning.assembly import plan_assembly
+from ..refusals import Refusal
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+__all__ = ["SlotAudit", "FaultHook", "payload_digest", "audited_slots"]
+
+
+class FaultHook(Protocol):
+    """What a learner's `fault_hook=` is (alpha_mpi_verify.faults implements it): called after
+    each slot payload a rank computes, before anything reads it; it may change `payload` in place."""
+
+    def __call__(self, rank: int, step: int, slot: int, payload: np.ndarray) -> None:
+        """Inject this rank's fault (if any) into slot `slot`'s payload at `step`."""
+        ...
+
+
+_HOST_WORDS = 16  # 64 bytes of host name, 4 bytes per word
+
+
+def payload_digest(words: np.ndarray) -> int:
+    """A 64-bit digest of a float64 array's bits (BLAKE2b, 8 bytes, little-endian int)."""
+    return int.from_bytes(
+        hashlib.blake2b(memoryview(np.ascontiguousarray(words)), digest_size=8).digest(), "little"
+    )
+
+
+def audited_slots(step: int, k: int, slots: int) -> list[int]:
+    """The slots audited at `step`: (step*k + j) mod slots for j in 0..k-1 (pure rotation)."""
+    return [(step * k + j) % slots for j in range(k)]
+
+
+def _halves(d: int) -> tuple[float, float]:
+    return float(d & 0xFFFFFFFF), float(d >> 32)
+
+
+def _host_words(name: str) -> np.ndarray:
+    raw = name.encode("utf-8", "replace")[: 4 * _HOST_WORDS].ljust(4 * _HOST_WORDS, b"\0")
+    return np.frombuffer(raw, dtype="<u4").astype(np.float64)
+
+
+def _host_name(words: np.ndarray) -> str:
+    return words.astype("<u4").tobytes().rstrip(b"\0").decode("utf-8", "replace")
+
+
+class SlotAudit:
+    """The audit of one learner: rotation, roles, the two exchanges and the verdict.
+
+    Build it on every rank (collective: it builds two Assemblers). `owner_of[s]` is the rank of
+    slot s; `compute(s, out)` fills `out` (n+3 words) with slot s's payload as this rank computes
+    it at the current step (the learner's own function, fault hook included).
+    """
+
+    def __init__(
+        self, comm: MPI.Comm, k: int, owner_of: list[int], *, timeout: float | None, contract: str
+    ) -> None:
+        self.size, self.rank = comm.Get_size(), comm.Get_rank()
+        slots = len(owner_of)
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 < k <= slots:
+            raise Refusal("usage", f"audit_slots must be an int in 1..{slots} (the slot count), got {k!r}")
+        if self.size < 2:
+            raise Refusal(
+                "usage",
+                "audit_slots needs at least 2 ranks: a slot is recomputed by another rank "
+                f"than its owner, and this communicator has {self.size}",
+            )
+        self.k, self.slots, self.owner_of = int(k), slots, list(owner_of)
+        self.host = socket.gethostname()
+        w = 2 * self.k
+        self._table = Assembler(
+            comm,
+            plan_assembly([(r, r * w, (r + 1) * w) for r in range(self.size)], self.size * w, self.size),
+            timeout=timeout,
+            contract=contract,
+        )
+        wr = w + _HOST_WORDS
+        self._referee = Assembler(
+            comm,
+            plan_assembly([(r, r * wr, (r + 1) * wr) for r in range(self.size)], self.size * wr, self.size),
+            timeout=timeout,
+            contract=contract,
+        )
+        self._mine = np.zeros(w)
+        self._mine_ref = np.zeros(wr)
+        self._all = np.empty(self.size * w)
+        self._all_ref = np.empty(self.size * wr)
+        self.checked = 0  # slot audits that passed (for reports)
+
+    def auditor(self, s: int) -> int:
+        """The rank that recomputes slot s when it is audited."""
+        return (self.owner_of[s] + 1) % self.size
+
+    def referee(self, s: int) -> int | None:
+        """The rank that recomputes slot s after a mismatch (None with 2 ranks)."""
+        return (self.owner_of[s] + 2) % self.size if self.size >= 3 else None
+
+    def data_slots(self, step: int) -> list[int]:
+        """Slots other than its own whose data this rank may need at `step` (as auditor or referee)."""
+        out = []
+        for s in audited_slots(step, self.k, self.slots):
+            if self.rank in (self.auditor(s), self.referee(s)) and s not in out:
+                out.append(s)
+        return out
+
+    def check(self, step: int, payloads: dict, compute, scratch: np.ndarray) -> None:
+        """Compare the audited slots' digests at `step`; raise `sdc-detected` on every rank on a
+        mismatch (before anything is combined or applied). `payloads`: this rank's own slots'
+        payloads, already computed; `compute(s, out)` recomputes a slot into `out`."""
+        audited = audited_slots(step, self.k, self.slots)
+        mine, n2 = self._mine, len(scratch) - 1  # digest every word but the stop word
+        mine[:] = 0.0
+        for j, s in enumerate(audited):
+            if self.owner_of[s] == self.rank:
+                mine[2 * j : 2 * j + 2] = _halves(payload_digest(payloads[s][:n2]))
+            elif self.auditor(s) == self.rank:
+                compute(s, scratch)
+                mine[2 * j : 2 * j + 2] = _halves(payload_digest(scratch[:n2]))
+        w = 2 * self.k
+        table = self._table.run({(self.rank * w, (self.rank + 1) * w): mine}, out=self._all).reshape(
+            self.size, w
+        )
+        bad = [
+            j
+            for j, s in enumerate(audited)
+            if not np.array_equal(
+                table[self.owner_of[s], 2 * j : 2 * j + 2], table[self.auditor(s), 2 * j : 2 * j + 2]
+            )
+        ]
+        if not bad:
+            self.checked += len(audited)
+            return
+        self._refuse(step, audited, bad, table, compute, scratch)
+
+    def _refuse(self, step, audited, bad, table, compute, scratch) -> None:
+        w, wr, n2 = 2 * self.k, 2 * self.k + _HOST_WORDS, len(scratch) - 1
+        mine = self._mine_ref
+        mine[:] = 0.0
+        mine[w:] = _host_words(self.host)
+        for j in bad:
+            s = audited[j]
+            if self.referee(s) == self.rank:
+                compute(s, scratch)
+                mine[2 * j : 2 * j + 2] = _halves(payload_digest(scratch[:n2]))
+        ref = self._referee.run({(self.rank * wr, (self.rank + 1) * wr): mine}, out=self._all_ref)
+        ref = ref.reshape(self.size, wr)
+        hosts = [_host_name(ref[r, w:]) for r in range(self.size)]
+        faulty: list[int] = []
+        notes = []
+        for j in bad:
+            s = audited[j]
+            o, a, r = self.owner_of[s], self.auditor(s), self.referee(s)
+            od, ad = table[o, 2 * j : 2 * j + 2], table[a, 2 * j : 2 * j + 2]
+            if r is None:
+                named = [o, a]
+                notes.append(
+                    f"slot {s}: owner rank {o} and auditor rank {a} disagree; with 2 ranks no third rank "
+                    "can say which is wrong, so both are named"
+                )
+            else:
+                rd = ref[r, 2 * j : 2 * j + 2]
+                if np.array_equal(rd, ad):
+                    named = [o]
+                    notes.append(
+                        f"slot {s}: owner rank {o} differs from auditor rank {a} and referee rank {r}"
+                    )
+                elif np.array_equal(rd, od):
+                    named = [a]
+                    notes.append(
+                        f"slot {s}: auditor rank {a} differs from owner rank {o} and referee rank {r}"
+                    )
+                else:
+                    named = [o, a, r]
+                    notes.append(
+                        f"slot {s}: owner rank {o}, auditor rank {a} and referee rank {r} all disagree"
+                    )
+            faulty += [x for x in named if x not in faulty]
+        who = ", ".join(f"rank {x} on host {hosts[x]}" for x in faulty)
+        raise Refusal(
+            "sdc-detected",
+            f"step {step}: recomputed slot payloads differ ({'; '.join(notes)}); suspected: {who}; "
+            "nothing was applied",
+            step=step,
+            ranks=tuple(faulty),
+            hosts=tuple(hosts[x] for x in faulty),
+            slots=tuple(audited[j] for j in bad),
+        )

@@ -39,7 +39,7 @@ from ..refusals import Refusal
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-__all__ = ["SlotAudit", "FaultHook", "payload_digest", "audited_slots"]
+__all__ = ["SlotAudit", "FaultHook", "payload_digest", "audited_slots", "sdc_report"]
 
 
 class FaultHook(Protocol):
@@ -220,3 +220,28 @@ class SlotAudit:
             hosts=tuple(hosts[x] for x in faulty),
             slots=tuple(audited[j] for j in bad),
         )
+
+
+def sdc_report(e: Refusal, checkpoint_dir: str | None, size: int) -> str:
+    """What `alpha-mpi train` prints after `sdc-detected`: the refusal, where the last state every
+    audit passed is saved, and how to resume without the named ranks' nodes."""
+    hosts = sorted(set(e.context.get("hosts", ())))
+    ranks = ", ".join(map(str, e.context.get("ranks", ())))
+    lines = [f"alpha-mpi: error [sdc-detected] {e.message}"]
+    if checkpoint_dir:
+        lines.append(
+            f"  the state at step {e.context.get('step')} (every audit passed; the refused step was not "
+            f"applied) is saved in {checkpoint_dir}"
+        )
+        lines.append(
+            f"  what to do: resume without the suspected node(s) {', '.join(hosts)} (rank(s) {ranks}): "
+            f"e.g. `sbatch --exclude={','.join(hosts)} jobs/train.sbatch`, or "
+            f"`mpiexec -n P --hosts <other nodes> alpha-mpi train ... --checkpoint-dir {checkpoint_dir} --resume` "
+            f"on any P <= --slots (the bits do not depend on P); this run had {size} ranks"
+        )
+    else:
+        lines.append(
+            f"  what to do: rerun without the suspected node(s) {', '.join(hosts)} (rank(s) {ranks}); "
+            "with --checkpoint-dir the last audited state is saved and a resume continues from it"
+        )
+    return "\n".join(lines)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._args import EXIT_PREEMPTED, int_option, real, subparser
+from ._args import EXIT_PREEMPTED, EXIT_SDC, int_option, real, subparser
 
 EXAMPLES = (
     "mpiexec -n 4 alpha-mpi train         # 200 Adam steps of the built-in synthetic task",
@@ -114,6 +114,14 @@ def parser():
         action="store_true",
         help="resume even if the checkpoint's numerical contract differs; the adoption is recorded in later checkpoints",
     )
+    int_option(
+        p,
+        "--audit-slots",
+        0,
+        "recompute K slots per step on another rank and compare digests before applying the step "
+        "(K = --slots: every slot); a mismatch stops with sdc-detected, exit 98",
+        lo=0,
+    )
     p.add_argument(
         "--json",
         default=None,
@@ -122,7 +130,8 @@ def parser():
     return p
 
 
-def run(argv) -> int:
+def run(argv, fault_hook=None) -> int:
+    """`alpha-mpi train ARGV`; `fault_hook` is for verification only (alpha_mpi_verify.faults)."""
     p = parser()
     a = p.parse_args(argv)
     if a.resume and not a.checkpoint_dir:
@@ -135,6 +144,7 @@ def run(argv) -> int:
         p.error("--checkpoint-every needs --checkpoint-dir")
     if a.batch < a.slots:
         p.error(f"--batch {a.batch} is smaller than --slots {a.slots}: every slot needs a sample")
+    import sys
     from dataclasses import fields
 
     from mpi4py import MPI
@@ -149,7 +159,16 @@ def run(argv) -> int:
     # Every TrainConfig field is the option of the same name.
     cfg = TrainConfig(**{f.name: getattr(a, f.name) for f in fields(TrainConfig) if hasattr(a, f.name)})
     comm = MPI.COMM_WORLD
-    result = train(comm, cfg, out=lambda s: print(s, flush=True))
+    try:
+        result = train(comm, cfg, out=lambda s: print(s, flush=True), fault_hook=fault_hook)
+    except Refusal as e:
+        if e.code != "sdc-detected":
+            raise
+        from ..learning.audit import sdc_report
+
+        if comm.Get_rank() == 0:  # every rank refused alike; one report
+            print(sdc_report(e, a.checkpoint_dir, comm.Get_size()), file=sys.stderr, flush=True)
+        return EXIT_SDC
     if a.json and comm.Get_rank() == 0:
         import json
 

@@ -51,6 +51,8 @@ def test_sdc_stops_with_98_saves_and_a_resume_elsewhere_gets_the_healthy_bits(tm
 def test_a_healthy_audited_run_has_the_bits_of_an_unaudited_one():
     env = dict(os.environ, OMP_NUM_THREADS="1", ALPHA_MPI_TIMEOUT="120")
     plain, _ = run_mpi(3, "-m", "alpha_mpi", "train", *ARGS, env=env)
-    audited, _ = run_mpi(3, "-m", "alpha_mpi", "train", *ARGS, "--audit-slots", "1", env=env)
+    audited, _ = run_mpi(
+        3, "-m", "alpha_mpi", "train", *ARGS, "--audit-slots", "1", "--audit-digests", "2", env=env
+    )
     assert plain.returncode == 0 and audited.returncode == 0, plain.stderr + audited.stderr
     assert digest_of(plain.stdout) == digest_of(audited.stdout)

@@ -225,10 +225,17 @@ class SlotAudit:
 def sdc_report(e: Refusal, checkpoint_dir: str | None, size: int) -> str:
     """What `alpha-mpi train` prints after `sdc-detected`: the refusal, where the last state every
     audit passed is saved, and how to resume without the named ranks' nodes."""
-    hosts = sorted(set(e.context.get("hosts", ())))
+    hosts = sorted(set(e.context.get("hosts", ()))) or ["(the nodes of the ranks named)"]
     ranks = ", ".join(map(str, e.context.get("ranks", ())))
-    lines = [f"alpha-mpi: error [sdc-detected] {e.message}"]
-    if checkpoint_dir:
+    lines = [f"alpha-mpi: error [{e.code}] {e.message}"]
+    if checkpoint_dir and e.code == "replica-diverged":
+        lines.append(
+            f"  what to do: resume from the newest step in {checkpoint_dir} at or before the last replica "
+            f"check that passed (step {e.context.get('step')} minus --audit-digests), on nodes other than "
+            f"those of rank(s) {ranks}: `alpha-mpi train ... --checkpoint-dir DIR2 --resume-from "
+            f"{checkpoint_dir}/step-NNNNNNNN`"
+        )
+    elif checkpoint_dir:
         lines.append(
             f"  the state at step {e.context.get('step')} (every audit passed; the refused step was not "
             f"applied) is saved in {checkpoint_dir}"

@@ -92,6 +92,9 @@ class DataParallelLearner(LearnerCheckpoint):
             before the step is applied (alpha_mpi.learning.audit; `sdc-detected` on a mismatch,
             nothing applied). K = slots is dual execution. Needs >= 2 ranks. Batches must then
             hold the slots in `step_slots` (its own and those it audits this step).
+        audit_digests: N >= 0: every N steps (after the step) the ranks compare digests of the
+            state they must share (alpha_mpi.learning.replicas; `replica-diverged` naming the
+            minority). Not with partition="params" (nothing is replicated there).
         fault_hook: for verification only (alpha_mpi_verify.faults): called as
             `hook(rank, step, slot, payload)` after each slot payload this rank computes, to
             inject a fault; None in production.
@@ -119,6 +122,7 @@ class DataParallelLearner(LearnerCheckpoint):
         timeout: float | None = None,
         init_params: npt.ArrayLike | None = None,
         audit_slots: int = 0,
+        audit_digests: int = 0,
         fault_hook: FaultHook | None = None,
     ) -> None:
         if partition not in MODES:
@@ -208,6 +212,11 @@ class DataParallelLearner(LearnerCheckpoint):
                     owner_of[s] = r
             self.audit = SlotAudit(comm, audit_slots, owner_of, timeout=timeout, contract=cd)
             self._audit_buf = np.zeros(n + 3)
+        self.replicas = None
+        if audit_digests:
+            from .replicas import ReplicaDigests
+
+            self.replicas = ReplicaDigests(comm, audit_digests, partition, timeout=timeout, contract=cd)
         self.realization = self.reducer.realization + (
             " (reduce-scatter)" if partition in ("grads", "params") else ""
         )
@@ -323,7 +332,15 @@ class DataParallelLearner(LearnerCheckpoint):
         self.times["combine"] += t2 - t1
         self.times["update"] += t3 - t2
         self.step += 1
+        if self.replicas is not None and self.replicas.due(self.step):
+            self.replicas.check(self.step, self._replicated())
         return loss / mass, stops > 0
+
+    def _replicated(self) -> list[np.ndarray]:
+        """The arrays every rank holds in full (what the replica digests compare)."""
+        if self.partition == "none":
+            return [self.params, *self.opt.state()["arrays"].values()]
+        return [self.params]
 
     def final_params(self) -> np.ndarray:
         """The full parameters on every rank (assembled in `params` mode: every rank calls)."""

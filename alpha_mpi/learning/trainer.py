@@ -50,6 +50,7 @@ class TrainConfig:
     adopt_lr: bool = False
     model: str | None = None  # "module:factory" (alpha_mpi.learning.model_from_spec); None: the built-in MLP
     audit_slots: int = 0  # slots per step recomputed on another rank (alpha_mpi.learning.audit)
+    audit_digests: int = 0  # steps between replica digest checks (alpha_mpi.learning.replicas)
 
 
 def digest(params: np.ndarray) -> str:
@@ -137,6 +138,7 @@ def build(comm, cfg: TrainConfig, fault_hook=None):
         seed=cfg.seed,
         timeout=cfg.timeout,
         audit_slots=cfg.audit_slots,
+        audit_digests=cfg.audit_digests,
         fault_hook=fault_hook,
     )
     stream = SlotStream(len(data.y), cfg.batch, cfg.slots, cfg.seed)

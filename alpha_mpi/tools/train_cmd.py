@@ -122,6 +122,14 @@ def parser():
         "(K = --slots: every slot); a mismatch stops with sdc-detected, exit 98",
         lo=0,
     )
+    int_option(
+        p,
+        "--audit-digests",
+        0,
+        "every N steps compare digests of the replicated parameters (and optimizer state) across "
+        "ranks; a minority stops with replica-diverged, exit 98 (0: never)",
+        lo=0,
+    )
     p.add_argument(
         "--json",
         default=None,
@@ -162,7 +170,7 @@ def run(argv, fault_hook=None) -> int:
     try:
         result = train(comm, cfg, out=lambda s: print(s, flush=True), fault_hook=fault_hook)
     except Refusal as e:
-        if e.code != "sdc-detected":
+        if e.code not in ("sdc-detected", "replica-diverged"):
             raise
         from ..learning.audit import sdc_report
 

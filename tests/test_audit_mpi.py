@@ -34,7 +34,7 @@ def learner(comm, mode="none", k=0, hook=None):
 def step(lr):
     t = lr.step
     return lr.train_step(
-        {s: (DATA.X[STREAM.indices(t, s)], DATA.y[STREAM.indices(t, s)]) for s in lr.step_slots}
+        {s: (DATA.X[STREAM.indices(t, s)], DATA.y[STREAM.indices(t, s)]) for s in lr.needed_slots}
     )
 
 

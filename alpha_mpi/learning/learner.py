@@ -91,7 +91,7 @@ class DataParallelLearner(LearnerCheckpoint):
         audit_slots: K >= 0 slots per step recomputed by another rank and compared by digest
             before the step is applied (alpha_mpi.learning.audit; `sdc-detected` on a mismatch,
             nothing applied). K = slots is dual execution. Needs >= 2 ranks. Batches must then
-            hold the slots in `step_slots` (its own and those it audits this step).
+            hold the slots in `needed_slots` (its own and those it audits this step).
         audit_digests: N >= 0: every N steps (after the step) the ranks compare digests of the
             state they must share (alpha_mpi.learning.replicas; `replica-diverged` naming the
             minority). Not with partition="params" (nothing is replicated there).
@@ -231,7 +231,7 @@ class DataParallelLearner(LearnerCheckpoint):
         return self._full
 
     @property
-    def step_slots(self) -> list[int]:
+    def needed_slots(self) -> list[int]:
         """The slots whose (X, y) the next `train_step` needs on this rank: `my_slots`, then (with
         audit_slots) the slots it recomputes as auditor or referee this step."""
         extra = [] if self.audit is None else self.audit.data_slots(self.step)

@@ -204,7 +204,7 @@ def train(
         while learner.step < cfg.steps:
             t = learner.step
             batch = {}
-            for s in learner.step_slots:  # its own slots, and those it audits this step
+            for s in learner.needed_slots:  # its own slots, and those it audits this step
                 idx = stream.indices(t, s)
                 batch[s] = (data.X[idx], data.y[idx])
             try:

@@ -68,6 +68,7 @@ if TYPE_CHECKING:
     import torch
     from mpi4py import MPI
 
+    from ..learning.audit import FaultHook
     from ..learning.preemption import Preemption
     from ..learning.slicing import Sliceable
 else:
@@ -118,6 +119,13 @@ class DataParallel(CheckpointMethods):
             keeps None, as DDP leaves it) or "zeros" (alpha_mpi.torch.gradients).
         preemption: an `alpha_mpi.Preemption`; its signal flag travels in every step's combine
             and sets its `agreed` (and `stop_agreed`) on every rank after the same step.
+        audit_slots: K slots per step recomputed by another rank and compared by digest before
+            anything is combined (alpha_mpi.learning.audit: `sdc-detected`, nothing applied,
+            `.grad` left None). Batches given to `step_slots` then hold `needed_slots`.
+        audit_digests: every N steps (before the step's forward) the ranks compare digests of
+            the parameters and floating buffers (alpha_mpi.learning.replicas:
+            `replica-diverged`); the optimizer is the script's, so its state is not compared.
+        fault_hook: verification only (alpha_mpi_verify.faults), as DataParallelLearner's.
 
     Construction checks that every rank holds the same architecture (`torch-module-mismatch`,
     alpha_mpi.torch.same_module), then copies rank 0's parameters to every rank.
@@ -142,6 +150,9 @@ class DataParallel(CheckpointMethods):
         seed: int = 0,
         unused: str = "none",
         preemption: Preemption | None = None,
+        audit_slots: int = 0,
+        audit_digests: int = 0,
+        fault_hook: FaultHook | None = None,
     ) -> None:
         kernel.fpenv_check()
         parts = check_module(module, buffers)
@@ -205,6 +216,31 @@ class DataParallel(CheckpointMethods):
         self._after_no_sync = False  # the step right after a no_sync() block accumulates too (DDP)
         self.registered: dict[str, object] = {}  # name -> object with state_dict/load_state_dict
         self._sync_from_rank0()
+        self.fault_hook, self.audit, self.replicas = fault_hook, None, None
+        if audit_slots:
+            from ..learning.audit import SlotAudit
+
+            owner_of = [0] * slots
+            for r in range(self.size):
+                for s in self.plan.slots_of(r):
+                    owner_of[s] = r
+            self.audit = SlotAudit(
+                comm, audit_slots, owner_of, timeout=timeout, contract=self.contract.digest
+            )
+            self._audit_buf = np.zeros(self.layout.total)
+        if audit_digests:
+            from ..learning.replicas import ReplicaDigests
+
+            self.replicas = ReplicaDigests(
+                comm, audit_digests, "state", timeout=timeout, contract=self.contract.digest
+            )
+
+    @property
+    def needed_slots(self) -> list[int]:
+        """The slots whose (X, y) the next step needs here: `my_slots`, then (with audit_slots)
+        those this rank recomputes as auditor or referee."""
+        extra = [] if self.audit is None else self.audit.data_slots(self.steps)
+        return list(self.my_slots) + [s for s in extra if s not in self.my_slots]
 
     # ------------------------------------------------------------------------------------------
     def _state_tensors(self):
@@ -256,7 +292,7 @@ class DataParallel(CheckpointMethods):
         """
         from ..learning.slicing import slice_batch
 
-        batch = slice_batch(X, y, self.slots, self.my_slots, sizes)
+        batch = slice_batch(X, y, self.slots, self.needed_slots, sizes)
         return self.step_slots(batch, loss_fn, reduction=reduction, accumulate=accumulate, stop=stop)
 
     @contextlib.contextmanager
@@ -279,17 +315,19 @@ class DataParallel(CheckpointMethods):
         accumulate: bool | None = None,
         stop: bool = False,
     ) -> float:
-        """`step` for a batch already cut: {slot: (X_s, y_s)} for exactly `my_slots`."""
+        """`step` for a batch already cut: {slot: (X_s, y_s)} for exactly `needed_slots` (= `my_slots`
+        without audit_slots)."""
         loss_reduction(loss_fn, reduction)
         check_precision()
         if accumulate is None:
             accumulate = self._no_sync > 0 or self._after_no_sync
         if self._no_sync == 0:
             self._after_no_sync = False
-        missing = [s for s in self.my_slots if s not in batch]
-        if missing or len(batch) != len(self.my_slots):
+        needed = self.needed_slots
+        missing = [s for s in needed if s not in batch]
+        if missing or len(batch) != len(needed):
             raise Refusal(
-                "contribution-missing", f"batch holds slots {sorted(batch)}, this rank owns {self.my_slots}"
+                "contribution-missing", f"batch holds slots {sorted(batch)}, this rank needs {needed}"
             )
         check_environment(self.env)
         asked = bool(stop) or bool(self.preemption is not None and self.preemption.requested)
@@ -300,9 +338,18 @@ class DataParallel(CheckpointMethods):
             else None
         )
         try:
+            if self.replicas is not None and self.replicas.due(self.steps):
+                self.replicas.check(self.steps, [t.detach().numpy() for t in self._state_tensors()])
             for i, s in enumerate(self.my_slots):
                 self._slot(s, batch[s], loss_fn, start)
                 self.payloads[s][self.stop_at] = 1.0 if (asked and i == 0) else 0.0
+            if self.audit is not None:  # before the combine: a mismatch combines nothing
+                self.audit.check(
+                    self.steps,
+                    self.payloads,
+                    lambda s, out: self._slot(s, batch[s], loss_fn, start, out),
+                    self._audit_buf,
+                )
             red = self.reducer.run(self.payloads, out=self.reduced)
             np.divide(red[:n], red[self.mass_at], out=self._g)  # normalised once, after the combine
             self.grads.write(self._g, red[self.used_at : self.mass_at] > 0, accumulate)
@@ -324,10 +371,11 @@ class DataParallel(CheckpointMethods):
             self.preemption.agreed = True
         return loss_mean
 
-    def _slot(self, s: int, data, loss_fn, start) -> None:
-        """Slot s's payload: its forward and backward alone, under its own generator state."""
+    def _slot(self, s: int, data, loss_fn, start, buf: np.ndarray | None = None) -> None:
+        """Slot s's payload (into `buf`, default its own): its forward and backward alone, under
+        its own generator state."""
         Xs, ys = data
-        buf = self.payloads[s]
+        buf = self.payloads[s] if buf is None else buf
         self._restore_buffers(start)
         with slot_rng(self.seed, self.steps, s):
             loss = loss_fn(self.module(Xs), ys)
@@ -348,6 +396,8 @@ class DataParallel(CheckpointMethods):
         buf[self.used_at : self.mass_at] = [0.0 if g is None else 1.0 for g in grads]
         buf[self.mass_at] = float(len(ys))
         buf[self.loss_at] = float(loss.detach())  # float32 -> Python float: exact
+        if self.fault_hook is not None:
+            self.fault_hook(self.rank, self.steps, s, buf)
 
     def _restore_buffers(self, start) -> None:
         """Every buffer back to its step-start value (`start`: their clones; None: nothing kept)."""

@@ -56,3 +56,52 @@ def test_a_healthy_audited_run_has_the_bits_of_an_unaudited_one():
     )
     assert plain.returncode == 0 and audited.returncode == 0, plain.stderr + audited.stderr
     assert digest_of(plain.stdout) == digest_of(audited.stdout)
+
+
+def listing(root):
+    """Every file but the advisory lock (which the replay holds, as any trainer, while it reads)."""
+    return sorted(
+        (str(p.relative_to(root)), p.stat().st_mtime_ns, p.stat().st_size)
+        for p in root.rglob("*")
+        if p.name != ".lock"
+    )
+
+
+@needs_mpiexec
+def test_replay_matches_a_healthy_run_and_names_the_first_difference_of_a_faulty_one(tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1", ALPHA_MPI_TIMEOUT="120")
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    every = ["--checkpoint-every", "2"]
+    r, _ = run_mpi(3, "-m", "alpha_mpi", "train", *ARGS, "--checkpoint-dir", good, *every, env=env)
+    assert r.returncode == 0, r.stderr
+    before = listing(good)
+    rep, _ = run_mpi(
+        2, "-m", "alpha_mpi", "train", *ARGS, "--checkpoint-dir", good, "--replay", "2:4", env=env
+    )
+    assert rep.returncode == 0 and "bits match" in rep.stdout, rep.stdout + rep.stderr
+    assert listing(good) == before  # nothing written
+    # A run that met an unaudited fault at step 3 (rank 1, bit 40 of gradient word 5): rc 0, other bits.
+    r, _ = run_mpi(3, SCRIPT, "1:3:5:40", *ARGS, "--checkpoint-dir", bad, *every, env=env)
+    assert r.returncode == 0, r.stderr
+    ok, _ = run_mpi(1, "-m", "alpha_mpi", "train", *ARGS, "--checkpoint-dir", bad, "--replay", "0:2", env=env)
+    assert ok.returncode == 0 and "bits match" in ok.stdout, ok.stderr  # before the fault
+    rep, _ = run_mpi(
+        2, "-m", "alpha_mpi", "train", *ARGS, "--checkpoint-dir", bad, "--replay", "2:4", env=env
+    )
+    assert rep.returncode == 3 and "[replay-mismatch]" in rep.stderr, rep.stdout + rep.stderr
+    assert re.search(r"optimizer\.m\[5\] differs|params\[\d+\] differs", rep.stderr), rep.stderr
+
+
+@needs_mpiexec
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        (["--replay", "2:4"], "needs --checkpoint-dir"),
+        (["--replay", "4:2", "--checkpoint-dir", "x"], "0 <= A < B"),
+        (["--replay", "a:b", "--checkpoint-dir", "x"], "0 <= A < B"),
+        (["--replay", "0:2", "--checkpoint-dir", "x", "--resume"], "neither --resume"),
+    ],
+)
+def test_replay_usage_errors(extra, needle):
+    r, _ = run_mpi(1, "-m", "alpha_mpi", "train", *ARGS, *extra)
+    assert r.returncode == 2 and needle in r.stderr, r.stderr

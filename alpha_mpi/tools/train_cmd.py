@@ -131,6 +131,13 @@ def parser():
         lo=0,
     )
     p.add_argument(
+        "--replay",
+        default=None,
+        metavar="A:B",
+        help="with --checkpoint-dir: resume from step A, recompute to step B, compare every byte with "
+        "the stored step B and write nothing ('bits match', rc 0; else replay-mismatch)",
+    )
+    p.add_argument(
         "--json",
         default=None,
         help="write the result (digest, loss, accuracy, timings) to this file (rank 0)",
@@ -150,6 +157,16 @@ def run(argv, fault_hook=None) -> int:
         p.error("give --resume (continue in --checkpoint-dir) or --resume-from PATH, not both")
     if a.checkpoint_every and not a.checkpoint_dir:
         p.error("--checkpoint-every needs --checkpoint-dir")
+    if a.replay is not None:
+        if not a.checkpoint_dir or a.resume or a.resume_from:
+            p.error("--replay A:B needs --checkpoint-dir and neither --resume nor --resume-from")
+        try:
+            a.replay = tuple(int(x) for x in a.replay.split(":"))
+            ok = len(a.replay) == 2 and 0 <= a.replay[0] < a.replay[1]
+        except ValueError:
+            ok = False
+        if not ok:
+            p.error(f"--replay: expected A:B with integers 0 <= A < B, got {a.replay!r}")
     if a.batch < a.slots:
         p.error(f"--batch {a.batch} is smaller than --slots {a.slots}: every slot needs a sample")
     import sys
@@ -167,6 +184,11 @@ def run(argv, fault_hook=None) -> int:
     # Every TrainConfig field is the option of the same name.
     cfg = TrainConfig(**{f.name: getattr(a, f.name) for f in fields(TrainConfig) if hasattr(a, f.name)})
     comm = MPI.COMM_WORLD
+    if a.replay is not None:
+        from ..learning.replay import replay
+
+        replay(comm, cfg, *a.replay, out=lambda s: print(s, flush=True))
+        return 0
     try:
         result = train(comm, cfg, out=lambda s: print(s, flush=True), fault_hook=fault_hook)
     except Refusal as e:

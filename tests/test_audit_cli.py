@@ -105,3 +105,16 @@ def test_replay_matches_a_healthy_run_and_names_the_first_difference_of_a_faulty
 def test_replay_usage_errors(extra, needle):
     r, _ = run_mpi(1, "-m", "alpha_mpi", "train", *ARGS, *extra)
     assert r.returncode == 2 and needle in r.stderr, r.stderr
+
+
+@needs_mpiexec
+def test_bench_audit_smoke_runs_four_learners_with_one_digest():
+    env = dict(os.environ, OMP_NUM_THREADS="1", ALPHA_MPI_TIMEOUT="120")
+    small = ["--steps", "2", "--warmup", "1", "--block", "1", "--hidden", "16", "--batch", "32"]
+    r, _ = run_mpi(2, "-m", "alpha_mpi", "bench", "audit", *small, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for name in ("K=0", "K=1", "K=8", "digests/10"):
+        assert re.search(rf"^  {re.escape(name)} +\d", r.stdout, re.M), r.stdout
+    assert "identical in all four learners" in r.stdout
+    one, _ = run_mpi(1, "-m", "alpha_mpi", "bench", "audit", *small, env=env)
+    assert one.returncode == 2 and "needs >= 2 ranks" in one.stdout

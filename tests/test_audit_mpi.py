@@ -137,3 +137,21 @@ def test_audit_needs_two_ranks_and_a_k_within_the_slots():
         with pytest.raises(Refusal) as e:
             DataParallelLearner(MPI.COMM_SELF, MLP(6, 10, 3), slots=SLOTS, audit_slots=k)
         assert e.value.code == "usage" and "audit_slots" in str(e.value)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_batch_without_the_audited_slots_is_refused_by_name(world):
+    lr = learner(world, "none", SLOTS)
+    t = lr.step
+    try:
+        lr.train_step({s: (DATA.X[STREAM.indices(t, s)], DATA.y[STREAM.indices(t, s)]) for s in lr.my_slots})
+        got = None
+    except Refusal as e:
+        got = e
+    agree(
+        world,
+        got is not None and got.code == "contribution-missing" and "needed_slots" in str(got),
+        repr(got),
+    )
+    step(lr)  # the next call with the right batch works
+    agree(world, lr.step == 1, f"step {lr.step}")

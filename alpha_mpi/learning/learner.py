@@ -266,6 +266,14 @@ class DataParallelLearner(LearnerCheckpoint):
         """
         n, (a, b) = self.n, self.own
         t0 = time.perf_counter()
+        if self.audit is not None:  # refused before any exchange: every rank runs the same check
+            missing = [s for s in self.needed_slots if s not in batch]
+            if missing:
+                raise Refusal(
+                    "contribution-missing",
+                    f"with audit_slots the batch must hold learner.needed_slots {self.needed_slots} "
+                    f"at step {self.step}; it lacks {missing}",
+                )
         self._params_now = self.full_params()
         first = True
         for s in self.my_slots:

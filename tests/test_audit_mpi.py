@@ -74,7 +74,7 @@ def test_auditing_never_changes_the_bits(world, mode):
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("mode", ["none", "params"])
+@pytest.mark.parametrize("mode", ["none", "state", "grads", "params"])
 @pytest.mark.parametrize("element,bit", [(0, 0), (60, 63), ("loss", 0)])
 def test_a_flipped_bit_is_caught_in_its_step_and_the_rank_named(world, mode, element, bit):
     size, rank = world.Get_size(), world.Get_rank()

@@ -9,6 +9,8 @@ EXAMPLES = (
     "mpiexec -n 2 alpha-mpi train --steps 50 --partition params --log-every 0",
     "mpiexec -n 4 alpha-mpi train --checkpoint-dir ckpt --checkpoint-every 20",
     "mpiexec -n 2 alpha-mpi train --checkpoint-dir ckpt --resume --steps 400",
+    "mpiexec -n 4 alpha-mpi train --audit-slots 1 --audit-digests 10 --checkpoint-dir ckpt   # exit 98 on SDC",
+    "mpiexec -n 2 alpha-mpi train --checkpoint-dir ckpt --replay 100:200   # recompute, compare, write nothing",
     "alpha-mpi train --data mine.npz --model mymodels:make --json result.json   # your data and model",
 )
 

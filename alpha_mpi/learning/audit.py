@@ -41,7 +41,15 @@ from ..refusals import Refusal
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-__all__ = ["SlotAudit", "FaultHook", "payload_digest", "audited_slots", "sdc_report"]
+__all__ = [
+    "SlotAudit",
+    "FaultHook",
+    "payload_digest",
+    "audited_slots",
+    "sdc_report",
+    "build_checks",
+    "needed_slots",
+]
 
 
 class FaultHook(Protocol):
@@ -256,3 +264,29 @@ def sdc_report(e: Refusal, checkpoint_dir: str | None, size: int) -> str:
             "with --checkpoint-dir the last audited state is saved and a resume continues from it"
         )
     return "\n".join(lines)
+
+
+def build_checks(
+    comm: MPI.Comm, plan, options: tuple[int, int, str], *, timeout, contract: str
+) -> tuple[SlotAudit | None, object | None]:
+    """A learner's (SlotAudit or None, ReplicaDigests or None) from its options (audit_slots,
+    audit_digests, partition); collective when either is asked for. `plan`: the learner's
+    combine plan (its `slots_of(rank)` places the slots)."""
+    audit_slots, audit_digests, partition = options
+    audit = replicas = None
+    if audit_slots:
+        owner_of = {s: r for r in range(comm.Get_size()) for s in plan.slots_of(r)}
+        audit = SlotAudit(
+            comm, audit_slots, [owner_of[s] for s in range(len(owner_of))], timeout=timeout, contract=contract
+        )
+    if audit_digests:
+        from .replicas import ReplicaDigests
+
+        replicas = ReplicaDigests(comm, audit_digests, partition, timeout=timeout, contract=contract)
+    return audit, replicas
+
+
+def needed_slots(audit: SlotAudit | None, my_slots, step: int) -> list[int]:
+    """`my_slots`, then the slots `audit` has this rank recompute at `step` (auditor or referee)."""
+    extra = [] if audit is None else audit.data_slots(step)
+    return list(my_slots) + [s for s in extra if s not in my_slots]

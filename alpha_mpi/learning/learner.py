@@ -202,21 +202,11 @@ class DataParallelLearner(LearnerCheckpoint):
         self.times = {"compute": 0.0, "combine": 0.0, "update": 0.0}
         self.order_id = self.full_plan.layout_order_id  # the layout order id (checkpoints name it)
         self.fault_hook = fault_hook
-        self.audit = None
-        if audit_slots:
-            from .audit import SlotAudit
+        from .audit import build_checks
 
-            owner_of = [0] * slots
-            for r in range(self.size):
-                for s in self.full_plan.slots_of(r):
-                    owner_of[s] = r
-            self.audit = SlotAudit(comm, audit_slots, owner_of, timeout=timeout, contract=cd)
-            self._audit_buf = np.zeros(n + 3)
-        self.replicas = None
-        if audit_digests:
-            from .replicas import ReplicaDigests
-
-            self.replicas = ReplicaDigests(comm, audit_digests, partition, timeout=timeout, contract=cd)
+        opts = (audit_slots, audit_digests, partition)
+        self.audit, self.replicas = build_checks(comm, self.full_plan, opts, timeout=timeout, contract=cd)
+        self._audit_buf = np.zeros(n + 3) if self.audit is not None else None
         self.realization = self.reducer.realization + (
             " (reduce-scatter)" if partition in ("grads", "params") else ""
         )
@@ -234,8 +224,9 @@ class DataParallelLearner(LearnerCheckpoint):
     def needed_slots(self) -> list[int]:
         """The slots whose (X, y) the next `train_step` needs on this rank: `my_slots`, then (with
         audit_slots) the slots it recomputes as auditor or referee this step."""
-        extra = [] if self.audit is None else self.audit.data_slots(self.step)
-        return list(self.my_slots) + [s for s in extra if s not in self.my_slots]
+        from .audit import needed_slots
+
+        return needed_slots(self.audit, self.my_slots, self.step)
 
     def _compute_slot(self, s: int, data: tuple[np.ndarray, np.ndarray], buf: np.ndarray) -> None:
         """Slot s's payload (Σ gradients, Σ samples, Σ loss) into buf[:n+2] at the current step."""

@@ -119,13 +119,10 @@ class DataParallel(CheckpointMethods):
             keeps None, as DDP leaves it) or "zeros" (alpha_mpi.torch.gradients).
         preemption: an `alpha_mpi.Preemption`; its signal flag travels in every step's combine
             and sets its `agreed` (and `stop_agreed`) on every rank after the same step.
-        audit_slots: K slots per step recomputed by another rank and compared by digest before
-            anything is combined (alpha_mpi.learning.audit: `sdc-detected`, nothing applied,
-            `.grad` left None). Batches given to `step_slots` then hold `needed_slots`.
-        audit_digests: every N steps (before the step's forward) the ranks compare digests of
-            the parameters and floating buffers (alpha_mpi.learning.replicas:
-            `replica-diverged`); the optimizer is the script's, so its state is not compared.
-        fault_hook: verification only (alpha_mpi_verify.faults), as DataParallelLearner's.
+        audit_slots, audit_digests, fault_hook: as DataParallelLearner's (docs/audit.md): K slots
+            a step recomputed on another rank before the combine (`sdc-detected`, `.grad` left
+            None; `step_slots` batches hold `needed_slots`); every N steps, before the forward,
+            the parameters' and floating buffers' digests compared (`replica-diverged`).
 
     Construction checks that every rank holds the same architecture (`torch-module-mismatch`,
     alpha_mpi.torch.same_module), then copies rank 0's parameters to every rank.
@@ -216,31 +213,19 @@ class DataParallel(CheckpointMethods):
         self._after_no_sync = False  # the step right after a no_sync() block accumulates too (DDP)
         self.registered: dict[str, object] = {}  # name -> object with state_dict/load_state_dict
         self._sync_from_rank0()
-        self.fault_hook, self.audit, self.replicas = fault_hook, None, None
-        if audit_slots:
-            from ..learning.audit import SlotAudit
+        from ..learning.audit import build_checks
 
-            owner_of = [0] * slots
-            for r in range(self.size):
-                for s in self.plan.slots_of(r):
-                    owner_of[s] = r
-            self.audit = SlotAudit(
-                comm, audit_slots, owner_of, timeout=timeout, contract=self.contract.digest
-            )
-            self._audit_buf = np.zeros(self.layout.total)
-        if audit_digests:
-            from ..learning.replicas import ReplicaDigests
-
-            self.replicas = ReplicaDigests(
-                comm, audit_digests, "state", timeout=timeout, contract=self.contract.digest
-            )
+        self.fault_hook = fault_hook
+        opts, cd = (audit_slots, audit_digests, "state"), self.contract.digest
+        self.audit, self.replicas = build_checks(comm, self.plan, opts, timeout=timeout, contract=cd)
+        self._audit_buf = np.zeros(self.layout.total) if self.audit is not None else None
 
     @property
     def needed_slots(self) -> list[int]:
-        """The slots whose (X, y) the next step needs here: `my_slots`, then (with audit_slots)
-        those this rank recomputes as auditor or referee."""
-        extra = [] if self.audit is None else self.audit.data_slots(self.steps)
-        return list(self.my_slots) + [s for s in extra if s not in self.my_slots]
+        """`my_slots`, then (audit_slots) the slots this rank recomputes this step."""
+        from ..learning.audit import needed_slots
+
+        return needed_slots(self.audit, self.my_slots, self.steps)
 
     # ------------------------------------------------------------------------------------------
     def _state_tensors(self):
@@ -315,8 +300,7 @@ class DataParallel(CheckpointMethods):
         accumulate: bool | None = None,
         stop: bool = False,
     ) -> float:
-        """`step` for a batch already cut: {slot: (X_s, y_s)} for exactly `needed_slots` (= `my_slots`
-        without audit_slots)."""
+        """`step` for a batch already cut: {slot: (X_s, y_s)} for exactly `needed_slots`."""
         loss_reduction(loss_fn, reduction)
         check_precision()
         if accumulate is None:
@@ -347,7 +331,7 @@ class DataParallel(CheckpointMethods):
                 self.audit.check(
                     self.steps,
                     self.payloads,
-                    lambda s, out: self._slot(s, batch[s], loss_fn, start, out),
+                    lambda s, o: self._slot(s, batch[s], loss_fn, start, o),
                     self._audit_buf,
                 )
             red = self.reducer.run(self.payloads, out=self.reduced)
@@ -372,8 +356,7 @@ class DataParallel(CheckpointMethods):
         return loss_mean
 
     def _slot(self, s: int, data, loss_fn, start, buf: np.ndarray | None = None) -> None:
-        """Slot s's payload (into `buf`, default its own): its forward and backward alone, under
-        its own generator state."""
+        """Slot s's payload (into `buf`, default its own): forward and backward alone, own generator."""
         Xs, ys = data
         buf = self.payloads[s] if buf is None else buf
         self._restore_buffers(start)

@@ -34,9 +34,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from ..execution import Assembler
-from ..planning.assembly import plan_assembly
 from ..refusals import Refusal
+from .verdicts import WordTable, halves
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -78,10 +77,6 @@ def audited_slots(step: int, k: int, slots: int) -> list[int]:
     return [(step * k + j) % slots for j in range(k)]
 
 
-def _halves(d: int) -> tuple[float, float]:
-    return float(d & 0xFFFFFFFF), float(d >> 32)
-
-
 def _host_words(name: str) -> np.ndarray:
     raw = name.encode("utf-8", "replace")[: 4 * _HOST_WORDS].ljust(4 * _HOST_WORDS, b"\0")
     return np.frombuffer(raw, dtype="<u4").astype(np.float64)
@@ -115,23 +110,10 @@ class SlotAudit:
         self.k, self.slots, self.owner_of = int(k), slots, list(owner_of)
         self.host = socket.gethostname()
         w = 2 * self.k
-        self._table = Assembler(
-            comm,
-            plan_assembly([(r, r * w, (r + 1) * w) for r in range(self.size)], self.size * w, self.size),
-            timeout=timeout,
-            contract=contract,
-        )
-        wr = w + _HOST_WORDS
-        self._referee = Assembler(
-            comm,
-            plan_assembly([(r, r * wr, (r + 1) * wr) for r in range(self.size)], self.size * wr, self.size),
-            timeout=timeout,
-            contract=contract,
-        )
+        self._table = WordTable(comm, w, timeout=timeout, contract=contract)
+        self._referee = WordTable(comm, w + _HOST_WORDS, timeout=timeout, contract=contract)
         self._mine = np.zeros(w)
-        self._mine_ref = np.zeros(wr)
-        self._all = np.empty(self.size * w)
-        self._all_ref = np.empty(self.size * wr)
+        self._mine_ref = np.zeros(w + _HOST_WORDS)
         self.checked = 0  # slot audits that passed (for reports)
 
     def auditor(self, s: int) -> int:
@@ -159,14 +141,11 @@ class SlotAudit:
         mine[:] = 0.0
         for j, s in enumerate(audited):
             if self.owner_of[s] == self.rank:
-                mine[2 * j : 2 * j + 2] = _halves(payload_digest(payloads[s][:n2]))
+                mine[2 * j : 2 * j + 2] = halves(payload_digest(payloads[s][:n2]))
             elif self.auditor(s) == self.rank:
                 compute(s, scratch)
-                mine[2 * j : 2 * j + 2] = _halves(payload_digest(scratch[:n2]))
-        w = 2 * self.k
-        table = self._table.run({(self.rank * w, (self.rank + 1) * w): mine}, out=self._all).reshape(
-            self.size, w
-        )
+                mine[2 * j : 2 * j + 2] = halves(payload_digest(scratch[:n2]))
+        table = self._table.run(mine)
         bad = [
             j
             for j, s in enumerate(audited)
@@ -180,7 +159,7 @@ class SlotAudit:
         self._refuse(step, audited, bad, table, compute, scratch)
 
     def _refuse(self, step, audited, bad, table, compute, scratch) -> None:
-        w, wr, n2 = 2 * self.k, 2 * self.k + _HOST_WORDS, len(scratch) - 1
+        w, n2 = 2 * self.k, len(scratch) - 1
         mine = self._mine_ref
         mine[:] = 0.0
         mine[w:] = _host_words(self.host)
@@ -188,9 +167,8 @@ class SlotAudit:
             s = audited[j]
             if self.referee(s) == self.rank:
                 compute(s, scratch)
-                mine[2 * j : 2 * j + 2] = _halves(payload_digest(scratch[:n2]))
-        ref = self._referee.run({(self.rank * wr, (self.rank + 1) * wr): mine}, out=self._all_ref)
-        ref = ref.reshape(self.size, wr)
+                mine[2 * j : 2 * j + 2] = halves(payload_digest(scratch[:n2]))
+        ref = self._referee.run(mine)
         hosts = [_host_name(ref[r, w:]) for r in range(self.size)]
         faulty: list[int] = []
         notes = []

@@ -21,9 +21,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..execution import Assembler
-from ..planning.assembly import plan_assembly
 from ..refusals import Refusal
+from .verdicts import WordTable
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -111,14 +110,7 @@ def replay(
 
 def _agree(comm, local, timeout, contract) -> tuple[int, int] | None:
     """Every rank's (component, coordinate) verdict through an Assembler; the smallest wins."""
-    size, rank = comm.Get_size(), comm.Get_rank()
-    asm = Assembler(
-        comm,
-        plan_assembly([(r, 2 * r, 2 * r + 2) for r in range(size)], 2 * size, size),
-        timeout=timeout,
-        contract=contract,
-    )
     mine = np.array([-1.0, 0.0]) if local is None else np.array([float(local[0]), float(local[1])])
-    table = asm.run({(2 * rank, 2 * rank + 2): mine}, out=np.empty(2 * size)).reshape(size, 2)
+    table = WordTable(comm, 2, timeout=timeout, contract=contract).run(mine)
     found = sorted((int(c), int(x)) for c, x in table if c >= 0)
     return found[0] if found else None

@@ -28,9 +28,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..execution import Assembler
-from ..planning.assembly import plan_assembly
 from ..refusals import Refusal
+from .verdicts import WordTable, halves
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -68,13 +67,7 @@ class ReplicaDigests:
             )
         self.every, self.partition = int(every), partition
         self.size, self.rank = comm.Get_size(), comm.Get_rank()
-        self._asm = Assembler(
-            comm,
-            plan_assembly([(r, 2 * r, 2 * r + 2) for r in range(self.size)], 2 * self.size, self.size),
-            timeout=timeout,
-            contract=contract,
-        )
-        self._mine, self._all = np.zeros(2), np.empty(2 * self.size)
+        self._table = WordTable(comm, 2, timeout=timeout, contract=contract)
         self.checked = 0  # checks that found every replica equal
 
     def due(self, step: int) -> bool:
@@ -83,10 +76,8 @@ class ReplicaDigests:
 
     def check(self, step: int, arrays: Sequence[np.ndarray]) -> None:
         """Compare this rank's replicated `arrays` with every rank's; refuse on every rank alike."""
-        d = replicated_digest(arrays)
-        self._mine[:] = (float(d & 0xFFFFFFFF), float(d >> 32))
-        table = self._asm.run({(2 * self.rank, 2 * self.rank + 2): self._mine}, out=self._all)
-        words = [(table[2 * r], table[2 * r + 1]) for r in range(self.size)]
+        table = self._table.run(np.array(halves(replicated_digest(arrays))))
+        words = [(table[r, 0], table[r, 1]) for r in range(self.size)]
         counts = Counter(words)
         if len(counts) == 1:
             self.checked += 1

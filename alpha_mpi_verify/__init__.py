@@ -7,6 +7,8 @@ harness (`tests/`): the product never imports it; tests and the conformance jobs
   communication to completion and must be refused by the independent oracle;
 - `isa`: the instruction-set conformance driver (csrc/conformance_driver.c) built for x86-64
   and AArch64 (qemu-user) and compared bit for bit (needs a source checkout);
+- `faults`: `BitFlip`, the fault hook a learner accepts (`fault_hook=`) to flip one bit of one
+  rank's slot payload, for the audit's tests (issue 24);
 - `fpenv`: switches FTZ/DAZ on so that the product's refusal of an off-profile floating-point
   environment can be exercised in-process.
 
@@ -17,4 +19,4 @@ Hooks into the product are explicit and few: `fpenv` calls the kernel's verifica
 from the planner or the kernel.
 """
 
-__all__ = ["mutants", "isa", "fpenv"]
+__all__ = ["mutants", "isa", "fpenv", "faults"]

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     import numpy.typing as npt
     from mpi4py import MPI
 
+    from .audit import FaultHook
     from .protocol import Model
 
 MODES = ("none", "state", "grads", "params")
@@ -90,6 +91,16 @@ class DataParallelLearner(LearnerCheckpoint):
             every rank (`initial-params-mismatch`, naming the ranks; learning/same_start.py).
         timeout: seconds a rank waits for a peer before `peer-timeout` (default
             ALPHA_MPI_TIMEOUT, else the executors' default).
+        audit_slots: K >= 0 slots per step recomputed by another rank and compared by digest
+            before the step is applied (alpha_mpi.learning.audit; `sdc-detected` on a mismatch,
+            nothing applied). K = slots is dual execution. Needs >= 2 ranks. Batches must then
+            hold the slots in `needed_slots` (its own and those it audits this step).
+        audit_digests: N >= 0: every N steps (after the step) the ranks compare digests of the
+            state they must share (alpha_mpi.learning.replicas; `replica-diverged` naming the
+            minority). Not with partition="params" (nothing is replicated there).
+        fault_hook: for verification only (alpha_mpi_verify.faults): called as
+            `hook(rank, step, slot, payload)` after each slot payload this rank computes, to
+            inject a fault; None in production.
 
     Attributes: `my_slots` (this rank's slots, in order), `step` (steps applied), `contract`
     (the NumericalContract: combine order, normalise-once, optimizer formula), `order_id`,
@@ -113,6 +124,9 @@ class DataParallelLearner(LearnerCheckpoint):
         seed: int = 0,
         timeout: float | None = None,
         init_params: npt.ArrayLike | None = None,
+        audit_slots: int = 0,
+        audit_digests: int = 0,
+        fault_hook: FaultHook | None = None,
     ) -> None:
         if partition not in MODES:
             raise Refusal("usage", f"unknown partition {partition!r}; use one of {', '.join(MODES)}")
@@ -192,6 +206,12 @@ class DataParallelLearner(LearnerCheckpoint):
         self.step = 0
         self.times = {"compute": 0.0, "combine": 0.0, "update": 0.0}
         self.order_id = self.full_plan.layout_order_id  # the layout order id (checkpoints name it)
+        self.fault_hook = fault_hook
+        from .audit import build_checks
+
+        opts = (audit_slots, audit_digests, partition)
+        self.audit, self.replicas = build_checks(comm, self.full_plan, opts, timeout=timeout, contract=cd)
+        self._audit_buf = np.zeros(n + 3) if self.audit is not None else None
         self.realization = self.reducer.realization + (
             " (reduce-scatter)" if partition in ("grads", "params") else ""
         )
@@ -210,6 +230,23 @@ class DataParallelLearner(LearnerCheckpoint):
         if self._full is None:
             self._full = self.assembler.run(self._mine(self.params), out=np.empty(self.n))
         return self._full
+
+    @property
+    def needed_slots(self) -> list[int]:
+        """The slots whose (X, y) the next `train_step` needs on this rank: `my_slots`, then (with
+        audit_slots) the slots it recomputes as auditor or referee this step."""
+        from .audit import needed_slots
+
+        return needed_slots(self.audit, self.my_slots, self.step)
+
+    def _compute_slot(self, s: int, data: tuple[np.ndarray, np.ndarray], buf: np.ndarray) -> None:
+        """Slot s's payload (Σ gradients, Σ samples, Σ loss) into buf[:n+2] at the current step."""
+        n, (X, y) = self.n, data
+        extra = {"rng": slot_generator(self.seed, self.step, s)} if self.takes_rng else {}
+        buf[n + 1] = self.model.loss_and_grad_sum(self._params_now, X, y, buf[:n], **extra)
+        buf[n] = float(len(y))
+        if self.fault_hook is not None:
+            self.fault_hook(self.rank, self.step, s, buf)
 
     def train_step(
         self, batch: Mapping[int, tuple[np.ndarray, np.ndarray]], stop: bool = False
@@ -231,16 +268,26 @@ class DataParallelLearner(LearnerCheckpoint):
         """
         n, (a, b) = self.n, self.own
         t0 = time.perf_counter()
-        params = self.full_params()
+        if self.audit is not None:  # refused before any exchange: every rank runs the same check
+            missing = [s for s in self.needed_slots if s not in batch]
+            if missing:
+                raise Refusal(
+                    "contribution-missing",
+                    f"with audit_slots the batch must hold learner.needed_slots {self.needed_slots} "
+                    f"at step {self.step}; it lacks {missing}",
+                )
+        self._params_now = self.full_params()
         first = True
         for s in self.my_slots:
-            X, y = batch[s]
             buf = self.payloads[s]
-            extra = {"rng": slot_generator(self.seed, self.step, s)} if self.takes_rng else {}
-            buf[n + 1] = self.model.loss_and_grad_sum(params, X, y, buf[:n], **extra)
-            buf[n] = float(len(y))
+            self._compute_slot(s, batch[s], buf)
             buf[n + 2] = 1.0 if (stop and first) else 0.0
             first = False
+        if self.audit is not None:  # before the combine: a mismatch applies nothing, on every rank
+            self.audit.check(
+                self.step, self.payloads, lambda s, out: self._compute_slot(s, batch[s], out), self._audit_buf
+            )
+        self._params_now = None
         if self.partition == "params":
             self._full = None  # the assembled vector lives only for the forward/backward pass
         t1 = time.perf_counter()
@@ -295,7 +342,15 @@ class DataParallelLearner(LearnerCheckpoint):
         self.times["combine"] += t2 - t1
         self.times["update"] += t3 - t2
         self.step += 1
+        if self.replicas is not None and self.replicas.due(self.step):
+            self.replicas.check(self.step, self._replicated())
         return loss / mass, stops > 0
+
+    def _replicated(self) -> list[np.ndarray]:
+        """The arrays every rank holds in full (what the replica digests compare)."""
+        if self.partition == "none":
+            return [self.params, *self.opt.state()["arrays"].values()]
+        return [self.params]
 
     def final_params(self) -> np.ndarray:
         """The full parameters on every rank (assembled in `params` mode: every rank calls)."""

@@ -19,6 +19,8 @@ from .preemption import PREEMPTED, Preemption  # noqa: F401 (PREEMPTED: its old 
 if TYPE_CHECKING:
     from mpi4py import MPI
 
+    from .audit import FaultHook
+
 PROBE_SAMPLES = 8  # samples of the probe slot `train` runs a --model on before training
 
 
@@ -49,6 +51,8 @@ class TrainConfig:
     resume_from: str | None = None
     adopt_lr: bool = False
     model: str | None = None  # "module:factory" (alpha_mpi.learning.model_from_spec); None: the built-in MLP
+    audit_slots: int = 0  # slots per step recomputed on another rank (alpha_mpi.learning.audit)
+    audit_digests: int = 0  # steps between replica digest checks (alpha_mpi.learning.replicas)
 
 
 def digest(params: np.ndarray) -> str:
@@ -116,7 +120,7 @@ class Progress:
         )
 
 
-def build(comm, cfg: TrainConfig):
+def build(comm, cfg: TrainConfig, fault_hook=None):
     data = load_npz(cfg.data) if cfg.data else synthetic(cfg.seed)
     if cfg.batch < cfg.slots:  # before any tree over the slots is built
         raise Refusal(
@@ -147,16 +151,26 @@ def build(comm, cfg: TrainConfig):
         partition=cfg.partition,
         seed=cfg.seed,
         timeout=cfg.timeout,
+        audit_slots=cfg.audit_slots,
+        audit_digests=cfg.audit_digests,
+        fault_hook=fault_hook,
     )
     stream = SlotStream(len(data.y), cfg.batch, cfg.slots, cfg.seed)
     return data, model, learner, stream
 
 
-def train(comm: MPI.Comm, cfg: TrainConfig, out: Callable[[str], object] = print) -> dict:
-    """Run `cfg.steps` steps (continuing from a checkpoint with `resume`). Rank 0 prints."""
+def train(
+    comm: MPI.Comm,
+    cfg: TrainConfig,
+    out: Callable[[str], object] = print,
+    fault_hook: FaultHook | None = None,
+) -> dict:
+    """Run `cfg.steps` steps (continuing from a checkpoint with `resume`). Rank 0 prints.
+    `fault_hook`: the learner's verification hook (alpha_mpi_verify.faults); None in production.
+    An `sdc-detected` refusal saves the state (which every audit passed) first, then propagates."""
     rank = comm.Get_rank()
     say = out if rank == 0 else (lambda *a, **k: None)
-    data, model, learner, stream = build(comm, cfg)
+    data, model, learner, stream = build(comm, cfg, fault_hook)
     ckpt = None
     if cfg.checkpoint_dir:
         from ..checkpoint import Checkpointer
@@ -204,10 +218,15 @@ def train(comm: MPI.Comm, cfg: TrainConfig, out: Callable[[str], object] = print
         while learner.step < cfg.steps:
             t = learner.step
             batch = {}
-            for s in learner.my_slots:
+            for s in learner.needed_slots:  # its own slots, and those it audits this step
                 idx = stream.indices(t, s)
                 batch[s] = (data.X[idx], data.y[idx])
-            loss, stop_now = learner.train_step(batch, stop=stop.requested)
+            try:
+                loss, stop_now = learner.train_step(batch, stop=stop.requested)
+            except Refusal as e:
+                if e.code == "sdc-detected" and ckpt:  # nothing was applied: this state passed every audit
+                    e.context["checkpoint"] = ckpt.save() if not ckpt.has(learner.step) else ckpt.root
+                raise
             if ckpt and cfg.checkpoint_every and learner.step % cfg.checkpoint_every == 0:
                 ckpt.save()
             if stop_now:

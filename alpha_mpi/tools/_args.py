@@ -14,6 +14,9 @@ Exit codes, the same for every command (docs/exit-codes.md lists them):
          `[checkpoint-corrupt]`, ...); `checkpoint verify` also exits 3 when a step fails
     70   a combine failed and the job could not end cleanly (a peer is gone or frames are in
          flight): alpha_mpi aborted the job (alpha_mpi.execution.transport.ABORT_STATUS)
+    98   `train --audit-slots` detected silent data corruption (`sdc-detected`): nothing was applied,
+         the last state every audit passed is saved with --checkpoint-dir; resume without the
+         named rank's node (jobs/train.sbatch requeues excluding it)
     99   `train` stopped on SIGUSR1/SIGTERM after saving a checkpoint (requeue and --resume;
          alpha_mpi.learning.PREEMPTED)
     130  interrupted (Ctrl-C)
@@ -36,6 +39,7 @@ EXIT_INTERNAL = 1
 EXIT_USAGE = 2
 EXIT_REFUSAL = 3
 EXIT_ABORTED = 70  # == alpha_mpi.execution.transport.ABORT_STATUS (a test holds them equal)
+EXIT_SDC = 98  # silent data corruption detected by the audit (alpha_mpi.learning.audit)
 EXIT_PREEMPTED = 99  # == alpha_mpi.learning.PREEMPTED (a test holds them equal)
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
@@ -47,6 +51,7 @@ EXIT_CODES = (
     (EXIT_USAGE, "a usage error: unknown command or option, a value out of range, contradicting options"),
     (EXIT_REFUSAL, "a refusal by a stable code, e.g. [topology-invalid]; a failed `checkpoint verify`"),
     (EXIT_ABORTED, "a combine failed and the job could not end cleanly (a peer is gone): job aborted"),
+    (EXIT_SDC, "`train` detected silent data corruption (sdc-detected); last audited state saved"),
     (EXIT_PREEMPTED, "`train` stopped by SIGUSR1/SIGTERM after saving a checkpoint"),
     (EXIT_INTERRUPTED, "interrupted (Ctrl-C)"),
     (EXIT_BROKEN_PIPE, "the reader of the output went away (| head)"),

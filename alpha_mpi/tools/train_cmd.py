@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from ._args import EXIT_PREEMPTED, check_output, int_option, path, real, subparser, write_output
+from ._args import EXIT_PREEMPTED, EXIT_SDC, check_output, int_option, path, real, subparser, write_output
 
 EXAMPLES = (
     "mpiexec -n 4 alpha-mpi train         # 200 Adam steps of the built-in synthetic task",
     "mpiexec -n 2 alpha-mpi train --steps 50 --partition params --log-every 0",
     "mpiexec -n 4 alpha-mpi train --checkpoint-dir ckpt --checkpoint-every 20",
     "mpiexec -n 2 alpha-mpi train --checkpoint-dir ckpt --resume --steps 400",
+    "mpiexec -n 4 alpha-mpi train --audit-slots 1 --audit-digests 10 --checkpoint-dir ckpt   # exit 98 on SDC",
+    "mpiexec -n 2 alpha-mpi train --checkpoint-dir ckpt --replay 100:200   # recompute, compare, write nothing",
     "alpha-mpi train --data mine.npz --model mymodels:make --json result.json   # your data and model",
 )
 
@@ -119,6 +121,29 @@ def parser():
         action="store_true",
         help="resume even if the checkpoint's numerical contract differs; the adoption is recorded in later checkpoints",
     )
+    int_option(
+        p,
+        "--audit-slots",
+        0,
+        "recompute K slots per step on another rank and compare digests before applying the step "
+        "(K = --slots: every slot); a mismatch stops with sdc-detected, exit 98",
+        lo=0,
+    )
+    int_option(
+        p,
+        "--audit-digests",
+        0,
+        "every N steps compare digests of the replicated parameters (and optimizer state) across "
+        "ranks; a minority stops with replica-diverged, exit 98 (0: never)",
+        lo=0,
+    )
+    p.add_argument(
+        "--replay",
+        default=None,
+        metavar="A:B",
+        help="with --checkpoint-dir: resume from step A, recompute to step B, compare every byte with "
+        "the stored step B and write nothing ('bits match', rc 0; else replay-mismatch)",
+    )
     p.add_argument(
         "--json",
         type=path,
@@ -128,7 +153,8 @@ def parser():
     return p
 
 
-def run(argv) -> int:
+def run(argv, fault_hook=None) -> int:
+    """`alpha-mpi train ARGV`; `fault_hook` is for verification only (alpha_mpi_verify.faults)."""
     p = parser()
     a = p.parse_args(argv)
     if a.resume and not a.checkpoint_dir:
@@ -139,8 +165,19 @@ def run(argv) -> int:
         p.error("give --resume (continue in --checkpoint-dir) or --resume-from PATH, not both")
     if a.checkpoint_every and not a.checkpoint_dir:
         p.error("--checkpoint-every needs --checkpoint-dir")
+    if a.replay is not None:
+        if not a.checkpoint_dir or a.resume or a.resume_from:
+            p.error("--replay A:B needs --checkpoint-dir and neither --resume nor --resume-from")
+        try:
+            a.replay = tuple(int(x) for x in a.replay.split(":"))
+            ok = len(a.replay) == 2 and 0 <= a.replay[0] < a.replay[1]
+        except ValueError:
+            ok = False
+        if not ok:
+            p.error(f"--replay: expected A:B with integers 0 <= A < B, got {a.replay!r}")
     if a.batch < a.slots:
         p.error(f"--batch {a.batch} is smaller than --slots {a.slots}: every slot needs a sample")
+    import sys
     from dataclasses import fields
 
     from mpi4py import MPI
@@ -154,7 +191,21 @@ def run(argv) -> int:
     # Every TrainConfig field is the option of the same name.
     cfg = TrainConfig(**{f.name: getattr(a, f.name) for f in fields(TrainConfig) if hasattr(a, f.name)})
     comm = MPI.COMM_WORLD
-    result = train(comm, cfg, out=lambda s: print(s, flush=True))
+    if a.replay is not None:
+        from ..learning.replay import replay
+
+        replay(comm, cfg, *a.replay, out=lambda s: print(s, flush=True))
+        return 0
+    try:
+        result = train(comm, cfg, out=lambda s: print(s, flush=True), fault_hook=fault_hook)
+    except Refusal as e:
+        if e.code not in ("sdc-detected", "replica-diverged"):
+            raise
+        from ..learning.audit import sdc_report
+
+        if comm.Get_rank() == 0:  # every rank refused alike; one report
+            print(sdc_report(e, a.checkpoint_dir, comm.Get_size()), file=sys.stderr, flush=True)
+        return EXIT_SDC
     if a.json and comm.Get_rank() == 0:
         import json
 

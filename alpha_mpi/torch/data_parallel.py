@@ -68,6 +68,7 @@ if TYPE_CHECKING:
     import torch
     from mpi4py import MPI
 
+    from ..learning.audit import FaultHook
     from ..learning.preemption import Preemption
     from ..learning.slicing import Sliceable
 else:
@@ -118,6 +119,10 @@ class DataParallel(CheckpointMethods):
             keeps None, as DDP leaves it) or "zeros" (alpha_mpi.torch.gradients).
         preemption: an `alpha_mpi.Preemption`; its signal flag travels in every step's combine
             and sets its `agreed` (and `stop_agreed`) on every rank after the same step.
+        audit_slots, audit_digests, fault_hook: as DataParallelLearner's (docs/audit.md): K slots
+            a step recomputed on another rank before the combine (`sdc-detected`, `.grad` left
+            None; `step_slots` batches hold `needed_slots`); every N steps, before the forward,
+            the parameters' and floating buffers' digests compared (`replica-diverged`).
 
     Construction checks that every rank holds the same architecture (`torch-module-mismatch`,
     alpha_mpi.torch.same_module), then copies rank 0's parameters to every rank.
@@ -142,6 +147,9 @@ class DataParallel(CheckpointMethods):
         seed: int = 0,
         unused: str = "none",
         preemption: Preemption | None = None,
+        audit_slots: int = 0,
+        audit_digests: int = 0,
+        fault_hook: FaultHook | None = None,
     ) -> None:
         kernel.fpenv_check()
         parts = check_module(module, buffers)
@@ -205,6 +213,19 @@ class DataParallel(CheckpointMethods):
         self._after_no_sync = False  # the step right after a no_sync() block accumulates too (DDP)
         self.registered: dict[str, object] = {}  # name -> object with state_dict/load_state_dict
         self._sync_from_rank0()
+        from ..learning.audit import build_checks
+
+        self.fault_hook = fault_hook
+        opts, cd = (audit_slots, audit_digests, "state"), self.contract.digest
+        self.audit, self.replicas = build_checks(comm, self.plan, opts, timeout=timeout, contract=cd)
+        self._audit_buf = np.zeros(self.layout.total) if self.audit is not None else None
+
+    @property
+    def needed_slots(self) -> list[int]:
+        """`my_slots`, then (audit_slots) the slots this rank recomputes this step."""
+        from ..learning.audit import needed_slots
+
+        return needed_slots(self.audit, self.my_slots, self.steps)
 
     # ------------------------------------------------------------------------------------------
     def _state_tensors(self):
@@ -256,7 +277,7 @@ class DataParallel(CheckpointMethods):
         """
         from ..learning.slicing import slice_batch
 
-        batch = slice_batch(X, y, self.slots, self.my_slots, sizes)
+        batch = slice_batch(X, y, self.slots, self.needed_slots, sizes)
         return self.step_slots(batch, loss_fn, reduction=reduction, accumulate=accumulate, stop=stop)
 
     @contextlib.contextmanager
@@ -279,17 +300,18 @@ class DataParallel(CheckpointMethods):
         accumulate: bool | None = None,
         stop: bool = False,
     ) -> float:
-        """`step` for a batch already cut: {slot: (X_s, y_s)} for exactly `my_slots`."""
+        """`step` for a batch already cut: {slot: (X_s, y_s)} for exactly `needed_slots`."""
         loss_reduction(loss_fn, reduction)
         check_precision()
         if accumulate is None:
             accumulate = self._no_sync > 0 or self._after_no_sync
         if self._no_sync == 0:
             self._after_no_sync = False
-        missing = [s for s in self.my_slots if s not in batch]
-        if missing or len(batch) != len(self.my_slots):
+        needed = self.needed_slots
+        missing = [s for s in needed if s not in batch]
+        if missing or len(batch) != len(needed):
             raise Refusal(
-                "contribution-missing", f"batch holds slots {sorted(batch)}, this rank owns {self.my_slots}"
+                "contribution-missing", f"batch holds slots {sorted(batch)}, this rank needs {needed}"
             )
         check_environment(self.env)
         asked = bool(stop) or bool(self.preemption is not None and self.preemption.requested)
@@ -300,9 +322,18 @@ class DataParallel(CheckpointMethods):
             else None
         )
         try:
+            if self.replicas is not None and self.replicas.due(self.steps):
+                self.replicas.check(self.steps, [t.detach().numpy() for t in self._state_tensors()])
             for i, s in enumerate(self.my_slots):
                 self._slot(s, batch[s], loss_fn, start)
                 self.payloads[s][self.stop_at] = 1.0 if (asked and i == 0) else 0.0
+            if self.audit is not None:  # before the combine: a mismatch combines nothing
+                self.audit.check(
+                    self.steps,
+                    self.payloads,
+                    lambda s, o: self._slot(s, batch[s], loss_fn, start, o),
+                    self._audit_buf,
+                )
             red = self.reducer.run(self.payloads, out=self.reduced)
             np.divide(red[:n], red[self.mass_at], out=self._g)  # normalised once, after the combine
             self.grads.write(self._g, red[self.used_at : self.mass_at] > 0, accumulate)
@@ -324,10 +355,10 @@ class DataParallel(CheckpointMethods):
             self.preemption.agreed = True
         return loss_mean
 
-    def _slot(self, s: int, data, loss_fn, start) -> None:
-        """Slot s's payload: its forward and backward alone, under its own generator state."""
+    def _slot(self, s: int, data, loss_fn, start, buf: np.ndarray | None = None) -> None:
+        """Slot s's payload (into `buf`, default its own): forward and backward alone, own generator."""
         Xs, ys = data
-        buf = self.payloads[s]
+        buf = self.payloads[s] if buf is None else buf
         self._restore_buffers(start)
         with slot_rng(self.seed, self.steps, s):
             loss = loss_fn(self.module(Xs), ys)
@@ -348,6 +379,8 @@ class DataParallel(CheckpointMethods):
         buf[self.used_at : self.mass_at] = [0.0 if g is None else 1.0 for g in grads]
         buf[self.mass_at] = float(len(ys))
         buf[self.loss_at] = float(loss.detach())  # float32 -> Python float: exact
+        if self.fault_hook is not None:
+            self.fault_hook(self.rank, self.steps, s, buf)
 
     def _restore_buffers(self, start) -> None:
         """Every buffer back to its step-start value (`start`: their clones; None: nothing kept)."""

@@ -31,6 +31,10 @@ COMMANDS = {
         "sum/dot of distributed arrays (pairwise over global indices) vs MPI_Allreduce(np.dot)",
     ),
     "train": ("alpha_mpi.tools.bench.train_bench", "data-parallel training step time"),
+    "audit": (
+        "alpha_mpi.tools.bench.audit_bench",
+        "step time with audited slots (K = 0, 1, S) and replica digests every 10 steps",
+    ),
     "calibrate": (
         "alpha_mpi.tools.bench.calibrate",
         "measure the α, β, γ of auto's cost model (writes a JSON for ALPHA_MPI_CALIBRATION)",

@@ -1,0 +1,97 @@
+"""jobs/train.sbatch's exit-98 branch (issue 24 item 3) without a Slurm: the script runs as the
+batch shell would (SLURM_JOB_ID set, the mpiexec launcher), with a stand-in `scontrol` on PATH
+that records its arguments, and a trainer with a fault injected (tests/mpi_scripts/audit_train.py).
+The real-Slurm path (requeue honoured, the node excluded) needs more than one node; see
+tests/test_slurm_jobs.py for the one-node tests of the other branches."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, mpiexec, needs_mpiexec
+
+SCRIPT = os.path.join(ROOT, "tests", "mpi_scripts", "audit_train.py")
+ARGS = "--slots 6 --batch 48 --hidden 16 --log-every 0 --seed 3 --audit-slots 6"
+
+SCONTROL = """#!/bin/sh
+echo "$@" >> "{log}"
+case "$1" in show) echo "JobId=4242 ExcNodeList={old}" ;; esac
+exit 0
+"""
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("old", ["(null)", "n9"])
+def test_sdc_exit_names_the_node_and_requeues_excluding_it(tmp_path, old):
+    import socket
+
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    log = tmp_path / "scontrol.log"
+    (bin_ / "scontrol").write_text(SCONTROL.format(log=log, old=old))
+    (bin_ / "scontrol").chmod(0o755)
+    env = dict(
+        os.environ,
+        PATH=f"{bin_}{os.pathsep}{os.environ['PATH']}",
+        SLURM_JOB_ID="4242",
+        ALPHA_LAUNCHER="mpiexec",
+        ALPHA_MPIEXEC=mpiexec(),
+        ALPHA_NP="3",
+        ALPHA_STEPS="6",
+        ALPHA_CKPT_DIR=str(tmp_path / "run" / "ckpt"),
+        ALPHA_CKPT_EVERY="2",
+        ALPHA_TRAIN_CMD=f"{sys.executable} {SCRIPT} 2:3:5:0",
+        ALPHA_TRAIN_ARGS=ARGS,
+        ALPHA_MPI_TIMEOUT="120",
+        OMP_NUM_THREADS="1",
+    )
+    r = subprocess.run(
+        ["timeout", "-k", "5", "200", "bash", os.path.join(ROOT, "jobs", "train.sbatch")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    out = r.stdout + r.stderr
+    host = socket.gethostname()
+    assert r.returncode == 0, out  # requeued: this run of the job ends
+    assert "trainer exited with status 98" in out and f"suspect node(s): {host}" in out, out
+    want = host if old == "(null)" else f"{old},{host}"
+    calls = log.read_text().splitlines()
+    assert f"update JobId=4242 ExcNodeList={want}" in calls and "requeue 4242" in calls, calls
+    assert f"requeueing job 4242 excluding {want}" in out
+    assert (tmp_path / "run" / "ckpt" / "step-00000003").is_dir()
+
+
+@needs_mpiexec
+def test_sdc_exit_without_a_named_node_does_not_requeue(tmp_path):
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    log = tmp_path / "scontrol.log"
+    (bin_ / "scontrol").write_text(SCONTROL.format(log=log, old="(null)"))
+    (bin_ / "scontrol").chmod(0o755)
+    fake = tmp_path / "fake98.sh"
+    fake.write_text("#!/bin/sh\necho 'alpha-mpi: error [sdc-detected] no host here' >&2\nexit 98\n")
+    fake.chmod(0o755)
+    env = dict(
+        os.environ,
+        PATH=f"{bin_}{os.pathsep}{os.environ['PATH']}",
+        SLURM_JOB_ID="4243",
+        ALPHA_LAUNCHER="mpiexec",
+        ALPHA_MPIEXEC=mpiexec(),
+        ALPHA_NP="1",
+        ALPHA_CKPT_DIR=str(tmp_path / "run" / "ckpt"),
+        ALPHA_TRAIN_CMD=str(fake),
+    )
+    r = subprocess.run(
+        ["timeout", "-k", "5", "100", "bash", os.path.join(ROOT, "jobs", "train.sbatch")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 98, r.stdout + r.stderr
+    assert "not requeueing" in r.stdout
+    assert not log.exists() or "requeue" not in log.read_text()

@@ -183,6 +183,7 @@ def run(argv, fault_hook=None) -> int:
     from mpi4py import MPI
 
     from ..learning import TrainConfig, train
+    from ..refusals import Refusal
 
     if a.json and MPI.COMM_WORLD.Get_rank() == 0:
         check_output(a.json)  # before training, not after it

@@ -87,6 +87,8 @@ ADVICE: dict[str, str] = {
     "plan-delivery-mismatch": "give the delivery the plan was made with (or none), and use reduce_scatter / mode='reduce-scatter' for chunks",
     "executor-reentrant": "wait for one combine to finish before starting another on the same plan",
     "combiner-broken": "this combiner refused earlier and its channel may hold stale frames; build a new one on every rank",
+    # protocol under mistakes (issue 22): executor identity agreed at construction
+    "executor-identity-mismatch": "every rank must build the same executors (same tree, placement, delivery, layout, realization, contract, ALPHA_MPI_PAYLOAD_CHECK) in the same order on a communicator; the message names the ranks that differ",
     # distributed arrays (alpha_mpi.arrays)
     "array-block-invalid": "pass this rank's block as a 1-D float64 array x (and y of the same length) with integers 0 <= offset, offset + len(x) <= n",
     "array-batch-invalid": "pass dots() a list of 1..4096 (x, y) pairs of blocks, the same number on every rank",

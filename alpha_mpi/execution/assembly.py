@@ -34,7 +34,10 @@ class Assembler(Endpoint):
                 "plan-rank-mismatch", f"assembly plan is for {aplan.size} ranks, communicator has {size}"
             )
         self.plan = aplan
-        rank = self._open(comm, timeout, dup)
+        bad_bound = self._open(comm, timeout, dup)  # a bad timeout= is refused, as before
+        if bad_bound is not None:
+            raise bad_bound
+        rank = self.rank
         self.own = [(a, b) for o, a, b in aplan.pieces if o == rank]
         self.recvs, self.sends = [], []
         for s in aplan.programs[rank]:

@@ -34,10 +34,12 @@ from mpi4py import MPI
 from .. import kernel
 from ..planning.builder import is_split
 from ..planning.program import Program
-from ..refusals import FrameRefusal, KernelRefusal, PlanRefusal, Refusal
+from ..refusals import KernelRefusal, PlanRefusal, Refusal
+from . import agreement
 from . import frames as fr
 from .engine_bind import EngineBinding
-from .engine_build import PALL, C, D, E, EngineBuild, F, S, W, payload_check_from_env
+from .engine_build import C, D, E, EngineBuild, F, S, W, payload_check_from_env
+from .inbound import receive_frame
 from .transport import Endpoint, cancel_receives, log, mark_broken
 
 if TYPE_CHECKING:
@@ -76,14 +78,41 @@ class Engine(Endpoint, EngineBuild, EngineBinding):
         **retired: object,
     ) -> None:
         warn_retired(retired)
+        # The communicator first (a collective Dup), then everything that can refuse on one
+        # rank, then one agreement round: every rank built the same executor, or every rank
+        # refuses by name (agreement.py) and no later call pairs with the wrong one.
+        local = self._open(comm, timeout, dup)
+        self.payload_check = payload_check_from_env()
+        try:
+            if local is not None:
+                raise local
+            self._build(program, contract)
+        except Refusal as e:
+            local = e
+        identity = (
+            "" if local is not None else f"{self.program.identity}|{contract}|{int(self.payload_check)}"
+        )
+        try:
+            agreement.build_round(self.comm, self.waiter, self.sequence, identity, local, "executor")
+        except Refusal:
+            for x in getattr(self, "_msgs", {}).values():
+                for req in (x.hreq, None if x.dyn else x.preq):
+                    if req is not None:
+                        req.Free()
+            if self._owns_comm:
+                self._owns_comm = False
+                self.comm.Free()
+            raise
+
+    def _build(self, program, contract) -> None:
         program = self._program_of(program)
-        size = comm.Get_size()
+        size = self.comm.Get_size()
         if program.size != size:
             raise PlanRefusal(
                 "plan-rank-mismatch", f"the program is for {program.size} ranks, the communicator has {size}"
             )
         self.program = self.plan = program
-        rank = self._open(comm, timeout, dup)
+        rank = self.rank
         self._busy = False
         self.contract = contract
         rp = self.rp = program.rank(rank)
@@ -124,9 +153,9 @@ class Engine(Endpoint, EngineBuild, EngineBinding):
         # called as send_hook(message index, header memoryview) after a header is written and
         # before it is sent. None in production (one attribute test per send).
         self.send_hook = None
-        # ALPHA_MPI_PAYLOAD_CHECK=1: a crc32 of every payload travels in its header and is checked
-        # on arrival (opt-in: it costs a pass over every payload at both ends; README).
-        self.payload_check = payload_check_from_env()
+        # ALPHA_MPI_PAYLOAD_CHECK=1 (self.payload_check, read before the build agreement, which
+        # holds it equal on every rank): a crc32 of every payload travels in its header and is
+        # checked on arrival (opt-in: it costs a pass over every payload at both ends; README).
         self._corrupt = None
 
     def _program_of(self, plan: object) -> Program:
@@ -203,7 +232,7 @@ class Engine(Endpoint, EngineBuild, EngineBinding):
                 bound["out"] = outarr
                 bases["out"] = ffi.from_buffer(self._darr, outarr, True)
             arrays["out"] = outarr
-        step, waiter, debug, rank = self.step, self.waiter, self.debug, self.rank
+        step, waiter, debug, rank, comm = self.step, self.waiter, self.debug, self.rank, self.comm
         check_payload = self.payload_check
         self._corrupt = None
         flags = fr.FLAG_REFUSED if local is not None else 0
@@ -223,8 +252,6 @@ class Engine(Endpoint, EngineBuild, EngineBinding):
                     raise KernelRefusal(
                         "kernel-bad-argument", f"rank {rank}: the kernel refused an evaluation (status {st})"
                     )
-            elif k == PALL:
-                MPI.Prequest.Startall(op[1])
             elif k == S:
                 x = op[1]
                 if x.split and x.dyn:
@@ -248,36 +275,7 @@ class Engine(Endpoint, EngineBuild, EngineBinding):
                     log(rank, f"send -> {x.peer} {x.what} step {step} {fr.HEADER + 8 * x.m.count}B")
             elif k == W:
                 x = op[1]
-                try:
-                    waiter.wait(x.hreq, x.status, x.peer, x.what, step, timeout)
-                except FrameRefusal as e:  # truncated: a longer frame; its header may say whose
-                    x.spec.check(x.hbuf, step, x.nbytes + 8, split=x.split)
-                    raise e
-                got = x.status.Get_count(MPI.BYTE)
-                f = x.spec.fast_check(x.hmv, step) if got == x.nbytes else -1
-                if f < 0:
-                    try:
-                        f = x.spec.check(x.hbuf, step, got, split=x.split)
-                    except FrameRefusal as e:
-                        if e.code != "frame-checksum" or got == x.nbytes:
-                            raise
-                        # another size, and a header that did not arrive intact (some MPIs leave
-                        # a truncated receive's buffer undefined): the size is what is known
-                        raise FrameRefusal(
-                            "frame-size-mismatch",
-                            f"{x.what} from rank {x.peer} (step {step}): "
-                            f"{got} bytes arrived, expected {x.nbytes}",
-                            peer=x.peer,
-                            step=step,
-                        ) from None
-                if x.split:
-                    waiter.wait(x.preq, x.pstatus, x.peer, x.what + " payload", step, timeout)
-                    if x.pstatus.Get_count(MPI.BYTE) != 8 * x.m.count:
-                        raise Refusal(
-                            "frame-size-mismatch",
-                            f"{x.what} from rank {x.peer}: payload of "
-                            f"{x.pstatus.Get_count(MPI.BYTE)} bytes, expected {8 * x.m.count}",
-                        )
+                f = receive_frame(comm, waiter, x, step, timeout, arrays)
                 if f & fr.FLAG_PAYLOAD_CRC and zlib.crc32(self._payload(x, arrays)) != fr.payload_crc_of(
                     x.hmv
                 ):
@@ -317,13 +315,6 @@ class Engine(Endpoint, EngineBuild, EngineBinding):
                 waiter.wait(x.hreq, None, x.peer, x.what, step, timeout)
                 if x.split:
                     waiter.wait(x.preq, None, x.peer, x.what + " payload", step, timeout)
-            else:  # P of a frame received into the caller's memory
-                x = op[1]
-                x.hreq.Start()
-                reg = x.region
-                x.preq = self.comm.Irecv(
-                    arrays[reg.buf][reg.offset : reg.offset + reg.count], source=x.peer, tag=x.tag + 1
-                )
         return flags, who
 
     def _fail(self, e: Refusal) -> None:

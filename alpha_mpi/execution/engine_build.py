@@ -31,6 +31,7 @@ class _Msg:
         "hmv",
         "hreq",
         "preq",
+        "pview",
         "region",
         "dyn",
         "status",
@@ -82,6 +83,7 @@ class EngineBuild:
             identity=prog.identity,
             layout_key=m.what,
             contract=self.contract,
+            sequence=self.sequence,  # agreed at build (agreement.py): a frame of another executor is refused
         )
         x.split = is_split(m.count)  # the planner's rule, the same at both ends
         x.tag = TAG_BASE + 2 * m.seq
@@ -94,20 +96,18 @@ class EngineBuild:
             x.hbuf = self.framed[region.buf][: fr.HEADER + 8 * m.count]
         x.hmv = memoryview(x.hbuf)
         x.nbytes = x.hbuf.nbytes
+        # Receives get no request: W matches the frame first and receives it size-safely
+        # (inbound.receive_frame); only sends are persistent.
+        x.hreq = x.preq = x.pview = None
         if sending:
             x.hmv[: fr._CRC_OFF] = x.spec.expect
             x.hreq = self.comm.Send_init(x.hbuf, dest=x.peer, tag=x.tag)
-        else:
-            x.hreq = self.comm.Recv_init(x.hbuf, source=x.peer, tag=x.tag)
-        x.preq, x.dyn = None, False
+        x.dyn = False
         if x.split:
             if self._static(region):
-                view = self.bufs[region.buf][region.offset : region.offset + region.count]
-                x.preq = (
-                    self.comm.Send_init(view, dest=x.peer, tag=x.tag + 1)
-                    if sending
-                    else self.comm.Recv_init(view, source=x.peer, tag=x.tag + 1)
-                )
+                x.pview = self.bufs[region.buf][region.offset : region.offset + region.count]
+                if sending:
+                    x.preq = self.comm.Send_init(x.pview, dest=x.peer, tag=x.tag + 1)
             else:
                 x.dyn = True  # in the caller's memory: a request per run
         return x
@@ -118,17 +118,10 @@ class EngineBuild:
         table = []
         for op in rp.ops:
             k = _KIND[op.kind]
-            if k in (P, S, W, D):
-                x = self._msgs[op.index]
-                if k == P and not x.dyn and table and table[-1][0] == PALL:
-                    table[-1][1].append(x.hreq)
-                    if x.preq is not None:
-                        table[-1][1].append(x.preq)
-                    table[-1][2].append(x)
-                elif k == P and not x.dyn:
-                    table.append((PALL, [x.hreq] + ([x.preq] if x.preq is not None else []), [x]))
-                else:
-                    table.append((k, x))
+            if k == P:
+                continue  # nothing is posted: W matches and receives (size-safe receives)
+            if k in (S, W, D):
+                table.append((k, self._msgs[op.index]))
             elif k == E:
                 ev = rp.evals[op.index]
                 prog = np.asarray(ev.program, dtype=np.int32)

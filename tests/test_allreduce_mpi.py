@@ -278,9 +278,7 @@ def test_scatter_frames_name_another_identity_for_another_segment_length(world):
 
 @pytest.mark.mpi(min_size=2)
 def test_convenience_calls_cache_their_executor(world):
-    import importlib
-
-    amod = importlib.import_module("alpha_mpi.execution.allreduce")
+    from alpha_mpi.execution.convenience import cached_executors
 
     size, rank = world.Get_size(), world.Get_rank()
     tree = pairwise(range(size), size)
@@ -289,5 +287,5 @@ def test_convenience_calls_cache_their_executor(world):
     for _ in range(3):
         got = allreduce(world, tree, {rank: data[rank]})
         agree(world, np.array_equal(bits(got), bits(want)), "allreduce()")
-    keys = [k for k in amod._CACHE if k[1] == tree._placed and k[5] == "allreduce" and k[2] == ("n", 5)]
+    keys = [k for k in cached_executors(world) if k.tree == ("tree", tree._placed) and k.mode == "allreduce"]
     assert len(keys) == 1  # three calls, one executor

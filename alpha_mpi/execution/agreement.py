@@ -65,14 +65,25 @@ def _pack(buf, kind, refused, code, lo, lo_rank, hi, hi_rank, step) -> None:
 
 
 def exchange(
-    comm, waiter, kind: int, key: bytes, step: int, local: Refusal | None, timeout=None, what="agreement"
+    comm,
+    waiter,
+    kind: int,
+    key: bytes,
+    step: int,
+    local: Refusal | tuple[int, str] | None,
+    timeout=None,
+    what="agreement",
 ) -> Verdict:
     """Run one round on `comm` (every rank calls it, in the same order of rounds) and return
     the merged verdict. `key`: what must be equal on every rank (key_of); `local`: this rank's
-    refusal, if any. Raises peer-timeout (bounded) or a frame refusal for a foreign record."""
+    refusal, if any (or the (rank, code) of one it learned of). Raises peer-timeout (bounded)
+    or a frame refusal for a foreign record."""
     rank, p = comm.Get_rank(), comm.Get_size()
-    refused = rank if local is not None else -1
-    code = fr.code_tag(local.code) if local is not None else b"\0\0\0\0"
+    refused, code = -1, b"\0\0\0\0"
+    if isinstance(local, tuple):  # a refusal this rank learned of: (refusing rank, code)
+        refused, code = local[0], fr.code_tag(local[1])
+    elif local is not None:
+        refused, code = rank, fr.code_tag(local.code)
     lo = hi = key
     lo_rank = hi_rank = rank
     out = np.zeros(SIZE, dtype=np.uint8)
@@ -166,4 +177,30 @@ def build_round(comm, waiter, sequence: int, identity: str, local: Refusal | Non
     refuse_build(verdict, comm.Get_rank(), local, what)
 
 
-__all__ = ["BUILD", "build_round", "RUN", "SIZE", "TAG", "Verdict", "exchange", "key_of", "refuse_build"]
+def refuse_everywhere(comm, local: Refusal, timeout=None, what: str = "executor") -> None:
+    """Take part in the build agreement of the next executor on `comm` with this rank's
+    refusal `local` (its peers are building that executor), so every rank refuses by name;
+    always raises. For a constructor that refused before it could build its Engine."""
+    from .transport import DEFAULT_TIMEOUT, Waiter, next_sequence
+
+    sequence = next_sequence(comm)
+    try:
+        waiter = Waiter(comm, timeout)
+    except Refusal:
+        waiter = Waiter(comm, DEFAULT_TIMEOUT)
+    build_round(comm, waiter, sequence, "", local, what)
+    raise local  # pragma: no cover - build_round raises `local` itself
+
+
+__all__ = [
+    "BUILD",
+    "build_round",
+    "refuse_everywhere",
+    "RUN",
+    "SIZE",
+    "TAG",
+    "Verdict",
+    "exchange",
+    "key_of",
+    "refuse_build",
+]

@@ -40,7 +40,7 @@ from . import frames as fr
 from .engine_bind import EngineBinding
 from .engine_build import C, D, E, EngineBuild, F, S, W, payload_check_from_env
 from .inbound import receive_frame
-from .transport import Endpoint, cancel_receives, log, mark_broken
+from .transport import Endpoint, cancel_receives, log, mark_broken, timeout_from_env
 
 if TYPE_CHECKING:
     from .contributions import Contributions
@@ -181,17 +181,22 @@ class Engine(Endpoint, EngineBuild, EngineBinding):
         if self.broken is not None:
             raise Refusal(
                 "combiner-broken",
-                f"an earlier run refused with [{self.broken}]; build a new executor on every rank",
+                f"an earlier run failed with [{self.broken}]; this executor is broken: build a new one on every rank",
             )
         if self._busy:
             raise Refusal("executor-reentrant", "run() called while a run is in progress")
         self._busy = True
         local = None
         try:
+            if timeout is not None:  # checked before any communication; refused like a bad input
+                try:
+                    timeout = timeout_from_env(timeout)
+                except Refusal as e:
+                    local, timeout = e, None
             try:
                 leaves = self._leaves(contributions)
             except Refusal as e:
-                local, leaves = e, self._zero_leaves()
+                local, leaves = local or e, self._zero_leaves()
             try:
                 outarr = self._bind_out(out)
                 if (
@@ -208,7 +213,14 @@ class Engine(Endpoint, EngineBuild, EngineBinding):
                     else (np.empty(self.n) if self.rp.result is not None else None)
                 )
             flags, who = self._walk(leaves, outarr, local, timeout)
+            if self.payload_check:
+                # A corrupt payload in a rank's last receive reaches nobody by frame: one
+                # agreement round (paid only with the check on) makes every rank refuse or none.
+                flags, who = self._flag_round(flags, who, timeout)
         except Refusal as e:
+            self._fail(e)
+            raise
+        except Exception as e:  # not a refusal: a bug or an interrupt; the channel state is unknown
             self._fail(e)
             raise
         finally:
@@ -317,19 +329,35 @@ class Engine(Endpoint, EngineBuild, EngineBinding):
                     waiter.wait(x.preq, None, x.peer, x.what + " payload", step, timeout)
         return flags, who
 
-    def _fail(self, e: Refusal) -> None:
-        if e.code in ("executor-reentrant", "combiner-broken"):
+    def _flag_round(self, flags, who, timeout):
+        v = agreement.exchange(
+            self.comm,
+            self.waiter,
+            agreement.RUN,
+            agreement.key_of(self.program.identity, self.sequence),
+            self.step,
+            who if flags & fr.FLAG_REFUSED else None,
+            timeout,
+            what="flag",
+        )
+        if v.refused is not None:
+            return flags | fr.FLAG_REFUSED, (v.refused, v.code)
+        return flags, who
+
+    def _fail(self, e: Exception) -> None:
+        code = getattr(e, "code", None) or type(e).__name__  # a refusal's code, else the exception's name
+        if code in ("executor-reentrant", "combiner-broken"):
             return
-        self.broken = e.code
+        self.broken = code
         mine = [x for x in self._msgs.values()]
         cancel_receives([r for x in mine if x.m.dst == self.rank for r in (x.hreq, x.preq) if r is not None])
         mark_broken(
             self.rank,
-            e.code,
+            code,
             [r for x in mine if x.m.src == self.rank for r in (x.hreq, x.preq) if r is not None],
         )
         sys.stderr.write(
-            f"r{self.rank} | {self.realization} step {self.step} refused [{e.code}]: {e.message}\n"
+            f"r{self.rank} | {self.realization} step {self.step} refused [{code}]: {getattr(e, 'message', e)}\n"
             f"  r{self.rank}: {self.rp.text()}  <-- ERROR HERE\n"
         )
         sys.stderr.flush()

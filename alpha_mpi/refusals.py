@@ -78,7 +78,7 @@ ADVICE: dict[str, str] = {
     "contribution-unexpected": "pass payloads only for the slots this rank owns in the tree",
     "contribution-shape": "each contribution must have the layout's element count",
     "peer-timeout": "a peer did not send within the bound; check the peer's log (it may have crashed) or raise ALPHA_MPI_TIMEOUT",
-    "peer-failed": "another rank refused or crashed; see that rank's error",
+    "peer-failed": "MPI reported an error on a frame with a peer: the peer process died or the interconnect failed; see that rank's log and the launcher's output (a peer that refused its inputs is `peer-refused`)",
     "realization-inapplicable": "choose one of the realizations the message lists (tree, scatter and replicate apply to every tree), or realization='auto'",
     "peer-refused": "another rank refused this combine before its arithmetic (see that rank's error); every rank completed the round, nothing was applied, and the next call works",
     "frame-payload-corrupt": "a frame's payload checksum failed (corrupted in transit or in memory); nothing was applied; rerun and check the interconnect and memory",

@@ -135,10 +135,15 @@ def test_a_rank_that_skips_a_call_of_executors_sharing_a_communicator_is_refused
     execs = [Allreducer(comm, tree, 3, realization="tree", timeout=SHORT, dup=False) for _ in range(3)]
     data = {s: np.full(3, 10.0**s) for s in range(size)}
     run = execs[1:] if rank == size - 1 else execs
-    code = _code(lambda: run[0].run({rank: data[rank]}))
+    try:
+        run[0].run({rank: data[rank]})
+        code, msg = None, ""
+    except Refusal as e:
+        code, msg = e.code, e.message
     codes = world.allgather(code)  # test-side verdict
     named = {"frame-identity-mismatch", "peer-timeout", "peer-refused"}
     agree(world, all(c in named for c in codes) and "frame-identity-mismatch" in codes, f"{codes}")
+    agree(world, code is None or "dup=False" in msg, f"rank {rank}: no dup=False hint in {msg!r}")
     for a in execs:
         a.free()
     # frames may still be in flight on `comm` (the broken executors' sends): never reuse it

@@ -40,7 +40,7 @@ from . import frames as fr
 from .engine_bind import EngineBinding
 from .engine_build import C, D, E, EngineBuild, F, S, W, payload_check_from_env
 from .inbound import receive_frame
-from .transport import Endpoint, cancel_receives, log, mark_broken, timeout_from_env
+from .transport import Endpoint, cancel_receives, dup_false_hint, log, mark_broken, timeout_from_env
 
 if TYPE_CHECKING:
     from .contributions import Contributions
@@ -219,6 +219,8 @@ class Engine(Endpoint, EngineBuild, EngineBinding):
                 flags, who = self._flag_round(flags, who, timeout)
         except Refusal as e:
             self._fail(e)
+            if self.shared:
+                raise dup_false_hint(e) from None
             raise
         except Exception as e:  # not a refusal: a bug or an interrupt; the channel state is unknown
             self._fail(e)

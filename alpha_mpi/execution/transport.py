@@ -70,8 +70,25 @@ def log(rank: int, text: str) -> None:
 
 def library_comm(comm):
     """A duplicate of `comm` that only alpha_mpi uses, so user messages can never match ours.
-    Dup is a communicator-management call (no user data moves). The caller keeps the result."""
-    return comm.Dup()
+    Dup is a communicator-management call (no user data moves). The caller keeps the result.
+    It is marked (attribute "library"), so an executor knows whether user traffic can reach
+    its channel (dup=False on a user communicator) and says so when a frame goes wrong."""
+    lib = comm.Dup()
+    set_comm_attr(lib, "library", True)
+    return lib
+
+
+def dup_false_hint(e: Refusal) -> Refusal:
+    """`e` with a hint that user traffic may be the cause: for frame refusals and timeouts of
+    an executor that runs on a user communicator (dup=False)."""
+    if not (e.code.startswith("frame-") or e.code == "peer-timeout"):
+        return e
+    hint = (
+        " (this executor shares a user communicator, dup=False: a message of yours with the same tag, or a "
+        "receive of yours with ANY_TAG/ANY_SOURCE, may have taken or replaced a frame; build it with dup=True)"
+    )
+    out = type(e)(e.code, e.message + hint, **e.context)
+    return out
 
 
 _KEYVAL: dict = {}
@@ -132,6 +149,7 @@ class Endpoint:
         (the executor is then refused on every rank by the build agreement)."""
         self.comm = library_comm(comm) if dup else comm
         self._owns_comm = dup
+        self.shared = not comm_attr(self.comm, "library")  # user traffic can reach this channel
         self.rank = self.comm.Get_rank()
         self.sequence = next_sequence(self.comm)
         refused = None
@@ -340,6 +358,7 @@ __all__ = [
     "debug_enabled",
     "log",
     "library_comm",
+    "dup_false_hint",
     "polls_before_yield",
     "comm_attr",
     "set_comm_attr",

@@ -124,6 +124,36 @@ def test_a_realization_another_rank_does_not_build_is_refused_on_every_rank(worl
 
 
 @pytest.mark.mpi(min_size=2)
+def test_a_rank_that_skips_a_constructor_leaves_no_rank_waiting_in_a_dup(world):
+    """Three fresh Allreducers; the last rank skips the first. Its second pairs with the
+    others' first: that is not detectable when both are the same executor (same plan, same
+    position on the communicator; only the data differ), and it is why every rank must build
+    the same executors in the same order. What the protocol guarantees: the others' third
+    Allreducer, which no rank pairs with, is refused by name within the bound (its build
+    agreement runs before the collective Dup), where it used to wait in Dup for ever."""
+    import time
+
+    size, rank = world.Get_size(), world.Get_rank()
+    comm = world.Dup()
+    tree = _sum_tree(size)
+    codes = []
+    t0 = time.monotonic()
+    for k in range(3):
+        if rank == size - 1 and k == 0:
+            continue
+        data = {s: np.full(3, float((k + 1) * 10**s)) for s in range(size)}
+        codes.append(
+            _code(
+                lambda: Allreducer(comm, tree, 3, realization="tree", timeout=SHORT).run({rank: data[rank]})
+            )
+        )
+    elapsed = time.monotonic() - t0
+    want = [None, None] if rank == size - 1 else [None, None, "peer-timeout"]
+    agree(world, codes == want and elapsed < 60, f"rank {rank}: {codes} in {elapsed:.1f}s")
+    comm.Free()
+
+
+@pytest.mark.mpi(min_size=2)
 def test_a_rank_that_skips_a_call_of_executors_sharing_a_communicator_is_refused(world):
     """Three Allreducers built on every rank on one communicator (dup=False); the last rank
     skips the first run. The frames carry each executor's agreed sequence, so no rank combines

@@ -30,6 +30,7 @@ import numpy as np
 
 from ..refusals import FrameRefusal, Refusal
 from . import frames as fr
+from .transport import mark_broken
 
 MAGIC = b"ALPHAAGR"
 BUILD, RUN = 1, 2
@@ -94,7 +95,11 @@ def exchange(
         dst, src = (rank + dist) % p, (rank - dist) % p
         req = comm.Isend(out, dest=dst, tag=TAG)
         name = f"{what} round {rnd}"
-        got, scratch = waiter.receive(comm, inb, src, TAG, name, step, timeout)
+        try:
+            got, scratch = waiter.receive(comm, inb, src, TAG, name, step, timeout)
+        except Refusal as e:  # a peer that never came: the job cannot end cleanly by itself
+            mark_broken(rank, e.code, [req])
+            raise
         if scratch is not None:
             raise FrameRefusal(
                 "frame-size-mismatch",
@@ -192,7 +197,26 @@ def refuse_everywhere(comm, local: Refusal, timeout=None, what: str = "executor"
     raise local  # pragma: no cover - build_round raises `local` itself
 
 
+def agree_first(comm, identity: str, local: Refusal | None, timeout=None, what: str = "executor"):
+    """The build agreement of an executor that will duplicate `comm` (dup=True), held on the
+    communicator's library channel (transport.channel_of) BEFORE the collective Dup: a rank
+    that refused, or that builds another executor, or that never comes (it skipped a
+    constructor), is named by every rank within the bound, where a Dup would wait for ever.
+    Returns the channel, for the caller to duplicate (every rank agreed, so every rank will)."""
+    from .transport import DEFAULT_TIMEOUT, Waiter, channel_of, next_sequence
+
+    ch = channel_of(comm)
+    sequence = next_sequence(ch)
+    try:
+        waiter = Waiter(ch, timeout)
+    except Refusal as e:
+        local, waiter = local or e, Waiter(ch, DEFAULT_TIMEOUT)
+    build_round(ch, waiter, sequence, identity, local, what)
+    return ch
+
+
 __all__ = [
+    "agree_first",
     "BUILD",
     "build_round",
     "refuse_everywhere",

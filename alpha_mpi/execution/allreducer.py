@@ -96,25 +96,34 @@ class Allreducer:
         if len(legacy) > 1:
             raise TypeError(f"Allreducer takes at most 6 positional arguments, got {5 + len(legacy)}")
         warn_retired({**retired, **({"crossover_bytes": legacy[0]} if legacy else {})})
-        # The communicator first (Dup is collective), then the planning, which may refuse on
-        # one rank only (a realization that does not apply, a plan for another size): such a
-        # refusal still takes part in the executor's build agreement, so every rank refuses
-        # by name and no rank's next Allreducer pairs with another rank's this one.
-        self.comm = library_comm(comm) if dup else comm
-        self._owns_comm = dup
+        # The planning first: it may refuse on one rank only (a realization that does not
+        # apply, a plan for another size). Every rank then takes part in the build agreement
+        # with its verdict, before the collective Dup (agreement.agree_first), so every rank
+        # refuses by name, a rank that never comes is named within the bound, and no rank's
+        # next Allreducer pairs with another rank's this one.
+        local = None
         try:
-            try:
-                self._plan(tree, layout, delivery, realization, segment, coverage, mode, calibration)
-            except Refusal as e:
-                agreement.refuse_everywhere(self.comm, e, timeout, "Allreducer")
+            self._plan(comm, tree, layout, delivery, realization, segment, coverage, mode, calibration)
+        except Refusal as e:
+            local = e
+        identity = "" if local is not None else self.plan.identity
+        self._owns_comm = False
+        if dup:
+            base = agreement.agree_first(comm, identity, local, timeout, "Allreducer")
+            self.comm, self._owns_comm = library_comm(base), True
+        else:
+            self.comm = comm
+            if local is not None:
+                agreement.refuse_everywhere(comm, local, timeout, "Allreducer")
+        try:
             self.executor = Engine(self.comm, self.plan, timeout=timeout, contract=contract, dup=False)
         except Refusal:
             self.free()
             raise
         self.slots = self.executor.slots
 
-    def _plan(self, tree, layout, delivery, realization, segment, coverage, mode, calibration) -> None:
-        size = self.comm.Get_size()
+    def _plan(self, comm, tree, layout, delivery, realization, segment, coverage, mode, calibration) -> None:
+        size = comm.Get_size()
         if isinstance(tree, Plan):
             if tree.size != size:
                 raise PlanRefusal(

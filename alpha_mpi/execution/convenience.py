@@ -30,7 +30,7 @@ from . import agreement
 from .allreducer import Allreducer
 from .engine import warn_retired
 from .engine_bind import Chunk
-from .transport import comm_attr, library_comm, set_comm_attr
+from .transport import channel_of, comm_attr, set_comm_attr
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -67,8 +67,8 @@ class _Channel:
 
 def _channel(comm) -> _Channel:
     ch = comm_attr(comm, "convenience")
-    if ch is None:  # the first convenience call on `comm`, on every rank: Dup is collective
-        ch = _Channel(library_comm(comm))
+    if ch is None:  # the first convenience call on `comm`: the library channel (one Dup, once)
+        ch = _Channel(channel_of(comm))
         set_comm_attr(comm, "convenience", ch)
     return ch
 

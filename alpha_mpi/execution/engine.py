@@ -78,20 +78,30 @@ class Engine(Endpoint, EngineBuild, EngineBinding):
         **retired: object,
     ) -> None:
         warn_retired(retired)
-        # The communicator first (a collective Dup), then everything that can refuse on one
-        # rank, then one agreement round: every rank built the same executor, or every rank
-        # refuses by name (agreement.py) and no later call pairs with the wrong one.
-        local = self._open(comm, timeout, dup)
+        # Everything that can refuse on one rank is decided before any collective call, and
+        # every rank takes part in one agreement round with its verdict: every rank built the
+        # same executor, or every rank refuses by name (agreement.py) and no later call pairs
+        # with the wrong one. With dup=True the round is held on the communicator's library
+        # channel before the collective Dup, so a rank that never comes is a bounded, named
+        # refusal, not a Dup that waits for ever.
         self.payload_check = payload_check_from_env()
+        local, identity = None, ""
+        try:
+            program = self._program_of(program)
+            identity = f"{program.identity}|{contract}|{int(self.payload_check)}"
+        except Refusal as e:
+            local = e
+        if dup:
+            comm = agreement.agree_first(comm, identity, local, timeout, "executor")
+        local = self._open(comm, timeout, dup) or local
         try:
             if local is not None:
                 raise local
             self._build(program, contract)
         except Refusal as e:
             local = e
-        identity = (
-            "" if local is not None else f"{self.program.identity}|{contract}|{int(self.payload_check)}"
-        )
+        if local is not None:
+            identity = ""
         try:
             agreement.build_round(self.comm, self.waiter, self.sequence, identity, local, "executor")
         except Refusal:
@@ -105,7 +115,6 @@ class Engine(Endpoint, EngineBuild, EngineBinding):
             raise
 
     def _build(self, program, contract) -> None:
-        program = self._program_of(program)
         size = self.comm.Get_size()
         if program.size != size:
             raise PlanRefusal(

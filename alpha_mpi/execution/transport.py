@@ -78,6 +78,17 @@ def library_comm(comm):
     return lib
 
 
+def channel_of(comm):
+    """The library channel of a user communicator: one duplicate per communicator (Dup, on the
+    first use by every rank), kept as its attribute. Executors agree on it before they take a
+    duplicate of their own (agreement.agree_first), and the convenience calls run on it."""
+    ch = comm_attr(comm, "channel")
+    if ch is None:
+        ch = library_comm(comm)
+        set_comm_attr(comm, "channel", ch)
+    return ch
+
+
 def dup_false_hint(e: Refusal) -> Refusal:
     """`e` with a hint that user traffic may be the cause: for frame refusals and timeouts of
     an executor that runs on a user communicator (dup=False)."""
@@ -358,6 +369,7 @@ __all__ = [
     "debug_enabled",
     "log",
     "library_comm",
+    "channel_of",
     "dup_false_hint",
     "polls_before_yield",
     "comm_attr",

@@ -354,3 +354,37 @@ def test_replicate_everywhere_still_runs(world):
         got = a.run({rank: data[rank]})
         agree(world, np.array_equal(bits(got), bits(_want(tree, data))), name)
         a.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("argument", ["realization", "layout"])
+def test_one_rank_passing_another_agreed_argument_is_named_everywhere_then_reset_recovers(world, argument):
+    """One rank passes another realization (or layout=) to allreduce() than its peers: it looks
+    up another executor than they run. Every rank refuses by name within the bound (a timeout
+    or the build agreement's mismatch), never hangs; later calls refuse `combiner-broken` on
+    every rank (messages of the failed call may be on the channel) until reset(comm) on every
+    rank, after which the call works."""
+    from alpha_mpi.execution import reset
+
+    size, rank = world.Get_size(), world.Get_rank()
+    comm = world.Dup()
+    tree = _sum_tree(size)
+    n = 4
+    good = {rank: np.full(n, float(rank + 1))}
+    want = np.full(n, float(size * (size + 1) // 2))
+    allreduce(comm, tree, good, realization="tree", timeout=SHORT)
+    kw, mine = {"realization": "tree"}, good
+    if rank == size - 1:
+        if argument == "realization":
+            kw = {"realization": "replicate"}
+        else:
+            kw, mine = {"realization": "tree", "layout": n + 1}, {rank: np.ones(n + 1)}
+    code = _code(lambda: allreduce(comm, tree, mine, timeout=SHORT, **kw))
+    named = {"peer-timeout", "executor-identity-mismatch", "frame-identity-mismatch", "frame-size-mismatch"}
+    agree(world, code in named, f"rank {rank}: {code}")
+    later = _code(lambda: allreduce(comm, tree, good, realization="tree", timeout=SHORT))
+    agree(world, later == "combiner-broken", f"rank {rank}: later call {later}")
+    reset(comm)
+    got = allreduce(comm, tree, good, realization="tree", timeout=SHORT)
+    agree(world, np.array_equal(got, want), "after reset")
+    comm.Free()

@@ -14,7 +14,7 @@ from .allreducer import (  # noqa: F401
     choose_realization,
 )
 from .assembly import Assembler, assemble  # noqa: F401
-from .convenience import allreduce, combine, reduce_scatter  # noqa: F401
+from .convenience import allreduce, combine, reduce_scatter, reset  # noqa: F401
 from .engine import Engine  # noqa: F401
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "allreduce",
     "combine",
     "reduce_scatter",
+    "reset",
     "assemble",
     "choose_realization",
     "REALIZATIONS",

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..refusals import FrameRefusal, Refusal
 from . import frames as fr
-from .transport import mark_broken
+from .transport import mark_broken, release_sequence
 
 MAGIC = b"ALPHAAGR"
 BUILD, RUN = 1, 2
@@ -176,10 +176,14 @@ def build_round(comm, waiter, sequence: int, identity: str, local: Refusal | Non
     every rank built the same executor (`identity`) without refusing, else raises on every rank
     (this rank's own refusal, `peer-refused` naming the lowest refusing rank, or
     `executor-identity-mismatch` naming two ranks that differ)."""
-    verdict = exchange(
-        comm, waiter, BUILD, key_of(identity or "-", sequence), 0, local, what=f"{what} build agreement"
-    )
-    refuse_build(verdict, comm.Get_rank(), local, what)
+    try:
+        verdict = exchange(
+            comm, waiter, BUILD, key_of(identity or "-", sequence), 0, local, what=f"{what} build agreement"
+        )
+        refuse_build(verdict, comm.Get_rank(), local, what)
+    except Refusal:
+        release_sequence(comm, sequence)  # nothing was built: a retry reuses the number
+        raise
 
 
 def refuse_everywhere(comm, local: Refusal, timeout=None, what: str = "executor") -> None:

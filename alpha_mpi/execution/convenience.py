@@ -14,6 +14,9 @@ loop re-plans nothing. The cache is safe under one rank's mistake:
   the tree: pass layout= (every rank the same) to combine another size with the same tree.
 - Executors on one communicator share its library duplicate; each has its sequence, agreed
   when built and carried in every frame, so a frame of another executor is refused by name.
+- A call that failed in a way that may leave its messages on that duplicate (a peer that never
+  came, ranks that built different executors) makes every later call refuse `combiner-broken`
+  until `reset(comm)` on every rank: a retry never reads a stale message, never hangs.
 """
 
 from __future__ import annotations
@@ -56,13 +59,21 @@ class CacheKey(NamedTuple):
 
 class _Channel:
     """What the convenience calls keep on a user communicator (as an MPI attribute): the
-    library duplicate their executors share and the executors by key."""
+    library duplicate their executors share, the executors by key, and the refusal that left
+    messages of a failed call on the channel (None while it is clean)."""
 
-    __slots__ = ("comm", "executors")
+    __slots__ = ("comm", "executors", "broken")
 
     def __init__(self, comm) -> None:
         self.comm = comm
         self.executors: dict = {}
+        self.broken: str | None = None
+
+
+# Refusals after which messages of the failed call may still be on the shared channel (a peer
+# that never came, a frame of another executor): later calls would read them, so the channel
+# refuses until every rank resets it. A refused input (flagged, every rank completed) is not one.
+_LEAVES_MESSAGES = ("peer-timeout", "peer-failed", "executor-identity-mismatch")
 
 
 def _channel(comm) -> _Channel:
@@ -70,7 +81,26 @@ def _channel(comm) -> _Channel:
     if ch is None:  # the first convenience call on `comm`: the library channel (one Dup, once)
         ch = _Channel(channel_of(comm))
         set_comm_attr(comm, "convenience", ch)
+    if ch.broken is not None:
+        raise Refusal(
+            "combiner-broken",
+            f"an earlier convenience call on this communicator failed [{ch.broken}] and its messages may "
+            "still be in flight; call alpha_mpi.execution.reset(comm) on every rank, then call again",
+        )
     return ch
+
+
+def reset(comm: MPI.Comm) -> None:
+    """Drop the convenience calls' executors and library channel on `comm` and take a fresh
+    channel (a collective Dup: call it on every rank), after a failed call left `combiner-broken`.
+    Executors built with dup=True (Allreducer, Combiner) agree on the new channel from now on."""
+    old = comm_attr(comm, "convenience")
+    if old is not None:
+        for a in old.executors.values():
+            a.free()
+    set_comm_attr(comm, "convenience", None)
+    set_comm_attr(comm, "channel", None)
+    _channel(comm)
 
 
 def cached_executors(comm: MPI.Comm) -> dict[CacheKey, Allreducer]:
@@ -115,34 +145,41 @@ def _cached(comm, tree, contributions, delivery, layout, realization, mode, cove
     )
     ch = _channel(comm)
     a = ch.executors.get(key)
-    if a is None or a.broken is not None:
-        if not isinstance(tree, Plan) and layout is None:
-            try:
-                layout = _infer_layout(contributions)
-            except Refusal as e:  # still takes part in the build, so every rank refuses
-                agreement.refuse_everywhere(ch.comm, e, timeout, "allreduce()")
-        a = ch.executors[key] = Allreducer(
-            ch.comm,
-            tree,
-            layout,
-            delivery,
-            realization,
-            timeout=timeout,
-            segment=segment,
-            coverage=coverage,
-            dup=False,
-            mode=mode,
-        )
-    return a, key.layout is None and not isinstance(tree, Plan)
+    if a is None:
+        try:
+            if not isinstance(tree, Plan) and layout is None:
+                try:
+                    layout = _infer_layout(contributions)
+                except Refusal as e:  # still takes part in the build, so every rank refuses
+                    agreement.refuse_everywhere(ch.comm, e, timeout, "allreduce()")
+            a = ch.executors[key] = Allreducer(
+                ch.comm,
+                tree,
+                layout,
+                delivery,
+                realization,
+                timeout=timeout,
+                segment=segment,
+                coverage=coverage,
+                dup=False,
+                mode=mode,
+            )
+        except Refusal as e:
+            if e.code in _LEAVES_MESSAGES:
+                ch.broken = e.code
+            raise
+    return ch, a, key.layout is None and not isinstance(tree, Plan)
 
 
 def _run(cached, contributions, out, timeout, rs=False):
-    a, inferred = cached
+    ch, a, inferred = cached
     try:
         if rs:
             return a.reduce_scatter_run(contributions, out=out, timeout=timeout)
         return a.run(contributions, out=out, timeout=timeout)
     except Refusal as e:
+        if a.broken is not None:
+            ch.broken = a.broken
         if e.code == "contribution-shape" and inferred:
             raise Refusal(
                 e.code,
@@ -225,4 +262,4 @@ def reduce_scatter(
     return _run(cached, contributions, out, timeout, rs=True)
 
 
-__all__ = ["allreduce", "combine", "reduce_scatter", "cached_executors", "CacheKey"]
+__all__ = ["allreduce", "combine", "reduce_scatter", "reset", "cached_executors", "CacheKey"]

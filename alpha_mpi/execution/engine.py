@@ -1,24 +1,31 @@
 """The one executor: runs any realization's Program (planning/program.py) over mpi4py (layer 4).
 
 Every rank builds an Engine for the same Program (collectively: it duplicates the communicator
-unless told not to). Work buffers, frame headers, persistent requests, kernel pointer arrays and
-the op table are built once; a run binds the caller's contributions and `out`, then walks the
-rank's ops: P posts a receive, S starts a send (its header carries the flags seen so far), W
-waits for a frame and checks its header (one bytes comparison; the field-by-field naming only
-on a mismatch), D completes a send, E is one fused kernel pass, C a copy, F a finiteness check.
+unless told not to), and the build ends in one agreement round (agreement.py): every rank built
+the same executor, as the same executor of its communicator (its sequence, carried in every
+frame), or every rank refuses by name. Work buffers, frame headers, persistent send requests,
+kernel pointer arrays and the op table are built once; a run binds the caller's contributions
+and `out`, then walks the rank's ops: S starts a send (its header carries the flags seen so
+far), W matches a frame, compares its size with the plan's and only then receives it
+(inbound.py: never into a buffer smaller than the message), and checks its header (one bytes
+comparison; the field-by-field naming only on a mismatch), D completes a send, E is one fused
+kernel pass, C a copy, F a finiteness check. The planner's P ops (post a receive) post nothing.
 
 Failure semantics (the protocol, not an afterthought):
-- A local refusal (a bad contribution or `out`) does not leave peers waiting: this rank runs
-  the whole program on zeros in place of its data, its frames flagged `refused` with its rank
-  and code; every rank completes the run, then the refusing rank raises its refusal and every
-  rank the flag reached raises `peer-refused` naming it. The next run works.
+- A local refusal (a bad contribution, `out` or `timeout=`) does not leave peers waiting: this
+  rank runs the whole program on zeros in place of its data, its frames flagged `refused` with
+  its rank and code; every rank completes the run, then the refusing rank raises its refusal and
+  every rank the flag reached raises `peer-refused` naming it. The next run works.
+- With the payload check on (ALPHA_MPI_PAYLOAD_CHECK=1, held equal by the build agreement) a
+  corrupt payload is flagged onwards like a local refusal, and one flag round after the run
+  reaches the ranks no later frame reaches: every rank refuses, or none does.
 - FiniteOrRefuse: a non-finite value makes the combined value non-finite; the ranks that check
   it (F) flag their later frames, and every rank the flag reaches refuses after communication
   completed (`non-finite-contribution` where the bad slot is, else `non-finite-combined`).
 - A genuine failure (timeout, a frame from another plan, a dead peer) may leave frames in
   flight: the engine is broken (`combiner-broken` on later runs; build a new one on every rank)
   and the job aborts at exit instead of hanging (transport.mark_broken). Sends are never
-  cancelled.
+  cancelled. Any other exception inside a run breaks the engine too, and it says so.
 """
 
 from __future__ import annotations
@@ -341,19 +348,10 @@ class Engine(Endpoint, EngineBuild, EngineBinding):
         return flags, who
 
     def _flag_round(self, flags, who, timeout):
-        v = agreement.exchange(
-            self.comm,
-            self.waiter,
-            agreement.RUN,
-            agreement.key_of(self.program.identity, self.sequence),
-            self.step,
-            who if flags & fr.FLAG_REFUSED else None,
-            timeout,
-            what="flag",
-        )
-        if v.refused is not None:
-            return flags | fr.FLAG_REFUSED, (v.refused, v.code)
-        return flags, who
+        key = agreement.key_of(self.program.identity, self.sequence)
+        heard = who if flags & fr.FLAG_REFUSED else None
+        v = agreement.exchange(self.comm, self.waiter, agreement.RUN, key, self.step, heard, timeout, "flag")
+        return (flags | fr.FLAG_REFUSED, (v.refused, v.code)) if v.refused is not None else (flags, who)
 
     def _fail(self, e: Exception) -> None:
         code = getattr(e, "code", None) or type(e).__name__  # a refusal's code, else the exception's name

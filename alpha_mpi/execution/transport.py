@@ -1,7 +1,9 @@
 """Transport: mpi4py buffer point-to-point only; the one owner of waits, time bounds and the log.
 
-Only upper-case buffer methods are used (Isend/Irecv, Send_init/Recv_init + Start): no MPI
-collective touches data and nothing is pickled. Receives always name their source.
+Only upper-case buffer methods are used (Isend, Send_init + Start, Improbe + Message.Recv): no
+MPI collective touches data and nothing is pickled. Receives always name their source and are
+size-safe: a message is matched first and received only into a buffer of its own size
+(`Waiter.receive`).
 
 Waits. Every wait is bounded, per wait: a wait that sees no completion within the bound raises
 `peer-timeout` naming the peer and the frame. The bound exists for dead peers, not slow ones: the
@@ -128,6 +130,14 @@ def next_sequence(comm) -> int:
     seq = comm_attr(comm, "sequence") or 0
     set_comm_attr(comm, "sequence", seq + 1)
     return seq
+
+
+def release_sequence(comm, seq: int) -> None:
+    """Give back sequence `seq` after its build agreement failed (it was the last one taken).
+    Every rank that took part in a failed agreement gives it back, and a rank that never came
+    did not take it, so the ranks' counters stay aligned and a retry can pair again."""
+    if comm_attr(comm, "sequence") == seq + 1:
+        set_comm_attr(comm, "sequence", seq)
 
 
 def polls_before_yield(comm) -> int:
@@ -375,6 +385,7 @@ __all__ = [
     "comm_attr",
     "set_comm_attr",
     "next_sequence",
+    "release_sequence",
     "mark_broken",
     "mpi_failure",
     "set_abort_at_exit",

@@ -61,6 +61,33 @@ def test_a_longer_frame_is_refused_by_name_and_never_written_past_the_buffer(wor
 
 
 @pytest.mark.mpi(min_size=2)
+def test_a_longer_payload_behind_a_good_header_is_refused_and_never_written_past_its_region(world):
+    """A split frame (n = 20000: header message, then the payload into its region): the header
+    is the planned one, the payload 8 KiB longer. Refused `frame-size-mismatch`; the region the
+    payload was planned for is not written."""
+    size, rank = world.Get_size(), world.Get_rank()
+    n = 20000
+    p = plan(Branch(Leaf(0, 0), Leaf(1, 1), 0), DeliverTo(0), n, size=size)
+    c = Combiner(world, p, timeout=SHORT)
+    code, untouched = None, True
+    if rank in (0, 1):
+        x = next(iter(c._msgs.values()))
+    if rank == 1:
+        head = np.zeros(fr.HEADER, dtype=np.uint8)
+        x.spec.write(head, 0)
+        c.comm.Send(head, dest=0, tag=x.tag)
+        c.comm.Send(np.full(8 * n + 8192, 0xA5, dtype=np.uint8), dest=0, tag=x.tag + 1)
+    elif rank == 0:
+        region = x.pview if x.pview is not None else None
+        if region is not None:
+            region[:] = 2.5
+        code = _code(lambda: c.run({0: np.ones(n)}))
+        untouched = region is None or bool(np.all(region == 2.5))
+    agree(world, code == ("frame-size-mismatch" if rank == 0 else None) and untouched, f"rank {rank}: {code}")
+    c.free()
+
+
+@pytest.mark.mpi(min_size=2)
 def test_a_longer_frame_with_another_plans_header_is_named_by_its_header(world):
     """A longer frame whose header arrived intact is named by what the header says (here:
     another plan identity), not only by its size."""

@@ -161,32 +161,6 @@ def polls_before_yield(comm) -> int:
     return polls
 
 
-class Endpoint:
-    """What every executor (Engine, Assembler) holds on its communicator: the communicator
-    itself (a library duplicate unless dup=False), its rank, the Waiter that owns its time
-    bounds, the debug switch, the count of runs and the refusal that broke it (None)."""
-
-    def _open(self, comm, timeout, dup: bool) -> Refusal | None:
-        """Take the communicator first (Dup is collective: it must happen on every rank before
-        anything that can refuse on one), then the bound; return the refusal of a bad bound
-        (the executor is then refused on every rank by the build agreement)."""
-        self.comm = library_comm(comm) if dup else comm
-        self._owns_comm = dup
-        self.shared = not comm_attr(self.comm, "library")  # user traffic can reach this channel
-        self.rank = self.comm.Get_rank()
-        self.sequence = next_sequence(self.comm)
-        refused = None
-        try:
-            self.waiter = Waiter(self.comm, timeout)
-        except Refusal as e:
-            refused, self.waiter = e, Waiter(self.comm, DEFAULT_TIMEOUT)
-        self.timeout = self.waiter.timeout
-        self.debug = debug_enabled()
-        self.step = 0
-        self.broken = None
-        return refused
-
-
 class Waiter:
     """The wait policy of one executor: its bound, idle behaviour and error naming."""
 
@@ -372,7 +346,6 @@ __all__ = [
     "ABORT_STATUS",
     "ABORT_GRACE",
     "abort_job",
-    "Endpoint",
     "TAG_BASE",
     "Waiter",
     "timeout_from_env",

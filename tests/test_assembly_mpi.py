@@ -200,3 +200,27 @@ def test_a_longer_assembly_frame_is_refused_and_never_written_past_the_buffer(wo
     want = "frame-size-mismatch" if rank == 0 else None
     agree(world, code == want and untouched, f"rank {rank}: {code}, header untouched={untouched}")
     a.free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_an_assembly_plan_for_another_size_on_one_rank_is_named_on_every_rank(world):
+    """The last rank passes a plan for one more rank: it refuses `plan-rank-mismatch` inside the
+    build agreement, every other rank `peer-refused` naming it (within the bound, not a wait
+    for a build that never comes), and the next Assembler works."""
+    size, rank = world.Get_size(), world.Get_rank()
+    n = 2 * size + 2
+    other = rank == size - 1
+    q = size + 1 if other else size
+    try:
+        Assembler(world, plan_assembly(even_ranges(n, q), n, q), timeout=30)
+        code, peer = None, None
+    except Refusal as e:
+        code, peer = e.code, e.context.get("peer")
+    want = "plan-rank-mismatch" if other else "peer-refused"
+    agree(world, code == want and (other or peer == size - 1), f"rank {rank}: {code} (peer {peer})")
+    full = np.arange(n, dtype=np.float64) - 0.5
+    ap = plan_assembly(even_ranges(n, size), n, size)
+    a = Assembler(world, ap, timeout=30)
+    got = a.run({(a_, b): full[a_:b].copy() for o, a_, b in ap.pieces if o == rank})
+    agree(world, np.array_equal(bits(got), bits(full)), f"rank {rank}: the next Assembler's bits")
+    a.free()

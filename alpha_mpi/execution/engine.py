@@ -109,6 +109,7 @@ class Engine:
         local, identity = None, ""
         try:
             program = self._program_of(program)
+            _check_size(program, comm)
             identity = f"{program.identity}|{contract}|{int(self.payload_check)}"
         except Refusal as e:
             if agreed:
@@ -146,11 +147,6 @@ class Engine:
             raise
 
     def _build(self, program: Program, contract: str) -> None:
-        size = self.comm.Get_size()
-        if program.size != size:
-            raise PlanRefusal(
-                "plan-rank-mismatch", f"the program is for {program.size} ranks, the communicator has {size}"
-            )
         self.program = self.plan = program
         rank = self.rank
         self.timeout = self.waiter.timeout
@@ -355,6 +351,16 @@ class Engine:
         if self._owns_comm:
             self._owns_comm = False
             self.comm.Free()
+
+
+def _check_size(program: Program, comm) -> None:
+    """`plan-rank-mismatch` unless `program` is for as many ranks as `comm` has (checked before
+    the build agreement, so the rank it fails on is the one named)."""
+    size = comm.Get_size()
+    if program.size != size:
+        raise PlanRefusal(
+            "plan-rank-mismatch", f"the program is for {program.size} ranks, the communicator has {size}"
+        )
 
 
 __all__ = ["Engine", "warn_retired"]

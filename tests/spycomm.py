@@ -97,7 +97,7 @@ class SpyComm:
 
             def recorded(*a, **k):
                 self.calls.append(name)
-                if name in ("Recv_init", "Irecv", "Recv"):
+                if name in ("Recv_init", "Irecv", "Recv", "Improbe", "Mprobe"):
                     src = k.get("source", a[1] if len(a) > 1 else None)
                     if src is None or src < 0:
                         raise CollectiveUsed(f"comm.{name} without a named source")

@@ -145,3 +145,82 @@ def test_a_tampered_assembly_header_is_refused_by_name_before_out_is_written(wor
     else:
         ok = code == "frame-identity-mismatch" and np.all(out == -7.0) and a.broken is not None
     agree(world, ok, f"rank {rank}: {code}")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_an_assembler_of_another_plan_on_one_rank_is_refused_at_build_on_every_rank(world):
+    """The build agreement covers the Assembler (it runs on the one engine): the last rank builds
+    an Assembler for another delivery; every rank refuses `executor-identity-mismatch` while
+    building, and the next Assembler, the same on every rank, gives the right bits."""
+    size, rank = world.Get_size(), world.Get_rank()
+    n = 3 * size + 1
+    full = order_sensitive(np.random.default_rng(5), n)
+    ranges = even_ranges(n, size)
+    other = rank == size - 1
+    ap = plan_assembly(ranges, n, size, DeliverTo(0) if other else None)
+    try:
+        Assembler(world, ap, timeout=30)
+        code = None
+    except Refusal as e:
+        code = e.code
+    agree(world, code == "executor-identity-mismatch", f"rank {rank}: {code}")
+    ap = plan_assembly(ranges, n, size)
+    a = Assembler(world, ap, timeout=30)
+    got = a.run({(a_, b): full[a_:b].copy() for o, a_, b in ap.pieces if o == rank})
+    agree(world, np.array_equal(bits(got), bits(full)), f"rank {rank}: the next Assembler's bits")
+    a.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("n", [600, 20000])
+def test_a_longer_assembly_frame_is_refused_and_never_written_past_the_buffer(world, n):
+    """Assembly receives are size-safe too: rank 1 sends rank 0, on the Assembler's own channel
+    and tag, a message 8 KiB longer than the planned frame (n = 20000: longer than the header
+    message of a split frame). Rank 0 refuses `frame-size-mismatch`, and the header bytes of its
+    planned buffer keep the test's pattern (the message went whole into a scratch buffer); its
+    payload bytes hold the engine's zeros in place of the refused frame, never the rogue 0xA5."""
+    from alpha_mpi.execution import frames as fr
+
+    size, rank = world.Get_size(), world.Get_rank()
+    ap = plan_assembly([(0, 0, n // 2), (1, n // 2, n)], n, size, DeliverTo(0))
+    a = Assembler(world, ap, timeout=10)
+    msgs = list(a.engine.compiled.msgs.values())
+    code, untouched = None, True
+    if rank == 1:
+        x = msgs[0]
+        a.comm.Send(np.full(x.nbytes + 8192, 0xA5, dtype=np.uint8), dest=0, tag=x.tag)
+    elif rank == 0:
+        x = next(m for m in msgs if m.m.src == 1)
+        x.hbuf[:] = 0x3C
+        try:
+            a.run({(0, n // 2): np.ones(n // 2)})
+        except Refusal as e:
+            code = e.code
+        untouched = bool(np.all(x.hbuf[: fr.HEADER] == 0x3C) and np.all(x.hbuf[fr.HEADER :] == 0))
+    want = "frame-size-mismatch" if rank == 0 else None
+    agree(world, code == want and untouched, f"rank {rank}: {code}, header untouched={untouched}")
+    a.free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_an_assembly_plan_for_another_size_on_one_rank_is_named_on_every_rank(world):
+    """The last rank passes a plan for one more rank: it refuses `plan-rank-mismatch` inside the
+    build agreement, every other rank `peer-refused` naming it (within the bound, not a wait
+    for a build that never comes), and the next Assembler works."""
+    size, rank = world.Get_size(), world.Get_rank()
+    n = 2 * size + 2
+    other = rank == size - 1
+    q = size + 1 if other else size
+    try:
+        Assembler(world, plan_assembly(even_ranges(n, q), n, q), timeout=30)
+        code, peer = None, None
+    except Refusal as e:
+        code, peer = e.code, e.context.get("peer")
+    want = "plan-rank-mismatch" if other else "peer-refused"
+    agree(world, code == want and (other or peer == size - 1), f"rank {rank}: {code} (peer {peer})")
+    full = np.arange(n, dtype=np.float64) - 0.5
+    ap = plan_assembly(even_ranges(n, size), n, size)
+    a = Assembler(world, ap, timeout=30)
+    got = a.run({(a_, b): full[a_:b].copy() for o, a_, b in ap.pieces if o == rank})
+    agree(world, np.array_equal(bits(got), bits(full)), f"rank {rank}: the next Assembler's bits")
+    a.free()

@@ -38,6 +38,7 @@ FIELDS = {
     "receiver": (80, "I", "frame-routing-mismatch"),
     "layout": (84, "8s", "frame-size-mismatch"),
     "count": (92, "Q", "frame-size-mismatch"),
+    "sequence": (112, "Q", "frame-identity-mismatch"),
 }
 
 

@@ -16,6 +16,19 @@ Protocol, per call, on every rank of the communicator (every call is collective)
 
 Each (operation, batch size, order) has its own Program, built once per channel and cached,
 and its own Engine on the channel's communicator (alpha_mpi.arrays' own duplicate).
+
+Agreement. Every other executor ends its build in an agreement round (execution/agreement.py).
+The exchanges cannot: they are built lazily, per (operation, batch, order), without any
+collective, so that ranks calling different operations meet in the frames and are named there
+instead of hanging; a round at each lazy build would pair one rank's build of `dot` with
+another's of `norm2` (or wait for a build that never comes). So the agreement is held once,
+where every rank is known to take part: the channel's creation (collective anyway: it
+duplicates the communicator), on the communicator's library channel before that Dup, on the
+payload check (which must be equal on every rank). The exchanges then share the channel's
+Waiter and its sequence, and each exchange's identity (operation, batch, order, p) travels in
+every frame header: a frame of another exchange is refused by name (`frame-identity-mismatch`)
+and, since every exchange pairs its frames one to one, the next call works. Every receive is
+size-safe (the engine's W: matched and size-compared before it is received).
 """
 
 from __future__ import annotations
@@ -24,8 +37,10 @@ import struct
 
 import numpy as np
 
+from ..execution import agreement
 from ..execution.engine import Engine
-from ..execution.transport import Waiter, debug_enabled, library_comm
+from ..execution.engine_build import payload_check_from_env
+from ..execution.transport import Waiter, debug_enabled, library_comm, next_sequence
 from ..kernel import ffi, lib
 from ..planning.array_program import FINAL, HEAD_WORDS, LENGTH, TABLE, frame_buffer, lower_summary_exchange
 from ..refusals import Refusal
@@ -49,7 +64,11 @@ class Channel:
     collective, so ranks that call different operations still meet in the frames."""
 
     def __init__(self, comm):
-        self.comm = library_comm(comm)
+        # The one agreement of the arrays on this communicator (see the module docstring): held
+        # before the Dup, so a rank that differs (or never comes) is named within the bound.
+        identity = f"alpha_mpi.arrays channel|{int(payload_check_from_env())}"
+        self.comm = library_comm(agreement.agree_first(comm, identity, None, None, "arrays channel"))
+        self.sequence = next_sequence(self.comm)  # shared by every exchange of this channel
         self.size = self.comm.Get_size()
         self.rank = self.comm.Get_rank()
         self.step = 0
@@ -96,7 +115,7 @@ class Exchange:
             identity=f"alpha_mpi.arrays:{op}:k={k}:p={p}:capacity={T.CAPACITY}:order={order_name}",
             edge0=0 if order is None else _FALLBACK_EDGES,
         )
-        self.engine = Engine(ch.comm, program, dup=False, waiter=ch.waiter)
+        self.engine = Engine(ch.comm, program, dup=False, waiter=ch.waiter, sequence=ch.sequence)
         self.rounds = self.engine.rp.merges
         bufs = self.engine.bufs
 

@@ -1,23 +1,22 @@
 """Execution layer: runs realizations of declared trees over mpi4py (point-to-point only).
 
 One executor (engine.Engine) runs every realization's program; frames.py owns headers,
-transport.py owns waits, bounds and the debug log.
+transport.py owns waits, bounds and the debug log; allreducer.py holds the executors by plan
+kind, convenience.py the cached calls allreduce()/combine()/reduce_scatter().
 """
 
 from .abort import abort_on_exception  # noqa: F401
-from .allreduce import (  # noqa: F401
+from .allreducer import (  # noqa: F401
     REALIZATIONS,
     Allreducer,
     Chunk,
     Combiner,
     ScatterCombiner,
-    allreduce,
     choose_realization,
-    combine,
-    reduce_scatter,
 )
 from .assembly import Assembler, assemble  # noqa: F401
 from .contract_combiner import ContractCombiner  # noqa: F401
+from .convenience import allreduce, combine, reduce_scatter, reset  # noqa: F401
 from .engine import Engine  # noqa: F401
 
 __all__ = [
@@ -31,6 +30,7 @@ __all__ = [
     "allreduce",
     "combine",
     "reduce_scatter",
+    "reset",
     "assemble",
     "choose_realization",
     "REALIZATIONS",

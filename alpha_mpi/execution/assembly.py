@@ -13,7 +13,7 @@ from mpi4py import MPI
 
 from ..planning.assembly import AssemblyPlan
 from ..planning.assembly_program import lower_assembly
-from ..refusals import PlanRefusal, Refusal
+from ..refusals import Refusal
 from .engine import Engine
 from .frames import FLAG_VOTE
 
@@ -31,11 +31,9 @@ class Assembler:
         contract: str = "",
         dup: bool = True,
     ) -> None:
-        size = comm.Get_size()
-        if aplan.size != size:
-            raise PlanRefusal(
-                "plan-rank-mismatch", f"assembly plan is for {aplan.size} ranks, communicator has {size}"
-            )
+        # A plan for another rank count is refused by the Engine inside its build agreement
+        # (`plan-rank-mismatch` there, `peer-refused` on ranks whose plan fits), never here
+        # alone, so no rank is left waiting for a build that does not come.
         self.plan = aplan
         self.program = lower_assembly(aplan)
         self.engine = Engine(comm, self.program, timeout=timeout, contract=contract, dup=dup)

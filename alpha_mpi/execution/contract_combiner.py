@@ -25,7 +25,7 @@ import numpy as np
 from ..numerics.authorization import authorize
 from ..numerics.conversion import convert_contribution
 from ..refusals import KernelRefusal, Refusal
-from .allreduce import Combiner
+from .allreducer import Combiner
 
 if TYPE_CHECKING:
     from mpi4py import MPI

@@ -1,20 +1,28 @@
 """The one executor: runs any realization's Program (planning/program.py) over mpi4py (layer 4).
 
 Every rank builds an Engine for the same Program (collectively: it duplicates the communicator
-unless told not to). Work buffers, frame headers, persistent requests, kernel pointer arrays and
-the op table are built once; a run binds the caller's contributions and `out`, then walks the
-rank's ops: P posts a receive, S starts a send (its header carries the flags seen so far), W
-waits for a frame and checks its header (one bytes comparison; the field-by-field naming only
-on a mismatch), D completes a send, E is one fused kernel pass, C a copy, F a finiteness check,
-M a merge of node summaries (the arrays). By composition: engine_build compiles the rank's
+unless told not to), and the build ends in one agreement round (agreement.py): every rank built
+the same executor, as the same executor of its communicator (its sequence, carried in every
+frame), or every rank refuses by name. Work buffers, frame headers, persistent send requests,
+kernel pointer arrays and the op table are built once; a run binds the caller's contributions
+and `out`, then walks the rank's ops: S starts a send (its header carries the flags seen so
+far), W matches a frame, compares its size with the plan's and only then receives it
+(inbound.py: never into a buffer smaller than the message) and checks its header (one bytes
+comparison; the field-by-field naming only on a mismatch), D completes a send, E is one fused
+kernel pass, C a copy, F a finiteness check, M a merge of node summaries (the arrays). The
+planner's P ops (post a receive) post nothing. By composition: engine_build compiles the rank's
 program once into a frozen Compiled (named op records), engine_bind's functions bind each run,
 engine_walk has one function per op kind; this class holds them and the run's bookkeeping.
 
 Failure semantics (the protocol, not an afterthought):
-- A local refusal (a bad contribution or `out`) does not leave peers waiting: this rank runs
-  the whole program on zeros in place of its data, its frames flagged `refused` with its rank
-  and code; every rank completes the run, then the refusing rank raises its refusal and every
-  rank the flag reached raises `peer-refused` naming it. The next run works.
+- A local refusal (a bad contribution, `out` or `timeout=`) does not leave peers waiting: this
+  rank runs the whole program on zeros in place of its data, its frames flagged `refused` with
+  its rank and code; every rank completes the run, then the refusing rank raises its refusal
+  and every rank the flag reached raises `peer-refused` naming it. The next run works.
+- With the payload check on (ALPHA_MPI_PAYLOAD_CHECK=1, held equal by the build agreement) one
+  flag round after the run reaches the ranks no later frame reaches: a bad frame found in a
+  rank's last receive is named on every rank, or none refuses. With the check off a bad header
+  found in a rank's last receive is refused on that rank only (docs/allreduce.md says why).
 - FiniteOrRefuse: a non-finite value makes the combined value non-finite; the ranks that check
   it (F) flag their later frames, and every rank the flag reaches refuses after communication
   completed (`non-finite-contribution` where the bad slot is, else `non-finite-combined`).
@@ -25,7 +33,8 @@ Failure semantics (the protocol, not an afterthought):
   have sent more), except where the Program says every peer program pairs one to one.
 - A genuine failure (timeout, a dead peer) may leave frames in flight: the engine is broken
   (`combiner-broken` on later runs; build a new one on every rank) and the job aborts at exit
-  instead of hanging (transport.mark_broken). Sends are never cancelled.
+  instead of hanging (transport.mark_broken). Sends are never cancelled. Any other exception
+  inside a run (a bug, an interrupt) breaks the engine too, and later runs say which.
 """
 
 from __future__ import annotations
@@ -38,12 +47,25 @@ import numpy as np
 from .. import kernel
 from ..planning.program import Program
 from ..refusals import PlanRefusal, Refusal
+from . import agreement
 from . import engine_bind as bind
+from . import frames as fr
 from .engine_bind import Chunk
 from .engine_build import compile_program, payload_check_from_env
 from .engine_ops import warn_retired
 from .engine_walk import RunState
-from .transport import Waiter, cancel_receives, debug_enabled, library_comm, mark_broken
+from .transport import (
+    DEFAULT_TIMEOUT,
+    Waiter,
+    cancel_receives,
+    comm_attr,
+    debug_enabled,
+    dup_false_hint,
+    library_comm,
+    mark_broken,
+    next_sequence,
+    timeout_from_env,
+)
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -54,8 +76,11 @@ if TYPE_CHECKING:
 class Engine:
     """Executes one Program repeatedly on one communicator. Build it on every rank of `comm`.
 
-    `waiter`: a transport.Waiter to share (its bound and idle policy) instead of making one,
-    which is collective over `comm`. Subclasses that take another kind of plan (Combiner: a
+    The build ends in one agreement round over `comm` (agreement.py; with dup=True held on the
+    communicator's library channel before the collective Dup). `waiter` and `sequence`, given
+    together, are for executors built lazily on a channel whose own collective creation held
+    the agreement (the arrays' exchanges): the engine shares that Waiter (making one is
+    collective) and that sequence, and holds no round of its own. Subclasses that take another kind of plan (Combiner: a
     tree Plan; ScatterCombiner: a scatter program) say how it becomes the Program they run, in
     `_program_of`."""
 
@@ -68,26 +93,68 @@ class Engine:
         contract: str = "",
         dup: bool = True,
         waiter: Waiter | None = None,
+        sequence: int | None = None,
         **retired: object,
     ) -> None:
         warn_retired(retired)
-        program = self._program_of(program)
-        size = comm.Get_size()
-        if program.size != size:
-            raise PlanRefusal(
-                "plan-rank-mismatch", f"the program is for {program.size} ranks, the communicator has {size}"
-            )
-        self.program = self.plan = program
+        agreed = waiter is not None and sequence is not None
+        # Everything that can refuse on one rank is decided before any collective call, and
+        # every rank takes part in one agreement round with its verdict: every rank built the
+        # same executor, or every rank refuses by name (agreement.py) and no later call pairs
+        # with the wrong one. With dup=True the round is held on the communicator's library
+        # channel before the collective Dup, so a rank that never comes is a bounded, named
+        # refusal, not a Dup that waits for ever.
+        self.payload_check = payload_check_from_env()
+        self._owns_comm, self.compiled = False, None
+        local, identity = None, ""
+        try:
+            program = self._program_of(program)
+            _check_size(program, comm)
+            identity = f"{program.identity}|{contract}|{int(self.payload_check)}"
+        except Refusal as e:
+            if agreed:
+                raise
+            local = e
+        if dup and not agreed:
+            comm = agreement.agree_first(comm, identity, local, timeout, "executor")
         self.comm = library_comm(comm) if dup else comm
         self._owns_comm = dup
-        self.rank = rank = self.comm.Get_rank()
-        self.waiter = Waiter(self.comm, timeout) if waiter is None else waiter
+        self.shared = not comm_attr(self.comm, "library")  # user traffic can reach this channel
+        self.rank = self.comm.Get_rank()
+        self.sequence = sequence if agreed else next_sequence(self.comm)
+        if waiter is None:
+            try:
+                waiter = Waiter(self.comm, timeout)
+            except Refusal as e:  # a bad timeout=: refused on every rank by the agreement
+                local, waiter = local or e, Waiter(self.comm, DEFAULT_TIMEOUT)
+        self.waiter = waiter
+        try:
+            if local is not None:
+                raise local
+            self._build(program, contract)
+        except Refusal as e:
+            if agreed:
+                raise
+            local = e
+        if agreed:
+            return
+        try:
+            agreement.build_round(
+                self.comm, self.waiter, self.sequence, "" if local else identity, local, "executor"
+            )
+        except Refusal:
+            self.free()
+            raise
+
+    def _build(self, program: Program, contract: str) -> None:
+        self.program = self.plan = program
+        rank = self.rank
         self.timeout = self.waiter.timeout
         self.debug = debug_enabled()
         self.step = 0
         self.broken = None  # the refusal code that broke this executor
         self.contract = contract
-        self.compiled = c = compile_program(self.comm, program, rank, contract)
+        self.compiled = c = compile_program(self.comm, program, rank, contract, self.sequence)
         self.rp, self.bufs, self.n = c.rp, c.bufs, c.n
         self._table = c.table  # (function, record) per op; emptied by free()
         self.slots = c.rp.slots
@@ -104,9 +171,9 @@ class Engine:
         # called as send_hook(message index, header memoryview) after a header is written and
         # before it is sent. None in production (one attribute test per send).
         self.send_hook = None
-        # ALPHA_MPI_PAYLOAD_CHECK=1: a crc32 of every payload travels in its header and is checked
-        # on arrival (opt-in: it costs a pass over every payload at both ends; README).
-        self.payload_check = payload_check_from_env()
+        # ALPHA_MPI_PAYLOAD_CHECK=1 (self.payload_check, read before the build agreement, which
+        # holds it equal on every rank): a crc32 of every payload travels in its header and is
+        # checked on arrival (opt-in: it costs a pass over every payload at both ends; README).
         # Programs whose every possible peer program pairs its messages one to one with this one
         # (the arrays' exchanges in rank order): a foreign frame leaves nothing in flight, so
         # the executor stays usable after naming it.
@@ -169,12 +236,17 @@ class Engine:
         if self.broken is not None:
             raise Refusal(
                 "combiner-broken",
-                f"an earlier run refused with [{self.broken}]; build a new executor on every rank",
+                f"an earlier run failed with [{self.broken}]; this executor is broken: build a new one on every rank",
             )
         if self._busy:
             raise Refusal("executor-reentrant", "run() called while a run is in progress")
         self._busy = True
         c, st, step = self.compiled, self._state, self.step
+        if timeout is not None:  # checked before any communication; refused like a bad input
+            try:
+                timeout = timeout_from_env(timeout)
+            except Refusal as e:
+                local, leaves, timeout = local or e, None, None
         st.begin(step, timeout, local, vote, self.payload_check, self.send_hook)
         try:
             if leaves is None:
@@ -200,12 +272,19 @@ class Engine:
             bind.bind_pointers(st, self._names, self._bound, self._darr, leaves, outarr)
             for fn, rec in self._table:
                 fn(st, rec)
+            if self.payload_check:
+                # A bad frame in a rank's last receive reaches nobody by frame: one agreement
+                # round (paid only with the check on) makes every rank refuse or none.
+                self._flag_round(st)
         except Refusal as e:
             self._fail(e)
             if st.bad is not None and e is not st.bad:
                 # a bad frame came first and explains what followed (a peer running another
                 # program stops sending what this one waits for)
-                raise st.bad from e
+                raise self._hint(st.bad) from e
+            raise self._hint(e) from None
+        except Exception as e:  # not a refusal: a bug or an interrupt; the channel state is unknown
+            self._fail(e)
             raise
         finally:
             self.step += 1
@@ -216,28 +295,48 @@ class Engine:
             # A frame of another program: every rank has named it by now, but that program may
             # have sent more than this one received, so the executor cannot run again.
             self._fail(bad)
-        return bind.finish(c, self.program, self.rank, step, st, local, leaves, outarr, out)
+        try:
+            return bind.finish(c, self.program, self.rank, step, st, local, leaves, outarr, out)
+        except Refusal as e:
+            raise self._hint(e) from None
 
-    def _fail(self, e: Refusal) -> None:
-        if e.code in ("executor-reentrant", "combiner-broken"):
+    def _hint(self, e: Refusal) -> Refusal:
+        """`e`, with the dup=False hint where user traffic can reach this channel."""
+        return dup_false_hint(e) if self.shared else e
+
+    def _flag_round(self, st) -> None:
+        """The flag round of a run with the payload check on: every rank learns the lowest
+        rank that refused or found a bad frame (its code), and names the same one."""
+        key = agreement.key_of(self.program.identity, self.sequence)
+        heard = st.who if st.flags & fr.FLAG_REFUSED else None
+        v = agreement.exchange(self.comm, self.waiter, agreement.RUN, key, st.step, heard, st.timeout, "flag")
+        if v.refused is not None:
+            st.flags |= fr.FLAG_REFUSED
+            st.who = (v.refused, v.code)
+            st.refused, st.code = v.refused, fr.code_tag(v.code)
+
+    def _fail(self, e: Exception) -> None:
+        code = getattr(e, "code", None) or type(e).__name__  # a refusal's code, else the exception's name
+        if code in ("executor-reentrant", "combiner-broken"):
             return
-        self.broken = e.code
+        self.broken = code
         mine = list(self.compiled.msgs.values())
         cancel_receives([r for x in mine if x.m.dst == self.rank for r in (x.hreq, x.preq) if r is not None])
         mark_broken(
             self.rank,
-            e.code,
+            code,
             [r for x in mine if x.m.src == self.rank for r in (x.hreq, x.preq) if r is not None],
         )
         sys.stderr.write(
-            f"r{self.rank} | {self.realization} step {self.step} refused [{e.code}]: {e.message}\n"
+            f"r{self.rank} | {self.realization} step {self.step} refused [{code}]: {getattr(e, 'message', e)}\n"
             f"  r{self.rank}: {self.rp.text()}  <-- ERROR HERE\n"
         )
         sys.stderr.flush()
 
     def free(self) -> None:
         """Free the persistent requests (and the duplicated communicator, if this made one)."""
-        for x in self.compiled.msgs.values():
+        msgs = self.compiled.msgs.values() if self.compiled is not None else ()
+        for x in msgs:
             for req in (x.hreq, x.preq if not x.dyn else None):
                 if req is not None:
                     try:
@@ -245,12 +344,23 @@ class Engine:
                     except Exception:
                         pass
         self._table = ()
-        self._bound.clear()
-        self._state.bases.clear()
-        self._state.arrays.clear()
+        if self.compiled is not None:
+            self._bound.clear()
+            self._state.bases.clear()
+            self._state.arrays.clear()
         if self._owns_comm:
             self._owns_comm = False
             self.comm.Free()
+
+
+def _check_size(program: Program, comm) -> None:
+    """`plan-rank-mismatch` unless `program` is for as many ranks as `comm` has (checked before
+    the build agreement, so the rank it fails on is the one named)."""
+    size = comm.Get_size()
+    if program.size != size:
+        raise PlanRefusal(
+            "plan-rank-mismatch", f"the program is for {program.size} ranks, the communicator has {size}"
+        )
 
 
 __all__ = ["Engine", "warn_retired"]

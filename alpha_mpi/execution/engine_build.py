@@ -3,8 +3,9 @@ table, each op a named record with every pointer a run needs (construction only;
 runs it, engine_walk.py holds the function of each op kind).
 
 `compile_program` returns a frozen `Compiled`. Its message records (`Msg`) hold the persistent
-requests; a frame received into or sent from the caller's memory gets its payload request per
-run (the only field a run writes).
+send requests; a frame sent from the caller's memory gets its payload request per run (the only
+field a run writes). Receives get no request at all: W matches the frame first and receives it
+size-safely (inbound.py), so the planner's P ops compile to nothing.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class Msg:
         "tag",
         "what",
         "pview",
+        "got",
     )
 
 
@@ -89,13 +91,6 @@ class CheckOp(NamedTuple):
     count: int
 
 
-class StartAll(NamedTuple):
-    """Consecutive P ops of frames into the engine's own memory: one Startall."""
-
-    reqs: list
-    msgs: list
-
-
 class MergeOp(NamedTuple):
     """M: int64 views of the three heads (count, flags) and of the length word, kernel pointers
     to the three node arrays (planning.program.Merge)."""
@@ -127,8 +122,12 @@ class Compiled:
     keep: list  # cdata that must live as long as the table's pointers
 
 
-def compile_program(comm: MPI.Comm, program: Program, rank: int, contract: str) -> Compiled:
-    """Build rank `rank`'s part of `program` on `comm` (persistent requests: no communication)."""
+def compile_program(
+    comm: MPI.Comm, program: Program, rank: int, contract: str, sequence: int = 0
+) -> Compiled:
+    """Build rank `rank`'s part of `program` on `comm` (persistent requests: no communication).
+    `sequence`: the executor's number on `comm`, agreed at build (agreement.py), carried in
+    every frame header so a frame of another executor of the same plan is refused."""
     ffi = kernel.ffi
     darr = ffi.typeof("double[]")
     rp = program.rank(rank)
@@ -148,7 +147,7 @@ def compile_program(comm: MPI.Comm, program: Program, rank: int, contract: str) 
         keep.append(ptr[name])
     internal_out = np.zeros(n) if any(r.buf == "out" for r in _regions(rp)) else None
     msgs = {
-        i: _message(comm, program, rank, contract, m, rp.regions.get(i), bufs, framed)
+        i: _message(comm, program, rank, contract, sequence, m, rp.regions.get(i), bufs, framed)
         for i, m in rp.messages.items()
     }
     table = _table(rp, msgs, ptr, bufs, keep)
@@ -185,7 +184,7 @@ def _regions(rp):
         yield rp.result
 
 
-def _message(comm, program, rank, contract, m, region, bufs, framed) -> Msg:
+def _message(comm, program, rank, contract, sequence, m, region, bufs, framed) -> Msg:
     x = Msg()
     x.m, x.region, x.peer = m, region, (m.dst if m.src == rank else m.src)
     x.spec = fr.FrameSpec(
@@ -199,6 +198,7 @@ def _message(comm, program, rank, contract, m, region, bufs, framed) -> Msg:
         identity=program.identity,
         layout_key=m.what,
         contract=contract,
+        sequence=sequence,
     )
     x.split = is_split(m.count)  # the planner's rule, the same at both ends
     x.tag = TAG_BASE + 2 * m.seq
@@ -211,22 +211,19 @@ def _message(comm, program, rank, contract, m, region, bufs, framed) -> Msg:
         x.hbuf = framed[region.buf][: fr.HEADER + 8 * m.count]
     x.hmv = memoryview(x.hbuf)
     x.nbytes = x.hbuf.nbytes
+    # Receives get no request: W matches the frame and receives it size-safely (inbound.py);
+    # only sends are persistent.
+    x.hreq = x.preq = x.pview = None
+    x.dyn = False
     if sending:
         x.hmv[: fr.HEADER - 4] = x.spec.expect
         x.hreq = comm.Send_init(x.hbuf, dest=x.peer, tag=x.tag)
-    else:
-        x.hreq = comm.Recv_init(x.hbuf, source=x.peer, tag=x.tag)
-    x.preq, x.dyn, x.pview = None, False, None
     if not x.split:
         x.pview = x.hbuf[fr.HEADER :]
     elif _static(region):
-        view = bufs[region.buf][region.offset : region.offset + region.count]
-        x.pview = view
-        x.preq = (
-            comm.Send_init(view, dest=x.peer, tag=x.tag + 1)
-            if sending
-            else comm.Recv_init(view, source=x.peer, tag=x.tag + 1)
-        )
+        x.pview = bufs[region.buf][region.offset : region.offset + region.count]
+        if sending:
+            x.preq = comm.Send_init(x.pview, dest=x.peer, tag=x.tag + 1)
     else:
         x.dyn = True  # in the caller's memory: a request per run
     return x
@@ -241,17 +238,10 @@ def _table(rp, msgs, ptr, bufs, keep) -> tuple:
         kind = op.kind
         if pos in fused.values():
             continue  # this F runs inside the evaluation before it
-        if kind in "PSWD":
-            x = msgs[op.index]
-            if kind == "P" and not x.dyn:
-                reqs = [x.hreq] + ([x.preq] if x.preq is not None else [])
-                if table and table[-1][0] is w.start_all:
-                    table[-1][1].reqs.extend(reqs)
-                    table[-1][1].msgs.append(x)
-                else:
-                    table.append((w.start_all, StartAll(reqs, [x])))
-            else:
-                table.append(({"P": w.post_dyn, "S": w.send, "W": w.wait, "D": w.done}[kind], x))
+        if kind == "P":
+            continue  # nothing is posted: W matches the frame and receives it (size-safe)
+        if kind in "SWD":
+            table.append(({"S": w.send, "W": w.wait, "D": w.done}[kind], msgs[op.index]))
         elif kind == "E":
             ev = rp.evals[op.index]
             prog = np.asarray(ev.program, dtype=np.int32)

@@ -1,13 +1,10 @@
-"""The ops of the engine's walk that are not a line or two: naming a frame that is not the one
-expected, and the M op (a merge of node summaries, the arrays' exchange). Plain functions over
-the compiled records of engine_build; and the warning for the 0.1 keywords every executor
-still accepts."""
+"""The op of the engine's walk that is not a line or two: the M op (a merge of node summaries,
+the arrays' exchange), a plain function over engine_build's record; and the warning for the
+0.1 keywords every executor still accepts."""
 
 from __future__ import annotations
 
 import warnings
-
-from ..refusals import FrameRefusal
 
 # Keywords of 0.1 that no longer steer anything: accepted with a warning, so old scripts run.
 _RETIRED = {
@@ -43,26 +40,3 @@ def merge(lib, x) -> None:
         flags |= MERGE_OVERFLOW if m == lib.AP_ERR_OVERFLOW else MERGE_INVALID
         m = 0
     x.out_head[0], x.out_head[1] = m, flags
-
-
-def named_check(x, step: int, got: int, truncated: FrameRefusal | None) -> int:
-    """The flags of a header that is not byte for byte the expected one but passes every check,
-    else the FrameRefusal naming the field that differs. `x`: the message (engine_build._Msg);
-    `got`: the bytes that arrived, -1 when the frame was longer than planned (`truncated`)."""
-    try:
-        if got < 0:  # the header may still say whose frame it is; it raises at least the size
-            x.spec.check(x.hbuf, step, x.nbytes + 8, split=x.split)
-        return x.spec.check(x.hbuf, step, got, split=x.split)
-    except FrameRefusal as e:
-        if e.code != "frame-checksum" or got == x.nbytes:
-            raise
-        if truncated is not None:
-            raise truncated from None
-        # another size, and a header that did not arrive intact (some MPIs leave a truncated
-        # receive's buffer undefined): the size is what is known
-        raise FrameRefusal(
-            "frame-size-mismatch",
-            f"{x.what} from rank {x.peer} (step {step}): {got} bytes arrived, expected {x.nbytes}",
-            peer=x.peer,
-            step=step,
-        ) from None

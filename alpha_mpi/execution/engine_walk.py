@@ -5,24 +5,25 @@ record (engine_build) and the run's `RunState`: the flags seen so far (they ride
 send), the refusing rank and code they name, the first bad frame, and the pointers into the
 caller's memory. The hot path is latency-bound, so these functions do only what the op needs:
 a good frame costs one bytes comparison (frames.FrameSpec.fast_check); the naming of a bad
-header (engine_ops.named_check) and the zeroing of a refused frame run only on the bad path.
+header (frames.FrameSpec.check, via inbound.py) and the zeroing of a refused frame run only on
+the bad path.
 
-A bad frame (a header that is not the planned one, another size, a payload that fails its crc)
-is refused here and flagged onwards like a local refusal: the program goes on over zeros in
-place of the frame's payload, so no arithmetic reads it and every rank the flag reaches names
-this rank and code (engine.py decides afterwards whether the engine stays usable).
+W receives size-safely (inbound.py: matched first, received only into a buffer of its own
+size; the planner's P ops compile to nothing). A bad frame (a header that is not the planned
+one, another size, a payload that fails its crc) is refused here and flagged onwards like a
+local refusal: the program goes on over zeros in place of the frame's payload, so no
+arithmetic reads it and every rank the flag reaches names this rank and code (engine.py
+decides afterwards whether the engine stays usable).
 """
 
 from __future__ import annotations
 
 import zlib
 
-from mpi4py import MPI
-
 from ..refusals import FrameRefusal, KernelRefusal
 from . import frames as fr
 from .engine_ops import merge as _merge
-from .engine_ops import named_check
+from .inbound import receive_header, receive_payload
 from .transport import log
 
 _FOLDED = fr.FLAG_NONFINITE | fr.FLAG_REFUSED | fr.FLAG_VOTE  # what a received frame passes on
@@ -108,19 +109,6 @@ def evaluate_checked(st: RunState, op) -> None:
         st.flags |= fr.FLAG_NONFINITE
 
 
-def start_all(st: RunState, op) -> None:
-    MPI.Prequest.Startall(op.reqs)
-
-
-def post_dyn(st: RunState, x) -> None:
-    """P of a frame whose payload lands in the caller's memory: its request is made per run."""
-    x.hreq.Start()
-    reg = x.region
-    x.preq = st.comm.Irecv(
-        st.arrays[reg.buf][reg.offset : reg.offset + reg.count], source=x.peer, tag=x.tag + 1
-    )
-
-
 def send(st: RunState, x) -> None:
     view = payload_of(x, st.arrays) if x.dyn else None
     hmv = x.hmv
@@ -143,32 +131,23 @@ def send(st: RunState, x) -> None:
 
 
 def wait(st: RunState, x) -> None:
-    waiter, step, timeout = st.waiter, st.step, st.timeout
-    bad = None
+    comm, waiter, step, timeout = st.comm, st.waiter, st.step, st.timeout
+    bad, f = None, 0
     try:
-        try:
-            waiter.wait(x.hreq, x.status, x.peer, x.what, step, timeout)
-            got = x.status.Get_count(MPI.BYTE)
-        except FrameRefusal as e:  # truncated: a longer frame; its header may say whose
-            got, bad = -1, e
-        f = x.spec.fast_check(x.hmv, step) if got == x.nbytes else -1
-        if f < 0:
-            f = named_check(x, step, got, bad)
+        f = receive_header(comm, waiter, x, step, timeout)
     except FrameRefusal as e:
         bad = e
-    if x.split:
+    # A split frame's payload is awaited unless its header message had another size: then the
+    # peer is not sending this frame (another program), and no payload of it is coming.
+    if x.split and (bad is None or x.got == x.nbytes):
         try:
-            waiter.wait(x.preq, x.pstatus, x.peer, x.what + " payload", step, timeout)
-            if x.pstatus.Get_count(MPI.BYTE) != 8 * x.m.count:
-                raise FrameRefusal(
-                    "frame-size-mismatch",
-                    f"{x.what} from rank {x.peer}: payload of "
-                    f"{x.pstatus.Get_count(MPI.BYTE)} bytes, expected {8 * x.m.count}",
-                    peer=x.peer,
-                    step=step,
-                )
+            receive_payload(comm, waiter, x, step, timeout, payload_of(x, st.arrays))
         except FrameRefusal as e:
             bad = bad or e
+        except Exception:
+            if bad is not None:  # the bad header came first and explains the rest
+                _refuse_frame(st, x, bad)
+            raise
     if bad is None and f & fr.FLAG_PAYLOAD_CRC:
         if zlib.crc32(payload_of(x, st.arrays)) != fr.payload_crc_of(x.hmv):
             bad = FrameRefusal(
@@ -229,8 +208,6 @@ __all__ = [
     "payload_of",
     "evaluate",
     "evaluate_checked",
-    "start_all",
-    "post_dyn",
     "send",
     "wait",
     "done",

@@ -24,7 +24,8 @@ place (no copy of user data); see planning/program.py. Header (128 bytes, format
     100    4 refusing rank + 1 (0: none), when flag bit 1 is set
     104    4 refusal code (first 4 bytes of sha256 of the code)
     108    4 payload crc32 (when flag bit 2 is set)
-    112   12 reserved (zero)
+    112    8 executor sequence (the executor's number on its communicator, agreed when built)
+    120    4 reserved (zero)
     124    4 crc32 of bytes 0..123
 
 A check is one bytes comparison with the expected header (step patched; flags, refusal and
@@ -67,7 +68,15 @@ FLAG_VOTE = 8  # a caller's one-bit vote riding on the frames (OR-ed along the p
 if _FMT.size != 100:  # the layout above is part of the wire format
     raise ImportError("alpha_mpi frame header layout changed size")
 
-_FLAGS_OFF, _STEP_OFF, _REFUSED_OFF, _CODE_OFF, _PCRC_OFF, _CRC_OFF = 11, 64, 100, 104, 108, 124
+_FLAGS_OFF, _STEP_OFF, _REFUSED_OFF, _CODE_OFF, _PCRC_OFF, _SEQ_OFF, _CRC_OFF = (
+    11,
+    64,
+    100,
+    104,
+    108,
+    112,
+    124,
+)
 
 
 def short_digest(text: str, n: int) -> bytes:
@@ -107,12 +116,25 @@ class FrameSpec:
         "identity",
         "contract",
         "layout",
+        "sequence",
         "expect",
         "where",
     )
 
     def __init__(
-        self, *, phase, edge, sender, receiver, count, topology, order_id, identity, layout_key, contract=""
+        self,
+        *,
+        phase,
+        edge,
+        sender,
+        receiver,
+        count,
+        topology,
+        order_id,
+        identity,
+        layout_key,
+        contract="",
+        sequence=0,
     ):
         self.phase = PHASE_CODE[phase]
         self.edge, self.sender, self.receiver, self.count = edge, sender, receiver, count
@@ -121,8 +143,10 @@ class FrameSpec:
         self.identity = short_digest(identity, 16)
         self.contract = short_digest(contract, 8) if contract else b"\0" * 8
         self.layout = short_digest(layout_key, 8)
+        self.sequence = sequence
         tmp = bytearray(HEADER)
         self._pack(tmp, 0, 0)
+        _U64.pack_into(tmp, _SEQ_OFF, sequence)
         self.expect = bytes(tmp[:_CRC_OFF])  # step 0, no flags
         self.where = f"{PHASE_NAME[self.phase]} frame {edge} from rank {sender}"
 
@@ -257,7 +281,16 @@ class FrameSpec:
                 f"{where}: {count} elements, expected {self.count} (another payload layout)",
                 **ctx,
             )
-        if h[112:124] != bytes(12):
+        fseq = _U64.unpack_from(h, _SEQ_OFF)[0]
+        if fseq != self.sequence:
+            raise FrameRefusal(
+                "frame-identity-mismatch",
+                f"{where}: a frame of executor #{fseq} on this communicator, expected #{self.sequence} (the "
+                "peer runs another executor of the same plan: it skipped or repeated one, or dup=False lets "
+                "two executors share a communicator)",
+                **ctx,
+            )
+        if h[120:124] != bytes(4):
             raise FrameRefusal("frame-checksum", f"{where}: reserved header bytes are not zero", **ctx)
         return flags
 

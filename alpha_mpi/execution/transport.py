@@ -1,7 +1,9 @@
 """Transport: mpi4py buffer point-to-point only; the one owner of waits, time bounds and the log.
 
-Only upper-case buffer methods are used (Isend/Irecv, Send_init/Recv_init + Start): no MPI
-collective touches data and nothing is pickled. Receives always name their source.
+Only upper-case buffer methods are used (Isend, Send_init + Start, Improbe + Message.Recv): no
+MPI collective touches data and nothing is pickled. Receives always name their source and are
+size-safe: a message is matched first and received only into a buffer of its own size
+(`Waiter.receive`).
 
 Waits. Every wait is bounded, per wait: a wait that sees no completion within the bound raises
 `peer-timeout` naming the peer and the frame. The bound exists for dead peers, not slow ones: the
@@ -25,6 +27,7 @@ import os
 import sys
 import time
 
+import numpy as np
 from mpi4py import MPI
 
 from ..refusals import FrameRefusal, PeerTimeout, Refusal
@@ -69,91 +72,179 @@ def log(rank: int, text: str) -> None:
 
 def library_comm(comm):
     """A duplicate of `comm` that only alpha_mpi uses, so user messages can never match ours.
-    Dup is a communicator-management call (no user data moves). The caller keeps the result."""
-    return comm.Dup()
+    Dup is a communicator-management call (no user data moves). The caller keeps the result.
+    It is marked (attribute "library"), so an executor knows whether user traffic can reach
+    its channel (dup=False on a user communicator) and says so when a frame goes wrong."""
+    lib = comm.Dup()
+    set_comm_attr(lib, "library", True)
+    return lib
+
+
+def channel_of(comm):
+    """The library channel of a user communicator: one duplicate per communicator (Dup, on the
+    first use by every rank), kept as its attribute. Executors agree on it before they take a
+    duplicate of their own (agreement.agree_first), and the convenience calls run on it."""
+    ch = comm_attr(comm, "channel")
+    if ch is None:
+        ch = library_comm(comm)
+        set_comm_attr(comm, "channel", ch)
+    return ch
+
+
+def dup_false_hint(e: Refusal) -> Refusal:
+    """`e` with a hint that user traffic may be the cause: for frame refusals and timeouts of
+    an executor that runs on a user communicator (dup=False), and for `peer-refused` naming a
+    peer's frame refusal (the one failure path flags a bad frame onwards to every rank)."""
+    relayed = e.code == "peer-refused" and str(e.context.get("peer_code") or "").startswith("frame-")
+    if not (e.code.startswith("frame-") or e.code == "peer-timeout" or relayed):
+        return e
+    hint = (
+        " (this executor shares a user communicator, dup=False: a message of yours with the same tag, or a "
+        "receive of yours with ANY_TAG/ANY_SOURCE, may have taken or replaced a frame; build it with dup=True)"
+    )
+    out = type(e)(e.code, e.message + hint, **e.context)
+    return out
+
+
+_KEYVAL: dict = {}
+
+
+def comm_attr(comm, name: str):
+    """The communicator attribute `name` of this process (None if unset). Attributes live and
+    die with the communicator itself, so a cache kept there can never be read through a freed
+    communicator's reused handle (a cache keyed by `py2f` can)."""
+    kv = _KEYVAL.get(name)
+    return None if kv is None else comm.Get_attr(kv)
+
+
+def set_comm_attr(comm, name: str, value) -> None:
+    """Set the communicator attribute `name` (a keyval created once per name and process)."""
+    kv = _KEYVAL.get(name)
+    if kv is None:
+        kv = _KEYVAL[name] = MPI.Comm.Create_keyval()
+    comm.Set_attr(kv, value)
+
+
+def next_sequence(comm) -> int:
+    """The sequence of the next executor built on `comm`: 0, 1, 2, ... in construction order
+    (kept as an attribute of the communicator). Every rank's executor k on a communicator must
+    be the same executor; the build agreement (agreement.py) and every frame check it."""
+    seq = comm_attr(comm, "sequence") or 0
+    set_comm_attr(comm, "sequence", seq + 1)
+    return seq
+
+
+def release_sequence(comm, seq: int) -> None:
+    """Give back sequence `seq` after its build agreement failed (it was the last one taken).
+    Every rank that took part in a failed agreement gives it back, and a rank that never came
+    did not take it, so the ranks' counters stay aligned and a retry can pair again."""
+    if comm_attr(comm, "sequence") == seq + 1:
+        set_comm_attr(comm, "sequence", seq)
 
 
 def polls_before_yield(comm) -> int:
     """1 when this node runs more ranks of `comm` than it has cores, else POLLS_BEFORE_YIELD.
-    Collective over `comm` (a communicator-management call, no data). Never cached by handle:
-    MPI reuses freed handles, on some ranks and not others, and a cached answer would let those
-    ranks skip the collective while the rest wait for them."""
+    Collective over `comm` the first time (a communicator-management call, no data), then kept
+    as an attribute of `comm`: every rank computed it on that first executor, so a rank that
+    builds one more executor on the communicator alone does not wait in a collective for ranks
+    that will never join it. Never cached by handle: MPI reuses freed handles."""
+    known = comm_attr(comm, "polls")
+    if known is not None:
+        return known
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
         crowded = local.Get_size() > (os.cpu_count() or 1)
     finally:
         local.Free()
-    return 1 if crowded else POLLS_BEFORE_YIELD
-
-
-class Endpoint:
-    """What every executor (Engine, Assembler) holds on its communicator: the communicator
-    itself (a library duplicate unless dup=False), its rank, the Waiter that owns its time
-    bounds, the debug switch, the count of runs and the refusal that broke it (None)."""
-
-    def _open(self, comm, timeout, dup: bool, waiter=None) -> int:
-        self.comm = library_comm(comm) if dup else comm
-        self._owns_comm = dup
-        self.rank = self.comm.Get_rank()
-        # A shared Waiter (one per communicator, e.g. the arrays' channel) spares the collective
-        # Split_type of a new one: executors built lazily, on some ranks only, must not call it.
-        self.waiter = Waiter(self.comm, timeout) if waiter is None else waiter
-        self.timeout = self.waiter.timeout
-        self.debug = debug_enabled()
-        self.step = 0
-        self.broken = None
-        return self.rank
+    polls = 1 if crowded else POLLS_BEFORE_YIELD
+    set_comm_attr(comm, "polls", polls)
+    return polls
 
 
 class Waiter:
     """The wait policy of one executor: its bound, idle behaviour and error naming."""
 
-    __slots__ = ("timeout", "spin", "before_yield", "rank")
+    __slots__ = ("timeout", "spin", "before_yield", "rank", "status")
 
     def __init__(self, comm, timeout=None):
         self.timeout = timeout_from_env(timeout)
         self.spin = spin_from_env()
         self.before_yield = polls_before_yield(comm)
         self.rank = comm.Get_rank()
+        self.status = MPI.Status()
 
     def wait(self, req, status, peer: int, what: str, step: int, timeout: float | None = None) -> None:
         """Complete `req` or raise peer-timeout after `timeout` seconds without completion.
         `what` names the frame ("exchange frame 3"); MPI errors are named (truncation: the peer
-        runs another plan; anything else: the peer failed)."""
+        runs another plan; anything else: the peer failed). Used for sends: every receive goes
+        through `receive`, which never posts a buffer smaller than the message."""
         try:
             if req.Test(status):
                 return
-            bound = self.timeout if timeout is None else timeout
-            deadline = time.monotonic() + bound
-            polls, sleep_from, pause = 0, None, 5e-5
-            spin, before = self.spin, self.before_yield
-            while not req.Test(status):
-                polls += 1
-                if polls < before:
-                    continue
-                if spin:
-                    if polls & 4095 or time.monotonic() <= deadline:
-                        continue
-                else:
-                    now = time.monotonic()
-                    if now <= deadline:
-                        if sleep_from is None:
-                            sleep_from = now + SLEEP_AFTER
-                        if now < sleep_from:
-                            _yield()
-                        else:
-                            time.sleep(pause)
-                            pause = min(pause * 2, 1e-3)
-                        continue
-                raise PeerTimeout(
-                    "peer-timeout",
-                    f"rank {self.rank}: {what} with rank {peer} did not complete within {bound:g} s at step {step} "
-                    "(the peer is stopped, dead or far behind)",
-                    peer=peer,
-                    step=step,
-                )
+            self._until(lambda: req.Test(status), peer, what, step, timeout)
         except MPI.Exception as e:
             raise mpi_failure(e, peer, what, step) from None
+
+    def receive(
+        self, comm, buf, peer: int, tag: int, what: str, step: int, timeout: float | None = None
+    ) -> tuple[int, np.ndarray | None]:
+        """Receive the next message from `peer` with `tag`, size-safely: match it first
+        (Improbe, under this Waiter's bound and idle policy), compare its size with `buf`, then
+        receive it (Mrecv) into `buf` when the sizes are equal, else whole into a scratch
+        buffer of its own size, so no MPI ever writes past `buf` (Open MPI 5's single-copy
+        path copies a longer message past the end of a posted receive before it reports the
+        truncation). Returns (bytes, None) or (bytes, scratch); the caller refuses the latter
+        by name (`frame-size-mismatch`, or what the scratch header says)."""
+        status = self.status
+        try:
+            msg = comm.Improbe(peer, tag, status)
+            if msg is None:
+                msg = self._until(lambda: comm.Improbe(peer, tag, status), peer, what, step, timeout)
+            got = status.Get_count(MPI.BYTE)
+            if got == memoryview(buf).nbytes:
+                msg.Recv(buf)
+                return got, None
+            scratch = np.empty(got, dtype=np.uint8)
+            msg.Recv(scratch)
+            return got, scratch
+        except MPI.Exception as e:
+            raise mpi_failure(e, peer, what, step) from None
+
+    def _until(self, poll, peer: int, what: str, step: int, timeout: float | None):
+        """Call `poll` until it returns something true (returned), with the idle policy of the
+        module docstring; peer-timeout after the bound without one."""
+        bound = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + bound
+        polls, sleep_from, pause = 0, None, 5e-5
+        spin, before = self.spin, self.before_yield
+        while True:
+            got = poll()
+            if got:
+                return got
+            polls += 1
+            if polls < before:
+                continue
+            if spin:
+                if polls & 4095 or time.monotonic() <= deadline:
+                    continue
+            else:
+                now = time.monotonic()
+                if now <= deadline:
+                    if sleep_from is None:
+                        sleep_from = now + SLEEP_AFTER
+                    if now < sleep_from:
+                        _yield()
+                    else:
+                        time.sleep(pause)
+                        pause = min(pause * 2, 1e-3)
+                    continue
+            raise PeerTimeout(
+                "peer-timeout",
+                f"rank {self.rank}: {what} with rank {peer} did not complete within {bound:g} s at step {step} "
+                "(the peer is stopped, dead or far behind)",
+                peer=peer,
+                step=step,
+            )
 
 
 def mpi_failure(e, peer: int, what: str, step: int) -> Refusal:
@@ -255,7 +346,6 @@ __all__ = [
     "ABORT_STATUS",
     "ABORT_GRACE",
     "abort_job",
-    "Endpoint",
     "TAG_BASE",
     "Waiter",
     "timeout_from_env",
@@ -263,7 +353,13 @@ __all__ = [
     "debug_enabled",
     "log",
     "library_comm",
+    "channel_of",
+    "dup_false_hint",
     "polls_before_yield",
+    "comm_attr",
+    "set_comm_attr",
+    "next_sequence",
+    "release_sequence",
     "mark_broken",
     "mpi_failure",
     "set_abort_at_exit",

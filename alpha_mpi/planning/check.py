@@ -260,8 +260,10 @@ def check(program, leaf_slots_count=None) -> Cost:
                 m = rp.messages[i]
                 if m.src != r or i not in sent:
                     _fail(f"{where}: completes a send it never started")
-                if i not in posted:
-                    return progressed  # blocked until the receive is posted
+                if i not in received:
+                    # blocked until the receiver has matched it: receives are matched at W
+                    # (size-safe Improbe + receive, execution/transport.py), not posted at P
+                    return progressed
                 inflight[r].pop(i, None)
             elif k == "E":
                 ev = rp.evals[i]

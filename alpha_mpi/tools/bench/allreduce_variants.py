@@ -7,7 +7,6 @@ A variant has `name`, `run()` (the timed call), `refill()` (restores its input, 
 
 from __future__ import annotations
 
-import importlib
 import time
 
 import numpy as np
@@ -15,6 +14,7 @@ from mpi4py import MPI
 
 from ... import kernel
 from ...execution import Allreducer, allreduce
+from ...execution.convenience import cached_executors
 from ...model.tree import leaf_sequence
 from .harness import statistic
 
@@ -88,9 +88,10 @@ class FunctionalVariant(AlphaVariant):
         super().__init__(comm, tree, n, "auto", args, mine)
         self.a.free()
         self.name = self.requested = "allreduce()"
-        self._call = lambda: allreduce(comm, tree, self.mine, out=self.out)
+        # layout= names the size: the cache keeps one executor per tree and given layout
+        self._call = lambda: allreduce(comm, tree, self.mine, layout=n, out=self.out)
         self._call()  # builds and caches the executor outside the timed region
-        self.a = _cache_entry(tree, n)
+        self.a = _cache_entry(comm, tree, n)
 
     def run(self):
         return self._call()
@@ -99,10 +100,11 @@ class FunctionalVariant(AlphaVariant):
         pass  # the cached executor stays for the next size of the same tree
 
 
-def _cache_entry(tree, n):
-    mod = importlib.import_module("alpha_mpi.execution.allreduce")  # the module, not the function
+def _cache_entry(comm, tree, n):
     return next(
-        a for k, a in mod._CACHE.items() if k[1] == tree._placed and k[2] == ("n", n) and k[5] == "allreduce"
+        a
+        for k, a in cached_executors(comm).items()
+        if k.tree == ("tree", tree._placed) and k.layout == n and k.mode == "allreduce"
     )
 
 

@@ -8,8 +8,8 @@ pairwise tree over 2^k ranks; replicate, tree or scatter for other trees. The ch
 only on the tree plan, the rank count and the calibration, so every rank makes the same one
 (give every rank the same ALPHA_MPI_CALIBRATION).
 
-Convenience calls (`allreduce`, `combine`, `reduce_scatter`) cache their executor per
-communicator, tree, layout, delivery and realization: no re-planning in loops.
+The convenience calls (`allreduce`, `combine`, `reduce_scatter`) and their cache are in
+convenience.py.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ from ..planning.base import deprecated_order_id
 from ..planning.cost import choose, load_calibration
 from ..planning.program import Program
 from ..planning.realize import REALIZATIONS as NAMES
-from ..planning.realize import REDUCE_SCATTER, applicable, as_tree_plan, realize
+from ..planning.realize import applicable, as_tree_plan, realize
 from ..refusals import PlanRefusal, Refusal
+from . import agreement
 from .engine import Engine, warn_retired
 from .engine_bind import Chunk
 from .transport import library_comm
@@ -95,6 +96,33 @@ class Allreducer:
         if len(legacy) > 1:
             raise TypeError(f"Allreducer takes at most 6 positional arguments, got {5 + len(legacy)}")
         warn_retired({**retired, **({"crossover_bytes": legacy[0]} if legacy else {})})
+        # The planning first: it may refuse on one rank only (a realization that does not
+        # apply, a plan for another size). Every rank then takes part in the build agreement
+        # with its verdict, before the collective Dup (agreement.agree_first), so every rank
+        # refuses by name, a rank that never comes is named within the bound, and no rank's
+        # next Allreducer pairs with another rank's this one.
+        local = None
+        try:
+            self._plan(comm, tree, layout, delivery, realization, segment, coverage, mode, calibration)
+        except Refusal as e:
+            local = e
+        identity = "" if local is not None else self.plan.identity
+        self._owns_comm = False
+        if dup:
+            base = agreement.agree_first(comm, identity, local, timeout, "Allreducer")
+            self.comm, self._owns_comm = library_comm(base), True
+        else:
+            self.comm = comm
+            if local is not None:
+                agreement.refuse_everywhere(comm, local, timeout, "Allreducer")
+        try:
+            self.executor = Engine(self.comm, self.plan, timeout=timeout, contract=contract, dup=False)
+        except Refusal:
+            self.free()
+            raise
+        self.slots = self.executor.slots
+
+    def _plan(self, comm, tree, layout, delivery, realization, segment, coverage, mode, calibration) -> None:
         size = comm.Get_size()
         if isinstance(tree, Plan):
             if tree.size != size:
@@ -118,10 +146,6 @@ class Allreducer:
         self.realization, self.estimates = choose_realization(tp, realization, mode, calibration)
         self.estimate = self.estimates.get(self.realization)
         self.plan = realize(tp, self.realization, mode=mode, segment=segment)
-        self.comm = library_comm(comm) if dup else comm
-        self._owns_comm = dup
-        self.executor = Engine(self.comm, self.plan, timeout=timeout, contract=contract, dup=False)
-        self.slots = self.executor.slots
 
     @property
     def identity(self) -> str:
@@ -161,7 +185,8 @@ class Allreducer:
 
     def free(self) -> None:
         """Free the persistent requests (and the duplicated communicator, if this made one)."""
-        self.executor.free()
+        if getattr(self, "executor", None) is not None:
+            self.executor.free()
         if self._owns_comm:
             self._owns_comm = False
             self.comm.Free()
@@ -194,155 +219,10 @@ class ScatterCombiner(Engine):
         return plan
 
 
-# -- convenience calls, cached ------------------------------------------------------------------
-_CACHE: dict = {}
-_COMMS: dict = {}
-
-
-def _cached_comm(comm):
-    key = comm.py2f()
-    c = _COMMS.get(key)
-    if c is None:
-        c = _COMMS[key] = library_comm(comm)
-    return c
-
-
-def _infer_layout(contributions):
-    from ..model import Layout
-
-    if isinstance(contributions, dict):
-        for value in contributions.values():
-            if isinstance(value, tuple):
-                return Layout(*[(n, int(np.size(v))) for n, v in zip(("numerator", "mass"), value)])
-            return Layout.vector(int(np.size(value)))
-    raise Refusal(
-        "contribution-missing",
-        "this rank passed no contributions, so the payload size is unknown; pass layout= (every rank the same)",
-    )
-
-
-def _key_of(layout, contributions):
-    if layout is not None:
-        return layout if not hasattr(layout, "key") else layout.key()
-    if type(contributions) is dict:
-        for v in contributions.values():
-            if type(v) is np.ndarray:
-                return ("n", v.size)
-            break
-    return ("layout", _infer_layout(contributions).key())
-
-
-def _cached(comm, tree, contributions, delivery, layout, realization, mode, coverage, segment, timeout):
-    """The cached Allreducer for these arguments (built collectively on first use)."""
-    tkey = tree.identity if isinstance(tree, Plan) else tree._placed if hasattr(tree, "_placed") else id(tree)
-    key = (
-        comm.py2f(),
-        tkey,
-        _key_of(layout, contributions),
-        delivery,
-        realization,
-        mode,
-        None if coverage is None else coverage.key(),
-        segment,
-    )
-    a = _CACHE.get(key)
-    if a is None or a.broken is not None:
-        if not isinstance(tree, Plan) and layout is None:
-            layout = _infer_layout(contributions)
-        a = _CACHE[key] = Allreducer(
-            _cached_comm(comm),
-            tree,
-            layout,
-            delivery,
-            realization,
-            timeout=timeout,
-            segment=segment,
-            coverage=coverage,
-            dup=False,
-            mode=mode,
-        )
-    return a
-
-
-def allreduce(
-    comm: MPI.Comm,
-    tree: Node | Plan,
-    contributions: Contributions,
-    delivery: ReplicateAll | DeliverTo | None = None,
-    *,
-    layout: LayoutLike | None = None,
-    out: np.ndarray | None = None,
-    realization: str = "auto",
-    timeout: float | None = None,
-    segment: int | None = None,
-    coverage: Coverage | None = None,
-    **retired: object,
-) -> np.ndarray | None:
-    """Combine `contributions` (slot -> float64 array, or (numerator, mass) tuple) by `tree`
-    (a Node or a tree Plan) with the chosen realization. Returns the combined payload where
-    delivery reaches this rank, else None. Executors are cached (see the module docstring)."""
-    warn_retired(retired)
-    a = _cached(
-        comm, tree, contributions, delivery, layout, realization, "allreduce", coverage, segment, timeout
-    )
-    return a.run(contributions, out=out, timeout=timeout)
-
-
-def combine(
-    comm: MPI.Comm,
-    tree: Node | Plan,
-    contributions: Contributions,
-    delivery: ReplicateAll | DeliverTo | None = None,
-    *,
-    layout: LayoutLike | None = None,
-    out: np.ndarray | None = None,
-    timeout: float | None = None,
-) -> np.ndarray | None:
-    """Combine by the tree realization exactly as placed (see `allreduce` for the others)."""
-    a = _cached(comm, tree, contributions, delivery, layout, "tree", "allreduce", None, None, timeout)
-    return a.run(contributions, out=out, timeout=timeout)
-
-
-def reduce_scatter(
-    comm: MPI.Comm,
-    tree: Node | Plan | Program,
-    contributions: Contributions,
-    *,
-    layout: LayoutLike | None = None,
-    out: np.ndarray | None = None,
-    timeout: float | None = None,
-    segment: int | None = None,
-    coverage: Coverage | None = None,
-    realization: str = "auto",
-) -> Chunk:
-    """Reduce by `tree` and keep chunk r of the result at rank r only. Returns Chunk(start, stop,
-    values of coordinates start..stop-1) on every rank (a chunk may be empty). `out`: an array
-    of the chunk's length or of the whole payload (the chunk is then written at out[start:stop]).
-    Realizations: halving (pairwise trees on 2^k ranks) or scatter (any tree)."""
-    if isinstance(tree, Program):  # a reduce-scatter program from plan_scatter / realize
-        if tree.mode != "reduce-scatter":
-            raise PlanRefusal(
-                "plan-delivery-mismatch", "reduce_scatter() needs a program made with ReduceScatter()"
-            )
-        segment, realization = tree.details.get("segment"), tree.realization
-        tree = as_tree_plan(tree.tree, None, tree.layout, size=tree.size, coverage=tree.coverage)
-    if realization not in ("auto",) + REDUCE_SCATTER:
-        raise Refusal(
-            "usage", f"reduce_scatter realizations are auto, {', '.join(REDUCE_SCATTER)}; got {realization!r}"
-        )
-    a = _cached(
-        comm, tree, contributions, None, layout, realization, "reduce-scatter", coverage, segment, timeout
-    )
-    return a.reduce_scatter_run(contributions, out=out, timeout=timeout)
-
-
 __all__ = [
     "Allreducer",
     "Combiner",
     "ScatterCombiner",
-    "allreduce",
-    "combine",
-    "reduce_scatter",
     "choose_realization",
     "REALIZATIONS",
     "ReduceScatter",

@@ -1,0 +1,265 @@
+"""The convenience calls `allreduce`, `combine`, `reduce_scatter`: an executor cached per call site.
+
+Each call finds (or builds, collectively, on first use) an Allreducer for its arguments, so a
+loop re-plans nothing. The cache is safe under one rank's mistake:
+- It lives on the communicator itself (an MPI attribute holding a library duplicate and the
+  executors built on it), never keyed by handle: a freed communicator's handle may be reused by
+  another, on some ranks and not others.
+- It is keyed only on what every rank must pass the same (tree, layout= when given, delivery,
+  realization, mode, coverage, segment), never on the contributions: a rank that passes a list
+  or a wrong length finds the same executor as its peers, and its mistake is refused inside the
+  run, flagged to every rank (`contribution-shape` there, `peer-refused` elsewhere), where it
+  once built an executor alone (a lone collective Dup: a timeout, then a hang).
+- Without layout= the payload size is inferred from the first call's contributions and kept for
+  the tree: pass layout= (every rank the same) to combine another size with the same tree.
+- Executors on one communicator share its library duplicate; each has its sequence, agreed
+  when built and carried in every frame, so a frame of another executor is refused by name.
+- A call that failed in a way that may leave its messages on that duplicate (a peer that never
+  came, ranks that built different executors) makes every later call refuse `combiner-broken`
+  until `reset(comm)` on every rank: a retry never reads a stale message, never hangs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+
+from ..planning import Plan
+from ..planning.program import Program
+from ..planning.realize import REDUCE_SCATTER, as_tree_plan
+from ..refusals import PlanRefusal, Refusal
+from . import agreement
+from .allreducer import Allreducer
+from .engine import warn_retired
+from .engine_bind import Chunk
+from .transport import channel_of, comm_attr, set_comm_attr
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+    from ..model.coverage import Coverage
+    from ..model.delivery import DeliverTo, ReplicateAll
+    from ..model.layout import LayoutLike
+    from ..model.tree import Node
+    from .contributions import Contributions
+
+
+class CacheKey(NamedTuple):
+    """What a cached executor is found by: only arguments every rank must pass the same."""
+
+    tree: object  # the tree's placed identity, or the plan's identity
+    layout: object  # the layout= given (its key), None when inferred from the first call
+    delivery: object
+    realization: str
+    mode: str
+    coverage: object
+    segment: int | None
+
+
+class _Channel:
+    """What the convenience calls keep on a user communicator (as an MPI attribute): the
+    library duplicate their executors share, the executors by key, and the refusal that left
+    messages of a failed call on the channel (None while it is clean)."""
+
+    __slots__ = ("comm", "executors", "broken")
+
+    def __init__(self, comm) -> None:
+        self.comm = comm
+        self.executors: dict = {}
+        self.broken: str | None = None
+
+
+# Refusals after which messages of the failed call may still be on the shared channel (a peer
+# that never came, a frame of another executor): later calls would read them, so the channel
+# refuses until every rank resets it. A refused input (flagged, every rank completed) is not one.
+_LEAVES_MESSAGES = ("peer-timeout", "peer-failed", "executor-identity-mismatch")
+
+
+def _channel(comm) -> _Channel:
+    ch = comm_attr(comm, "convenience")
+    if ch is None:  # the first convenience call on `comm`: the library channel (one Dup, once)
+        ch = _Channel(channel_of(comm))
+        set_comm_attr(comm, "convenience", ch)
+    if ch.broken is not None:
+        raise Refusal(
+            "combiner-broken",
+            f"an earlier convenience call on this communicator failed [{ch.broken}] and its messages may "
+            "still be in flight; call alpha_mpi.execution.reset(comm) on every rank, then call again",
+        )
+    return ch
+
+
+def reset(comm: MPI.Comm) -> None:
+    """Drop the convenience calls' executors and library channel on `comm` and take a fresh
+    channel (a collective Dup: call it on every rank), after a failed call left `combiner-broken`.
+    Executors built with dup=True (Allreducer, Combiner) agree on the new channel from now on."""
+    old = comm_attr(comm, "convenience")
+    if old is not None:
+        for a in old.executors.values():
+            a.free()
+    set_comm_attr(comm, "convenience", None)
+    set_comm_attr(comm, "channel", None)
+    _channel(comm)
+
+
+def cached_executors(comm: MPI.Comm) -> dict[CacheKey, Allreducer]:
+    """A copy of the convenience calls' cache on `comm`: CacheKey -> Allreducer (for benchmarks
+    and tests that time or inspect the executor a call used; changing it changes nothing)."""
+    ch = comm_attr(comm, "convenience")
+    return {} if ch is None else dict(ch.executors)
+
+
+def _infer_layout(contributions):
+    from ..model import Layout
+
+    if isinstance(contributions, dict):
+        for value in contributions.values():
+            if isinstance(value, tuple):
+                return Layout(*[(n, int(np.size(v))) for n, v in zip(("numerator", "mass"), value)])
+            return Layout.vector(int(np.size(value)))
+    raise Refusal(
+        "contribution-missing",
+        "this rank passed no contributions, so the payload size is unknown; pass layout= (every rank the same)",
+    )
+
+
+def _tree_key(tree):
+    if isinstance(tree, Plan):
+        return ("plan", tree.identity)
+    placed = getattr(tree, "_placed", None)
+    return ("tree", placed) if placed is not None else ("object", id(tree))
+
+
+def _cached(comm, tree, contributions, delivery, layout, realization, mode, coverage, segment, timeout):
+    """(the cached Allreducer for these arguments, built collectively on first use; whether its
+    layout was inferred from the first call's contributions)."""
+    key = CacheKey(
+        _tree_key(tree),
+        None if layout is None else (layout.key() if hasattr(layout, "key") else layout),
+        delivery,
+        realization,
+        mode,
+        None if coverage is None else coverage.key(),
+        segment,
+    )
+    ch = _channel(comm)
+    a = ch.executors.get(key)
+    if a is None:
+        try:
+            if not isinstance(tree, Plan) and layout is None:
+                try:
+                    layout = _infer_layout(contributions)
+                except Refusal as e:  # still takes part in the build, so every rank refuses
+                    agreement.refuse_everywhere(ch.comm, e, timeout, "allreduce()")
+            a = ch.executors[key] = Allreducer(
+                ch.comm,
+                tree,
+                layout,
+                delivery,
+                realization,
+                timeout=timeout,
+                segment=segment,
+                coverage=coverage,
+                dup=False,
+                mode=mode,
+            )
+        except Refusal as e:
+            if e.code in _LEAVES_MESSAGES:
+                ch.broken = e.code
+            raise
+    return ch, a, key.layout is None and not isinstance(tree, Plan)
+
+
+def _run(cached, contributions, out, timeout, rs=False):
+    ch, a, inferred = cached
+    try:
+        if rs:
+            return a.reduce_scatter_run(contributions, out=out, timeout=timeout)
+        return a.run(contributions, out=out, timeout=timeout)
+    except Refusal as e:
+        if a.broken is not None:
+            ch.broken = a.broken
+        if e.code == "contribution-shape" and inferred:
+            raise Refusal(
+                e.code,
+                f"{e.message} (the convenience calls keep the payload size of their first call with this "
+                "tree; pass layout= on every rank to combine another size)",
+                **e.context,
+            ) from None
+        raise
+
+
+def allreduce(
+    comm: MPI.Comm,
+    tree: Node | Plan,
+    contributions: Contributions,
+    delivery: ReplicateAll | DeliverTo | None = None,
+    *,
+    layout: LayoutLike | None = None,
+    out: np.ndarray | None = None,
+    realization: str = "auto",
+    timeout: float | None = None,
+    segment: int | None = None,
+    coverage: Coverage | None = None,
+    **retired: object,
+) -> np.ndarray | None:
+    """Combine `contributions` (slot -> float64 array, or (numerator, mass) tuple) by `tree`
+    (a Node or a tree Plan) with the chosen realization. Returns the combined payload where
+    delivery reaches this rank, else None. Executors are cached (see the module docstring)."""
+    warn_retired(retired)
+    cached = _cached(
+        comm, tree, contributions, delivery, layout, realization, "allreduce", coverage, segment, timeout
+    )
+    return _run(cached, contributions, out, timeout)
+
+
+def combine(
+    comm: MPI.Comm,
+    tree: Node | Plan,
+    contributions: Contributions,
+    delivery: ReplicateAll | DeliverTo | None = None,
+    *,
+    layout: LayoutLike | None = None,
+    out: np.ndarray | None = None,
+    timeout: float | None = None,
+) -> np.ndarray | None:
+    """Combine by the tree realization exactly as placed (see `allreduce` for the others)."""
+    cached = _cached(comm, tree, contributions, delivery, layout, "tree", "allreduce", None, None, timeout)
+    return _run(cached, contributions, out, timeout)
+
+
+def reduce_scatter(
+    comm: MPI.Comm,
+    tree: Node | Plan | Program,
+    contributions: Contributions,
+    *,
+    layout: LayoutLike | None = None,
+    out: np.ndarray | None = None,
+    timeout: float | None = None,
+    segment: int | None = None,
+    coverage: Coverage | None = None,
+    realization: str = "auto",
+) -> Chunk:
+    """Reduce by `tree` and keep chunk r of the result at rank r only. Returns Chunk(start, stop,
+    values of coordinates start..stop-1) on every rank (a chunk may be empty). `out`: an array
+    of the chunk's length or of the whole payload (the chunk is then written at out[start:stop]).
+    Realizations: halving (pairwise trees on 2^k ranks) or scatter (any tree)."""
+    if isinstance(tree, Program):  # a reduce-scatter program from plan_scatter / realize
+        if tree.mode != "reduce-scatter":
+            raise PlanRefusal(
+                "plan-delivery-mismatch", "reduce_scatter() needs a program made with ReduceScatter()"
+            )
+        segment, realization = tree.details.get("segment"), tree.realization
+        tree = as_tree_plan(tree.tree, None, tree.layout, size=tree.size, coverage=tree.coverage)
+    if realization not in ("auto",) + REDUCE_SCATTER:
+        raise Refusal(
+            "usage", f"reduce_scatter realizations are auto, {', '.join(REDUCE_SCATTER)}; got {realization!r}"
+        )
+    cached = _cached(
+        comm, tree, contributions, None, layout, realization, "reduce-scatter", coverage, segment, timeout
+    )
+    return _run(cached, contributions, out, timeout, rs=True)
+
+
+__all__ = ["allreduce", "combine", "reduce_scatter", "reset", "cached_executors", "CacheKey"]

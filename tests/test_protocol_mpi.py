@@ -1,0 +1,422 @@
+"""The protocol under mistakes (issue 22): size-safe receives, executor identity agreed at
+construction, flags that reach every rank, validated timeouts, the convenience calls' cache.
+
+Run under `mpiexec -n 2` and `-n 5` (MPICH) and under Open MPI with CMA on (the default), where
+a receive posted smaller than the message used to be overrun. Every verdict is gathered, so a
+failure fails on every rank.
+"""
+
+import numpy as np
+import pytest
+
+from alpha_mpi import Branch, DeliverTo, Leaf, Refusal, ReplicateAll, oracle, plan, star
+from alpha_mpi.execution import Allreducer, Combiner, allreduce
+from alpha_mpi.execution import frames as fr
+
+from conftest import agree, bits, slot_data
+
+SHORT = 3.0
+
+
+def _code(fn):
+    try:
+        fn()
+    except Refusal as e:
+        return e.code
+    return None
+
+
+def _sum_tree(size):
+    return star(range(size), size)
+
+
+def _want(tree, data):
+    return np.array(oracle.evaluate(tree, {s: v.tolist() for s, v in data.items()}))
+
+
+# -- size-safe receives -------------------------------------------------------------------------
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("n, extra", [(600, 8192), (600, 3), (20000, 8192)])
+def test_a_longer_frame_is_refused_by_name_and_never_written_past_the_buffer(world, n, extra):
+    """Rank 1 sends rank 0 a message `extra` bytes longer than the planned frame (n = 20000:
+    longer than the planned header message of a split frame) on the executor's own channel and
+    tag. Rank 0 refuses `frame-size-mismatch`, and its planned receive buffer was not written
+    (the message went whole into a scratch buffer): under Open MPI's CMA path a posted receive
+    of the planned size used to be overrun by the whole excess. (With the one failure path the
+    engine itself puts zeros where a refused frame's payload lands, so the payload bytes read
+    0, never the rogue 0xA5; the header bytes keep the test's 0x3C.)"""
+    size, rank = world.Get_size(), world.Get_rank()
+    p = plan(Branch(Leaf(0, 0), Leaf(1, 1), 0), DeliverTo(0), n, size=size)
+    c = Combiner(world, p, timeout=SHORT)
+    x = next(iter(c.compiled.msgs.values())) if rank in (0, 1) else None
+    code, untouched = None, True
+    if rank == 1:
+        rogue = np.full(x.nbytes + extra, 0xA5, dtype=np.uint8)
+        c.comm.Send(rogue, dest=0, tag=x.tag)
+    elif rank == 0:
+        x.hbuf[:] = 0x3C
+        code = _code(lambda: c.run({0: np.ones(n)}))
+        untouched = bool(np.all(x.hbuf[: fr.HEADER] == 0x3C) and np.all(x.hbuf[fr.HEADER :] == 0))
+    ok = code == ("frame-size-mismatch" if rank == 0 else None) and untouched
+    agree(world, ok, f"rank {rank}: {code}, planned buffer untouched={untouched}")
+    c.free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_longer_payload_behind_a_good_header_is_refused_and_never_written_past_its_region(world):
+    """A split frame (n = 20000: header message, then the payload into its region): the header
+    is the planned one, the payload 8 KiB longer. Refused `frame-size-mismatch`; the region the
+    payload was planned for is not written by MPI (the engine puts its zeros there, in place of
+    the refused payload, never the rogue 0xA5) and nothing else of its work buffer is written."""
+    size, rank = world.Get_size(), world.Get_rank()
+    n = 20000
+    p = plan(Branch(Leaf(0, 0), Leaf(1, 1), 0), DeliverTo(0), n, size=size)
+    c = Combiner(world, p, timeout=SHORT)
+    code, untouched = None, True
+    if rank in (0, 1):
+        x = next(iter(c.compiled.msgs.values()))
+    if rank == 1:
+        head = np.zeros(fr.HEADER, dtype=np.uint8)
+        x.spec.write(head, 0)
+        c.comm.Send(head, dest=0, tag=x.tag)
+        c.comm.Send(np.full(8 * n + 8192, 0xA5, dtype=np.uint8), dest=0, tag=x.tag + 1)
+    elif rank == 0:
+        region = x.pview  # a work-buffer region (static): never None here
+        whole = next(b for b in c.compiled.bufs.values() if np.shares_memory(b, region))
+        whole[:] = 2.5
+        code = _code(lambda: c.run({0: np.ones(n)}))
+        lo = (region.__array_interface__["data"][0] - whole.__array_interface__["data"][0]) // 8
+        rest = np.concatenate([whole[:lo], whole[lo + n :]])
+        untouched = bool(np.all(region == 0) and np.all(rest == 2.5))
+    agree(world, code == ("frame-size-mismatch" if rank == 0 else None) and untouched, f"rank {rank}: {code}")
+    c.free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_longer_frame_with_another_plans_header_is_named_by_its_header(world):
+    """A longer frame whose header arrived intact is named by what the header says (here:
+    another plan identity), not only by its size."""
+    size, rank = world.Get_size(), world.Get_rank()
+    n = 600
+    p = plan(Branch(Leaf(0, 0), Leaf(1, 1), 0), DeliverTo(0), n, size=size)
+    c = Combiner(world, p, timeout=SHORT)
+    code = None
+    if rank == 1:
+        x = next(iter(c.compiled.msgs.values()))
+        buf = np.zeros(x.nbytes + 8192, dtype=np.uint8)
+        x.spec.write(buf, 0)
+        buf[40:56] ^= 0x5A  # the plan identity field: another plan
+        fr.patch(memoryview(buf), 0, 0)
+        c.comm.Send(buf, dest=0, tag=x.tag)
+    elif rank == 0:
+        code = _code(lambda: c.run({0: np.ones(n)}))
+    agree(world, code == ("frame-identity-mismatch" if rank == 0 else None), f"rank {rank}: {code}")
+    c.free()
+
+
+# -- executor identity ----------------------------------------------------------------------------
+@pytest.mark.mpi(min_size=2)
+def test_a_constructor_refused_on_one_rank_is_refused_on_every_rank_and_nothing_shifts(world):
+    """Three fresh Allreducers; the last rank's first constructor refuses (timeout="soon"), the
+    user catches it. Every rank refuses the first by name (`usage` there, `peer-refused`
+    elsewhere), and the second and third give their own sums: no call pairs with another."""
+    size, rank = world.Get_size(), world.Get_rank()
+    tree = _sum_tree(size)
+    codes = []
+    for k in range(3):
+        data = {s: np.full(3, float((k + 1) * 10**s)) for s in range(size)}
+        bad = k == 0 and rank == size - 1
+        code, got = None, None
+        try:
+            a = Allreducer(world, tree, 3, realization="tree", timeout="soon" if bad else SHORT)
+            got = a.run({rank: data[rank]})
+            a.free()
+        except Refusal as e:
+            code = e.code
+        if k == 0:
+            want_code = "usage" if bad else "peer-refused"
+            agree(world, code == want_code, f"rank {rank} call {k}: {code}")
+        else:
+            agree(
+                world,
+                code is None and np.array_equal(bits(got), bits(_want(tree, data))),
+                f"call {k}: {code}",
+            )
+        codes.append(code)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_realization_another_rank_does_not_build_is_refused_on_every_rank(world):
+    """Tree on every rank but the last, replicate on the last: named on every rank when built."""
+    size, rank = world.Get_size(), world.Get_rank()
+    tree = _sum_tree(size)
+    name = "replicate" if rank == size - 1 else "tree"
+    code = _code(lambda: Allreducer(world, tree, 4, realization=name, timeout=SHORT))
+    agree(world, code == "executor-identity-mismatch", f"rank {rank}: {code}")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_rank_that_skips_a_constructor_leaves_no_rank_waiting_in_a_dup(world):
+    """Three fresh Allreducers; the last rank skips the first. Its second pairs with the
+    others' first: that is not detectable when both are the same executor (same plan, same
+    position on the communicator; only the data differ), and it is why every rank must build
+    the same executors in the same order. What the protocol guarantees: the others' third
+    Allreducer, which no rank pairs with, is refused by name within the bound (its build
+    agreement runs before the collective Dup), where it used to wait in Dup for ever."""
+    import time
+
+    size, rank = world.Get_size(), world.Get_rank()
+    comm = world.Dup()
+    tree = _sum_tree(size)
+    codes = []
+    t0 = time.monotonic()
+    for k in range(3):
+        if rank == size - 1 and k == 0:
+            continue
+        data = {s: np.full(3, float((k + 1) * 10**s)) for s in range(size)}
+        codes.append(
+            _code(
+                lambda: Allreducer(comm, tree, 3, realization="tree", timeout=SHORT).run({rank: data[rank]})
+            )
+        )
+    elapsed = time.monotonic() - t0
+    want = [None, None] if rank == size - 1 else [None, None, "peer-timeout"]
+    agree(world, codes == want and elapsed < 60, f"rank {rank}: {codes} in {elapsed:.1f}s")
+    comm.Free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_rank_that_skips_a_call_of_executors_sharing_a_communicator_is_refused(world):
+    """Three Allreducers built on every rank on one communicator (dup=False); the last rank
+    skips the first run. The frames carry each executor's agreed sequence, so no rank combines
+    a frame of another call: every rank refuses by name (the receiver of a foreign frame
+    `frame-identity-mismatch`, the others a named refusal or timeout), none returns a value."""
+    size, rank = world.Get_size(), world.Get_rank()
+    comm = world.Dup()
+    tree = _sum_tree(size)
+    execs = [Allreducer(comm, tree, 3, realization="tree", timeout=SHORT, dup=False) for _ in range(3)]
+    data = {s: np.full(3, 10.0**s) for s in range(size)}
+    run = execs[1:] if rank == size - 1 else execs
+    try:
+        run[0].run({rank: data[rank]})
+        code, msg = None, ""
+    except Refusal as e:
+        code, msg = e.code, e.message
+    codes = world.allgather(code)  # test-side verdict
+    named = {"frame-identity-mismatch", "peer-timeout", "peer-refused"}
+    agree(world, all(c in named for c in codes) and "frame-identity-mismatch" in codes, f"{codes}")
+    agree(world, code is None or "dup=False" in msg, f"rank {rank}: no dup=False hint in {msg!r}")
+    for a in execs:
+        a.free()
+    # frames may still be in flight on `comm` (the broken executors' sends): never reuse it
+
+
+# -- flags that reach every rank ------------------------------------------------------------------
+@pytest.mark.mpi(min_size=2)
+def test_a_corrupt_payload_in_the_last_receive_is_refused_on_every_rank(world, monkeypatch):
+    """DeliverTo(0): rank 1 sends its frame and receives nothing. A bit flipped after its crc
+    was written is found by rank 0 in its last receive; the flag round after the run makes
+    rank 1 (and every other rank) refuse too, and the next run works."""
+    monkeypatch.setenv("ALPHA_MPI_PAYLOAD_CHECK", "1")
+    size, rank = world.Get_size(), world.Get_rank()
+    p = plan(Branch(Leaf(0, 0), Leaf(1, 1), 0), DeliverTo(0), 8, size=size)
+    c = Combiner(world, p, timeout=SHORT)
+
+    def flip(index, mv):
+        mv[fr.HEADER + 2] ^= 0x04
+
+    if rank == 1:
+        c.send_hook = flip
+    data = slot_data(2, 8, seed=3)
+    mine = {s: data[s] for s in p.slots_of(rank)}
+    code = _code(lambda: c.run(mine))
+    want = "frame-payload-corrupt" if rank == 0 else "peer-refused"
+    agree(world, code == want, f"rank {rank}: {code}")
+    c.send_hook = None
+    try:
+        got, code = c.run(mine), None
+    except Refusal as e:
+        got, code = None, e.code
+    ok = code is None and (rank != 0 or np.array_equal(bits(got), bits(_want(p.tree, data))))
+    agree(world, ok, f"rank {rank}: next run {code}")
+    c.free()
+
+
+# -- timeouts -------------------------------------------------------------------------------------
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("bad", ["soon", -1, 0, float("nan"), float("inf")])
+def test_a_bad_run_timeout_on_one_rank_is_refused_on_every_rank_and_the_next_run_works(world, bad):
+    size, rank = world.Get_size(), world.Get_rank()
+    tree = _sum_tree(size)
+    a = Allreducer(world, tree, 3, realization="tree", timeout=SHORT)
+    data = slot_data(size, 3, seed=2)
+    code = _code(lambda: a.run({rank: data[rank]}, timeout=bad if rank == size - 1 else None))
+    want = "usage" if rank == size - 1 else "peer-refused"
+    agree(world, code == want and a.broken is None, f"rank {rank}: {code}, broken={a.broken}")
+    got = a.run({rank: data[rank]}, timeout=SHORT)
+    agree(world, np.array_equal(bits(got), bits(_want(tree, data))), "next run")
+    a.free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_an_exception_inside_a_run_marks_the_executor_broken_and_says_so(world):
+    size, rank = world.Get_size(), world.Get_rank()
+    p = plan(Branch(Leaf(0, 0), Leaf(1, 1), 0), DeliverTo(0), 4, size=size)
+    c = Combiner(world, p, timeout=SHORT)
+
+    def boom(index, mv):
+        raise KeyError("a bug in a send hook")
+
+    if rank == 1:
+        c.send_hook = boom
+    try:
+        c.run({s: np.ones(4) for s in p.slots_of(rank)})
+        code = None
+    except KeyError:
+        code = "KeyError"
+    except Refusal as e:
+        code = e.code
+    if rank == 1:
+        later = _code(lambda: c.run({1: np.ones(4)}))
+        agree(
+            world,
+            code == "KeyError" and c.broken == "KeyError" and later == "combiner-broken",
+            f"{code} {later}",
+        )
+    else:
+        agree(world, code in (None, "peer-timeout"), f"rank {rank}: {code}")
+    c.free()
+
+
+# -- the convenience calls ------------------------------------------------------------------------
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("mistake", ["short", "list", "float32", "extra-slot"])
+def test_one_ranks_mistake_in_allreduce_is_refused_on_every_rank_fast_and_the_next_call_works(world, mistake):
+    """The cache is keyed only on what must agree, so the mistaken rank finds its peers'
+    executor (no lone build, no collective alone), and its mistake is refused inside the run."""
+    import time
+
+    from alpha_mpi.execution.convenience import cached_executors
+
+    size, rank = world.Get_size(), world.Get_rank()
+    comm = world.Dup()
+    tree = _sum_tree(size)
+    data = slot_data(size, 6, seed=9)
+    good = {rank: data[rank]}
+    got = allreduce(comm, tree, good, realization="tree", timeout=30)
+    bad = dict(good)
+    if rank == size - 1:
+        bad = {
+            "short": {rank: data[rank][:-1].copy()},
+            "list": {rank: list(data[rank])},
+            "float32": {rank: data[rank].astype(np.float32)},
+            "extra-slot": {rank: data[rank], rank + 100: data[rank]},
+        }[mistake]
+    t0 = time.monotonic()
+    code = _code(lambda: allreduce(comm, tree, bad, realization="tree", timeout=30))
+    elapsed = time.monotonic() - t0
+    want = {"short": "contribution-shape", "list": "dtype-invalid", "float32": "dtype-invalid"}
+    want = want.get(mistake, "contribution-unexpected") if rank == size - 1 else "peer-refused"
+    agree(world, code == want and elapsed < 20, f"rank {rank}: {code} after {elapsed:.1f}s")
+    got = allreduce(comm, tree, good, realization="tree", timeout=30)
+    agree(world, np.array_equal(bits(got), bits(_want(tree, data))), "next call")
+    agree(world, len(cached_executors(comm)) == 1, f"{len(cached_executors(comm))} executors")
+    comm.Free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_the_convenience_cache_lives_on_the_communicator(world):
+    """Freeing a communicator drops its executors; a new communicator (which may reuse the freed
+    handle) starts with none: nothing is found by handle."""
+    from alpha_mpi.execution.convenience import cached_executors
+
+    size, rank = world.Get_size(), world.Get_rank()
+    tree = _sum_tree(size)
+    data = slot_data(size, 4, seed=1)
+    handles, ok = [], True
+    for _ in range(3):
+        comm = world.Dup()
+        handles.append(comm.py2f())
+        ok &= len(cached_executors(comm)) == 0
+        got = allreduce(comm, tree, {rank: data[rank]}, layout=4)
+        ok &= np.array_equal(bits(got), bits(_want(tree, data))) and len(cached_executors(comm)) == 1
+        comm.Free()
+    agree(world, ok, f"handles {handles}")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_another_size_without_layout_is_refused_on_every_rank_with_advice(world):
+    size, rank = world.Get_size(), world.Get_rank()
+    comm = world.Dup()
+    tree = _sum_tree(size)
+    allreduce(comm, tree, {rank: np.ones(4)}, timeout=30)
+    try:
+        allreduce(comm, tree, {rank: np.ones(5)}, timeout=30)
+        code, msg = None, ""
+    except Refusal as e:
+        code, msg = e.code, e.message
+    agree(world, code == "contribution-shape" and "layout=" in msg, f"rank {rank}: {code} {msg}")
+    got = allreduce(comm, tree, {rank: np.ones(5)}, layout=5, timeout=30)
+    agree(world, np.array_equal(got, np.full(5, float(size))), "with layout=")
+    comm.Free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_rank_with_no_contributions_on_the_first_call_is_refused_on_every_rank(world):
+    size, rank = world.Get_size(), world.Get_rank()
+    comm = world.Dup()
+    tree = _sum_tree(size)
+    mine = {} if rank == size - 1 else {rank: np.ones(3)}
+    code = _code(lambda: allreduce(comm, tree, mine, timeout=30))
+    want = "contribution-missing" if rank == size - 1 else "peer-refused"
+    agree(world, code == want, f"rank {rank}: {code}")
+    got = allreduce(comm, tree, {rank: np.ones(3)}, timeout=30)
+    agree(world, np.array_equal(got, np.full(3, float(size))), "next call")
+    comm.Free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_replicate_everywhere_still_runs(world):
+    """The agreement rounds do not disturb a healthy run of every realization on this tree."""
+    size, rank = world.Get_size(), world.Get_rank()
+    tree = _sum_tree(size)
+    data = slot_data(size, 7, seed=4)
+    for name in ("tree", "replicate", "scatter"):
+        a = Allreducer(world, tree, 7, ReplicateAll(), realization=name, timeout=SHORT)
+        got = a.run({rank: data[rank]})
+        agree(world, np.array_equal(bits(got), bits(_want(tree, data))), name)
+        a.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("argument", ["realization", "layout"])
+def test_one_rank_passing_another_agreed_argument_is_named_everywhere_then_reset_recovers(world, argument):
+    """One rank passes another realization (or layout=) to allreduce() than its peers: it looks
+    up another executor than they run. Every rank refuses by name within the bound (a timeout
+    or the build agreement's mismatch), never hangs; later calls refuse `combiner-broken` on
+    every rank (messages of the failed call may be on the channel) until reset(comm) on every
+    rank, after which the call works."""
+    from alpha_mpi.execution import reset
+
+    size, rank = world.Get_size(), world.Get_rank()
+    comm = world.Dup()
+    tree = _sum_tree(size)
+    n = 4
+    good = {rank: np.full(n, float(rank + 1))}
+    want = np.full(n, float(size * (size + 1) // 2))
+    allreduce(comm, tree, good, realization="tree", timeout=SHORT)
+    kw, mine = {"realization": "tree"}, good
+    if rank == size - 1:
+        if argument == "realization":
+            kw = {"realization": "replicate"}
+        else:
+            kw, mine = {"realization": "tree", "layout": n + 1}, {rank: np.ones(n + 1)}
+    code = _code(lambda: allreduce(comm, tree, mine, timeout=SHORT, **kw))
+    named = {"peer-timeout", "executor-identity-mismatch", "frame-identity-mismatch", "frame-size-mismatch"}
+    agree(world, code in named, f"rank {rank}: {code}")
+    later = _code(lambda: allreduce(comm, tree, good, realization="tree", timeout=SHORT))
+    agree(world, later == "combiner-broken", f"rank {rank}: later call {later}")
+    reset(comm)
+    got = allreduce(comm, tree, good, realization="tree", timeout=SHORT)
+    agree(world, np.array_equal(got, want), "after reset")
+    comm.Free()

@@ -253,9 +253,14 @@ def cmd(comm, argv=None) -> int:
     rank = comm.Get_rank()
     args = make_parser(rank).parse_args(argv)
     info = machine_info(comm)
-    info["blas"] = blas_info()
-    calls, failed = ([], False) if args.kernel_only else per_call(comm, args)
-    kern = [] if args.no_kernel else kernel(comm, args)
+    # One BLAS thread per rank in both columns: p ranks each running np.dot with every core's
+    # threads oversubscribe the machine and time scheduling, not the dot (issue 21).
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1, user_api="blas"):
+        info["blas"] = blas_info()
+        calls, failed = ([], False) if args.kernel_only else per_call(comm, args)
+        kern = [] if args.no_kernel else kernel(comm, args)
     if rank == 0:
         where = f"p = {info['p']} on {info['cores']} cores ({info['cpu']})"
         print(f"# alpha-mpi bench dot: {where}, {info['mpi']}, numpy {info['numpy']} ({info['blas']})")

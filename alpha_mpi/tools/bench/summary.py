@@ -200,11 +200,7 @@ def _merge_into(target: str, paths) -> int:
             )
             return EXIT_USAGE
     if not runs:
-        print(
-            "alpha-mpi bench summary: error: no allreduce benchmark results in the given files",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
+        return _no_runs()
     try:
         doc = merge(runs, into)
     except ValueError as e:
@@ -213,6 +209,13 @@ def _merge_into(target: str, paths) -> int:
     write_json(target, doc)
     print(f"{target}: p={doc['p']}, runs {', '.join(doc['runs'])}")
     return 0
+
+
+def _no_runs() -> int:
+    print(
+        "alpha-mpi bench summary: error: no allreduce benchmark results in the given files", file=sys.stderr
+    )
+    return EXIT_USAGE
 
 
 def main(argv=None) -> int:
@@ -232,11 +235,7 @@ def main(argv=None) -> int:
         return _merge_into(a.merge, a.files)
     runs = load_runs(a.files)
     if not runs:
-        print(
-            "alpha-mpi bench summary: error: no allreduce benchmark results in the given files",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
+        return _no_runs()
     try:
         text = summarize(runs)
     except (KeyError, TypeError, ValueError, AttributeError) as e:  # a row without the fields a run has

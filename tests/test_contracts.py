@@ -429,7 +429,7 @@ def run_and_catch(c, contributions, out=None):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_a_peer_with_another_contract_is_refused_by_the_frame_check(world):
+def test_a_peer_with_another_contract_is_refused_on_every_rank_at_build(world):
     from alpha_mpi.execution import Combiner
 
     size, rank = world.Get_size(), world.Get_rank()
@@ -444,14 +444,19 @@ def test_a_peer_with_another_contract_is_refused_by_the_frame_check(world):
     want = np.array(oracle.evaluate(p.tree, {s: v.tolist() for s, v in data.items()}))
     agree(world, err is None and (rank != 0 or np.array_equal(bits(got), bits(want))), f"control: {err}")
     c.free()
-    c = Combiner(world, p, timeout=SHORT, contract=(ours if rank == 0 else theirs).digest)
-    _, err = run_and_catch(c, mine)
-    if rank == 0:
-        ok = err is not None and err.code == "frame-identity-mismatch" and "contract" in err.message
-        ok = ok and theirs.digest[:16] in err.message and ours.digest[:16] in err.message
-    else:
-        ok = err is None
+    # Another contract on one rank: the build agreement refuses it on every rank, by name,
+    # before any frame is sent (it used to be refused only where rank 1's frame landed).
+    err = None
+    try:
+        Combiner(world, p, timeout=SHORT, contract=(theirs if rank == size - 1 else ours).digest).free()
+    except Refusal as e:
+        err = e
+    ok = err is not None and err.code == "executor-identity-mismatch" and "another contract" in err.message
     agree(world, ok, f"rank {rank}: {err}")
+    # The next executor, with the same contract everywhere, works.
+    c = Combiner(world, p, timeout=SHORT, contract=ours.digest)
+    got, err = run_and_catch(c, mine)
+    agree(world, err is None and (rank != 0 or np.array_equal(bits(got), bits(want))), f"after: {err}")
     c.free()
 
 

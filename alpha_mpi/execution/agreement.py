@@ -17,7 +17,8 @@ with its code; min/max merge is associative and commutative, so every rank ends 
 record. Receives are size-safe (transport.Waiter.receive) and bounded like every other wait.
 
 Record (little-endian, 96 bytes): magic b"ALPHAAGR", kind (1 build, 2 run), 3 reserved,
-refusing rank + 1 (0: none), refusal code tag (4), min key (24: 16 identity, 8 sequence), its
+refusing rank + 1 (0: none), refusal code tag (4), min key (24: 8 plan identity, 8 the rest of the identity — contract,
+payload check —, 8 sequence), its
 rank, max key (24), its rank, step (8), 8 reserved, crc32 of the bytes before it.
 """
 
@@ -56,8 +57,11 @@ class Verdict:
 
 
 def key_of(identity: str, sequence: int) -> bytes:
-    """The 24-byte key ranks must agree on: an identity digest and the executor sequence."""
-    return fr.short_digest(identity, 16) + struct.pack("<Q", sequence)
+    """The 24-byte key ranks must agree on: digests of the identity's plan part (before the
+    first "|") and of the rest (contract, payload check), apart so that a refusal can say which
+    differs, and the executor sequence."""
+    plan, _, rest = identity.partition("|")
+    return fr.short_digest(plan, 8) + fr.short_digest(rest, 8) + struct.pack("<Q", sequence)
 
 
 def _pack(buf, kind, refused, code, lo, lo_rank, hi, hi_rank, step) -> None:
@@ -158,14 +162,22 @@ def refuse_build(verdict: Verdict, rank: int, local: Refusal | None, what: str) 
         )
     if verdict.disagree:
         lo, hi = verdict.lo, verdict.hi
-        part = "identity" if lo[:16] != hi[:16] else "sequence"
-        seq = (struct.unpack("<Q", lo[16:])[0], struct.unpack("<Q", hi[16:])[0])
-        detail = (
-            f"plan identity {lo[:16].hex()} on rank {verdict.lo_rank}, {hi[:16].hex()} on rank {verdict.hi_rank}"
-            if part == "identity"
-            else f"executor #{seq[0]} of this communicator on rank {verdict.lo_rank}, #{seq[1]} on rank "
-            f"{verdict.hi_rank} (a rank built one more or one fewer executor on it)"
-        )
+        ranks = f"on rank {verdict.lo_rank}, {{}} on rank {verdict.hi_rank}"
+        if lo[:8] != hi[:8]:
+            detail = (
+                f"another plan (tree, placement, delivery, layout, realization): plan {lo[:8].hex()} "
+                + (ranks.format(hi[:8].hex()))
+            )
+        elif lo[8:16] != hi[8:16]:
+            detail = (
+                "the same plan under another contract or ALPHA_MPI_PAYLOAD_CHECK setting: "
+                f"{lo[8:16].hex()} " + ranks.format(hi[8:16].hex())
+            )
+        else:
+            seq = (struct.unpack("<Q", lo[16:])[0], struct.unpack("<Q", hi[16:])[0])
+            detail = (
+                f"executor #{seq[0]} of this communicator " + ranks.format(f"#{seq[1]}")
+            ) + " (a rank built one more or one fewer executor on it)"
         raise Refusal(
             "executor-identity-mismatch", f"the ranks build different {what}s: {detail}; no rank built it"
         )

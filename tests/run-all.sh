@@ -71,7 +71,7 @@ for s in $STAGES; do
       echo "== torch tests (single-process) with $TORCH_VENV"
       "$TORCH_VENV/bin/python" -m pytest -q -p no:cacheprovider --junitxml="$OUT/torch.xml" ${PYTEST_ARGS:-} tests/test_torch*.py
       stage torch $?
-      MPI_TESTS=tests/test_torch_mpi.py mpi_stage torch-mpi2 2 "$TORCH_VENV/bin/python" "$TORCH_VENV/bin/mpiexec" ;;
+      MPI_TESTS="tests/test_torch_mpi.py tests/test_audit_torch_mpi.py" mpi_stage torch-mpi2 2 "$TORCH_VENV/bin/python" "$TORCH_VENV/bin/mpiexec" ;;
     slurm)
       echo "== Slurm job tests (jobs/*.sbatch under a running Slurm)"
       $PY -m pytest -q -p no:cacheprovider -m slurm --junitxml="$OUT/slurm.xml" ${PYTEST_ARGS:-} tests/test_slurm_jobs.py

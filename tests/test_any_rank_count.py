@@ -113,3 +113,16 @@ def test_plan_cost_targets(ranks):
             assert d["rounds"] <= L + 1 and d["sends_per_rank_max"] <= L + 2, d["rounds"]
         else:
             assert d["rounds"] <= 2 * L + 2 and d["bytes_per_rank_max"] <= 3 * 8 * 100000
+
+
+@pytest.mark.parametrize("size", [3, 4, 6, 8])
+def test_large_payloads_reuse_buffers_without_a_deadlock(size):
+    # Large payloads reuse dead work buffers, so a send must complete before a later receive
+    # fills its buffer. The engine matches and receives a frame at W (size-safe receives; P
+    # posts nothing), so completing that send before the P deadlocked two ranks that exchange
+    # from reused buffers (halving at p = 4, 1 MiB: each waited for the other's W). The checker
+    # models the engine's W, so it refuses such a program.
+    tp = plan(pairwise(range(size), size), None, 2**17, size=size)
+    for name in ("butterfly", "halving"):
+        check(realize(tp, name))
+    check(realize(tp, "halving", mode="reduce-scatter"))

@@ -142,7 +142,7 @@ def test_the_checker_refuses_a_swapped_operand_and_a_write_under_a_send():
 
 
 def _guarding_d(prog):
-    """(rank, D op) whose send region is written (by an E, C or a posted receive) after it."""
+    """(rank, D op) whose send region is written (by an E, a C or a receive, at its W) after it."""
     for r in range(prog.size):
         rp = prog.rank(r)
         for i, o in enumerate(rp.ops):
@@ -156,7 +156,7 @@ def _guarding_d(prog):
                     else rp.copies[later.index][1]
                     if later.kind == "C"
                     else rp.regions.get(later.index)
-                    if later.kind == "P"
+                    if later.kind == "W"
                     else None
                 )
                 if written is not None and written.overlaps(src):

@@ -154,7 +154,8 @@ def schedule(logical: list, regions: dict) -> tuple:
     """Insert P and D ops into a logical op sequence (S, W, E, C, F) of one rank.
 
     P(m) goes right after the last op before W(m) that touches m's receive region (or first),
-    D(m) right before the first op that writes a region m's send still reads, and at the end
+    D(m) right before the first op that writes a region m's send still reads (a W writes its
+    receive region; a P writes nothing), and at the end
     for every send still in flight. `regions` maps a message index to its Region on this rank
     (None for a header-only frame); `logical` holds (Op, reads, writes) triples, reads/writes
     being tuples of Regions (S and W ops need not list their message's region).
@@ -187,9 +188,17 @@ def schedule(logical: list, regions: dict) -> tuple:
     for i, item in enumerate(logical):
         seq.append(item)
         seq.extend(posted(m) for m in post_after.get(i, []))
-    # 2. Sends complete before their region is written; the rest at the end.
+    # 2. Sends complete before their region is written; the rest at the end. A receive writes
+    # its region at W, not at P: the engine matches and receives a frame at W (size-safe
+    # receives, execution/inbound.py) and P posts nothing, so a send from a reused buffer need
+    # only complete before the W that fills it. Completing it before P instead would make two
+    # ranks that exchange from reused buffers each wait for the other's W: a deadlock.
     out, inflight = [], []
     for op, _reads, writes in seq:
+        if op.kind == "P":
+            writes = ()
+        elif op.kind == "W" and regions.get(op.index) is not None:
+            writes = (*writes, regions[op.index])
         if writes and inflight:
             keep = []
             for m in inflight:

@@ -69,6 +69,37 @@ def test_slot_generators_depend_on_seed_step_slot_alone_and_the_callers_stream_i
     assert torch.equal(torch.get_rng_state(), before)  # the step drew from its own generators only
 
 
+def test_a_refused_step_leaves_the_callers_stream_unchanged():
+    # The caller's state is saved once per step (not per slot): a refusal after some slots have
+    # reseeded the CPU generator, or at the combine after all of them, must still restore it.
+    calls = []
+
+    def second_slot_bad(out, t):
+        calls.append(1)
+        loss = F.cross_entropy(out, t, reduction="sum")
+        return loss if len(calls) % 4 != 2 else loss.detach()  # slot 1 of each step: no graph
+
+    X, y = batch()
+    bad_X = X.clone()
+    bad_X[-1, 0] = float("nan")  # the last slot's loss is NaN: refused at the combine
+    for data, fn, code in [
+        ((X, y), summed(second_slot_bad), "torch-loss-invalid"),
+        ((bad_X, y), SUM, None),
+    ]:
+        dp = DataParallel(mlp(0.5), comm_self(), slots=4)
+        torch.manual_seed(77)
+        before = torch.get_rng_state()
+        expect = torch.rand(5)
+        torch.set_rng_state(before)
+        with pytest.raises(Refusal) as e:
+            dp.step(*data, fn)
+        if code is not None:
+            assert e.value.code == code
+        assert torch.equal(torch.get_rng_state(), before)
+        assert torch.equal(torch.rand(5), expect)  # the caller's next draw is the one it would have had
+        assert dp.steps == 0 and all(p.grad is None for p in dp.params)
+
+
 def test_the_slot_masks_differ_between_slots_and_steps():
     seen = []
 

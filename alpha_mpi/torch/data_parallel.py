@@ -62,7 +62,7 @@ from .convert import pack, unpack
 from .gradients import UNUSED_RULES, GradientWriter
 from .module_check import BUFFER_RULES, check_module
 from .same_module import check_same_module
-from .slot_rules import check_precision, loss_reduction, slot_rng
+from .slot_rules import check_precision, loss_reduction, seed_slot, step_rng
 
 if TYPE_CHECKING:
     import torch
@@ -204,7 +204,6 @@ class DataParallel(CheckpointMethods):
         self.reduced = np.empty(self.layout.total)
         self._g = np.empty(n)
         self.grads = GradientWriter(self.params, self.offsets, self.dtype, unused)
-        self._zeros = [torch.zeros(p.numel(), dtype=self.dtype) for p in self.params]  # unused parameters
         self._b = np.empty(self.nb)
         self.steps = 0
         self.last_loss = float("nan")
@@ -324,16 +323,18 @@ class DataParallel(CheckpointMethods):
         try:
             if self.replicas is not None and self.replicas.due(self.steps):
                 self.replicas.check(self.steps, [t.detach().numpy() for t in self._state_tensors()])
-            for i, s in enumerate(self.my_slots):
-                self._slot(s, batch[s], loss_fn, start)
-                self.payloads[s][self.stop_at] = 1.0 if (asked and i == 0) else 0.0
-            if self.audit is not None:  # before the combine: a mismatch combines nothing
-                self.audit.check(
-                    self.steps,
-                    self.payloads,
-                    lambda s, o: self._slot(s, batch[s], loss_fn, start, o),
-                    self._audit_buf,
-                )
+            # The caller's generators are saved and restored once per step, not per slot.
+            with step_rng() as devices:
+                for i, s in enumerate(self.my_slots):
+                    self._slot(s, batch[s], loss_fn, start, devices)
+                    self.payloads[s][self.stop_at] = 1.0 if (asked and i == 0) else 0.0
+                if self.audit is not None:  # before the combine: a mismatch combines nothing
+                    self.audit.check(
+                        self.steps,
+                        self.payloads,
+                        lambda s, o: self._slot(s, batch[s], loss_fn, start, devices, o),
+                        self._audit_buf,
+                    )
             red = self.reducer.run(self.payloads, out=self.reduced)
             np.divide(red[:n], red[self.mass_at], out=self._g)  # normalised once, after the combine
             self.grads.write(self._g, red[self.used_at : self.mass_at] > 0, accumulate)
@@ -355,25 +356,30 @@ class DataParallel(CheckpointMethods):
             self.preemption.agreed = True
         return loss_mean
 
-    def _slot(self, s: int, data, loss_fn, start, buf: np.ndarray | None = None) -> None:
-        """Slot s's payload (into `buf`, default its own): forward and backward alone, own generator."""
+    def _slot(self, s: int, data, loss_fn, start, devices, buf: np.ndarray | None = None) -> None:
+        """Slot s's payload (into `buf`, default its own): forward and backward alone, own
+        generator seeds (`devices`: step_rng's CUDA devices; the caller restores the states)."""
         Xs, ys = data
         buf = self.payloads[s] if buf is None else buf
         self._restore_buffers(start)
-        with slot_rng(self.seed, self.steps, s):
-            loss = loss_fn(self.module(Xs), ys)
-            if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
-                raise Refusal(
-                    "torch-loss-invalid",
-                    f"loss_fn returned {type(loss).__name__} "
-                    f"{tuple(getattr(loss, 'shape', ()))}; it must return a scalar tensor with a graph",
-                )
-            check_precision(loss)
-            # The slot's gradient: the backward of its own loss alone (fresh tensors, nothing
-            # accumulated), flattened in parameter order and widened in one call.
-            grads = torch.autograd.grad(loss, self.params, allow_unused=True)
-        flat = torch.cat([g.reshape(-1) if g is not None else z for g, z in zip(grads, self._zeros)])
-        _into64(buf[: self.n], flat)
+        seed_slot(self.seed, self.steps, s, devices)
+        loss = loss_fn(self.module(Xs), ys)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
+            raise Refusal(
+                "torch-loss-invalid",
+                f"loss_fn returned {type(loss).__name__} "
+                f"{tuple(getattr(loss, 'shape', ()))}; it must return a scalar tensor with a graph",
+            )
+        check_precision(loss)
+        # The slot's gradient: the backward of its own loss alone (fresh tensors, nothing
+        # accumulated), each parameter's widened straight into its payload slice (no
+        # concatenated copy; the same exact conversion element by element).
+        grads = torch.autograd.grad(loss, self.params, allow_unused=True)
+        for g, (a, b) in zip(grads, self.offsets):
+            if g is None:
+                buf[a:b] = 0.0
+            else:
+                _into64(buf[a:b], g)
         for (_, t), (a, b) in zip(self.float_buffers, self.buffer_offsets):
             _into64(buf[a:b], t)
         buf[self.used_at : self.mass_at] = [0.0 if g is None else 1.0 for g in grads]

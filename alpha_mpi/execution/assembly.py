@@ -65,7 +65,11 @@ class Assembler:
         return self.engine.broken
 
     def run(
-        self, pieces: dict[tuple[int, int], np.ndarray], out: np.ndarray | None = None, flags: int = 0
+        self,
+        pieces: dict[tuple[int, int], np.ndarray],
+        out: np.ndarray | None = None,
+        flags: int = 0,
+        refused: Refusal | None = None,
     ) -> np.ndarray | None:
         """`pieces` maps (start, stop) -> float64 array for every range this rank owns.
 
@@ -73,13 +77,15 @@ class Assembler:
         `flags` (0 or 1) travels in this rank's frame headers; afterwards `self.flags` is the OR
         of this rank's and every received frame's flags: a one-bit vote riding on the data.
         `out`: a writeable float64 vector of n elements (where given, on any rank).
+        `refused`: this rank's refusal of whatever its pieces were to come from (they are then
+        not read): it travels as the flag below, so every rank names it.
 
         Bad pieces on one rank do not leave the others waiting: that rank sends zeros in frames
         flagged with its rank and code, every rank completes the round, then it raises its own
         refusal and every rank its frames reached raises `peer-refused` naming it (a receiver's
         `out` is then unspecified). The next run works.
         """
-        local = self._refusal_of(pieces, out, flags)
+        local = refused if refused is not None else self._refusal_of(pieces, out, flags)
         leaves = None
         if local is None:
             leaves = {self._slot[r]: np.ascontiguousarray(v) for r, v in pieces.items()}

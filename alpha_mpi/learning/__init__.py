@@ -6,7 +6,7 @@ from .mlp import MLP
 from .preemption import PREEMPTED, Preemption
 from .protocol import Model, check_model, model_from_spec
 from .rng import slot_generator, slot_seed
-from .slicing import SlotStream, slice_batch, slice_indices, slot_ranges, stream_batch
+from .slicing import SlotStream, slice_batch, slice_indices, slice_local, slot_ranges, stream_batch
 from .trainer import TrainConfig, digest, train
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "SlotStream",
     "slice_batch",
     "slice_indices",
+    "slice_local",
     "slot_ranges",
     "stream_batch",
     "TrainConfig",

@@ -132,13 +132,18 @@ class SlotAudit:
                 out.append(s)
         return out
 
-    def check(self, step: int, payloads: dict, compute, scratch: np.ndarray) -> None:
+    def check(self, step: int, payloads: dict, compute, scratch: np.ndarray, refused=None) -> None:
         """Compare the audited slots' digests at `step`; raise `sdc-detected` on every rank on a
         mismatch (before anything is combined or applied). `payloads`: this rank's own slots'
-        payloads, already computed; `compute(s, out)` recomputes a slot into `out`."""
+        payloads, already computed; `compute(s, out)` recomputes a slot into `out`. `refused`:
+        this rank's refusal of its own slots (their payloads are not read): it travels in the
+        digest round, so it is raised here and every other rank raises `peer-refused`."""
         audited = audited_slots(step, self.k, self.slots)
         mine, n2 = self._mine, len(scratch) - 1  # digest every word but the stop word
         mine[:] = 0.0
+        if refused is not None:
+            self._table.run(mine, refused=refused)
+            raise refused  # not reached: the run raises it (kept for the reader and the type)
         for j, s in enumerate(audited):
             if self.owner_of[s] == self.rank:
                 mine[2 * j : 2 * j + 2] = halves(payload_digest(payloads[s][:n2]))

@@ -27,7 +27,7 @@ from .data import SlotStream, slot_sizes
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-__all__ = ["slot_ranges", "slice_batch", "slice_indices", "stream_batch", "SlotStream"]
+__all__ = ["slot_ranges", "slice_batch", "slice_local", "slice_indices", "stream_batch", "SlotStream"]
 
 
 class Sliceable(Protocol):
@@ -83,6 +83,39 @@ def slice_batch(
         raise Refusal("data-invalid", f"X has {len(X)} samples, y has {len(y)}")
     ranges = slot_ranges(len(y), slots, sizes)
     return {s: (X[ranges[s][0] : ranges[s][1]], y[ranges[s][0] : ranges[s][1]]) for s in _owned(owned, slots)}
+
+
+def slice_local(
+    X: _X, y: _Y, slots: int, owned: Iterable[int], sizes: Iterable[int] | None = None
+) -> dict[int, tuple[_X, _Y]]:
+    """{slot: (X[a:b], y[a:b])} of a rank's batch that holds only its `owned` slots of one global
+    batch, in slot order (what alpha_mpi.torch.SlotSampler yields).
+
+    The owned slots' sizes follow from the batch's length under the even cut
+    (alpha_mpi.learning.epochs.local_sizes); `sizes` (one count per slot of the global batch)
+    gives them for another cut. Slices are views, not copies.
+    """
+    if len(X) != len(y):
+        raise Refusal("data-invalid", f"X has {len(X)} samples, y has {len(y)}")
+    owned = sorted(_owned(owned, slots))
+    if sizes is None:
+        from .epochs import local_sizes
+
+        mine = local_sizes(len(y), slots, owned)
+    else:
+        cut = [int(k) for k in sizes]
+        slot_ranges(sum(cut), slots, cut)  # refuses a cut that is not one count >= 1 per slot
+        mine = [cut[s] for s in owned]
+        if sum(mine) != len(y):
+            raise Refusal(
+                "data-invalid",
+                f"the rank batch holds {len(y)} samples; its slots {owned} hold {sum(mine)} in the cut {cut}",
+            )
+    out, a = {}, 0
+    for s, k in zip(owned, mine):
+        out[s] = (X[a : a + k], y[a : a + k])
+        a += k
+    return out
 
 
 def slice_indices(

@@ -19,6 +19,8 @@ from ..planning.assembly import plan_assembly
 if TYPE_CHECKING:
     from mpi4py import MPI
 
+    from ..refusals import Refusal
+
 __all__ = ["WordTable", "halves"]
 
 
@@ -39,7 +41,8 @@ class WordTable:
         self._out = np.empty(size * width)
         self._key = (self.rank * width, (self.rank + 1) * width)
 
-    def run(self, mine: np.ndarray) -> np.ndarray:
+    def run(self, mine: np.ndarray, refused: Refusal | None = None) -> np.ndarray:
         """Send this rank's `width` words; returns the (size, width) table (a view reused by the
-        next run). Every rank calls it the same number of times."""
-        return self._asm.run({self._key: mine}, out=self._out).reshape(-1, self.width)
+        next run). Every rank calls it the same number of times. `refused`: this rank's refusal
+        instead of words; every rank then raises (it here, `peer-refused` elsewhere)."""
+        return self._asm.run({self._key: mine}, out=self._out, refused=refused).reshape(-1, self.width)

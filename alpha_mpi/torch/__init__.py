@@ -31,6 +31,7 @@ from .data_parallel import (  # noqa: E402,F401
     torch_contract,
 )
 from .same_module import architecture_digest  # noqa: E402,F401
+from .sampler import SlotSampler  # noqa: E402,F401
 from .slot_rules import summed  # noqa: E402,F401
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "DataParallel",
     "architecture_digest",
     "ModuleModel",
+    "SlotSampler",
     "environment",
     "fix_environment",
     "parameter_digest",

@@ -183,9 +183,13 @@ class DataParallel(CheckpointMethods):
         self.nb = boff - n
         k = len(self.params)
         comps = [("numerator", n)] + ([("buffers", self.nb)] if self.nb else [])
-        comps += [("used", k), ("mass", 1), ("loss", 1), ("stop", 1)]
+        # `sizes`: slot s writes its sample count at word s (exact: one non-zero per word), so
+        # every rank sees the whole cut after the combine and can check it is one global batch's.
+        comps += [("used", k), ("sizes", slots), ("mass", 1), ("loss", 1), ("stop", 1)]
         self.layout = Layout(*comps)
-        self.used_at, self.mass_at, self.loss_at, self.stop_at = boff, boff + k, boff + k + 1, boff + k + 2
+        self.used_at, self.sizes_at = boff, boff + k
+        self.mass_at = self.sizes_at + slots
+        self.loss_at, self.stop_at = self.mass_at + 1, self.mass_at + 2
         self.tree = build(self.topology, slots, self.size)
         self.plan = plan(self.tree, ReplicateAll(), self.layout, size=self.size)
         self.my_slots = self.plan.slots_of(self.rank)
@@ -276,8 +280,45 @@ class DataParallel(CheckpointMethods):
         """
         from ..learning.slicing import slice_batch
 
-        batch = slice_batch(X, y, self.slots, self.needed_slots, sizes)
-        return self.step_slots(batch, loss_fn, reduction=reduction, accumulate=accumulate, stop=stop)
+        sizes = None if sizes is None else list(sizes)
+        cut = lambda: slice_batch(X, y, self.slots, self.needed_slots, sizes)  # noqa: E731
+        return self._step(cut, loss_fn, reduction, accumulate, stop, self._cut_rule(sizes))
+
+    def step_local(
+        self,
+        X: Sliceable,
+        y: _Y,
+        loss_fn: Callable[[torch.Tensor, _Y], torch.Tensor],
+        *,
+        sizes: Iterable[int] | None = None,
+        reduction: str | None = None,
+        accumulate: bool | None = None,
+        stop: bool = False,
+    ) -> float:
+        """`step` on this rank's share of a global batch: (X, y) hold exactly the samples of
+        `my_slots` of one global batch, in slot order (what `alpha_mpi.torch.SlotSampler`
+        yields through a DataLoader). The result is the bits `step` gives on the global batch,
+        on any rank count, while each rank reads only its share.
+
+        The owned slots' sizes follow from len(y) under `step`'s even cut; `sizes` (one count
+        per slot of the global batch) gives another cut. With `audit_slots` a rank also needs
+        the slots it recomputes, which its share lacks: use `step` or `step_slots` there.
+        Returns the global batch's mean loss, as `step`.
+        """
+        from ..learning.slicing import slice_local
+
+        sizes = None if sizes is None else list(sizes)
+
+        def cut():
+            if self.audit is not None:
+                raise Refusal(
+                    "usage",
+                    "step_local takes this rank's own slots only; with audit_slots a rank also "
+                    "recomputes other ranks' slots: use step() with the global batch or step_slots()",
+                )
+            return slice_local(X, y, self.slots, self.my_slots, sizes)
+
+        return self._step(cut, loss_fn, reduction, accumulate, stop, self._cut_rule(sizes))
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -300,21 +341,20 @@ class DataParallel(CheckpointMethods):
         stop: bool = False,
     ) -> float:
         """`step` for a batch already cut: {slot: (X_s, y_s)} for exactly `needed_slots`."""
-        loss_reduction(loss_fn, reduction)
-        check_precision()
+        return self._step(lambda: batch, loss_fn, reduction, accumulate, stop, None)
+
+    def _step(self, cut, loss_fn, reduction, accumulate, stop, rule) -> float:
+        """The step over `cut()` (the {slot: data} batch). What this rank refuses of its own
+        inputs (the cut, the loss declaration, the environment, a slot's loss) travels as a
+        flag in the step's exchange, so every rank refuses (`peer-refused` naming this rank)
+        instead of waiting for it; the next step works. `rule(total)`: the slot sizes a global
+        batch of `total` samples is cut into (None: any cut is the caller's)."""
         if accumulate is None:
             accumulate = self._no_sync > 0 or self._after_no_sync
         if self._no_sync == 0:
             self._after_no_sync = False
-        needed = self.needed_slots
-        missing = [s for s in needed if s not in batch]
-        if missing or len(batch) != len(needed):
-            raise Refusal(
-                "contribution-missing", f"batch holds slots {sorted(batch)}, this rank needs {needed}"
-            )
-        check_environment(self.env)
         asked = bool(stop) or bool(self.preemption is not None and self.preemption.requested)
-        n = self.n
+        n, failure = self.n, None
         start = (
             [b.detach().clone() for _, b in self.float_buffers + self.other_buffers]
             if self.buffer_rule == "slot-mean"
@@ -325,29 +365,47 @@ class DataParallel(CheckpointMethods):
                 self.replicas.check(self.steps, [t.detach().numpy() for t in self._state_tensors()])
             # The caller's generators are saved and restored once per step, not per slot.
             with step_rng() as devices:
-                for i, s in enumerate(self.my_slots):
-                    self._slot(s, batch[s], loss_fn, start, devices)
-                    self.payloads[s][self.stop_at] = 1.0 if (asked and i == 0) else 0.0
+                refused, batch = None, None
+                try:
+                    loss_reduction(loss_fn, reduction)
+                    check_precision()
+                    check_environment(self.env)
+                    batch = self._checked(cut())
+                    for i, s in enumerate(self.my_slots):
+                        self._slot(s, batch[s], loss_fn, start, devices)
+                        self.payloads[s][self.stop_at] = 1.0 if (asked and i == 0) else 0.0
+                except Refusal as e:
+                    refused = e
+                except Exception as e:  # the user's module, loss or data: flagged all the same
+                    refused = Refusal("torch-slot-failed", f"{type(e).__name__}: {str(e)[:300]}")
+                    failure = e
                 if self.audit is not None:  # before the combine: a mismatch combines nothing
                     self.audit.check(
                         self.steps,
                         self.payloads,
                         lambda s, o: self._slot(s, batch[s], loss_fn, start, devices, o),
                         self._audit_buf,
+                        refused,
                     )
-            red = self.reducer.run(self.payloads, out=self.reduced)
+            if refused is None:
+                red = self.reducer.run(self.payloads, out=self.reduced)
+            else:
+                red = self.reducer.executor.execute(None, self.reduced, local=refused)
             np.divide(red[:n], red[self.mass_at], out=self._g)  # normalised once, after the combine
-            self.grads.write(self._g, red[self.used_at : self.mass_at] > 0, accumulate)
+            self._check_cut(red, rule)
+            self.grads.write(self._g, red[self.used_at : self.sizes_at] > 0, accumulate)
             if self.nb:
                 np.divide(red[n : n + self.nb], float(self.slots), out=self._b)
                 with torch.no_grad():
                     for (_, t), (a, b) in zip(self.float_buffers, self.buffer_offsets):
                         _from64(t, self._b[a - n : b - n])
             loss_mean = float(red[self.loss_at] / red[self.mass_at])
-        except Exception:
+        except Exception as e:
             for p in self.params:
                 p.grad = None
             self._restore_buffers(start)
+            if failure is not None and getattr(e, "code", None) == "torch-slot-failed":
+                raise failure from e  # this rank's own exception, once every rank has refused
             raise
         self.steps += 1
         self.last_loss = loss_mean
@@ -355,6 +413,42 @@ class DataParallel(CheckpointMethods):
         if self.stop_agreed and self.preemption is not None:
             self.preemption.agreed = True
         return loss_mean
+
+    def _cut_rule(self, sizes: Iterable[int] | None):
+        """What the ranks' slots must add up to: `sizes` as given, else the even cut."""
+        from ..learning.data import slot_sizes
+
+        if sizes is not None:
+            given = [float(k) for k in sizes]
+            return lambda total: given
+        return lambda total: [float(k) for k in slot_sizes(int(total), self.slots)]
+
+    def _check_cut(self, red: np.ndarray, rule) -> None:
+        """Refuse (every rank alike: they all hold the same combined sizes) unless the slots of
+        all ranks are the cut of one global batch; a rank that was given the global batch, or
+        another share, where its own share was meant would otherwise train on other samples."""
+        if rule is None:
+            return
+        got = red[self.sizes_at : self.mass_at]
+        want = rule(red[self.mass_at])
+        if got.tolist() != want:
+            bad = [s for s in range(self.slots) if got[s] != want[s]][:6]
+            raise Refusal(
+                "slot-cut-mismatch",
+                f"the ranks' slots hold {int(red[self.mass_at])} samples but slots {bad} hold "
+                f"{[int(got[s]) for s in bad]} where one global batch's cut gives "
+                f"{[int(want[s]) for s in bad]}",
+            )
+
+    def _checked(self, batch: Mapping[int, object]) -> Mapping[int, object]:
+        """`batch` if it holds exactly `needed_slots` (`contribution-missing` otherwise)."""
+        needed = self.needed_slots
+        missing = [s for s in needed if s not in batch]
+        if missing or len(batch) != len(needed):
+            raise Refusal(
+                "contribution-missing", f"batch holds slots {sorted(batch)}, this rank needs {needed}"
+            )
+        return batch
 
     def _slot(self, s: int, data, loss_fn, start, devices, buf: np.ndarray | None = None) -> None:
         """Slot s's payload (into `buf`, default its own): forward and backward alone, own
@@ -382,8 +476,9 @@ class DataParallel(CheckpointMethods):
                 _into64(buf[a:b], g)
         for (_, t), (a, b) in zip(self.float_buffers, self.buffer_offsets):
             _into64(buf[a:b], t)
-        buf[self.used_at : self.mass_at] = [0.0 if g is None else 1.0 for g in grads]
-        buf[self.mass_at] = float(len(ys))
+        buf[self.used_at : self.sizes_at] = [0.0 if g is None else 1.0 for g in grads]
+        buf[self.sizes_at : self.mass_at] = 0.0
+        buf[self.sizes_at + s] = buf[self.mass_at] = float(len(ys))
         buf[self.loss_at] = float(loss.detach())  # float32 -> Python float: exact
         if self.fault_hook is not None:
             self.fault_hook(self.rank, self.steps, s, buf)

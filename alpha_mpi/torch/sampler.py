@@ -1,0 +1,121 @@
+"""`SlotSampler`: a DataLoader batch sampler that reads only this rank's share of each global batch.
+
+    sampler = SlotSampler(dataset, dp, batch_size=128, shuffle=True, seed=0)
+    loader = DataLoader(dataset, batch_sampler=sampler, num_workers=2)
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        for X, y in loader:                       # this rank's slots of one global batch
+            dp.step_local(X, y, loss_fn)
+            opt.step(); opt.zero_grad()
+
+Each epoch orders the data set by one permutation of (seed, epoch) (or in order without
+`shuffle`); its consecutive windows of `batch_size` are the global batches, the same on every
+rank and every rank count. Each global batch is cut into `dp.slots` slots by the even cut of
+`dp.step` (alpha_mpi.learning.slot_ranges); a rank's batch holds the samples of the slots it owns
+(`dp.my_slots`), in slot order, so it reads 1/p of the data set per epoch where `dp.step` on a
+global batch would read all of it on every rank (DDP's DistributedSampler reads 1/p too, but its
+result changes with p). `dp.step_local(X, y, loss_fn)` then gives the bits `dp.step` gives on
+the global batch, on any rank count. The index arithmetic is alpha_mpi.learning.epochs.
+
+The sampler is iterated in the main process (the DataLoader hands index lists to its workers),
+so `num_workers`, `pin_memory` and `persistent_workers` work as with any batch sampler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sized
+from typing import TYPE_CHECKING
+
+from ..learning.epochs import check_epoch, epoch_order, epoch_windows, share
+from ..refusals import Refusal
+from ._env import require_torch
+
+if TYPE_CHECKING:
+    import torch
+
+    from .data_parallel import DataParallel
+else:
+    torch = require_torch()
+
+__all__ = ["SlotSampler"]
+
+
+def _count(x: object, what: str, least: int) -> int:
+    if isinstance(x, bool) or not isinstance(x, int) or x < least:
+        raise Refusal("usage", f"{what} must be an int >= {least}, got {x!r}")
+    return x
+
+
+class SlotSampler(torch.utils.data.Sampler):
+    """Batches of this rank's slots: `DataLoader(dataset, batch_sampler=SlotSampler(...))`.
+
+    Arguments:
+        dataset: the data set (anything with a length); the sampler yields its indices.
+        dp: the `alpha_mpi.torch.DataParallel` that trains on the batches (its `slots` and
+            `my_slots` decide the cut and this rank's share).
+        batch_size: the global batch, >= dp.slots (every slot needs a sample).
+        shuffle: a new seeded permutation each epoch (default True); False: in data set order.
+        seed: the permutation's seed (an int >= 0; the same on every rank).
+        drop_last: drop the short last batch of an epoch (default True). False keeps it; its
+            len(dataset) % batch_size samples must still fill dp.slots slots.
+
+    `len(sampler)` is the number of steps of an epoch (the same on every rank);
+    `set_epoch(e)` selects the epoch the next iteration walks (DistributedSampler's name).
+    """
+
+    def __init__(
+        self,
+        dataset: Sized,
+        dp: DataParallel,
+        *,
+        batch_size: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = True,
+    ) -> None:
+        self.n = len(dataset)
+        self.slots, self.owned = dp.slots, list(dp.my_slots)
+        self.batch_size = _count(batch_size, "batch_size", 1)
+        self.seed = _count(seed, "seed", 0)
+        self.shuffle, self.drop_last = bool(shuffle), bool(drop_last)
+        self.epoch = 0
+        if self.batch_size < self.slots:
+            raise Refusal(
+                "usage",
+                f"batch_size {batch_size} cannot fill {self.slots} slots: every slot needs a sample; "
+                f"use batch_size >= {self.slots}",
+            )
+        self.windows = epoch_windows(self.n, self.batch_size, self.drop_last)
+        if not self.windows:
+            raise Refusal(
+                "data-invalid",
+                f"a data set of {self.n} samples holds no batch of {self.batch_size}"
+                + (" (drop_last=True drops the short one)" if self.n else ""),
+            )
+        last = self.windows[-1][1] - self.windows[-1][0]
+        if last < self.slots:
+            raise Refusal(
+                "usage",
+                f"with drop_last=False the last batch of each epoch holds {last} samples, fewer "
+                f"than the {self.slots} slots; use drop_last=True or a batch_size that leaves "
+                f"0 or at least {self.slots} samples over",
+            )
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next iteration walks (its permutation)."""
+        self.epoch = check_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        order = epoch_order(self.n, self.seed, self.epoch, self.shuffle)
+        for w in self.windows:
+            yield share(order, w, self.slots, self.owned)
+
+    def global_batches(self, epoch: int | None = None) -> Iterator[list[int]]:
+        """The whole global batches of an epoch (default: the current one), for checking that
+        `step_local` on this rank's share gives what `step` gives on the global batch."""
+        order = epoch_order(self.n, self.seed, self.epoch if epoch is None else epoch, self.shuffle)
+        for a, b in self.windows:
+            yield order[a:b].tolist()

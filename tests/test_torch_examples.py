@@ -57,24 +57,12 @@ def test_train_cli_with_an_nn_module_factory_partitions_and_resume(tmp_path):
     assert _digest(_run(1, cli + ["--checkpoint-dir", ck, "--resume"]), "state digest") == one
 
 
-def test_bench_torch_times_both_interleaved_and_prints_both_digests():
-    args = [
-        "-m",
-        "alpha_mpi",
-        "bench",
-        "torch",
-        "--steps",
-        "2",
-        "--warmup",
-        "1",
-        "--block",
-        "1",
-        "--model",
-        "mlp",
-    ]
-    out = _run(2, args)
-    assert re.search(r"^  alpha_mpi +[0-9.]+", out, re.M) and re.search(
-        r"^  DDP \(gloo\) +[0-9.]+", out, re.M
-    ), out
-    assert re.search(r"step-time ratio alpha_mpi / DDP: [0-9.]+", out), out
-    assert _digest(out, "digest alpha_mpi") != _digest(out, "digest DDP")
+def test_bench_torch_times_every_row_interleaved_and_the_rows_of_one_slot_count_agree():
+    args = ["-m", "alpha_mpi", "bench", "torch", "--steps", "2", "--warmup", "1", "--block", "1"]
+    out = _run(2, args + ["--model", "mlp", "--slots", "p,3"])
+    for row in ("DDP \\(gloo\\)", "slots=2", "slots=2 local", "slots=2 buckets", "slots=3"):
+        assert re.search(rf"^  {row} +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+", out, re.M), (row, out)
+    assert re.search(r"slots=2 local / slots=2: [0-9.]+", out), out
+    two = {_digest(out, f"digest slots=2{k}") for k in ("", " local", " buckets")}
+    assert len(two) == 1 and _digest(out, "digest slots=3") not in two, out
+    assert "BITS MISMATCH" not in out

@@ -1,99 +1,217 @@
 """`alpha-mpi bench torch`: step time of alpha_mpi.torch.DataParallel vs torch DDP (gloo).
 
-Both train the same module (torch_models.py: the digits CNN that examples/torch_cnn.py trains,
-or an MLP) from the same initial weights with torch.optim.Adam on the same global batch and rank
-count, in one job, interleaved in blocks, one intra-op thread per rank for both. A step is everything a training
-step does: alpha_mpi: one forward and backward per owned slot, the ordered combine, the rounding
-into .grad, opt.step(); DDP: one forward and backward over this rank's share of the batch with
-gloo's bucketed allreduce overlapping the backward, opt.step(). Step time is the slowest rank's,
-the ratio is of medians (< 1: alpha_mpi is faster).
+Every learner trains the same module (torch_models.py: the digits CNN of examples/torch_cnn.py,
+an MLP, or a 5.3M-parameter transformer encoder) from the same initial weights with
+torch.optim.Adam on the same global batches, in one job, interleaved in blocks, one intra-op
+thread per rank for all. A timed step is everything a training step does, data loading
+included (a DataLoader over the data set, `--workers` worker processes):
+
+- `DDP (gloo)`: this rank's 1/p of the global batch, one forward and backward with gloo's
+  bucketed allreduce overlapping the backward, opt.step();
+- `slots=S`: the global batch loaded on every rank, `dp.step` (one forward and backward per
+  owned slot, the ordered combine, the rounding into .grad), opt.step();
+- `slots=S local`: `SlotSampler` + `dp.step_local`: a rank loads only its slots;
+- `slots=S buckets`: as local, with `bucket_mb` (the combine overlaps the last backward).
+
+The rows of one slot count must end with the same parameters (the bits do not depend on the
+data path or the buckets): the digests are compared and a mismatch exits 1. Step time is the
+slowest rank's; ratios are of medians against DDP (< 1: alpha_mpi is faster).
 
 DDP's ranks come from the MPI environment: rank 0 picks a free localhost port and sends it to
 the others with a buffer broadcast (harness bookkeeping, no data), then
-`init_process_group("gloo", tcp://127.0.0.1:PORT)`. At the end both parameter digests are
-printed: alpha_mpi's is the same on every rank count, DDP's is not.
+`init_process_group("gloo", tcp://127.0.0.1:PORT)`.
 """
 
 from __future__ import annotations
 
-import functools
 import socket
+import statistics
 
-from ...learning.data import SlotStream
 from ...learning.torch_model import require_torch
+from ...refusals import Refusal
 from .._args import at_least, path
 from .baseline import init_gloo
-from .harness import RankParser, interleaved_steps, report_step_times
+from .harness import RankParser, interleaved_steps
 from .results import write_json
+
+PATHS = ("step", "local", "buckets")
+# The issue-25 targets, printed beside the ratios: (model, slots per rank) -> ratio to DDP.
+TARGETS = {("transformer", 1): 1.05, ("transformer", 4): 1.25, ("cnn", 4): 1.3}
+
+
+def slot_counts(text: str, size: int) -> list[int]:
+    """`--slots`: a comma list of counts, each an int or a multiple of the rank count (p, 4p)."""
+    out = []
+    for word in text.split(","):
+        w = word.strip()
+        try:
+            k = (int(w[:-1] or 1) * size) if w.endswith("p") else int(w)
+        except ValueError:
+            raise Refusal("usage", f"--slots takes counts like 8 or 4p, comma separated; got {word!r}")
+        if k < size:
+            raise Refusal("usage", f"--slots {w} = {k} is fewer than the {size} ranks")
+        out.append(k)
+    return out
 
 
 def _parser(rank):
     p = RankParser(rank, prog="alpha-mpi bench torch", description=__doc__.splitlines()[0])
-    p.add_argument("--model", choices=("cnn", "mlp"), default="cnn")
+    p.add_argument("--model", choices=("cnn", "mlp", "transformer"), default="cnn")
     p.add_argument("--steps", type=at_least(1), default=40, help="timed steps per learner (default 40)")
     p.add_argument("--warmup", type=at_least(0), default=3)
     p.add_argument("--block", type=at_least(1), default=5, help="steps per interleaved block (default 5)")
-    p.add_argument("--slots", type=at_least(1), default=8)
-    p.add_argument("--batch", type=at_least(1), default=128)
-    p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument(
+        "--slots", default="p,4p", help="slot counts, ints or multiples of the rank count (default p,4p)"
+    )
+    p.add_argument(
+        "--paths",
+        default="step,local,buckets",
+        help="alpha_mpi rows: step (global batch), local (SlotSampler + step_local), buckets "
+        "(local with bucket_mb); local and buckets for the first slot count only (default all)",
+    )
+    p.add_argument("--bucket-mb", type=float, default=8.0, help="bucket_mb of the buckets row (default 8)")
+    p.add_argument("--batch", type=at_least(1), default=128, help="global batch (default 128)")
+    p.add_argument("--workers", type=at_least(0), default=0, help="DataLoader workers (default 0)")
+    p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--json", type=path, default=None)
     return p
 
 
+class _Pairs:
+    """The data set: (X[i], y[i]) per index, as a user's map-style Dataset."""
+
+    def __init__(self, X, y):
+        self.X, self.y = X, y
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return self.X[i], self.y[i]
+
+
+def _batches(torch, ds, batches_of, workers):
+    """Endless (X, y) batches: epoch e's index lists from `batches_of(e)`, through a DataLoader."""
+    epoch = 0
+    while True:
+        yield from torch.utils.data.DataLoader(ds, batch_sampler=batches_of(epoch), num_workers=workers)
+        epoch += 1
+
+
 def cmd(comm, argv) -> int:
-    """Run the benchmark (every rank); rank 0 prints the table, the ratio and both digests."""
+    """Run the benchmark (every rank); rank 0 prints the table, the ratios and the digests."""
     torch = require_torch()
-    from ...torch import DataParallel, parameter_digest
-    from .torch_models import MODELS
+    from ...torch import DataParallel, SlotSampler, parameter_digest
+    from .torch_models import DATA, MODELS
 
     rank, size = comm.Get_rank(), comm.Get_size()
     a = _parser(rank).parse_args(argv)
+    counts = slot_counts(a.slots, size)
+    paths = [w.strip() for w in a.paths.split(",")]
+    if not set(paths) <= set(PATHS) or not paths:
+        raise Refusal("usage", f"--paths takes {', '.join(PATHS)}, comma separated; got {a.paths!r}")
     torch.set_num_threads(1)
-    g = torch.Generator().manual_seed(0)
-    X = torch.rand(1797, 64, generator=g)  # the shape of scikit-learn's digits
-    y = torch.randint(0, 10, (1797,), generator=g)
+    X, y = DATA[a.model]()
+    ds = _Pairs(X, y)
     make = MODELS[a.model]
-    torch.manual_seed(0)
-    ours = make()
-    torch.manual_seed(0)
-    theirs = make()
-    dp = DataParallel(ours, comm, slots=a.slots)
-    opt_a = torch.optim.Adam(ours.parameters(), lr=a.lr)
+    summed, mean = torch.nn.CrossEntropyLoss(reduction="sum"), torch.nn.CrossEntropyLoss()
+    rows, models, steps = {}, {}, {}
+
+    def fresh():
+        torch.manual_seed(0)
+        return make()
+
+    # The global batches of every row: SlotSampler's epochs (one permutation per epoch).
     dist = init_gloo(comm)
+    theirs = fresh()
     ddp = torch.nn.parallel.DistributedDataParallel(theirs)
     opt_d = torch.optim.Adam(theirs.parameters(), lr=a.lr)
-    summed, mean = torch.nn.CrossEntropyLoss(reduction="sum"), torch.nn.CrossEntropyLoss()
-    stream = SlotStream(len(y), a.batch, 1, 0)
-    steps = {"alpha_mpi": 0, "DDP (gloo)": 0}
+    for i, slots in enumerate(counts):
+        for kind in paths if i == 0 else ["step"]:
+            name = f"slots={slots}" + ("" if kind == "step" else f" {kind}")
+            m = fresh()
+            dp = DataParallel(m, comm, slots=slots, bucket_mb=a.bucket_mb if kind == "buckets" else None)
+            opt = torch.optim.Adam(m.parameters(), lr=a.lr)
+            sampler = SlotSampler(ds, dp, batch_size=a.batch, seed=0)
+            if kind == "step":
+                data = _batches(torch, ds, lambda e, s=sampler: list(s.global_batches(e)), a.workers)
+            else:
 
-    def one(key):
-        idx = torch.from_numpy(stream.indices(steps[key], 0))
-        if key == "alpha_mpi":
-            dp.step(X[idx], y[idx], summed)
-            opt_a.step()
-            opt_a.zero_grad()
+                def local(e, s=sampler):
+                    s.set_epoch(e)
+                    return s
+
+                data = _batches(torch, ds, local, a.workers)
+            step_fn = dp.step if kind == "step" else dp.step_local
+            rows[name] = (data, step_fn, opt)
+            models[name], steps[name] = m, 0
+        if i == 0:
+            share = lambda e, s=sampler: [  # noqa: E731 - DDP's contiguous 1/p of each batch
+                b[rank * len(b) // size : (rank + 1) * len(b) // size] for b in s.global_batches(e)
+            ]
+            rows["DDP (gloo)"] = (_batches(torch, ds, share, a.workers), None, opt_d)
+            models["DDP (gloo)"], steps["DDP (gloo)"] = theirs, 0
+    # DDP first in the table: it is the reference every ratio is against.
+    order = ["DDP (gloo)"] + [k for k in rows if k != "DDP (gloo)"]
+
+    def one(name):
+        data, step_fn, opt = rows[name]
+        Xb, yb = next(data)
+        if step_fn is None:
+            mean(ddp(Xb), yb).backward()
         else:
-            mine = idx[rank * len(idx) // size : (rank + 1) * len(idx) // size]
-            mean(ddp(X[mine]), y[mine]).backward()
-            opt_d.step()
-            opt_d.zero_grad()
-        steps[key] += 1
+            step_fn(Xb, yb, summed)
+        opt.step()
+        opt.zero_grad()
+        steps[name] += 1
 
-    learners = {key: functools.partial(one, key) for key in steps}  # the whole step is timed
+    learners = {name: (lambda name=name: one(name)) for name in order}
     times = interleaved_steps(comm, learners, warmup=a.warmup, count=a.steps, block=a.block)
-    digests = {"alpha_mpi": parameter_digest(ours), "DDP (gloo)": parameter_digest(theirs)}
+    digests = {name: parameter_digest(models[name]) for name in order}
     dist.destroy_process_group()
+    mismatch = _bits_check(digests)
     if rank == 0:
-        n = sum(q.numel() for q in ours.parameters())
-        title = (
-            f"# alpha-mpi bench torch on {socket.gethostname()}, {size} ranks, {a.model} ({n} parameters, "
-            f"float32), batch {a.batch}, {a.slots} slots, Adam, torch {torch.__version__}, 1 thread per rank"
+        _report(a, size, torch, models, times, digests, mismatch, order)
+    return 1 if mismatch else 0
+
+
+def _bits_check(digests: dict) -> list[str]:
+    """Rows of one slot count whose digests differ (they must not: same tree, same data)."""
+    by_count: dict[str, set] = {}
+    for name, d in digests.items():
+        if name.startswith("slots="):
+            by_count.setdefault(name.split()[0], set()).add(d)
+    return [k for k, ds in by_count.items() if len(ds) > 1]
+
+
+def _report(a, size, torch, models, times, digests, mismatch, order) -> None:
+    n = sum(q.numel() for q in models[order[0]].parameters())
+    med = {k: statistics.median(v) for k, v in times.items()}
+    ref = med["DDP (gloo)"]
+    print(
+        f"# alpha-mpi bench torch on {socket.gethostname()}, {size} ranks, {a.model} ({n} parameters, "
+        f"float32), global batch {a.batch}, Adam, {a.workers} loader workers, torch {torch.__version__}, "
+        f"1 thread per rank, {a.steps} timed steps per row"
+    )
+    print("# row                       median ms      min ms      max ms   / DDP   target")
+    for k in order:
+        v = times[k]
+        per_rank = int(k.split()[0][6:]) // size if k.startswith("slots=") else 0
+        target = TARGETS.get((a.model, per_rank)) if k.startswith("slots=") and " " not in k else None
+        print(
+            f"  {k:24s} {1e3 * med[k]:11.3f} {1e3 * min(v):11.3f} {1e3 * max(v):11.3f}"
+            f" {med[k] / ref:7.3f}   {'<= %.2f' % target if target else ''}"
         )
-        med, ratio = report_step_times(title, times, "DDP")
-        print(f"# digest alpha_mpi after {steps['alpha_mpi']} steps: {digests['alpha_mpi']}")
-        print(f"# digest DDP after {steps['DDP (gloo)']} steps:       {digests['DDP (gloo)']}")
-        print("# (alpha_mpi's digest is the same on every rank count; DDP's depends on it)")
-        if a.json:
-            doc = {"ranks": size, "model": a.model, "median_s": med, "ratio": ratio, "digests": digests}
-            write_json(a.json, {**doc, "samples": times})
-    return 0
+    first = next((k for k in order if k.startswith("slots=")), None)
+    for kind in ("local", "buckets"):
+        k = f"{first} {kind}" if first else None
+        if k in med:
+            print(f"# {k} / {first}: {med[k] / med[first]:.3f}" + ("  (target <= 1.02)" if kind == "local" else ""))
+    for k in order:
+        print(f"# digest {k} after {len(times[k]) + a.warmup} steps: {digests[k]}")
+    print("# (each slot count's rows end with the same bits on every rank count; DDP's depend on it)")
+    for k in mismatch:
+        print(f"!! BITS MISMATCH: the rows of {k} ended with different parameters")
+    if a.json:
+        doc = {"ranks": size, "model": a.model, "parameters": n, "median_s": med, "digests": digests}
+        write_json(a.json, {**doc, "samples": times})

@@ -1,5 +1,7 @@
 """The torch modules `alpha-mpi bench torch` times, shared with examples/torch_cnn.py (which
-trains the same CNN): the digits CNN and an MLP, both for 8x8 images flattened to 64 inputs.
+trains the same CNN): the digits CNN and an MLP, both for 8x8 images flattened to 64 inputs, and
+a transformer encoder over token sequences with 5.3M parameters (a model a user would train:
+its step is compute and communication, not per-slot overhead), each with its synthetic data.
 
 Needs torch (pip install alpha_mpi[torch]); imported only by the commands that use it.
 """
@@ -35,4 +37,37 @@ def digits_mlp(inputs: int = 64, classes: int = 10, hidden: int = 128) -> torch.
     )
 
 
-MODELS = {"cnn": DigitsCNN, "mlp": digits_mlp}
+class TextEncoder(torch.nn.Module):
+    """Token embedding (8192 x 256) + learned positions, 4 pre-norm transformer encoder layers
+    (4 heads, feed-forward 1024, dropout 0.1), mean-pooled, a linear classifier: 5,263,370
+    float32 parameters for sequences of 16 tokens."""
+
+    def __init__(self, vocab=8192, d=256, layers=4, heads=4, ff=1024, seq=16, classes=10, dropout=0.1):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, d)
+        self.pos = torch.nn.Parameter(torch.randn(seq, d) * 0.02)
+        layer = torch.nn.TransformerEncoderLayer(d, heads, ff, dropout, batch_first=True, norm_first=True)
+        self.encoder = torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.norm = torch.nn.LayerNorm(d)
+        self.head = torch.nn.Linear(d, classes)
+
+    def forward(self, x):
+        """x: (batch, seq) token ids -> (batch, classes) logits."""
+        return self.head(self.norm(self.encoder(self.embed(x) + self.pos).mean(1)))
+
+
+def digits_data(seed: int = 0):
+    """Random (1797, 64) inputs in [0, 1) and labels 0..9: the shape of scikit-learn's digits."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(1797, 64, generator=g), torch.randint(0, 10, (1797,), generator=g)
+
+
+def token_data(seed: int = 0, n: int = 4096, seq: int = 16, vocab: int = 8192):
+    """Random token sequences; the label is a fixed function of the tokens (learnable)."""
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randint(0, vocab, (n, seq), generator=g)
+    return X, (X[:, 0] + X[:, -1]) % 10
+
+
+MODELS = {"cnn": DigitsCNN, "mlp": digits_mlp, "transformer": TextEncoder}
+DATA = {"cnn": digits_data, "mlp": digits_data, "transformer": token_data}

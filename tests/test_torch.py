@@ -234,3 +234,35 @@ def test_a_parameter_the_loss_does_not_use_keeps_none_or_gets_zeros_when_asked()
     with pytest.raises(Refusal) as e:
         DataParallel(mlp(), comm_self(), slots=3, unused="zero")
     assert e.value.code == "usage"
+
+
+def test_a_module_off_the_cpu_and_cuda_or_split_across_devices_is_refused_by_name():
+    meta = torch.nn.Linear(3, 2, device="meta")
+    with pytest.raises(Refusal) as e:
+        DataParallel(meta, comm_self(), slots=2)
+    assert e.value.code == "torch-module-unsupported" and "meta" in e.value.message
+    split = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 2, device="meta"))
+    with pytest.raises(Refusal) as e:
+        DataParallel(split, comm_self(), slots=2)
+    assert e.value.code == "torch-module-unsupported" and "not on cpu like the first" in e.value.message
+
+
+def test_the_device_path_widens_one_host_copy_of_the_slots_gradients_exactly():
+    """host_gradients (a module on CUDA) gives the payload the CPU path gives, word for word,
+    a parameter without a gradient as zeros (run here on CPU tensors: the copy is the same call)."""
+    from alpha_mpi.torch.devices import host_gradients, to_device
+
+    m = mlp()
+    params = list(m.parameters())
+    X, y = batch()
+    grads = list(torch.autograd.grad(SUM(m(X), y), params))
+    grads[1] = None
+    n = sum(p.numel() for p in params)
+    want, got = np.empty(n), np.full(n, np.nan)
+    off = 0
+    for g, p in zip(grads, params):
+        want[off : off + p.numel()] = 0.0 if g is None else g.detach().double().reshape(-1).numpy()
+        off += p.numel()
+    host_gradients(grads, params, torch.empty(n, dtype=torch.float32), got)
+    assert np.array_equal(want.view(np.uint64), got.view(np.uint64))
+    assert to_device((X, y), torch.device("cpu"))[0] is X

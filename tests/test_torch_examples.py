@@ -66,3 +66,12 @@ def test_bench_torch_times_every_row_interleaved_and_the_rows_of_one_slot_count_
     two = {_digest(out, f"digest slots=2{k}") for k in ("", " local", " buckets")}
     assert len(two) == 1 and _digest(out, "digest slots=3") not in two, out
     assert "BITS MISMATCH" not in out
+
+
+def test_dataloader_example_one_digest_on_1_and_2_ranks_each_reading_its_half():
+    one = _run(1, ["torch_dataloader.py"])
+    two = _run(2, ["torch_dataloader.py", "--workers", "2", "--bucket-mb", "0.01"])
+    assert _digest(one) == _digest(two)
+    assert "rank 0 read 4000 samples" in one
+    half = _run(2, ["torch_dataloader.py", "--epochs", "1"])
+    assert re.search(r"rank 0 read 1000 samples", half) and re.search(r"rank 1 read 1000 samples", half), half

@@ -52,7 +52,9 @@ def torch_contract(
     with `WidenBinary32@contribution`, and the operation `round-binary64-once-v1` naming the
     `RoundBinary64@gradient` site. operations: the combine's order id, `normalize-once`, the
     round-once site (float32), the buffer rule (slot-mean), and `torch-slot-gradient-v2`: the
-    per-slot forward/backward (under the slot's generator) with the torch version, threads and deterministic flag.
+    per-slot forward/backward (under the slot's generator) with the torch version, threads and deterministic flag,
+    and the device where it is not the CPU (`env["device"]`: a GPU's kernels give other bits, so
+    ranks or checkpoints on another kind of device are another contract).
     """
     f32 = dtype == torch.float32
     profile = (
@@ -70,7 +72,7 @@ def torch_contract(
             f"both under torch.random.fork_rng with {SLOT_RNG_RULE}; no autocast; "
             f"torch {env['torch']}; "
             f"set_num_threads({env['threads']}); use_deterministic_algorithms({env['deterministic']}); "
-            f"parameters {dtype_name(dtype)}",
+            f"parameters {dtype_name(dtype)}" + (f"; on {env['device']}" if "device" in env else ""),
         )
     )
     return NumericalContract(profile, tuple(ops), BitIdentical())

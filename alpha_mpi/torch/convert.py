@@ -2,7 +2,9 @@
 
 `into64`: WidenBinary32 (kernel.widen_binary32, exact) for float32, a copy for float64.
 `from64`: RoundBinary64 (kernel.round_binary64, nearest-even, refusing non-finite) for float32,
-a finiteness-checked copy for float64. `pack` / `unpack`: the same over a list of tensors laid
+a finiteness-checked copy for float64. A tensor on a device (CUDA) is copied to the host first
+(into64) or written through a host tensor (from64): the conversions run on the CPU, in the
+kernel, wherever the module computes. `pack` / `unpack`: the same over a list of tensors laid
 end to end in one flat binary64 vector.
 """
 
@@ -23,6 +25,9 @@ def flat(t) -> np.ndarray:
 
 def into64(out64: np.ndarray, t) -> None:
     """out64 = t exactly: WidenBinary32 for float32, a copy for float64."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
     a = flat(t.contiguous())
     if a.dtype == np.float32:
         kernel.widen_binary32(out64, a)
@@ -32,6 +37,11 @@ def into64(out64: np.ndarray, t) -> None:
 
 def from64(t, x64: np.ndarray) -> None:
     """t = x64: RoundBinary64 (nearest-even, refuses non-finite) for float32, a copy for float64."""
+    if t.device.type != "cpu":
+        host = t.detach().cpu()
+        from64(host, x64)
+        t.data.copy_(host)
+        return
     a = flat(t)
     if a.dtype == np.float32:
         kernel.round_binary64(a, x64)

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, TypeVar
 
@@ -59,6 +60,7 @@ from .contract_and_digest import BUFFER_SLOT_MEAN_V1, ROUND_ONCE_V1, parameter_d
 from .convert import from64 as _from64
 from .convert import into64 as _into64
 from .convert import pack, unpack
+from .devices import contract_environment, host_gradients, to_device
 from .gradients import UNUSED_RULES, GradientWriter
 from .module_check import BUFFER_RULES, check_module
 from .overlap import Buckets, check_bucket_mb
@@ -101,8 +103,11 @@ class DataParallel(CheckpointMethods):
     """Data-parallel training of `module` over `comm` with a declared slot tree.
 
     Arguments:
-        module: a torch.nn.Module on the CPU whose trainable parameters are all float32 or all
-            float64 (`torch-module-unsupported` otherwise). Construction copies rank 0's
+        module: a torch.nn.Module whose trainable parameters are all float32 or all float64 and
+            all on the CPU or all on one CUDA device (`torch-module-unsupported` otherwise). On
+            CUDA the slot passes run there (deterministic algorithms on; the device is in the
+            contract) and each slot's gradients cross to the host in one copy for the combine;
+            the rounded `.grad` goes back in one copy per step (alpha_mpi.torch.devices). Construction copies rank 0's
             parameters (and buffers) to every rank, exactly, through the same kind of tree
             combine (adding -0.0 is exact), so ranks need not seed alike.
         comm: an mpi4py communicator; collective: build on every rank.
@@ -170,6 +175,9 @@ class DataParallel(CheckpointMethods):
         self.params, self.dtype = parts.params, parts.dtype
         self.buffer_rule = buffers
         self.float_buffers, self.other_buffers = parts.float_buffers, parts.other_buffers
+        self.device = self.params[0].device
+        if self.device.type == "cuda":  # deterministic cuBLAS needs it before its first call
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         self.env = fix_environment(threads)
         # Every rank must hold the same architecture before any payload is sized by it.
         self._same = check_same_module(module, comm, timeout)
@@ -197,7 +205,7 @@ class DataParallel(CheckpointMethods):
         self.plan = plan(self.tree, ReplicateAll(), self.layout, size=self.size)
         self.my_slots = self.plan.slots_of(self.rank)
         self.order_id = self.plan.layout_order_id  # what the contract and the frames name
-        self.contract = torch_contract(self.order_id, self.dtype, self.env, buffers)
+        self.contract = torch_contract(self.order_id, self.dtype, contract_environment(self), buffers)
         self.conversions = (
             (("WidenBinary32", "contribution"), ("RoundBinary64", "gradient"))
             if self.dtype == torch.float32
@@ -226,6 +234,8 @@ class DataParallel(CheckpointMethods):
         self.reduced = np.empty(self.layout.total)
         self._g = np.empty(n)
         self.grads = GradientWriter(self.params, self.offsets, self.dtype, unused)
+        # A module on a device: each slot's gradients cross to the host in one copy, into this.
+        self._host = None if self.device.type == "cpu" else torch.empty(n, dtype=self.dtype, pin_memory=True)
         self._b = np.empty(self.nb)
         self.steps = 0
         self.last_loss = float("nan")
@@ -381,7 +391,7 @@ class DataParallel(CheckpointMethods):
         bk = self.buckets
         try:
             if self.replicas is not None and self.replicas.due(self.steps):
-                self.replicas.check(self.steps, [t.detach().numpy() for t in self._state_tensors()])
+                self.replicas.check(self.steps, [t.detach().cpu().numpy() for t in self._state_tensors()])
             if bk is not None:
                 bk.begin(self.payloads, self.reduced)
             # The caller's generators are saved and restored once per step, not per slot.
@@ -478,7 +488,7 @@ class DataParallel(CheckpointMethods):
         """Slot s's payload (into `buf`, default its own): forward and backward alone, own
         generator seeds (`devices`: step_rng's CUDA devices; the caller restores the states).
         `armed`: the last owned slot with buckets, whose gradients the hooks take (overlap.py)."""
-        Xs, ys = data
+        Xs, ys = to_device(data, self.device)
         buf = self.payloads[s] if buf is None else buf
         self._restore_buffers(start)
         seed_slot(self.seed, self.steps, s, devices)
@@ -497,6 +507,9 @@ class DataParallel(CheckpointMethods):
             self.buckets.arm(buf)
             grads = torch.autograd.grad(loss, self.params, allow_unused=True)
             self.buckets.disarm(grads)
+        elif self._host is not None:
+            grads = torch.autograd.grad(loss, self.params, allow_unused=True)
+            host_gradients(grads, self.params, self._host, buf[: self.n])
         else:
             grads = torch.autograd.grad(loss, self.params, allow_unused=True)
             for g, (a, b) in zip(grads, self.offsets):

@@ -38,8 +38,13 @@ class GradientWriter:
             raise Refusal("usage", f"unused must be one of {', '.join(UNUSED_RULES)}, got {unused!r}")
         self.params, self.offsets, self.unused = params, offsets, unused
         n = offsets[-1][1] if offsets else 0
-        self.flat = torch.empty(n, dtype=dtype)
-        self.views = [self.flat[a:b].view(p.shape) for p, (a, b) in zip(params, offsets)]
+        device = params[0].device if params else torch.device("cpu")
+        on_host = device.type == "cpu"
+        # The rounding runs on the host; a module on a device takes the result in one copy from
+        # a pinned host tensor into the device tensor the .grad views live in.
+        self.flat = torch.empty(n, dtype=dtype, pin_memory=not on_host)
+        self.device_flat = self.flat if on_host else torch.empty(n, dtype=dtype, device=device)
+        self.views = [self.device_flat[a:b].view(p.shape) for p, (a, b) in zip(params, offsets)]
         self._prev = np.empty(n)
 
     def write(self, g64: np.ndarray, used: np.ndarray, accumulate: bool) -> None:
@@ -48,7 +53,7 @@ class GradientWriter:
         for p, (a, b), h in zip(self.params, self.offsets, held):
             if not h:
                 continue
-            if p.grad.shape != p.shape or p.grad.dtype != p.dtype or p.grad.device.type != "cpu":
+            if p.grad.shape != p.shape or p.grad.dtype != p.dtype or p.grad.device != p.device:
                 raise Refusal(
                     "usage",
                     f"accumulate=True adds into .grad, which holds {p.grad.dtype} {tuple(p.grad.shape)}; "
@@ -59,6 +64,8 @@ class GradientWriter:
             if h:
                 g64[a:b] += self._prev[a:b]
         from64(self.flat, g64)  # RoundBinary64@gradient for float32, one call
+        if self.device_flat is not self.flat:
+            self.device_flat.copy_(self.flat)
         for p, view, u, h in zip(self.params, self.views, used, held):
             if u or h or self.unused == "zeros":
                 p.grad = view  # an unused parameter's held .grad comes back exactly (0 + prev)

@@ -15,7 +15,10 @@ from .contract_and_digest import dtype_name
 
 torch = require_torch()
 
-__all__ = ["BUFFER_RULES", "ModuleParts", "check_module"]
+__all__ = ["BUFFER_RULES", "DEVICE_TYPES", "ModuleParts", "check_module"]
+
+DEVICE_TYPES = ("cpu", "cuda")
+"""Where a module's slot passes may run: its gradients then cross to the host once per slot."""
 
 BUFFER_RULES = ("refuse", "slot-mean")
 """The values of DataParallel's `buffers=`: refuse a module with buffers, or the slot-mean rule."""
@@ -37,7 +40,8 @@ def check_module(module, buffers: str = "refuse") -> ModuleParts:
     """The parts of `module` DataParallel combines, or a refusal by name.
 
     Refused: `torch-module-unsupported` (not a torch.nn.Module; no trainable parameters;
-    parameters not all float32 or all float64; a parameter or buffer not a contiguous CPU tensor),
+    parameters not all float32 or all float64; parameters or buffers not all on one CPU or CUDA
+    device, or a buffer not contiguous),
     `torch-buffers-refused` (a module with buffers when `buffers="refuse"`), `usage` (`buffers`
     not one of BUFFER_RULES).
     """
@@ -59,9 +63,17 @@ def check_module(module, buffers: str = "refuse") -> ModuleParts:
             f"trainable parameters have dtypes {dtypes}; use one of float32, float64 "
             "(module.float() or module.double())",
         )
-    off_cpu = [names.get(id(p), "?") for p in params if p.device.type != "cpu"]
-    if off_cpu:
-        raise Refusal("torch-module-unsupported", f"parameters {off_cpu[:4]} are not on the CPU")
+    device = params[0].device
+    if device.type not in DEVICE_TYPES:
+        raise Refusal(
+            "torch-module-unsupported",
+            f"the module is on {device}; DataParallel runs modules on {' or '.join(DEVICE_TYPES)}",
+        )
+    elsewhere = [names.get(id(p), "?") for p in params if p.device != device]
+    if elsewhere:
+        raise Refusal(
+            "torch-module-unsupported", f"parameters {elsewhere[:4]} are not on {device} like the first"
+        )
     named_buffers = list(module.named_buffers())
     if named_buffers and buffers == "refuse":
         raise Refusal(
@@ -72,8 +84,10 @@ def check_module(module, buffers: str = "refuse") -> ModuleParts:
             buffers=[k for k, _ in named_buffers],
         )
     for k, b in named_buffers:
-        if b.device.type != "cpu" or not b.is_contiguous():
-            raise Refusal("torch-module-unsupported", f"buffer {k} must be a contiguous CPU tensor")
+        if b.device != device or not b.is_contiguous():
+            raise Refusal(
+                "torch-module-unsupported", f"buffer {k} must be a contiguous tensor on {device}"
+            )
     return ModuleParts(
         params,
         params[0].dtype,

@@ -45,9 +45,10 @@ def mpi_algorithm() -> str:
 _GLOO = {"group": None}
 
 
-def init_gloo(comm):
-    """torch.distributed over gloo on localhost, ranks and world size from `comm` (once per
-    process); returns torch.distributed. Rank 0 picks a free port and broadcasts it."""
+def init_gloo(comm, backend: str = "gloo"):
+    """torch.distributed over gloo (or `backend`, e.g. nccl) on localhost, ranks and world size
+    from `comm` (once per process); returns torch.distributed. Rank 0 picks a free port and
+    broadcasts it."""
     import torch.distributed as dist
 
     if dist.is_initialized():
@@ -60,7 +61,7 @@ def init_gloo(comm):
     comm.Bcast(port, root=0)  # harness-side set-up, not data; a buffer, never a pickle
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group(
-        "gloo",
+        backend,
         init_method=f"tcp://127.0.0.1:{int(port[0])}",
         rank=comm.Get_rank(),
         world_size=comm.Get_size(),

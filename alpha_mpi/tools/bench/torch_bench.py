@@ -73,6 +73,12 @@ def _parser(rank):
     p.add_argument("--batch", type=at_least(1), default=128, help="global batch (default 128)")
     p.add_argument("--workers", type=at_least(0), default=0, help="DataLoader workers (default 0)")
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where the modules run (cuda: GPU rank %% device count, DDP over NCCL; default cpu)",
+    )
     p.add_argument("--json", type=path, default=None)
     return p
 
@@ -111,6 +117,12 @@ def cmd(comm, argv) -> int:
     if not set(paths) <= set(PATHS) or not paths:
         raise Refusal("usage", f"--paths takes {', '.join(PATHS)}, comma separated; got {a.paths!r}")
     torch.set_num_threads(1)
+    device = torch.device("cpu")
+    if a.device == "cuda":
+        if not torch.cuda.is_available():
+            raise Refusal("usage", "--device cuda: torch sees no CUDA device here")
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
     X, y = DATA[a.model]()
     ds = _Pairs(X, y)
     make = MODELS[a.model]
@@ -119,12 +131,13 @@ def cmd(comm, argv) -> int:
 
     def fresh():
         torch.manual_seed(0)
-        return make()
+        return make().to(device)
 
     # The global batches of every row: SlotSampler's epochs (one permutation per epoch).
-    dist = init_gloo(comm)
+    dist = init_gloo(comm, "nccl" if a.device == "cuda" else "gloo")
+    ddp_name = "DDP (nccl)" if a.device == "cuda" else "DDP (gloo)"
     theirs = fresh()
-    ddp = torch.nn.parallel.DistributedDataParallel(theirs)
+    ddp = torch.nn.parallel.DistributedDataParallel(theirs, device_ids=None if a.device == "cpu" else [device])
     opt_d = torch.optim.Adam(theirs.parameters(), lr=a.lr)
     for i, slots in enumerate(counts):
         for kind in paths if i == 0 else ["step"]:
@@ -149,20 +162,22 @@ def cmd(comm, argv) -> int:
             share = lambda e, s=sampler: [  # noqa: E731 - DDP's contiguous 1/p of each batch
                 b[rank * len(b) // size : (rank + 1) * len(b) // size] for b in s.global_batches(e)
             ]
-            rows["DDP (gloo)"] = (_batches(torch, ds, share, a.workers), None, opt_d)
-            models["DDP (gloo)"], steps["DDP (gloo)"] = theirs, 0
+            rows[ddp_name] = (_batches(torch, ds, share, a.workers), None, opt_d)
+            models[ddp_name], steps[ddp_name] = theirs, 0
     # DDP first in the table: it is the reference every ratio is against.
-    order = ["DDP (gloo)"] + [k for k in rows if k != "DDP (gloo)"]
+    order = [ddp_name] + [k for k in rows if k != ddp_name]
 
     def one(name):
         data, step_fn, opt = rows[name]
         Xb, yb = next(data)
         if step_fn is None:
-            mean(ddp(Xb), yb).backward()
+            mean(ddp(Xb.to(device)), yb.to(device)).backward()
         else:
             step_fn(Xb, yb, summed)
         opt.step()
         opt.zero_grad()
+        if a.device == "cuda":
+            torch.cuda.synchronize()  # the step's time includes its kernels
         steps[name] += 1
 
     learners = {name: (lambda name=name: one(name)) for name in order}
@@ -187,11 +202,11 @@ def _bits_check(digests: dict) -> list[str]:
 def _report(a, size, torch, models, times, digests, mismatch, order) -> None:
     n = sum(q.numel() for q in models[order[0]].parameters())
     med = {k: statistics.median(v) for k, v in times.items()}
-    ref = med["DDP (gloo)"]
+    ref = med[order[0]]
     print(
         f"# alpha-mpi bench torch on {socket.gethostname()}, {size} ranks, {a.model} ({n} parameters, "
         f"float32), global batch {a.batch}, Adam, {a.workers} loader workers, torch {torch.__version__}, "
-        f"1 thread per rank, {a.steps} timed steps per row"
+        f"1 thread per rank, {a.steps} timed steps per row, on {a.device}"
     )
     print("# row                       median ms      min ms      max ms   / DDP   target")
     for k in order:

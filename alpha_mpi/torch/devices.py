@@ -1,0 +1,55 @@
+"""A module on a device (CUDA): what crosses between the device and the host, and the contract's
+name for the device.
+
+Apart from data_parallel.py because it is the one place the step touches device memory:
+
+- `to_device((X_s, y_s), device)`: a slot's tensors go to the module's device (other values,
+  such as a list of strings a loss reads, stay as they are).
+- `host_gradients(grads, params, host, out64)`: a slot's gradients, laid end to end on the
+  device, cross to the host in one copy into the pinned tensor `host`, then widen exactly into
+  the payload (WidenBinary32 on the CPU, in the kernel: the conversions and the combine never run
+  on the device). A parameter without a gradient contributes zeros there (its `used` word says so).
+- `contract_environment(dp)`: the torch settings the contract names, with the device's name,
+  capability and CUDA version where the module is not on the CPU: another GPU's kernels may give
+  other bits, so ranks on other devices are another contract and refuse each other at build.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ._env import require_torch
+from .convert import into64
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+else:
+    torch = require_torch()
+
+__all__ = ["to_device", "host_gradients", "contract_environment"]
+
+
+def to_device(data: tuple, device) -> tuple:
+    """(X_s, y_s) with every torch tensor on `device` (no copy where it is there already)."""
+    if device.type == "cpu":
+        return data
+    return tuple(v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for v in data)
+
+
+def host_gradients(grads, params, host, out64: np.ndarray) -> None:
+    """out64 = WidenBinary32 of the slot's gradients (zeros for a None), through one
+    device-to-host copy into the pinned `host` tensor."""
+    flat = torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(grads, params)])
+    host.copy_(flat)  # synchronous: the payload is read right after
+    into64(out64, host)
+
+
+def contract_environment(dp) -> dict:
+    """dp.env, plus `device` (name, capability, CUDA version) for a module off the CPU."""
+    env = dict(dp.env)
+    if dp.device.type == "cuda":
+        i = dp.device.index if dp.device.index is not None else torch.cuda.current_device()
+        major, minor = torch.cuda.get_device_capability(i)
+        env["device"] = f"cuda {torch.cuda.get_device_name(i)} sm_{major}{minor} CUDA {torch.version.cuda}"
+    return env

@@ -65,6 +65,7 @@ from .gradients import UNUSED_RULES, GradientWriter
 from .module_check import BUFFER_RULES, check_module
 from .overlap import Buckets, check_bucket_mb
 from .same_module import check_same_module
+from .slot_cut import check_cut, cut_rule
 from .slot_rules import check_precision, loss_reduction, seed_slot, step_rng
 
 if TYPE_CHECKING:
@@ -310,7 +311,7 @@ class DataParallel(CheckpointMethods):
 
         sizes = None if sizes is None else list(sizes)
         cut = lambda: slice_batch(X, y, self.slots, self.needed_slots, sizes)  # noqa: E731
-        return self._step(cut, loss_fn, reduction, accumulate, stop, self._cut_rule(sizes))
+        return self._step(cut, loss_fn, reduction, accumulate, stop, cut_rule(sizes, self.slots))
 
     def step_local(
         self,
@@ -346,7 +347,7 @@ class DataParallel(CheckpointMethods):
                 )
             return slice_local(X, y, self.slots, self.my_slots, sizes)
 
-        return self._step(cut, loss_fn, reduction, accumulate, stop, self._cut_rule(sizes))
+        return self._step(cut, loss_fn, reduction, accumulate, stop, cut_rule(sizes, self.slots))
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -426,7 +427,7 @@ class DataParallel(CheckpointMethods):
             else:
                 red = self.reducer.executor.execute(None, self.reduced, local=refused)
             np.divide(red[:n], red[self.mass_at], out=self._g)  # normalised once, after the combine
-            self._check_cut(red, rule)
+            check_cut(red[self.sizes_at : self.mass_at], red[self.mass_at], rule)
             self.grads.write(self._g, red[self.used_at : self.sizes_at] > 0, accumulate)
             if self.nb:
                 np.divide(red[n : n + self.nb], float(self.slots), out=self._b)
@@ -447,32 +448,6 @@ class DataParallel(CheckpointMethods):
         if self.stop_agreed and self.preemption is not None:
             self.preemption.agreed = True
         return loss_mean
-
-    def _cut_rule(self, sizes: Iterable[int] | None):
-        """What the ranks' slots must add up to: `sizes` as given, else the even cut."""
-        from ..learning.data import slot_sizes
-
-        if sizes is not None:
-            given = [float(k) for k in sizes]
-            return lambda total: given
-        return lambda total: [float(k) for k in slot_sizes(int(total), self.slots)]
-
-    def _check_cut(self, red: np.ndarray, rule) -> None:
-        """Refuse (every rank alike: they all hold the same combined sizes) unless the slots of
-        all ranks are the cut of one global batch; a rank that was given the global batch, or
-        another share, where its own share was meant would otherwise train on other samples."""
-        if rule is None:
-            return
-        got = red[self.sizes_at : self.mass_at]
-        want = rule(red[self.mass_at])
-        if got.tolist() != want:
-            bad = [s for s in range(self.slots) if got[s] != want[s]][:6]
-            raise Refusal(
-                "slot-cut-mismatch",
-                f"the ranks' slots hold {int(red[self.mass_at])} samples but slots {bad} hold "
-                f"{[int(got[s]) for s in bad]} where one global batch's cut gives "
-                f"{[int(want[s]) for s in bad]}",
-            )
 
     def _checked(self, batch: Mapping[int, object]) -> Mapping[int, object]:
         """`batch` if it holds exactly `needed_slots` (`contribution-missing` otherwise)."""

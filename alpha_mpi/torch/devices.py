@@ -40,7 +40,9 @@ def to_device(data: tuple, device) -> tuple:
 def host_gradients(grads, params, host, out64: np.ndarray) -> None:
     """out64 = WidenBinary32 of the slot's gradients (zeros for a None), through one
     device-to-host copy into the pinned `host` tensor."""
-    flat = torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(grads, params)])
+    flat = torch.cat(
+        [(g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(grads, params)]
+    )
     host.copy_(flat)  # synchronous: the payload is read right after
     into64(out64, host)
 

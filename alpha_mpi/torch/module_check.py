@@ -85,9 +85,7 @@ def check_module(module, buffers: str = "refuse") -> ModuleParts:
         )
     for k, b in named_buffers:
         if b.device != device or not b.is_contiguous():
-            raise Refusal(
-                "torch-module-unsupported", f"buffer {k} must be a contiguous tensor on {device}"
-            )
+            raise Refusal("torch-module-unsupported", f"buffer {k} must be a contiguous tensor on {device}")
     return ModuleParts(
         params,
         params[0].dtype,

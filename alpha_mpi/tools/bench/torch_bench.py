@@ -137,7 +137,9 @@ def cmd(comm, argv) -> int:
     dist = init_gloo(comm, "nccl" if a.device == "cuda" else "gloo")
     ddp_name = "DDP (nccl)" if a.device == "cuda" else "DDP (gloo)"
     theirs = fresh()
-    ddp = torch.nn.parallel.DistributedDataParallel(theirs, device_ids=None if a.device == "cpu" else [device])
+    ddp = torch.nn.parallel.DistributedDataParallel(
+        theirs, device_ids=None if a.device == "cpu" else [device]
+    )
     opt_d = torch.optim.Adam(theirs.parameters(), lr=a.lr)
     for i, slots in enumerate(counts):
         for kind in paths if i == 0 else ["step"]:
@@ -159,9 +161,11 @@ def cmd(comm, argv) -> int:
             rows[name] = (data, step_fn, opt)
             models[name], steps[name] = m, 0
         if i == 0:
-            share = lambda e, s=sampler: [  # noqa: E731 - DDP's contiguous 1/p of each batch
-                b[rank * len(b) // size : (rank + 1) * len(b) // size] for b in s.global_batches(e)
-            ]
+            share = (
+                lambda e, s=sampler: [  # noqa: E731 - DDP's contiguous 1/p of each batch
+                    b[rank * len(b) // size : (rank + 1) * len(b) // size] for b in s.global_batches(e)
+                ]
+            )
             rows[ddp_name] = (_batches(torch, ds, share, a.workers), None, opt_d)
             models[ddp_name], steps[ddp_name] = theirs, 0
     # DDP first in the table: it is the reference every ratio is against.
@@ -221,7 +225,10 @@ def _report(a, size, torch, models, times, digests, mismatch, order) -> None:
     for kind in ("local", "buckets"):
         k = f"{first} {kind}" if first else None
         if k in med:
-            print(f"# {k} / {first}: {med[k] / med[first]:.3f}" + ("  (target <= 1.02)" if kind == "local" else ""))
+            print(
+                f"# {k} / {first}: {med[k] / med[first]:.3f}"
+                + ("  (target <= 1.02)" if kind == "local" else "")
+            )
     for k in order:
         print(f"# digest {k} after {len(times[k]) + a.warmup} steps: {digests[k]}")
     print("# (each slot count's rows end with the same bits on every rank count; DDP's depend on it)")

@@ -161,11 +161,10 @@ def cmd(comm, argv) -> int:
             rows[name] = (data, step_fn, opt)
             models[name], steps[name] = m, 0
         if i == 0:
-            share = (
-                lambda e, s=sampler: [  # noqa: E731 - DDP's contiguous 1/p of each batch
-                    b[rank * len(b) // size : (rank + 1) * len(b) // size] for b in s.global_batches(e)
-                ]
-            )
+
+            def share(e, s=sampler):  # DDP's contiguous 1/p of each global batch
+                return [b[rank * len(b) // size : (rank + 1) * len(b) // size] for b in s.global_batches(e)]
+
             rows[ddp_name] = (_batches(torch, ds, share, a.workers), None, opt_d)
             models[ddp_name], steps[ddp_name] = theirs, 0
     # DDP first in the table: it is the reference every ratio is against.

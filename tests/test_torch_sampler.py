@@ -46,8 +46,21 @@ def test_what_cannot_fill_the_slots_is_refused_by_name(dp, kwargs, code):
     assert e.value.code == code
 
 
-def test_set_epoch_refuses_what_is_no_epoch(dp):
+def test_set_epoch_refuses_what_is_no_epoch_or_no_batch_of_it(dp):
     s = SlotSampler(range(50), dp, batch_size=8)
     for bad in (-1, 1.0, True, "2"):
         with pytest.raises(Refusal):
             s.set_epoch(bad)
+    for bad in (-1, 6, 1.0, True):
+        with pytest.raises(Refusal) as e:
+            s.set_epoch(0, bad)
+        assert e.value.code == "usage"
+
+
+def test_set_epoch_start_resumes_mid_epoch_and_only_that_iteration_is_shorter(dp):
+    s = SlotSampler(range(50), dp, batch_size=8, seed=4)
+    s.set_epoch(2)
+    whole = list(s)
+    s.set_epoch(2, 4)
+    assert len(s) == 2 and list(s) == whole[4:] and list(s.global_batches()) == whole[4:]
+    assert s.steps_per_epoch == 6 and list(s.global_batches(2)) == whole

@@ -170,3 +170,42 @@ def test_one_ranks_exception_or_refusal_in_a_slot_reaches_every_rank_and_the_nex
             agree(world, ok, f"peer-refused naming {last}: {got!r}")
         agree(world, all(p.grad is None for p in dp.params), "nothing applied")
     agree(world, np.isfinite(dp.step_local(X, y, SUM)), "the next step works")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_saved_mid_epoch_on_the_world_resumed_alone_with_set_epoch_start_equals_uninterrupted(world):
+    """Preempted in the middle of epoch 1 on p ranks, resumed on 1 rank: `set_epoch(*divmod(
+    dp.steps, steps_per_epoch))` continues with the next global batch, and the digest is the
+    uninterrupted run's (SGD momentum state and the sampler position both come back)."""
+    import os
+    import tempfile
+
+    from mpi4py import MPI
+
+    alone, _, _ = train(MPI.COMM_SELF, Counted())
+    root = world.bcast(tempfile.mkdtemp(prefix="alpha-sampler-") if world.Get_rank() == 0 else None)
+    ck = os.path.join(root, "ck")
+
+    def run(comm, stop_at=None, resume=False):
+        torch.set_num_threads(1)
+        ds, model = Counted(), net()
+        dp = DataParallel(model, comm, slots=SLOTS, seed=11, timeout=60)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        sampler = SlotSampler(ds, dp, batch_size=BATCH, shuffle=True, seed=3)
+        if resume:
+            dp.restore(ck, opt)
+        loader = torch.utils.data.DataLoader(ds, batch_sampler=sampler)
+        while dp.steps < 2 * sampler.steps_per_epoch:
+            sampler.set_epoch(*divmod(dp.steps, sampler.steps_per_epoch))
+            for X, y in loader:
+                dp.step_local(X, y, SUM)
+                opt.step()
+                opt.zero_grad()
+                if dp.steps == stop_at:
+                    dp.save(ck, opt)
+                    return None
+        return parameter_digest(model)
+
+    run(world, stop_at=8)  # epoch 1 (6 steps an epoch), batch 2
+    d = run(MPI.COMM_SELF, resume=True) if world.Get_rank() == 0 else alone
+    agree(world, d == alone, f"resumed: {str(d)[:12]} vs {alone[:12]}")

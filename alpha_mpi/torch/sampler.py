@@ -60,7 +60,8 @@ class SlotSampler(torch.utils.data.Sampler):
             len(dataset) % batch_size samples must still fill dp.slots slots.
 
     `len(sampler)` is the number of steps of an epoch (the same on every rank);
-    `set_epoch(e)` selects the epoch the next iteration walks (DistributedSampler's name).
+    `set_epoch(e)` selects the epoch the next iteration walks (DistributedSampler's name);
+    `set_epoch(e, start)` from its batch `start` on, to resume mid-epoch after `dp.restore`.
     """
 
     def __init__(
@@ -78,7 +79,7 @@ class SlotSampler(torch.utils.data.Sampler):
         self.batch_size = _count(batch_size, "batch_size", 1)
         self.seed = _count(seed, "seed", 0)
         self.shuffle, self.drop_last = bool(shuffle), bool(drop_last)
-        self.epoch = 0
+        self.epoch, self.start = 0, 0
         if self.batch_size < self.slots:
             raise Refusal(
                 "usage",
@@ -101,21 +102,33 @@ class SlotSampler(torch.utils.data.Sampler):
                 f"0 or at least {self.slots} samples over",
             )
 
-    def set_epoch(self, epoch: int) -> None:
-        """The epoch the next iteration walks (its permutation)."""
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """The epoch the next iteration walks (its permutation), from its batch `start` on (a
+        resume mid-epoch: `set_epoch(*divmod(dp.steps, sampler.steps_per_epoch))`)."""
         self.epoch = check_epoch(epoch)
+        if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start < len(self.windows):
+            raise Refusal(
+                "usage", f"start must be a batch of the epoch, 0..{len(self.windows) - 1}; got {start!r}"
+            )
+        self.start = start
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Global batches per epoch (the same on every rank)."""
+        return len(self.windows)
 
     def __len__(self) -> int:
-        return len(self.windows)
+        """The batches the next iteration yields: the epoch's, less those before `start`."""
+        return len(self.windows) - self.start
 
     def __iter__(self) -> Iterator[list[int]]:
         order = epoch_order(self.n, self.seed, self.epoch, self.shuffle)
-        for w in self.windows:
+        for w in self.windows[self.start :]:
             yield share(order, w, self.slots, self.owned)
 
     def global_batches(self, epoch: int | None = None) -> Iterator[list[int]]:
         """The whole global batches of an epoch (default: the current one), for checking that
         `step_local` on this rank's share gives what `step` gives on the global batch."""
         order = epoch_order(self.n, self.seed, self.epoch if epoch is None else epoch, self.shuffle)
-        for a, b in self.windows:
+        for a, b in self.windows[self.start if epoch is None else 0 :]:
             yield order[a:b].tolist()

@@ -11,7 +11,9 @@ included (a DataLoader over the data set, `--workers` worker processes):
 - `slots=S`: the global batch loaded on every rank, `dp.step` (one forward and backward per
   owned slot, the ordered combine, the rounding into .grad), opt.step();
 - `slots=S local`: `SlotSampler` + `dp.step_local`: a rank loads only its slots;
-- `slots=S buckets`: as local, with `bucket_mb` (the combine overlaps the last backward).
+- `slots=S buckets`: as local, with `bucket_mb` (the combine overlaps the last backward);
+- `torch alone K x N`: plain torch, K = S/p forwards and backwards of N = B/S samples, no
+  combine, no optimizer: what a slot count's passes cost by themselves on this model.
 
 The rows of one slot count must end with the same parameters (the bits do not depend on the
 data path or the buckets): the digests are compared and a mismatch exits 1. Step time is the
@@ -184,8 +186,27 @@ def cmd(comm, argv) -> int:
         steps[name] += 1
 
     learners = {name: (lambda name=name: one(name)) for name in order}
+    # What the per-slot passes cost alone: S/p forwards and backwards of B/S samples, plain torch,
+    # no combine and no optimizer, on this rank's data: the floor under each slot count's row.
+    probe = fresh()
+    Xp, yp = X[: a.batch // size].to(device), y[: a.batch // size].to(device)
+    for slots in counts:
+        k, b = slots // size, a.batch // slots
+
+        def passes(k=k, b=b):
+            for j in range(k):
+                torch.autograd.grad(
+                    summed(probe(Xp[j * b : (j + 1) * b]), yp[j * b : (j + 1) * b]), list(probe.parameters())
+                )
+            if a.device == "cuda":
+                torch.cuda.synchronize()
+
+        name = f"torch alone {k} x {b}"
+        if name not in learners:
+            learners[name] = passes
+            order.append(name)
     times = interleaved_steps(comm, learners, warmup=a.warmup, count=a.steps, block=a.block)
-    digests = {name: parameter_digest(models[name]) for name in order}
+    digests = {name: parameter_digest(models[name]) for name in order if name in models}
     dist.destroy_process_group()
     mismatch = _bits_check(digests)
     if rank == 0:
@@ -228,7 +249,8 @@ def _report(a, size, torch, models, times, digests, mismatch, order) -> None:
                 f"# {k} / {first}: {med[k] / med[first]:.3f}"
                 + ("  (target <= 1.02)" if kind == "local" else "")
             )
-    for k in order:
+    print("# (torch alone K x N: K forwards and backwards of N samples each, no combine, no optimizer)")
+    for k in digests:
         print(f"# digest {k} after {len(times[k]) + a.warmup} steps: {digests[k]}")
     print("# (each slot count's rows end with the same bits on every rank count; DDP's depend on it)")
     for k in mismatch:

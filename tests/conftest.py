@@ -111,6 +111,14 @@ def agree(comm, ok, what=""):
         pytest.fail(f"failed on ranks {bad}")
 
 
+def groups(world, sizes=(2, 4)):
+    """Sub-communicators of the first k ranks of `world` (and the rest), for each k < its size:
+    the same test on fewer ranks inside one job (collective: every rank takes part)."""
+    for k in sizes:
+        if k < world.Get_size():
+            yield world.Split(0 if world.Get_rank() < k else 1, world.Get_rank())
+
+
 def pytest_collection_modifyitems(config, items):
     """Mark every test with its kind (`pure`, `launcher`; `mpi` is written on the test), decided
     in tests/kinds.py: `-m pure` runs the single-process tests that start nothing."""

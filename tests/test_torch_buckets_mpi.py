@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 from alpha_mpi.refusals import Refusal  # noqa: E402
 from alpha_mpi.torch import DataParallel, parameter_digest  # noqa: E402
 
-from conftest import agree  # noqa: E402
+from conftest import agree, groups  # noqa: E402
 
 SUM = torch.nn.CrossEntropyLoss(reduction="sum")
 SLOTS = 8
@@ -44,12 +44,6 @@ def train(comm, bucket_mb, dtype=torch.float32, steps=5):
     d = parameter_digest(m)
     dp.free()
     return d
-
-
-def groups(world):
-    for k in (2, 4):
-        if k < world.Get_size():
-            yield world.Split(0 if world.Get_rank() < k else 1, world.Get_rank())
 
 
 @pytest.mark.mpi(min_size=2)

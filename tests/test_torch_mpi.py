@@ -18,7 +18,7 @@ from alpha_mpi.learning import DataParallelLearner, SlotStream, digest, stream_b
 from alpha_mpi.refusals import Refusal  # noqa: E402
 from alpha_mpi.torch import DataParallel, ModuleModel, parameter_digest  # noqa: E402
 
-from conftest import ROOT, agree  # noqa: E402
+from conftest import ROOT, agree, groups  # noqa: E402
 
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 from torch_cnn import DigitsCNN  # noqa: E402
@@ -76,12 +76,6 @@ def run(comm, make, steps, *, buffers="refuse", opt="adam", start=None, ckpt=Non
     if buffers == "slot-mean":
         out += "".join(digest(b.double().numpy()) for b in net.buffers())
     return out
-
-
-def groups(world):
-    for k in (2, 4):
-        if k < world.Get_size():
-            yield world.Split(0 if world.Get_rank() < k else 1, world.Get_rank())
 
 
 def shared_dir(world):

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 from alpha_mpi.learning import slot_ranges  # noqa: E402
 from alpha_mpi.torch import DataParallel, SlotSampler, parameter_digest  # noqa: E402
 
-from conftest import agree  # noqa: E402
+from conftest import agree, groups  # noqa: E402
 
 SUM = torch.nn.CrossEntropyLoss(reduction="sum")
 SLOTS, BATCH, N = 8, 48, 300  # 300 = 6 * 48 + 12: drop_last=False keeps a short batch of 12
@@ -81,12 +81,6 @@ def expected_reads(dp, sampler, epochs=2):
                 a, b = slot_ranges(len(idx), SLOTS)[s]
                 np.add.at(out, idx[a:b], 1)
     return out
-
-
-def groups(world):
-    for k in (2, 4):
-        if k < world.Get_size():
-            yield world.Split(0 if world.Get_rank() < k else 1, world.Get_rank())
 
 
 @pytest.mark.mpi(min_size=2)

@@ -76,7 +76,7 @@ def run(make_model, description: str, argv=None) -> str:
             say(f"# resumed from {where} at step {dp.steps}")
     say(
         f"# {description}: {dp.n} parameters ({str(dp.dtype).replace('torch.', '')}), {a.slots} slots on "
-        f"{comm.Get_size()} ranks, batch {a.batch}, Adam lr {a.lr:g}, order id {dp.order_id[:16]}"
+        f"{comm.Get_size()} ranks, batch {a.batch}, Adam lr {a.lr:g}, layout order id {dp.layout_order_id[:16]}"
     )
     loss = float("nan")
     while dp.steps < a.steps:

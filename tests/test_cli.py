@@ -291,7 +291,7 @@ def test_checkpoint_verify_table_is_aligned_too(capsys, checkpoint_dir):
     rows = out.splitlines()[1:4]
     assert [re.match(r"^  (.+?)  +\S", row).group(1) for row in rows] == [
         "manifest sha256",
-        "order id",
+        "layout order id",
         "contract",
     ]
     assert len(_value_columns(rows)) == 1, rows

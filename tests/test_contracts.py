@@ -562,3 +562,24 @@ def test_finite_or_refuse_with_deliver_to_leaves_every_output_as_it_was(world):
     ok = err is None and (np.array_equal(bits(out), bits(want)) if rank == target else got is None)
     agree(world, ok, f"next step rank {rank}: {err}")
     c.free()
+
+
+def test_order_id_means_the_tree_and_layout_order_id_the_combine_old_names_warn():
+    """One meaning per name: a contract's combine, a learner and DataParallel name the layout
+    order id; their 0.1 `order_id` still answers, with a DeprecationWarning; the stored form of
+    a contract keeps its field `order_id` (its digest, and so every checkpoint, depends on it)."""
+    import warnings
+
+    from alpha_mpi.model import ReplicateAll, build
+
+    tree = build("pairwise", 4, 1)
+    p = plan(tree, ReplicateAll(), 8, size=1)
+    op = CombineOrder(p.layout_order_id)
+    c = NumericalContract(Profile(), (op,), BitIdentical())
+    assert c.layout_order_ids == (p.layout_order_id,) and p.tree_order_id == tree.order_id
+    assert op.to_dict() == {"kind": "combine", "order_id": p.layout_order_id}
+    assert NumericalContract.from_dict(c.to_dict()) == c
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert op.order_id == p.layout_order_id and c.order_ids == c.layout_order_ids
+    assert [x.category for x in w] == [DeprecationWarning] * 2

@@ -66,7 +66,7 @@ def test_array_exchange_program_matches_the_schedule(size):
         capacity=cap,
         row_words=T.ROW_WORDS,
         topology="pairwise-array",
-        order_id="o",
+        tree_order_id="o",
         identity="i",
     )
     msgs = _matched(prog)

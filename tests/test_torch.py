@@ -53,7 +53,7 @@ def test_float32_contract_names_both_conversions_and_the_torch_settings():
     assert "set_num_threads(1)" in ops["torch-slot-gradient-v2"]
     assert torch.__version__ in ops["torch-slot-gradient-v2"]
     assert dp.conversions == (("WidenBinary32", "contribution"), ("RoundBinary64", "gradient"))
-    assert c.order_ids == (dp.order_id,)
+    assert c.layout_order_ids == (dp.layout_order_id,)
     d64 = DataParallel(mlp(torch.float64), comm_self(), slots=4)
     assert [x.kind for x in d64.contract.profile.conversions] == ["KeepFormat"]
     assert "round-binary64-once-v1" not in {op.formula_id for op in d64.contract.formulas}

@@ -111,7 +111,7 @@ class Exchange:
             capacity=T.CAPACITY,
             row_words=T.ROW_WORDS,
             topology="pairwise-array",
-            order_id=f"pairwise-array:{op}:k={k}",
+            tree_order_id=f"pairwise-array:{op}:k={k}",
             identity=f"alpha_mpi.arrays:{op}:k={k}:p={p}:capacity={T.CAPACITY}:order={order_name}",
             edge0=0 if order is None else _FALLBACK_EDGES,
         )

@@ -84,7 +84,7 @@ class CheckpointedLearner(Protocol):
     def step(self) -> int: ...
 
     @property
-    def order_id(self) -> str: ...
+    def layout_order_id(self) -> str: ...
 
     @property
     def contract(self) -> NumericalContract: ...
@@ -115,7 +115,7 @@ class Checkpointer:
         comm: the learner's communicator (every rank constructs the Checkpointer).
         root: the checkpoint directory (not a step directory: `checkpoint-dir-is-step`).
             Rank 0 creates it and takes its lock (`checkpoint-locked` if another process holds it).
-        learner: a DataParallelLearner (or any object with `step`, `order_id`, `contract`,
+        learner: a DataParallelLearner (or any object with `step`, `layout_order_id`, `contract`,
             `checkpoint_pieces()`, `checkpoint_scalars()` and `checkpoint_read`/`checkpoint_apply`
             or `load_checkpoint`).
         cfg: the run's configuration (a dict or a dataclass of JSON scalars), saved in every
@@ -275,7 +275,7 @@ class Checkpointer:
         }
         data.update({k: v for k, v in self.data.items() if k in ("samples", "sha256", "source")})
         return {
-            "order_id": lr.order_id,
+            "order_id": lr.layout_order_id,  # the manifest's field name (format v1): the layout order id
             "contract": contract.to_dict(),
             "contract_digest": contract.digest,
             "contract_history": self.history,

@@ -36,11 +36,11 @@ def check_compatible(saved: dict, learner, adopt: bool = False) -> dict | None:
         if not adopt:
             raise
         return {"from": old.digest, "to": current.digest, "at_step": saved["step"]}
-    if saved.get("order_id") != learner.order_id:
+    if saved.get("order_id") != learner.layout_order_id:
         if not adopt:
             raise NumericalOrderMismatch(
-                f"the checkpoint's order id {str(saved.get('order_id'))[:24]} differs from "
-                f"this run's {learner.order_id[:24]}"
+                f"the checkpoint's layout order id {str(saved.get('order_id'))[:24]} differs from "
+                f"this run's {learner.layout_order_id[:24]}"
             )
         return {"from": old.digest, "to": current.digest, "at_step": saved["step"]}
     return None

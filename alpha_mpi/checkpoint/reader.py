@@ -208,7 +208,7 @@ class Checkpoint:
             "path": self.dir,
             "step": self.step,
             "manifest_sha256": self.manifest_sha256,
-            "order_id": self.manifest.get("order_id"),
+            "layout_order_id": self.manifest.get("order_id"),  # the manifest's field name
             "contract_digest": self.manifest.get("contract_digest"),
             "components": {
                 k: {"length": v["length"], "shards": len(v["shards"])} for k, v in self.components.items()

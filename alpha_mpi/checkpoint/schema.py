@@ -6,7 +6,7 @@ and nesting deeper than a manifest needs are all refused with the field's name.
 
 Fields that can be derived are checked against their derivation: the step in the directory name,
 the scalars' step, the data position (step x batch), the contract digest (recomputed from the
-contract), the order id (one of the contract's), and Adam's carried bias powers b1^t, b2^t
+contract), the layout order id in field `order_id` (one of the contract's), and Adam's carried bias powers b1^t, b2^t
 (recomputed by the same repeated multiplication the optimizer does).
 """
 
@@ -248,7 +248,7 @@ def _contract(m: dict) -> None:
             f"contract_digest {m['contract_digest'][:16]}... is not the digest of the contract "
             f"({c.digest[:16]}...)"
         )
-    if order_id not in c.order_ids:
+    if order_id not in c.layout_order_ids:
         raise bad(f"order_id {order_id[:24]!r} is not an order the contract names")
 
 

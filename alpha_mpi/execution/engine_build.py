@@ -194,7 +194,7 @@ def _message(comm, program, rank, contract, sequence, m, region, bufs, framed) -
         receiver=m.dst,
         count=m.count,
         topology=program.topology,
-        order_id=program.layout_order_id,
+        layout_order_id=program.layout_order_id,
         identity=program.identity,
         layout_key=m.what,
         contract=contract,

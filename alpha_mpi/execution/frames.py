@@ -130,7 +130,7 @@ class FrameSpec:
         receiver,
         count,
         topology,
-        order_id,
+        layout_order_id,
         identity,
         layout_key,
         contract="",
@@ -139,7 +139,7 @@ class FrameSpec:
         self.phase = PHASE_CODE[phase]
         self.edge, self.sender, self.receiver, self.count = edge, sender, receiver, count
         self.topology = short_digest(topology, 8)
-        self.order = short_digest(order_id, 16)
+        self.order = short_digest(layout_order_id, 16)
         self.identity = short_digest(identity, 16)
         self.contract = short_digest(contract, 8) if contract else b"\0" * 8
         self.layout = short_digest(layout_key, 8)

@@ -7,7 +7,7 @@ Both wrap `alpha_mpi.checkpoint.Checkpointer`, so the files are exactly those `a
 --checkpoint-dir` writes (safetensors shards by logical range, a manifest tree with sha256, an
 atomic `latest` pointer) and `alpha-mpi checkpoint verify/inspect` reads them. Any object with
 the learner's checkpoint members works: `DataParallelLearner` and `alpha_mpi.torch.DataParallel`
-(`step`, `order_id`, `contract`, `checkpoint_pieces()`, `checkpoint_scalars()`,
+(`step`, `layout_order_id`, `contract`, `checkpoint_pieces()`, `checkpoint_scalars()`,
 `load_checkpoint(ck)`).
 
 `config` (a dict) is stored in the manifest; on restore the keys a resume must share

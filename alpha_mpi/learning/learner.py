@@ -31,6 +31,7 @@ import numpy as np
 from .. import kernel
 from ..execution import Allreducer, Assembler, choose_realization
 from ..model import Layout, ReplicateAll, build, pairwise
+from ..model.deprecation import deprecated_order_id
 from ..planning import plan
 from ..planning.assembly import plan_assembly
 from ..planning.realize import realize
@@ -103,12 +104,14 @@ class DataParallelLearner(LearnerCheckpoint):
             inject a fault; None in production.
 
     Attributes: `my_slots` (this rank's slots, in order), `step` (steps applied), `contract`
-    (the NumericalContract: combine order, normalise-once, optimizer formula), `order_id`,
+    (the NumericalContract: combine order, normalise-once, optimizer formula), `layout_order_id`,
     `times` (seconds in compute / combine / update), `realization` (tree or scatter).
 
     Checkpoints: `save(dir)` / `restore(dir)` (alpha_mpi.learning.checkpoints), the same
     manifests as `alpha-mpi train --checkpoint-dir`, restorable on any rank count.
     """
+
+    order_id = deprecated_order_id("DataParallelLearner")
 
     def __init__(
         self,
@@ -205,7 +208,7 @@ class DataParallelLearner(LearnerCheckpoint):
         self._full_next = np.empty(n) if partition in ("state", "grads") else None
         self.step = 0
         self.times = {"compute": 0.0, "combine": 0.0, "update": 0.0}
-        self.order_id = self.full_plan.layout_order_id  # the layout order id (checkpoints name it)
+        self.layout_order_id = self.full_plan.layout_order_id  # what checkpoints and the contract name
         self.fault_hook = fault_hook
         from .audit import build_checks
 

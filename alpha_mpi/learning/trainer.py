@@ -199,7 +199,7 @@ def train(
         f"# alpha-mpi train: {data.name}, {model.n_params} parameters, {cfg.slots} slots on {comm.Get_size()} ranks, "
         f"batch {cfg.batch}, {cfg.optimizer} lr {cfg.lr:g}, topology {cfg.topology}, partition {cfg.partition}"
     )
-    say(f"# order id {learner.order_id}")
+    say(f"# layout order id {learner.layout_order_id}")
     mem = memory_per_rank(learner)
     say(memory_line(mem))
     start_step = learner.step
@@ -251,7 +251,7 @@ def train(
         "loss": float(loss) if learner.step > start_step else None,
         "accuracy": acc,
         "digest": digest(params),
-        "order_id": learner.order_id,
+        "layout_order_id": learner.layout_order_id,
         "preempted": preempted,
         "memory": mem,
         "config": asdict(cfg),

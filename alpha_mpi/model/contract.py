@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from dataclasses import dataclass, replace
 
 from ..refusals import NumericalOrderMismatch, NumericalProfileMismatch
@@ -91,9 +92,19 @@ class NumericalContract:
         return d
 
     @property
+    def layout_order_ids(self) -> tuple:
+        """The layout order ids of the combines this contract names."""
+        return tuple(op.layout_order_id for op in self.operations if isinstance(op, CombineOrder))
+
+    @property
     def order_ids(self) -> tuple:
-        """The order ids of the combines this contract names."""
-        return tuple(op.order_id for op in self.operations if isinstance(op, CombineOrder))
+        """Deprecated: `layout_order_ids` (what a contract's combines name is the layout order id)."""
+        warnings.warn(
+            "NumericalContract.order_ids is deprecated: use .layout_order_ids",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.layout_order_ids
 
     @property
     def formulas(self) -> tuple:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from .deprecation import deprecated_order_id
 from .formulas import ALIASES, FORMULAS
 from .profile import check_keys, invalid
 
@@ -18,24 +19,29 @@ _HEX = frozenset("0123456789abcdef")
 class CombineOrder:
     """A combine, named by its layout order id (`Plan.layout_order_id`: tree order + payload layout).
 
-    Refuses anything but a 64-digit lower-case hex digest (`numerical-contract-invalid`).
+    Refuses anything but a 64-digit lower-case hex digest (`numerical-contract-invalid`). Its
+    serialized form keeps the field name `order_id` (`{"kind": "combine", "order_id": ...}`):
+    contracts are digested in that form and stored in checkpoints, so the name is part of the
+    format; in Python the value is `layout_order_id`.
     """
 
-    order_id: str
+    layout_order_id: str
     kind: ClassVar[str] = "combine"
 
+    order_id = deprecated_order_id("CombineOrder")
+
     def __post_init__(self):
-        oid = self.order_id
+        oid = self.layout_order_id
         if not isinstance(oid, str) or len(oid) != 64 or not set(oid) <= _HEX:
             raise invalid(f"a combine order id is a 64-digit lower-case hex digest, got {oid!r}")
 
     def to_dict(self) -> dict:
         """`{"kind": "combine", "order_id": ...}`."""
-        return {"kind": "combine", "order_id": self.order_id}
+        return {"kind": "combine", "order_id": self.layout_order_id}
 
     def describe(self) -> str:
         """Short text naming the order, for refusal messages."""
-        return f"combine order {self.order_id[:16]}"
+        return f"combine order {self.layout_order_id[:16]}"
 
 
 @dataclass(frozen=True)

@@ -125,8 +125,8 @@ def authorize(contract: NumericalContract | dict, *, plan: PlanBase | str | None
     check_live_profile(c.profile)
     if plan is not None:
         oid = getattr(plan, "layout_order_id", None) or getattr(plan, "order_id", plan)
-        if oid not in c.order_ids:
-            named = ", ".join(o[:16] for o in c.order_ids) or "no combine"
+        if oid not in c.layout_order_ids:
+            named = ", ".join(o[:16] for o in c.layout_order_ids) or "no combine"
             raise NumericalOrderMismatch(
                 f"the plan combines in order {str(oid)[:16]}, the contract names {named} "
                 "(another tree shape, slot order or payload layout)",

@@ -45,13 +45,13 @@ def lower_summary_exchange(
     capacity: int,
     row_words: int,
     topology: str,
-    order_id: str,
+    tree_order_id: str,
     identity: str,
     edge0: int = 0,
 ) -> Program:
     """The Program of one summary exchange on `size` ranks. `rounds_of(rank)`: that rank's
     rounds, each with .index, .send_to, .recv_from and .rows (arrays.tree.Round); the frame
-    identities (`topology`, `order_id`, `identity`) name the operation, batch size and order;
+    identities (`topology`, `tree_order_id`, `identity`) name the operation, batch size and order;
     the message rank s sends in round i has index (header edge) `(edge0 + i) * size + s`."""
     record = 2 + k
     state_words = HEAD_WORDS + capacity * record
@@ -109,8 +109,8 @@ def lower_summary_exchange(
         size=size,
         coverage=None,
         topology=topology,
-        tree_order_id=order_id,
-        layout_order_id=order_id,
+        tree_order_id=tree_order_id,
+        layout_order_id=tree_order_id,  # an array exchange has no payload layout of its own
         identity=identity,
         receivers=frozenset(),
         builder=build,

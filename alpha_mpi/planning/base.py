@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import warnings
 from dataclasses import dataclass, field
 
 from ..model.coverage import Coverage
 from ..model.delivery import Delivery
+from ..model.deprecation import deprecated_order_id
 from ..model.layout import Layout
 from ..model.tree import Node
 from ..refusals import PlanRefusal
@@ -37,22 +37,6 @@ def digest(*parts: str) -> str:
 def layout_order_id(tree_order_id: str, layout: Layout) -> str:
     """The declared order bound to a payload layout: what numerical contracts and frames name."""
     return digest("alpha-mpi/order+layout/v1", tree_order_id, layout.key())
-
-
-def deprecated_order_id(owner: str) -> property:
-    """The 0.1 name `order_id` of an object's `layout_order_id`: answers, with a warning."""
-
-    def order_id(self) -> str:
-        warnings.warn(
-            f"{owner}.order_id is deprecated: it is the layout order id (tree order + payload "
-            "layout); use .layout_order_id, or .tree_order_id for the tree's own order id",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.layout_order_id
-
-    order_id.__doc__ = f"Deprecated: `{owner}.layout_order_id` (the tree's own id is `tree_order_id`)."
-    return property(order_id)
 
 
 @dataclass(frozen=True, eq=False)

@@ -60,7 +60,7 @@ def run(argv) -> int:
             print(f"ok: {s['path']} step {s['step']}, {s['bytes']} shard bytes verified")
             rows = [
                 ("manifest sha256", f"{s['manifest_sha256']} (sealed)"),
-                ("order id", s["order_id"]),
+                ("layout order id", s["layout_order_id"]),
                 ("contract", s["contract_digest"]),
             ]
             print(_table(rows))
@@ -97,7 +97,7 @@ def _inspect_rows(m: dict, manifest_sha256: str) -> list:
     rows = [
         ("step", f"{m['step']}  (saved on {m.get('saved_on_ranks')} ranks)"),
         ("manifest sha256", manifest_sha256),
-        ("order id", m.get("order_id")),
+        ("layout order id", m.get("order_id")),
         ("contract", m.get("contract_digest")),
     ]
     rows += [

@@ -107,7 +107,7 @@ def decode_state(v):
 
 
 class TorchCheckpointView:
-    """The checkpoint members `Checkpointer` reads (`step`, `order_id`, `contract`, `slots`,
+    """The checkpoint members `Checkpointer` reads (`step`, `layout_order_id`, `contract`, `slots`,
     `comm`, `checkpoint_pieces`, `checkpoint_scalars`, `load_checkpoint`) over a DataParallel
     and an optional torch optimizer."""
 
@@ -116,7 +116,7 @@ class TorchCheckpointView:
         self.comm, self.slots, self.timeout = dp.comm, dp.slots, dp.timeout
         #: The combine's order id and the DataParallel's numerical contract (stored in the
         #: manifest, compared on restore); both are fixed when the DataParallel is built.
-        self.order_id, self.contract = dp.order_id, dp.contract
+        self.layout_order_id, self.contract = dp.layout_order_id, dp.contract
         if optimizer is not None:
             held = [p for g in optimizer.param_groups for p in g["params"]]
             if {id(p) for p in held} != {id(p) for p in dp.params} or len(held) != len(dp.params):

@@ -44,7 +44,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def torch_contract(
-    order_id: str, dtype: torch.dtype, env: dict, buffers: str = "refuse"
+    layout_order_id: str, dtype: torch.dtype, env: dict, buffers: str = "refuse"
 ) -> NumericalContract:
     """The NumericalContract of a DataParallel: combine order, normalise-once, the conversions.
 
@@ -60,7 +60,7 @@ def torch_contract(
     profile = (
         Profile(("binary64", "binary32"), conversions=(WidenBinary32("contribution"),)) if f32 else Profile()
     )
-    ops = [CombineOrder(order_id), Formula.named("normalize-once")]
+    ops = [CombineOrder(layout_order_id), Formula.named("normalize-once")]
     if f32:
         ops.append(Formula("round-binary64-once-v1", ROUND_ONCE_V1))
     if buffers == "slot-mean":

@@ -52,6 +52,7 @@ from .. import kernel
 from ..execution import Allreducer
 from ..learning.rng import slot_seed
 from ..model import Layout, ReplicateAll, build, star
+from ..model.deprecation import deprecated_order_id
 from ..planning import plan
 from ..refusals import Refusal
 from ._env import check_environment, fix_environment, require_torch
@@ -134,11 +135,13 @@ class DataParallel(CheckpointMethods):
     Construction checks that every rank holds the same architecture (`torch-module-mismatch`,
     alpha_mpi.torch.same_module), then copies rank 0's parameters to every rank.
 
-    Attributes: `my_slots`, `steps` (combined steps), `contract`, `order_id`, `conversions`
+    Attributes: `my_slots`, `steps` (combined steps), `contract`, `layout_order_id`, `conversions`
     (the conversion sites: `WidenBinary32@contribution`, `RoundBinary64@gradient` for float32),
     `params` (the trainable parameters in order), `n` (their element count), `stop_agreed`,
     `registered` (the objects whose state checkpoints carry: `register`, `scheduler=`).
     """
+
+    order_id = deprecated_order_id("DataParallel")
 
     def __init__(
         self,
@@ -205,8 +208,8 @@ class DataParallel(CheckpointMethods):
         self.tree = build(self.topology, slots, self.size)
         self.plan = plan(self.tree, ReplicateAll(), self.layout, size=self.size)
         self.my_slots = self.plan.slots_of(self.rank)
-        self.order_id = self.plan.layout_order_id  # what the contract and the frames name
-        self.contract = torch_contract(self.order_id, self.dtype, contract_environment(self), buffers)
+        self.layout_order_id = self.plan.layout_order_id  # what the contract and the frames name
+        self.contract = torch_contract(self.layout_order_id, self.dtype, contract_environment(self), buffers)
         self.conversions = (
             (("WidenBinary32", "contribution"), ("RoundBinary64", "gradient"))
             if self.dtype == torch.float32

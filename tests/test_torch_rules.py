@@ -23,18 +23,7 @@ from alpha_mpi.torch import DataParallel, parameter_digest, summed  # noqa: E402
 from alpha_mpi.torch.checkpointing import decode_state, encode_state  # noqa: E402
 
 F = torch.nn.functional
-SUM = torch.nn.CrossEntropyLoss(reduction="sum")
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    torch.set_num_threads(1)
-
-
-def comm_self():
-    from mpi4py import MPI
-
-    return MPI.COMM_SELF
+from torch_common import SUM, comm_self, one_thread  # noqa: E402,F401 (one_thread: autouse)
 
 
 def mlp(p=0.0, seed=0):

@@ -31,7 +31,7 @@ from .builder import Lowering, RankBuilder, allreduce_only, is_split
 from .combine_plan import Plan
 from .operands import lower_expression
 from .program import Eval, Message, RankProgram
-from .ranktop import Load, RankTop, butterfly_rounds, top_of, why_not
+from .ranktop import Load, RankTop, butterfly_rounds, node_times, top_of, why_not
 
 NAME = "butterfly"
 
@@ -88,38 +88,37 @@ class Schedule:
 def plan_schedule(top: RankTop, size: int, receivers: frozenset) -> Schedule:
     """Every rank's transfers and evaluations (see the module docstring)."""
     sc = Schedule(size)
-    done: dict = {}  # key -> the time every rank of that node holds its value
-    for t in top.nodes:
-        if t.is_operand:
-            done[t.key] = 0
-            continue
-        a, b = t.left, t.right
-        ta, tb = done[a.key], done[b.key]
-        if t.complete:
-            for j in range(a.size):
-                ra, rb = a.ranks[j], b.ranks[j]
-                sc.exchange[(ta, ra)] = sc.send(ta, ra, rb, [a.key])
-                sc.exchange[(tb, rb)] = sc.send(tb, rb, ra, [b.key])
-                sc.eval(ta + 1, ra, t.key, a.key, b.key)
-                sc.eval(ta + 1, rb, t.key, a.key, b.key)
-            done[t.key] = ta + 1
-        elif (a.complete and a.size >= b.size) or (b.complete and b.size > a.size):
-            big, small = (a, b) if a.complete and a.size >= b.size else (b, a)
-            done[t.key] = _piggyback(sc, t, big, small, done[big.key], done[small.key])
-        else:
-            for src_side, dst_side, when in ((a, b, ta), (b, a, tb)):
-                for dst, src in zip(dst_side.ranks, sc.load.pick(src_side.ranks, dst_side.size)):
-                    sc.send(when, src, dst, [src_side.key])
-            for r in a.ranks:
-                sc.eval(max(ta, tb + 1), r, t.key, a.key, b.key)
-            for r in b.ranks:
-                sc.eval(max(tb, ta + 1), r, t.key, a.key, b.key)
-            done[t.key] = max(ta, tb) + 1
+    done = node_times(top, lambda t, ta, tb: _join(sc, t, ta, tb))
     end = done[top.root.key]
     late = [r for r in top.extra if r in receivers]
     for dst, src in zip(late, sc.load.pick(top.root.ranks, len(late))):
         sc.send(end, src, dst, [top.root.key])
     return sc
+
+
+def _join(sc: Schedule, t, ta: int, tb: int) -> int:
+    """Plan branch `t` of operands done at ta, tb (its messages and evaluations); returns its time."""
+    a, b = t.left, t.right
+    if t.complete:
+        for j in range(a.size):
+            ra, rb = a.ranks[j], b.ranks[j]
+            sc.exchange[(ta, ra)] = sc.send(ta, ra, rb, [a.key])
+            sc.exchange[(tb, rb)] = sc.send(tb, rb, ra, [b.key])
+            sc.eval(ta + 1, ra, t.key, a.key, b.key)
+            sc.eval(ta + 1, rb, t.key, a.key, b.key)
+        return ta + 1
+    if (a.complete and a.size >= b.size) or (b.complete and b.size > a.size):
+        if a.complete and a.size >= b.size:
+            return _piggyback(sc, t, a, b, ta, tb)
+        return _piggyback(sc, t, b, a, tb, ta)
+    for src_side, dst_side, when in ((a, b, ta), (b, a, tb)):
+        for dst, src in zip(dst_side.ranks, sc.load.pick(src_side.ranks, dst_side.size)):
+            sc.send(when, src, dst, [src_side.key])
+    for r in a.ranks:
+        sc.eval(max(ta, tb + 1), r, t.key, a.key, b.key)
+    for r in b.ranks:
+        sc.eval(max(tb, ta + 1), r, t.key, a.key, b.key)
+    return max(ta, tb) + 1
 
 
 def _piggyback(sc: Schedule, t, big, small, m: int, ts: int) -> int:

@@ -16,6 +16,7 @@ count": each side is realized by itself, then a cross round joins them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..model.tree import Node
@@ -125,22 +126,22 @@ def why_not(tree: Node, size: int, name: str) -> str | None:
     return None
 
 
-def butterfly_rounds(top: RankTop, late_receivers: bool) -> int:
-    """The butterfly's rounds (butterfly.plan_schedule's recursion, times only: O(nodes))."""
+def node_times(top: RankTop, join: Callable[[TopNode, int, int], int]) -> dict:
+    """Each node's time (key -> round by which every rank of it holds its value), bottom up: an
+    operand's is 0, a branch `t`'s is `join(t, ta, tb)` of its operands' times. The one walk
+    behind the butterfly's schedule (butterfly.plan_schedule, whose join also plans the
+    messages) and its round count (butterfly_rounds)."""
     done: dict = {}
     for t in top.nodes:
-        if t.is_operand:
-            done[t.key] = 0
-            continue
-        a, b = t.left, t.right
-        ta, tb = done[a.key], done[b.key]
-        if t.complete:
-            done[t.key] = ta + 1
-        elif (a.complete and a.size >= b.size) or (b.complete and b.size > a.size):
-            big, small = (a, b) if a.complete and a.size >= b.size else (b, a)
-            done[t.key] = max(done[big.key], done[small.key]) + 1
-        else:
-            done[t.key] = max(ta, tb) + 1
+        done[t.key] = 0 if t.is_operand else join(t, done[t.left.key], done[t.right.key])
+    return done
+
+
+def butterfly_rounds(top: RankTop, late_receivers: bool) -> int:
+    """The butterfly's rounds: plan_schedule's times without its messages (O(nodes)). A complete
+    block's exchange ends one round after its halves; every other join (piggybacked or cross)
+    one round after its later side."""
+    done = node_times(top, lambda t, ta, tb: (ta if t.complete else max(ta, tb)) + 1)
     return done[top.root.key] + (1 if late_receivers else 0)
 
 
@@ -190,5 +191,6 @@ __all__ = [
     "inapplicable",
     "Load",
     "butterfly_rounds",
+    "node_times",
     "halving_shape",
 ]

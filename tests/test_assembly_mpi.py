@@ -10,6 +10,13 @@ from alpha_mpi.planning.assembly import even_ranges
 from conftest import agree, bits, order_sensitive
 
 
+def even_assembler(world, full):
+    """An Assembler of `full`'s words in even ranges over the world, and this rank's pieces of it."""
+    size, rank, n = world.Get_size(), world.Get_rank(), len(full)
+    ap = plan_assembly(even_ranges(n, size), n, size)
+    return Assembler(world, ap, timeout=30), {(a, b): full[a:b].copy() for o, a, b in ap.pieces if o == rank}
+
+
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("n", [1, 7, 1000, 65537])
 def test_replicated_assembly_is_bit_exact_selection(world, n):
@@ -55,10 +62,8 @@ def test_assembly_piece_refusals(world):
 def test_one_ranks_bad_pieces_are_refused_on_every_rank_by_name_and_the_next_run_works(world):
     size, rank = world.Get_size(), world.Get_rank()
     n = 10 * size
-    ap = plan_assembly(even_ranges(n, size), n, size)
-    a = Assembler(world, ap, timeout=30)
     full = order_sensitive(np.random.default_rng(3), n)
-    good = {(a_, b): full[a_:b].copy() for o, a_, b in ap.pieces if o == rank}
+    a, good = even_assembler(world, full)
     bad_rank = size - 1
     cases = [
         ({}, {}),
@@ -97,11 +102,8 @@ def test_a_flipped_payload_bit_is_refused_when_the_check_is_on(world, monkeypatc
     the next run works (a payload failure does not break the executor)."""
     monkeypatch.setenv("ALPHA_MPI_PAYLOAD_CHECK", "1")
     size, rank = world.Get_size(), world.Get_rank()
-    n = 10 * size
-    ap = plan_assembly(even_ranges(n, size), n, size)
-    a = Assembler(world, ap, timeout=30)
-    full = order_sensitive(np.random.default_rng(11), n)
-    good = {(a_, b): full[a_:b].copy() for o, a_, b in ap.pieces if o == rank}
+    full = order_sensitive(np.random.default_rng(11), 10 * size)
+    a, good = even_assembler(world, full)
     if rank == 1:
         a.send_hook = _flip_payload
     try:
@@ -124,10 +126,8 @@ def test_a_tampered_assembly_header_is_refused_by_name_before_out_is_written(wor
 
     size, rank = world.Get_size(), world.Get_rank()
     n = 4 * size
-    ap = plan_assembly(even_ranges(n, size), n, size)
-    a = Assembler(world, ap, timeout=30)
     full = np.arange(n, dtype=np.float64)
-    good = {(a_, b): full[a_:b].copy() for o, a_, b in ap.pieces if o == rank}
+    a, good = even_assembler(world, full)
 
     def tamper(index, mv):  # another plan identity, with a valid header crc
         mv[40] ^= 0xFF
@@ -219,8 +219,7 @@ def test_an_assembly_plan_for_another_size_on_one_rank_is_named_on_every_rank(wo
     want = "plan-rank-mismatch" if other else "peer-refused"
     agree(world, code == want and (other or peer == size - 1), f"rank {rank}: {code} (peer {peer})")
     full = np.arange(n, dtype=np.float64) - 0.5
-    ap = plan_assembly(even_ranges(n, size), n, size)
-    a = Assembler(world, ap, timeout=30)
-    got = a.run({(a_, b): full[a_:b].copy() for o, a_, b in ap.pieces if o == rank})
+    a, good = even_assembler(world, full)
+    got = a.run(good)
     agree(world, np.array_equal(bits(got), bits(full)), f"rank {rank}: the next Assembler's bits")
     a.free()

@@ -22,11 +22,9 @@ exit 0
 """
 
 
-@needs_mpiexec
-@pytest.mark.parametrize("old", ["(null)", "n9"])
-def test_sdc_exit_names_the_node_and_requeues_excluding_it(tmp_path, old):
-    import socket
-
+def run_job(tmp_path, old, limit, **env):
+    """jobs/train.sbatch run as Slurm's batch shell would, the stand-in `scontrol` (whose calls
+    go to the returned log) first on PATH and the job's ALPHA_* settings in `env`."""
     bin_ = tmp_path / "bin"
     bin_.mkdir()
     log = tmp_path / "scontrol.log"
@@ -35,24 +33,38 @@ def test_sdc_exit_names_the_node_and_requeues_excluding_it(tmp_path, old):
     env = dict(
         os.environ,
         PATH=f"{bin_}{os.pathsep}{os.environ['PATH']}",
-        SLURM_JOB_ID="4242",
         ALPHA_LAUNCHER="mpiexec",
         ALPHA_MPIEXEC=mpiexec(),
+        ALPHA_CKPT_DIR=str(tmp_path / "run" / "ckpt"),
+        **env,
+    )
+    r = subprocess.run(
+        ["timeout", "-k", "5", str(limit), "bash", os.path.join(ROOT, "jobs", "train.sbatch")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    return r, log
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("old", ["(null)", "n9"])
+def test_sdc_exit_names_the_node_and_requeues_excluding_it(tmp_path, old):
+    import socket
+
+    r, log = run_job(
+        tmp_path,
+        old,
+        200,
+        SLURM_JOB_ID="4242",
         ALPHA_NP="3",
         ALPHA_STEPS="6",
-        ALPHA_CKPT_DIR=str(tmp_path / "run" / "ckpt"),
         ALPHA_CKPT_EVERY="2",
         ALPHA_TRAIN_CMD=f"{sys.executable} {SCRIPT} 2:3:5:0",
         ALPHA_TRAIN_ARGS=ARGS,
         ALPHA_MPI_TIMEOUT="120",
         OMP_NUM_THREADS="1",
-    )
-    r = subprocess.run(
-        ["timeout", "-k", "5", "200", "bash", os.path.join(ROOT, "jobs", "train.sbatch")],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
     )
     out = r.stdout + r.stderr
     host = socket.gethostname()
@@ -67,31 +79,10 @@ def test_sdc_exit_names_the_node_and_requeues_excluding_it(tmp_path, old):
 
 @needs_mpiexec
 def test_sdc_exit_without_a_named_node_does_not_requeue(tmp_path):
-    bin_ = tmp_path / "bin"
-    bin_.mkdir()
-    log = tmp_path / "scontrol.log"
-    (bin_ / "scontrol").write_text(SCONTROL.format(log=log, old="(null)"))
-    (bin_ / "scontrol").chmod(0o755)
     fake = tmp_path / "fake98.sh"
     fake.write_text("#!/bin/sh\necho 'alpha-mpi: error [sdc-detected] no host here' >&2\nexit 98\n")
     fake.chmod(0o755)
-    env = dict(
-        os.environ,
-        PATH=f"{bin_}{os.pathsep}{os.environ['PATH']}",
-        SLURM_JOB_ID="4243",
-        ALPHA_LAUNCHER="mpiexec",
-        ALPHA_MPIEXEC=mpiexec(),
-        ALPHA_NP="1",
-        ALPHA_CKPT_DIR=str(tmp_path / "run" / "ckpt"),
-        ALPHA_TRAIN_CMD=str(fake),
-    )
-    r = subprocess.run(
-        ["timeout", "-k", "5", "100", "bash", os.path.join(ROOT, "jobs", "train.sbatch")],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-    )
+    r, log = run_job(tmp_path, "(null)", 100, SLURM_JOB_ID="4243", ALPHA_NP="1", ALPHA_TRAIN_CMD=str(fake))
     assert r.returncode == 98, r.stdout + r.stderr
     assert "not requeueing" in r.stdout
     assert not log.exists() or "requeue" not in log.read_text()

@@ -51,19 +51,23 @@ def tamper(buf, field, fix_crc=True):
         struct.pack_into("<I", buf, 124, zlib.crc32(bytes(buf[:124])))
 
 
-def test_a_good_frame_passes_and_returns_flags():
+def written(step, **kw):
+    """SPEC's FrameSpec and the frame of 5 elements it wrote at `step` (`kw`: flags, refusal)."""
     s = FrameSpec(**SPEC)
     buf = frame_buffer(5)
-    s.write(buf, 7, flags=1)
+    s.write(buf, step, **kw)
+    return s, buf
+
+
+def test_a_good_frame_passes_and_returns_flags():
+    s, buf = written(7, flags=1)
     assert s.check(buf, 7, buf.nbytes) == 1
     assert buf.nbytes == HEADER + 40
 
 
 @pytest.mark.parametrize("field", sorted(FIELDS))
 def test_each_tampered_field_is_refused_by_name(field):
-    s = FrameSpec(**SPEC)
-    buf = frame_buffer(5)
-    s.write(buf, 7)
+    s, buf = written(7)
     tamper(buf, field)
     with pytest.raises(Refusal) as e:
         s.check(buf, 7, buf.nbytes)
@@ -72,9 +76,7 @@ def test_each_tampered_field_is_refused_by_name(field):
 
 @pytest.mark.parametrize("field", ["step", "identity", "count"])
 def test_a_changed_field_without_a_new_crc_is_a_checksum_refusal(field):
-    s = FrameSpec(**SPEC)
-    buf = frame_buffer(5)
-    s.write(buf, 7)
+    s, buf = written(7)
     tamper(buf, field, fix_crc=False)
     with pytest.raises(Refusal) as e:
         s.check(buf, 7, buf.nbytes)
@@ -82,9 +84,7 @@ def test_a_changed_field_without_a_new_crc_is_a_checksum_refusal(field):
 
 
 def test_short_and_long_messages_are_size_refusals():
-    s = FrameSpec(**SPEC)
-    buf = frame_buffer(5)
-    s.write(buf, 0)
+    s, buf = written(0)
     for n in (HEADER - 1, buf.nbytes - 8, buf.nbytes + 8):
         with pytest.raises(Refusal) as e:
             s.check(np.resize(buf, max(n, HEADER)), 0, n)
@@ -107,9 +107,7 @@ def test_a_bad_timeout_is_refused_not_replaced(monkeypatch, bad):
 
 def test_every_single_bit_flip_in_a_header_is_refused_as_a_checksum():
     """A corrupted header names corruption, never a version or a foreign peer."""
-    s = FrameSpec(**SPEC)
-    buf = frame_buffer(5)
-    s.write(buf, 7, flags=1)
+    s, buf = written(7, flags=1)
     for byte in range(HEADER):
         for bit in range(8):
             bad = buf.copy()
@@ -123,9 +121,7 @@ def test_every_single_bit_flip_in_a_header_is_refused_as_a_checksum():
 def test_refusal_and_flags_travel_in_the_header_and_the_fast_check_agrees():
     from alpha_mpi.execution.frames import FLAG_REFUSED, refusal_of
 
-    s = FrameSpec(**SPEC)
-    buf = frame_buffer(5)
-    s.write(buf, 9, flags=FLAG_REFUSED, refused=3, code="dtype-invalid")
+    s, buf = written(9, flags=FLAG_REFUSED, refused=3, code="dtype-invalid")
     assert s.check(buf, 9, buf.nbytes) == FLAG_REFUSED == s.fast_check(memoryview(buf), 9)
     assert refusal_of(memoryview(buf)) == (3, "dtype-invalid")
     assert s.fast_check(memoryview(buf), 8) == -1  # another step: the slow check names it
@@ -135,9 +131,7 @@ def test_refusal_and_flags_travel_in_the_header_and_the_fast_check_agrees():
 
 
 def test_a_version_1_frame_is_named_as_another_format_version():
-    s = FrameSpec(**SPEC)
-    buf = frame_buffer(5)
-    s.write(buf, 0)
+    s, buf = written(0)
     struct.pack_into("<H", buf, 8, 1)
     struct.pack_into("<I", buf, 100, zlib.crc32(bytes(buf[:100])))  # the v1 CRC position
     with pytest.raises(Refusal) as e:

@@ -26,12 +26,16 @@ def odd_rank(world):
     return world.Get_size() - 1
 
 
-class RankInit(MLP):
-    """init(seed) one ulp off on `odd` only: visible in the bits, invisible in any printout."""
+class OnOneRank(MLP):
+    """The test's small MLP on rank `rank`, told which rank (`odd`) differs."""
 
     def __init__(self, odd, rank):
         super().__init__(6, 5, 3)
-        self.odd, self.rank = odd, rank
+        self.odd, self.rank, self.calls = odd, rank, 0
+
+
+class RankInit(OnOneRank):
+    """init(seed) one ulp off on `odd` only: visible in the bits, invisible in any printout."""
 
     def init(self, seed):
         p = super().init(seed)
@@ -40,12 +44,8 @@ class RankInit(MLP):
         return p
 
 
-class RankGrad(MLP):
+class RankGrad(OnOneRank):
     """The gradient one ulp off on `odd`: deterministic on each rank, different across ranks."""
-
-    def __init__(self, odd, rank):
-        super().__init__(6, 5, 3)
-        self.odd, self.rank = odd, rank
 
     def loss_and_grad_sum(self, params, X, y, grad_out):
         loss = super().loss_and_grad_sum(params, X, y, grad_out)
@@ -54,12 +54,8 @@ class RankGrad(MLP):
         return loss
 
 
-class NoisyOn(MLP):
+class NoisyOn(OnOneRank):
     """A gradient with other bits on every call, on `odd` only."""
-
-    def __init__(self, odd, rank):
-        super().__init__(6, 5, 3)
-        self.odd, self.rank, self.calls = odd, rank, 0
 
     def loss_and_grad_sum(self, params, X, y, grad_out):
         loss = super().loss_and_grad_sum(params, X, y, grad_out)

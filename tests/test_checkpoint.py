@@ -1,5 +1,6 @@
 """Checkpoints in one process: shards equal the oracle's state, refusals by name, immutability."""
 
+import hashlib
 import json
 import os
 import shutil
@@ -86,6 +87,39 @@ def test_resume_continues_with_the_same_bits(saved, data):
         assert again.step == 3
         train(again, data, 2)
         assert np.array_equal(bits(again.final_params()), bits(learner.final_params())), partition
+
+
+def early_0_2_form(m):
+    """The root manifest as early 0.2 wrote it: the layout order id under `order_id`, a contract of
+    format 1 whose combines key it `order_id`, and that contract's digest (written out here, not
+    by the contract code: sha256 of the tag and the canonical JSON; no evidence in this contract)."""
+    m["order_id"] = m.pop("layout_order_id")
+    c = m["contract"]
+    c["version"] = 1
+    for op in c["operations"]:
+        if op["kind"] == "combine":
+            op["order_id"] = op.pop("layout_order_id")
+    body = json.dumps(c, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+    m["contract_digest"] = hashlib.sha256(b"alpha-mpi/numerical-contract/v1\0" + body).hexdigest()
+
+
+def test_a_checkpoint_of_early_0_2_naming_order_id_restores_with_the_same_bits(saved, data):
+    root, learner, _ = saved
+    edit_root(root, early_0_2_form)
+    old = open_checkpoint(root)
+    assert "layout_order_id" not in old.manifest and old.manifest["order_id"] == learner.layout_order_id
+    assert old.verify()["layout_order_id"] == learner.layout_order_id
+    train(learner, data, 2)
+    again, _ = make(partition="state")
+    ck = Checkpointer(comm_self(), root, again, CFG)
+    ck.restore_latest()
+    assert again.step == 3
+    train(again, data, 2)
+    assert np.array_equal(bits(again.final_params()), bits(learner.final_params()))
+    ck.save()  # the next step is written in the current form
+    m = open_checkpoint(root).manifest
+    assert m["step"] == 5 and "order_id" not in m and m["layout_order_id"] == learner.layout_order_id
+    assert m["contract"]["version"] == 2 and m["contract_digest"] == learner.contract.digest
 
 
 def test_partial_reads_across_shards(tmp_path):

@@ -51,8 +51,11 @@ from alpha_mpi_verify.fpenv import ftz_daz
 from conftest import ROOT, agree, bits, slot_data
 
 SMALL_ORDER = "7c2cfacf099eb0e7c288e720c5e6bb01a2e937c60737cba62abb55713e436c74"  # star(range(3)), 4 coords
-SMALL_DIGEST = "56bf33eddcc73ae510316a824f22f9a5fb8b90adff8d1de03a5e70fccd74e216"
-WEIGHTED_ADAM_DIGEST = "15a0da009f7d97b32dc1af65b3dc307f9b3f01d083aff24bf0ca51dd20340c50"
+SMALL_DIGEST = "8f34c3095228948e4d6ec888bd42e564b3e156932817a08bd4def580115c624a"
+WEIGHTED_ADAM_DIGEST = "b3ad840aa78f9a3738c1d9620660b34ea93b7100452b35dc5ccd5291eb024b4a"
+# The same two contracts in format version 1 (combines keyed `order_id`), as 0.1 and early 0.2 stored them.
+SMALL_DIGEST_V1 = "56bf33eddcc73ae510316a824f22f9a5fb8b90adff8d1de03a5e70fccd74e216"
+WEIGHTED_ADAM_DIGEST_V1 = "15a0da009f7d97b32dc1af65b3dc307f9b3f01d083aff24bf0ca51dd20340c50"
 TOL = Tolerance(max_abs=2.0**-13)  # the suite's domain bounds the error by 2**-15
 
 
@@ -100,6 +103,18 @@ def test_standard_contract_of_a_small_plan_has_the_pinned_digest():
         "adam-v1",
     ]
     assert d.digest == WEIGHTED_ADAM_DIGEST
+
+
+def test_format_1_keys_the_combine_order_id_and_still_reads_with_its_own_digest():
+    small = contract_for_plan(small_plan())
+    weighted = contract_for_plan(plan(hierarchy(range(4), 2, 2), None, Layout.weighted(2), size=2), "adam-v1")
+    assert small.to_dict(version=1)["operations"] == [{"kind": "combine", "order_id": SMALL_ORDER}]
+    assert small.to_dict()["operations"] == [{"kind": "combine", "layout_order_id": SMALL_ORDER}]
+    for c, v1 in ((small, SMALL_DIGEST_V1), (weighted, WEIGHTED_ADAM_DIGEST_V1)):
+        old = c.to_dict(version=1)
+        back = Contract.from_dict(json.loads(json.dumps(old)))
+        assert back == c and back.digest == c.digest and back.to_dict(version=1) == old
+        assert c.digest_in(1) == v1 != c.digest == c.digest_in(2)
 
 
 def test_digest_is_stable_across_processes_and_hash_seeds():
@@ -162,10 +177,15 @@ def test_evidence_travels_in_to_dict_but_not_in_the_digest(evidence):
 @pytest.mark.parametrize(
     "mutate",
     [
-        lambda d: d.update(version=2),
+        lambda d: d.update(version=3),
+        lambda d: d.update(version=True),
         lambda d: d.update(extra=1),
         lambda d: d["relation"].update(kind="Approximately"),
-        lambda d: d["operations"].append({"kind": "combine", "order_id": "xyz"}),
+        lambda d: d["operations"].append({"kind": "combine", "layout_order_id": "xyz"}),
+        lambda d: d["operations"][0].update(
+            order_id=d["operations"][0].pop("layout_order_id")
+        ),  # v1 key in v2
+        lambda d: d.update(version=1),  # v2's key in v1
         lambda d: d["profile"].update(formats=["binary64", "binary32"]),  # binary32 with no site
         lambda d: d["profile"].update(conversions=[{"kind": "RoundBinary64", "site": "contribution"}]),
         lambda d: d["profile"].update(rounding="stochastic"),
@@ -567,7 +587,7 @@ def test_finite_or_refuse_with_deliver_to_leaves_every_output_as_it_was(world):
 def test_order_id_means_the_tree_and_layout_order_id_the_combine_old_names_warn():
     """One meaning per name: a contract's combine, a learner and DataParallel name the layout
     order id; their 0.1 `order_id` still answers, with a DeprecationWarning; the stored form of
-    a contract keeps its field `order_id` (its digest, and so every checkpoint, depends on it)."""
+    a contract keys it `layout_order_id` (format 2; format 1's `order_id` is still read)."""
     import warnings
 
     from alpha_mpi.model import ReplicateAll, build
@@ -577,7 +597,8 @@ def test_order_id_means_the_tree_and_layout_order_id_the_combine_old_names_warn(
     op = CombineOrder(p.layout_order_id)
     c = NumericalContract(Profile(), (op,), BitIdentical())
     assert c.layout_order_ids == (p.layout_order_id,) and p.tree_order_id == tree.order_id
-    assert op.to_dict() == {"kind": "combine", "order_id": p.layout_order_id}
+    assert op.to_dict() == {"kind": "combine", "layout_order_id": p.layout_order_id}
+    assert op.to_dict(version=1) == {"kind": "combine", "order_id": p.layout_order_id}
     assert NumericalContract.from_dict(c.to_dict()) == c
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")

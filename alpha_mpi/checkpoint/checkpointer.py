@@ -13,7 +13,7 @@ shared file system on a cluster).
 Protocol of `resume()` (every rank calls it once, before training):
 1. rank 0 decides which step to read (what `latest` names; the newest step that verifies when
    `latest` is missing; the step `--resume-from` names; or none) and every rank learns it;
-2. every rank opens that step (seal, schema, contract, order id, config, data), reads the ranges
+2. every rank opens that step (seal, schema, contract, layout order id, config, data), reads the ranges
    it now owns into fresh buffers; all vote;
 3. only then every rank installs what it read. A refusal anywhere leaves every learner as it was.
 
@@ -72,7 +72,7 @@ __all__ = [
 
 class CheckpointedLearner(Protocol):
     """What checkpoints need of a learner (DataParallelLearner, alpha_mpi.torch.DataParallel's
-    checkpoint view): its communicator (the learner's `save`/`restore` use it), step, order id and
+    checkpoint view): its communicator (the learner's `save`/`restore` use it), step, layout order id and
     numerical contract, the pieces this rank writes, its scalars, and `load_checkpoint(ck)`. A
     learner may also offer `checkpoint_read(ck)` and `checkpoint_apply(state)`; the Checkpointer
     then reads on every rank before any rank installs (DataParallelLearner does)."""
@@ -275,7 +275,7 @@ class Checkpointer:
         }
         data.update({k: v for k, v in self.data.items() if k in ("samples", "sha256", "source")})
         return {
-            "order_id": lr.layout_order_id,  # the manifest's field name (format v1): the layout order id
+            "layout_order_id": lr.layout_order_id,
             "contract": contract.to_dict(),
             "contract_digest": contract.digest,
             "contract_history": self.history,
@@ -328,7 +328,7 @@ class Checkpointer:
         try:
             ck = Checkpoint(path, expected)
             m = ck.manifest
-            missing = [k for k in schema.LEARNER_FIELDS if k not in m]
+            missing = [k for k in schema.learner_fields(m) if k not in m]
             if missing:
                 raise CheckpointRefusal(
                     "checkpoint-manifest", f"{ck.dir} is not a learner checkpoint: it lacks {missing}"

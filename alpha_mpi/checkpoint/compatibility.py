@@ -1,4 +1,4 @@
-"""What a resume must share with the saved run: numerical contract, order id, config, data.
+"""What a resume must share with the saved run: numerical contract, layout order id, config, data.
 
 Apart from checkpointer.py because these are rules about two records (the saved manifest and
 this run), not steps of the collective protocol: each function reads a manifest and the run's
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ..numerics import NumericalContract, numerical_compatibility
 from ..refusals import CheckpointRefusal, NumericalOrderMismatch, Refusal
+from .schema import layout_order_id_of
 
 __all__ = ["SAME_ON_RESUME", "NOT_SAVED", "check_compatible", "compare_config", "compare_data"]
 
@@ -26,7 +27,7 @@ def learner_contract(learner):
 
 
 def check_compatible(saved: dict, learner, adopt: bool = False) -> dict | None:
-    """Refuse a checkpoint whose numerical contract (or order id) differs from the learner's,
+    """Refuse a checkpoint whose numerical contract (or layout order id) differs from the learner's,
     unless adopting it is asked for; then return the contract change to record, else None."""
     current = learner_contract(learner)
     old = NumericalContract.from_dict(saved["contract"])
@@ -36,10 +37,11 @@ def check_compatible(saved: dict, learner, adopt: bool = False) -> dict | None:
         if not adopt:
             raise
         return {"from": old.digest, "to": current.digest, "at_step": saved["step"]}
-    if saved.get("order_id") != learner.layout_order_id:
+    saved_order = layout_order_id_of(saved)
+    if saved_order != learner.layout_order_id:
         if not adopt:
             raise NumericalOrderMismatch(
-                f"the checkpoint's layout order id {str(saved.get('order_id'))[:24]} differs from "
+                f"the checkpoint's layout order id {str(saved_order)[:24]} differs from "
                 f"this run's {learner.layout_order_id[:24]}"
             )
         return {"from": old.digest, "to": current.digest, "at_step": saved["step"]}

@@ -2,7 +2,7 @@
 
     D/latest                          text, one line: `step-00000040 <sha256 of its manifest.json>`
     D/.lock                           advisory lock (fcntl.flock) held by the one trainer writing D
-    D/step-00000040/manifest.json     root manifest: format, version, step, order id, contract,
+    D/step-00000040/manifest.json     root manifest: format, version, step, layout order id, contract,
                                       config, scalars, data position and the component manifests
                                       it names by sha256
     D/step-00000040/manifest.sha256   `<sha256>  manifest.json` (the seal: `sha256sum -c` reads it)

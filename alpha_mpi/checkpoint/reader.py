@@ -208,7 +208,7 @@ class Checkpoint:
             "path": self.dir,
             "step": self.step,
             "manifest_sha256": self.manifest_sha256,
-            "layout_order_id": self.manifest.get("order_id"),  # the manifest's field name
+            "layout_order_id": schema.layout_order_id_of(self.manifest),
             "contract_digest": self.manifest.get("contract_digest"),
             "components": {
                 k: {"length": v["length"], "shards": len(v["shards"])} for k, v in self.components.items()

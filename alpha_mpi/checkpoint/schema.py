@@ -6,8 +6,12 @@ and nesting deeper than a manifest needs are all refused with the field's name.
 
 Fields that can be derived are checked against their derivation: the step in the directory name,
 the scalars' step, the data position (step x batch), the contract digest (recomputed from the
-contract), the layout order id in field `order_id` (one of the contract's), and Adam's carried bias powers b1^t, b2^t
+contract), the layout order id (one of the contract's), and Adam's carried bias powers b1^t, b2^t
 (recomputed by the same repeated multiplication the optimizer does).
+
+The layout order id is stored as `layout_order_id`, beside a contract of format version 2.
+Manifests of early 0.2 store it as `order_id`, beside a contract of format version 1 and that
+version's digest: both forms are read (`order_key`, `layout_order_id_of`); a mixture is refused.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ MAX_DEPTH = 32
 NAME_RE = re.compile(r"[a-z][a-z0-9_]*(\.[a-z0-9_]+)*")
 ROOT_REQUIRED = {"format", "version", "step", "components"}
 ROOT_OPTIONAL = {
-    "order_id",
+    "layout_order_id",
+    "order_id",  # the former name of layout_order_id (LEGACY_ORDER_KEY)
     "contract",
     "contract_digest",
     "contract_history",
@@ -33,7 +38,9 @@ ROOT_OPTIONAL = {
     "data",
     "saved_on_ranks",
 }
-LEARNER_FIELDS = ("order_id", "contract", "contract_digest", "config", "scalars", "data")
+LEARNER_FIELDS = ("layout_order_id", "contract", "contract_digest", "config", "scalars", "data")
+LEGACY_ORDER_KEY = "order_id"  # layout_order_id as manifests of early 0.2 (contract format 1) name it
+CONTRACT_VERSION_OF_KEY = {"layout_order_id": 2, LEGACY_ORDER_KEY: 1}
 OPTIMIZERS = {
     "adam": {"hyper": ("lr", "b1", "b2", "eps"), "scalars": ("b1t", "b2t", "steps")},
     "sgd": {"hyper": ("lr", "momentum"), "scalars": ("steps",)},
@@ -180,11 +187,13 @@ def validate_root(m: dict, dir_step, where: str) -> None:
                 code=_path_code(ref["path"]),
             )
         digest(ref["sha256"], f"component {name} sha256")
-    present = [k for k in LEARNER_FIELDS if k in m]
-    if present and len(present) != len(LEARNER_FIELDS):
+    if "layout_order_id" in m and LEGACY_ORDER_KEY in m:
+        raise bad("root manifest has both layout_order_id and its former name order_id")
+    fields = learner_fields(m)
+    present = [k for k in fields if k in m]
+    if present and len(present) != len(fields):
         raise bad(
-            f"root manifest has the learner fields {present} but lacks "
-            f"{[k for k in LEARNER_FIELDS if k not in m]}"
+            f"root manifest has the learner fields {present} but lacks {[k for k in fields if k not in m]}"
         )
     if "saved_on_ranks" in m:
         integer(m["saved_on_ranks"], "saved_on_ranks", 1, 2**31)
@@ -194,7 +203,7 @@ def validate_root(m: dict, dir_step, where: str) -> None:
     for k, v in config.items():
         text(k, "config key", NAME_RE, limit=64)
         scalar(v, f"config.{k}")
-    if "contract" in m or "contract_digest" in m or "order_id" in m:
+    if "contract" in m or "contract_digest" in m or order_key(m) in m:
         _contract(m)
     chist = m.get("contract_history", [])
     if not isinstance(chist, list):
@@ -226,30 +235,50 @@ def _contract(m: dict) -> None:
     from ..numerics import NumericalContract
     from ..refusals import Refusal
 
-    for k in ("order_id", "contract", "contract_digest"):
+    key = order_key(m)
+    needed = (key, "contract", "contract_digest")
+    for k in needed:
         if k not in m:
-            raise bad(
-                "root manifest has "
-                f"{', '.join(x for x in ('order_id', 'contract', 'contract_digest') if x in m)} "
-                f"but not {k}"
-            )
-    order_id = text(m["order_id"], "order_id", re.compile(r"[0-9a-zA-Z:_.-]{1,200}"))
+            raise bad(f"root manifest has {', '.join(x for x in needed if x in m)} but not {k}")
+    oid = text(m[key], key, re.compile(r"[0-9a-zA-Z:_.-]{1,200}"))
     digest(m["contract_digest"], "contract_digest")
+    version = CONTRACT_VERSION_OF_KEY[key]
+    if isinstance(m["contract"], dict) and m["contract"].get("version") != version:
+        raise bad(
+            f"the manifest names its order {key}, which goes with a contract of format version "
+            f"{version}, but the contract has version {_show(m['contract'].get('version'))}"
+        )
     try:
         c = NumericalContract.from_dict(m["contract"])
     except Refusal as e:
         raise bad(f"contract: [{e.code}] {e.message}")
     except (KeyError, TypeError, ValueError, AttributeError) as e:  # a contract parser gap: still named
         raise bad(f"contract is malformed ({type(e).__name__}: {str(e)[:80]})")
-    if _canon(c.to_dict()) != _canon(m["contract"]):
+    if _canon(c.to_dict(version=version)) != _canon(m["contract"]):
         raise bad("contract is not in the canonical form NumericalContract.to_dict() writes")
-    if c.digest != m["contract_digest"]:
+    if c.digest_in(version) != m["contract_digest"]:
         raise bad(
             f"contract_digest {m['contract_digest'][:16]}... is not the digest of the contract "
-            f"({c.digest[:16]}...)"
+            f"({c.digest_in(version)[:16]}...)"
         )
-    if order_id not in c.layout_order_ids:
-        raise bad(f"order_id {order_id[:24]!r} is not an order the contract names")
+    if oid not in c.layout_order_ids:
+        raise bad(f"{key} {oid[:24]!r} is not an order the contract names")
+
+
+def order_key(m: dict) -> str:
+    """The key a root manifest names its layout order id by: `layout_order_id`, or the former
+    `order_id` in manifests of early 0.2."""
+    return LEGACY_ORDER_KEY if LEGACY_ORDER_KEY in m else "layout_order_id"
+
+
+def learner_fields(m: dict) -> tuple:
+    """The fields a learner's root manifest holds (LEARNER_FIELDS, the order under `order_key`)."""
+    return (order_key(m), *LEARNER_FIELDS[1:])
+
+
+def layout_order_id_of(m: dict) -> str | None:
+    """The layout order id a (validated) root manifest names, under either name; None if none."""
+    return m.get(order_key(m))
 
 
 def _canon(obj) -> str:

@@ -14,6 +14,10 @@ same in every process and on every machine; frames carry it (Combiner(contract=c
 checkpoints store `to_dict()`. The digest names what the contract *means*: conformance evidence
 travels in `to_dict()` but is not part of the digest, equality or hash.
 
+Format version 2 keys a combine's id `layout_order_id`; version 1 (0.1 and early 0.2) keyed the
+same value `order_id`. `from_dict` reads both; `digest_in(1)` is the digest a version-1 record was
+stored with (checkpoint manifests of that format are checked against it).
+
 Pure data (layer 1): no numpy, no kernel. Whether a contract may execute *here* (live FP
 environment, evidence on this kernel build) is decided next to the kernel, by
 `alpha_mpi.numerics.authorization` (`authorize(contract, plan)`, `claim_equal(contract, ...)`).
@@ -43,7 +47,8 @@ __all__ = [
 ]
 
 FORMAT_NAME = "alpha-mpi/numerical-contract"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READ_VERSIONS = (1, 2)
 _DIGEST_TAG = b"alpha-mpi/numerical-contract/v1\0"
 
 
@@ -77,9 +82,9 @@ class NumericalContract:
             raise invalid(f"relation {self.relation!r} is not BitIdentical, BoundedDifference or Unchecked")
 
     # -- identity --------------------------------------------------------------------------
-    def canonical(self) -> bytes:
+    def canonical(self, version: int = FORMAT_VERSION) -> bytes:
         """The canonical byte form the digest is taken over (evidence excluded)."""
-        body = self.to_dict(evidence=False)
+        body = self.to_dict(evidence=False, version=version)
         return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
 
     @property
@@ -87,9 +92,14 @@ class NumericalContract:
         """sha256 (hex) of the domain tag and `canonical()`: the same in every process."""
         d = self.__dict__.get("_digest")
         if d is None:
-            d = hashlib.sha256(_DIGEST_TAG + self.canonical()).hexdigest()
+            d = self.digest_in(FORMAT_VERSION)
             object.__setattr__(self, "_digest", d)
         return d
+
+    def digest_in(self, version: int) -> str:
+        """The digest of this contract written in format `version` (1: what records stored by 0.1
+        and early 0.2 name it by; `digest` is the current format's)."""
+        return hashlib.sha256(_DIGEST_TAG + self.canonical(version)).hexdigest()
 
     @property
     def layout_order_ids(self) -> tuple:
@@ -112,13 +122,16 @@ class NumericalContract:
         return tuple(op for op in self.operations if isinstance(op, Formula))
 
     # -- serialisation ---------------------------------------------------------------------
-    def to_dict(self, evidence: bool = True) -> dict:
-        """The contract as JSON-able data (what checkpoints store); `from_dict` reads it back."""
+    def to_dict(self, evidence: bool = True, version: int = FORMAT_VERSION) -> dict:
+        """The contract as JSON-able data (what checkpoints store); `from_dict` reads it back.
+        `version=1` writes the former format (to check records stored in it)."""
+        if version not in READ_VERSIONS:
+            raise invalid(f"contract format version {version!r}; this alpha_mpi writes versions 1 and 2")
         return {
             "format": FORMAT_NAME,
-            "version": FORMAT_VERSION,
+            "version": version,
             "profile": self.profile.to_dict(),
-            "operations": [op.to_dict() for op in self.operations],
+            "operations": [op.to_dict(version) for op in self.operations],
             "relation": self.relation.to_dict(evidence=evidence),
         }
 
@@ -128,18 +141,20 @@ class NumericalContract:
 
     @classmethod
     def from_dict(cls, d) -> NumericalContract:
-        """Read `to_dict()`'s form; refuses another format or version, unknown or missing keys."""
+        """Read `to_dict()`'s form (format version 2, or 1 whose combines key their id
+        `order_id`); refuses another format or version, unknown or missing keys."""
         check_keys(d, "contract", {"format", "version", "profile", "operations", "relation"})
-        if d["format"] != FORMAT_NAME or d["version"] != FORMAT_VERSION:
+        version = d["version"]
+        if d["format"] != FORMAT_NAME or type(version) is not int or version not in READ_VERSIONS:
             raise invalid(
-                f"contract format {d['format']!r} version {d['version']!r}; this alpha_mpi reads "
-                f"{FORMAT_NAME!r} version {FORMAT_VERSION}"
+                f"contract format {d['format']!r} version {version!r}; this alpha_mpi reads "
+                f"{FORMAT_NAME!r} versions {', '.join(map(str, READ_VERSIONS))}"
             )
         if not isinstance(d["operations"], list):
             raise invalid("contract operations must be a list")
         return cls(
             Profile.from_dict(d["profile"]),
-            tuple(operation_from_dict(op) for op in d["operations"]),
+            tuple(operation_from_dict(op, version) for op in d["operations"]),
             relation_from_dict(d["relation"]),
         )
 
@@ -260,10 +275,10 @@ def contract_for_plan(
     operations: the plan's layout order id; then `normalize-once` (default: when the layout has a
     `mass` component); then the optimizer formula (`"adam-v1"`, `"sgd-momentum-v1"`, aliases
     `"adam"`, `"sgd"`, or a Formula). relation: BitIdentical unless given.
-    Takes any plan (a `layout_order_id`, or a learner's `order_id`; optionally a `layout`);
-    refuses anything else.
+    Takes any plan or learner (with a `layout_order_id`; optionally a `layout`); refuses anything
+    else (a tree's `order_id` is not bound to a payload layout).
     """
-    oid = getattr(plan, "layout_order_id", None) or getattr(plan, "order_id", None)
+    oid = getattr(plan, "layout_order_id", None)
     if oid is None:
         raise invalid(f"contract_for_plan needs a Plan (with a layout_order_id), got {type(plan).__name__}")
     if contributions == "binary64":

@@ -1,5 +1,5 @@
-"""The operations of a numerical contract, in the order they run: a combine (named by its order
-id) and formulas (named by id and exact evaluation order, formulas.py). Pure data (layer 1)."""
+"""The operations of a numerical contract, in the order they run: a combine (named by its layout
+order id) and formulas (named by id and exact evaluation order, formulas.py). Pure data (layer 1)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from .profile import check_keys, invalid
 __all__ = ["CombineOrder", "Formula", "operation_from_dict"]
 
 _HEX = frozenset("0123456789abcdef")
+_COMBINE_KEY = {1: "order_id", 2: "layout_order_id"}  # contract format version -> the combine's key
 
 
 @dataclass(frozen=True)
@@ -20,9 +21,8 @@ class CombineOrder:
     """A combine, named by its layout order id (`Plan.layout_order_id`: tree order + payload layout).
 
     Refuses anything but a 64-digit lower-case hex digest (`numerical-contract-invalid`). Its
-    serialized form keeps the field name `order_id` (`{"kind": "combine", "order_id": ...}`):
-    contracts are digested in that form and stored in checkpoints, so the name is part of the
-    format; in Python the value is `layout_order_id`.
+    stored form is `{"kind": "combine", "layout_order_id": ...}` (contract format 2); format 1
+    (0.1 and early 0.2) wrote the same value under `order_id`, and is still read.
     """
 
     layout_order_id: str
@@ -35,9 +35,10 @@ class CombineOrder:
         if not isinstance(oid, str) or len(oid) != 64 or not set(oid) <= _HEX:
             raise invalid(f"a combine order id is a 64-digit lower-case hex digest, got {oid!r}")
 
-    def to_dict(self) -> dict:
-        """`{"kind": "combine", "order_id": ...}`."""
-        return {"kind": "combine", "order_id": self.layout_order_id}
+    def to_dict(self, version: int = 2) -> dict:
+        """`{"kind": "combine", "layout_order_id": ...}`; `version=1` writes format 1's key
+        `order_id` (to check the digests of contracts stored in that format)."""
+        return {"kind": "combine", _COMBINE_KEY[version]: self.layout_order_id}
 
     def describe(self) -> str:
         """Short text naming the order, for refusal messages."""
@@ -67,8 +68,8 @@ class Formula:
             raise invalid(f"formula {formula_id!r} is unknown (known: {', '.join(sorted(FORMULAS))})")
         return cls(fid, FORMULAS[fid])
 
-    def to_dict(self) -> dict:
-        """`{"kind": "formula", "id": ..., "expression": ...}`."""
+    def to_dict(self, version: int = 2) -> dict:
+        """`{"kind": "formula", "id": ..., "expression": ...}` (the same in contract formats 1 and 2)."""
         return {"kind": "formula", "id": self.formula_id, "expression": self.expression}
 
     def describe(self) -> str:
@@ -76,12 +77,15 @@ class Formula:
         return f"formula {self.formula_id} ({self.expression})"
 
 
-def operation_from_dict(d: dict) -> CombineOrder | Formula:
-    """Read one operation's `to_dict()` form; refuses anything else (`numerical-contract-invalid`)."""
+def operation_from_dict(d: dict, version: int = 2) -> CombineOrder | Formula:
+    """Read one operation's `to_dict(version)` form (contract format `version`: 1 keys the
+    combine's id `order_id`, 2 `layout_order_id`); refuses anything else
+    (`numerical-contract-invalid`)."""
     kind = d.get("kind") if isinstance(d, dict) else None
     if kind == "combine":
-        check_keys(d, "operation", {"kind", "order_id"})
-        return CombineOrder(d["order_id"])
+        key = _COMBINE_KEY[version]
+        check_keys(d, "operation", {"kind", key})
+        return CombineOrder(d[key])
     if kind == "formula":
         check_keys(d, "operation", {"kind", "id", "expression"})
         return Formula(d["id"], d["expression"])

@@ -124,7 +124,7 @@ def authorize(contract: NumericalContract | dict, *, plan: PlanBase | str | None
     c = as_contract(contract, "the contract")
     check_live_profile(c.profile)
     if plan is not None:
-        oid = getattr(plan, "layout_order_id", None) or getattr(plan, "order_id", plan)
+        oid = getattr(plan, "layout_order_id", plan)
         if oid not in c.layout_order_ids:
             named = ", ".join(o[:16] for o in c.layout_order_ids) or "no combine"
             raise NumericalOrderMismatch(

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 
+from ..checkpoint.schema import layout_order_id_of
 from ._args import EXIT_REFUSAL, examples_epilog, path, subparser, wrap
 
 VERIFY_EXAMPLES = (
@@ -42,7 +43,7 @@ def run(argv) -> int:
     i = _action(
         sub,
         "inspect",
-        "print the root manifest: step, order id, contract, config, scalars, data, components",
+        "print the root manifest: step, layout order id, contract, config, scalars, data, components",
         INSPECT_EXAMPLES,
     )
     i.add_argument("--json", action="store_true", help="print the manifest as JSON")
@@ -97,7 +98,7 @@ def _inspect_rows(m: dict, manifest_sha256: str) -> list:
     rows = [
         ("step", f"{m['step']}  (saved on {m.get('saved_on_ranks')} ranks)"),
         ("manifest sha256", manifest_sha256),
-        ("layout order id", m.get("order_id")),
+        ("layout order id", layout_order_id_of(m)),
         ("contract", m.get("contract_digest")),
     ]
     rows += [

@@ -38,7 +38,7 @@ def train(lr, until):
 
 
 def split(world, k):
-    """Ranks [0, k) and the others, each a communicator. Never freed: see DataParallel._sync_from_rank0."""
+    """Ranks [0, k) and the others, each a communicator. Never freed: see alpha_mpi.torch.same_module.take_rank0_values."""
     return world.Split(0 if world.Get_rank() < k else 1, world.Get_rank())
 
 

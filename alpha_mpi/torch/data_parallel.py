@@ -33,9 +33,11 @@ A non-finite gradient, buffer or loss is refused on every rank; `.grad` is clear
 buffers keep their step-start values, so an `opt.step()` after a refusal changes nothing.
 
 This module holds the step; apart from it: what it checks about the module before building
-anything (module_check.py), the contract it names and the parameter digest
-(contract_and_digest.py), the two conversion sites (convert.py), the checkpoint view
-(checkpointing.py).
+anything (module_check.py) and that every rank built the same one (same_module.py), one slot's
+pass and the payload layout (slot_pass.py), whether the ranks' slots are one global batch's cut
+(slot_cut.py), the rules around each slot (slot_rules.py), the buckets (overlap.py), a module on
+a device (devices.py), the contract and the parameter digest (contract_and_digest.py), the two
+conversion sites (convert.py), `.grad` (gradients.py), the checkpoint view (checkpointing.py).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ import numpy as np
 from .. import kernel
 from ..execution import Allreducer
 from ..learning.rng import slot_seed
-from ..model import Layout, ReplicateAll, build, star
+from ..model import ReplicateAll, build
 from ..model.deprecation import deprecated_order_id
 from ..planning import plan
 from ..refusals import Refusal
@@ -59,15 +61,14 @@ from ._env import check_environment, fix_environment, require_torch
 from .checkpointing import CheckpointMethods
 from .contract_and_digest import BUFFER_SLOT_MEAN_V1, ROUND_ONCE_V1, parameter_digest, torch_contract
 from .convert import from64 as _from64
-from .convert import into64 as _into64
-from .convert import pack, unpack
-from .devices import contract_environment, host_gradients, to_device
+from .devices import contract_environment
 from .gradients import UNUSED_RULES, GradientWriter
 from .module_check import BUFFER_RULES, check_module
 from .overlap import Buckets, check_bucket_mb
-from .same_module import check_same_module
-from .slot_cut import check_cut, cut_rule
-from .slot_rules import check_precision, loss_reduction, seed_slot, step_rng
+from .same_module import check_same_module, take_rank0_values
+from .slot_cut import check_batch, check_cut, cut_rule
+from .slot_pass import SlotPasses
+from .slot_rules import check_precision, loss_reduction, step_rng
 
 if TYPE_CHECKING:
     import torch
@@ -101,7 +102,7 @@ def _default_topology() -> str:
     return inspect.signature(DataParallelLearner.__init__).parameters["topology"].default
 
 
-class DataParallel(CheckpointMethods):
+class DataParallel(CheckpointMethods, SlotPasses):
     """Data-parallel training of `module` over `comm` with a declared slot tree.
 
     Arguments:
@@ -185,26 +186,7 @@ class DataParallel(CheckpointMethods):
         self.env = fix_environment(threads)
         # Every rank must hold the same architecture before any payload is sized by it.
         self._same = check_same_module(module, comm, timeout)
-        # Offsets of each parameter and each floating buffer in the flat binary64 payload.
-        self.offsets, off = [], 0
-        for p in self.params:
-            self.offsets.append((off, off + p.numel()))
-            off += p.numel()
-        n = self.n = off
-        self.buffer_offsets, boff = [], n
-        for _, b in self.float_buffers:
-            self.buffer_offsets.append((boff, boff + b.numel()))
-            boff += b.numel()
-        self.nb = boff - n
-        k = len(self.params)
-        comps = [("numerator", n)] + ([("buffers", self.nb)] if self.nb else [])
-        # `sizes`: slot s writes its sample count at word s (exact: one non-zero per word), so
-        # every rank sees the whole cut after the combine and can check it is one global batch's.
-        comps += [("used", k), ("sizes", slots), ("mass", 1), ("loss", 1), ("stop", 1)]
-        self.layout = Layout(*comps)
-        self.used_at, self.sizes_at = boff, boff + k
-        self.mass_at = self.sizes_at + slots
-        self.loss_at, self.stop_at = self.mass_at + 1, self.mass_at + 2
+        self.layout = self._lay_out(slots)
         self.tree = build(self.topology, slots, self.size)
         self.plan = plan(self.tree, ReplicateAll(), self.layout, size=self.size)
         self.my_slots = self.plan.slots_of(self.rank)
@@ -236,10 +218,12 @@ class DataParallel(CheckpointMethods):
             self.realization = self.buckets.reducers[0].realization
         self.payloads = {s: np.zeros(self.layout.total) for s in self.my_slots}
         self.reduced = np.empty(self.layout.total)
-        self._g = np.empty(n)
+        self._g = np.empty(self.n)
         self.grads = GradientWriter(self.params, self.offsets, self.dtype, unused)
         # A module on a device: each slot's gradients cross to the host in one copy, into this.
-        self._host = None if self.device.type == "cpu" else torch.empty(n, dtype=self.dtype, pin_memory=True)
+        self._host = (
+            None if self.device.type == "cpu" else torch.empty(self.n, dtype=self.dtype, pin_memory=True)
+        )
         self._b = np.empty(self.nb)
         self.steps = 0
         self.last_loss = float("nan")
@@ -247,7 +231,8 @@ class DataParallel(CheckpointMethods):
         self._no_sync = 0  # depth of no_sync() contexts; > 0: steps accumulate
         self._after_no_sync = False  # the step right after a no_sync() block accumulates too (DDP)
         self.registered: dict[str, object] = {}  # name -> object with state_dict/load_state_dict
-        self._sync_from_rank0()
+        # Every rank takes rank 0's values; the executor is kept, not freed (same_module.py).
+        self._bcast = take_rank0_values(comm, self._state_tensors(), timeout, self.contract.digest)
         from ..learning.audit import build_checks
 
         self.fault_hook = fault_hook
@@ -265,24 +250,6 @@ class DataParallel(CheckpointMethods):
     # ------------------------------------------------------------------------------------------
     def _state_tensors(self):
         return [p.data for p in self.params] + [b for _, b in self.float_buffers]
-
-    def _sync_from_rank0(self) -> None:
-        """Every rank takes rank 0's parameters and floating buffers, bit for bit: a star combine
-        over one slot per rank in which ranks != 0 contribute -0.0 (x + -0.0 == x exactly)."""
-        if self.size == 1:
-            return
-        tensors = self._state_tensors()
-        total = sum(t.numel() for t in tensors)
-        p = plan(star(range(self.size), self.size), ReplicateAll(), total, size=self.size)
-        bc = Allreducer(self.comm, p, timeout=self.timeout, contract=self.contract.digest)
-        mine = pack(tensors) if self.rank == 0 else np.full(total, -0.0)
-        out = bc.run({self.rank: mine}, out=np.empty(total))
-        # Kept, not freed: a freed communicator's handle may be reused by the next one, and the
-        # executors cache per-communicator facts by handle (execution/combiner.py
-        # polls_before_yield), which would then differ between ranks.
-        self._bcast = bc
-        with torch.no_grad():
-            unpack(tensors, out)
 
     def step(
         self,
@@ -405,7 +372,7 @@ class DataParallel(CheckpointMethods):
                     loss_reduction(loss_fn, reduction)
                     check_precision()
                     check_environment(self.env)
-                    batch = self._checked(cut())
+                    batch = check_batch(cut(), self.needed_slots)
                     last = self.my_slots[-1] if bk is not None else None
                     for i, s in enumerate(self.my_slots):
                         self._slot(s, batch[s], loss_fn, start, devices, armed=s == last)
@@ -451,66 +418,6 @@ class DataParallel(CheckpointMethods):
         if self.stop_agreed and self.preemption is not None:
             self.preemption.agreed = True
         return loss_mean
-
-    def _checked(self, batch: Mapping[int, object]) -> Mapping[int, object]:
-        """`batch` if it holds exactly `needed_slots` (`contribution-missing` otherwise)."""
-        needed = self.needed_slots
-        missing = [s for s in needed if s not in batch]
-        if missing or len(batch) != len(needed):
-            raise Refusal(
-                "contribution-missing", f"batch holds slots {sorted(batch)}, this rank needs {needed}"
-            )
-        return batch
-
-    def _slot(self, s: int, data, loss_fn, start, devices, buf=None, armed: bool = False) -> None:
-        """Slot s's payload (into `buf`, default its own): forward and backward alone, own
-        generator seeds (`devices`: step_rng's CUDA devices; the caller restores the states).
-        `armed`: the last owned slot with buckets, whose gradients the hooks take (overlap.py)."""
-        Xs, ys = to_device(data, self.device)
-        buf = self.payloads[s] if buf is None else buf
-        self._restore_buffers(start)
-        seed_slot(self.seed, self.steps, s, devices)
-        loss = loss_fn(self.module(Xs), ys)
-        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
-            raise Refusal(
-                "torch-loss-invalid",
-                f"loss_fn returned {type(loss).__name__} "
-                f"{tuple(getattr(loss, 'shape', ()))}; it must return a scalar tensor with a graph",
-            )
-        check_precision(loss)
-        # The slot's gradient: the backward of its own loss alone (fresh tensors, nothing
-        # accumulated), each parameter's widened straight into its payload slice (no
-        # concatenated copy; the same exact conversion element by element).
-        if armed:
-            self.buckets.arm(buf)
-            grads = torch.autograd.grad(loss, self.params, allow_unused=True)
-            self.buckets.disarm(grads)
-        elif self._host is not None:
-            grads = torch.autograd.grad(loss, self.params, allow_unused=True)
-            host_gradients(grads, self.params, self._host, buf[: self.n])
-        else:
-            grads = torch.autograd.grad(loss, self.params, allow_unused=True)
-            for g, (a, b) in zip(grads, self.offsets):
-                if g is None:
-                    buf[a:b] = 0.0
-                else:
-                    _into64(buf[a:b], g)
-        for (_, t), (a, b) in zip(self.float_buffers, self.buffer_offsets):
-            _into64(buf[a:b], t)
-        buf[self.used_at : self.sizes_at] = [0.0 if g is None else 1.0 for g in grads]
-        buf[self.sizes_at : self.mass_at] = 0.0
-        buf[self.sizes_at + s] = buf[self.mass_at] = float(len(ys))
-        buf[self.loss_at] = float(loss.detach())  # float32 -> Python float: exact
-        if self.fault_hook is not None:
-            self.fault_hook(self.rank, self.steps, s, buf)
-
-    def _restore_buffers(self, start) -> None:
-        """Every buffer back to its step-start value (`start`: their clones; None: nothing kept)."""
-        if start is None:
-            return
-        with torch.no_grad():
-            for (_, b), b0 in zip(self.float_buffers + self.other_buffers, start):
-                b.copy_(b0)
 
     def digest(self) -> str:
         """parameter_digest(module): sha256 of the parameters as binary64."""

@@ -11,7 +11,8 @@ collective; every rank then sees every digest and refuses alike (`torch-module-m
 the ranks that differ from rank 0.
 
 The parameters' values are not compared here: construction copies rank 0's parameters to every
-rank (DataParallel._sync_from_rank0). A rank that changes a parameter afterwards, or passes
+rank (`take_rank0_values`, here: the same module means the same values to start from). A rank
+that changes a parameter afterwards, or passes
 another global batch, is what the audit's replica digests catch.
 """
 
@@ -26,7 +27,14 @@ from ..model import ReplicateAll, star
 from ..planning import plan
 from ..refusals import Refusal
 
-__all__ = ["architecture", "architecture_digest", "check_same_module", "rows_hex", "WORDS"]
+__all__ = [
+    "architecture",
+    "architecture_digest",
+    "check_same_module",
+    "take_rank0_values",
+    "rows_hex",
+    "WORDS",
+]
 
 WORDS = 16
 """Words per rank in the exchange: a sha256 as sixteen 16-bit integers."""
@@ -61,7 +69,7 @@ def rows_hex(row: np.ndarray) -> str:
 def check_same_module(module, comm, timeout: float | None = None) -> Allreducer | None:
     """Refuse on every rank (`torch-module-mismatch`) unless every rank's architecture digest
     equals rank 0's. Collective over `comm`; returns the exchange's Allreducer (kept by the
-    caller: see DataParallel._sync_from_rank0 on why communicators are not freed), None on one rank."""
+    caller: see take_rank0_values on why communicators are not freed), None on one rank."""
     size, rank = comm.Get_size(), comm.Get_rank()
     if size == 1:
         return None
@@ -83,3 +91,27 @@ def check_same_module(module, comm, timeout: float | None = None) -> Allreducer 
             ranks=other,
         )
     return ex
+
+
+def take_rank0_values(comm, tensors: list, timeout, contract: str):
+    """Every rank takes rank 0's values of `tensors` (parameters, floating buffers), bit for bit:
+    a star combine over one slot per rank in which ranks != 0 contribute -0.0 (x + -0.0 == x
+    exactly). Returns the executor (None alone): the caller keeps it, not freed, because a freed
+    communicator's handle may be reused by the next one, and the executors cache
+    per-communicator facts by handle (transport.polls_before_yield), which would then differ
+    between ranks."""
+    import torch
+
+    from .convert import pack, unpack
+
+    size, rank = comm.Get_size(), comm.Get_rank()
+    if size == 1:
+        return None
+    total = sum(t.numel() for t in tensors)
+    p = plan(star(range(size), size), ReplicateAll(), total, size=size)
+    bc = Allreducer(comm, p, timeout=timeout, contract=contract)
+    mine = pack(tensors) if rank == 0 else np.full(total, -0.0)
+    out = bc.run({rank: mine}, out=np.empty(total))
+    with torch.no_grad():
+        unpack(tensors, out)
+    return bc

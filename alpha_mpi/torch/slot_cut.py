@@ -11,16 +11,24 @@ another length than the others') would otherwise train on other samples, silentl
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
 from ..learning.data import slot_sizes
 from ..refusals import Refusal
 
-__all__ = ["cut_rule", "check_cut"]
+__all__ = ["cut_rule", "check_cut", "check_batch"]
 
 Rule = Callable[[float], list]
+
+
+def check_batch(batch: Mapping[int, object], needed: list[int]) -> Mapping[int, object]:
+    """`batch` if it holds exactly the `needed` slots (`contribution-missing` otherwise)."""
+    missing = [s for s in needed if s not in batch]
+    if missing or len(batch) != len(needed):
+        raise Refusal("contribution-missing", f"batch holds slots {sorted(batch)}, this rank needs {needed}")
+    return batch
 
 
 def cut_rule(sizes: list[int] | None, slots: int) -> Rule:

@@ -1,0 +1,108 @@
+"""One slot's forward and backward into its binary64 payload, and the payload's layout: the
+`SlotPasses` part of `DataParallel`.
+
+Apart from data_parallel.py (which holds the step: cut, slots, combine, `.grad`) because this is
+what a slot computes wherever it runs, the part the audit recomputes on another rank and the
+buckets overlap: the payload's words and where each lies (`_lay_out`), and the pass itself
+(`_slot`): the step-start buffers, the slot's generator seeds, the forward, the declared-sum
+loss, its own backward into fresh tensors (nothing accumulated across slots), each gradient
+widened exactly into its payload slice (on the host: one copy per slot for a module on a
+device; by the bucket hooks for the last owned slot with `bucket_mb`), then the floating
+buffers, the used flags, the slot's sample count, mass and loss.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..model import Layout
+from ..refusals import Refusal
+from ._env import require_torch
+from .convert import into64 as _into64
+from .devices import host_gradients, to_device
+from .slot_rules import check_precision, seed_slot
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = require_torch()
+
+__all__ = ["SlotPasses"]
+
+
+class SlotPasses:
+    """The slot pass of DataParallel (a mixin: it reads the DataParallel's attributes)."""
+
+    def _lay_out(self, slots: int) -> Layout:
+        """The payload: gradients (`numerator`, parameter by parameter), floating buffers, one
+        `used` word per parameter, the slots' sizes, mass, loss, stop; sets the offsets."""
+        # Offsets of each parameter and each floating buffer in the flat binary64 payload.
+        self.offsets, off = [], 0
+        for p in self.params:
+            self.offsets.append((off, off + p.numel()))
+            off += p.numel()
+        n = self.n = off
+        self.buffer_offsets, boff = [], n
+        for _, b in self.float_buffers:
+            self.buffer_offsets.append((boff, boff + b.numel()))
+            boff += b.numel()
+        self.nb = boff - n
+        k = len(self.params)
+        comps = [("numerator", n)] + ([("buffers", self.nb)] if self.nb else [])
+        # `sizes`: slot s writes its sample count at word s (exact: one non-zero per word), so
+        # every rank sees the whole cut after the combine and can check it is one global batch's.
+        comps += [("used", k), ("sizes", slots), ("mass", 1), ("loss", 1), ("stop", 1)]
+        self.used_at, self.sizes_at = boff, boff + k
+        self.mass_at = self.sizes_at + slots
+        self.loss_at, self.stop_at = self.mass_at + 1, self.mass_at + 2
+        return Layout(*comps)
+
+    def _slot(self, s: int, data, loss_fn, start, devices, buf=None, armed: bool = False) -> None:
+        """Slot s's payload (into `buf`, default its own): forward and backward alone, own
+        generator seeds (`devices`: step_rng's CUDA devices; the caller restores the states).
+        `armed`: the last owned slot with buckets, whose gradients the hooks take (overlap.py)."""
+        Xs, ys = to_device(data, self.device)
+        buf = self.payloads[s] if buf is None else buf
+        self._restore_buffers(start)
+        seed_slot(self.seed, self.steps, s, devices)
+        loss = loss_fn(self.module(Xs), ys)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
+            raise Refusal(
+                "torch-loss-invalid",
+                f"loss_fn returned {type(loss).__name__} "
+                f"{tuple(getattr(loss, 'shape', ()))}; it must return a scalar tensor with a graph",
+            )
+        check_precision(loss)
+        # The slot's gradient: the backward of its own loss alone (fresh tensors, nothing
+        # accumulated), each parameter's widened straight into its payload slice (no
+        # concatenated copy; the same exact conversion element by element).
+        if armed:
+            self.buckets.arm(buf)
+            grads = torch.autograd.grad(loss, self.params, allow_unused=True)
+            self.buckets.disarm(grads)
+        elif self._host is not None:
+            grads = torch.autograd.grad(loss, self.params, allow_unused=True)
+            host_gradients(grads, self.params, self._host, buf[: self.n])
+        else:
+            grads = torch.autograd.grad(loss, self.params, allow_unused=True)
+            for g, (a, b) in zip(grads, self.offsets):
+                if g is None:
+                    buf[a:b] = 0.0
+                else:
+                    _into64(buf[a:b], g)
+        for (_, t), (a, b) in zip(self.float_buffers, self.buffer_offsets):
+            _into64(buf[a:b], t)
+        buf[self.used_at : self.sizes_at] = [0.0 if g is None else 1.0 for g in grads]
+        buf[self.sizes_at : self.mass_at] = 0.0
+        buf[self.sizes_at + s] = buf[self.mass_at] = float(len(ys))
+        buf[self.loss_at] = float(loss.detach())  # float32 -> Python float: exact
+        if self.fault_hook is not None:
+            self.fault_hook(self.rank, self.steps, s, buf)
+
+    def _restore_buffers(self, start) -> None:
+        """Every buffer back to its step-start value (`start`: their clones; None: nothing kept)."""
+        if start is None:
+            return
+        with torch.no_grad():
+            for (_, b), b0 in zip(self.float_buffers + self.other_buffers, start):
+                b.copy_(b0)

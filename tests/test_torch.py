@@ -39,8 +39,8 @@ def test_float32_contract_names_both_conversions_and_the_torch_settings():
     ops = {op.formula_id: op.expression for op in c.formulas}
     assert "RoundBinary64@gradient" in ops["round-binary64-once-v1"]
     assert "normalize-once" in ops
-    assert "set_num_threads(1)" in ops["torch-slot-gradient-v2"]
-    assert torch.__version__ in ops["torch-slot-gradient-v2"]
+    assert "set_num_threads(1)" in ops["torch-slot-gradient-v3"]
+    assert torch.__version__ in ops["torch-slot-gradient-v3"]
     assert dp.conversions == (("WidenBinary32", "contribution"), ("RoundBinary64", "gradient"))
     assert c.layout_order_ids == (dp.layout_order_id,)
     d64 = DataParallel(mlp(torch.float64), comm_self(), slots=4)

@@ -95,7 +95,14 @@ class SlotAudit:
     """
 
     def __init__(
-        self, comm: MPI.Comm, k: int, owner_of: list[int], *, timeout: float | None, contract: str
+        self,
+        comm: MPI.Comm,
+        k: int,
+        owner_of: list[int],
+        *,
+        timeout: float | None,
+        contract: str,
+        agree_words: int = 0,
     ) -> None:
         self.size, self.rank = comm.Get_size(), comm.Get_rank()
         slots = len(owner_of)
@@ -110,9 +117,10 @@ class SlotAudit:
         self.k, self.slots, self.owner_of = int(k), slots, list(owner_of)
         self.host = socket.gethostname()
         w = 2 * self.k
-        self._table = WordTable(comm, w, timeout=timeout, contract=contract)
+        self.agree_words = agree_words
+        self._table = WordTable(comm, w + agree_words, timeout=timeout, contract=contract)
         self._referee = WordTable(comm, w + _HOST_WORDS, timeout=timeout, contract=contract)
-        self._mine = np.zeros(w)
+        self._mine = np.zeros(w + agree_words)
         self._mine_ref = np.zeros(w + _HOST_WORDS)
         self.checked = 0  # slot audits that passed (for reports)
 
@@ -132,18 +140,37 @@ class SlotAudit:
                 out.append(s)
         return out
 
-    def check(self, step: int, payloads: dict, compute, scratch: np.ndarray, refused=None) -> None:
+    def check(
+        self,
+        step: int,
+        payloads: dict,
+        compute,
+        scratch: np.ndarray,
+        refused=None,
+        *,
+        words: int | None = None,
+        agree=None,
+    ) -> None:
         """Compare the audited slots' digests at `step`; raise `sdc-detected` on every rank on a
         mismatch (before anything is combined or applied). `payloads`: this rank's own slots'
         payloads, already computed; `compute(s, out)` recomputes a slot into `out`. `refused`:
         this rank's refusal of its own slots (their payloads are not read): it travels in the
-        digest round, so it is raised here and every other rank raises `peer-refused`."""
+        digest round, so it is raised here and every other rank raises `peer-refused`.
+        `words`: the payload words digested (default all but the last, the stop word).
+        `agree`: (this rank's `agree_words` words, judge): what the ranks must have alike (a
+        torch step's settings, alpha_mpi.torch.step_agreement) travels in the same round and
+        `judge(table)` (p x agree_words) may refuse it by name before any digest is compared,
+        so a rank that differs by its settings is never called a faulty host."""
         audited = audited_slots(step, self.k, self.slots)
-        mine, n2 = self._mine, len(scratch) - 1  # digest every word but the stop word
+        mine = self._mine
+        n2 = len(scratch) - 1 if words is None else words
         mine[:] = 0.0
         if refused is not None:
             self._table.run(mine, refused=refused)
             raise refused  # not reached: the run raises it (kept for the reader and the type)
+        w = 2 * self.k
+        if agree is not None:
+            mine[w:] = agree[0]
         for j, s in enumerate(audited):
             if self.owner_of[s] == self.rank:
                 mine[2 * j : 2 * j + 2] = halves(payload_digest(payloads[s][:n2]))
@@ -151,6 +178,8 @@ class SlotAudit:
                 compute(s, scratch)
                 mine[2 * j : 2 * j + 2] = halves(payload_digest(scratch[:n2]))
         table = self._table.run(mine)
+        if agree is not None:
+            agree[1](table[:, w:])
         bad = [
             j
             for j, s in enumerate(audited)
@@ -161,10 +190,10 @@ class SlotAudit:
         if not bad:
             self.checked += len(audited)
             return
-        self._refuse(step, audited, bad, table, compute, scratch)
+        self._refuse(step, audited, bad, table, compute, scratch, n2)
 
-    def _refuse(self, step, audited, bad, table, compute, scratch) -> None:
-        w, n2 = 2 * self.k, len(scratch) - 1
+    def _refuse(self, step, audited, bad, table, compute, scratch, n2) -> None:
+        w = 2 * self.k
         mine = self._mine_ref
         mine[:] = 0.0
         mine[w:] = _host_words(self.host)
@@ -250,17 +279,22 @@ def sdc_report(e: Refusal, checkpoint_dir: str | None, size: int) -> str:
 
 
 def build_checks(
-    comm: MPI.Comm, plan, options: tuple[int, int, str], *, timeout, contract: str
+    comm: MPI.Comm, plan, options: tuple[int, int, str], *, timeout, contract: str, agree_words: int = 0
 ) -> tuple[SlotAudit | None, object | None]:
     """A learner's (SlotAudit or None, ReplicaDigests or None) from its options (audit_slots,
     audit_digests, partition); collective when either is asked for. `plan`: the learner's
-    combine plan (its `slots_of(rank)` places the slots)."""
+    combine plan (its `slots_of(rank)` places the slots). `agree_words`: SlotAudit's."""
     audit_slots, audit_digests, partition = options
     audit = replicas = None
     if audit_slots:
         owner_of = {s: r for r in range(comm.Get_size()) for s in plan.slots_of(r)}
         audit = SlotAudit(
-            comm, audit_slots, [owner_of[s] for s in range(len(owner_of))], timeout=timeout, contract=contract
+            comm,
+            audit_slots,
+            [owner_of[s] for s in range(len(owner_of))],
+            timeout=timeout,
+            contract=contract,
+            agree_words=agree_words,
         )
     if audit_digests:
         from .replicas import ReplicaDigests

@@ -30,15 +30,16 @@ from .data_parallel import (  # noqa: E402,F401
     parameter_digest,
     torch_contract,
 )
+from .losses import ModuleLoss, summed  # noqa: E402,F401
 from .same_module import architecture_digest  # noqa: E402,F401
 from .sampler import SlotSampler  # noqa: E402,F401
-from .slot_rules import summed  # noqa: E402,F401
 
 __all__ = [
     "BUFFER_RULES",
     "UNUSED_RULES",
     "DataParallel",
     "architecture_digest",
+    "ModuleLoss",
     "ModuleModel",
     "SlotSampler",
     "environment",

@@ -44,15 +44,21 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def torch_contract(
-    layout_order_id: str, dtype: torch.dtype, env: dict, buffers: str = "refuse"
+    layout_order_id: str,
+    dtype: torch.dtype,
+    env: dict,
+    buffers: str = "refuse",
+    precision: str = "no autocast",
 ) -> NumericalContract:
     """The NumericalContract of a DataParallel: combine order, normalise-once, the conversions.
 
     profile: binary64 (KeepFormat) for float64 modules; for float32 modules binary64 and binary32
     with `WidenBinary32@contribution`, and the operation `round-binary64-once-v1` naming the
     `RoundBinary64@gradient` site. operations: the combine's order id, `normalize-once`, the
-    round-once site (float32), the buffer rule (slot-mean), and `torch-slot-gradient-v2`: the
-    per-slot forward/backward (under the slot's generator) with the torch version, threads and deterministic flag,
+    round-once site (float32), the buffer rule (slot-mean), and `torch-slot-gradient-v3`: the
+    per-slot forward/backward (under the slot's generator) with its declared loss and mass, the
+    forward's `precision` (Precision.name: no autocast, or the autocast device and format), the
+    torch version, threads and deterministic flag,
     and the device where it is not the CPU (`env["device"]`: a GPU's kernels give other bits, so
     ranks or checkpoints on another kind of device are another contract).
     """
@@ -67,9 +73,11 @@ def torch_contract(
         ops.append(Formula("buffers-slot-mean-v1", BUFFER_SLOT_MEAN_V1))
     ops.append(
         Formula(
-            "torch-slot-gradient-v2",
-            "per slot: loss=loss_fn(module(X_s),y_s) (a sum); g_s=torch.autograd.grad(loss, params); "
-            f"both under torch.random.fork_rng with {SLOT_RNG_RULE}; no autocast; "
+            "torch-slot-gradient-v3",
+            "per slot: (loss, mass) declared: loss=loss_fn(module(X_s),y_s) a sum with mass len(y_s), "
+            "or a (sum, mass) pair; g_s=torch.autograd.grad(loss, params); or a ModuleLoss mean m over "
+            "mass M: loss=M*WidenBinary32(m), g_s=M*WidenBinary32(torch.autograd.grad(m, params)) in "
+            f"binary64; all under torch.random.fork_rng with {SLOT_RNG_RULE}; {precision}; "
             f"torch {env['torch']}; "
             f"set_num_threads({env['threads']}); use_deterministic_algorithms({env['deterministic']}); "
             f"parameters {dtype_name(dtype)}" + (f"; on {env['device']}" if "device" in env else ""),

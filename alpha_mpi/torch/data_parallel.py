@@ -63,12 +63,14 @@ from .contract_and_digest import BUFFER_SLOT_MEAN_V1, ROUND_ONCE_V1, parameter_d
 from .convert import from64 as _from64
 from .devices import contract_environment
 from .gradients import UNUSED_RULES, GradientWriter
-from .module_check import BUFFER_RULES, check_module
+from .losses import loss_reduction
+from .module_check import BUFFER_RULES, check_module, check_parameters
 from .overlap import Buckets, check_bucket_mb
 from .same_module import check_same_module, take_rank0_values
-from .slot_cut import check_batch, check_cut, cut_rule
-from .slot_pass import SlotPasses
-from .slot_rules import check_precision, loss_reduction, step_rng
+from .slot_cut import check_batch, check_cut, given_share, given_slots, given_whole
+from .slot_pass import SlotCall, SlotPasses
+from .slot_rules import precision, step_rng
+from .step_agreement import FIELDS, MAX_SLOTS, WORDS, BatchNotes, check_combined, check_table, step_facts
 
 if TYPE_CHECKING:
     import torch
@@ -162,6 +164,7 @@ class DataParallel(CheckpointMethods, SlotPasses):
         audit_digests: int = 0,
         fault_hook: FaultHook | None = None,
         bucket_mb: float | None = None,
+        autocast: torch.dtype | str | None = None,
     ) -> None:
         kernel.fpenv_check()
         check_bucket_mb(bucket_mb, audit_slots, fault_hook)
@@ -174,6 +177,8 @@ class DataParallel(CheckpointMethods, SlotPasses):
                 f"{slots!r} slots on {self.size} ranks leaves ranks without a contribution; "
                 "use slots >= ranks",
             )
+        if slots > MAX_SLOTS:  # the agreement words' sums stay exact below it (step_agreement.py)
+            raise Refusal("placement-invalid", f"{slots} slots; DataParallel takes at most {MAX_SLOTS}")
         slot_seed(seed, 0, 0)  # refuses a seed that is not an int >= 0, before any communication
         self.slots, self.seed, self.preemption = slots, int(seed), preemption
         self.topology = _default_topology() if topology is None else topology
@@ -181,6 +186,8 @@ class DataParallel(CheckpointMethods, SlotPasses):
         self.buffer_rule = buffers
         self.float_buffers, self.other_buffers = parts.float_buffers, parts.other_buffers
         self.device = self.params[0].device
+        self.precision = precision(autocast, self.device, self.dtype)
+        self.notes = BatchNotes()  # what a SlotSampler's batches belong to (step_agreement.py)
         if self.device.type == "cuda":  # deterministic cuBLAS needs it before its first call
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         self.env = fix_environment(threads)
@@ -191,7 +198,9 @@ class DataParallel(CheckpointMethods, SlotPasses):
         self.plan = plan(self.tree, ReplicateAll(), self.layout, size=self.size)
         self.my_slots = self.plan.slots_of(self.rank)
         self.layout_order_id = self.plan.layout_order_id  # what the contract and the frames name
-        self.contract = torch_contract(self.layout_order_id, self.dtype, contract_environment(self), buffers)
+        self.contract = torch_contract(
+            self.layout_order_id, self.dtype, contract_environment(self), buffers, self.precision.name
+        )
         self.conversions = (
             (("WidenBinary32", "contribution"), ("RoundBinary64", "gradient"))
             if self.dtype == torch.float32
@@ -237,7 +246,9 @@ class DataParallel(CheckpointMethods, SlotPasses):
 
         self.fault_hook = fault_hook
         opts, cd = (audit_slots, audit_digests, "state"), self.contract.digest
-        self.audit, self.replicas = build_checks(comm, self.plan, opts, timeout=timeout, contract=cd)
+        self.audit, self.replicas = build_checks(
+            comm, self.plan, opts, timeout=timeout, contract=cd, agree_words=len(FIELDS)
+        )
         self._audit_buf = np.zeros(self.layout.total) if self.audit is not None else None
 
     @property
@@ -249,7 +260,9 @@ class DataParallel(CheckpointMethods, SlotPasses):
 
     # ------------------------------------------------------------------------------------------
     def _state_tensors(self):
-        return [p.data for p in self.params] + [b for _, b in self.float_buffers]
+        """What every rank holds alike: the parameters, the floating buffers and the integer
+        ones (counters): taken from rank 0 at construction, compared by the replica digests."""
+        return [p.data for p in self.params] + [b for _, b in self.float_buffers + self.other_buffers]
 
     def step(
         self,
@@ -281,7 +294,8 @@ class DataParallel(CheckpointMethods, SlotPasses):
 
         sizes = None if sizes is None else list(sizes)
         cut = lambda: slice_batch(X, y, self.slots, self.needed_slots, sizes)  # noqa: E731
-        return self._step(cut, loss_fn, reduction, accumulate, stop, cut_rule(sizes, self.slots))
+        given = lambda: given_whole(X, y, sizes, self.slots)  # noqa: E731
+        return self._step(cut, loss_fn, reduction, accumulate, stop, given)
 
     def step_local(
         self,
@@ -317,7 +331,8 @@ class DataParallel(CheckpointMethods, SlotPasses):
                 )
             return slice_local(X, y, self.slots, self.my_slots, sizes)
 
-        return self._step(cut, loss_fn, reduction, accumulate, stop, cut_rule(sizes, self.slots))
+        given = lambda: given_share(self.notes, sizes, self.slots)  # noqa: E731
+        return self._step(cut, loss_fn, reduction, accumulate, stop, given)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -340,20 +355,20 @@ class DataParallel(CheckpointMethods, SlotPasses):
         stop: bool = False,
     ) -> float:
         """`step` for a batch already cut: {slot: (X_s, y_s)} for exactly `needed_slots`."""
-        return self._step(lambda: batch, loss_fn, reduction, accumulate, stop, None)
+        return self._step(lambda: batch, loss_fn, reduction, accumulate, stop, given_slots)
 
-    def _step(self, cut, loss_fn, reduction, accumulate, stop, rule) -> float:
+    def _step(self, cut, loss_fn, reduction, accumulate, stop, given) -> float:
         """The step over `cut()` (the {slot: data} batch). What this rank refuses of its own
         inputs (the cut, the loss declaration, the environment, a slot's loss) travels as a
         flag in the step's exchange, so every rank refuses (`peer-refused` naming this rank)
-        instead of waiting for it; the next step works. `rule(total)`: the slot sizes a global
-        batch of `total` samples is cut into (None: any cut is the caller's)."""
+        instead of waiting for it; the next step works. `given()`: how the global batch was
+        given, a `Given` (what the ranks must agree on about it, and its cut)."""
         if accumulate is None:
             accumulate = self._no_sync > 0 or self._after_no_sync
         if self._no_sync == 0:
             self._after_no_sync = False
         asked = bool(stop) or bool(self.preemption is not None and self.preemption.requested)
-        n, failure = self.n, None
+        n, failure, facts, length, rule = self.n, None, None, 0, None
         start = (
             [b.detach().clone() for _, b in self.float_buffers + self.other_buffers]
             if self.buffer_rule == "slot-mean"
@@ -367,15 +382,31 @@ class DataParallel(CheckpointMethods, SlotPasses):
                 bk.begin(self.payloads, self.reduced)
             # The caller's generators are saved and restored once per step, not per slot.
             with step_rng() as devices, bk.walk() if bk is not None else contextlib.nullcontext():
-                refused, batch = None, None
+                refused, batch, call = None, None, None
                 try:
-                    loss_reduction(loss_fn, reduction)
-                    check_precision()
+                    g = given()  # first: step_local takes its sampler note whatever follows
+                    length, rule = g.length, g.rule
+                    facts = step_facts(
+                        seed=self.seed,
+                        module=self.module,
+                        accumulate=accumulate,
+                        source=g.source,
+                        sizes=g.sizes,
+                        note=g.note,
+                        length=g.length,
+                        digest=g.digest(),
+                    )
+                    declared = loss_reduction(loss_fn, reduction)
+                    self.precision.check_around()
                     check_environment(self.env)
+                    check_parameters(self.module, self.params)
                     batch = check_batch(cut(), self.needed_slots)
+                    words = np.empty(WORDS)
+                    facts.words(words)
+                    call = SlotCall(loss_fn, declared, start, devices, words)
                     last = self.my_slots[-1] if bk is not None else None
                     for i, s in enumerate(self.my_slots):
-                        self._slot(s, batch[s], loss_fn, start, devices, armed=s == last)
+                        self._slot(s, batch[s], call, armed=s == last)
                         self.payloads[s][self.stop_at] = 1.0 if (asked and i == 0) else 0.0
                 except Refusal as e:
                     refused = e
@@ -383,12 +414,21 @@ class DataParallel(CheckpointMethods, SlotPasses):
                     refused = Refusal("torch-slot-failed", f"{type(e).__name__}: {str(e)[:300]}")
                     failure = e
                 if self.audit is not None:  # before the combine: a mismatch combines nothing
+                    # The settings are compared first: a rank that differs by them is named for
+                    # that, never as a faulty host (step_agreement.py).
+                    agree = (
+                        None
+                        if facts is None
+                        else (np.array(facts.values, float), lambda t: check_table(t, facts))
+                    )
                     self.audit.check(
                         self.steps,
                         self.payloads,
-                        lambda s, o: self._slot(s, batch[s], loss_fn, start, devices, o),
+                        lambda s, o: self._slot(s, batch[s], call, o),
                         self._audit_buf,
                         refused,
+                        words=self.stop_at,
+                        agree=agree,
                     )
             if bk is not None:
                 red = bk.finish(refused)
@@ -396,15 +436,24 @@ class DataParallel(CheckpointMethods, SlotPasses):
                 red = self.reducer.run(self.payloads, out=self.reduced)
             else:
                 red = self.reducer.executor.execute(None, self.reduced, local=refused)
-            np.divide(red[:n], red[self.mass_at], out=self._g)  # normalised once, after the combine
-            check_cut(red[self.sizes_at : self.mass_at], red[self.mass_at], rule)
+            # Every check reads combined words only, so every rank gives the same verdict.
+            check_combined(red[self.agree_at :], self.slots, facts)
+            check_cut(red[self.sizes_at : self.mass_at], length, rule)
+            mass = red[self.mass_at]
+            if not mass > 0.0:
+                raise Refusal(
+                    "mass-zero",
+                    f"the step's slots declared a total mass of {mass!r} (every item ignored or "
+                    "padding?); there is nothing to divide the gradient by; nothing was applied",
+                )
+            np.divide(red[:n], mass, out=self._g)  # normalised once, after the combine
             self.grads.write(self._g, red[self.used_at : self.sizes_at] > 0, accumulate)
             if self.nb:
                 np.divide(red[n : n + self.nb], float(self.slots), out=self._b)
                 with torch.no_grad():
                     for (_, t), (a, b) in zip(self.float_buffers, self.buffer_offsets):
                         _from64(t, self._b[a - n : b - n])
-            loss_mean = float(red[self.loss_at] / red[self.mass_at])
+            loss_mean = float(red[self.loss_at] / mass)
         except Exception as e:
             for p in self.params:
                 p.grad = None

@@ -15,7 +15,7 @@ from .contract_and_digest import dtype_name
 
 torch = require_torch()
 
-__all__ = ["BUFFER_RULES", "DEVICE_TYPES", "ModuleParts", "check_module"]
+__all__ = ["BUFFER_RULES", "DEVICE_TYPES", "ModuleParts", "check_module", "check_parameters"]
 
 DEVICE_TYPES = ("cpu", "cuda")
 """Where a module's slot passes may run: its gradients then cross to the host once per slot."""
@@ -91,4 +91,24 @@ def check_module(module, buffers: str = "refuse") -> ModuleParts:
         params[0].dtype,
         [(k, b) for k, b in named_buffers if b.is_floating_point()],
         [(k, b) for k, b in named_buffers if not b.is_floating_point()],
+    )
+
+
+def check_parameters(module, params: list) -> None:
+    """Refuse (`torch-module-changed`) when the module's trainable parameters are no longer
+    `params`, those DataParallel was built with (checked at every step, by identity: a few
+    microseconds): a parameter registered or replaced afterwards would be neither synchronised,
+    trained, checkpointed nor digested, and one frozen or unfrozen would change the payload."""
+    now = [p for p in module.parameters() if p.requires_grad]
+    if len(now) == len(params) and all(a is b for a, b in zip(now, params)):
+        return
+    names = {id(p): k for k, p in module.named_parameters()}
+    built = {id(p) for p in params}
+    new = [names.get(id(p), "?") for p in now if id(p) not in built]
+    gone = len(built - {id(p) for p in now})
+    raise Refusal(
+        "torch-module-changed",
+        f"the module's trainable parameters changed since DataParallel was built: "
+        f"{len(new)} new ({new[:4]}{' ...' if len(new) > 4 else ''}), {gone} gone or frozen",
+        parameters=new,
     )

@@ -128,6 +128,7 @@ class Buckets:
         self._pending: list[int] = []
         self._wrote: list[bool] = []
         self._buf: np.ndarray | None = None
+        self._scale = 1.0
         self._refused: Refusal | None = None
         self._error: BaseException | None = None
         self._job = None
@@ -151,10 +152,11 @@ class Buckets:
             self._job = (payloads, out)
             self._wake.notify()
 
-    def arm(self, buf: np.ndarray) -> None:
-        """The next backward is the last owned slot's: its hooks widen into `buf`."""
+    def arm(self, buf: np.ndarray, scale: float = 1.0) -> None:
+        """The next backward is the last owned slot's: its hooks widen into `buf`, times `scale`
+        (the loss's, alpha_mpi.torch.losses) in binary64."""
         self._wrote = [False] * len(self.params)
-        self._buf = buf
+        self._buf, self._scale = buf, scale
 
     def disarm(self, grads) -> None:
         """After the last slot's backward: write what no hook wrote, every bucket ready."""
@@ -165,7 +167,7 @@ class Buckets:
                 if g is None:
                     buf[a:b] = 0.0
                 else:
-                    into64(buf[a:b], g)
+                    self._widen(buf[a:b], g)
         for k in range(len(self.members)):
             self.ready[k].set()
 
@@ -211,13 +213,18 @@ class Buckets:
             r.free()
 
     # --- hooks (main thread, inside the backward) -------------------------------------------
+    def _widen(self, out: np.ndarray, g) -> None:
+        into64(out, g)
+        if self._scale != 1.0:
+            out *= self._scale
+
     def _hook_for(self, i: int):
         def hook(g):
             buf = self._buf
             if buf is None:  # not the last slot's backward (or the user's own backward)
                 return None
             a, b = self.offsets[i]
-            into64(buf[a:b], g)
+            self._widen(buf[a:b], g)
             self._wrote[i] = True
             k = self.bucket_of[i]
             self._pending[k] -= 1

@@ -9,12 +9,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from torch_common import SUM, comm_self, one_thread  # noqa: E402,F401 (one_thread: autouse)
-
 import alpha_mpi.oracle as oracle  # noqa: E402
 from alpha_mpi.learning import check_model  # noqa: E402
 from alpha_mpi.refusals import Refusal  # noqa: E402
 from alpha_mpi.torch import DataParallel, ModuleModel, parameter_digest  # noqa: E402
+
+from torch_common import SUM, comm_self, one_thread  # noqa: E402,F401 (one_thread: autouse)
 
 
 def mlp(dtype=torch.float32, seed=0):

@@ -186,3 +186,66 @@ def test_autocast_arguments_are_refused_by_name():
         with pytest.raises(Refusal) as e:
             DataParallel(model, comm_self(), slots=2, **kw)
         assert e.value.code == "usage"
+
+
+# ------------------------------------------------------------------------- GradScaler, compile
+def fp16_scaled(steps=3, init_scale=2.0**8):
+    model = lm()
+    dp = DataParallel(model, comm_self(), slots=4, autocast=torch.float16)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
+    for t in range(steps):
+        dp.step(*batch(start=t * 12, n=12), TOKENS, scaler=scaler)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+    return model, dp, scaler
+
+
+def test_a_grad_scaler_scales_each_slot_and_its_step_unscales_exactly():
+    """float16 autocast with a GradScaler: the step's .grad is S times the unscaled step's
+    (a power of two: exact here), and scaler.step(opt) divides it back."""
+    x, y = batch(n=12)
+    dp = DataParallel(lm(), comm_self(), slots=4, autocast=torch.float16)
+    dp.step(x, y, TOKENS)
+    plain = grads(dp)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    dp2 = DataParallel(lm(), comm_self(), slots=4, autocast=torch.float16)
+    dp2.step(x, y, TOKENS, scaler=scaler)
+    scaled = grads(dp2)
+    assert rel([g / 2.0**10 for g in scaled], plain) < 1e-2  # float16 rounds other products
+    assert rel(scaled, plain) > 100  # the data make the scaling visible
+    model, _, s = fp16_scaled()  # three clean steps: updated, the scale kept
+    assert s.get_scale() == 2.0**8 and parameter_digest(model) != parameter_digest(lm())
+
+
+def test_an_overflow_skips_the_update_and_backs_off_the_scale():
+    model = lm()
+    dp = DataParallel(model, comm_self(), slots=4, autocast=torch.float16)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**120)  # S * a float16 gradient overflows
+    before = parameter_digest(model)
+    loss = dp.step(*batch(n=12), TOKENS, scaler=scaler)
+    assert np.isfinite(loss) and all(torch.isinf(p.grad).all() for p in dp.params)
+    scaler.step(opt)
+    scaler.update()
+    assert parameter_digest(model) == before and scaler.get_scale() == 2.0**119
+    opt.zero_grad()
+    with pytest.raises(Refusal) as e:  # no scaler with buckets
+        DataParallel(lm(), comm_self(), slots=4, bucket_mb=1).step(*batch(n=12), TOKENS, scaler=scaler)
+    assert e.value.code == "usage"
+
+
+def test_a_compiled_module_is_refused_by_name():
+    for compiled in (torch.compile(lm()), lm()):
+        if not hasattr(compiled, "_orig_mod"):
+            compiled.compile()
+        with pytest.raises(Refusal) as e:
+            DataParallel(compiled, comm_self(), slots=2)
+        assert e.value.code == "torch-compile-refused"
+    model = lm()
+    dp = DataParallel(model, comm_self(), slots=2)
+    model.compile()  # after construction: refused at the next step
+    with pytest.raises(Refusal) as e:
+        dp.step(*batch(n=4), TOKENS)
+    assert e.value.code == "torch-compile-refused"

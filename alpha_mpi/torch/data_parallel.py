@@ -67,6 +67,7 @@ from .losses import loss_reduction
 from .module_check import BUFFER_RULES, check_module, check_parameters
 from .overlap import Buckets, check_bucket_mb
 from .same_module import check_same_module, take_rank0_values
+from .scaling import loss_scale, mark_overflow
 from .slot_cut import check_batch, check_cut, given_share, given_slots, given_whole
 from .slot_pass import SlotCall, SlotPasses
 from .slot_rules import precision, step_rng
@@ -133,10 +134,22 @@ class DataParallel(CheckpointMethods, SlotPasses):
         audit_slots, audit_digests, fault_hook: as DataParallelLearner's (docs/audit.md): K slots
             a step recomputed on another rank before the combine (`sdc-detected`, `.grad` left
             None; `step_slots` batches hold `needed_slots`); every N steps, before the forward,
-            the parameters' and floating buffers' digests compared (`replica-diverged`).
+            the digests of the parameters and the buffers (floating and integer) compared
+            (`replica-diverged`).
+        bucket_mb: combine in buckets of about this many MiB while the last owned slot's
+            backward runs (alpha_mpi.torch.overlap); None: one combine after the slots.
+        autocast: the forward's precision, in the contract: None (float32/float64), or
+            torch.bfloat16 / torch.float16 (CPU and CUDA): the step runs each slot's forward and
+            loss under `torch.autocast(device, dtype)` (alpha_mpi.torch.slot_rules); an autocast
+            the caller enters around the step must be this one (`torch-autocast-refused`).
 
     Construction checks that every rank holds the same architecture (`torch-module-mismatch`,
-    alpha_mpi.torch.same_module), then copies rank 0's parameters to every rank.
+    alpha_mpi.torch.same_module), then copies rank 0's parameters and buffers (floating and
+    integer) to every rank. A module compiled by torch.compile is refused
+    (`torch-compile-refused`, alpha_mpi.torch.module_check). Every step then checks that the
+    module's trainable parameters are still those it was built with (`torch-module-changed`)
+    and carries what the ranks must agree on in its payload (seed, training flags, accumulate,
+    the global batch: alpha_mpi.torch.step_agreement).
 
     Attributes: `my_slots`, `steps` (combined steps), `contract`, `layout_order_id`, `conversions`
     (the conversion sites: `WidenBinary32@contribution`, `RoundBinary64@gradient` for float32),
@@ -274,28 +287,38 @@ class DataParallel(CheckpointMethods, SlotPasses):
         reduction: str | None = None,
         accumulate: bool | None = None,
         stop: bool = False,
+        scaler: object | None = None,
     ) -> float:
         """Forward and backward for each owned slot of the global batch (X, y), one ordered
-        combine, `.grad = Σ g / Σ n` on every parameter of every rank. Returns the global
-        batch's mean loss Σ loss / Σ n (the same float on every rank).
+        combine, `.grad = Σ g / Σ mass` on every parameter of every rank. Returns the global
+        batch's mean loss Σ loss / Σ mass (the same float on every rank).
 
-        X, y: the same global batch on every rank (tensors or arrays sliceable on axis 0).
-        loss_fn(output, target): a scalar tensor, the SUM of the slot's per-sample losses,
-        declared so: a torch loss with reduction="sum", `alpha_mpi.torch.summed(fn)`, or any
-        callable with `reduction="sum"` here (`torch-loss-undeclared` otherwise). `sizes`: slot
+        X, y: the same global batch on every rank (tensors or arrays sliceable on axis 0; X may
+        be a mapping of them, a Hugging Face-style batch, with y None). Every rank's batch is
+        digested (CRC-32) and compared in the step's payload: ranks given different batches
+        are refused by name (`batch-mismatch`; another length: `slot-cut-mismatch`).
+        loss_fn (alpha_mpi.torch.losses): `loss_fn(output, target)` returning the SUM of the
+        slot's per-sample losses, declared so (a torch loss with reduction="sum",
+        `alpha_mpi.torch.summed(fn)`, or `reduction="sum"` here; `torch-loss-undeclared`
+        otherwise), its mass the slot's samples; or returning a pair `(loss_sum, mass)` (tokens,
+        say); or `alpha_mpi.torch.ModuleLoss(mass=...)` for a module computing its own mean
+        loss. A total mass of 0 is refused (`mass-zero`). `sizes`: slot
         sizes (default: the even cut of alpha_mpi.learning.slot_ranges). Each slot runs under
         torch's generators seeded from (seed, steps, slot) (alpha_mpi.torch.slot_rules).
         `accumulate`: add into `.grad` (see alpha_mpi.torch.gradients) instead of overwriting;
         None: True inside `no_sync()` and for the step right after it, else False. `stop`: this
         rank asks every rank to stop (also when the DataParallel's `preemption` was signalled);
-        afterwards `stop_agreed` is True on every rank when any rank asked.
+        afterwards `stop_agreed` is True on every rank when any rank asked. `scaler`: a
+        `torch.amp.GradScaler` (float16 autocast): each slot differentiates its loss times the
+        scale, and an overflow sets every `.grad` to inf so `scaler.step(opt)` skips
+        (alpha_mpi.torch.scaling).
         """
         from ..learning.slicing import slice_batch
 
         sizes = None if sizes is None else list(sizes)
         cut = lambda: slice_batch(X, y, self.slots, self.needed_slots, sizes)  # noqa: E731
         given = lambda: given_whole(X, y, sizes, self.slots)  # noqa: E731
-        return self._step(cut, loss_fn, reduction, accumulate, stop, given)
+        return self._step(cut, loss_fn, reduction, accumulate, stop, given, scaler)
 
     def step_local(
         self,
@@ -307,16 +330,21 @@ class DataParallel(CheckpointMethods, SlotPasses):
         reduction: str | None = None,
         accumulate: bool | None = None,
         stop: bool = False,
+        scaler: object | None = None,
     ) -> float:
         """`step` on this rank's share of a global batch: (X, y) hold exactly the samples of
         `my_slots` of one global batch, in slot order (what `alpha_mpi.torch.SlotSampler`
         yields through a DataLoader). The result is the bits `step` gives on the global batch,
         on any rank count, while each rank reads only its share.
 
-        The owned slots' sizes follow from len(y) under `step`'s even cut; `sizes` (one count
-        per slot of the global batch) gives another cut. With `audit_slots` a rank also needs
-        the slots it recomputes, which its share lacks: use `step` or `step_slots` there.
-        Returns the global batch's mean loss, as `step`.
+        Which global batch the share belongs to comes from the SlotSampler that yielded it (its
+        note: the data set length, the global batch's length, epoch, place in the epoch and a
+        digest of its sample indices, compared across ranks in the step's payload) or from
+        `sizes` (one count per slot of the global batch); with neither, the step is refused
+        (`slot-cut-mismatch`): a whole batch on every rank would train on duplicated data. The
+        owned slots' sizes follow from len(y) under `step`'s even cut, or from `sizes`. With
+        `audit_slots` a rank also needs the slots it recomputes, which its share lacks: use
+        `step` or `step_slots` there. Returns the global batch's mean loss, as `step`.
         """
         from ..learning.slicing import slice_local
 
@@ -332,7 +360,7 @@ class DataParallel(CheckpointMethods, SlotPasses):
             return slice_local(X, y, self.slots, self.my_slots, sizes)
 
         given = lambda: given_share(self.notes, sizes, self.slots)  # noqa: E731
-        return self._step(cut, loss_fn, reduction, accumulate, stop, given)
+        return self._step(cut, loss_fn, reduction, accumulate, stop, given, scaler)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -353,11 +381,12 @@ class DataParallel(CheckpointMethods, SlotPasses):
         reduction: str | None = None,
         accumulate: bool | None = None,
         stop: bool = False,
+        scaler: object | None = None,
     ) -> float:
         """`step` for a batch already cut: {slot: (X_s, y_s)} for exactly `needed_slots`."""
-        return self._step(lambda: batch, loss_fn, reduction, accumulate, stop, given_slots)
+        return self._step(lambda: batch, loss_fn, reduction, accumulate, stop, given_slots, scaler)
 
-    def _step(self, cut, loss_fn, reduction, accumulate, stop, given) -> float:
+    def _step(self, cut, loss_fn, reduction, accumulate, stop, given, scaler=None) -> float:
         """The step over `cut()` (the {slot: data} batch). What this rank refuses of its own
         inputs (the cut, the loss declaration, the environment, a slot's loss) travels as a
         flag in the step's exchange, so every rank refuses (`peer-refused` naming this rank)
@@ -386,10 +415,12 @@ class DataParallel(CheckpointMethods, SlotPasses):
                 try:
                     g = given()  # first: step_local takes its sampler note whatever follows
                     length, rule = g.length, g.rule
+                    scale = loss_scale(scaler, buckets=bk is not None)
                     facts = step_facts(
                         seed=self.seed,
                         module=self.module,
                         accumulate=accumulate,
+                        loss_scale=scale,
                         source=g.source,
                         sizes=g.sizes,
                         note=g.note,
@@ -403,7 +434,9 @@ class DataParallel(CheckpointMethods, SlotPasses):
                     batch = check_batch(cut(), self.needed_slots)
                     words = np.empty(WORDS)
                     facts.words(words)
-                    call = SlotCall(loss_fn, declared, start, devices, words)
+                    call = SlotCall(
+                        loss_fn, declared, start, devices, words, None if scale is None else scaler
+                    )
                     last = self.my_slots[-1] if bk is not None else None
                     for i, s in enumerate(self.my_slots):
                         self._slot(s, batch[s], call, armed=s == last)
@@ -446,8 +479,11 @@ class DataParallel(CheckpointMethods, SlotPasses):
                     f"the step's slots declared a total mass of {mass!r} (every item ignored or "
                     "padding?); there is nothing to divide the gradient by; nothing was applied",
                 )
-            np.divide(red[:n], mass, out=self._g)  # normalised once, after the combine
-            self.grads.write(self._g, red[self.used_at : self.sizes_at] > 0, accumulate)
+            if red[self.inf_at] > 0:  # a GradScaler's scaled gradient overflowed (scaling.py)
+                mark_overflow(self.params)
+            else:
+                np.divide(red[:n], mass, out=self._g)  # normalised once, after the combine
+                self.grads.write(self._g, red[self.used_at : self.sizes_at] > 0, accumulate)
             if self.nb:
                 np.divide(red[n : n + self.nb], float(self.slots), out=self._b)
                 with torch.no_grad():

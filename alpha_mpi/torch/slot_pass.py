@@ -39,13 +39,15 @@ __all__ = ["SlotPasses", "SlotCall"]
 class SlotCall:
     """What every slot pass of one step shares: the loss and whether it is declared a sum
     (alpha_mpi.torch.losses), the step-start buffers (None: none kept), the CUDA devices whose
-    generators are seeded, and the step's agreement words (alpha_mpi.torch.step_agreement)."""
+    generators are seeded, the step's agreement words (alpha_mpi.torch.step_agreement), and a
+    GradScaler whose scale multiplies each slot's loss (None: none; alpha_mpi.torch.scaling)."""
 
     loss_fn: Any
     declared: bool
     start: list | None
     devices: list
     words: np.ndarray
+    scaler: Any = None
 
 
 class SlotPasses:
@@ -71,10 +73,12 @@ class SlotPasses:
         # `sizes`: slot s writes its sample count at word s (exact: one non-zero per word), so
         # every rank sees the whole cut after the combine and can check it is one global batch's.
         # `mass`: what the step divides by (samples, or the loss's declared mass: tokens, say).
-        comps += [("used", k), ("sizes", slots), ("mass", 1), ("loss", 1), ("stop", 1), ("agree", WORDS)]
+        # `inf`: 1 where a slot's gradient, scaled by a GradScaler, overflowed (its words then 0).
+        comps += [("used", k), ("sizes", slots), ("mass", 1), ("loss", 1), ("inf", 1), ("stop", 1)]
+        comps += [("agree", WORDS)]
         self.used_at, self.sizes_at = boff, boff + k
         self.mass_at = self.sizes_at + slots
-        self.loss_at, self.stop_at = self.mass_at + 1, self.mass_at + 2
+        self.loss_at, self.inf_at, self.stop_at = self.mass_at + 1, self.mass_at + 2, self.mass_at + 3
         self.agree_at = self.stop_at + 1
         return Layout(*comps)
 
@@ -94,23 +98,26 @@ class SlotPasses:
         # accumulated), each parameter's widened straight into its payload slice (no
         # concatenated copy; the same exact conversion element by element), times the loss's
         # scale in binary64 (1, or the mass of a module's mean: exact, losses.py).
-        if loss.graph is None:  # a mean over nothing: no backward, no gradient
+        graph = loss.graph
+        if graph is None:  # a mean over nothing: no backward, no gradient
             grads = [None] * len(self.params)
         else:
-            self.precision.check_loss(loss.graph)
+            self.precision.check_loss(graph)
+            if call.scaler is not None:  # times its scale, a power of two: exact (scaling.py)
+                graph = call.scaler.scale(graph)
         with self.precision.backward():
             if armed:
                 self.buckets.arm(buf, loss.scale)
-                if loss.graph is not None:
-                    grads = torch.autograd.grad(loss.graph, self.params, allow_unused=True)
+                if graph is not None:
+                    grads = torch.autograd.grad(graph, self.params, allow_unused=True)
                 self.buckets.disarm(grads)
-            elif loss.graph is None:
+            elif graph is None:
                 buf[: self.n] = 0.0
             elif self._host is not None:
-                grads = torch.autograd.grad(loss.graph, self.params, allow_unused=True)
+                grads = torch.autograd.grad(graph, self.params, allow_unused=True)
                 host_gradients(grads, self.params, self._host, buf[: self.n], loss.scale)
             else:
-                grads = torch.autograd.grad(loss.graph, self.params, allow_unused=True)
+                grads = torch.autograd.grad(graph, self.params, allow_unused=True)
                 for g, (a, b) in zip(grads, self.offsets):
                     if g is None:
                         buf[a:b] = 0.0
@@ -118,6 +125,10 @@ class SlotPasses:
                         _into64(buf[a:b], g)
                         if loss.scale != 1.0:
                             buf[a:b] *= loss.scale
+        buf[self.inf_at] = 0.0
+        if call.scaler is not None and not np.isfinite(buf[: self.n]).all():
+            buf[: self.n] = 0.0  # the overflow travels as a flag; the combine stays finite
+            buf[self.inf_at] = 1.0
         for (_, t), (a, b) in zip(self.float_buffers, self.buffer_offsets):
             _into64(buf[a:b], t)
         buf[self.used_at : self.sizes_at] = [0.0 if g is None else 1.0 for g in grads]

@@ -17,6 +17,7 @@ The fields (FIELDS, in the order they are named; each a 32-bit value on every ra
 | seed | step-mismatch | `DataParallel(seed=)` |
 | training | step-mismatch | digest of `m.training` over `module.modules()` |
 | accumulate | step-mismatch | 1 when the step adds into `.grad` (`no_sync()`, `accumulate=True`) |
+| loss scale | step-mismatch | CRC-32 of the GradScaler's scale (`scaler=`; 0 without) |
 | batch source | batch-mismatch | `step`, `step_local` (a SlotSampler's batch, or `sizes=`), `step_slots` |
 | cut | slot-cut-mismatch | digest of `sizes=` (0: the even cut) |
 | data set length | batch-mismatch | the SlotSampler's `len(dataset)` (0 without one) |
@@ -31,7 +32,7 @@ the combine over S slots a field holds A = Σh, B = Σl, Q = Σ(h² + l²), all 
 (S < 2^20), so exact in binary64 in any order. By Lagrange's identity
 S·Q − A² − B² = Σ_{s<t} (h_s − h_t)² + (l_s − l_t)², which is 0 exactly when every slot wrote
 the same value: every rank decides from the same combined words, so every rank refuses alike and
-names the same field. Cost: 3 words per field, 30 words per slot payload, and nothing else (no
+names the same field. Cost: 3 words per field, 33 words per slot payload, and nothing else (no
 extra round).
 
 With `audit_slots` the audit compares slot digests before the combine, so the same values also
@@ -85,6 +86,7 @@ FIELDS = (
     Field("seed", "step-mismatch", "DataParallel(seed=)"),
     Field("training", "step-mismatch", "the modules' training flags (module.train() / module.eval())"),
     Field("accumulate", "step-mismatch", "whether the step adds into .grad (no_sync(), accumulate=)"),
+    Field("loss scale", "step-mismatch", "the GradScaler's scale (step(..., scaler=))"),
     Field("batch source", "batch-mismatch", "how the batch was given (step, step_local, step_slots)"),
     Field("cut", "slot-cut-mismatch", "the slot sizes given with sizes="),
     Field("data set length", "batch-mismatch", "the SlotSampler's len(dataset)"),
@@ -216,6 +218,7 @@ def step_facts(
     seed: int,
     module,
     accumulate: bool,
+    loss_scale: float | None,
     source: str,
     sizes: list[int] | None,
     note: BatchNote | None,
@@ -230,6 +233,7 @@ def step_facts(
         word32(seed),
         zlib.crc32(bytes(flags)),
         int(bool(accumulate)),
+        0 if loss_scale is None else zlib.crc32(repr(float(loss_scale)).encode()),
         SOURCES[source],
         cut,
         word32(n),
@@ -242,6 +246,7 @@ def step_facts(
         str(seed),
         f"{sum(flags)} of {len(flags)} modules in training mode",
         "adds into .grad" if accumulate else "overwrites .grad",
+        "no GradScaler" if loss_scale is None else repr(loss_scale),
         source,
         "the even cut" if sizes is None else f"sizes {list(sizes)[:8]}{' ...' if len(sizes) > 8 else ''}",
         str(n) if note is not None else "no SlotSampler",

@@ -1,10 +1,11 @@
 """alpha_mpi.torch: data-parallel training of any `torch.nn.Module` with the same bits on every
-rank count that places the same slot tree (the optional extra `pip install 'alpha_mpi[torch]'`).
+rank count that places the same slot tree (the optional extra: `pip install 'alpha_mpi[mpich,torch]'`).
 
     dp = alpha_mpi.torch.DataParallel(module, comm, slots=8)
     opt = torch.optim.Adam(module.parameters(), lr=1e-3)
     for X, y in batches:                       # the same global batch on every rank
-        loss = dp.step(X, y, loss_fn)          # loss_fn: declared to return the SUM over a slot
+        loss = dp.step(X, y, loss_fn)          # loss_fn: a declared SUM, a (sum, mass) pair,
+                                               # or ModuleLoss(mass=...) for a module's own mean
         opt.step(); opt.zero_grad()
     dp.save("ckpt", opt)                       # resume on any rank count: dp.restore("ckpt", opt)
 

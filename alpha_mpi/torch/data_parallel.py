@@ -4,16 +4,19 @@ Protocol of one `step(X, y, loss_fn)` (every rank calls it, with the same global
 
 1. The batch is cut into `slots` contiguous windows (alpha_mpi.learning.slicing); this rank takes
    the slots it owns in the tree (`my_slots`).
-2. For each owned slot, separately, under torch's generators seeded from (seed, step, slot):
-   `loss = loss_fn(module(X_s), y_s)` (the SUM of the slot's per-sample losses, declared so),
-   then `torch.autograd.grad(loss, params)` (the slot's own backward into fresh tensors;
-   nothing accumulates across slots). Fixed intra-op threads and
-   deterministic algorithms (set at construction, checked every step, named in the contract), so
-   a slot's gradient has the same bits on whichever rank runs it.
+2. For each owned slot, separately, under torch's generators seeded from (seed, step, slot) and
+   the declared precision (autocast or none): the slot's declared loss and mass
+   (alpha_mpi.torch.losses: `loss_fn(module(X_s), y_s)` a sum over samples, a `(loss_sum, mass)`
+   pair, or a `ModuleLoss`, the module's own mean over its mass), then `torch.autograd.grad`
+   (the slot's own backward into fresh tensors; nothing accumulates across slots). Fixed
+   intra-op threads and deterministic algorithms (set at construction, checked every step, named
+   in the contract), so a slot's gradient has the same bits on whichever rank runs it.
 3. The slot's payload: its gradients (float32 widened exactly to binary64 by
-   `kernel.widen_binary32`, the `WidenBinary32@contribution` site; float64 copied as is), the
-   buffers in `slot-mean` mode, the sample count (mass) and the loss sum.
-4. One combine over the slot tree (alpha_mpi.execution.Allreducer; no MPI collective), then
+   `kernel.widen_binary32`, the `WidenBinary32@contribution` site; float64 copied as is; a
+   module's mean times its mass in binary64), the buffers in `slot-mean` mode, the sample count,
+   the mass and the loss sum, and the words the ranks must agree on (alpha_mpi.torch.step_agreement).
+4. One combine over the slot tree (alpha_mpi.execution.Allreducer; no MPI collective); every rank
+   checks the agreement words and the cut on the combined payload alike; then
    `g = numerator / mass` once in binary64, then for float32 one `kernel.round_binary64` into each
    parameter's `.grad` (the `RoundBinary64@gradient` site; added to the `.grad` held with
    `accumulate`; None for a parameter no slot used). Every rank holds the same `.grad`.
@@ -34,10 +37,12 @@ buffers keep their step-start values, so an `opt.step()` after a refusal changes
 
 This module holds the step; apart from it: what it checks about the module before building
 anything (module_check.py) and that every rank built the same one (same_module.py), one slot's
-pass and the payload layout (slot_pass.py), whether the ranks' slots are one global batch's cut
-(slot_cut.py), the rules around each slot (slot_rules.py), the buckets (overlap.py), a module on
-a device (devices.py), the contract and the parameter digest (contract_and_digest.py), the two
-conversion sites (convert.py), `.grad` (gradients.py), the checkpoint view (checkpointing.py).
+pass and the payload layout (slot_pass.py), the declared loss and mass (losses.py), what the
+ranks must agree on in a step (step_agreement.py), whether the ranks' slots are one global
+batch's cut (slot_cut.py), the rules around each slot (slot_rules.py: precision, generators),
+a GradScaler (scaling.py), the buckets (overlap.py), a module on a device (devices.py), the
+contract and the parameter digest (contract_and_digest.py), the two conversion sites
+(convert.py), `.grad` (gradients.py), the checkpoint view (checkpointing.py).
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ first (the order a backward produces their gradients in, as DDP's buckets). Each
 combined by its own `Allreducer` over the same slot tree, so every coordinate is still the
 tree's sum in the declared order: the bits are those of one combine over the whole payload
 (the combine is coordinatewise; which words travel together changes nothing). The words after
-the gradients (buffers, used flags, slot sizes, mass, loss, stop) are the tail, combined last.
+the gradients (buffers, used flags, slot sizes, mass, loss, inf, stop, the agreement words) are
+the tail, combined last.
 
 Protocol of one step, on every rank:
 - `begin(payloads, out)` hands the worker thread the step; it walks the buckets in one fixed

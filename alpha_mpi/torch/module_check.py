@@ -143,9 +143,13 @@ def check_parameters(module, params: list) -> None:
     built = {id(p) for p in params}
     new = [names.get(id(p), "?") for p in now if id(p) not in built]
     gone = len(built - {id(p) for p in now})
+    what = (
+        f"{len(new)} new ({new[:4]}{' ...' if len(new) > 4 else ''}), {gone} gone or frozen"
+        if new or gone
+        else "the same parameters in another order"
+    )
     raise Refusal(
         "torch-module-changed",
-        f"the module's trainable parameters changed since DataParallel was built: "
-        f"{len(new)} new ({new[:4]}{' ...' if len(new) > 4 else ''}), {gone} gone or frozen",
+        f"the module's trainable parameters changed since DataParallel was built: {what}",
         parameters=new,
     )

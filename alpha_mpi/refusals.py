@@ -80,15 +80,16 @@ ADVICE: dict[str, str] = {
     "peer-timeout": "a peer did not send within the bound; check the peer's log (it may have crashed) or raise ALPHA_MPI_TIMEOUT",
     "peer-failed": "MPI reported an error on a frame with a peer: the peer process died or the interconnect failed; see that rank's log and the launcher's output (a peer that refused its inputs is `peer-refused`)",
     "realization-inapplicable": "choose one of the realizations the message lists (tree, scatter and replicate apply to every tree), or realization='auto'",
-    "peer-refused": "another rank refused this combine before its arithmetic (see that rank's error); every rank completed the round, nothing was applied, and the next call works",
+    "peer-refused": "another rank refused this call (a combine before its arithmetic, an executor's build, a learner's, checkpoint's or audit's collective step; the message names that rank and its code: see its error); every rank completed the round, nothing was applied, and the next call works",
     "frame-payload-corrupt": "a frame's payload checksum failed (corrupted in transit or in memory); nothing was applied; rerun and check the interconnect and memory",
     "out-invalid": "pass out= as a writeable C-contiguous float64 array of the result's length, or leave it out",
     "calibration-invalid": "write the file with `alpha-mpi bench calibrate --out FILE` (JSON with alpha, beta, gamma in seconds), or unset ALPHA_MPI_CALIBRATION",
     "plan-delivery-mismatch": "give the delivery the plan was made with (or none), and use reduce_scatter / mode='reduce-scatter' for chunks",
     "executor-reentrant": "wait for one combine to finish before starting another on the same plan",
-    "combiner-broken": "this executor (combiner, assembler, or the arrays' channel of this communicator) failed earlier and frames may still be in flight; build a new one on every rank (arrays: alpha_mpi.arrays.reset(comm) on every rank; the convenience calls: alpha_mpi.execution.reset(comm) on every rank), or restart the job",
+    "combiner-broken": "this executor (combiner, assembler, or the arrays' exchanges of this communicator) failed earlier and frames may still be in flight; build a new one on every rank (arrays: alpha_mpi.arrays.reset(comm) on every rank; the convenience calls: alpha_mpi.execution.reset(comm) on every rank), or restart the job",
     # protocol under mistakes (issue 22): executor identity agreed at construction
     "executor-identity-mismatch": "every rank must build the same executors (same tree, placement, delivery, layout, realization, contract, ALPHA_MPI_PAYLOAD_CHECK) in the same order on a communicator; the message names the ranks that differ",
+    "tag-space-exhausted": "free the executors you no longer use on this communicator (.free() on every rank) so that their MPI tags can be handed out again, or build fewer at once (an MPI whose MPI_TAG_UB is 32767 holds fewer)",
     # distributed arrays (alpha_mpi.arrays)
     "array-block-invalid": "pass this rank's block as a 1-D float64 array x (and y of the same length) with integers 0 <= offset, offset + len(x) <= n",
     "array-batch-invalid": "pass dots() a list of 1..4096 (x, y) pairs of blocks, the same number on every rank",

@@ -136,7 +136,7 @@ def _no_abort_at_exit():
     """The MPI tests provoke failures on purpose and catch them; the job must still end with
     pytest's verdict, not alpha_mpi's abort-at-exit (the launch tests check that policy)."""
     try:
-        from alpha_mpi.execution.transport import set_abort_at_exit
+        from alpha_mpi.execution.abort import set_abort_at_exit
     except ImportError:  # no MPI here: nothing to turn off
         yield
         return

@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING, SupportsIndex
 
 import numpy as np
 
-from ..execution.transport import timeout_from_env
+from ..execution.endpoint import Endpoint
+from ..execution.waits import timeout_from_env
 from ..kernel import ffi, lib
 from ..refusals import KernelRefusal, PlanRefusal, Refusal
 from . import tree as T
-from .exchange import Channel
+from .exchange import Exchanges
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -87,17 +88,19 @@ def dots(
 
 
 def reset(comm: MPI.Comm) -> None:
-    """Forget alpha_mpi.arrays' duplicate of `comm` (after a peer-timeout left it broken).
-    Collective: call it on every rank; the next reduction duplicates `comm` again."""
+    """Forget alpha_mpi.arrays' exchanges on `comm` (after a peer-timeout left them broken) and
+    recover the communicator's endpoint (its stale messages drained). Collective: call it on
+    every rank; the next reduction agrees a fresh tag block."""
     kv = _keyval()
     ch = comm.Get_attr(kv)
     if ch is not None:
         comm.Delete_attr(kv)
         ch.free()
+    Endpoint.of(comm).recover()  # drains what a failed call left (execution/endpoint.py)
 
 
 # ----------------------------------------------------------------------------------------------
-# The channel (alpha_mpi.arrays' own Dup of the communicator, its step and its buffers) is cached
+# The exchanges (alpha_mpi.arrays' stream on the communicator's endpoint, its step and buffers) are cached
 # as an MPI attribute of the user's communicator: it goes away with that communicator, so a new
 # communicator that reuses a freed handle never meets a stale channel.
 _KEYVAL: list = []
@@ -111,11 +114,11 @@ def _keyval() -> int:
     return _KEYVAL[0]
 
 
-def _channel(comm) -> Channel:
+def _channel(comm) -> Exchanges:
     kv = _KEYVAL[0] if _KEYVAL else _keyval()
     ch = comm.Get_attr(kv)
     if ch is None:
-        ch = Channel(comm)
+        ch = Exchanges(comm)
         comm.Set_attr(kv, ch)
     if ch.broken is not None:
         raise Refusal(

@@ -14,21 +14,22 @@ Protocol, per call, on every rank of the communicator (every call is collective)
 3. After the last round every rank holds every row: `check_rows` refuses by name on every rank
    alike, or the final state is the root node [0, n) and its values are the result.
 
-Each (operation, batch size, order) has its own Program, built once per channel and cached,
-and its own Engine on the channel's communicator (alpha_mpi.arrays' own duplicate).
+Each (operation, batch size, order) has its own Program, built once per communicator and
+cached, and its own Engine on the communicator's endpoint (execution/endpoint.py), all on the
+endpoint's "arrays" stream: one tag block for every exchange of the array reductions.
 
-Agreement. Every other executor ends its build in an agreement round (execution/agreement.py).
-The exchanges cannot: they are built lazily, per (operation, batch, order), without any
-collective, so that ranks calling different operations meet in the frames and are named there
-instead of hanging; a round at each lazy build would pair one rank's build of `dot` with
+Agreement. Every other executor ends its build in an agreement round (the endpoint's build
+agreement). The exchanges cannot: they are built lazily, per (operation, batch, order), without
+any communication, so that ranks calling different operations meet in the frames and are named
+there instead of hanging; a round at each lazy build would pair one rank's build of `dot` with
 another's of `norm2` (or wait for a build that never comes). So the agreement is held once,
-where every rank is known to take part: the channel's creation (collective anyway: it
-duplicates the communicator), on the communicator's library channel before that Dup, on the
-payload check (which must be equal on every rank). The exchanges then share the channel's
-Waiter and its sequence, and each exchange's identity (operation, batch, order, p) travels in
-every frame header: a frame of another exchange is refused by name (`frame-identity-mismatch`)
-and, since every exchange pairs its frames one to one, the next call works. Every receive is
-size-safe (the engine's W: matched and size-compared before it is received).
+where every rank is known to take part: the arrays stream's creation (the first array reduction
+on the communicator), on the payload check (which must be equal on every rank). The exchanges
+then share the stream's sequence and tag block, and each exchange's identity (operation, batch,
+order, p) travels in every frame header: a frame of another exchange is refused by name
+(`frame-identity-mismatch`) and, since every exchange pairs its frames one to one, the next
+call works. Every receive is size-safe (the engine's W: matched and size-compared before it is
+received).
 """
 
 from __future__ import annotations
@@ -37,16 +38,15 @@ import struct
 
 import numpy as np
 
-from ..execution import agreement
+from ..execution.endpoint import Endpoint
 from ..execution.engine import Engine
-from ..execution.engine_build import payload_check_from_env
-from ..execution.transport import Waiter, debug_enabled, library_comm, next_sequence
+from ..execution.log import debug_enabled
 from ..kernel import ffi, lib
 from ..planning.array_program import FINAL, HEAD_WORDS, LENGTH, TABLE, frame_buffer, lower_summary_exchange
 from ..refusals import Refusal
 from . import tree as T
 
-__all__ = ["Channel", "Exchange"]
+__all__ = ["Exchanges", "Exchange"]
 
 if lib.AP_CAPACITY != T.CAPACITY or lib.AP_MAX_K != T.MAX_BATCH:  # pragma: no cover - a stale build
     raise ImportError(
@@ -57,26 +57,28 @@ _FALLBACK_EDGES = 64  # rounds of the second exchange (blocks out of rank order)
 _FINAL = struct.Struct("<4q")  # record count, flags, lo and hi of the first record
 
 
-class Channel:
-    """alpha_mpi.arrays' own duplicate of one user communicator, with its step counter, its
-    wait policy and its exchanges. Created collectively (Dup, and the Waiter's one Split_type)
-    by the first array reduction on that communicator; exchanges are built later without any
-    collective, so ranks that call different operations still meet in the frames."""
+STREAM = "arrays"
+
+
+class Exchanges:
+    """alpha_mpi.arrays' state on one user communicator: its endpoint stream (one agreed
+    sequence and tag block), its step counter, its wait bound and its exchanges. Made by the
+    first array reduction on that communicator (collective then: the stream's agreement, and
+    the endpoint's one duplicate if this is the communicator's first use); exchanges are built
+    later without any communication, so ranks that call different operations still meet in
+    the frames."""
 
     def __init__(self, comm):
-        # The one agreement of the arrays on this communicator (see the module docstring): held
-        # before the Dup, so a rank that differs (or never comes) is named within the bound.
-        identity = f"alpha_mpi.arrays channel|{int(payload_check_from_env())}"
-        self.comm = library_comm(agreement.agree_first(comm, identity, None, None, "arrays channel"))
-        self.sequence = next_sequence(self.comm)  # shared by every exchange of this channel
-        self.size = self.comm.Get_size()
-        self.rank = self.comm.Get_rank()
+        self.user = comm
+        self.endpoint = ep = Endpoint.of(comm)
+        self.stream = ep.stream(STREAM)  # the one agreement of the arrays on this communicator
+        self.comm = self.stream.seat.wire
+        self.size, self.rank = ep.size, ep.rank
         self.step = 0
         self.broken = None
         self.exchanges: dict = {}
         self.debug = debug_enabled()
-        self.waiter = Waiter(self.comm)  # the transport's bounded wait (ALPHA_MPI_TIMEOUT, SPIN)
-        self.timeout = self.waiter.timeout
+        self.timeout = ep.waiter().timeout  # the bound (ALPHA_MPI_TIMEOUT, else the default)
         self.call_timeout = self.timeout
 
     def exchange(self, op: str, k: int, order=None) -> Exchange:
@@ -87,18 +89,20 @@ class Channel:
         return ex
 
     def free(self) -> None:
-        """Free the persistent requests. The duplicate itself is left allocated on purpose: a
-        freed handle that MPI hands out again on some ranks only must never meet a cache."""
+        """Free the persistent requests and drop the stream: the next reduction agrees a new one
+        with a fresh tag block (this one's is never handed out again: a stale frame may still
+        arrive there). Local."""
         for ex in self.exchanges.values():
             ex.free()
         self.exchanges.clear()
+        self.endpoint.streams.pop(STREAM, None)
         self.broken = "reset"
 
 
 class Exchange:
     """The Engine of one (operation, batch size, order) and int64 views of its buffers."""
 
-    def __init__(self, ch: Channel, op: str, k: int, order=None):
+    def __init__(self, ch: Exchanges, op: str, k: int, order=None):
         p, me = ch.size, ch.rank
         self.ch, self.op, self.k = ch, op, k
         self.order = tuple(range(p)) if order is None else tuple(order)
@@ -115,7 +119,7 @@ class Exchange:
             identity=f"alpha_mpi.arrays:{op}:k={k}:p={p}:capacity={T.CAPACITY}:order={order_name}",
             edge0=0 if order is None else _FALLBACK_EDGES,
         )
-        self.engine = Engine(ch.comm, program, dup=False, waiter=ch.waiter, sequence=ch.sequence)
+        self.engine = Engine(ch.user, program, seat=ch.stream.seat, what="array exchange")
         self.rounds = self.engine.rp.merges
         bufs = self.engine.bufs
 

@@ -80,7 +80,7 @@ ADVICE: dict[str, str] = {
     "peer-timeout": "a peer did not send within the bound; check the peer's log (it may have crashed) or raise ALPHA_MPI_TIMEOUT",
     "peer-failed": "MPI reported an error on a frame with a peer: the peer process died or the interconnect failed; see that rank's log and the launcher's output (a peer that refused its inputs is `peer-refused`)",
     "realization-inapplicable": "choose one of the realizations the message lists (tree, scatter and replicate apply to every tree), or realization='auto'",
-    "peer-refused": "another rank refused this call (a combine before its arithmetic, an executor's build, a learner's, checkpoint's or audit's collective step; the message names that rank and its code: see its error); every rank completed the round, nothing was applied, and the next call works",
+    "peer-refused": "another rank refused (the message names that rank and its code: see its error); every rank completed the round, nothing was applied, and the next call works",
     "frame-payload-corrupt": "a frame's payload checksum failed (corrupted in transit or in memory); nothing was applied; rerun and check the interconnect and memory",
     "out-invalid": "pass out= as a writeable C-contiguous float64 array of the result's length, or leave it out",
     "calibration-invalid": "write the file with `alpha-mpi bench calibrate --out FILE` (JSON with alpha, beta, gamma in seconds), or unset ALPHA_MPI_CALIBRATION",

@@ -1,7 +1,8 @@
 """`alpha-mpi bench dot`: alpha_mpi.arrays.dot against comm.Allreduce(np.dot(x_local, y_local)).
 
     mpiexec -n 2 python -m alpha_mpi.tools.bench dot [--lengths 1e2,1e3,...,1e7] [--iters 300]
-        [--warmup 20] [--stat min|median] [--kernel-only | --no-kernel] [--json out.json]
+        [--warmup 20] [--stat min|median] [--tiles 512x512,64x64x64 | --no-tiles]
+        [--kernel-only | --no-kernel] [--json out.json]
 
 Part 1, per call (every rank): for each local length L (global n = p * L, even blocks), in one
 run and interleaved iteration by iteration (drift and other load hit both alike), each preceded
@@ -13,6 +14,15 @@ Per rank the statistic (--stat, min by default: robust on a shared machine) over
 the table shows the maximum over ranks and ratio = alpha / MPI (< 1: faster). Bits: every result
 must equal the first one, and up to --check elements the first equals the whole tree evaluated
 on rank 0 over the gathered vector (a mismatch marks the row and the command exits 1).
+
+Part 1b, N-d tiles: for each global shape (--tiles) and every process grid of p ranks in its
+dimensions (2x1 and 1x2 of 512 x 512 at p = 2; 2x1x1, 1x2x1, 1x1x2 of 64^3), the row-major
+(Create_cart) tile of each rank, held contiguous as a solver holds it, interleaved as above:
+    alpha      arrays.dot(comm, x, y, offset, shape): the flattened array's pairwise tree
+    MPI        np.dot(x.ravel(), y.ravel()) + comm.Allreduce, the reference
+with the size of what the exchange carries: the largest tile summary (records of 3 words: lo,
+hi, value) and the largest frame (bytes, header included). Bits: every result equal to the
+first, which equals the whole tree over the global arrays (evaluated on rank 0).
 
 Part 2, the local kernel (rank 0 alone, the others wait in a Barrier): alpha_mpi's pairwise
 tree over L elements (the C call alone: summary of one block = the whole tree) against np.dot
@@ -30,7 +40,8 @@ import time
 import numpy as np
 
 from ... import arrays
-from ...arrays import local
+from ...arrays import local, tiles
+from ...arrays import tree as arrays_tree
 from ...kernel import ffi, lib
 from .._args import at_least, path
 from .baseline import MpiAllreduce
@@ -38,6 +49,8 @@ from .harness import RankParser, machine_info, statistic, timed
 from .results import write_json
 
 DEFAULT_LENGTHS = [10**e for e in range(2, 8)]
+DEFAULT_TILES = [(512, 512), (64, 64, 64)]
+FRAME_HEADER = 128  # bytes of the frame header (execution/frames.py)
 
 
 def _lengths(text: str) -> list:
@@ -47,6 +60,16 @@ def _lengths(text: str) -> list:
         raise argparse.ArgumentTypeError(f"cannot read lengths {text!r} (example: 1e2,1e4,1e6)") from None
     if not out or min(out) < 1:
         raise argparse.ArgumentTypeError("lengths are element counts >= 1")
+    return out
+
+
+def _shapes(text: str) -> list:
+    try:
+        out = [tuple(int(v) for v in item.lower().split("x")) for item in text.split(",") if item.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"cannot read shapes {text!r} (example: 512x512,64x64x64)") from None
+    if not out or any(not 2 <= len(s) <= tiles.MAX_NDIM or min(s) < 1 for s in out):
+        raise argparse.ArgumentTypeError(f"shapes have 2 to {tiles.MAX_NDIM} dimensions >= 1: {text!r}")
     return out
 
 
@@ -75,6 +98,14 @@ def make_parser(rank: int) -> argparse.ArgumentParser:
         default=10**6,
         help="check bits against the whole tree up to this L (default 1e6)",
     )
+    t = p.add_mutually_exclusive_group()
+    t.add_argument(
+        "--tiles",
+        type=_shapes,
+        default=DEFAULT_TILES,
+        help="global shapes of the N-d tile rows, every process grid of p (default 512x512,64x64x64)",
+    )
+    t.add_argument("--no-tiles", action="store_true", help="leave out the N-d tile rows")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--kernel-only", action="store_true", help="only part 2 (the local kernel)")
     g.add_argument("--no-kernel", action="store_true", help="only part 1 (per call)")
@@ -172,6 +203,83 @@ def per_call(comm, args) -> tuple:
     return rows, failed
 
 
+def process_grids(p: int, ndim: int) -> list:
+    """Every grid of p processes in ndim dimensions, as Create_cart would take it (2x1, 1x2, ...)."""
+    out = [()]
+    for _ in range(ndim):
+        out = [g + (d,) for g in out for d in range(p, 0, -1)]
+    return [g for g in out if int(np.prod(g)) == p]
+
+
+def _tile_of(shape, dims, rank):
+    """(offset, extent) of `rank`'s tile: row-major grid coordinates, even cuts."""
+    coords = np.unravel_index(rank, dims)
+    lo = [s * c // d for s, c, d in zip(shape, coords, dims)]
+    hi = [s * (c + 1) // d for s, c, d in zip(shape, coords, dims)]
+    return tuple(lo), tuple(b - a for a, b in zip(lo, hi))
+
+
+def _frame_bytes(p: int, capacity: int, k: int) -> int:
+    """The largest frame of the tile exchange on p ranks with `capacity` records of k values."""
+    rows = max((arrays_tree.rows_in_round(p, i) for i in range(arrays_tree.rounds(p))), default=1)
+    words = arrays_tree.HEAD_WORDS + tiles.ROW_WORDS * rows + capacity * (2 + k)
+    return FRAME_HEADER + 8 * words
+
+
+def tile_calls(comm, args) -> tuple:
+    """Part 1b: per shape and process grid, arrays.dot of the tiles against np.dot + Allreduce."""
+    from ...arrays.api import _channel
+
+    p, r = comm.Get_size(), comm.Get_rank()
+    rows, failed = [], False
+    for shape in args.tiles:
+        rng = np.random.default_rng(20_240_601 + sum(shape))
+        gx, gy = rng.standard_normal(shape), rng.standard_normal(shape)  # the same on every rank
+        whole = _bits(local.tree_value(gx.ravel(), gy.ravel())) if r == 0 else 0
+        for dims in process_grids(p, len(shape)):
+            offset, extent = _tile_of(shape, dims, r)
+            cut = tuple(slice(o, o + e) for o, e in zip(offset, extent))
+            x, y = np.ascontiguousarray(gx[cut]), np.ascontiguousarray(gy[cut])  # a solver's tile
+            calls = {
+                "t_alpha": lambda x=x, y=y, o=offset, s=shape: arrays.dot(comm, x, y, o, s),
+                "t_mpi": _mpi_dots(comm, [(x.ravel(), y.ravel())]),
+            }
+            first = arrays.dot(comm, x, y, offset, shape)
+            per_rank = int(np.prod(shape)) // p  # the same on every rank (tile sizes differ)
+            iters = max(args.min_iters, int(args.iters * 10**4 / max(1, per_rank)))
+            times = {k: [] for k in calls}
+            same = True
+            for it in range(args.warmup + iters):
+                for k, fn in calls.items():
+                    dt, got = timed(comm, fn)
+                    if it >= args.warmup:
+                        times[k].append(dt)
+                    if k == "t_alpha":
+                        same &= _bits(got) == _bits(first)
+            records = local.tile_records(offset, shape, extent)
+            capacity = _channel(comm).capacity.current
+            mine = np.array([statistic(times[k], args.stat) for k in calls] + [float(same), records])
+            everyone = np.zeros((p, mine.size)) if r == 0 else None
+            comm.Gather(mine, everyone, root=0)  # harness bookkeeping (timings), not reduced data
+            if r == 0:
+                worst = dict(zip(calls, everyone.max(axis=0)))
+                ok = bool(everyone[:, -2].all()) and _bits(first) == whole
+                failed |= not ok
+                rows.append(
+                    {
+                        "shape": "x".join(map(str, shape)),
+                        "grid": "x".join(map(str, dims)),
+                        "tile": "x".join(map(str, extent)),
+                        "records": int(everyone[:, -1].max()),
+                        "frame_kb": _frame_bytes(p, capacity, 1) / 1e3,
+                        **worst,
+                        "ratio": worst["t_alpha"] / worst["t_mpi"],
+                        "bits": "ok" if ok else "WRONG",
+                    }
+                )
+    return rows, failed
+
+
 def kernel(comm, args) -> list:
     rows = []
     if comm.Get_rank() == 0:
@@ -225,6 +333,7 @@ def kernel(comm, args) -> list:
 CALL_COLUMNS = (
     "L n iters alpha_us=t_alpha MPI_us=t_mpi ratio alpha_k2_us=t_alpha_k2 MPI_k2_us=t_mpi_k2 ratio_k2 bits"
 )
+TILE_COLUMNS = "shape grid tile records frame_kB=frame_kb alpha_us=t_alpha MPI_us=t_mpi ratio bits"
 KERNEL_COLUMNS = (
     "L kernel_us=t_kernel npdot_us=t_npdot kernel_GB/s=gbs_kernel npdot_GB/s=gbs_npdot copy_GB/s=gbs_copy "
     "kernel/npdot=vs_npdot kernel/copy=vs_copy"
@@ -260,6 +369,8 @@ def cmd(comm, argv=None) -> int:
     with threadpool_limits(limits=1, user_api="blas"):
         info["blas"] = blas_info()
         calls, failed = ([], False) if args.kernel_only else per_call(comm, args)
+        tile_rows, tiles_failed = ([], False) if args.kernel_only or args.no_tiles else tile_calls(comm, args)
+        failed |= tiles_failed
         kern = [] if args.no_kernel else kernel(comm, args)
     if rank == 0:
         where = f"p = {info['p']} on {info['cores']} cores ({info['cpu']})"
@@ -271,13 +382,20 @@ def cmd(comm, argv=None) -> int:
             _table(calls, CALL_COLUMNS)
             if not all(c["tree_checked"] for c in calls):
                 print(f"# bits: the same on every iteration; the whole tree checked up to L = {args.check}")
+        if tile_rows:
+            print("# N-d tiles: arrays.dot of each rank's tile vs np.dot + Allreduce; records: the largest")
+            print("# tile summary (3 words each), frame: the largest message of the exchange")
+            _table(tile_rows, TILE_COLUMNS)
         if kern:
             print(
                 "# local kernel on rank 0: pairwise tree vs np.dot vs copy bandwidth (GB/s of data touched)"
             )
             _table(kern, KERNEL_COLUMNS)
         if args.json:
-            write_json(args.json, {"machine": info, "stat": args.stat, "calls": calls, "kernel": kern})
+            write_json(
+                args.json,
+                {"machine": info, "stat": args.stat, "calls": calls, "tiles": tile_rows, "kernel": kern},
+            )
         sys.stdout.flush()
     status = np.array([1 if failed else 0], dtype=np.int32)
     comm.Bcast(status, root=0)  # harness bookkeeping: the same exit status on every rank

@@ -159,9 +159,9 @@ static int64_t ap_carry(int64_t *out, int64_t m, int64_t n, int32_t k) {
 
 /* The block decomposition of a run: the largest aligned power of two at pos inside [pos, end). */
 static inline uint64_t ap_block_size(int64_t pos, int64_t end) {
-    uint64_t size = pos ? ((uint64_t)pos & (~(uint64_t)pos + 1)) : ap_floor_pow2((uint64_t)end);
-    while (size > (uint64_t)(end - pos)) size >>= 1;
-    return size;
+    const uint64_t fits = ap_floor_pow2((uint64_t)(end - pos)); /* both powers of two: the */
+    const uint64_t aligned = (uint64_t)pos & (~(uint64_t)pos + 1); /* smaller divides pos */
+    return pos && aligned < fits ? aligned : fits;
 }
 
 /* Append the records of the global run [lo, lo + len) to the m records in out, carrying:
@@ -217,6 +217,9 @@ int64_t ap_summary(const double *const *xs, const double *const *ys, int32_t k,
  * terms, one per index of the dimensions before c. */
 typedef struct {
     int64_t n, g[AP_MAX_NDIM], len, idx[AP_MAX_NDIM];
+    int64_t lo, at; /* the current segment's first global index, and its place in memory
+                       along the first row of strides (ap_tile_next keeps both) */
+    const int64_t *s0;
     int32_t ndim, c;
     int empty;
 } ap_tile;
@@ -252,14 +255,11 @@ static int ap_tile_init(ap_tile *t, int32_t ndim, const int64_t *shape, const in
     }
     t->c = c;
     t->len = extent[c] * t->g[c];
+    t->lo = 0;
+    for (int32_t d = 0; d <= c; d++) t->lo += offset[d] * t->g[d];
+    t->at = 0;
+    t->s0 = arrays ? strides : NULL;
     return 1;
-}
-
-/* The global index of the current segment's first term. */
-static inline int64_t ap_tile_lo(const ap_tile *t, const int64_t *offset) {
-    int64_t lo = offset[t->c] * t->g[t->c];
-    for (int32_t d = 0; d < t->c; d++) lo += (offset[d] + t->idx[d]) * t->g[d];
-    return lo;
 }
 
 /* The current segment's first term in an array of element strides s (one row of ndim). */
@@ -272,8 +272,15 @@ static inline int64_t ap_tile_at(const ap_tile *t, const int64_t *s) {
 /* On to the next segment (C order); 0 after the last. */
 static inline int ap_tile_next(ap_tile *t, const int64_t *extent) {
     for (int32_t d = t->c - 1; d >= 0; d--) {
-        if (++t->idx[d] < extent[d]) return 1;
+        const int64_t step = t->s0 ? t->s0[d] : 0;
+        if (++t->idx[d] < extent[d]) {
+            t->lo += t->g[d];
+            t->at += step;
+            return 1;
+        }
         t->idx[d] = 0;
+        t->lo -= (extent[d] - 1) * t->g[d];
+        t->at -= (extent[d] - 1) * step;
     }
     return 0;
 }
@@ -303,13 +310,13 @@ int64_t ap_summary_tile(const double *const *xs, const double *const *ys, int32_
     double a[AP_BLOCK / 2], b[AP_BLOCK / 4];
     int64_t m = 0;
     do {
-        const int64_t at = ap_tile_at(&t, strides);
+        const int64_t at = t.at;
         for (int32_t j = 0; j < k; j++) {
             sx[j] = xs[j] + (same ? at : ap_tile_at(&t, strides + (int64_t)j * ndim));
             if (sy && ys[j]) sy[j] = ys[j] + (same ? at : ap_tile_at(&t, strides + (int64_t)(k + j) * ndim));
             else if (sy) sy[j] = NULL;
         }
-        m = ap_run(sx, sy, k, ap_tile_lo(&t, offset), t.len, t.n, out, m, cap, a, b, room);
+        m = ap_run(sx, sy, k, t.lo, t.len, t.n, out, m, cap, a, b, room);
         if (m < 0) return m;
     } while (ap_tile_next(&t, extent));
     if (m > 0 && nonfinite) ap_flag_nonfinite(out, m, k, nonfinite);
@@ -330,7 +337,7 @@ int64_t ap_tile_records(int32_t ndim, const int64_t *shape, const int64_t *offse
      * joins), the earlier runs' records counted (they never join anything again). */
     int64_t los[2 * 64 + 2], his[2 * 64 + 2], m = 0, frozen = 0, peak = 0;
     do {
-        const int64_t lo = ap_tile_lo(&t, offset), end = lo + t.len;
+        const int64_t lo = t.lo, end = lo + t.len;
         for (int64_t pos = lo; pos < end;) {
             const int64_t size = (int64_t)ap_block_size(pos, end);
             if (m && his[m - 1] != pos) {
@@ -396,7 +403,14 @@ int64_t ap_merge(const int64_t *a, int64_t ma, const int64_t *b, int64_t mb, int
             }
         }
         if (m >= cap) return AP_ERR_OVERFLOW;
-        memcpy(out + m * w, r, (size_t)w * sizeof *r);
+        int64_t *dst = out + m * w;
+        if (k == 1) { /* the usual record: three words, no call */
+            dst[0] = lo;
+            dst[1] = hi;
+            dst[2] = r[2];
+        } else {
+            memcpy(dst, r, (size_t)w * sizeof *r);
+        }
         m = m + 1;
     }
     return m;

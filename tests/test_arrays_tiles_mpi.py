@@ -12,6 +12,7 @@ its own size), and every verdict is gathered over COMM_WORLD (`agree`).
 import numpy as np
 import pytest
 from array_oracle import oracle_dot, oracle_norm2, oracle_sum
+from test_arrays_mpi import all_four, group, matches_oracle, u64, world  # the 1-D suite's
 from tile_cases import SHAPES, block, global_data, oracle_values, tilings, with_halo
 
 from alpha_mpi.refusals import Refusal
@@ -19,22 +20,7 @@ from alpha_mpi.refusals import Refusal
 from conftest import agree
 from spycomm import SpyComm
 
-_GROUPS: dict = {}
 _WANT: dict = {}
-
-
-def world():
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD
-
-
-def group(q):
-    """This rank's group when COMM_WORLD is cut into ranks [0, q) and [q, size)."""
-    w = world()
-    if q not in _GROUPS:
-        _GROUPS[q] = w.Split(0 if w.Get_rank() < q else 1, w.Get_rank())
-    return _GROUPS[q]
 
 
 def want(shape):
@@ -44,32 +30,11 @@ def want(shape):
     return _WANT[shape]
 
 
-def u64(v):
-    return int(np.float64(v).view(np.uint64))
-
-
 def reduce_all(comm, g, h, box, shape, halo):
-    from alpha_mpi import arrays
-
-    offset = box[0]
     x, y = block(g, box), block(h, box)
     if halo and x.size:
         x = with_halo(x)
-    return {
-        "sum": arrays.sum(comm, x, offset, shape),
-        "dot": arrays.dot(comm, x, y, offset, shape),
-        "norm2": arrays.norm2(comm, x, offset, shape),
-        "dots": arrays.dots(comm, [(x, y), (y, y)], offset, shape),
-    }
-
-
-def matches(got, w):
-    return all(u64(got[k]) == u64(w[k]) for k in ("sum", "dot", "norm2")) and [
-        u64(v) for v in got["dots"]
-    ] == [
-        u64(w["dot"]),
-        u64(w["dotyy"]),
-    ]
+    return all_four(comm, x, y, box[0], shape)
 
 
 @pytest.mark.mpi(min_size=1)
@@ -85,14 +50,14 @@ def test_every_tiling_on_every_group_gives_the_oracle_bits(shape):
     for q in range(1, 6):
         if q > w.Get_size():
             continue
-        comm = group(q)
+        comm, _ = group(q)
         p, r = comm.Get_size(), comm.Get_rank()
         rng = np.random.default_rng(100 * q + len(shape))  # the same draws on every rank
         for t, boxes_ in enumerate(tilings(shape, p, rng)):
             for owners in (list(range(p)), list(range(p))[::-1]):
                 box = boxes_[owners.index(r)]
                 got = reduce_all(comm, g, h, box, shape, halo=r % 2 == 1)
-                if not matches(got, expect):
+                if not matches_oracle(got, expect):
                     failures.append((p, t, owners[0], box, got))
     agree(w, not failures, f"{shape}: {failures[:3]}")
 

@@ -22,12 +22,11 @@ from typing import TYPE_CHECKING, SupportsIndex
 
 import numpy as np
 
-from ..execution.transport import timeout_from_env
 from ..kernel import ffi, lib
-from ..refusals import KernelRefusal, PlanRefusal, Refusal
+from ..refusals import KernelRefusal, Refusal
 from . import tree as T
 from .exchange import Channel
-from .tile_call import reduce_tiles, tile_form
+from .tile_call import check_float64, local_checks, reduce_tiles, tile_form
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -153,16 +152,7 @@ def _channel(comm) -> Channel:
 def _block(a, what: str, op: str):
     if type(a) is np.ndarray and a.dtype == _F64 and a.ndim == 1:
         return a if a.flags.c_contiguous else np.ascontiguousarray(a)
-    if not isinstance(a, np.ndarray):
-        raise Refusal(
-            "dtype-invalid", f"{op}: {what} is a {type(a).__name__}, expected a numpy float64 array"
-        )
-    if a.dtype != _F64:
-        raise Refusal(
-            "dtype-invalid",
-            f"{op}: {what} is {a.dtype}, expected native float64 "
-            "(binary32 widens exactly: x.astype(np.float64))",
-        )
+    check_float64(a, what, op)
     raise Refusal(
         "array-block-invalid",
         f"{op}: {what} has shape {a.shape}, expected a 1-D block (for an N-d tile pass offset and "
@@ -230,16 +220,10 @@ def _reduce(comm, op, xs, ys, offset, n, timeout, bad_batch=None):
             return reduce_tiles(_channel(comm), op, xs, ys, offset, n, timeout, bad_batch)
     ch = _channel(comm)
     k = len(xs) if xs is not None else 1
-    err, status, detail = None, T.STATUS_OK, ""
-    ch.call_timeout = ch.timeout
-    try:
-        if timeout is not None:
-            ch.call_timeout = timeout_from_env(timeout)
-        if bad_batch is not None:
-            raise T.batch_refusal(bad_batch)
-        xs, ys, length, offset, n = _inputs(op, xs, ys, offset, n)
-    except Refusal as e:
-        err, status = e, T.refused_status(e.code)
+    detail = ""
+    checked, err, status = local_checks(ch, timeout, bad_batch, lambda: _inputs(op, xs, ys, offset, n))
+    if err is None:
+        xs, ys, length, offset, n = checked
     ex = ch.exchanges.get((op, k, None)) or ch.exchange(op, k)
     m = 0
     if err is None:
@@ -290,32 +274,14 @@ def _verdict(ch, ex, op, k, m_local, row, n, detail):
     tb = ex.table.tobytes()
     if tb != ex.valid:
         rows = ex.rows()
-        try:
-            T.check_rows(rows, op)
-        except Refusal as e:
-            if e.code == "non-finite-contribution" and detail:
-                raise Refusal(
-                    e.code, f"{op}: this rank ({ch.rank}) holds {detail}; {e.message}", **e.context
-                ) from None
-            raise
+        T.check_naming(T.check_rows, rows, op, ch.rank, detail)
         ex.valid, ex.valid_order = tb, (None if T.in_rank_order(rows) else T.sorted_order(rows))
     if ex.valid_order is not None:  # out of rank order: every rank runs the sorted exchange
         ex2 = ch.exchange(op, k, ex.valid_order)
         ex2.copy_local_from(ex, m_local)
-        ex2.run(row, m_local, n)
-        tb2 = ex2.table.tobytes()
-        if tb2 != ex2.valid:
-            T.check_rows(ex2.rows(), op)
-            ex2.valid, ex2.valid_order = tb2, None
+        ex2.run_again(row, m_local, n, T.check_rows, op)  # its own order: valid_order stays None
         ex = ex2
-    values = ex.root(n)
-    if values is None:
-        raise PlanRefusal(
-            "plan-simulation-failed",
-            f"{op}: the blocks cover [0, {n}) but the merged summary is "
-            f"{int(ex.final[0])} records (flags {ex.flags}), not the root",
-        )
-    return values
+    return ex.result(n, op)
 
 
 def _first_nonfinite(xs, ys, offset, length) -> str:

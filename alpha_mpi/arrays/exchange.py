@@ -48,7 +48,7 @@ from ..execution.engine_build import payload_check_from_env
 from ..execution.transport import Waiter, debug_enabled, library_comm, next_sequence
 from ..kernel import ffi, lib
 from ..planning.array_program import FINAL, HEAD_WORDS, LENGTH, TABLE, frame_buffer, lower_summary_exchange
-from ..refusals import Refusal
+from ..refusals import PlanRefusal, Refusal
 from . import tiles
 from . import tree as T
 
@@ -210,6 +210,27 @@ class Exchange:
         if count == 1 and lo == 0 and hi == n:
             return list(self.values.unpack_from(self.fmv, 32))
         return [0.0] * self.k if n == 0 and count == 0 else None
+
+    def run_again(self, row, m: int, n: int, check, what: str) -> None:
+        """The second exchange of a call whose rows every rank has checked already (the sorted
+        order, or frames that fit): run it, and check its table where it is new to this one."""
+        self.run(row, m, n)
+        tb = self.table.tobytes()
+        if tb != self.valid:
+            check(self.rows(), what)
+            self.valid = tb
+
+    def result(self, n: int, what: str) -> list:
+        """The root's values after rows that passed every check; plan-simulation-failed if the
+        merged state is not the root all the same (a bug, named)."""
+        values = self.root(n)
+        if values is None:
+            raise PlanRefusal(
+                "plan-simulation-failed",
+                f"{what}: the blocks cover the array of {n} elements but the merged summary is "
+                f"{int(self.final[0])} records (flags {self.flags}), not the root",
+            )
+        return values
 
     def rows(self) -> list:
         """The table in rank order, as Rows (1-D blocks) or Tiles."""

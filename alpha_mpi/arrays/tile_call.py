@@ -23,11 +23,11 @@ import numpy as np
 
 from ..execution.transport import timeout_from_env
 from ..kernel import ffi, lib
-from ..refusals import KernelRefusal, PlanRefusal, Refusal
+from ..refusals import KernelRefusal, Refusal
 from . import tiles as G
 from . import tree as T
 
-__all__ = ["tile_form", "reduce_tiles"]
+__all__ = ["tile_form", "reduce_tiles", "check_float64", "local_checks"]
 
 _F64 = np.dtype(np.float64)
 _ND = np.ndarray
@@ -167,13 +167,8 @@ def _element_strides(strides: tuple, extent: tuple) -> list:
     return out
 
 
-def _tile_array(a, what: str, op: str, ndim: int):
-    """a, checked: a float64 numpy array of ndim dimensions (copied only where its elements
-    are not 8-byte steps along the last dimension)."""
-    if type(a) is np.ndarray and a.dtype is _F64 and a.ndim == ndim:
-        st = a.strides
-        if st[-1] == 8 and not any(s & 7 for s in st):
-            return a
+def check_float64(a, what: str, op: str) -> None:
+    """dtype-invalid unless `a` is a numpy array of native float64 (1-D blocks and tiles)."""
     if not isinstance(a, np.ndarray):
         raise Refusal(
             "dtype-invalid", f"{op}: {what} is a {type(a).__name__}, expected a numpy float64 array"
@@ -183,6 +178,16 @@ def _tile_array(a, what: str, op: str, ndim: int):
             "dtype-invalid",
             f"{op}: {what} is {a.dtype}, expected native float64 (binary32 widens exactly: x.astype(np.float64))",
         )
+
+
+def _tile_array(a, what: str, op: str, ndim: int):
+    """a, checked: a float64 numpy array of ndim dimensions (copied only where its elements
+    are not 8-byte steps along the last dimension)."""
+    if type(a) is np.ndarray and a.dtype is _F64 and a.ndim == ndim:
+        st = a.strides
+        if st[-1] == 8 and not any(s & 7 for s in st):
+            return a
+    check_float64(a, what, op)
     if a.ndim != ndim:
         raise Refusal(
             "array-block-invalid",
@@ -254,20 +259,28 @@ def tile_inputs(op: str, xs, ys, offset, shape, cache: dict | None = None) -> Ti
     return TileArgs(geo, xs, ys)
 
 
-def reduce_tiles(ch, op: str, xs, ys, offset, shape, timeout, bad_batch=None) -> list:
-    """The k values of one tile call on channel `ch` (the same on every rank), or a refusal
-    raised by name on every rank."""
-    k = len(xs) if xs is not None else 1
-    err, status, args = None, T.STATUS_OK, None
+def local_checks(ch, timeout, bad_batch, inputs) -> tuple:
+    """(inputs(), None, STATUS_OK), or (None, this rank's refusal, its row status): the call's
+    timeout, a dots() batch that is not pairs, then `inputs`' own checks (1-D blocks or tiles).
+    A rank that refuses still takes part in the exchange, with that status in its row."""
     ch.call_timeout = ch.timeout
     try:
         if timeout is not None:
             ch.call_timeout = timeout_from_env(timeout)
         if bad_batch is not None:
             raise T.batch_refusal(bad_batch)
-        args = tile_inputs(op, xs, ys, offset, shape, ch.geometries)
+        return inputs(), None, T.STATUS_OK
     except Refusal as e:
-        err, status = e, T.refused_status(e.code)
+        return None, e, T.refused_status(e.code)
+
+
+def reduce_tiles(ch, op: str, xs, ys, offset, shape, timeout, bad_batch=None) -> list:
+    """The k values of one tile call on channel `ch` (the same on every rank), or a refusal
+    raised by name on every rank."""
+    k = len(xs) if xs is not None else 1
+    args, err, status = local_checks(
+        ch, timeout, bad_batch, lambda: tile_inputs(op, xs, ys, offset, shape, ch.geometries)
+    )
     ex = ch.tile_exchange(op, k, ch.capacity.current)
     m = records = n = 0
     detail = ""
@@ -302,14 +315,7 @@ def _verdict(ch, ex, op, args, row, m, records, n, detail) -> list:
     tb = ex.table.tobytes()
     if tb != ex.valid:
         tiles = ex.rows()
-        try:
-            G.check_tiles(tiles, op)
-        except Refusal as e:
-            if e.code == "non-finite-contribution" and detail:
-                raise Refusal(
-                    e.code, f"{op}: this rank ({ch.rank}) holds {detail}; {e.message}", **e.context
-                ) from None
-            raise
+        T.check_naming(G.check_tiles, tiles, op, ch.rank, detail)
         ex.valid, ex.valid_need = tb, G.capacity_needed(tiles, ch.size)
     need = ex.valid_need
     ch.capacity.settle(need)
@@ -319,20 +325,10 @@ def _verdict(ch, ex, op, args, row, m, records, n, detail) -> list:
             ex2.copy_local_from(ex, m)
         else:
             m = args.summary(ex2, ex2.capacity)
-        ex2.run(row, m, n)
-        tb2 = ex2.table.tobytes()
-        if tb2 != ex2.valid:
-            G.check_tiles(ex2.rows(), op)
-            ex2.valid, ex2.valid_need = tb2, need
+        ex2.run_again(row, m, n, G.check_tiles, op)
+        ex2.valid_need = need
         ex = ex2
-    values = ex.root(n)
-    if values is None:
-        raise PlanRefusal(
-            "plan-simulation-failed",
-            f"{op}: the tiles cover the shape but the merged summary is "
-            f"{int(ex.final[0])} records (flags {ex.flags}), not the root",
-        )
-    return values
+    return ex.result(n, op)
 
 
 def _first_nonfinite(args: TileArgs) -> str:

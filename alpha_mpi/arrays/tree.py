@@ -51,6 +51,7 @@ __all__ = [
     "check_rows",
     "check_refused",
     "check_finite",
+    "check_naming",
     "check_result",
     "refused_status",
     "batch_refusal",
@@ -281,6 +282,19 @@ def check_refused(rows, what: str) -> None:
             peer_code=status_code(refused[0].status),
             ranks=[r.rank for r in refused],
         )
+
+
+def check_naming(check, rows, what: str, rank: int, detail: str) -> None:
+    """check(rows, what) (check_rows or tiles.check_tiles); a non-finite-contribution refusal
+    names, on the rank that holds it, the first NaN/Inf (`detail`)."""
+    try:
+        check(rows, what)
+    except Refusal as e:
+        if e.code == "non-finite-contribution" and detail:
+            raise Refusal(
+                e.code, f"{what}: this rank ({rank}) holds {detail}; {e.message}", **e.context
+            ) from None
+        raise
 
 
 def check_finite(rows, what: str) -> None:

@@ -91,11 +91,11 @@ ADVICE: dict[str, str] = {
     "executor-identity-mismatch": "every rank must build the same executors (same tree, placement, delivery, layout, realization, contract, ALPHA_MPI_PAYLOAD_CHECK) in the same order on a communicator; the message names the ranks that differ",
     "tag-space-exhausted": "free the executors you no longer use on this communicator (.free() on every rank) so that their MPI tags can be handed out again, or build fewer at once (an MPI whose MPI_TAG_UB is 32767 holds fewer)",
     # distributed arrays (alpha_mpi.arrays)
-    "array-block-invalid": "pass this rank's block as a 1-D float64 array x (and y of the same length) with integers 0 <= offset, offset + len(x) <= n",
+    "array-block-invalid": "pass this rank's block as a float64 array x (and y of the same shape): 1-D with integers 0 <= offset, offset + len(x) <= n, or an N-d tile (at most 4 dimensions) with tuples offset and shape, inside the shape in every dimension",
     "array-batch-invalid": "pass dots() a list of 1..4096 (x, y) pairs of blocks, the same number on every rank",
-    "array-length-mismatch": "every rank must pass the same global length n",
-    "array-coverage-hole": "the ranks' blocks must cover [0, n) without a gap (empty blocks are fine); check each rank's offset and length",
-    "array-coverage-overlap": "each global index must belong to exactly one rank's block; check each rank's offset and length",
+    "array-length-mismatch": "every rank must pass the same global length n (or the same global shape, as a tuple)",
+    "array-coverage-hole": "the ranks' blocks must cover the global array without a gap (empty blocks are fine); check each rank's offset and block shape",
+    "array-coverage-overlap": "each global index must belong to exactly one rank's block; check each rank's offset and block shape",
     # contracts
     "numerical-profile-mismatch": "both sides must use the same numerical profile; adopt the new contract explicitly",
     "numerical-order-mismatch": "both sides must use the same operation order (tree order id, optimizer formula)",

@@ -101,6 +101,14 @@ def bits(a):
     return np.ascontiguousarray(a, dtype=np.float64).view(np.uint64)
 
 
+@pytest.fixture
+def self_comm():
+    """MPI.COMM_SELF: the API's real code path on one rank, without mpiexec."""
+    from mpi4py import MPI
+
+    return MPI.COMM_SELF
+
+
 def agree(comm, ok, what=""):
     """Fail on every rank if the check failed on any rank (test-side: collectives are fine here)."""
     from mpi4py import MPI

@@ -162,7 +162,8 @@ def test_a_rank_that_skips_a_constructor_leaves_no_rank_waiting_in_a_dup(world):
     position on the communicator; only the data differ), and it is why every rank must build
     the same executors in the same order. What the protocol guarantees: the others' third
     Allreducer, which no rank pairs with, is refused by name within the bound (its build
-    agreement runs before the collective Dup), where it used to wait in Dup for ever."""
+    agreement is a bounded verdict round; nothing is duplicated), where it used to wait in a
+    collective Dup for ever."""
     import time
 
     size, rank = world.Get_size(), world.Get_rank()

@@ -423,12 +423,6 @@ class Endpoint:
             "reordered a call, or passed other arguments)"
         )
 
-    def describe(self) -> str:
-        return (
-            f"endpoint of a {self.size}-rank communicator: {self._sequence} executors built, "
-            f"{len(self._live)} tag blocks held, next tag {self._next_tag} (MPI_TAG_UB {self.tag_ub})"
-        )
-
 
 def _deleted(comm, keyval, ep) -> None:
     """The user's communicator is being freed (MPI_Comm_free, or MPI_Finalize for the
@@ -482,7 +476,7 @@ def _refuse_different(v: vd.Verdicts, what: str) -> None:
     ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
     ref, other = ordered[0][0], ordered[1][0]
     part, fmt = next(_KEY_PARTS[i] for i in range(4) if ref[i] != other[i])
-    shown = "; ".join(f"{vd._ranks(rs)}: {fmt(k)}" for k, rs in ordered)
+    shown = "; ".join(f"{vd.ranks_text(rs)}: {fmt(k)}" for k, rs in ordered)
     raise Refusal(
         "executor-identity-mismatch",
         f"the ranks build different {what}s: {part} ({shown}); no rank built it",

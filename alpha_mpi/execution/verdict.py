@@ -48,7 +48,7 @@ from ..refusals import FrameRefusal, Refusal
 from .abort import mark_broken
 from .frames import code_of_tag, code_tag
 
-__all__ = ["OK", "RAISED", "REFUSED", "Verdicts", "exchange", "record_of", "RECORD_HEAD"]
+__all__ = ["OK", "RAISED", "REFUSED", "Verdicts", "exchange", "ranks_text", "record_of", "RECORD_HEAD"]
 
 OK, REFUSED, RAISED = 0, 1, 2
 MAGIC = b"ALPHAVRD"
@@ -224,7 +224,7 @@ def _in_step(table: Verdicts, what: str) -> None:
     if len(groups) == 1:
         return
     ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
-    shown = "; ".join(f"{_ranks(rs)} at round {key[0]} ({key[1].hex()})" for key, rs in ordered)
+    shown = "; ".join(f"{ranks_text(rs)} at round {key[0]} ({key[1].hex()})" for key, rs in ordered)
     raise Refusal(
         "executor-identity-mismatch",
         f"the ranks are out of step while {what}: {shown} (a rank built, saved or checked one more or one "
@@ -233,7 +233,7 @@ def _in_step(table: Verdicts, what: str) -> None:
     )
 
 
-def _ranks(ranks) -> str:
+def ranks_text(ranks) -> str:
     """`rank 3` / `ranks 0, 1, 2` (as messages name them)."""
     ranks = list(ranks)
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))

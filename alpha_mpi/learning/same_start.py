@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..execution import Endpoint
+from ..execution.verdict import ranks_text
 from ..refusals import Refusal
 
 if TYPE_CHECKING:
@@ -59,10 +60,6 @@ def _words(values: np.ndarray | None) -> list[int]:
 
 def _hex(words: Sequence[int]) -> str:
     return b"".join(int(w).to_bytes(8, "little") for w in words[1:]).hex()
-
-
-def _ranks(ranks: Sequence[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
 def agree(
@@ -101,14 +98,14 @@ def agree(
         ref_key, ref = max(groups.items(), key=lambda kv: (len(kv[1]), -kv[1][0]))
         differ = sorted(r for key, ranks in groups.items() if key != ref_key for r in ranks)
         shown = "; ".join(
-            f"{_ranks(ranks)} {'holds' if len(ranks) == 1 else 'hold'} sha256 {_hex(key)[:16]}… "
+            f"{ranks_text(ranks)} {'holds' if len(ranks) == 1 else 'hold'} sha256 {_hex(key)[:16]}… "
             f"({int(key[0])} values)"
             for key, ranks in list(groups.items())[:4]
         ) + ("; ..." if len(groups) > 4 else "")
         raise Refusal(
             item.code,
-            f"{item.label} differ across ranks while {what}: {_ranks(differ)} differ from "
-            f"{_ranks(ref)} ({shown})",
+            f"{item.label} differ across ranks while {what}: {ranks_text(differ)} differ from "
+            f"{ranks_text(ref)} ({shown})",
             ranks=differ,
         )
 

@@ -34,6 +34,7 @@ over an axis (`np.sum`, `@`, `np.dot`, `np.mean`) and transcendental functions a
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from . import kernel
 from .refusals import KernelRefusal
@@ -88,7 +89,9 @@ def _dims(a: np.ndarray, name: str, fn: str) -> tuple:
     return a.shape
 
 
-def matmul(a, b, bias=None, out: np.ndarray | None = None) -> np.ndarray:
+def matmul(
+    a: ArrayLike, b: ArrayLike, bias: ArrayLike | None = None, out: np.ndarray | None = None
+) -> np.ndarray:
     """a (m, k) @ b (k, n) [+ bias (n,)]: each output +0.0 + a[i,0]*b[0,j] + ... in ascending
     k, then + bias[j] once after the whole sum."""
     a, b = _f64(a, "a", "matmul"), _f64(b, "b", "matmul")
@@ -97,7 +100,9 @@ def matmul(a, b, bias=None, out: np.ndarray | None = None) -> np.ndarray:
     return kernel.matmul(_out(out, (m, n), "matmul"), a, b, bias)
 
 
-def matmul_tn(a, b, bias=None, out: np.ndarray | None = None) -> np.ndarray:
+def matmul_tn(
+    a: ArrayLike, b: ArrayLike, bias: ArrayLike | None = None, out: np.ndarray | None = None
+) -> np.ndarray:
     """a.T @ b for a (k, m), b (k, n) [+ bias (n,)]: the sum over the k rows (samples) in
     ascending order, e.g. a dense layer's weight gradient X.T @ dZ."""
     a, b = _f64(a, "a", "matmul_tn"), _f64(b, "b", "matmul_tn")
@@ -106,7 +111,9 @@ def matmul_tn(a, b, bias=None, out: np.ndarray | None = None) -> np.ndarray:
     return kernel.matmul_tn(_out(out, (m, n), "matmul_tn"), a, b, bias)
 
 
-def matmul_nt(a, b, bias=None, out: np.ndarray | None = None) -> np.ndarray:
+def matmul_nt(
+    a: ArrayLike, b: ArrayLike, bias: ArrayLike | None = None, out: np.ndarray | None = None
+) -> np.ndarray:
     """a @ b.T for a (m, k), b (n, k) [+ bias (n,)], e.g. the gradient a dense layer passes
     back, dZ @ W.T (W stored (n, k))."""
     a, b = _f64(a, "a", "matmul_nt"), _f64(b, "b", "matmul_nt")
@@ -115,7 +122,7 @@ def matmul_nt(a, b, bias=None, out: np.ndarray | None = None) -> np.ndarray:
     return kernel.matmul_nt(_out(out, (m, n), "matmul_nt"), a, b, bias)
 
 
-def col_sum(a, out: np.ndarray | None = None) -> np.ndarray:
+def col_sum(a: ArrayLike, out: np.ndarray | None = None) -> np.ndarray:
     """The column sums of a (m, n), each +0.0 + a[0,j] + a[1,j] + ... in row order (what
     `a.sum(axis=0)` computes in an order of its own): a bias gradient."""
     a = _f64(a, "a", "col_sum")
@@ -123,19 +130,21 @@ def col_sum(a, out: np.ndarray | None = None) -> np.ndarray:
     return kernel.col_sum(_out(out, (n,), "col_sum"), a)
 
 
-def relu(z, out: np.ndarray | None = None) -> np.ndarray:
+def relu(z: ArrayLike, out: np.ndarray | None = None) -> np.ndarray:
     """z where z > 0 (NaN stays NaN), else +0.0; out may be z."""
     z = _f64(z, "z", "relu")
     return kernel.relu(_out(out, z.shape, "relu"), z)
 
 
-def relu_backward(g, z, out: np.ndarray | None = None) -> np.ndarray:
+def relu_backward(g: ArrayLike, z: ArrayLike, out: np.ndarray | None = None) -> np.ndarray:
     """g where z > 0, else +0.0: the gradient through a ReLU whose input was z; out may be g."""
     g, z = _f64(g, "g", "relu_backward"), _f64(z, "z", "relu_backward")
     return kernel.relu_backward(_out(out, g.shape, "relu_backward"), g, z)
 
 
-def softmax_cross_entropy(logits, labels, grad_out: np.ndarray | None = None) -> tuple[float, np.ndarray]:
+def softmax_cross_entropy(
+    logits: ArrayLike, labels: ArrayLike, grad_out: np.ndarray | None = None
+) -> tuple[float, np.ndarray]:
     """(loss, grad) of a softmax cross-entropy summed over the rows: `logits` (m, c), integer
     `labels` (m,) in [0, c). loss = the sum over rows (ascending) of
     log(sum_j exp(z_j - max_j z)) - (z_y - max_j z); grad = softmax probabilities - onehot
@@ -148,14 +157,14 @@ def softmax_cross_entropy(logits, labels, grad_out: np.ndarray | None = None) ->
     return loss, grad
 
 
-def exp(x, out: np.ndarray | None = None) -> np.ndarray:
+def exp(x: ArrayLike, out: np.ndarray | None = None) -> np.ndarray:
     """exp(x), element by element, by alpha_mpi's one algorithm (below 1 ulp; subnormal results
     rounded once; +Inf above 709.78, +0 below -745.13); out may be x."""
     x = _f64(x, "x", "exp")
     return kernel.exp(_out(out, x.shape, "exp"), x)
 
 
-def log(x, out: np.ndarray | None = None) -> np.ndarray:
+def log(x: ArrayLike, out: np.ndarray | None = None) -> np.ndarray:
     """log(x), element by element, by alpha_mpi's one algorithm (below 1 ulp; -Inf at 0, NaN
     below 0); out may be x."""
     x = _f64(x, "x", "log")

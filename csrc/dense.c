@@ -180,19 +180,59 @@ int ak_col_sum(double *out, const double *a, size_t m, size_t n) {
     return AK_OK;
 }
 
+/* The selects below load both operands and pick one: a vector blend, no branch to mispredict
+ * (a branch per element on random signs costs more than the arithmetic of a whole layer).
+ * restrict, and one loop per aliasing case, so that the compiler vectorizes each. */
+static void relu_to(double *restrict out, const double *restrict z, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = z[i] <= 0.0 ? 0.0 : z[i]; /* z > 0 or NaN: z */
+}
+
+static void relu_in(double *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = x[i] <= 0.0 ? 0.0 : x[i];
+}
+
+static void mask_to(double *restrict out, const double *g, const double *z, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        const double gv = g[i]; /* loaded whatever z says: the select needs no branch */
+        out[i] = z[i] > 0.0 ? gv : 0.0;
+    }
+}
+
+static void mask_in_g(double *g, const double *restrict z, size_t n) {
+    for (size_t i = 0; i < n; i++) g[i] = z[i] > 0.0 ? g[i] : 0.0;
+}
+
+static void mask_in_z(double *z, const double *restrict g, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        const double gv = g[i];
+        z[i] = z[i] > 0.0 ? gv : 0.0;
+    }
+}
+
+static void mask_self(double *x, size_t n) { /* g == z: x where x > 0 (NaN is not): +0.0 */
+    for (size_t i = 0; i < n; i++) x[i] = x[i] > 0.0 ? x[i] : 0.0;
+}
+
 int ak_relu(double *out, const double *z, size_t n) {
     if (!size_ok(n, 1) || !exact_or_disjoint(out, z, n)) return AK_ERR_BAD_ARGUMENT;
-    for (size_t i = 0; i < n; i++) {
-        const double v = z[i];
-        out[i] = (v > 0.0 || v != v) ? v : 0.0;
-    }
+    if (out == z)
+        relu_in(out, n);
+    else
+        relu_to(out, z, n);
     return AK_OK;
 }
 
 int ak_relu_backward(double *out, const double *g, const double *z, size_t n) {
     if (!size_ok(n, 1) || !exact_or_disjoint(out, g, n) || !exact_or_disjoint(out, z, n))
         return AK_ERR_BAD_ARGUMENT;
-    for (size_t i = 0; i < n; i++) out[i] = z[i] > 0.0 ? g[i] : 0.0;
+    if (out == g && out == z)
+        mask_self(out, n);
+    else if (out == g)
+        mask_in_g(out, z, n);
+    else if (out == z)
+        mask_in_z(out, g, n);
+    else
+        mask_to(out, g, z, n);
     return AK_OK;
 }
 

@@ -146,6 +146,13 @@ def test_col_sum_relu_and_its_mask_match_the_oracle():
     again = z.copy()
     K.relu(again, again)  # out may be the input itself
     assert same_bits(again, r)
+    # the backward mask with out as g, as z, as both (each aliasing case has its own loop)
+    g = np.where(np.isnan(z), 1.0, -z) + 0.25
+    gg, zz = g.copy(), z.copy()
+    assert same_bits(K.relu_backward(gg, gg, z), O.relu_backward(g, z))
+    assert same_bits(K.relu_backward(zz, g, zz), O.relu_backward(g, z))
+    zz = z.copy()  # g and z the same array, NaN included (not > 0: +0.0)
+    assert same_bits(K.relu_backward(zz, zz, zz), O.relu_backward(z, z))
 
 
 def test_softmax_cross_entropy_matches_the_oracle():

@@ -17,7 +17,6 @@ reference `alpha-mpi bench train` measures against, and a model whose identity m
 from __future__ import annotations
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 from .. import ops
 
@@ -115,6 +114,19 @@ class MLP:
         return np.argmax(ops.matmul(a1, v["W2"], bias=v["b2"]), axis=1)
 
 
+_blas = None  # one threadpoolctl controller: its limit() costs microseconds, threadpool_limits() tens
+
+
+def _one_blas_thread():
+    """A context with one BLAS thread (threadpoolctl), the controller made once."""
+    global _blas
+    if _blas is None:
+        from threadpoolctl import ThreadpoolController
+
+        _blas = ThreadpoolController()
+    return _blas.limit(limits=1, user_api="blas")
+
+
 class BlasMLP(MLP):
     """`MLP`'s model computed with numpy and BLAS (one BLAS thread): the same maths, other bits.
 
@@ -130,7 +142,7 @@ class BlasMLP(MLP):
         self, params: np.ndarray, X: np.ndarray, y: np.ndarray, grad_out: np.ndarray
     ) -> float:
         """Write Σ_i ∇loss_i into grad_out; return Σ loss_i (numpy/BLAS, machine-dependent bits)."""
-        with threadpool_limits(limits=1):
+        with _one_blas_thread():
             v = self.views(params)
             z1 = X @ v["W1"] + v["b1"]
             a1 = np.maximum(z1, 0.0)
@@ -154,7 +166,7 @@ class BlasMLP(MLP):
 
     def predict(self, params: np.ndarray, X: np.ndarray) -> np.ndarray:
         """Labels by numpy/BLAS (machine-dependent near ties)."""
-        with threadpool_limits(limits=1):
+        with _one_blas_thread():
             v = self.views(params)
             a1 = np.maximum(X @ v["W1"] + v["b1"], 0.0)
             return np.argmax(a1 @ v["W2"] + v["b2"], axis=1)

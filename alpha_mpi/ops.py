@@ -27,8 +27,8 @@ function says so). Element-wise numpy (`+`, `*`, `/`, `np.sqrt`, `np.maximum`, c
 already machine-independent: each element is one correctly rounded operation. Sums and products
 over an axis (`np.sum`, `@`, `np.dot`, `np.mean`) and transcendental functions are not: use these.
 
-`alpha_mpi.learning.MLP` is built from these functions only (and declares
-`machine_independent = True`).
+`alpha_mpi.learning.MLP` is built from the same kernels only (`alpha_mpi.kernel`'s functions,
+which take their outputs from the caller) and declares `machine_independent = True`.
 """
 
 from __future__ import annotations

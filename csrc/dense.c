@@ -297,7 +297,7 @@ static void gemm_generic(size_t m, size_t n, size_t k, const double *a, size_t a
 }
 
 #define DP_KC 128 /* rows of B per panel (a packed panel is at most 128 x 32 doubles, 32 KiB) */
-#define NARROW 16 /* fewer columns than this (and more rows): the rows share the vectors */
+#define NARROW 16 /* fewer columns than this may have the rows share the vectors instead */
 
 #if defined(__x86_64__)
 #define DP_NAME sse2
@@ -405,6 +405,11 @@ const char *ak_isa_name(int32_t path) {
     return path >= 0 && path < AK_ISA_COUNT ? names[path] : "unknown";
 }
 
+/* doubles per vector of each path: which way a narrow product fills its vectors better */
+static const size_t path_lanes[AK_ISA_COUNT] = {1, 2, 4, 8, 2};
+
+static size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
+
 static int gemm_checked(double *c, const double *a, size_t a_rows, size_t a_cols,
                         const double *b, size_t b_rows, size_t b_cols, const double *bias,
                         size_t m, size_t k, size_t n, size_t a_rs, size_t a_cs, size_t b_rs,
@@ -417,8 +422,13 @@ static int gemm_checked(double *c, const double *a, size_t a_rows, size_t a_cols
         (bias && overlap(c, cb, bias, n * sizeof(double))))
         return AK_ERR_BAD_ARGUMENT;
     if (m == 0 || n == 0) return AK_OK;
-    gemm_fn gemm = path_fn(ak_isa_current());
-    if (n >= NARROW || m <= n) {
+    const int32_t path = ak_isa_current();
+    gemm_fn gemm = path_fn(path);
+    const size_t lanes = path_lanes[path];
+    /* lanes a row of C fills, rounded up to whole vectors, per useful lane: the rows share the
+     * vectors when that wastes fewer (n = 10 on 8 lanes: 16 for 10; m = 32: 32 for 32) */
+    const int rows_share = n < NARROW && m > n && round_up(n, lanes) * m > round_up(m, lanes) * n;
+    if (!rows_share) {
         gemm(m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, bias, c, n, 1);
         return AK_OK;
     }

@@ -103,11 +103,12 @@ def isa_path() -> str:
 def _matrix(a, name: str, fn: str, writable: bool = False):
     """(cffi buffer, rows, cols) of a 2-D float64 C-contiguous array."""
     buf = f64_buffer(a, name, fn, writable)
-    if a.ndim != 2:
+    shape = a.shape
+    if len(shape) != 2:
         raise KernelRefusal(
-            "kernel-bad-argument", f"{fn}: {name} must be 2-D, got shape {a.shape}", argument=name
+            "kernel-bad-argument", f"{fn}: {name} must be 2-D, got shape {shape}", argument=name
         )
-    return buf, a.shape[0], a.shape[1]
+    return buf, shape[0], shape[1]
 
 
 def _shape_refusal(fn: str, what: str, **shapes) -> KernelRefusal:
@@ -128,27 +129,21 @@ def _bias(bias, n: int, fn: str):
     return buf
 
 
-def _product(fn: str, c_fn, out, a, b, bias, a_mk, b_kn) -> np.ndarray:
+def _product(fn: str, c_fn, out, a, b, bias, a_t: bool, b_t: bool) -> np.ndarray:
+    """Check and call one product: a_t / b_t say that a / b are stored transposed ((k, m) /
+    (n, k)). The checks cost a few microseconds, which the small products feel."""
     if not _env_read:
         _read_env()
     pc, m, n = _matrix(out, "out", fn, True)
     pa, ar, ac = _matrix(a, "a", fn)
     pb, br, bc = _matrix(b, "b", fn)
-    am, ak = a_mk(ar, ac)
-    bk, bn = b_kn(br, bc)
+    am, ak = (ac, ar) if a_t else (ar, ac)
+    bk, bn = (bc, br) if b_t else (br, bc)
     if ak != bk or am != m or bn != n:
         raise _shape_refusal(fn, "the shapes do not fit", out=out, a=a, b=b)
-    if c_fn(pc, pa, pb, _bias(bias, n, fn), m, ak, n):
+    if c_fn(pc, pa, pb, ffi.NULL if bias is None else _bias(bias, n, fn), m, ak, n):
         bad_argument(fn, "out overlaps a, b or bias")
     return out
-
-
-def _same(x, y):
-    return x, y
-
-
-def _swapped(x, y):
-    return y, x
 
 
 def matmul(out: np.ndarray, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
@@ -156,19 +151,19 @@ def matmul(out: np.ndarray, a: np.ndarray, b: np.ndarray, bias: np.ndarray | Non
 
     Each out[i, j] is +0.0 + a[i,0]*b[0,j] + a[i,1]*b[1,j] + ... in ascending l, each product
     rounded, then + bias[j] (csrc/dense.h PRODUCTS). out must not overlap an input."""
-    return _product("matmul", lib.ak_matmul, out, a, b, bias, _same, _same)
+    return _product("matmul", lib.ak_matmul, out, a, b, bias, False, False)
 
 
 def matmul_tn(out: np.ndarray, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
     """out (m, n) = a.T @ b for a (k, m), b (k, n) (a layer's weight gradient X^T G: the sum over
     the k samples in ascending order), plus bias (n,) after the sum."""
-    return _product("matmul_tn", lib.ak_matmul_tn, out, a, b, bias, _swapped, _same)
+    return _product("matmul_tn", lib.ak_matmul_tn, out, a, b, bias, True, False)
 
 
 def matmul_nt(out: np.ndarray, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
     """out (m, n) = a @ b.T for a (m, k), b (n, k) (the gradient passed back, G W^T), plus bias
     (n,) after the sum."""
-    return _product("matmul_nt", lib.ak_matmul_nt, out, a, b, bias, _same, _swapped)
+    return _product("matmul_nt", lib.ak_matmul_nt, out, a, b, bias, False, True)
 
 
 def col_sum(out: np.ndarray, a: np.ndarray) -> np.ndarray:

@@ -3,10 +3,11 @@
 A slot's gradient must be computed the same way on whichever rank runs it, or the combine's
 fixed order would be fixed over different numbers; and on whichever *machine* runs it, or a
 cluster that mixes CPU types trains to another result than either type alone. So `MLP` computes
-with alpha_mpi's fixed-order kernels only (`alpha_mpi.ops`: every sum in one declared order, no
-fused multiply-add, exp/log by one algorithm of alpha_mpi's), never BLAS or numpy's SIMD
-exp/log, and declares `machine_independent = True`: its slot results do not depend on the CPU,
-the BLAS library or kernel, or the thread count.
+with alpha_mpi's fixed-order kernels only (`alpha_mpi.kernel`'s dense functions, which
+`alpha_mpi.ops` offers users: every sum in one declared order, no fused multiply-add, exp/log by
+one algorithm of alpha_mpi's), never BLAS or numpy's SIMD exp/log, and declares
+`machine_independent = True`: its slot results do not depend on the CPU, the BLAS library or
+kernel, or the thread count.
 
 `BlasMLP` is the same model computed with numpy and BLAS (`@`, `np.exp`, `np.log`, `np.sum`),
 as alpha_mpi computed it before 0.3: faster on some machines, and machine-dependent (another
@@ -18,15 +19,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import ops
+from .. import kernel
 
 __all__ = ["MLP", "BlasMLP"]
 
 
 class MLP:
     """The built-in `Model`: one ReLU hidden layer and softmax cross-entropy (summed over a slot's
-    samples), computed with alpha_mpi's fixed-order kernels (`alpha_mpi.ops`), so its bits are
-    the same on every machine. `inputs`, `hidden`, `classes`: ints >= 1, at most MAX_PARAMS
+    samples), computed with alpha_mpi's fixed-order kernels (those of `alpha_mpi.ops`), so its
+    bits are the same on every machine. `inputs`, `hidden`, `classes`: ints >= 1, at most MAX_PARAMS
     parameters in all (`model-invalid` otherwise)."""
 
     MAX_PARAMS = 1 << 28  # 2 GiB per float64 vector; a learner holds several (params, moments, one per slot)
@@ -93,25 +94,29 @@ class MLP:
         rows in ascending order, each product sum over ascending inner index (csrc/dense.h)."""
         v, g = self.views(params), self.views(grad_out)
         X = np.ascontiguousarray(X, dtype=np.float64)  # exact (float32, integers below 2**53)
-        k = X.shape[0]
-        z1 = ops.matmul(X, v["W1"], bias=v["b1"])  # (k, h): X W1, then + b1
-        a1 = ops.relu(z1)
-        logits = ops.matmul(a1, v["W2"], bias=v["b2"])  # (k, c)
-        loss, d = ops.softmax_cross_entropy(logits, y, grad_out=logits)  # d = probs - onehot
-        ops.matmul_tn(a1, d, out=g["W2"])  # a1^T d: the sum over the k samples
-        ops.col_sum(d, out=g["b2"])
-        da1 = ops.matmul_nt(d, v["W2"], out=np.empty((k, self.h)))  # d W2^T
-        ops.relu_backward(da1, z1, out=da1)
-        ops.matmul_tn(X, da1, out=g["W1"])
-        ops.col_sum(da1, out=g["b1"])
+        y = np.asarray(y)
+        k, h = X.shape[0], self.h
+        # alpha_mpi.kernel's functions with this method's buffers (alpha_mpi.ops is the same
+        # with allocation and conversions, a microsecond more per call)
+        z1 = kernel.matmul(np.empty((k, h)), X, v["W1"], v["b1"])  # (k, h): X W1, then + b1
+        a1 = kernel.relu(np.empty((k, h)), z1)
+        logits = kernel.matmul(np.empty((k, self.c)), a1, v["W2"], v["b2"])
+        loss = kernel.softmax_xent(logits, logits, y)  # logits become probs - onehot
+        kernel.matmul_tn(g["W2"], a1, logits)  # a1^T d: the sum over the k samples
+        kernel.col_sum(g["b2"], logits)
+        da1 = kernel.matmul_nt(a1, logits, v["W2"])  # d W2^T, into a1's buffer (a1 is done)
+        kernel.relu_backward(da1, da1, z1)
+        kernel.matmul_tn(g["W1"], X, da1)
+        kernel.col_sum(g["b1"], da1)
         return loss
 
     def predict(self, params: np.ndarray, X: np.ndarray) -> np.ndarray:
         """Labels: the first class of largest logit per row (fixed-order kernels; argmax compares only)."""
         v = self.views(params)
         X = np.ascontiguousarray(X, dtype=np.float64)
-        a1 = ops.relu(ops.matmul(X, v["W1"], bias=v["b1"]))
-        return np.argmax(ops.matmul(a1, v["W2"], bias=v["b2"]), axis=1)
+        z1 = kernel.matmul(np.empty((X.shape[0], self.h)), X, v["W1"], v["b1"])
+        a1 = kernel.relu(z1, z1)
+        return np.argmax(kernel.matmul(np.empty((X.shape[0], self.c)), a1, v["W2"], v["b2"]), axis=1)
 
 
 _blas = None  # one threadpoolctl controller: its limit() costs microseconds, threadpool_limits() tens

@@ -11,7 +11,7 @@ Negative controls prove that the comparison can see a difference:
   - a reciprocal-square-root Adam (driver-only macro) differs from the baseline.
 
 Needs: gcc-aarch64-linux-gnu, libc6-dev-arm64-cross, qemu-user (Debian/Ubuntu names);
-skipped with the reason where they are absent. About 15-30 s on two cores.
+skipped with the reason where they are absent. About 1-2 minutes on two cores.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from conftest import mpiexec, needs_mpiexec, printed_digests
+from conftest import EXAMPLES, mpiexec, needs_mpiexec, printed_digests
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 pytestmark = needs_mpiexec
@@ -92,6 +92,30 @@ def test_one_digest_when_the_ranks_mix_isa_paths(reference):
     other (the vector width differs, the bits do not)."""
     assert train_digest([{"ALPHA_MPI_ISA": "generic"}, {}]) == reference
     assert train_digest([{"ALPHA_MPI_ISA": "sse2"}, {"ALPHA_MPI_ISA": "sse2"}]) == reference
+
+
+def test_a_users_model_on_alpha_mpi_ops_prints_one_digest_across_kernels():
+    """examples/numpy_ops_softmax.py (softmax regression on alpha_mpi.ops, `--model`): the same
+    digest on the defaults, under one other kernel, and with the kernels mixed across ranks."""
+    args = [
+        "-m",
+        "alpha_mpi",
+        "train",
+        "--steps",
+        "30",
+        "--log-every",
+        "0",
+        "--model",
+        "numpy_ops_softmax:factory",
+    ]
+    path = {"PYTHONPATH": os.pathsep.join(p for p in (EXAMPLES, os.environ.get("PYTHONPATH")) if p)}
+    one = train_digest([{}, {}], args, path)
+    k = coretype("Sandybridge")
+    assert train_digest([{"OPENBLAS_CORETYPE": k}, {"OPENBLAS_CORETYPE": k}], args, path) == one
+    assert (
+        train_digest([{"OPENBLAS_CORETYPE": k}, {"OPENBLAS_CORETYPE": coretype("Haswell")}], args, path)
+        == one
+    )
 
 
 def test_negative_control_a_blas_model_prints_another_digest_under_another_kernel():

@@ -89,15 +89,21 @@ def _dims(a: np.ndarray, name: str, fn: str) -> tuple:
     return a.shape
 
 
+def _product(fn: str, kernel_fn, a, b, bias, out, a_cols: bool, b_rows: bool) -> np.ndarray:
+    """Convert, allocate and call one product; C is (a's rows or columns, b's columns or rows)."""
+    a, b = _f64(a, "a", fn), _f64(b, "b", fn)
+    bias = None if bias is None else _f64(bias, "bias", fn)
+    m = _dims(a, "a", fn)[1 if a_cols else 0]
+    n = _dims(b, "b", fn)[0 if b_rows else 1]
+    return kernel_fn(_out(out, (m, n), fn), a, b, bias)
+
+
 def matmul(
     a: ArrayLike, b: ArrayLike, bias: ArrayLike | None = None, out: np.ndarray | None = None
 ) -> np.ndarray:
     """a (m, k) @ b (k, n) [+ bias (n,)]: each output +0.0 + a[i,0]*b[0,j] + ... in ascending
     k, then + bias[j] once after the whole sum."""
-    a, b = _f64(a, "a", "matmul"), _f64(b, "b", "matmul")
-    bias = None if bias is None else _f64(bias, "bias", "matmul")
-    m, n = _dims(a, "a", "matmul")[0], _dims(b, "b", "matmul")[1]
-    return kernel.matmul(_out(out, (m, n), "matmul"), a, b, bias)
+    return _product("matmul", kernel.matmul, a, b, bias, out, False, False)
 
 
 def matmul_tn(
@@ -105,10 +111,7 @@ def matmul_tn(
 ) -> np.ndarray:
     """a.T @ b for a (k, m), b (k, n) [+ bias (n,)]: the sum over the k rows (samples) in
     ascending order, e.g. a dense layer's weight gradient X.T @ dZ."""
-    a, b = _f64(a, "a", "matmul_tn"), _f64(b, "b", "matmul_tn")
-    bias = None if bias is None else _f64(bias, "bias", "matmul_tn")
-    m, n = _dims(a, "a", "matmul_tn")[1], _dims(b, "b", "matmul_tn")[1]
-    return kernel.matmul_tn(_out(out, (m, n), "matmul_tn"), a, b, bias)
+    return _product("matmul_tn", kernel.matmul_tn, a, b, bias, out, True, False)
 
 
 def matmul_nt(
@@ -116,10 +119,7 @@ def matmul_nt(
 ) -> np.ndarray:
     """a @ b.T for a (m, k), b (n, k) [+ bias (n,)], e.g. the gradient a dense layer passes
     back, dZ @ W.T (W stored (n, k))."""
-    a, b = _f64(a, "a", "matmul_nt"), _f64(b, "b", "matmul_nt")
-    bias = None if bias is None else _f64(bias, "bias", "matmul_nt")
-    m, n = _dims(a, "a", "matmul_nt")[0], _dims(b, "b", "matmul_nt")[0]
-    return kernel.matmul_nt(_out(out, (m, n), "matmul_nt"), a, b, bias)
+    return _product("matmul_nt", kernel.matmul_nt, a, b, bias, out, False, True)
 
 
 def col_sum(a: ArrayLike, out: np.ndarray | None = None) -> np.ndarray:

@@ -166,15 +166,20 @@ def build_all(tools, workdir, flags, names=None, commands=None):
     return {n: Path(cmds[n][cmds[n].index("-o") + 1]) for n in names}
 
 
+def _execute(tools, name, cmd, timeout):
+    """Run a driver's command line (an AArch64 one under qemu); its stderr, or RuntimeError."""
+    if name.startswith("aarch64"):
+        cmd = [tools["qemu"], *cmd]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if r.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} exited {r.returncode}: {r.stderr}")
+    return r.stderr
+
+
 def run_driver(tools, name, exe, workdir, n=N_DEFAULT, seed=20240601):
     """Run one driver (AArch64 ones under qemu) over n generated elements; its sections."""
     out = Path(workdir) / f"out_{name}.bin"
-    cmd = [str(exe), str(out), str(n), str(seed)]
-    if name.startswith("aarch64"):
-        cmd = [tools["qemu"], *cmd]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    if r.returncode:
-        raise RuntimeError(f"{' '.join(cmd)} exited {r.returncode}: {r.stderr}")
+    _execute(tools, name, [str(exe), str(out), str(n), str(seed)], 600)
     try:
         return read_sections(out)
     finally:
@@ -247,14 +252,21 @@ def compare(a, b):
     return res
 
 
-def run_conformance(workdir=None, n=N_DEFAULT):
-    """Build all four drivers, run them, and compare. Returns a JSON-able report."""
+def _prepare(workdir, prefix):
+    """(tools, workdir as a Path, flags), or (None, why the toolchain is missing, None)."""
     tools, why = toolchain()
     if tools is None:
-        return {"skipped": why}
-    workdir = Path(workdir or tempfile.mkdtemp(prefix="alpha_conf_"))
+        return None, why, None
+    workdir = Path(workdir or tempfile.mkdtemp(prefix=prefix))
     workdir.mkdir(parents=True, exist_ok=True)
-    flags = base_cflags()
+    return tools, workdir, base_cflags()
+
+
+def run_conformance(workdir=None, n=N_DEFAULT):
+    """Build all four drivers, run them, and compare. Returns a JSON-able report."""
+    tools, workdir, flags = _prepare(workdir, "alpha_conf_")
+    if tools is None:
+        return {"skipped": workdir}
     exes = build_all(tools, workdir, flags)
     outs = {name: run_driver(tools, name, exe, workdir, n) for name, exe in exes.items()}
     return {
@@ -310,13 +322,8 @@ def training_case(path, steps=10, hidden=32, batch=50, slots=6, seed=0):
 def run_train_driver(tools, name, exe, case, workdir):
     """Run one train driver on `case` (AArch64 ones under qemu): (sections, ISA paths run)."""
     out = Path(workdir) / f"train_out_{name}.bin"
-    cmd = [str(exe), str(case), str(out)]
-    if name.startswith("aarch64"):
-        cmd = [tools["qemu"], *cmd]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    if r.returncode:
-        raise RuntimeError(f"{' '.join(cmd)} exited {r.returncode}: {r.stderr}")
-    paths = [int(w) for w in r.stderr.split() if w.isdigit()][1]  # "S steps on P ISA paths, D differ"
+    said = _execute(tools, name, [str(exe), str(case), str(out)], 900)
+    paths = [int(w) for w in said.split() if w.isdigit()][1]  # "S steps on P ISA paths, D differ"
     return read_sections(out), paths
 
 
@@ -324,12 +331,9 @@ def run_train_conformance(workdir=None, steps=10, hidden=32, batch=50, slots=6):
     """The product trains on x86-64 and writes its case; the train drivers (x86_64, aarch64,
     aarch64_fma) run it. Returns a JSON-able report: per target the differing elements of each
     section against the product's state, the ISA paths each ran and how many of them differed."""
-    tools, why = toolchain()
+    tools, workdir, flags = _prepare(workdir, "alpha_train_conf_")
     if tools is None:
-        return {"skipped": why}
-    workdir = Path(workdir or tempfile.mkdtemp(prefix="alpha_train_conf_"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    flags = base_cflags()
+        return {"skipped": workdir}
     exes = build_all(tools, workdir, flags, commands=train_build_commands(tools, workdir, flags))
     case = workdir / "case.bin"
     product = training_case(case, steps, hidden, batch, slots)

@@ -8,11 +8,7 @@
  * PRNG (splitmix64) by bit manipulation only -- no libm, no multiply-add shaped
  * expressions, so the inputs are the same bits on every target and under every
  * negative-control build -- runs every kernel function on them and writes all output
- * bits to a file:
- *
- *   "AKCONF01"                                  8-byte magic
- *   repeated: char name[16] (NUL padded), uint64 count, uint64 elem_size (4 or 8),
- *             count * elem_size bytes (little endian)
+ * bits to a file (the format of conformance_io.h).
  *
  * usage: conformance_driver OUT_FILE [N] [SEED]   (N defaults to 1048576)
  *
@@ -21,16 +17,13 @@
  *                            a reciprocal-then-multiply route that rounds twice.
  */
 #include "alpha_kernel.h"
+#include "conformance_io.h"
 #include "dense.h"
 
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#if !(defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__)
-#error "the conformance file format is little endian"
-#endif
 
 static uint64_t sm_state;
 
@@ -125,14 +118,7 @@ static double narrow_input(void) {
 static FILE *out_file;
 
 static void section(const char *name, const void *data, uint64_t count, uint64_t elem) {
-    char nm[16] = {0};
-    strncpy(nm, name, sizeof nm - 1);
-    if (fwrite(nm, 1, 16, out_file) != 16 || fwrite(&count, 8, 1, out_file) != 1 ||
-        fwrite(&elem, 8, 1, out_file) != 1 ||
-        (count && fwrite(data, (size_t)elem, (size_t)count, out_file) != count)) {
-        fprintf(stderr, "conformance_driver: write failed\n");
-        exit(3);
-    }
+    conformance_section(out_file, name, data, count, elem);
 }
 
 static void check(int st, const char *what) {
@@ -176,12 +162,11 @@ int main(int argc, char **argv) {
     }
     size_t n = argc > 2 ? (size_t)strtoull(argv[2], 0, 10) : (size_t)1 << 20;
     sm_state = argc > 3 ? strtoull(argv[3], 0, 10) : UINT64_C(20240601);
-    out_file = fopen(argv[1], "wb");
+    out_file = conformance_open(argv[1]);
     if (!out_file || n < 16384) {
         fprintf(stderr, "conformance_driver: cannot open %s (or N < 16384)\n", argv[1]);
         return 2;
     }
-    fwrite("AKCONF01", 1, 8, out_file);
 
     /* FP environment (flags only: the raw registers differ by architecture) */
     uint32_t raw = 0;

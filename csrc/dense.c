@@ -306,11 +306,6 @@ static void gemm_generic(size_t m, size_t n, size_t k, const double *a, size_t a
 #define DP_MR 4 /* 12 accumulators of the 16 xmm registers */
 #define DP_NV 3
 #include "dense_path.inc"
-#undef DP_NAME
-#undef DP_TARGET
-#undef DP_VLEN
-#undef DP_MR
-#undef DP_NV
 
 #define DP_NAME avx2
 #define DP_TARGET __attribute__((target("avx2")))
@@ -318,11 +313,6 @@ static void gemm_generic(size_t m, size_t n, size_t k, const double *a, size_t a
 #define DP_MR 4 /* 8 accumulators of the 16 ymm registers (the products need temporaries) */
 #define DP_NV 2
 #include "dense_path.inc"
-#undef DP_NAME
-#undef DP_TARGET
-#undef DP_VLEN
-#undef DP_MR
-#undef DP_NV
 
 #define DP_NAME avx512
 #define DP_TARGET __attribute__((target("avx512f")))
@@ -330,11 +320,6 @@ static void gemm_generic(size_t m, size_t n, size_t k, const double *a, size_t a
 #define DP_MR 4 /* 12 accumulators of the 32 zmm registers: measured best of 4..8 x 2..4 */
 #define DP_NV 3
 #include "dense_path.inc"
-#undef DP_NAME
-#undef DP_TARGET
-#undef DP_VLEN
-#undef DP_MR
-#undef DP_NV
 #endif
 
 #if defined(__aarch64__)
@@ -344,11 +329,6 @@ static void gemm_generic(size_t m, size_t n, size_t k, const double *a, size_t a
 #define DP_MR 4 /* 16 accumulators of the 32 q registers */
 #define DP_NV 4
 #include "dense_path.inc"
-#undef DP_NAME
-#undef DP_TARGET
-#undef DP_VLEN
-#undef DP_MR
-#undef DP_NV
 #endif
 
 static gemm_fn path_fn(int32_t path) {

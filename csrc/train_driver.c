@@ -23,7 +23,7 @@
  * Input (little endian):  "AKTRAIN1", int64 d, h, c, slots, steps, double lr, b1, b2, eps,
  *   double params[n] (n = d*h + h + h*c + c: W1, b1, W2, b2), then per step and slot:
  *   int64 k, double X[k*d], int64 y[k].
- * Output: conformance_driver.c's section file: "fpenv_flags", "params", "adam_m", "adam_v"
+ * Output: a section file (conformance_io.h): "fpenv_flags", "params", "adam_m", "adam_v"
  *   (n doubles, the first path's), "losses" (the mean loss of each step, as train_step returns
  *   it), "paths_differ" (how many paths gave other bits than the first); and on stderr the
  *   line "train_driver: S steps on P ISA paths, D differ".
@@ -36,11 +36,8 @@
 #include <string.h>
 
 #include "alpha_kernel.h"
+#include "conformance_io.h" /* also: little endian only */
 #include "dense.h"
-
-#if !(defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__)
-#error "the case and output formats are little endian"
-#endif
 
 static void die(const char *what) {
     fprintf(stderr, "train_driver: %s\n", what);
@@ -210,12 +207,7 @@ static void train(const Case *cs, State *st) {
 static FILE *out_file;
 
 static void section(const char *name, const void *data, uint64_t count, uint64_t elem) {
-    char nm[16] = {0};
-    strncpy(nm, name, sizeof nm - 1);
-    if (fwrite(nm, 1, 16, out_file) != 16 || fwrite(&count, 8, 1, out_file) != 1 ||
-        fwrite(&elem, 8, 1, out_file) != 1 ||
-        (count && fwrite(data, (size_t)elem, (size_t)count, out_file) != count))
-        die("write failed");
+    conformance_section(out_file, name, data, count, elem);
 }
 
 static State new_state(const Case *cs) {
@@ -249,9 +241,8 @@ int main(int argc, char **argv) {
         }
         paths++;
     }
-    out_file = fopen(argv[2], "wb");
+    out_file = conformance_open(argv[2]);
     if (!out_file) die("cannot open the output file");
-    fwrite("AKCONF01", 1, 8, out_file);
     uint32_t raw = 0;
     int64_t env = ak_fpenv_check(&raw);
     section("fpenv_flags", &env, 1, 8);

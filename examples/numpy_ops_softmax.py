@@ -12,28 +12,16 @@ so with `machine_independent = True`.
 """
 
 import numpy as np
+from numpy_softmax import SoftmaxRegression
 
 from alpha_mpi import ops
 
 
-class OpsSoftmaxRegression:
-    """logits = X @ W + b; loss = Σ_i cross-entropy_i. Parameters: W (d, c) then b (c,)."""
+class OpsSoftmaxRegression(SoftmaxRegression):
+    """numpy_softmax.py's model (parameters, init) with its two computing methods on ops."""
 
     #: The slot results do not depend on the CPU, BLAS library or thread count.
     machine_independent = True
-
-    def __init__(self, inputs: int, classes: int):
-        self.d, self.c = inputs, classes
-        self.n_params = inputs * classes + classes
-
-    def _split(self, params):
-        return params[: self.d * self.c].reshape(self.d, self.c), params[self.d * self.c :]
-
-    def init(self, seed: int) -> np.ndarray:
-        """Small seeded weights, zero bias: a function of the seed alone."""
-        p = np.zeros(self.n_params)
-        p[: self.d * self.c] = np.random.default_rng([seed, 7]).standard_normal(self.d * self.c) * 0.01
-        return p
 
     def loss_and_grad_sum(self, params, X, y, grad_out) -> float:
         """Σ_i ∇loss_i into grad_out (a sum over the slot, not a mean); returns Σ_i loss_i."""

@@ -78,6 +78,10 @@ class MLP:
         # one correctly rounded multiply per element. The learner compares the initial
         # parameters across ranks at start (same_start.py): a difference would be refused
         # (`initial-params-mismatch`), never trained on.
+        # The ISA path the kernels will run on, chosen now (ALPHA_MPI_ISA read): init runs on
+        # every rank inside the learner's start agreement, so a path one rank cannot run is
+        # refused there on every rank (kernel-isa-unavailable, peer-refused), not mid-step.
+        kernel.isa_path()
         rng = np.random.default_rng([seed, 0xA1FA])
         p = np.zeros(self.n_params)
         v = self.views(p)

@@ -13,6 +13,7 @@ OPENBLAS_CORETYPE Sandybridge ...` does. Each launch runs under a hard `timeout`
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -57,13 +58,21 @@ def train_digest(per_rank: list, args=TRAIN, extra_env=None) -> str:
         for r, env in enumerate(per_rank)
         if env
     )
-    script = f'r=${{PMI_RANK:-${{OMPI_COMM_WORLD_RANK:-0}}}}; {choose} exec "$0" "$@"'
+    # each rank says what it runs under, so a launcher without the rank variable (every rank
+    # "0", the mix silently not made) fails here instead of passing a comparison of equals
+    said = 'echo "rank $r: OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-} ALPHA_MPI_ISA=${ALPHA_MPI_ISA:-}" >&2;'
+    script = f'r=${{PMI_RANK:-${{OMPI_COMM_WORLD_RANK:-x}}}}; {choose} {said} exec "$0" "$@"'
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", **(extra_env or {})}
     for k in ("OPENBLAS_CORETYPE", "ALPHA_MPI_ISA"):
         env.pop(k, None)
     cmd = ["timeout", "-k", "5", "400", mpiexec(), "-n", str(n), "sh", "-c", script, sys.executable, *args]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     assert r.returncode == 0, f"{per_rank}: {r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+    ran = set(re.findall(r"^rank (\S+): OPENBLAS_CORETYPE=(\S*) ALPHA_MPI_ISA=(\S*)$", r.stderr, re.M))
+    want = {
+        (str(i), e.get("OPENBLAS_CORETYPE", ""), e.get("ALPHA_MPI_ISA", "")) for i, e in enumerate(per_rank)
+    }
+    assert ran == want, (ran, want)
     digests = printed_digests(r.stdout)
     assert len(digests) == 1, r.stdout[-2000:]
     return digests[0]

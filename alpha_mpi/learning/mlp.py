@@ -10,7 +10,7 @@ one algorithm of alpha_mpi's), never BLAS or numpy's SIMD exp/log, and declares
 kernel, or the thread count.
 
 `BlasMLP` is the same model computed with numpy and BLAS (`@`, `np.exp`, `np.log`, `np.sum`),
-as alpha_mpi computed it before 0.3: faster on some machines, and machine-dependent (another
+as alpha_mpi 0.1 computed it: faster on some machines, and machine-dependent (another
 OpenBLAS kernel, `OPENBLAS_CORETYPE`, another BLAS or another CPU gives other bits). It is the
 reference `alpha-mpi bench train` measures against, and a model whose identity matters.
 """

@@ -57,6 +57,8 @@ ADVICE: dict[str, str] = {
     "kernel-bad-argument": "check the array lengths and dtypes passed to the kernel",
     "kernel-bad-program": "the fused tree program is malformed; build it with the planner",
     "kernel-unavailable": "reinstall with `pip install -e .` so the cffi kernel is compiled",
+    "kernel-isa-unavailable": "unset ALPHA_MPI_ISA or name a path the message lists as available "
+    "(every path gives the same bits; the choice changes speed only)",
     "non-finite-input": "a NaN or Inf reached an update input; the state was left unchanged; find its source (learning rate, data)",
     "non-finite-output": "an update overflowed to Inf/NaN; the state was left unchanged; lower the learning rate or rescale",
     "non-finite-contribution": "a contribution holds NaN/Inf; nothing was combined or applied; check the values the message names (the slot or block, and the index) and where they came from",
@@ -156,7 +158,8 @@ ADVICE: dict[str, str] = {
     # tools
     "usage": "an argument is outside what the function accepts: the message names it and what it accepts (see help() of the function)",
     "data-invalid": "give float features X of shape (n, d) and integer labels y of shape (n,)",
-    "output-unwritable": "give --json a path in an existing, writable directory",
+    "output-unwritable": "give the output option (--json, --plot) a path to a file in an existing, writable directory",
+    "plot-unavailable": "install the plot extra, pip install 'alpha_mpi[plot]', or leave out --plot",
     # audit: silent data corruption (issue 24)
     "sdc-detected": "a recomputed slot payload differs from the original: silent data corruption on the named rank(s); nothing was applied; resume from the last checkpoint every audit passed on other nodes (exclude the named host)",
     "replica-diverged": "replicas that must hold the same parameters and optimizer state do not; the named rank(s) differ from the majority; resume from the last checkpoint every audit passed on other nodes (exclude the named host)",

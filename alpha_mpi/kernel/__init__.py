@@ -6,7 +6,8 @@ names are those of api.py, which re-exports the rest. The modules, one concern e
     api.py       combines (add, tree programs, fold), finiteness, the conversion sites
     updates.py   the optimizer updates (Adam, SGD) over proposal buffers
     buffers.py   the float64/float32 buffer checks every C call is wrapped with
-    env.py       the floating-point environment check and the build identity
+    env.py       the floating-point environment check, the build identity and the ISA path
+    identity.py  the compute identity of this process (numpy, its BLAS, torch; model/compute.py)
     compiled.py  the compiled module `alpha_mpi.kernel._alpha_kernel`, loaded once (`ffi`, `lib`)
     build.py     its cffi build (setup.py `cffi_modules`), with the flags in one place
 
@@ -22,10 +23,12 @@ from .api import (  # noqa: F401 -- the package's names are api.py's
     add,
     build_info,
     check_program,
+    compute_identity,
     first_nonfinite,
     fold,
     fpenv_check,
     fpenv_state,
+    isa_path,
     round_binary64,
     sgd_step,
     tree_eval,

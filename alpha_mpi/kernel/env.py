@@ -5,6 +5,7 @@
   round-to-nearest with subnormals preserved. The product only ever checks these bits.
 - `build_info()`: flags, compiler, machine and `build_id` (sha256 of the C sources and flags)
   of the compiled kernel, the identity conformance evidence names.
+- `isa_path()`: the instruction-set path the kernel runs (recorded in the compute identity).
 - `_set_ftz_daz`: the verification hook (see its docstring); not product API.
 
 `alpha_mpi.kernel` re-exports the public names.
@@ -18,7 +19,7 @@ from typing import TypedDict
 from ..refusals import KernelRefusal
 from .compiled import ffi, lib
 
-__all__ = ["fpenv_state", "fpenv_check", "build_info"]
+__all__ = ["fpenv_state", "fpenv_check", "build_info", "isa_path"]
 
 # ----------------------------------------------------------------------------- FP environment
 
@@ -114,3 +115,11 @@ def build_info() -> BuildInfo:
         "machine": platform.machine(),
         "module": getattr(__import__("alpha_mpi.kernel._alpha_kernel", fromlist=["x"]), "__file__", None),
     }
+
+
+def isa_path() -> str:
+    """The instruction-set path of the compiled kernel: its architecture as the C code reports
+    it (`x86_64`, `aarch64`, ...). Its fixed-order functions give the same bits on every path, so
+    the compute identity records it without comparing it. (One small function: the dense kernels
+    name their SIMD path here, e.g. "avx512", "avx2", "sse2", "neon", "generic".)"""
+    return ffi.string(lib.ak_arch()).decode()

@@ -134,10 +134,13 @@ def build(comm, cfg: TrainConfig, fault_hook=None):
         model = model_from_spec(cfg.model, data.inputs, data.classes)
         # A user's model is probed on every rank before anything trains: a gradient that is not the
         # same bits twice, or not the same on every rank, is refused by name on every rank.
+        from .compute_check import ComputeCheck
         from .same_start import probe_model
 
         k = min(len(data.y), PROBE_SAMPLES)
-        probe_model(comm, model, (data.X[:k], data.y[:k]), seed=cfg.seed, timeout=cfg.timeout)
+        probe = (data.X[:k], data.y[:k])
+        check = ComputeCheck.for_model(model)  # ranks that compute differently are named first
+        probe_model(comm, model, probe, seed=cfg.seed, timeout=cfg.timeout, compute=check)
     else:
         model = MLP(data.inputs, cfg.hidden, data.classes)
     learner = DataParallelLearner(

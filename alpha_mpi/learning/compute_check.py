@@ -33,8 +33,6 @@ if TYPE_CHECKING:
 
 __all__ = ["compute_spec", "uses_torch", "ComputeCheck", "RankIdentities"]
 
-CODE = "compute-mismatch"
-
 
 def compute_spec(
     identity: ComputeIdentity, model: object = None, machine_independent: bool = False
@@ -127,8 +125,10 @@ class ComputeCheck:
     def items(self) -> list[Item]:
         """The declaration, then one item per compared field (refused when dependent)."""
         said = "machine-dependent" if self.dependent else self.spec.describe()
-        out = [Item("the machine-independence declarations", text_values(said), CODE, shown=said)]
-        code = CODE if self.dependent else None
+        out = [
+            Item("the machine-independence declarations", text_values(said), "compute-mismatch", shown=said)
+        ]
+        code = "compute-mismatch" if self.dependent else None
         for f in self.fields:
             text = self.identity.get(f) or ""
             out.append(Item(f"the compute identities ({f})", text_values(text), code, shown=text, field=f))
@@ -154,7 +154,7 @@ class ComputeCheck:
         differ, although the contract says machine-independent: the declaration does not hold, and
         no rank is blamed for it. `after`: a sentence appended (what was left undone)."""
         return Refusal(
-            CODE,
+            "compute-mismatch",
             f"{what} differ between ranks {', '.join(map(str, ranks))}, whose compute identities differ "
             f"({self.ranks.explain(ranks)}); the contract says {self.spec.describe()}, which does not "
             f"hold for this model: an environment difference, not a fault, so no rank or host is blamed{after}",

@@ -394,12 +394,22 @@ class DataParallelLearner(LearnerCheckpoint):
         *,
         adopt_contract: bool = False,
         missing_ok: bool = False,
+        accept_compute_change: bool = False,
     ) -> str | None:
         """Load the latest checkpoint in `directory` (or that step directory) saved on any rank
-        count (collective); returns the step directory. See alpha_mpi.learning.checkpoints.restore."""
+        count (collective); returns the step directory. `accept_compute_change`: resume although
+        it was computed under another compute identity (`compute-changed` otherwise; recorded).
+        See alpha_mpi.learning.checkpoints.restore."""
         from .checkpoints import restore
 
-        return restore(self, directory, config=config, adopt_contract=adopt_contract, missing_ok=missing_ok)
+        return restore(
+            self,
+            directory,
+            config=config,
+            adopt_contract=adopt_contract,
+            missing_ok=missing_ok,
+            accept_compute_change=accept_compute_change,
+        )
 
     def memory(self) -> dict:
         """Bytes this rank holds per kind of state (frames and transport buffers excluded)."""

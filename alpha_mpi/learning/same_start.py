@@ -345,4 +345,4 @@ def probe_model(
         differ = [r for r, g in enumerate(h.groups) if g != h.groups[0]]
         if compute is not None and not compute.alike([0, *differ]):
             raise compute.broken_promise([0, *differ], f"{item.label} (probing the model)")
-        raise refusal(item, h, "probing the model", code="model-rank-dependent")
+        raise refusal(item, h, "probing the model", "model-rank-dependent")

@@ -50,6 +50,7 @@ class TrainConfig:
     adopt_contract: bool = False
     resume_from: str | None = None
     adopt_lr: bool = False
+    accept_compute_change: bool = False  # resume under another compute identity (recorded)
     model: str | None = None  # "module:factory" (alpha_mpi.learning.model_from_spec); None: the built-in MLP
     audit_slots: int = 0  # slots per step recomputed on another rank (alpha_mpi.learning.audit)
     audit_digests: int = 0  # steps between replica digest checks (alpha_mpi.learning.replicas)
@@ -187,6 +188,7 @@ def train(
             cfg,
             adopt_contract=cfg.adopt_contract,
             adopt_lr=cfg.adopt_lr,
+            accept_compute_change=cfg.accept_compute_change,
             data=fingerprint(data),
             timeout=cfg.timeout,
         )

@@ -52,19 +52,18 @@ def checkpointer(
     accept_compute_change: bool = False,
     timeout: float | None = None,
 ) -> Checkpointer:
-    """The `Checkpointer` for (learner, directory), built once (collectively) and reused."""
+    """The `Checkpointer` for (learner, directory), built once (collectively) and reused. One per
+    (directory, config), whatever the consents: what a restore adopted or accepted is recorded on
+    it and written by the next `save` (the consents apply to the restore they are passed to)."""
     from ..checkpoint import Checkpointer
 
     cache = learner.__dict__.setdefault(_ATTR, {})
     cfg = _config(learner, config)
-    key = (
-        os.path.abspath(directory),
-        adopt_contract,
-        accept_compute_change,
-        tuple(sorted((k, repr(v)) for k, v in cfg.items())),
-    )
+    key = (os.path.abspath(directory), tuple(sorted((k, repr(v)) for k, v in cfg.items())))
     ck = cache.get(key)
-    if ck is None:
+    if ck is not None:
+        ck.adopt_contract, ck.accept_compute_change = adopt_contract, accept_compute_change
+    else:
         ck = cache[key] = Checkpointer(
             learner.comm,
             directory,

@@ -379,6 +379,24 @@ class DataParallelLearner(LearnerCheckpoint):
         """The full parameters on every rank (assembled in `params` mode: every rank calls)."""
         return self.full_params()
 
+    def state_digest(self) -> str:
+        """The digest of the whole learner state (alpha_mpi.learning.digests, STATE_COVERS): the
+        parameters, every optimizer array, the step, the optimizer's carried scalars and the seed
+        (with the step, the position of the slots' random numbers and of the data order). The
+        same on every rank, rank count and partition mode; collective (the sharded arrays are
+        assembled by selection). `digest(final_params())` is the parameters' alone."""
+        from .digests import state_digest
+
+        st = self.opt.state()
+        arrays = {"params": self.full_params()}
+        for name, values in st["arrays"].items():
+            full = values
+            if self.partition != "none":  # this rank holds its range: assemble the whole vector
+                full = self.assembler.run(self._mine(values), out=np.empty(self.n))
+            arrays[f"optimizer.{name}"] = full
+        scalars = {"step": self.step, "seed": self.seed, "optimizer": self.optimizer_name, **st["scalars"]}
+        return state_digest(arrays, scalars)
+
     # -- checkpoints: every component is a logical vector of length n, saved by coordinate range --
     def save(self, directory: str, config: Mapping[str, object] | None = None) -> str:
         """Publish a checkpoint of this step under `directory` (collective); returns its step

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -12,6 +11,7 @@ import numpy as np
 
 from ..refusals import Refusal
 from .data import SlotStream, load_npz, synthetic
+from .digests import STATE_COVERS, digest  # noqa: F401 (digest: its old home, re-exported)
 from .learner import DataParallelLearner
 from .mlp import MLP
 from .preemption import PREEMPTED, Preemption  # noqa: F401 (PREEMPTED: its old home)
@@ -54,11 +54,6 @@ class TrainConfig:
     model: str | None = None  # "module:factory" (alpha_mpi.learning.model_from_spec); None: the built-in MLP
     audit_slots: int = 0  # slots per step recomputed on another rank (alpha_mpi.learning.audit)
     audit_digests: int = 0  # steps between replica digest checks (alpha_mpi.learning.replicas)
-
-
-def digest(params: np.ndarray) -> str:
-    """sha256 of the parameters as little-endian binary64: compare runs by this."""
-    return hashlib.sha256(np.ascontiguousarray(params, dtype="<f8").tobytes()).hexdigest()
 
 
 StopFlag = Preemption  # the name train() used before Preemption was public
@@ -249,13 +244,15 @@ def train(
         if ckpt:
             ckpt.close()
     params = learner.final_params()
+    state = learner.state_digest()  # collective: the whole state, assembled where it is sharded
     predict = getattr(model, "predict", None)  # optional in the Model protocol
     acc = float(np.mean(predict(params, data.X_eval) == data.y_eval)) if predict else float("nan")
     result = {
         "steps": learner.step,
         "loss": float(loss) if learner.step > start_step else None,
         "accuracy": acc,
-        "digest": digest(params),
+        "digest": state,  # the state digest (STATE_COVERS); the parameters alone: params_digest
+        "params_digest": digest(params),
         "layout_order_id": learner.layout_order_id,
         "preempted": preempted,
         "memory": mem,
@@ -263,9 +260,9 @@ def train(
         "seconds": time.perf_counter() - t_start,
     }
     if preempted:  # not the run's final state: keep it out of `state digest:` parsers
-        say(f"# state digest at step {learner.step}: {result['digest']}")
+        say(f"# state digest ({STATE_COVERS}) at step {learner.step}: {result['digest']}")
     else:
         shown = f"{loss:.6f}" if result["loss"] is not None else "n/a (no step run)"
         say(f"final loss {shown}  accuracy {acc:.4f}  ({learner.step} steps, {result['seconds']:.1f}s)")
-        say(f"state digest: {result['digest']}")
+        say(f"state digest ({STATE_COVERS}): {result['digest']}")
     return result

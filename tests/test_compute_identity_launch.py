@@ -165,3 +165,17 @@ def test_the_python_api_on_mixed_kernels(launcher):
         assert "blas.kernel: rank 0 'Haswell', rank 1 'Sandybridge'" in rest, rest
     digests = {rest for code, rest in script(launcher, "fixed")}
     assert len(digests) == 1 and next(iter(digests)).startswith("digest="), digests
+
+
+def test_env_under_mpi_says_which_ranks_differ_in_which_field():
+    r = mpmd(
+        [mpiexec()], [(1, "Haswell"), (1, "Sandybridge")], [sys.executable, "-m", "alpha_mpi", "env"], "-env"
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (
+        "ranks              2: they differ: blas.kernel: rank 0 'Haswell', rank 1 'Sandybridge'" in r.stdout
+    )
+    r = mpmd(
+        [mpiexec()], [(1, "Haswell"), (1, "Haswell")], [sys.executable, "-m", "alpha_mpi", "env"], "-env"
+    )
+    assert "ranks              2: all compute alike" in r.stdout, r.stdout

@@ -80,6 +80,14 @@ def memory_per_rank(learner) -> dict:
     return out
 
 
+def compute_line(learner) -> str:
+    """The start-up line naming the compute identity (rank 0's; every rank's matched it unless
+    the contract says machine-independent) and what the slots' bits depend on."""
+    ident, spec = learner.compute_identity, learner.contract.compute
+    said = "every rank matches it" if learner.compute.dependent else f"{spec.describe()}; rank 0's"
+    return f"# compute identity {ident.digest[:16]} ({said}): {ident.describe()}"
+
+
 def memory_line(mem: dict) -> str:
     """The start-up line of train() from memory_per_rank()."""
     mib = {k: f"{v / 2**20:.2f} MiB" for k, v in mem.items()}
@@ -199,6 +207,7 @@ def train(
         f"# alpha-mpi train: {data.name}, {model.n_params} parameters, {cfg.slots} slots on {comm.Get_size()} ranks, "
         f"batch {cfg.batch}, {cfg.optimizer} lr {cfg.lr:g}, topology {cfg.topology}, partition {cfg.partition}"
     )
+    say(compute_line(learner))
     say(f"# layout order id {learner.layout_order_id}")
     mem = memory_per_rank(learner)
     say(memory_line(mem))

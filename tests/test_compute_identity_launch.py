@@ -141,29 +141,32 @@ def test_a_checkpoint_resumed_under_another_kernel_is_refused_unless_accepted(tm
     assert "blas.kernel Haswell -> Sandybridge at step 4 (accepted)" in r.stdout, r.stdout
 
 
-def script(launcher, case, n=3):
+def script(launcher, case, out, n=3):
+    """Run compute_mix.py CASE on n ranks; each rank's line, read from the file it wrote in `out`
+    (the launcher may interleave the ranks' stdout)."""
     words, python, _ = launcher
     r = subprocess.run(
         ["timeout", "-k", "5", "300", *words, "-n", str(n), python, SCRIPT, case],
         capture_output=True,
         text=True,
-        env=env(),
+        env=env(RESULT_DIR=str(out)),
     )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    found = re.findall(rf"^rank (\d) {case} code=(\S+) (.*)$", r.stdout, re.M)
+    text = "".join(p.read_text() for p in sorted(out.glob(f"rank*-{case}.txt")))
+    found = re.findall(rf"^rank (\d) {case} code=(\S+) (.*)$", text, re.M)
     assert sorted(int(x[0]) for x in found) == list(range(n)), r.stdout + r.stderr[-2000:]
     return [(code, rest) for _, code, rest in found]
 
 
 @pytest.mark.parametrize("launcher", launchers())
-def test_the_python_api_on_mixed_kernels(launcher):
+def test_the_python_api_on_mixed_kernels(launcher, tmp_path):
     for case in ("start", "audit"):
-        for code, rest in script(launcher, case):
+        for code, rest in script(launcher, case, tmp_path):
             assert code == "compute-mismatch" and "field=blas.kernel ranks=[1]" in rest, rest
-    for code, rest in script(launcher, "promise"):
+    for code, rest in script(launcher, "promise", tmp_path):
         assert code == "compute-mismatch" and "ranks=[0, 1] promise=caller hosts=False" in rest, rest
         assert "blas.kernel: rank 0 'Haswell', rank 1 'Sandybridge'" in rest, rest
-    digests = {rest for code, rest in script(launcher, "fixed")}
+    digests = {rest for code, rest in script(launcher, "fixed", tmp_path)}
     assert len(digests) == 1 and next(iter(digests)).startswith("digest="), digests
 
 

@@ -1,9 +1,11 @@
 """The compute identity of this process, read from the live libraries (layer 3).
 
-`compute_identity(torch=False)` returns an `alpha_mpi.model.compute.ComputeIdentity`: numpy's
-version and the SIMD targets it dispatches to on this CPU, numpy's BLAS (library, version and
-threading layer, the kernel it chose for this CPU and its threads, as threadpoolctl reports them),
-and, with `torch=True`, torch's version, ATen CPU capability, backends (BLAS, MKL and its
+`compute_identity(torch=False)` returns an `alpha_mpi.model.compute.ComputeIdentity`: the
+machine; numpy's version and the SIMD targets it dispatches to on this CPU, numpy's BLAS
+(library, version and threading layer, the kernel it chose for this CPU and its threads, as
+threadpoolctl reports them) — for a learner whose slots compute with numpy; with `torch=True`
+(a learner whose slots compute with torch: numpy's fields are then left out unless `numpy=True`,
+since numpy's BLAS does not compute those slots) torch's version, ATen CPU capability, backends (BLAS, MKL and its
 MKL_CBWR mode, oneDNN on/off), deterministic-algorithms flag, intra-op threads and device; and
 the recorded-only facts (processor model, alpha_mpi's kernel ISA path and build id). Which fields
 change bits and which are only recorded: alpha_mpi.model.compute (its docstring's table).
@@ -94,27 +96,32 @@ def _torch_fields(device: str) -> dict:
     }
 
 
-def compute_identity(torch: bool = False, device: str = "cpu") -> ComputeIdentity:
+def compute_identity(torch: bool = False, device: str = "cpu", numpy: bool | None = None) -> ComputeIdentity:
     """This process's compute identity (alpha_mpi.model.compute.ComputeIdentity).
 
     `torch`: add torch's fields (imports torch; a learner passes it when its slots compute with
-    torch). `device`: the torch device's name, as the contract names it ("cpu", or a GPU's name,
-    capability and CUDA version). Read it after the settings it reports are fixed (torch's
-    threads and deterministic flag: DataParallel reads it after setting them)."""
-    import numpy as np
+    torch). `numpy`: add numpy's and its BLAS's fields (default: when `torch` is False; `alpha-mpi
+    env` asks for both). `device`: the torch device's name, as the contract names it ("cpu", or a
+    GPU's name, capability and CUDA version). Read it after the settings it reports are fixed
+    (torch's threads and deterministic flag: DataParallel reads it after setting them)."""
+    fields = {"machine": platform.machine() or "unknown"}
+    if numpy if numpy is not None else not torch:
+        import numpy as np
 
-    libs = _numpy_blas()
-    fields = {
-        "machine": platform.machine() or "unknown",
-        "numpy.version": np.__version__,
-        "numpy.simd": _numpy_simd(),
-        "blas.library": " + ".join(
-            f"{i.get('internal_api')} {i.get('version')} {i.get('threading_layer', '')}".strip() for i in libs
+        libs = _numpy_blas()
+        fields.update(
+            {
+                "numpy.version": np.__version__,
+                "numpy.simd": _numpy_simd(),
+                "blas.library": " + ".join(
+                    f"{i.get('internal_api')} {i.get('version')} {i.get('threading_layer', '')}".strip()
+                    for i in libs
+                )
+                or "none",
+                "blas.kernel": " + ".join(str(i.get("architecture")) for i in libs) or "none",
+                "blas.threads": " + ".join(str(i.get("num_threads")) for i in libs) or "none",
+            }
         )
-        or "none",
-        "blas.kernel": " + ".join(str(i.get("architecture")) for i in libs) or "none",
-        "blas.threads": " + ".join(str(i.get("num_threads")) for i in libs) or "none",
-    }
     if torch:
         fields.update(_torch_fields(device))
     fields.update({"cpu": _cpu(), "kernel.isa": isa_path(), "kernel.build": build_info()["build_id"][:16]})

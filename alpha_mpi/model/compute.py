@@ -6,7 +6,8 @@ user's model (numpy's SIMD exp/log, a BLAS kernel, torch's CPU kernels) does. A 
 names those facts of one rank as stable `field -> text` pairs; alpha_mpi.kernel.compute_identity()
 reads them from the live process (layer 3). This module is the pure data (layer 1).
 
-Fields (each a short text; the torch ones only where the learner computes with torch):
+Fields (each a short text; numpy's where a learner's slots compute with numpy, torch's where they
+compute with torch; `alpha-mpi env` shows both):
 
     changes bits (compared: `COMPARED`)
     machine              the processor architecture (x86_64, aarch64): every SIMD path differs

@@ -39,7 +39,7 @@ def environment(torch: bool | None = None) -> dict:
 
     if torch is None:
         torch = importlib.util.find_spec("torch") is not None
-    identity = kernel.compute_identity(torch=torch)
+    identity = kernel.compute_identity(torch=torch, numpy=True)
     lib = MPI.Get_library_version().strip().splitlines()
     major, minor = MPI.Get_version()
     build = kernel.build_info()

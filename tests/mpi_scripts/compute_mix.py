@@ -27,6 +27,18 @@ from alpha_mpi.learning import DataParallelLearner, digest, slice_batch  # noqa:
 from alpha_mpi.refusals import Refusal  # noqa: E402
 
 set_abort_at_exit(False)  # the cases refuse on purpose; the script reports and exits 0
+
+
+def say(case, line):
+    """One rank's line: on stdout, and in RESULT_DIR/rank<R>-<case>.txt when RESULT_DIR is set
+    (the launcher may interleave the ranks' stdout; the files keep each line whole)."""
+    text = f"rank {rank} {case} {line}"
+    print(text, flush=True)
+    if os.environ.get("RESULT_DIR"):
+        with open(os.path.join(os.environ["RESULT_DIR"], f"rank{rank}-{case}.txt"), "w") as f:
+            f.write(text + "\n")
+
+
 world = MPI.COMM_WORLD
 size = world.Get_size()
 rng = np.random.default_rng(9)
@@ -42,14 +54,14 @@ def report(case, build):
     try:
         lr = build()
         train(lr, 3)
-        print(f"rank {rank} {case} code=none digest={digest(lr.final_params())}", flush=True)
+        say(case, f"code=none digest={digest(lr.final_params())}")
     except Refusal as e:
         ctx = e.context
-        print(
-            f"rank {rank} {case} code={e.code} field={ctx.get('field')} ranks={list(ctx.get('ranks', []))} "
+        say(
+            case,
+            f"code={e.code} field={ctx.get('field')} ranks={list(ctx.get('ranks', []))} "
             f"promise={ctx.get('promise')} hosts={'hosts' in ctx} kernel={os.environ['OPENBLAS_CORETYPE']} "
             f"message={e.message}",
-            flush=True,
         )
 
 

@@ -193,19 +193,26 @@ def test_an_accepted_change_resumes_and_is_recorded_in_later_manifests(tmp_path)
     assert (h["from"]["blas.threads"], h["to"]["blas.threads"]) == ("1", "2")
 
 
-def test_a_machine_independent_model_resumes_under_any_identity_and_says_so(tmp_path):
-    root = str(tmp_path / "ck")
-    with threads(1):
-        saved = trained(FixedModel(6, 3))
-        saved.save(root)
+def resumed_under_2_threads(model, root, saved):
+    """Restore `root` under 2 BLAS threads with the saved bits, train a step and save it there;
+    returns the one compute_history entry of that manifest."""
     X, y = data()
     with threads(2):
-        lr = DataParallelLearner(comm_self(), FixedModel(6, 3), slots=4)
+        lr = DataParallelLearner(comm_self(), model, slots=4)
         lr.restore(root)
         assert lr.step == 3 and np.array_equal(bits(lr), bits(saved))
         lr.train_step(slice_batch(X, y, 4, lr.my_slots))
         lr.save(root)
     [h] = open_checkpoint(root).manifest["compute_history"]
+    return h
+
+
+def test_a_machine_independent_model_resumes_under_any_identity_and_says_so(tmp_path):
+    root = str(tmp_path / "ck")
+    with threads(1):
+        saved = trained(FixedModel(6, 3))
+        saved.save(root)
+    h = resumed_under_2_threads(FixedModel(6, 3), root, saved)
     assert h["how"] == "machine-independent" and h["at_step"] == 3
 
 
@@ -225,14 +232,7 @@ def test_a_manifest_without_an_identity_resumes_as_before_and_the_resume_is_reco
     edit_root(root, pre_identity_form)
     assert "compute" not in open_checkpoint(root).manifest
     open_checkpoint(root).verify()
-    X, y = data()
-    with threads(2):  # its identity is unknown: nothing to compare, so it resumes, recorded
-        lr = DataParallelLearner(comm_self(), BlasModel(6, 3), slots=4)
-        lr.restore(root)
-        assert lr.step == 3 and np.array_equal(bits(lr), bits(saved))
-        lr.train_step(slice_batch(X, y, 4, lr.my_slots))
-        lr.save(root)
-    [h] = open_checkpoint(root).manifest["compute_history"]
+    h = resumed_under_2_threads(BlasModel(6, 3), root, saved)  # identity unknown: resumed, recorded
     assert h["how"] == "unrecorded" and h["from"] is None and h["to"]["blas.threads"] == "2"
 
 

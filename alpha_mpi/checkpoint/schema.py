@@ -214,26 +214,16 @@ def validate_root(m: dict, dir_step, where: str) -> None:
         scalar(v, f"config.{k}")
     if "contract" in m or "contract_digest" in m or order_key(m) in m:
         _contract(m)
-    chist = m.get("contract_history", [])
-    if not isinstance(chist, list):
-        raise bad("contract_history must be a list")
-    for i, h in enumerate(chist):
-        keys(h, f"contract_history[{i}]", ("from", "to", "at_step"))
-        digest(h["from"], f"contract_history[{i}].from")
-        digest(h["to"], f"contract_history[{i}].to")
-        integer(h["at_step"], f"contract_history[{i}].at_step", 0, step)
-    hist = m.get("resume_history", [])
-    if not isinstance(hist, list):
-        raise bad("resume_history must be a list")
-    for i, h in enumerate(hist):
-        keys(h, f"resume_history[{i}]", ("at_step", "field", "from", "to"))
-        integer(h["at_step"], f"resume_history[{i}].at_step", 0, step)
-        field = text(h["field"], f"resume_history[{i}].field", choices=("lr", "steps"))
+    for where, h in history(m, "contract_history", ("from", "to", "at_step"), step):
+        digest(h["from"], f"{where}.from")
+        digest(h["to"], f"{where}.to")
+    for where, h in history(m, "resume_history", ("at_step", "field", "from", "to"), step):
+        field = text(h["field"], f"{where}.field", choices=("lr", "steps"))
         for end in ("from", "to"):
             if field == "lr":
-                number(h[end], f"resume_history[{i}].{end}", positive=True)
+                number(h[end], f"{where}.{end}", positive=True)
             else:
-                integer(h[end], f"resume_history[{i}].{end}")
+                integer(h[end], f"{where}.{end}")
     _compute(m, step)
     if "scalars" in m:
         _scalars(m["scalars"], step, config)
@@ -291,6 +281,19 @@ def _identity(d, what: str):
         raise bad(f"{what}: {e.message}")
 
 
+def history(m: dict, name: str, fields, step: int):
+    """(where, entry) of the manifest's list `name` (absent: empty), each entry an object with
+    exactly `fields`, its `at_step` an integer in [0, step]; the caller checks the rest."""
+    entries = m.get(name, [])
+    if not isinstance(entries, list):
+        raise bad(f"{name} must be a list")
+    for i, h in enumerate(entries):
+        where = f"{name}[{i}]"
+        keys(h, where, fields)
+        integer(h["at_step"], f"{where}.at_step", 0, step)
+        yield where, h
+
+
 def _compute(m: dict, step: int) -> None:
     if "compute" in m:
         ident = _identity(m["compute"], "compute")
@@ -298,17 +301,12 @@ def _compute(m: dict, step: int) -> None:
         if isinstance(c, dict) and isinstance(c.get("compute"), dict) and "fields" in c["compute"]:
             if c["compute"]["fields"] != dict(ident.compared().fields):
                 raise bad("compute's compared fields differ from the contract's compute identity")
-    hist = m.get("compute_history", [])
-    if not isinstance(hist, list):
-        raise bad("compute_history must be a list")
-    for i, h in enumerate(hist):
-        keys(h, f"compute_history[{i}]", ("at_step", "how", "from", "to"))
-        integer(h["at_step"], f"compute_history[{i}].at_step", 0, step)
-        text(h["how"], f"compute_history[{i}].how", choices=COMPUTE_HOW)
+    for where, h in history(m, "compute_history", ("at_step", "how", "from", "to"), step):
+        text(h["how"], f"{where}.how", choices=COMPUTE_HOW)
         for end in ("from", "to"):
             if h[end] is None and end == "from" and h["how"] == "unrecorded":
                 continue
-            _identity({"kind": "compute-identity", "fields": h[end]}, f"compute_history[{i}].{end}")
+            _identity({"kind": "compute-identity", "fields": h[end]}, f"{where}.{end}")
 
 
 def order_key(m: dict) -> str:

@@ -13,9 +13,9 @@ flag is the same in both. Prints one line per rank and case: `rank R CASE code=C
 import os
 import sys
 
-rank = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
-kinds = os.environ.get("CORETYPES", "Haswell,Sandybridge").split(",")
-os.environ["OPENBLAS_CORETYPE"] = kinds[rank % len(kinds)]
+from by_rank import say, set_from_rank
+
+set_from_rank("OPENBLAS_CORETYPE", "CORETYPES", "Haswell,Sandybridge")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
 
 import numpy as np  # noqa: E402  (after OPENBLAS_CORETYPE, on purpose)
@@ -27,16 +27,6 @@ from alpha_mpi.learning import DataParallelLearner, digest, slice_batch  # noqa:
 from alpha_mpi.refusals import Refusal  # noqa: E402
 
 set_abort_at_exit(False)  # the cases refuse on purpose; the script reports and exits 0
-
-
-def say(case, line):
-    """One rank's line: on stdout, and in RESULT_DIR/rank<R>-<case>.txt when RESULT_DIR is set
-    (the launcher may interleave the ranks' stdout; the files keep each line whole)."""
-    text = f"rank {rank} {case} {line}"
-    print(text, flush=True)
-    if os.environ.get("RESULT_DIR"):
-        with open(os.path.join(os.environ["RESULT_DIR"], f"rank{rank}-{case}.txt"), "w") as f:
-            f.write(text + "\n")
 
 
 world = MPI.COMM_WORLD

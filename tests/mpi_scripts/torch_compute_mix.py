@@ -9,12 +9,11 @@ OMPI_COMM_WORLD_RANK). Prints one line per rank and case: `rank R CASE code=CODE
                                          finds the promise false, blames no rank
 """
 
-import os
 import sys
 
-rank = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
-kinds = os.environ.get("CAPABILITIES", "avx2,default").split(",")
-os.environ["ATEN_CPU_CAPABILITY"] = kinds[rank % len(kinds)]
+from by_rank import say, set_from_rank
+
+set_from_rank("ATEN_CPU_CAPABILITY", "CAPABILITIES", "avx2,default")
 
 import torch  # noqa: E402  (after ATEN_CPU_CAPABILITY, on purpose)
 from mpi4py import MPI  # noqa: E402
@@ -24,16 +23,6 @@ from alpha_mpi.refusals import Refusal  # noqa: E402
 from alpha_mpi.torch import DataParallel  # noqa: E402
 
 set_abort_at_exit(False)  # the cases refuse on purpose; the script reports and exits 0
-
-
-def say(case, line):
-    """One rank's line: on stdout, and in RESULT_DIR/rank<R>-<case>.txt when RESULT_DIR is set
-    (the launcher may interleave the ranks' stdout; the files keep each line whole)."""
-    text = f"rank {rank} {case} {line}"
-    print(text, flush=True)
-    if os.environ.get("RESULT_DIR"):
-        with open(os.path.join(os.environ["RESULT_DIR"], f"rank{rank}-{case}.txt"), "w") as f:
-            f.write(text + "\n")
 
 
 world = MPI.COMM_WORLD

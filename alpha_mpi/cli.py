@@ -32,6 +32,7 @@ COMMANDS = {
     "train": ("alpha_mpi.tools.train_cmd", "data-parallel training with declared-order gradient combines"),
     "bench": ("alpha_mpi.tools.bench", "benchmarks against MPI_Allreduce (run under mpiexec)"),
     "checkpoint": ("alpha_mpi.tools.checkpoint_cmd", "verify or inspect a sharded checkpoint"),
+    "native": ("alpha_mpi.tools.native_cmd", "show or build the engine's C round for this MPI (mpicc)"),
 }
 
 EXAMPLES = (

@@ -35,19 +35,51 @@ def _want(tree, data):
 
 
 # -- size-safe receives -------------------------------------------------------------------------
+# Where user traffic can reach the executor's channel (dup=False on a user communicator), a
+# message of another size can arrive on a frame's tag: the executor matches every frame first
+# and receives it only into a buffer of its size. An executor alone on its own duplicate posts
+# its receives at the planned size: nothing else sends on its channel (test_the_channel_...).
+
+
+@pytest.mark.mpi(min_size=2)
+def test_the_channel_decides_whether_frames_are_matched_first(world):
+    """dup=True: the executor's own duplicate, receives posted at the planned size (no probe);
+    dup=False on a user communicator, and the convenience calls' shared library channel: every
+    frame matched first (probe)."""
+    from alpha_mpi.execution.convenience import cached_executors
+
+    size, rank = world.Get_size(), world.Get_rank()
+    p = plan(Branch(Leaf(0, 0), Leaf(1, 1), 0), DeliverTo(0), 4, size=size)
+    own = Combiner(world, p, timeout=SHORT)
+    comm = world.Dup()
+    user = Combiner(comm, p, timeout=SHORT, dup=False)
+    allreduce(comm, _sum_tree(size), {rank: np.ones(3)}, timeout=SHORT)
+    conv = next(iter(cached_executors(comm).values())).executor
+    agree(
+        world,
+        (own.probe, user.probe, conv.probe) == (False, True, True),
+        f"{own.probe, user.probe, conv.probe}",
+    )
+    for e in (own, user):
+        e.free()
+    comm.Free()
+
+
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("n, extra", [(600, 8192), (600, 3), (20000, 8192)])
 def test_a_longer_frame_is_refused_by_name_and_never_written_past_the_buffer(world, n, extra):
     """Rank 1 sends rank 0 a message `extra` bytes longer than the planned frame (n = 20000:
-    longer than the planned header message of a split frame) on the executor's own channel and
-    tag. Rank 0 refuses `frame-size-mismatch`, and its planned receive buffer was not written
-    (the message went whole into a scratch buffer): under Open MPI's CMA path a posted receive
-    of the planned size used to be overrun by the whole excess. (With the one failure path the
-    engine itself puts zeros where a refused frame's payload lands, so the payload bytes read
-    0, never the rogue 0xA5; the header bytes keep the test's 0x3C.)"""
+    longer than the planned header message of a split frame) on the executor's channel and tag
+    (a user communicator, dup=False). Rank 0 refuses `frame-size-mismatch`, and its planned
+    receive buffer was not written (the message went whole into a scratch buffer): under Open
+    MPI's CMA path a posted receive of the planned size used to be overrun by the whole excess
+    (1,100 bytes past a 4,928-byte frame). (With the one failure path the engine itself puts
+    zeros where a refused frame's payload lands, so the payload bytes read 0, never the rogue
+    0xA5; the header bytes keep the test's 0x3C.)"""
     size, rank = world.Get_size(), world.Get_rank()
     p = plan(Branch(Leaf(0, 0), Leaf(1, 1), 0), DeliverTo(0), n, size=size)
-    c = Combiner(world, p, timeout=SHORT)
+    comm = world.Dup()  # a user communicator: dup=False lets user traffic reach the channel
+    c = Combiner(comm, p, timeout=SHORT, dup=False)
     x = next(iter(c.compiled.msgs.values())) if rank in (0, 1) else None
     code, untouched = None, True
     if rank == 1:
@@ -60,18 +92,21 @@ def test_a_longer_frame_is_refused_by_name_and_never_written_past_the_buffer(wor
     ok = code == ("frame-size-mismatch" if rank == 0 else None) and untouched
     agree(world, ok, f"rank {rank}: {code}, planned buffer untouched={untouched}")
     c.free()
+    comm.Free()
 
 
 @pytest.mark.mpi(min_size=2)
 def test_a_longer_payload_behind_a_good_header_is_refused_and_never_written_past_its_region(world):
     """A split frame (n = 20000: header message, then the payload into its region): the header
-    is the planned one, the payload 8 KiB longer. Refused `frame-size-mismatch`; the region the
-    payload was planned for is not written by MPI (the engine puts its zeros there, in place of
-    the refused payload, never the rogue 0xA5) and nothing else of its work buffer is written."""
+    is the planned one, the payload 8 KiB longer (on a user communicator, dup=False). Refused
+    `frame-size-mismatch`; the region the payload was planned for is not written by MPI (the
+    engine puts its zeros there, in place of the refused payload, never the rogue 0xA5) and
+    nothing else of its work buffer is written."""
     size, rank = world.Get_size(), world.Get_rank()
     n = 20000
     p = plan(Branch(Leaf(0, 0), Leaf(1, 1), 0), DeliverTo(0), n, size=size)
-    c = Combiner(world, p, timeout=SHORT)
+    comm = world.Dup()  # a user communicator: dup=False lets user traffic reach the channel
+    c = Combiner(comm, p, timeout=SHORT, dup=False)
     code, untouched = None, True
     if rank in (0, 1):
         x = next(iter(c.compiled.msgs.values()))
@@ -90,6 +125,7 @@ def test_a_longer_payload_behind_a_good_header_is_refused_and_never_written_past
         untouched = bool(np.all(region == 0) and np.all(rest == 2.5))
     agree(world, code == ("frame-size-mismatch" if rank == 0 else None) and untouched, f"rank {rank}: {code}")
     c.free()
+    comm.Free()
 
 
 @pytest.mark.mpi(min_size=2)
@@ -99,7 +135,8 @@ def test_a_longer_frame_with_another_plans_header_is_named_by_its_header(world):
     size, rank = world.Get_size(), world.Get_rank()
     n = 600
     p = plan(Branch(Leaf(0, 0), Leaf(1, 1), 0), DeliverTo(0), n, size=size)
-    c = Combiner(world, p, timeout=SHORT)
+    comm = world.Dup()  # a user communicator: dup=False lets user traffic reach the channel
+    c = Combiner(comm, p, timeout=SHORT, dup=False)
     code = None
     if rank == 1:
         x = next(iter(c.compiled.msgs.values()))
@@ -112,6 +149,7 @@ def test_a_longer_frame_with_another_plans_header_is_named_by_its_header(world):
         code = _code(lambda: c.run({0: np.ones(n)}))
     agree(world, code == ("frame-identity-mismatch" if rank == 0 else None), f"rank {rank}: {code}")
     c.free()
+    comm.Free()
 
 
 # -- executor identity ----------------------------------------------------------------------------

@@ -67,7 +67,9 @@ class Channel:
         # The one agreement of the arrays on this communicator (see the module docstring): held
         # before the Dup, so a rank that differs (or never comes) is named within the bound.
         identity = f"alpha_mpi.arrays channel|{int(payload_check_from_env())}"
-        self.comm = library_comm(agreement.agree_first(comm, identity, None, None, "arrays channel"))
+        self.comm = library_comm(
+            agreement.agree_first(comm, identity, None, None, "arrays channel"), exclusive=False
+        )
         self.sequence = next_sequence(self.comm)  # shared by every exchange of this channel
         self.size = self.comm.Get_size()
         self.rank = self.comm.Get_rank()

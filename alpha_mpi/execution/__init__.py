@@ -1,8 +1,9 @@
 """Execution layer: runs realizations of declared trees over mpi4py (point-to-point only).
 
-One executor (engine.Engine) runs every realization's program; frames.py owns headers,
-transport.py owns waits, bounds and the debug log; allreducer.py holds the executors by plan
-kind, convenience.py the cached calls allreduce()/combine()/reduce_scatter().
+One executor (engine.Engine) runs every realization's program, its rounds in C (csrc/native.c,
+built by the MPI's own mpicc at first use: native.py); frames.py owns headers, transport.py the
+wait policy, bounds and the debug log; allreducer.py holds the executors by plan kind,
+convenience.py the cached calls allreduce()/combine()/reduce_scatter().
 """
 
 from .abort import abort_on_exception  # noqa: F401

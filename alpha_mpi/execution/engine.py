@@ -3,16 +3,16 @@
 Every rank builds an Engine for the same Program (collectively: it duplicates the communicator
 unless told not to), and the build ends in one agreement round (agreement.py): every rank built
 the same executor, as the same executor of its communicator (its sequence, carried in every
-frame), or every rank refuses by name. Work buffers, frame headers, persistent send requests,
-kernel pointer arrays and the op table are built once; a run binds the caller's contributions
-and `out`, then walks the rank's ops: S starts a send (its header carries the flags seen so
-far), W matches a frame, compares its size with the plan's and only then receives it
-(inbound.py: never into a buffer smaller than the message) and checks its header (one bytes
-comparison; the field-by-field naming only on a mismatch), D completes a send, E is one fused
-kernel pass, C a copy, F a finiteness check, M a merge of node summaries (the arrays). The
-planner's P ops (post a receive) post nothing. By composition: engine_build compiles the rank's
-program once into a frozen Compiled (named op records), engine_bind's functions bind each run,
-engine_walk has one function per op kind; this class holds them and the run's bookkeeping.
+frame), or every rank refuses by name. Work buffers, frame headers, the MPI requests and the
+C records of every op are built once (engine_build.py); a run binds the caller's contributions
+and `out` (engine_bind.py) and is then ONE call into C (csrc/native.c, built by the MPI's own
+mpicc: native.py) that interprets the rank's ops: P posts a receive, S writes a header (the
+flags seen so far) and starts a send, W waits for a frame and checks it (one comparison of its
+header; the field-by-field naming only on a mismatch, back in Python), D completes a send, E is
+one fused kernel pass, C a copy, F a finiteness check, M a merge of node summaries (the arrays).
+The C loop returns to Python only when there is something Python must do (engine_walk.py): a
+bad frame to name, the send hook of tests, a wait long enough that signals must be handled, a
+failure. docs/design.md "The round in C" records why the run is C and what it costs.
 
 Failure semantics (the protocol, not an afterthought):
 - A local refusal (a bad contribution, `out` or `timeout=`) does not leave peers waiting: this
@@ -40,24 +40,25 @@ Failure semantics (the protocol, not an afterthought):
 from __future__ import annotations
 
 import sys
+import warnings
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .. import kernel
 from ..planning.program import Program
 from ..refusals import PlanRefusal, Refusal
 from . import agreement
 from . import engine_bind as bind
+from . import engine_walk as walk
 from . import frames as fr
 from .engine_bind import Chunk
 from .engine_build import compile_program, payload_check_from_env
-from .engine_ops import warn_retired
 from .engine_walk import RunState
 from .transport import (
     DEFAULT_TIMEOUT,
+    SIGNAL_SLICE,
+    SLEEP_AFTER,
     Waiter,
-    cancel_receives,
     comm_attr,
     debug_enabled,
     dup_false_hint,
@@ -71,6 +72,20 @@ if TYPE_CHECKING:
     from mpi4py import MPI
 
     from .contributions import Contributions
+
+# Keywords of 0.1 that no longer steer anything: accepted with a warning, so old scripts run.
+_RETIRED = {
+    "crossover_bytes": "auto chooses by the α–β–γ model (calibration=, ALPHA_MPI_CALIBRATION)",
+    "depth": "the engine allocates its own buffers per message",
+}
+
+
+def warn_retired(kwargs: dict) -> None:
+    """Warn (DeprecationWarning) for each retired 0.1 keyword; any other is a TypeError."""
+    for k in kwargs:
+        if k not in _RETIRED:
+            raise TypeError(f"unexpected keyword argument {k!r}")
+        warnings.warn(f"{k}= is ignored since 0.2: {_RETIRED[k]}", DeprecationWarning, stacklevel=3)
 
 
 class Engine:
@@ -154,31 +169,65 @@ class Engine:
         self.step = 0
         self.broken = None  # the refusal code that broke this executor
         self.contract = contract
-        self.compiled = c = compile_program(self.comm, program, rank, contract, self.sequence)
+        # Alone on its channel (its own duplicate) the executor posts its receives at their
+        # planned size; where others can send on the channel (a user communicator, dup=False,
+        # or a library channel that several executors share) it matches every frame first.
+        self.probe = not comm_attr(self.comm, "exclusive")
+        self.compiled = c = compile_program(
+            self.comm, program, rank, contract, self.sequence, probe=self.probe
+        )
         self.rp, self.bufs, self.n = c.rp, c.bufs, c.n
-        self._table = c.table  # (function, record) per op; emptied by free()
+        ex, w = c.ex, self.waiter
+        ex.before_yield, ex.spin, ex.slice, ex.sleep_after = (
+            w.before_yield,
+            int(w.spin),
+            SIGNAL_SLICE,
+            SLEEP_AFTER,
+        )
+        ex.debug = int(self.debug)
+        # ALPHA_MPI_PAYLOAD_CHECK=1 (self.payload_check, read before the build agreement, which
+        # holds it equal on every rank): a CRC32C of every payload travels in its header and is
+        # checked on arrival (opt-in: docs/performance.md gives its cost).
+        ex.check_payload = int(self.payload_check)
         self.slots = c.rp.slots
         self.is_receiver = c.is_receiver
         self.realization = program.realization
+        self._mode, self._layout = program.mode, program.layout
+        self._an_run = c.native.lib.an_run
+        self._out_ok = None  # (the `out` that passed its checks last run, its dtype object)
+        # (out, its dtype object, the array bound to the result buffer) of the last run when a
+        # run with the very same arrays may skip the binding (run()); None otherwise
+        self._rebind = None
+        # (slot, buffer number) of the contributions; None for programs whose leaves are pieces
+        # of other lengths (the assembly binds every run)
+        self._slot_bases = tuple(c.slot_base.items()) if not c.rp.inputs else None
+        self._delivers = False  # the C round copies the result into the caller's `out`
         self.chunk = program.chunk(rank)  # reduce-scatter: (start, stop) of this rank's chunk
-        self._state = RunState(self.comm, self.waiter, rank, kernel.lib, kernel.ffi, self.debug)
-        self._darr = kernel.ffi.typeof("double[]")
-        self._names = {s: f"L{s}" for s in self.slots}
-        self._bound: dict = {}  # buffer name -> the caller's array its pointer was made from
+        self._state = RunState(rank)
+        # per buffer number, then the delivery target: (the caller's array, its pointer)
+        self._bound: list = [None] * (len(c.bases) + 1)
         self._zeros = None
         self._busy = False
-        # Fault injection for tests and verification tools (alpha_mpi_verify, tests/): when set,
-        # called as send_hook(message index, header memoryview) after a header is written and
-        # before it is sent. None in production (one attribute test per send).
-        self.send_hook = None
-        # ALPHA_MPI_PAYLOAD_CHECK=1 (self.payload_check, read before the build agreement, which
-        # holds it equal on every rank): a crc32 of every payload travels in its header and is
-        # checked on arrival (opt-in: it costs a pass over every payload at both ends; README).
+        self._hook = None
         # Programs whose every possible peer program pairs its messages one to one with this one
         # (the arrays' exchanges in rank order): a foreign frame leaves nothing in flight, so
         # the executor stays usable after naming it.
         self._pairs = bool(program.details.get("foreign_frames_pair"))
         self.flags = 0  # the frame flags the last run saw (frames.FLAG_*)
+
+    @property
+    def send_hook(self):
+        """Fault injection for tests and verification tools (alpha_mpi_verify, tests/): when set,
+        called as send_hook(message index, header memoryview) after a header is written and
+        before it is sent (the C round stops there for it). None in production: then the round
+        never leaves C for it."""
+        return self._hook
+
+    @send_hook.setter
+    def send_hook(self, hook) -> None:
+        self._hook = hook
+        if self.compiled is not None:
+            self.compiled.ex.hook = int(hook is not None)
 
     def _program_of(self, plan: object) -> Program:
         """The Program this executor runs for `plan` (`plan-kind-mismatch` for another kind)."""
@@ -197,9 +246,22 @@ class Engine:
         else None (`out`, if given, is then left as it was). Reduce-scatter mode: the values of
         this rank's chunk, coordinates `self.chunk` (`reduce_scatter_run` adds the bounds).
         `timeout` overrides the per-wait bound for this run."""
+        # The steady state of a loop: the very arrays of the last run (same objects, same dtype
+        # objects) and the same `out`; their checks and binding from then still hold.
+        if timeout is None and type(contributions) is dict and self._rebind is not None:
+            bound = self._bound
+            for slot, b in self._slot_bases:
+                v = contributions.get(slot)
+                e = bound[b]
+                if e is None or e[0] is not v or v.dtype is not e[2]:
+                    break
+            else:
+                if len(contributions) == len(self._slot_bases) and out is self._rebind[0]:
+                    if out is None or out.dtype is self._rebind[1]:
+                        return self.execute(contributions, out, _bound=True)
         try:
             leaves, local = (
-                bind.check_leaves(self.compiled, contributions, self.rank, self.program.layout),
+                bind.check_leaves(self.compiled, contributions, self.rank, self._layout, self._bound),
                 None,
             )
         except Refusal as e:
@@ -227,12 +289,14 @@ class Engine:
         local: Refusal | None = None,
         timeout: float | None = None,
         vote: int = 0,
+        _bound: bool = False,
     ) -> np.ndarray | None:
         """The one run of every front end (combine, assembly, arrays). `leaves`: slot -> checked
         contiguous float64 vector of its length, or None when `local` is this rank's refusal of
         its inputs (the program then runs on zeros, flagged, and `local` is raised at the end);
         `out`: the caller's (checked here); `vote` (0 or 1) rides on the frames, and afterwards
-        `self.flags` holds the frame flags this rank saw (`frames.FLAG_VOTE`: any rank voted)."""
+        `self.flags` holds the frame flags this rank saw (`frames.FLAG_VOTE`: any rank voted).
+        (`_bound`: run() found the very leaves and `out` of the last run, bound as they are.)"""
         if self.broken is not None:
             raise Refusal(
                 "combiner-broken",
@@ -247,31 +311,26 @@ class Engine:
                 timeout = timeout_from_env(timeout)
             except Refusal as e:
                 local, leaves, timeout = local or e, None, None
-        st.begin(step, timeout, local, vote, self.payload_check, self.send_hook)
+        st.begin(step, timeout, local, vote)
         try:
-            if leaves is None:
-                if self._zeros is None:
-                    self._zeros = bind.zeros_for(c)
-                leaves = bind.zero_leaves(c, self._zeros)
-            try:
-                outarr = bind.bind_out(c, out, self.program.mode)
-                if (
-                    outarr is not None
-                    and outarr is not c.internal_out
-                    and (c.small or bind.aliased(outarr, leaves))
-                ):
-                    outarr = c.internal_out  # copied to the caller's `out` only on success
-            except Refusal as e:
-                local = local or e
-                st.begin(step, timeout, local, vote, self.payload_check, self.send_hook)
-                outarr = (
-                    c.internal_out
-                    if c.internal_out is not None
-                    else (np.empty(self.n) if c.rp.result is not None else None)
+            if _bound:
+                outarr = self._rebind[2]
+            else:
+                outarr = self._bind(c, st, leaves, out, local, vote)
+                local = st.local
+            bound = self.timeout if timeout is None else timeout
+            who = st.who
+            if who is None:
+                rc = self._an_run(c.ex, step, bound, st.flags, -1, 0)
+            else:
+                rc = self._an_run(
+                    c.ex, step, bound, st.flags, who[0], int.from_bytes(fr.code_tag(who[1]), "little")
                 )
-            bind.bind_pointers(st, self._names, self._bound, self._darr, leaves, outarr)
-            for fn, rec in self._table:
-                fn(st, rec)
+            if rc:
+                walk.drive(c, st, rc, self._hook, bound)
+            flags = st.flags = c.ex.flags
+            if flags & fr.FLAG_REFUSED:
+                walk.finish(c, st)
             if self.payload_check:
                 # A bad frame in a rank's last receive reaches nobody by frame: one agreement
                 # round (paid only with the check on) makes every rank refuse or none.
@@ -283,13 +342,15 @@ class Engine:
                 # program stops sending what this one waits for)
                 raise self._hint(st.bad) from e
             raise self._hint(e) from None
-        except Exception as e:  # not a refusal: a bug or an interrupt; the channel state is unknown
+        except BaseException as e:  # a bug or an interrupt (KeyboardInterrupt): the channel state is unknown
             self._fail(e)
             raise
         finally:
             self.step += 1
             self._busy = False
             self.flags = st.flags
+        if self._delivers and not st.flags & (fr.FLAG_REFUSED | fr.FLAG_NONFINITE) and local is None:
+            return out  # C copied the result into the caller's `out` (a clean run: no bad frame either)
         bad = st.bad
         if bad is not None and bad.code != "frame-payload-corrupt" and not self._pairs:
             # A frame of another program: every rank has named it by now, but that program may
@@ -299,6 +360,40 @@ class Engine:
             return bind.finish(c, self.program, self.rank, step, st, local, leaves, outarr, out)
         except Refusal as e:
             raise self._hint(e) from None
+
+    def _bind(self, c, st, leaves, out, local, vote):
+        """Bind this run's leaves (zeros in place of refused ones) and `out`; returns the array
+        the result buffer is bound to. Records in `st.local` this rank's refusal (its inputs, or
+        `out`), and in `self._rebind` what a run with the very same arrays may reuse."""
+        self._rebind = None
+        st.local = local
+        if leaves is None:
+            if self._zeros is None:
+                self._zeros = bind.zeros_for(c)
+            leaves = bind.zero_leaves(c, self._zeros)
+        try:
+            outarr, deliver = bind.bind_out(c, out, self._mode, leaves, self._out_ok)
+            if out is not None:
+                self._out_ok = (out, out.dtype)
+        except Refusal as e:
+            st.local = local = local or e
+            st.begin(st.step, st.timeout, local, vote)
+            outarr, deliver = (
+                (
+                    c.internal_out
+                    if c.internal_out is not None
+                    else (np.empty(self.n) if c.rp.result is not None else None)
+                ),
+                None,
+            )
+        if self.payload_check:
+            # the flag round after the run may still refuse it: the result is copied after it
+            deliver = None
+        self._delivers = deliver is not None
+        bind.bind_bases(c, self._bound, leaves, outarr, deliver)
+        if local is None and (out is not None or outarr is c.internal_out) and self._slot_bases is not None:
+            self._rebind = (out, None if out is None else out.dtype, outarr)
+        return outarr
 
     def _hint(self, e: Refusal) -> Refusal:
         """`e`, with the dup=False hint where user traffic can reach this channel."""
@@ -313,20 +408,15 @@ class Engine:
         if v.refused is not None:
             st.flags |= fr.FLAG_REFUSED
             st.who = (v.refused, v.code)
-            st.refused, st.code = v.refused, fr.code_tag(v.code)
 
-    def _fail(self, e: Exception) -> None:
+    def _fail(self, e: BaseException) -> None:
         code = getattr(e, "code", None) or type(e).__name__  # a refusal's code, else the exception's name
         if code in ("executor-reentrant", "combiner-broken"):
             return
         self.broken = code
-        mine = list(self.compiled.msgs.values())
-        cancel_receives([r for x in mine if x.m.dst == self.rank for r in (x.hreq, x.preq) if r is not None])
-        mark_broken(
-            self.rank,
-            code,
-            [r for x in mine if x.m.src == self.rank for r in (x.hreq, x.preq) if r is not None],
-        )
+        c = self.compiled
+        c.native.lib.an_cancel_receives(c.ex)
+        mark_broken(self.rank, code, [_PendingSends(c)])
         sys.stderr.write(
             f"r{self.rank} | {self.realization} step {self.step} refused [{code}]: {getattr(e, 'message', e)}\n"
             f"  r{self.rank}: {self.rp.text()}  <-- ERROR HERE\n"
@@ -334,23 +424,30 @@ class Engine:
         sys.stderr.flush()
 
     def free(self) -> None:
-        """Free the persistent requests (and the duplicated communicator, if this made one)."""
-        msgs = self.compiled.msgs.values() if self.compiled is not None else ()
-        for x in msgs:
-            for req in (x.hreq, x.preq if not x.dyn else None):
-                if req is not None:
-                    try:
-                        req.Free()
-                    except Exception:
-                        pass
-        self._table = ()
-        if self.compiled is not None:
-            self._bound.clear()
-            self._state.bases.clear()
-            self._state.arrays.clear()
+        """Free the requests (and the duplicated communicator, if this made one). A send still in
+        flight completes in the background; receives still posted are cancelled first."""
+        c = self.compiled
+        if c is not None and c.keep:
+            c.native.lib.an_free(c.ex)
+            c.keep.clear()  # the records; the buffers stay with `c` (a broken send may still read one)
+            self._bound = []
         if self._owns_comm:
             self._owns_comm = False
             self.comm.Free()
+
+
+class _PendingSends:
+    """What transport.mark_broken tests at exit for a broken executor: its sends (in C).
+    Holds the compiled program, so buffers a send in flight still reads stay alive."""
+
+    def __init__(self, compiled):
+        self.compiled = compiled
+
+    def Test(self) -> bool:
+        c = self.compiled
+        if not c.keep:  # freed: whether its sends completed is unknown
+            return False
+        return c.native.lib.an_pending_sends(c.ex) == 0
 
 
 def _check_size(program: Program, comm) -> None:

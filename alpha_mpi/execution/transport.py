@@ -36,6 +36,9 @@ DEFAULT_TIMEOUT = 300.0
 ABORT_STATUS = 70
 POLLS_BEFORE_YIELD = 200
 SLEEP_AFTER = 0.005
+# The engine's waits run in C (csrc/native.c, the same policy); every SIGNAL_SLICE seconds of
+# waiting they return to Python, which runs its signal handlers (KeyboardInterrupt) and resumes.
+SIGNAL_SLICE = 0.005
 _yield = getattr(os, "sched_yield", lambda: time.sleep(0))
 # Tags, one scheme for every program the engine runs (combine, assembly, arrays): the k-th
 # message from one rank to another in a run uses TAG_BASE + 2k (header) and + 2k + 1 (payload).
@@ -70,13 +73,17 @@ def log(rank: int, text: str) -> None:
     sys.stderr.flush()
 
 
-def library_comm(comm):
+def library_comm(comm, exclusive: bool = True):
     """A duplicate of `comm` that only alpha_mpi uses, so user messages can never match ours.
     Dup is a communicator-management call (no user data moves). The caller keeps the result.
     It is marked (attribute "library"), so an executor knows whether user traffic can reach
-    its channel (dup=False on a user communicator) and says so when a frame goes wrong."""
+    its channel (dup=False on a user communicator) and says so when a frame goes wrong; and
+    "exclusive" unless several executors will share it (channel_of, the arrays' channel): an
+    executor alone on its channel posts its receives at their planned size, one that shares
+    it matches every frame first (engine_build, csrc/native.h)."""
     lib = comm.Dup()
     set_comm_attr(lib, "library", True)
+    set_comm_attr(lib, "exclusive", bool(exclusive))
     return lib
 
 
@@ -86,7 +93,7 @@ def channel_of(comm):
     duplicate of their own (agreement.agree_first), and the convenience calls run on it."""
     ch = comm_attr(comm, "channel")
     if ch is None:
-        ch = library_comm(comm)
+        ch = library_comm(comm, exclusive=False)
         set_comm_attr(comm, "channel", ch)
     return ch
 
@@ -238,13 +245,18 @@ class Waiter:
                         time.sleep(pause)
                         pause = min(pause * 2, 1e-3)
                     continue
-            raise PeerTimeout(
-                "peer-timeout",
-                f"rank {self.rank}: {what} with rank {peer} did not complete within {bound:g} s at step {step} "
-                "(the peer is stopped, dead or far behind)",
-                peer=peer,
-                step=step,
-            )
+            raise timeout_refusal(self.rank, what, peer, bound, step)
+
+
+def timeout_refusal(rank: int, what: str, peer: int, bound: float, step: int) -> PeerTimeout:
+    """`peer-timeout`: a wait on `what` with `peer` saw no completion within `bound` seconds."""
+    return PeerTimeout(
+        "peer-timeout",
+        f"rank {rank}: {what} with rank {peer} did not complete within {bound:g} s at step {step} "
+        "(the peer is stopped, dead or far behind)",
+        peer=peer,
+        step=step,
+    )
 
 
 def mpi_failure(e, peer: int, what: str, step: int) -> Refusal:
@@ -329,18 +341,6 @@ def abort_job(status: int) -> None:
     MPI.COMM_WORLD.Abort(status)
 
 
-def cancel_receives(reqs) -> None:
-    """Cancel receives still pending after a failure (never sends: cancelling a pending send
-    crashes some MPI libraries)."""
-    for req in reqs:
-        try:
-            if req != MPI.REQUEST_NULL and not req.Test():
-                req.Cancel()
-                req.Test()
-        except Exception:
-            pass
-
-
 __all__ = [
     "DEFAULT_TIMEOUT",
     "ABORT_STATUS",
@@ -348,6 +348,8 @@ __all__ = [
     "abort_job",
     "TAG_BASE",
     "Waiter",
+    "SIGNAL_SLICE",
+    "timeout_refusal",
     "timeout_from_env",
     "spin_from_env",
     "debug_enabled",
@@ -363,5 +365,4 @@ __all__ = [
     "mark_broken",
     "mpi_failure",
     "set_abort_at_exit",
-    "cancel_receives",
 ]

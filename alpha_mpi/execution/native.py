@@ -60,7 +60,7 @@ class Build:
     def __init__(self) -> None:
         from mpi4py import MPI
 
-        self.version = MPI.Get_library_version().strip()
+        self.version = MPI.Get_library_version().replace("\x00", "").strip()  # Open MPI ends it with NUL
         self.libmpi = loaded_libmpi()
         self.mpicc = find_mpicc(self.libmpi)
         self.key = _key(self.version, self.libmpi, self.mpicc)
@@ -222,7 +222,7 @@ def check_library(mod, b: Build) -> None:
     mpi4py loaded): MPI_Get_library_version as each sees it."""
     buf = mod.ffi.new("char[]", 8192)
     mod.lib.an_library_version(buf, 8192)
-    theirs = mod.ffi.string(buf).decode(errors="replace").strip()
+    theirs = mod.ffi.string(buf).decode(errors="replace").replace("\x00", "").strip()
     if theirs != b.version:
         raise Refusal(
             "native-mpi-mismatch",

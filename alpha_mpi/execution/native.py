@@ -60,6 +60,12 @@ class Build:
     def __init__(self) -> None:
         from mpi4py import MPI
 
+        missing = [n for n in SOURCES + HEADERS if not (CSRC / n).is_file()]
+        if missing:
+            raise _failed(
+                f"the C sources of the engine's round ({', '.join(missing)}) are not in {CSRC}: install "
+                "alpha_mpi from its source tree (pip install -e .), which keeps csrc/ beside the package"
+            )
         self.version = MPI.Get_library_version().replace("\x00", "").strip()  # Open MPI ends it with NUL
         self.libmpi = loaded_libmpi()
         self.mpicc = find_mpicc(self.libmpi)

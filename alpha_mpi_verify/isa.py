@@ -46,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CSRC = ROOT / "csrc"
 DRIVER = CSRC / "conformance_driver.c"
 KERNEL = CSRC / "alpha_kernel.c"
+FRAME = CSRC / "frame.c"  # CRC32C and the header patch (the instruction paths differ by ISA)
 MAGIC = b"AKCONF01"
 N_DEFAULT = 1 << 20  # >= 1e6 elements per function
 
@@ -92,7 +93,7 @@ def with_contract(flags, mode):
 def build_commands(tools, workdir, flags):
     """name -> compile command. The same sources and flags everywhere; the negative
     controls change exactly one thing each."""
-    src = [str(DRIVER), str(KERNEL)]
+    src = [str(DRIVER), str(KERNEL), str(FRAME)]
     inc = [f"-I{CSRC}"]
     w = Path(workdir)
     return {

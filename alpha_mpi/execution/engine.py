@@ -306,10 +306,10 @@ class Engine:
             raise Refusal("executor-reentrant", "run() called while a run is in progress")
         self._busy = True
         c, st, step = self.compiled, self._state, self.step
-        if timeout is not None:  # checked before any communication; refused like a bad input
-            try:
+        if timeout is not None and timeout is not self.timeout:  # checked before any communication
+            try:  # (the arrays pass the bound they share with this executor: already checked)
                 timeout = timeout_from_env(timeout)
-            except Refusal as e:
+            except Refusal as e:  # refused like a bad input
                 local, leaves, timeout = local or e, None, None
         st.begin(step, timeout, local, vote)
         try:

@@ -235,10 +235,6 @@ static int an_done(an_exec *e, an_state *s, int32_t i) {
         r = an_wait(e, s, &s->preq[i], MPI_STATUS_IGNORE);
         if (r != AN_DONE) return r;
     }
-    if (e->deliver_to && !(e->flags & (AK_FLAG_REFUSED | AK_FLAG_NONFINITE)) && !e->delivered) {
-        memcpy(e->deliver_to, an_ptr(e, e->deliver_from), (size_t)(8 * e->deliver_count));
-        e->delivered = 1;
-    }
     return AN_DONE;
 }
 
@@ -315,11 +311,16 @@ static int an_recv(an_exec *e, an_state *s, int32_t i) {
         e->bad_kind = s->hbad;
         return AN_BAD_FRAME;
     }
-    if ((f & AK_FLAG_REFUSED) && e->refused < 0) {
+    if (f & AK_FLAG_REFUSED) {
+        /* the first refusal seen is named; a flag-round frame's names the lowest refusing rank
+         * its sender knows, so that every rank ends the flag rounds naming the same one */
         uint32_t who;
         memcpy(&who, m->hbuf + AK_FRAME_REFUSED_OFF, 4);
-        e->refused = (int32_t)who - 1;
-        memcpy(e->code, m->hbuf + AK_FRAME_CODE_OFF, 4);
+        int32_t r = (int32_t)who - 1;
+        if (e->refused < 0 || (m->merge_min && r >= 0 && r < e->refused)) {
+            e->refused = r;
+            memcpy(e->code, m->hbuf + AK_FRAME_CODE_OFF, 4);
+        }
     }
     e->flags |= f & AN_FOLDED;
     if (e->debug) an_log(e, "recv <-", m);
@@ -416,7 +417,7 @@ static int an_loop(an_exec *e) {
 }
 
 /* ------------------------------------------------------------------ life cycle */
-an_exec *an_new(int32_t fcomm, const void *kernel) {
+an_exec *an_new(const void *kernel) {
     an_exec *e = calloc(1, sizeof *e);
     an_state *s = calloc(1, sizeof *s);
     if (!e || !s || !kernel) {
@@ -424,7 +425,7 @@ an_exec *an_new(int32_t fcomm, const void *kernel) {
         free(s);
         return NULL;
     }
-    s->comm = MPI_Comm_f2c((MPI_Fint)fcomm);
+    s->comm = MPI_COMM_NULL;
     s->k = kernel;
     an_wait_reset(s);
     e->state = s;
@@ -432,8 +433,9 @@ an_exec *an_new(int32_t fcomm, const void *kernel) {
     return e;
 }
 
-int an_prepare(an_exec *e) {
+int an_prepare(an_exec *e, int32_t fcomm) {
     an_state *s = e->state;
+    s->comm = MPI_Comm_f2c((MPI_Fint)fcomm);
     int n = e->nmsgs > 0 ? e->nmsgs : 1;
     s->hreq = malloc(n * sizeof *s->hreq);
     s->preq = malloc(n * sizeof *s->preq);

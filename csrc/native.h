@@ -87,6 +87,7 @@ typedef struct an_msg {
     an_region payload;     /* where the payload lies on this rank (split frames) */
     const uint8_t *expect; /* the header at step 0 without flags (124 bytes) */
     const char *what;      /* "reduce frame 3", for the debug log */
+    int32_t merge_min;     /* a flag-round frame (planning/flag_rounds.py): the lowest refusing rank wins */
 } an_msg;
 
 typedef struct an_eval {
@@ -165,12 +166,14 @@ typedef struct an_exec {
     void *state; /* C's own: the communicator, the requests, where the run is (native.c) */
 } an_exec;
 
-/* A new executor on the communicator whose Fortran handle is `fcomm` (comm.py2f()), calling the
- * kernel through `kernel` (kernel_table.h ak_functions()). NULL when out of memory. */
-an_exec *an_new(int32_t fcomm, const void *kernel);
+/* A new executor calling the kernel through `kernel` (kernel_table.h ak_functions()). NULL when
+ * out of memory. Python fills its records, then an_prepare. */
+an_exec *an_new(const void *kernel);
 
-/* After Python filled the records: make the persistent requests. 0, or an MPI error code. */
-int an_prepare(an_exec *e);
+/* After Python filled the records (tags and `probe` included, once the build agreement gave the
+ * executor its tag block): make the persistent requests on the communicator whose Fortran
+ * handle is `fcomm` (comm.py2f()). 0, or an MPI error code (an_free frees what was made). */
+int an_prepare(an_exec *e, int32_t fcomm);
 
 /* Start a run: step, the per-wait bound in seconds, the initial flags, refusing rank, code. */
 int an_run(an_exec *e, uint64_t step, double timeout, int32_t flags, int32_t refused, uint32_t code);

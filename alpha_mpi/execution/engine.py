@@ -1,10 +1,12 @@
 """The one executor: runs any realization's Program (planning/program.py) over mpi4py (layer 4).
 
-Every rank builds an Engine for the same Program (collectively: it duplicates the communicator
-unless told not to), and the build ends in one agreement round (agreement.py): every rank built
-the same executor, as the same executor of its communicator (its sequence, carried in every
-frame), or every rank refuses by name. Work buffers, frame headers, the MPI requests and the
-C records of every op are built once (engine_build.py); a run binds the caller's contributions
+An Engine is an Endpoint plus a Program: every rank builds an Engine for the same Program, and
+the build ends in the endpoint's build agreement (endpoint.py: one verdict round): every rank
+built the same executor, as the same executor of its communicator (its sequence, carried in
+every frame), with the same tag block, or every rank refuses by name. No communicator is
+duplicated here (the endpoint holds alpha_mpi's one duplicate of each user communicator). Work
+buffers, frame headers, the MPI requests and the C records of every op are built once
+(engine_build.py; the requests once the agreement gave the tags); a run binds the caller's contributions
 and `out` (engine_bind.py) and is then ONE call into C (csrc/native.c, built by the MPI's own
 mpicc: native.py) that interprets the rank's ops: P posts a receive, S writes a header (the
 flags seen so far) and starts a send, W waits for a frame and checks it (one comparison of its
@@ -19,9 +21,11 @@ Failure semantics (the protocol, not an afterthought):
   rank runs the whole program on zeros in place of its data, its frames flagged `refused` with
   its rank and code; every rank completes the run, then the refusing rank raises its refusal
   and every rank the flag reached raises `peer-refused` naming it. The next run works.
-- With the payload check on (ALPHA_MPI_PAYLOAD_CHECK=1, held equal by the build agreement) one
-  flag round after the run reaches the ranks no later frame reaches: a bad frame found in a
-  rank's last receive is named on every rank, or none refuses. With the check off a bad header
+- With the payload check on (ALPHA_MPI_PAYLOAD_CHECK=1, held equal by the build agreement) the
+  flag rounds at the end of the program (planning/flag_rounds.py: header-only frames on the
+  block's flag tag, in the same C call) reach the ranks no later frame reaches: a bad frame
+  found in a rank's last receive is named on every rank (the lowest refusing rank), or none
+  refuses. With the check off a bad header
   found in a rank's last receive is refused on that rank only (docs/allreduce.md says why).
 - FiniteOrRefuse: a non-finite value makes the combined value non-finite; the ranks that check
   it (F) flag their later frames, and every rank the flag reaches refuses after communication
@@ -32,8 +36,9 @@ Failure semantics (the protocol, not an afterthought):
   engine usable; a frame of another program marks it broken after the run (that program may
   have sent more), except where the Program says every peer program pairs one to one.
 - A genuine failure (timeout, a dead peer) may leave frames in flight: the engine is broken
-  (`combiner-broken` on later runs; build a new one on every rank) and the job aborts at exit
-  instead of hanging (transport.mark_broken). Sends are never cancelled. Any other exception
+  (`combiner-broken` on later runs; build a new one on every rank), its tag block is never
+  handed out again, and the job aborts at exit instead of hanging (abort.mark_broken). Sends
+  are never cancelled. Any other exception
   inside a run (a bug, an interrupt) breaks the engine too, and later runs say which.
 """
 
@@ -45,33 +50,25 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..planning.flag_rounds import with_flag_rounds
 from ..planning.program import Program
 from ..refusals import PlanRefusal, Refusal
-from . import agreement
 from . import engine_bind as bind
 from . import engine_walk as walk
 from . import frames as fr
+from .abort import mark_broken
+from .endpoint import Endpoint
 from .engine_bind import Chunk
-from .engine_build import compile_program, payload_check_from_env
+from .engine_build import compile_program, open_exec, payload_check_from_env
 from .engine_walk import RunState
-from .transport import (
-    DEFAULT_TIMEOUT,
-    SIGNAL_SLICE,
-    SLEEP_AFTER,
-    Waiter,
-    comm_attr,
-    debug_enabled,
-    dup_false_hint,
-    library_comm,
-    mark_broken,
-    next_sequence,
-    timeout_from_env,
-)
+from .log import debug_enabled
+from .waits import DEFAULT_TIMEOUT, SIGNAL_SLICE, SLEEP_AFTER, timeout_from_env
 
 if TYPE_CHECKING:
     from mpi4py import MPI
 
     from .contributions import Contributions
+    from .endpoint import Seat, Stream
 
 # Keywords of 0.1 that no longer steer anything: accepted with a warning, so old scripts run.
 _RETIRED = {
@@ -91,13 +88,15 @@ def warn_retired(kwargs: dict) -> None:
 class Engine:
     """Executes one Program repeatedly on one communicator. Build it on every rank of `comm`.
 
-    The build ends in one agreement round over `comm` (agreement.py; with dup=True held on the
-    communicator's library channel before the collective Dup). `waiter` and `sequence`, given
-    together, are for executors built lazily on a channel whose own collective creation held
-    the agreement (the arrays' exchanges): the engine shares that Waiter (making one is
-    collective) and that sequence, and holds no round of its own. Subclasses that take another kind of plan (Combiner: a
-    tree Plan; ScatterCombiner: a scatter program) say how it becomes the Program they run, in
-    `_program_of`."""
+    The build ends in the endpoint's build agreement (endpoint.py). `dup`: True (default) runs
+    the frames on alpha_mpi's duplicate of `comm` (made once per communicator, shared by every
+    executor on it; each executor has its own tags); False runs them on `comm` itself, where a
+    message of the user's can take or replace a frame (refusals then say so). `what` names the
+    executor in refusals ("Allreducer"). `stream`: a Stream whose tag block this executor
+    shares (the convenience calls). `seat`: an agreed Seat to run on without a round of its own
+    (the arrays' exchanges, built lazily on their stream: endpoint.py). Subclasses that take
+    another kind of plan (Combiner: a tree Plan; ScatterCombiner: a scatter program) say how it
+    becomes the Program they run, in `_program_of`."""
 
     def __init__(
         self,
@@ -107,61 +106,60 @@ class Engine:
         timeout: float | None = None,
         contract: str = "",
         dup: bool = True,
-        waiter: Waiter | None = None,
-        sequence: int | None = None,
+        what: str = "executor",
+        stream: Stream | None = None,
+        seat: Seat | None = None,
         **retired: object,
     ) -> None:
         warn_retired(retired)
-        agreed = waiter is not None and sequence is not None
-        # Everything that can refuse on one rank is decided before any collective call, and
-        # every rank takes part in one agreement round with its verdict: every rank built the
-        # same executor, or every rank refuses by name (agreement.py) and no later call pairs
-        # with the wrong one. With dup=True the round is held on the communicator's library
-        # channel before the collective Dup, so a rank that never comes is a bounded, named
-        # refusal, not a Dup that waits for ever.
+        # Everything that can refuse on one rank is decided before the build agreement, and
+        # every rank takes part in it with its verdict: every rank built the same executor, or
+        # every rank refuses by name and no later call pairs with the wrong one.
         self.payload_check = payload_check_from_env()
-        self._owns_comm, self.compiled = False, None
+        self.compiled, self.seat, self.broken = None, None, None
+        self.endpoint = ep = Endpoint.of(comm, timeout)
+        self.rank = ep.rank
+        self.comm = (ep.lib if dup else comm) if seat is None else seat.wire
+        self.sequence = ep.next_sequence if seat is None else seat.sequence
+        given_seat = seat is not None
         local, identity = None, ""
         try:
-            program = self._program_of(program)
-            _check_size(program, comm)
-            identity = f"{program.identity}|{contract}|{int(self.payload_check)}"
-        except Refusal as e:
-            if agreed:
-                raise
-            local = e
-        if dup and not agreed:
-            comm = agreement.agree_first(comm, identity, local, timeout, "executor")
-        self.comm = library_comm(comm) if dup else comm
-        self._owns_comm = dup
-        self.shared = not comm_attr(self.comm, "library")  # user traffic can reach this channel
-        self.rank = self.comm.Get_rank()
-        self.sequence = sequence if agreed else next_sequence(self.comm)
-        if waiter is None:
-            try:
-                waiter = Waiter(self.comm, timeout)
-            except Refusal as e:  # a bad timeout=: refused on every rank by the agreement
-                local, waiter = local or e, Waiter(self.comm, DEFAULT_TIMEOUT)
-        self.waiter = waiter
+            self.waiter = ep.waiter(timeout)
+        except Refusal as e:  # a bad timeout=: refused on every rank by the agreement
+            local, self.waiter = e, ep.waiter(DEFAULT_TIMEOUT)
         try:
             if local is not None:
                 raise local
+            program = self._program_of(program)
+            _check_size(program, comm)
+            identity = f"{program.identity}|{contract}|{int(self.payload_check)}"
             self._build(program, contract)
         except Refusal as e:
-            if agreed:
+            if given_seat:
                 raise
             local = e
-        if agreed:
-            return
-        try:
-            agreement.build_round(
-                self.comm, self.waiter, self.sequence, "" if local else identity, local, "executor"
+        if not given_seat:
+            need = self.compiled.messages_per_peer if self.compiled is not None else 0
+            seat = ep.open_seat(identity, local, need, what, timeout=timeout, dup=dup, stream=stream)
+        elif self.compiled.messages_per_peer > seat.block.messages:
+            raise Refusal(
+                "tag-space-exhausted",
+                f"this program sends {self.compiled.messages_per_peer} messages to one peer; its stream's tag "
+                f"block holds {seat.block.messages}",
             )
-        except Refusal:
-            self.free()
-            raise
+        self.seat = seat
+        # Alone on its tags (a block of its own on the endpoint's duplicate) the executor posts
+        # its receives at their planned size: nothing else can be sent there, and the agreement
+        # fixed every size. Where user traffic (dup=False) or other executors (a stream's shared
+        # block) can reach its tags, it matches every frame first (size-safe, csrc/native.h).
+        self.probe = seat.shared or given_seat or not seat.owned
+        open_exec(self.compiled, self.comm, seat.block, self.probe)
 
     def _build(self, program: Program, contract: str) -> None:
+        if self.payload_check:
+            # a bad frame in a rank's last receive reaches nobody by frame: the flag rounds
+            # after the program (in the same C call) make every rank refuse, or none
+            program = with_flag_rounds(program)
         self.program = self.plan = program
         rank = self.rank
         self.timeout = self.waiter.timeout
@@ -169,13 +167,7 @@ class Engine:
         self.step = 0
         self.broken = None  # the refusal code that broke this executor
         self.contract = contract
-        # Alone on its channel (its own duplicate) the executor posts its receives at their
-        # planned size; where others can send on the channel (a user communicator, dup=False,
-        # or a library channel that several executors share) it matches every frame first.
-        self.probe = not comm_attr(self.comm, "exclusive")
-        self.compiled = c = compile_program(
-            self.comm, program, rank, contract, self.sequence, probe=self.probe
-        )
+        self.compiled = c = compile_program(program, rank, contract, self.sequence)
         self.rp, self.bufs, self.n = c.rp, c.bufs, c.n
         ex, w = c.ex, self.waiter
         ex.before_yield, ex.spin, ex.slice, ex.sleep_after = (
@@ -327,14 +319,10 @@ class Engine:
                     c.ex, step, bound, st.flags, who[0], int.from_bytes(fr.code_tag(who[1]), "little")
                 )
             if rc:
-                walk.drive(c, st, rc, self._hook, bound)
+                walk.drive(c, st, rc, self._hook, bound, self.waiter, self.comm)
             flags = st.flags = c.ex.flags
             if flags & fr.FLAG_REFUSED:
                 walk.finish(c, st)
-            if self.payload_check:
-                # A bad frame in a rank's last receive reaches nobody by frame: one agreement
-                # round (paid only with the check on) makes every rank refuse or none.
-                self._flag_round(st)
         except Refusal as e:
             self._fail(e)
             if st.bad is not None and e is not st.bad:
@@ -386,28 +374,20 @@ class Engine:
                 ),
                 None,
             )
-        if self.payload_check:
-            # the flag round after the run may still refuse it: the result is copied after it
-            deliver = None
         self._delivers = deliver is not None
         bind.bind_bases(c, self._bound, leaves, outarr, deliver)
         if local is None and (out is not None or outarr is c.internal_out) and self._slot_bases is not None:
             self._rebind = (out, None if out is None else out.dtype, outarr)
         return outarr
 
-    def _hint(self, e: Refusal) -> Refusal:
-        """`e`, with the dup=False hint where user traffic can reach this channel."""
-        return dup_false_hint(e) if self.shared else e
+    @property
+    def shared(self) -> bool:
+        """Whether user traffic can reach this executor's frames (dup=False)."""
+        return self.seat is not None and self.seat.shared
 
-    def _flag_round(self, st) -> None:
-        """The flag round of a run with the payload check on: every rank learns the lowest
-        rank that refused or found a bad frame (its code), and names the same one."""
-        key = agreement.key_of(self.program.identity, self.sequence)
-        heard = st.who if st.flags & fr.FLAG_REFUSED else None
-        v = agreement.exchange(self.comm, self.waiter, agreement.RUN, key, st.step, heard, st.timeout, "flag")
-        if v.refused is not None:
-            st.flags |= fr.FLAG_REFUSED
-            st.who = (v.refused, v.code)
+    def _hint(self, e: Refusal) -> Refusal:
+        """`e`, with the dup=False hint where user traffic can reach this executor's frames."""
+        return self.seat.hint(e)
 
     def _fail(self, e: BaseException) -> None:
         code = getattr(e, "code", None) or type(e).__name__  # a refusal's code, else the exception's name
@@ -416,7 +396,7 @@ class Engine:
         self.broken = code
         c = self.compiled
         c.native.lib.an_cancel_receives(c.ex)
-        mark_broken(self.rank, code, [_PendingSends(c)])
+        mark_broken(self.rank, code, [_PendingSends(c)], self.endpoint)
         sys.stderr.write(
             f"r{self.rank} | {self.realization} step {self.step} refused [{code}]: {getattr(e, 'message', e)}\n"
             f"  r{self.rank}: {self.rp.text()}  <-- ERROR HERE\n"
@@ -424,20 +404,28 @@ class Engine:
         sys.stderr.flush()
 
     def free(self) -> None:
-        """Free the requests (and the duplicated communicator, if this made one). A send still in
-        flight completes in the background; receives still posted are cancelled first."""
+        """Free the requests and give the tag block back (a broken executor's stays held: frames
+        of it may still be in flight). A send still in flight completes in the background;
+        receives still posted are cancelled first. Local: no communication."""
         c = self.compiled
         if c is not None and c.keep:
-            c.native.lib.an_free(c.ex)
-            c.keep.clear()  # the records; the buffers stay with `c` (a broken send may still read one)
-            self._bound = []
-        if self._owns_comm:
-            self._owns_comm = False
-            self.comm.Free()
+            lib = c.native.lib
+            if self.broken is not None and lib.an_pending_sends(c.ex):
+                # A send of a broken executor still in flight: its requests, records and
+                # buffers stay, and the caller's arrays it may read (abort.py tests them at exit;
+                # a reset's drain completes them).
+                lib.an_cancel_receives(c.ex)
+            else:
+                lib.an_free(c.ex)
+                c.keep.clear()  # the records; the buffers stay with `c`
+                self._bound = []
+            self._rebind = None
+        if self.seat is not None and self.broken is None:
+            self.seat.release()
 
 
 class _PendingSends:
-    """What transport.mark_broken tests at exit for a broken executor: its sends (in C).
+    """What abort.mark_broken tests at exit for a broken executor: its sends (in C).
     Holds the compiled program, so buffers a send in flight still reads stay alive."""
 
     def __init__(self, compiled):
@@ -445,8 +433,8 @@ class _PendingSends:
 
     def Test(self) -> bool:
         c = self.compiled
-        if not c.keep:  # freed: whether its sends completed is unknown
-            return False
+        if not c.keep:  # freed: Engine.free frees a broken executor only once its sends completed
+            return True
         return c.native.lib.an_pending_sends(c.ex) == 0
 
 

@@ -5,8 +5,11 @@
 message record per frame, one evaluation, copy, check or merge record per op of those kinds,
 each region a (buffer number, element offset) pair. Buffer numbers: 0 is `out`, 1.. the
 contributions in the rank's slot order (the caller's memory: bound per run by writing their
-base pointers), then the work buffers (the engine's: bound here, once). The C executor then
-makes the persistent requests (an_prepare). engine.py runs it; engine_walk.py handles what a
+base pointers), then the work buffers (the engine's: bound here, once). Nothing here
+communicates: once the build agreement has given the executor its tag block (endpoint.py:
+message k from one rank to another uses block.base + 2k and + 2k + 1, a flag-round frame the
+block's flag tag), `open_exec` writes the tags and the C executor makes its persistent requests
+on the executor's communicator (an_prepare). engine.py runs it; engine_walk.py handles what a
 run hands back to Python.
 
 Receives are posted where the plan posts them (P), but never while a send that reads the same
@@ -25,17 +28,19 @@ from mpi4py import MPI
 
 from .. import kernel
 from ..planning.builder import is_split
-from ..planning.program import Program, RankProgram
+from ..planning.program import FLAG_SEQ, Program, RankProgram
 from ..refusals import KernelRefusal
 from . import frames as fr
 from .native import load as load_native
-from .transport import TAG_BASE, mpi_failure
+from .waits import mpi_failure
 
+_INT_MAX = 2**31 - 1  # the largest count of one MPI message (int)
 OP_CODE = {"P": 1, "S": 2, "W": 3, "D": 4, "E": 5, "C": 6, "F": 7, "M": 8}  # csrc/native.h AN_OP_*
 
 
 def payload_check_from_env() -> bool:
-    """ALPHA_MPI_PAYLOAD_CHECK=1: a CRC32C of every payload travels in its header (opt-in)."""
+    """ALPHA_MPI_PAYLOAD_CHECK=1: a CRC32C of every payload travels in its header, and the flag
+    rounds after the program carry a bad frame to every rank (opt-in)."""
     return os.environ.get("ALPHA_MPI_PAYLOAD_CHECK", "") not in ("", "0")
 
 
@@ -80,14 +85,20 @@ class Compiled:
     is_receiver: bool
     keep: list  # cdata and arrays that must live as long as the executor's records
 
+    @property
+    def messages_per_peer(self) -> int:
+        """This rank's largest count of messages to or from one peer in a run (what its tag
+        block must hold: the build agreement takes the largest over the ranks); flag-round
+        frames travel on the block's flag tag and are not counted."""
+        return 1 + max((m.seq for m in self.rp.messages.values()), default=-1)
 
-def compile_program(
-    comm: MPI.Comm, program: Program, rank: int, contract: str, sequence: int = 0, *, probe: bool = True
-) -> Compiled:
-    """Build rank `rank`'s part of `program` on `comm` (persistent requests: no communication).
-    `sequence`: the executor's number on `comm`, agreed at build (agreement.py), carried in
-    every frame header so a frame of another executor of the same plan is refused. `probe`:
-    match every frame before receiving it (size-safe; where others can send on the channel)."""
+
+def compile_program(program: Program, rank: int, contract: str, sequence: int = 0) -> Compiled:
+    """Build rank `rank`'s part of `program`: buffers, headers and the C records (no
+    communication; tags and requests come with `open_exec`). `sequence`: the executor's number
+    on its communicator (endpoint.py), carried in every frame header so a frame of another
+    executor is refused. A frame larger than one MPI message can be is refused here, before
+    the build agreement (so every rank names it)."""
     nat = load_native()
     ffi = nat.ffi
     rp = program.rank(rank)
@@ -122,14 +133,20 @@ def compile_program(
         x = _message(program, rank, contract, sequence, rp.messages[i], rp.regions.get(i), bufs, framed)
         x.pos = pos
         msgs[i] = x
+        if x.nbytes > _INT_MAX or x.m.count > _INT_MAX:
+            raise KernelRefusal(
+                "kernel-bad-argument",
+                f"rank {rank}: {x.what} is larger than one MPI message can be ({x.nbytes} bytes)",
+            )
         c = cmsgs[pos]
-        c.index, c.peer, c.tag = x.m.index, x.peer, x.tag
+        c.index, c.peer, c.tag = x.m.index, x.peer, -1  # open_exec
         c.sending, c.split, c.count = int(x.m.src == rank), int(x.split), x.m.count
         hb = ffi.from_buffer("uint8_t[]", x.hbuf, True)
         expect = ffi.new("uint8_t[]", x.spec.expect)
         what = ffi.new("char[]", x.what.encode())
         keep.extend((hb, expect, what))
         c.hbuf, c.hbytes, c.expect, c.what = hb, x.nbytes, expect, what
+        c.merge_min = int(x.m.seq == FLAG_SEQ)
         c.payload.buf = nat.lib.AN_NO_BUFFER
         if x.split:
             region(x.region, c.payload)
@@ -183,25 +200,15 @@ def compile_program(
         c.k, c.capacity = mg.k, mg.capacity
     keep.extend((cmsgs, cops, evals, copies, checks, merges, bases))
     table = kernel.ffi.cast("uintptr_t", kernel.lib.ak_functions())
-    ex = nat.lib.an_new(comm.py2f(), ffi.cast("void *", int(table)))
+    ex = nat.lib.an_new(ffi.cast("void *", int(table)))
     if ex == ffi.NULL:
         raise MemoryError("the C executor could not be allocated")
     ex.rank, ex.nops, ex.ops, ex.msgs, ex.nmsgs = rank, len(ops), cops, cmsgs, len(order)
     ex.evals, ex.copies, ex.checks, ex.merges = evals, copies, checks, merges
     ex.bases, ex.nbases, ex.first_static = bases, len(bases), first_static
-    ex.probe = int(probe)
     res = rp.result
     if res is not None and res.buf == "out" and program.mode == "allreduce":  # engine_bind.bind_out
         ex.deliver_from.buf, ex.deliver_from.off, ex.deliver_count = 0, res.offset, res.count
-    rc = nat.lib.an_prepare(ex)
-    if rc != 0:
-        nat.lib.an_free(ex)
-        if rc == MPI.ERR_COUNT:
-            raise KernelRefusal(
-                "kernel-bad-argument",
-                f"rank {rank}: a frame of this program is larger than one MPI message can be",
-            )
-        raise mpi_failure(MPI.Exception(rc), rank, "building the executor's requests", 0)
     return Compiled(
         rp=rp,
         n=n,
@@ -221,6 +228,20 @@ def compile_program(
         is_receiver=rp.result is not None and program.mode == "allreduce",
         keep=keep,
     )
+
+
+def open_exec(c: Compiled, comm: MPI.Comm, block, probe: bool) -> None:
+    """Give every message of `c` its tags in the executor's `block` (endpoint.TagBlock: header
+    base + 2 * seq, payload + 1; a flag-round frame the block's flag tag) and make the C
+    executor's persistent requests on `comm` (local: no communication). `probe`: match every
+    frame before receiving it (size-safe), where others can send on the executor's tags."""
+    for x in c.by_pos:
+        x.tag = block.flag_tag if x.m.seq == FLAG_SEQ else block.base + 2 * x.m.seq
+        c.ex.msgs[x.pos].tag = x.tag
+    c.ex.probe = int(probe)
+    rc = c.native.lib.an_prepare(c.ex, comm.py2f())
+    if rc != 0:
+        raise mpi_failure(MPI.Exception(rc), c.rp.rank, "making the executor's persistent requests", 0)
 
 
 def _regions(rp):
@@ -253,7 +274,7 @@ def _message(program, rank, contract, sequence, m, region, bufs, framed) -> Msg:
         sequence=sequence,
     )
     x.split = is_split(m.count)  # the planner's rule, the same at both ends
-    x.tag = TAG_BASE + 2 * m.seq
+    x.tag = None  # open_exec, once the build agreement gave the executor its tag block
     x.what = f"{fr.PHASE_NAME[fr.PHASE_CODE[m.phase]]} frame {m.index}"
     if x.split or m.count == 0:
         x.hbuf = np.zeros(fr.HEADER, dtype=np.uint8)
@@ -307,4 +328,4 @@ def _fused_checks(rp, max_inputs: int) -> dict:
     return out
 
 
-__all__ = ["Compiled", "compile_program", "payload_check_from_env", "Msg", "OP_CODE"]
+__all__ = ["Compiled", "compile_program", "open_exec", "payload_check_from_env", "Msg", "OP_CODE"]

@@ -3,7 +3,7 @@
 engine.execute begins the run in C (an_run); on the good path it returns AN_DONE and nothing
 here runs. Otherwise `drive` answers each status the C loop returns until the run is done:
 
-- AN_AGAIN: a wait has lasted a slice (transport.SIGNAL_SLICE): nothing to do but go on. The
+- AN_AGAIN: a wait has lasted a slice (waits.SIGNAL_SLICE): nothing to do but go on. The
   return itself is the point: the interpreter runs its signal handlers between the calls, so
   KeyboardInterrupt and other signals reach a rank that waits for a peer (engine.py breaks the
   executor on any exception, as on a timeout).
@@ -14,7 +14,8 @@ here runs. Otherwise `drive` answers each status the C loop returns until the ru
   this rank); here the frame is named field by field (frames.FrameSpec.check, inbound.py), the
   first bad frame kept, and when no earlier refusal is flagged, this rank and its code.
 - AN_TIMEOUT, AN_MPI_ERROR, AN_KERNEL_ERROR: raised by name (`peer-timeout`, `peer-failed` or
-  `frame-size-mismatch`, `kernel-bad-argument`); engine.py breaks the executor.
+  `frame-size-mismatch`, `kernel-bad-argument`; a receive that timed out says what the peer
+  sent meanwhile when the endpoint can tell); engine.py breaks the executor.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from mpi4py import MPI
 from ..refusals import KernelRefusal
 from . import frames as fr
 from .inbound import name_bad_frame
-from .transport import mpi_failure, timeout_refusal
+from .waits import mpi_failure, timeout_refusal
 
 
 class RunState:
@@ -46,7 +47,7 @@ class RunState:
         self.local = local
 
 
-def drive(c, st: RunState, rc: int, hook, bound: float) -> None:
+def drive(c, st: RunState, rc: int, hook, bound: float, waiter, comm) -> None:
     """Answer the C run's statuses until it is done (the module docstring)."""
     lib, ex = c.native.lib, c.ex
     while rc:
@@ -58,7 +59,7 @@ def drive(c, st: RunState, rc: int, hook, bound: float) -> None:
         elif rc == lib.AN_BAD_FRAME:
             _refuse_frame(c, st, c.by_pos[ex.at_msg])
         else:
-            raise _failure(c, st, rc, bound)
+            raise _failure(c, st, rc, bound, waiter, comm)
         rc = lib.an_resume(ex)
 
 
@@ -81,7 +82,7 @@ def _refuse_frame(c, st: RunState, x) -> None:
         c.native.ffi.memmove(ex.code, fr.code_tag(bad.code), 4)
 
 
-def _failure(c, st: RunState, rc: int, bound: float):
+def _failure(c, st: RunState, rc: int, bound: float, waiter, comm):
     """The refusal a run that cannot go on raises (AN_TIMEOUT, AN_MPI_ERROR, AN_KERNEL_ERROR)."""
     lib, ex = c.native.lib, c.ex
     if rc == lib.AN_KERNEL_ERROR:
@@ -92,7 +93,10 @@ def _failure(c, st: RunState, rc: int, bound: float):
     x = c.by_pos[ex.at_msg]
     what = x.what + (" payload" if ex.at_payload else "")
     if rc == lib.AN_TIMEOUT:
-        return timeout_refusal(st.rank, what, x.peer, bound, st.step)
+        e = timeout_refusal(st.rank, what, x.peer, bound, st.step)
+        if x.m.src == st.rank:  # a send that did not complete: its receiver is not there
+            return e
+        return waiter.explained(e, comm, x.peer, x.tag + ex.at_payload)
     if rc == lib.AN_MPI_ERROR:
         return mpi_failure(MPI.Exception(ex.mpi_error), x.peer, what, st.step)
     return KernelRefusal(  # pragma: no cover - native.h has no other status

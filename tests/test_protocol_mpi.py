@@ -283,6 +283,32 @@ def test_a_corrupt_payload_in_the_last_receive_is_refused_on_every_rank(world, m
     c.free()
 
 
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("realization", ["butterfly", "tree", "halving"])
+def test_with_the_payload_check_every_rank_names_the_lowest_refusing_rank(world, monkeypatch, realization):
+    """Ranks 1 and p - 1 refuse their inputs in the same run. Each rank's frames name the first
+    refusal it saw, which differs from rank to rank; the flag rounds after the program (payload
+    check on) carry the lowest refusing rank to every rank, so every other rank names rank 1
+    (`peer-refused`, peer 1, its code), and the next run works."""
+    monkeypatch.setenv("ALPHA_MPI_PAYLOAD_CHECK", "1")
+    size, rank = world.Get_size(), world.Get_rank()
+    tree = _sum_tree(size)
+    a = Allreducer(world, tree, 5, realization=realization, timeout=SHORT)
+    data = slot_data(size, 5, seed=9)
+    bad = {1, size - 1}
+    mine = {rank: data[rank][:3] if rank in bad else data[rank]}
+    try:
+        a.run(mine)
+        got = None
+    except Refusal as e:
+        got = (e.code, e.context.get("peer"), e.context.get("peer_code"))
+    want = ("contribution-shape", None, None) if rank in bad else ("peer-refused", 1, "contribution-shape")
+    agree(world, got == want, f"rank {rank}: {got}")
+    out = a.run({rank: data[rank]})
+    agree(world, np.array_equal(bits(out), bits(_want(tree, data))), f"rank {rank}: the next run")
+    a.free()
+
+
 # -- timeouts -------------------------------------------------------------------------------------
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("bad", ["soon", -1, 0, float("nan"), float("inf")])

@@ -21,6 +21,7 @@
 #include "kernel_table.h"
 
 #define AN_FOLDED (AK_FLAG_NONFINITE | AK_FLAG_REFUSED | AK_FLAG_VOTE) /* what a frame passes on */
+#define AN_FLOWING_RATE 100e6 /* bytes/s: the slowest link a payload in flight is polled for (grace) */
 
 typedef struct an_state {
     MPI_Comm comm;
@@ -33,6 +34,13 @@ typedef struct an_state {
     /* the wait in progress */
     int64_t polls;
     double wait_start, slice_start, pause;
+    /* Seconds a wait yields before it sleeps: sleep_after, plus the time this rank's largest
+     * split payload takes at AN_FLOWING_RATE. Over a network the polls of both ends drive a
+     * payload in flight, whichever request they wait for (a rank that slept while payloads
+     * flowed halved the bandwidth of two emulated TCP nodes), so a program of large frames
+     * yields longer before it sleeps; a slow or dead peer then costs a core that long, not
+     * longer (the usual backoff follows). */
+    double grace;
     /* the frame being received */
     int32_t hflags, hbad;
     MPI_Message mmsg;
@@ -65,9 +73,9 @@ static void an_wait_reset(an_state *s) {
 
 /* After a poll that found nothing: 0 to poll again, else AN_AGAIN (a slice of waiting is
  * over: return to Python, which handles signals, and resume) or AN_TIMEOUT. The policy of
- * transport.py: poll `before_yield` times, then yield the core between polls, after
- * `sleep_after` seconds sleep between polls, 50 us doubling to 1 ms; `spin`: never yield or
- * sleep (the clock is read every 4096 polls). */
+ * waits.py: poll `before_yield` times, then yield the core between polls, after `grace`
+ * seconds (sleep_after, longer for large frames: an_state) sleep between polls, 50 us doubling to 1 ms;
+ * `spin`: never yield or sleep (the clock is read every 4096 polls). */
 static int an_idle(an_exec *e, an_state *s) {
     s->polls++;
     if (s->polls < e->before_yield) return 0;
@@ -83,7 +91,7 @@ static int an_idle(an_exec *e, an_state *s) {
         return AN_AGAIN;
     }
     if (e->spin) return 0;
-    if (now - s->wait_start < e->sleep_after) {
+    if (now - s->wait_start < s->grace) {
         sched_yield();
     } else {
         struct timespec t = {0, (long)(s->pause * 1e9)};
@@ -436,6 +444,10 @@ an_exec *an_new(const void *kernel) {
 int an_prepare(an_exec *e, int32_t fcomm) {
     an_state *s = e->state;
     s->comm = MPI_Comm_f2c((MPI_Fint)fcomm);
+    int64_t largest = 0;
+    for (int32_t i = 0; i < e->nmsgs; i++)
+        if (e->msgs[i].split && e->msgs[i].count > largest) largest = e->msgs[i].count;
+    s->grace = e->sleep_after + (double)(8 * largest) / AN_FLOWING_RATE;
     int n = e->nmsgs > 0 ? e->nmsgs : 1;
     s->hreq = malloc(n * sizeof *s->hreq);
     s->preq = malloc(n * sizeof *s->preq);

@@ -194,6 +194,9 @@ class Engine:
         # of other lengths (the assembly binds every run)
         self._slot_bases = tuple(c.slot_base.items()) if not c.rp.inputs else None
         self._delivers = False  # the C round copies the result into the caller's `out`
+        # A program with no contribution and no result in `out` (the arrays' exchanges): a run
+        # with leaves {} and no `out` binds nothing.
+        self._unbound = not c.rp.slots and c.internal_out is None and c.rp.result is None
         self.chunk = program.chunk(rank)  # reduce-scatter: (start, stop) of this rank's chunk
         self._state = RunState(rank)
         # per buffer number, then the delivery target: (the caller's array, its pointer)
@@ -298,8 +301,8 @@ class Engine:
             raise Refusal("executor-reentrant", "run() called while a run is in progress")
         self._busy = True
         c, st, step = self.compiled, self._state, self.step
-        if timeout is not None and timeout is not self.timeout:  # checked before any communication
-            try:  # (the arrays pass the bound they share with this executor: already checked)
+        if timeout is not None and timeout != self.timeout:  # checked before any communication
+            try:  # (a bound equal to this executor's was checked when it was built; NaN is not)
                 timeout = timeout_from_env(timeout)
             except Refusal as e:  # refused like a bad input
                 local, leaves, timeout = local or e, None, None
@@ -307,6 +310,8 @@ class Engine:
         try:
             if _bound:
                 outarr = self._rebind[2]
+            elif self._unbound and leaves is not None and out is None:
+                outarr = None  # no contribution, no result buffer: nothing of the caller's to bind
             else:
                 outarr = self._bind(c, st, leaves, out, local, vote)
                 local = st.local

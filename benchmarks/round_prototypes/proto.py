@@ -129,7 +129,10 @@ class ProtoA:
                 comm.Send_init(x, dest=peer, tag=11),
             ]
         else:
-            self.reqs = [comm.Recv_init(f.rframe, source=peer, tag=10), comm.Send_init(f.sframe, dest=peer, tag=10)]
+            self.reqs = [
+                comm.Recv_init(f.rframe, source=peer, tag=10),
+                comm.Send_init(f.sframe, dest=peer, tag=10),
+            ]
         self.out = out
 
     def run(self):
@@ -169,9 +172,18 @@ class ProtoB:
 
         spay = x if f.split else f.sframe[128:].view(np.float64)
         self.e = lib.pn_new(
-            comm.py2f(), 1 - comm.Get_rank(), 20,
-            p(f.sframe, "uint8_t[]"), p(f.rframe, "uint8_t[]"), p(spay, "double[]"), p(f.rpay, "double[]"),
-            p(f.tmpl, "uint8_t[]"), p(f.expect, "uint8_t[]"), x.size, int(comm.Get_rank() == 0), int(f.split),
+            comm.py2f(),
+            1 - comm.Get_rank(),
+            20,
+            p(f.sframe, "uint8_t[]"),
+            p(f.rframe, "uint8_t[]"),
+            p(spay, "double[]"),
+            p(f.rpay, "double[]"),
+            p(f.tmpl, "uint8_t[]"),
+            p(f.expect, "uint8_t[]"),
+            x.size,
+            int(comm.Get_rank() == 0),
+            int(f.split),
         )
         self.xp, self.outp = p(x, "double[]"), p(out, "double[]")
         self.out = out
@@ -243,8 +255,13 @@ def main():
     collect = bool(args.settle) and rank == 0
     dup = comm.Dup()
     if rank == 0:
-        print(f"# {MPI.Get_library_version().splitlines()[0].strip()}  p=2  iters={args.iters}  median of each rank, max over ranks [us]")
-        print("%10s  %12s %12s %12s %12s %14s   a/floor  b/floor  b/MPI" % ("bytes", "MPI_Allreduce", "floor", "a-py-round", "b-c-loop", "engine-bfly"))
+        print(
+            f"# {MPI.Get_library_version().splitlines()[0].strip()}  p=2  iters={args.iters}  median of each rank, max over ranks [us]"
+        )
+        print(
+            "%10s  %12s %12s %12s %12s %14s   a/floor  b/floor  b/MPI"
+            % ("bytes", "MPI_Allreduce", "floor", "a-py-round", "b-c-loop", "engine-bfly")
+        )
     for size in [parse_size(s) for s in args.sizes.split(",")]:
         n = size // 8
         rng = np.random.default_rng(rank)
@@ -283,8 +300,17 @@ def main():
         if rank == 0 and not args.only:
             print(
                 "%10d  %12.2f %12.2f %12.2f %12.2f %14.2f   %7.2f  %7.2f  %5.2f"
-                % (size, med["mpi"], med["floor"], med["a"], med["b"], med["e"],
-                   med["a"] / med["floor"], med["b"] / med["floor"], med["b"] / med["mpi"])
+                % (
+                    size,
+                    med["mpi"],
+                    med["floor"],
+                    med["a"],
+                    med["b"],
+                    med["e"],
+                    med["a"] / med["floor"],
+                    med["b"] / med["floor"],
+                    med["b"] / med["mpi"],
+                )
             )
         elif rank == 0:
             print(f"{size} {args.only} {med[args.only]:.2f} us")

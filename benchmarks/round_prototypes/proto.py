@@ -255,9 +255,8 @@ def main():
     collect = bool(args.settle) and rank == 0
     dup = comm.Dup()
     if rank == 0:
-        print(
-            f"# {MPI.Get_library_version().splitlines()[0].strip()}  p=2  iters={args.iters}  median of each rank, max over ranks [us]"
-        )
+        version = MPI.Get_library_version().splitlines()[0].strip()
+        print(f"# {version}  p=2  iters={args.iters}  median of each rank, max over ranks [us]")
         print(
             "%10s  %12s %12s %12s %12s %14s   a/floor  b/floor  b/MPI"
             % ("bytes", "MPI_Allreduce", "floor", "a-py-round", "b-c-loop", "engine-bfly")
@@ -267,14 +266,14 @@ def main():
         rng = np.random.default_rng(rank)
         x = rng.standard_normal(n)
         outs = {k: np.zeros(n) for k in ("mpi", "floor", "a", "b", "e")}
-        make = {
-            "mpi": lambda: MpiAllreduce(dup, x, outs["mpi"]),
-            "floor": lambda: Floor(dup, x, outs["floor"]),
-            "a": lambda: ProtoA(dup, x, outs["a"], mod_a),
-            "b": lambda: ProtoB(dup, x, outs["b"], mod_b),
-            "e": lambda: Engine(comm, x, outs["e"]),
+        make = {  # built now, in this iteration (x and outs bound as arguments)
+            "mpi": lambda x, outs: MpiAllreduce(dup, x, outs["mpi"]),
+            "floor": lambda x, outs: Floor(dup, x, outs["floor"]),
+            "a": lambda x, outs: ProtoA(dup, x, outs["a"], mod_a),
+            "b": lambda x, outs: ProtoB(dup, x, outs["b"], mod_b),
+            "e": lambda x, outs: Engine(comm, x, outs["e"]),
         }
-        variants = {k: f() for k, f in make.items() if not args.only or k == args.only}
+        variants = {k: f(x, outs) for k, f in make.items() if not args.only or k == args.only}
         times = {k: [] for k in variants}
         iters = args.iters if size <= 65536 else max(50, args.iters // 20)
         for it in range(iters + 20):

@@ -101,10 +101,13 @@ static int an_idle(an_exec *e, an_state *s) {
     return 0;
 }
 
-/* Wait for request r (AN_DONE, AN_AGAIN, AN_TIMEOUT, AN_MPI_ERROR). */
-static int an_wait(an_exec *e, an_state *s, MPI_Request *r, MPI_Status *st) {
+/* Poll under the wait policy until request r completes (m NULL) or, probe mode, a message
+ * from m's peer with `tag` is matched into s->mmsg: AN_DONE, AN_AGAIN, AN_TIMEOUT or
+ * AN_MPI_ERROR. */
+static int an_poll(an_exec *e, an_state *s, MPI_Request *r, const an_msg *m, int tag, MPI_Status *st) {
     for (;;) {
-        int flag = 0, rc = MPI_Test(r, &flag, st);
+        int flag = 0;
+        int rc = m ? MPI_Improbe(m->peer, tag, s->comm, &flag, &s->mmsg, st) : MPI_Test(r, &flag, st);
         if (rc != MPI_SUCCESS) {
             e->mpi_error = rc;
             return AN_MPI_ERROR;
@@ -118,21 +121,14 @@ static int an_wait(an_exec *e, an_state *s, MPI_Request *r, MPI_Status *st) {
     }
 }
 
+/* Wait for request r. */
+static int an_wait(an_exec *e, an_state *s, MPI_Request *r, MPI_Status *st) {
+    return an_poll(e, s, r, NULL, 0, st);
+}
+
 /* Match the next message from m's peer with `tag` (size-safe receives, probe mode). */
 static int an_match(an_exec *e, an_state *s, const an_msg *m, int tag, MPI_Status *st) {
-    for (;;) {
-        int flag = 0, rc = MPI_Improbe(m->peer, tag, s->comm, &flag, &s->mmsg, st);
-        if (rc != MPI_SUCCESS) {
-            e->mpi_error = rc;
-            return AN_MPI_ERROR;
-        }
-        if (flag) {
-            an_wait_reset(s);
-            return AN_DONE;
-        }
-        int idle = an_idle(e, s);
-        if (idle) return idle;
-    }
+    return an_poll(e, s, NULL, m, tag, st);
 }
 
 /* Receive the matched message: into `buf` when it has exactly `want` bytes, else whole into
@@ -175,13 +171,17 @@ static int an_take(an_exec *e, an_state *s, MPI_Status *st, void *buf, int64_t w
 }
 
 /* ------------------------------------------------------------------ ops */
-static int an_post(an_exec *e, an_state *s, int32_t i) {
+/* Start message i's requests: the header's (persistent), and a split frame's payload's
+ * (persistent where the payload is the engine's, else Isend/Irecv on the caller's memory). */
+static int an_start(an_exec *e, an_state *s, int32_t i) {
     const an_msg *m = &e->msgs[i];
-    if (e->probe) return AN_DONE; /* nothing is posted: the wait matches the frame first */
     int rc = MPI_Start(&s->hreq[i]);
     if (rc == MPI_SUCCESS && m->split) {
         if (s->ppersist[i])
             rc = MPI_Start(&s->preq[i]);
+        else if (m->sending)
+            rc = MPI_Isend(an_ptr(e, m->payload), (int)m->count, MPI_DOUBLE, m->peer, m->tag + 1, s->comm,
+                           &s->preq[i]);
         else
             rc = MPI_Irecv(an_ptr(e, m->payload), (int)m->count, MPI_DOUBLE, m->peer, m->tag + 1, s->comm,
                            &s->preq[i]);
@@ -192,6 +192,11 @@ static int an_post(an_exec *e, an_state *s, int32_t i) {
         return AN_MPI_ERROR;
     }
     return AN_DONE;
+}
+
+static int an_post(an_exec *e, an_state *s, int32_t i) {
+    if (e->probe) return AN_DONE; /* nothing is posted: the wait matches the frame first */
+    return an_start(e, s, i);
 }
 
 static int an_send(an_exec *e, an_state *s, int32_t i) {
@@ -211,21 +216,9 @@ static int an_send(an_exec *e, an_state *s, int32_t i) {
             return AN_HOOK;
         }
     }
-    int rc = MPI_Start(&s->hreq[i]);
-    if (rc == MPI_SUCCESS && m->split) {
-        if (s->ppersist[i])
-            rc = MPI_Start(&s->preq[i]);
-        else
-            rc = MPI_Isend(an_ptr(e, m->payload), (int)m->count, MPI_DOUBLE, m->peer, m->tag + 1, s->comm,
-                           &s->preq[i]);
-    }
-    if (rc != MPI_SUCCESS) {
-        e->mpi_error = rc;
-        e->at_msg = i;
-        return AN_MPI_ERROR;
-    }
-    if (e->debug) an_log(e, "send ->", m);
-    return AN_DONE;
+    int r = an_start(e, s, i);
+    if (r == AN_DONE && e->debug) an_log(e, "send ->", m);
+    return r;
 }
 
 static int an_done(an_exec *e, an_state *s, int32_t i) {

@@ -132,20 +132,13 @@ def test_refusal_and_flags_travel_in_the_header_and_the_fast_check_agrees():
     assert e.value.code == "frame-step-mismatch"
 
 
-def test_a_version_1_frame_is_named_as_another_format_version():
+@pytest.mark.parametrize("version, crc_at", [(1, 100), (2, 124)])
+def test_an_older_format_version_is_named_as_such(version, crc_at):
+    """Versions 1 and 2 had zlib's CRC-32 (at byte 100, then 124) where version 3 has CRC32C:
+    named `frame-version`, not `frame-checksum`."""
     s, buf = written(0)
-    struct.pack_into("<H", buf, 8, 1)
-    struct.pack_into("<I", buf, 100, zlib.crc32(bytes(buf[:100])))  # the v1 CRC position
-    with pytest.raises(Refusal) as e:
-        s.check(buf, 0, buf.nbytes)
-    assert e.value.code == "frame-version"
-
-
-def test_a_version_2_frame_is_named_as_another_format_version():
-    """Version 2 (0.2) had zlib's CRC-32 where version 3 has CRC32C: named, not `frame-checksum`."""
-    s, buf = written(0)
-    struct.pack_into("<H", buf, 8, 2)
-    struct.pack_into("<I", buf, 124, zlib.crc32(bytes(buf[:124])))  # the v2 header CRC
+    struct.pack_into("<H", buf, 8, version)
+    struct.pack_into("<I", buf, crc_at, zlib.crc32(bytes(buf[:crc_at])))
     with pytest.raises(Refusal) as e:
         s.check(buf, 0, buf.nbytes)
     assert e.value.code == "frame-version"

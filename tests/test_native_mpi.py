@@ -7,18 +7,10 @@ import time
 import numpy as np
 import pytest
 
-from alpha_mpi import Branch, DeliverTo, Leaf, Refusal, plan, star
+from alpha_mpi import Branch, DeliverTo, Leaf, plan, star
 from alpha_mpi.execution import Allreducer, Combiner, native
 
-from conftest import agree
-
-
-def _code(fn):
-    try:
-        fn()
-    except Refusal as e:
-        return e.code
-    return None
+from conftest import agree, refusal_code
 
 
 @pytest.mark.mpi(min_size=2)
@@ -46,7 +38,7 @@ def test_an_interrupt_reaches_a_rank_that_waits_for_its_peer_and_breaks_the_exec
         elapsed = time.monotonic() - t0
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
-        later = _code(lambda: c.run({0: np.ones(4)}))
+        later = refusal_code(lambda: c.run({0: np.ones(4)}))
     world.Barrier()  # test-side: rank 1 never sends its frame
     if rank == 0:
         ok = what == "KeyboardInterrupt" and 0.25 < elapsed < 5 and c.broken == "KeyboardInterrupt"
@@ -71,7 +63,7 @@ def test_a_rank_that_cannot_build_the_c_round_is_named_on_every_rank_and_the_nex
         monkeypatch.setenv(native.ENV_MPICC, str(tmp_path / "no-mpicc"))
         monkeypatch.setenv(native.ENV_CACHE, str(tmp_path / "cache"))
         monkeypatch.delitem(native._LOADED, "module", raising=False)
-    code = _code(lambda: Allreducer(world, tree, 3, realization="tree", timeout=30))
+    code = refusal_code(lambda: Allreducer(world, tree, 3, realization="tree", timeout=30))
     want = "native-build-failed" if last else "peer-refused"
     agree(world, code == want, f"rank {rank}: {code}")
     monkeypatch.undo()

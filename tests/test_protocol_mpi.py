@@ -13,17 +13,9 @@ from alpha_mpi import Branch, DeliverTo, Leaf, Refusal, ReplicateAll, oracle, pl
 from alpha_mpi.execution import Allreducer, Combiner, allreduce
 from alpha_mpi.execution import frames as fr
 
-from conftest import agree, bits, slot_data
+from conftest import agree, bits, refusal_code, slot_data
 
 SHORT = 3.0
-
-
-def _code(fn):
-    try:
-        fn()
-    except Refusal as e:
-        return e.code
-    return None
 
 
 def _sum_tree(size):
@@ -87,7 +79,7 @@ def test_a_longer_frame_is_refused_by_name_and_never_written_past_the_buffer(wor
         c.comm.Send(rogue, dest=0, tag=x.tag)
     elif rank == 0:
         x.hbuf[:] = 0x3C
-        code = _code(lambda: c.run({0: np.ones(n)}))
+        code = refusal_code(lambda: c.run({0: np.ones(n)}))
         untouched = bool(np.all(x.hbuf[: fr.HEADER] == 0x3C) and np.all(x.hbuf[fr.HEADER :] == 0))
     ok = code == ("frame-size-mismatch" if rank == 0 else None) and untouched
     agree(world, ok, f"rank {rank}: {code}, planned buffer untouched={untouched}")
@@ -119,7 +111,7 @@ def test_a_longer_payload_behind_a_good_header_is_refused_and_never_written_past
         region = x.pview  # a work-buffer region (static): never None here
         whole = next(b for b in c.compiled.bufs.values() if np.shares_memory(b, region))
         whole[:] = 2.5
-        code = _code(lambda: c.run({0: np.ones(n)}))
+        code = refusal_code(lambda: c.run({0: np.ones(n)}))
         lo = (region.__array_interface__["data"][0] - whole.__array_interface__["data"][0]) // 8
         rest = np.concatenate([whole[:lo], whole[lo + n :]])
         untouched = bool(np.all(region == 0) and np.all(rest == 2.5))
@@ -146,7 +138,7 @@ def test_a_longer_frame_with_another_plans_header_is_named_by_its_header(world):
         fr.patch(memoryview(buf), 0, 0)
         c.comm.Send(buf, dest=0, tag=x.tag)
     elif rank == 0:
-        code = _code(lambda: c.run({0: np.ones(n)}))
+        code = refusal_code(lambda: c.run({0: np.ones(n)}))
     agree(world, code == ("frame-identity-mismatch" if rank == 0 else None), f"rank {rank}: {code}")
     c.free()
     comm.Free()
@@ -189,7 +181,7 @@ def test_a_realization_another_rank_does_not_build_is_refused_on_every_rank(worl
     size, rank = world.Get_size(), world.Get_rank()
     tree = _sum_tree(size)
     name = "replicate" if rank == size - 1 else "tree"
-    code = _code(lambda: Allreducer(world, tree, 4, realization=name, timeout=SHORT))
+    code = refusal_code(lambda: Allreducer(world, tree, 4, realization=name, timeout=SHORT))
     agree(world, code == "executor-identity-mismatch", f"rank {rank}: {code}")
 
 
@@ -214,7 +206,7 @@ def test_a_rank_that_skips_a_constructor_leaves_no_rank_waiting_in_a_dup(world):
             continue
         data = {s: np.full(3, float((k + 1) * 10**s)) for s in range(size)}
         codes.append(
-            _code(
+            refusal_code(
                 lambda: Allreducer(comm, tree, 3, realization="tree", timeout=SHORT).run({rank: data[rank]})
             )
         )
@@ -270,7 +262,7 @@ def test_a_corrupt_payload_in_the_last_receive_is_refused_on_every_rank(world, m
         c.send_hook = flip
     data = slot_data(2, 8, seed=3)
     mine = {s: data[s] for s in p.slots_of(rank)}
-    code = _code(lambda: c.run(mine))
+    code = refusal_code(lambda: c.run(mine))
     want = "frame-payload-corrupt" if rank == 0 else "peer-refused"
     agree(world, code == want, f"rank {rank}: {code}")
     c.send_hook = None
@@ -317,7 +309,7 @@ def test_a_bad_run_timeout_on_one_rank_is_refused_on_every_rank_and_the_next_run
     tree = _sum_tree(size)
     a = Allreducer(world, tree, 3, realization="tree", timeout=SHORT)
     data = slot_data(size, 3, seed=2)
-    code = _code(lambda: a.run({rank: data[rank]}, timeout=bad if rank == size - 1 else None))
+    code = refusal_code(lambda: a.run({rank: data[rank]}, timeout=bad if rank == size - 1 else None))
     want = "usage" if rank == size - 1 else "peer-refused"
     agree(world, code == want and a.broken is None, f"rank {rank}: {code}, broken={a.broken}")
     got = a.run({rank: data[rank]}, timeout=SHORT)
@@ -344,7 +336,7 @@ def test_an_exception_inside_a_run_marks_the_executor_broken_and_says_so(world):
     except Refusal as e:
         code = e.code
     if rank == 1:
-        later = _code(lambda: c.run({1: np.ones(4)}))
+        later = refusal_code(lambda: c.run({1: np.ones(4)}))
         agree(
             world,
             code == "KeyError" and c.broken == "KeyError" and later == "combiner-broken",
@@ -380,7 +372,7 @@ def test_one_ranks_mistake_in_allreduce_is_refused_on_every_rank_fast_and_the_ne
             "extra-slot": {rank: data[rank], rank + 100: data[rank]},
         }[mistake]
     t0 = time.monotonic()
-    code = _code(lambda: allreduce(comm, tree, bad, realization="tree", timeout=30))
+    code = refusal_code(lambda: allreduce(comm, tree, bad, realization="tree", timeout=30))
     elapsed = time.monotonic() - t0
     want = {"short": "contribution-shape", "list": "dtype-invalid", "float32": "dtype-invalid"}
     want = want.get(mistake, "contribution-unexpected") if rank == size - 1 else "peer-refused"
@@ -434,7 +426,7 @@ def test_a_rank_with_no_contributions_on_the_first_call_is_refused_on_every_rank
     comm = world.Dup()
     tree = _sum_tree(size)
     mine = {} if rank == size - 1 else {rank: np.ones(3)}
-    code = _code(lambda: allreduce(comm, tree, mine, timeout=30))
+    code = refusal_code(lambda: allreduce(comm, tree, mine, timeout=30))
     want = "contribution-missing" if rank == size - 1 else "peer-refused"
     agree(world, code == want, f"rank {rank}: {code}")
     got = allreduce(comm, tree, {rank: np.ones(3)}, timeout=30)
@@ -478,10 +470,10 @@ def test_one_rank_passing_another_agreed_argument_is_named_everywhere_then_reset
             kw = {"realization": "replicate"}
         else:
             kw, mine = {"realization": "tree", "layout": n + 1}, {rank: np.ones(n + 1)}
-    code = _code(lambda: allreduce(comm, tree, mine, timeout=SHORT, **kw))
+    code = refusal_code(lambda: allreduce(comm, tree, mine, timeout=SHORT, **kw))
     named = {"peer-timeout", "executor-identity-mismatch", "frame-identity-mismatch", "frame-size-mismatch"}
     agree(world, code in named, f"rank {rank}: {code}")
-    later = _code(lambda: allreduce(comm, tree, good, realization="tree", timeout=SHORT))
+    later = refusal_code(lambda: allreduce(comm, tree, good, realization="tree", timeout=SHORT))
     agree(world, later == "combiner-broken", f"rank {rank}: later call {later}")
     reset(comm)
     got = allreduce(comm, tree, good, realization="tree", timeout=SHORT)

@@ -16,14 +16,14 @@
  *   - AN_TIMEOUT, AN_MPI_ERROR, AN_KERNEL_ERROR: the run cannot go on (`at_msg`, `mpi_error`,
  *               `kernel_status` say where and what).
  * The hot path never leaves C: per round a start of the persistent requests, a poll of them
- * under the wait policy (transport.py: poll, yield, back off; bounded), the header checks,
+ * under the wait policy (waits.py: poll, yield, back off; bounded), the header checks,
  * the evaluation with its finiteness check and the next headers' patch.
  *
  * Buffers are numbered: bases[b] is the start of buffer b (float64 elements); a region is
  * (buf, element offset). The caller's arrays (contributions, `out`) are bound per run by
  * writing their bases; the engine's own buffers are bound once.
  *
- * Receives. With `probe` == 0 (the executor has its channel to itself: nobody else can send
+ * Receives. With `probe` == 0 (the executor owns its tag block: nobody else can send
  * on its tags) every receive is a persistent receive of exactly the planned size, started at
  * its post op; a frame of another size cannot come. With `probe` != 0 (user traffic or other
  * executors can reach the channel) nothing is posted: the wait matches the frame first

@@ -3,7 +3,7 @@
 The C round (csrc/native.c) receives every frame size-safely: where others can send on the
 channel it matches the frame first (MPI_Improbe), compares its size with the plan's and receives
 it into the planned buffer only when they agree, else whole into scratch, keeping its first
-bytes; where the executor has the channel to itself the receive is posted at exactly the
+bytes; where the executor owns its tag block the receive is posted at exactly the
 planned size, and nothing of another size can come. (A posted receive that relies on
 MPI_ERR_TRUNCATE is not safe where others can send: Open MPI 5's single-copy (CMA) path for
 local messages above a few KiB copies the whole message past the end of the buffer before it

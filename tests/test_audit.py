@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from alpha_mpi.learning.audit import audited_slots, payload_digest, sdc_report
+from alpha_mpi.learning.audit import AuditSchedule, payload_digest, sdc_report
 from alpha_mpi.learning.replicas import replicated_digest
 from alpha_mpi.refusals import Refusal
 from alpha_mpi_verify.faults import BitFlip
@@ -36,15 +36,62 @@ def test_replicated_digest_chains_arrays_in_order():
     assert replicated_digest([a, b]) != replicated_digest([a, c])
 
 
-@pytest.mark.parametrize("slots,k", [(8, 1), (8, 3), (6, 6), (5, 2)])
-def test_rotation_meets_every_slot_within_ceil_s_over_k_steps(slots, k):
-    for start in range(slots):
+CASES = [
+    (8, 2, 1),
+    (8, 4, 1),
+    (8, 5, 1),
+    (8, 5, 3),
+    (8, 3, 2),
+    (8, 8, 8),
+    (5, 2, 2),
+    (16, 4, 1),
+    (6, 6, 6),
+    (7, 3, 7),
+]
+
+
+def blocks(slots, p):
+    """Contiguous owner blocks, as the pairwise tree places slots (sizes differ by at most one)."""
+    return [s * p // slots for s in range(slots)]
+
+
+@pytest.mark.parametrize("slots,p,k", CASES)
+def test_the_schedule_meets_every_slot_within_its_bound(slots, p, k):
+    sch = AuditSchedule(k, blocks(slots, p), p)
+    assert sch.every == max(1, math.ceil(p / k)) and sch.per_round == min(k * sch.every, slots)
+    for start in range(2 * sch.met_within()):
         seen = set()
-        for t in range(start, start + math.ceil(slots / k)):
-            got = audited_slots(t, k, slots)
-            assert len(got) == len(set(got)) == k
+        for t in range(start, start + sch.met_within()):
+            got = sch.audited(t)
+            assert len(got) == len(set(got)) == (sch.per_round if t % sch.every == 0 else 0)
             seen.update(got)
         assert seen == set(range(slots)), (start, seen)
+    # K slots per step on average (all S every m steps where K*m exceeds S)
+    assert sch.per_round / sch.every >= min(k, slots / sch.every)
+
+
+@pytest.mark.parametrize("slots,p,k", CASES)
+def test_roles_are_other_ranks_and_the_work_is_spread(slots, p, k):
+    owner = blocks(slots, p)
+    own = [owner.count(r) for r in range(p)]
+    sch = AuditSchedule(k, owner, p)
+    for t in range(0, 3 * sch.met_within(), sch.every):
+        extra = [0] * p
+        for s, (a, ref) in sch.round(t).items():
+            assert a != owner[s]
+            assert (ref is None) == (p == 2) and ref not in (owner[s], a)
+            extra[a] += 1
+        # The slowest rank of the round does at most ceil(A / p) recomputations more than the
+        # busiest owner (the rotation by owner + 1 put all of one step's on one rank: K = 1 at
+        # p = 4 cost a whole slot every step, where this costs one slot every fourth step).
+        assert max(o + e for o, e in zip(own, extra)) <= max(own) + math.ceil(sch.per_round / p), (t, extra)
+
+
+def test_the_schedule_is_the_same_on_every_rank_and_step_order():
+    a, b = AuditSchedule(1, blocks(8, 4), 4), AuditSchedule(1, blocks(8, 4), 4)
+    forward = [a.round(t) for t in range(16)]
+    backward = [b.round(t) for t in reversed(range(16))][::-1]
+    assert forward == backward
 
 
 def test_bitflip_flips_exactly_its_bit_on_its_rank_step_and_slot():

@@ -56,6 +56,14 @@ def test_a_healthy_audited_run_has_the_bits_of_an_unaudited_one():
     )
     assert plain.returncode == 0 and audited.returncode == 0, plain.stderr + audited.stderr
     assert digest_of(plain.stdout) == digest_of(audited.stdout)
+    # A healthy audited run says what it checked (issue 37 item 8); an unaudited one says nothing.
+    # 6 steps, K = 1 on 3 ranks: rounds of 3 slots at steps 0 and 3; replicas after steps 2, 4, 6.
+    assert "# audit:" not in plain.stdout
+    line = re.search(r"^# audit: .*$", audited.stdout, re.M)
+    assert line and line.group(0) == (
+        "# audit: 6 slot payloads recomputed on another rank and matched (K = 1: 3 slots every 3 steps); "
+        "replicas equal at 3 digest checks (every 2 steps)"
+    ), audited.stdout
 
 
 def listing(root):

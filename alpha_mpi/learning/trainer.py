@@ -120,6 +120,27 @@ class Progress:
         )
 
 
+def audit_summary(learner) -> tuple[dict, str] | None:
+    """What an audited run checked, as a result entry and the line `train` prints at the end;
+    None when neither audit ran. A healthy audited run says so: silence would read the same as
+    an audit that never ran."""
+    audit, replicas = learner.audit, learner.replicas
+    if audit is None and replicas is None:
+        return None
+    doc, parts = {}, []
+    if audit is not None:
+        sch = audit.schedule
+        doc["slots_checked"] = audit.checked
+        parts.append(
+            f"{audit.checked} slot payloads recomputed on another rank and matched (K = {audit.k}: "
+            f"{sch.per_round} slots every {sch.every} step{'s' if sch.every > 1 else ''})"
+        )
+    if replicas is not None:
+        doc["replica_checks"] = replicas.checked
+        parts.append(f"replicas equal at {replicas.checked} digest checks (every {replicas.every} steps)")
+    return doc, "# audit: " + "; ".join(parts)
+
+
 def build(comm, cfg: TrainConfig, fault_hook=None):
     data = load_npz(cfg.data) if cfg.data else synthetic(cfg.seed)
     if cfg.batch < cfg.slots:  # before any tree over the slots is built
@@ -214,6 +235,7 @@ def train(
     t_start = time.perf_counter()
     progress = Progress(learner, cfg, t_start)
     loss = float("nan")
+    history = []  # every step's loss: the same float on every rank (the global batch mean)
     try:
         while learner.step < cfg.steps:
             t = learner.step
@@ -227,6 +249,9 @@ def train(
                 if e.code == "sdc-detected" and ckpt:  # nothing was applied: this state passed every audit
                     e.context["checkpoint"] = ckpt.save() if not ckpt.has(learner.step) else ckpt.root
                 raise
+            history.append(
+                {"step": learner.step, "loss": float(loss), "seconds": time.perf_counter() - t_start}
+            )
             if ckpt and cfg.checkpoint_every and learner.step % cfg.checkpoint_every == 0:
                 ckpt.save()
             if stop_now:
@@ -256,7 +281,12 @@ def train(
         "memory": mem,
         "config": asdict(cfg),
         "seconds": time.perf_counter() - t_start,
+        "history": history,
     }
+    audited = audit_summary(learner)
+    if audited is not None:
+        result["audit"] = audited[0]
+        say(audited[1])
     if preempted:  # not the run's final state: keep it out of `state digest:` parsers
         say(f"# state digest at step {learner.step}: {result['digest']}")
     else:

@@ -36,6 +36,7 @@ COMMANDS = {
         "alpha_mpi.tools.env_cmd",
         "what this process runs on: MPI, numpy/BLAS, torch, kernel, compute identity",
     ),
+    "native": ("alpha_mpi.tools.native_cmd", "show or build the engine's C round for this MPI (mpicc)"),
 }
 
 EXAMPLES = (

@@ -59,6 +59,8 @@ ADVICE: dict[str, str] = {
     "kernel-unavailable": "reinstall with `pip install -e .` so the cffi kernel is compiled",
     "kernel-isa-unavailable": "unset ALPHA_MPI_ISA or name a path the message lists as available "
     "(every path gives the same bits; the choice changes speed only)",
+    "native-build-failed": "the engine's C round is built at first use by the MPI's own mpicc: make that mpicc (and Python's headers) available, or set ALPHA_MPI_MPICC to it and ALPHA_MPI_NATIVE_CACHE to a writable directory; `alpha-mpi native` shows what it uses",
+    "native-mpi-mismatch": "the engine's C round was linked against another MPI library than the one mpi4py loaded: delete the cached module `alpha-mpi native` names (or set ALPHA_MPI_MPICC to the mpicc of the MPI mpi4py uses) and run again",
     "non-finite-input": "a NaN or Inf reached an update input; the state was left unchanged; find its source (learning rate, data)",
     "non-finite-output": "an update overflowed to Inf/NaN; the state was left unchanged; lower the learning rate or rescale",
     "non-finite-contribution": "a contribution holds NaN/Inf; nothing was combined or applied; check the values the message names (the slot or block, and the index) and where they came from",

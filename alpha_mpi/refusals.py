@@ -151,7 +151,7 @@ ADVICE: dict[str, str] = {
     "data-invalid": "give float features X of shape (n, d) and integer labels y of shape (n,)",
     "output-unwritable": "give --json a path in an existing, writable directory",
     # audit: silent data corruption (issue 24)
-    "sdc-detected": "a recomputed slot payload differs from the original: silent data corruption on the named rank(s); nothing was applied; resume from the last checkpoint every audit passed on other nodes (exclude the named host)",
+    "sdc-detected": "a recomputed slot payload differs from the original: silent data corruption on the named rank(s); nothing was applied; resume on other nodes (exclude the named host) from the last state known clean: the one `alpha-mpi train` saved, or a checkpoint at or before the refusal's clean_step (with audit_slots < slots the steps before were audited in part)",
     "replica-diverged": "replicas that must hold the same parameters and optimizer state do not; the named rank(s) differ from the majority; resume from the last checkpoint every audit passed on other nodes (exclude the named host)",
     "replay-mismatch": "the recomputed state differs from the stored step: the stored run (or this replay's hardware) met silent data corruption; the message names the first component and coordinate that differ",
 }

@@ -48,6 +48,51 @@ def test_sdc_stops_with_98_saves_and_a_resume_elsewhere_gets_the_healthy_bits(tm
 
 
 @needs_mpiexec
+@pytest.mark.parametrize(
+    "fault,steps,extra,clean,saved,aside",
+    [
+        # From step 7 on rank 2 faults (bit 40 of each slot's sample-count word, -3: every
+        # coordinate's normalisation changes); rank 2 first recomputes an audited slot at step 8
+        # (slot 2, as auditor): step 7 was applied with its corrupted unaudited slots. W = 6: clean
+        # is step 3, the newest saved at or before it is step 2; 4, 6 and 8 are set aside.
+        ("2:7:-3:40:persistent", 12, ["--checkpoint-every", "2"], 3, 2, "4, 6, 8"),
+        # No periodic saves: the state kept in memory at step 6 (<= clean step 9) is saved.
+        ("2:13:-3:40:persistent", 20, ["--partition", "grads"], 9, 6, None),
+    ],
+)
+def test_with_fewer_audited_slots_the_saved_state_is_known_clean_and_a_resume_gets_the_healthy_bits(
+    tmp_path, fault, steps, extra, clean, saved, aside
+):
+    """--audit-slots 1 of 6 (issue 36 item 2): the steps before a detection were audited in part,
+    so the exit-98 report saves (and `latest` names) a state from before the fault could start,
+    never the state at the detection; the advised `--resume` ends at the fault-free bits."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", ALPHA_MPI_TIMEOUT="120")
+    ck = tmp_path / "ck"
+    args = ["--steps", str(steps), *ARGS[2:], *extra]
+    r, _ = run_mpi(3, SCRIPT, fault, *args, "--audit-slots", "1", "--checkpoint-dir", ck, env=env)
+    assert r.returncode == 98, r.stdout + r.stderr
+    # What the report advises: resume in the same directory (here on the 2 healthy ranks).
+    resumed, _ = run_mpi(2, "-m", "alpha_mpi", "train", *args, "--checkpoint-dir", ck, "--resume", env=env)
+    assert resumed.returncode == 0, resumed.stderr
+    healthy, _ = run_mpi(2, "-m", "alpha_mpi", "train", "--steps", str(steps), *ARGS[2:], env=env)
+    assert healthy.returncode == 0, healthy.stderr
+    assert digest_of(resumed.stdout) == digest_of(healthy.stdout), r.stderr + resumed.stdout
+    # The fault is observable: unaudited, it ends at other bits.
+    silent, _ = run_mpi(3, SCRIPT, fault, "--steps", str(steps), *ARGS[2:], env=env)
+    assert silent.returncode == 0 and digest_of(silent.stdout) != digest_of(healthy.stdout)
+    assert f"resumed from {ck}/step-{saved:08d}" in resumed.stdout
+    assert f"the last state known clean is at step {clean}" in r.stderr, r.stderr
+    assert f"step {saved}, is saved in {ck}, and `latest` names it" in r.stderr, r.stderr
+    kept = sorted(p.name for p in ck.iterdir() if p.name.startswith("step-"))
+    assert kept[-1] == f"step-{steps:08d}", kept  # the resumed run's own final save
+    if aside:
+        assert f"({aside}) may hold the fault's work and are set aside in {ck}/sdc-step-" in r.stderr
+        assert sorted(p.name for p in (ck / "sdc-step-00000008").iterdir()) == [
+            f"step-{int(k):08d}" for k in aside.split(", ")
+        ]
+
+
+@needs_mpiexec
 def test_a_healthy_audited_run_has_the_bits_of_an_unaudited_one():
     env = dict(os.environ, OMP_NUM_THREADS="1", ALPHA_MPI_TIMEOUT="120")
     plain, _ = run_mpi(3, "-m", "alpha_mpi", "train", *ARGS, env=env)

@@ -255,3 +255,80 @@ def test_inspect_and_verify_cli(saved):
     )
     m = json.loads(r.stdout)
     assert m["step"] == 3 and m["format"] == "alpha-mpi-checkpoint"
+
+
+# ------------------------------------------------------------------ rewind after a detection
+def _state(learner):
+    return bits(learner.params).tobytes(), bits(learner.opt.m).tobytes(), learner.step
+
+
+def test_rewind_sets_aside_later_steps_and_points_latest_back(tmp_path, data):
+    """After sdc-detected with K < S (issue 36 item 2): latest names the newest step at or before
+    the clean step; later ones are moved whole into a folder (nothing deleted); a resume continues
+    from the chosen step, and the next saves go on from there."""
+    root = str(tmp_path / "ck")
+    learner, _ = make()
+    with Checkpointer(comm_self(), root, learner, CFG) as ck:
+        states = {}
+        for k in (2, 4, 6, 8):
+            train(learner, data, k - learner.step)
+            ck.save()
+            states[k] = _state(learner)
+        back = ck.rewind(5, None, "sdc-step-00000008")
+        assert (back.step, back.save, back.set_aside) == (4, False, (6, 8))
+        assert sorted(os.listdir(back.folder)) == ["step-00000006", "step-00000008"]
+        assert open(os.path.join(root, "latest")).read().startswith("step-00000004 ")
+        again = ck.rewind(5, None, "sdc-step-00000008")  # nothing newer is left: nothing moves
+        assert (again.step, again.set_aside, again.folder) == (4, (), None)
+    fresh, _ = make()
+    with Checkpointer(comm_self(), root, fresh, CFG) as ck:
+        assert ck.resume().step == 4 and _state(fresh) == states[4]
+        train(fresh, data, 2)
+        ck.save()  # step 6 again, now from the clean state
+        assert _state(fresh) == states[6]  # a healthy run: the same bits as the set-aside step
+    assert open(os.path.join(root, "latest")).read().startswith("step-00000006 ")
+
+
+def test_rewind_to_a_state_held_in_memory_drops_latest_for_the_callers_save(tmp_path, data):
+    root = str(tmp_path / "ck")
+    learner, _ = make()
+    with Checkpointer(comm_self(), root, learner, CFG) as ck:
+        train(learner, data, 2)
+        kept = learner.checkpoint_snapshot()
+        want = _state(learner)
+        train(learner, data, 3)
+        ck.save()  # step 5: after the clean step
+        back = ck.rewind(3, 2, "sdc-step-00000005")
+        assert (back.step, back.save, back.set_aside) == (2, True, (5,))
+        assert not os.path.lexists(os.path.join(root, "latest"))
+        learner.checkpoint_apply(kept)
+        assert _state(learner) == want
+        ck.save()
+    assert open(os.path.join(root, "latest")).read().startswith("step-00000002 ")
+    nothing, _ = make()
+    with Checkpointer(comm_self(), root, nothing, CFG) as ck:
+        back = ck.rewind(1, None, "sdc-step-00000004")  # nothing at or before step 1
+        assert back.step is None and back.set_aside == (2,)
+        assert ck.resume().how == "none" and nothing.step == 0
+
+
+def test_a_latest_left_naming_a_set_aside_step_is_refused_by_name(tmp_path, data):
+    """set_aside runs before latest moves back: a crash in between leaves latest naming a step
+    that is gone, which a resume refuses by name instead of resuming from a suspect step."""
+    from alpha_mpi.checkpoint import store
+
+    root = str(tmp_path / "ck")
+    learner, _ = make()
+    with Checkpointer(comm_self(), root, learner, CFG) as ck:
+        for _ in range(2):
+            train(learner, data, 2)
+            ck.save()
+    first = store.set_aside(root, [4], "sdc-step-00000004")  # the crash: latest not moved yet
+    assert os.listdir(first) == ["step-00000004"]
+    fresh, _ = make()
+    with Checkpointer(comm_self(), root, fresh, CFG) as ck:
+        with pytest.raises(Refusal) as e:
+            ck.resume()
+    assert e.value.code == "checkpoint-missing" and fresh.step == 0
+    second = store.set_aside(root, [2], "sdc-step-00000004")  # the folder name is taken: never merged
+    assert second == first + ".2" and os.listdir(second) == ["step-00000002"]

@@ -47,9 +47,9 @@ from .compatibility import (
     compare_data,
     learner_contract,
 )
-from .locate import Resumed, locate
+from .locate import Resumed, Rewind, locate, rewind_plan
 from .lock import DirectoryLock
-from .paths import step_name, step_of
+from .paths import published_steps, step_name, step_of
 from .reader import Checkpoint, is_step_dir
 
 if TYPE_CHECKING:
@@ -285,6 +285,31 @@ class Checkpointer:
             "data": data,
             "saved_on_ranks": self.size,
         }
+
+    def rewind(self, clean: int, held: int | None, folder: str) -> Rewind:
+        """Go back to the newest state at or before step `clean` (collective; after a detection
+        that says the steps after `clean` may hold a fault's work): rank 0 moves every published
+        step after the chosen one into `root/folder` (store.set_aside) and points `latest` at
+        the chosen step, or removes it when the chosen state is `held` (a state every rank holds
+        in memory at that step: `save` says the caller saves it next) or when none is left
+        (step None: a resume starts at step 0). Every rank learns the step and `save`."""
+        failure, chosen, save, aside, where = None, None, False, (), None
+        if self.rank == 0:
+            try:
+                chosen, save, aside = rewind_plan(published_steps(self.root), clean, held)
+                where = store.set_aside(self.root, aside, folder) if aside else None
+                if chosen is None or save:
+                    store.drop_latest(self.root)
+                else:
+                    store.point_latest(self.root, chosen)
+            except Refusal as e:
+                failure = e
+            except OSError as e:
+                failure = store.write_failed(
+                    e, f"cannot set aside the steps after step {clean} in {self.root}"
+                )
+        _, value, save = self._all(failure, value=0 if chosen is None else chosen + 1, flag=save)
+        return Rewind(None if value == 0 else value - 1, save, aside, where)
 
     # ------------------------------------------------------------------------------ restore
     def restore(self, path: str) -> str:

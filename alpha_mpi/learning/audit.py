@@ -5,8 +5,8 @@ seed), so it has the same bits on whichever rank computes it. Each step, K slots
 deterministic rotation are computed a second time by another rank, and the digests of the two
 payloads are compared BEFORE the gradient combine, so a mismatch applies nothing:
 
-    audited(step)   slots (step*K + j) mod S for j in 0..K-1: every slot once per ceil(S/K) steps,
-                    so a persistent fault on one rank is met within ceil(S/K) steps
+    audited(step)   slots (step*K + j) mod S for j in 0..K-1: any W = ceil(S/K) consecutive steps
+                    audit every slot, so a persistent fault on one rank is met within W steps
     owner(s)        the rank the tree gives slot s
     auditor(s)      (owner + 1) mod p: recomputes s every step s is audited
     referee(s)      (owner + 2) mod p (p >= 3): recomputes s only after a mismatch, to say which of
@@ -19,6 +19,18 @@ the same table, so every rank decides alike. After a mismatch a second Assembler
 2K + 16 words) carries the referees' digests and each rank's host name, and every rank raises
 `sdc-detected` naming the faulty rank(s) and host(s). Nothing else is changed: a healthy run has
 the bits of a run without auditing.
+
+What a detection proves about earlier steps (K < S): only K of the S slots of each step were
+compared, so the steps before the detection may already hold a fault's unaudited work. A fault
+that persists on one rank from its first step f on (every payload that rank computes, or every
+payload of one of its slots) is met within W steps of f, so a detection at step d means f > d - W:
+
+    clean_step(d)   max(0, d - W + 1): the newest step whose state no such fault can have reached
+
+With K = S (W = 1) that is d itself: nothing before the refused step went unaudited. A fault that
+strikes one unaudited slot once is never met by the audit (replay finds it offline). `KeptStates`
+keeps copies of the state at steps the trainer can go back to (one at least W - 1 steps before
+any detection) and `rewind_after` saves the newest state known clean after a detection.
 
 Digest: `payload_digest`, CRC-32 and Adler-32 (zlib, C, over the buffer without a copy) of the
 payload's words except the stop word (which only the owner sets). CRC-32 always detects one
@@ -45,6 +57,10 @@ __all__ = [
     "FaultHook",
     "payload_digest",
     "audited_slots",
+    "audit_window",
+    "clean_step",
+    "KeptStates",
+    "rewind_after",
     "sdc_report",
     "build_checks",
     "needed_slots",
@@ -75,6 +91,18 @@ def payload_digest(words: np.ndarray) -> int:
 def audited_slots(step: int, k: int, slots: int) -> list[int]:
     """The slots audited at `step`: (step*k + j) mod slots for j in 0..k-1 (pure rotation)."""
     return [(step * k + j) % slots for j in range(k)]
+
+
+def audit_window(k: int, slots: int) -> int:
+    """W = ceil(slots/k): any W consecutive steps of the rotation audit every slot at least once
+    (their audited slots are W*k >= slots consecutive integers mod slots)."""
+    return -(-slots // k)
+
+
+def clean_step(step: int, k: int, slots: int) -> int:
+    """After a detection at `step`: the newest step whose state no fault that persists on one
+    rank can have reached undetected, max(0, step - W + 1) (`step` itself when k = slots)."""
+    return max(0, step - audit_window(k, slots) + 1)
 
 
 def _host_words(name: str) -> np.ndarray:
@@ -108,6 +136,7 @@ class SlotAudit:
                 f"than its owner, and this communicator has {self.size}",
             )
         self.k, self.slots, self.owner_of = int(k), slots, list(owner_of)
+        self.window = audit_window(self.k, slots)
         self.host = socket.gethostname()
         w = 2 * self.k
         self._table = WordTable(comm, w, timeout=timeout, contract=contract)
@@ -206,15 +235,80 @@ class SlotAudit:
                     )
             faulty += [x for x in named if x not in faulty]
         who = ", ".join(f"rank {x} on host {hosts[x]}" for x in faulty)
+        clean = clean_step(step, self.k, self.slots)
+        before = (
+            ""
+            if clean == step
+            else f"; the steps before were audited in part ({self.k} of {self.slots} slots a step, every "
+            f"slot once in {self.window} steps), so the last state known clean is at step {clean}"
+        )
         raise Refusal(
             "sdc-detected",
             f"step {step}: recomputed slot payloads differ ({'; '.join(notes)}); suspected: {who}; "
-            "nothing was applied",
+            f"nothing was applied{before}",
             step=step,
             ranks=tuple(faulty),
             hosts=tuple(hosts[x] for x in faulty),
             slots=tuple(audited[j] for j in bad),
+            clean_step=clean,
         )
+
+
+class KeptStates:
+    """Copies of a learner's state the trainer can go back to after a detection with K < S.
+
+    `offer(learner)` before each step keeps a copy (`learner.checkpoint_snapshot()`) at the
+    first step offered and at every multiple of W, and drops every copy older than the newest one
+    at or before `clean_step(step)`: at most two remain (the state at W*floor(...) known clean,
+    and one younger), so a detection at any step d finds one at or after d - 2W + 2 that no
+    persistent fault reached. Memory: up to two copies of this rank's parameters and optimizer
+    state. Nothing is copied when K = S (W = 1): the state at a detection is itself clean.
+    """
+
+    def __init__(self, k: int, slots: int) -> None:
+        self.k, self.slots, self.window = k, slots, audit_window(k, slots)
+        self.states: list[tuple[int, dict]] = []  # (step, snapshot), oldest first
+
+    def offer(self, learner) -> None:
+        """Keep a copy of the learner's state if its step is one to keep; drop what is not needed."""
+        step = learner.step
+        if self.window == 1:
+            return
+        frontier = clean_step(step, self.k, self.slots)  # the clean step if `step` meets a fault
+        known = [i for i, (t, _) in enumerate(self.states) if t <= frontier]
+        if known:
+            del self.states[: known[-1]]
+        if not self.states or (step % self.window == 0 and self.states[-1][0] != step):
+            self.states.append((step, learner.checkpoint_snapshot()))
+
+    def newest(self, clean: int) -> tuple[int, dict] | None:
+        """The newest kept (step, snapshot) at or before step `clean`, else None."""
+        return next(((t, st) for t, st in reversed(self.states) if t <= clean), None)
+
+
+def rewind_after(e: Refusal, learner, ckpt, kept: KeptStates | None) -> str:
+    """After `sdc-detected` (every rank, collective): save the newest state known clean and make
+    the checkpoint directory's `latest` name it, so that `--resume` continues from it.
+
+    The state known clean is at `clean_step` (the refusal's context) or before: the learner's
+    own when that is its step (K = S), else the newest of `kept` and the published steps at or
+    before it. Published steps after it are set aside (Checkpointer.rewind) into
+    `sdc-<step-NNNNNNNN of the detection>`; a state only in memory is installed in the learner
+    and saved. Records `saved_step` (None: none was kept, a resume starts at step 0),
+    `set_aside` and `folder` in `e.context`; returns the step directory or the checkpoint root."""
+    from ..checkpoint.paths import step_name
+
+    step, clean = learner.step, e.context.get("clean_step", learner.step)
+    mem = (step, None) if clean >= step else (kept.newest(clean) if kept is not None else None)
+    back = ckpt.rewind(clean, None if mem is None else mem[0], f"sdc-{step_name(step)}")
+    if back.save:
+        if mem[1] is not None:  # every rank kept the same step (the same rule on every rank)
+            learner.checkpoint_apply(mem[1])
+        where = ckpt.save()
+    else:
+        where = ckpt.root
+    e.context.update(saved_step=back.step, set_aside=back.set_aside, folder=back.folder)
+    return where
 
 
 def sdc_report(e: Refusal, checkpoint_dir: str | None, size: int) -> str:
@@ -231,10 +325,7 @@ def sdc_report(e: Refusal, checkpoint_dir: str | None, size: int) -> str:
             f"{checkpoint_dir}/step-NNNNNNNN`"
         )
     elif checkpoint_dir:
-        lines.append(
-            f"  the state at step {e.context.get('step')} (every audit passed; the refused step was not "
-            f"applied) is saved in {checkpoint_dir}"
-        )
+        lines.append(_saved_line(e, checkpoint_dir))
         lines.append(
             f"  what to do: resume without the suspected node(s) {', '.join(hosts)} (rank(s) {ranks}): "
             f"e.g. `sbatch --exclude={','.join(hosts)} jobs/train.sbatch`, or "
@@ -247,6 +338,33 @@ def sdc_report(e: Refusal, checkpoint_dir: str | None, size: int) -> str:
             "with --checkpoint-dir the last audited state is saved and a resume continues from it"
         )
     return "\n".join(lines)
+
+
+def _saved_line(e: Refusal, checkpoint_dir: str) -> str:
+    """What the exit-98 report says was saved (rewind_after's record in `e.context`)."""
+    step, clean = e.context.get("step"), e.context.get("clean_step", e.context.get("step"))
+    saved = e.context.get("saved_step", clean)
+    folder, aside = e.context.get("folder"), e.context.get("set_aside") or ()
+    moved = (
+        f"; the later steps ({', '.join(str(k) for k in aside)}) may hold the fault's work and are set aside "
+        f"in {folder}"
+        if folder
+        else ""
+    )
+    if clean == step:
+        return (
+            f"  the state at step {step} (every slot of every step audited; the refused step was not "
+            f"applied) is saved in {checkpoint_dir}, and `latest` names it{moved}"
+        )
+    if saved is None:
+        return (
+            f"  the last state known clean is at step {clean}, and no state at or before it was kept: "
+            f"a resume in {checkpoint_dir} starts at step 0{moved}"
+        )
+    return (
+        f"  the last state known clean is at step {clean} (the steps since were audited in part); the "
+        f"newest kept at or before it, step {saved}, is saved in {checkpoint_dir}, and `latest` names it{moved}"
+    )
 
 
 def build_checks(

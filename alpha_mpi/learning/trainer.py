@@ -167,7 +167,9 @@ def train(
 ) -> dict:
     """Run `cfg.steps` steps (continuing from a checkpoint with `resume`). Rank 0 prints.
     `fault_hook`: the learner's verification hook (alpha_mpi_verify.faults); None in production.
-    An `sdc-detected` refusal saves the state (which every audit passed) first, then propagates."""
+    An `sdc-detected` refusal first saves the newest state known clean (audit.rewind_after: the
+    state at the refused step with --audit-slots = --slots, an earlier one with fewer) and makes
+    `latest` name it, then propagates."""
     rank = comm.Get_rank()
     say = out if rank == 0 else (lambda *a, **k: None)
     data, model, learner, stream = build(comm, cfg, fault_hook)
@@ -209,6 +211,11 @@ def train(
             + ("--steps" if start_step == cfg.steps else "past --steps")
             + f" {cfg.steps}"
         )
+    kept = None
+    if ckpt and 0 < cfg.audit_slots < cfg.slots:  # K < S: states to go back to after a detection
+        from .audit import KeptStates
+
+        kept = KeptStates(cfg.audit_slots, cfg.slots)
     stop = Preemption().install()
     preempted = False
     t_start = time.perf_counter()
@@ -221,11 +228,15 @@ def train(
             for s in learner.needed_slots:  # its own slots, and those it audits this step
                 idx = stream.indices(t, s)
                 batch[s] = (data.X[idx], data.y[idx])
+            if kept is not None:
+                kept.offer(learner)
             try:
                 loss, stop_now = learner.train_step(batch, stop=stop.requested)
             except Refusal as e:
-                if e.code == "sdc-detected" and ckpt:  # nothing was applied: this state passed every audit
-                    e.context["checkpoint"] = ckpt.save() if not ckpt.has(learner.step) else ckpt.root
+                if e.code == "sdc-detected" and ckpt:  # nothing was applied; save the last state known clean
+                    from .audit import rewind_after
+
+                    e.context["checkpoint"] = rewind_after(e, learner, ckpt, kept)
                 raise
             if ckpt and cfg.checkpoint_every and learner.step % cfg.checkpoint_every == 0:
                 ckpt.save()

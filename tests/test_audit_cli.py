@@ -104,7 +104,7 @@ def test_a_healthy_audited_run_has_the_bits_of_an_unaudited_one():
 
 
 def listing(root):
-    """Every file but the advisory lock (which the replay holds, as any trainer, while it reads)."""
+    """Every file but the advisory lock (left by the trainer that wrote the directory)."""
     return sorted(
         (str(p.relative_to(root)), p.stat().st_mtime_ns, p.stat().st_size)
         for p in root.rglob("*")

@@ -332,3 +332,67 @@ def test_a_latest_left_naming_a_set_aside_step_is_refused_by_name(tmp_path, data
     assert e.value.code == "checkpoint-missing" and fresh.step == 0
     second = store.set_aside(root, [2], "sdc-step-00000004")  # the folder name is taken: never merged
     assert second == first + ".2" and os.listdir(second) == ["step-00000002"]
+
+
+# ------------------------------------------------- restore: what it reads, and that it only reads
+def test_restore_without_latest_reads_the_newest_complete_step_as_resume_does(tmp_path, data):
+    """A first save killed before it moved `latest` leaves complete steps and no pointer:
+    restore(D, missing_ok=True) continues from the newest one, as `--resume` does, instead of
+    starting again at step 0 (issue 36 item 6); a broken newest step is refused by name."""
+    root = str(tmp_path / "ck")
+    learner, _ = make()
+    with Checkpointer(comm_self(), root, learner, CFG) as ck:
+        for _ in range(2):
+            train(learner, data, 2)
+            ck.save()
+    want = _state(learner)
+    os.remove(os.path.join(root, "latest"))
+    for kw in ({"missing_ok": True}, {}):
+        fresh, _ = make()
+        assert fresh.restore(root, CFG, **kw) == os.path.join(root, "step-00000004")
+        assert _state(fresh) == want
+    with open(_a_shard(root, 4), "r+b") as f:  # the newest step no longer verifies
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 1]))
+    fresh, _ = make()
+    before = _state(fresh)
+    with pytest.raises(Refusal) as e:
+        fresh.restore(root, CFG, missing_ok=True)
+    assert e.value.code == "checkpoint-corrupt" and "step-00000002" in e.value.message
+    assert _state(fresh) == before
+    empty, _ = make()
+    assert empty.restore(str(tmp_path / "none"), CFG, missing_ok=True) is None and empty.step == 0
+
+
+def _a_shard(root, step):
+    d = os.path.join(root, f"step-{step:08d}", "params")
+    return os.path.join(d, sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))[0])
+
+
+def test_restore_takes_no_lock_and_the_first_save_into_the_directory_does(tmp_path, data):
+    """Which Checkpointer takes the directory lock, and when (issue 36 item 7): a trainer's at
+    construction; a learner's restore never (it reads published, immutable steps: a read-only
+    checkpoint restores); its first save does. A lock file that cannot be taken (here a symlink,
+    refused as any trainer refuses it) stops the writers by name and not the reader."""
+    root = str(tmp_path / "ck")
+    learner, _ = make()
+    train(learner, data, 3)
+    learner.save(root, CFG)
+    want = _state(learner)
+    lock = os.path.join(root, ".lock")
+    os.remove(lock)
+    os.symlink(os.path.join(str(tmp_path), "elsewhere"), lock)
+    fresh, _ = make()
+    assert fresh.restore(root, CFG) is not None and _state(fresh) == want
+    assert fresh.restore(os.path.join(root, "step-00000003"), CFG) is not None  # a step directory too
+    with pytest.raises(Refusal) as e:
+        fresh.save(root, CFG)
+    assert e.value.code == "checkpoint-locked"
+    with pytest.raises(Refusal) as e:
+        Checkpointer(comm_self(), root, fresh, CFG)  # a trainer: locked before it reads
+    assert e.value.code == "checkpoint-locked"
+    os.remove(lock)
+    train(fresh, data, 1)
+    assert fresh.save(root, CFG).endswith("step-00000004") and os.path.isfile(lock)

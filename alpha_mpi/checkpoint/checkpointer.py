@@ -18,7 +18,9 @@ Protocol of `resume()` (every rank calls it once, before training):
 3. only then every rank installs what it read. A refusal anywhere leaves every learner as it was.
 
 The constructor takes an advisory lock on the directory (lock.py) on rank 0; `close()` (or
-leaving a `with` block) releases it.
+leaving a `with` block) releases it. Built with `lock_now=False` it takes the lock (and creates
+the directory) at its first save instead: until then it only reads, and reading a published step
+needs no write access (a read-only checkpoint restores), as `checkpoint verify` takes no lock.
 
 This module holds the collective protocol (who writes, reads and votes when); the questions it
 asks are apart, each a pure function of files and records: which step to resume from
@@ -124,6 +126,10 @@ class Checkpointer:
         adopt_lr: resume with another learning rate (recorded in `resume_history`).
         data: the data's fingerprint (`alpha_mpi.learning.data.fingerprint`), compared on resume.
         timeout: seconds a rank waits for the others' votes.
+        lock_now: take the lock now (a trainer: before it reads `latest`, so a second trainer is
+            refused before it reads or writes); False: at the first `save()` (a learner's
+            `restore`, a replay: reading needs no write access, and published steps are
+            immutable). `root` may then be a step directory, to restore from.
     """
 
     def __init__(
@@ -137,6 +143,7 @@ class Checkpointer:
         adopt_lr: bool = False,
         data: dict | None = None,
         timeout: float | None = None,
+        lock_now: bool = True,
     ) -> None:
         self.comm, self.root, self.learner = comm, root, learner
         self.size, self.rank = comm.Get_size(), comm.Get_rank()
@@ -157,12 +164,21 @@ class Checkpointer:
                     schema.scalar(v, f"config.{k}")
         except Refusal as e:
             failure = CheckpointRefusal("checkpoint-config-invalid", e.message)
+        self._lock_now, self._opened = lock_now, False
+        if lock_now:
+            self._open(failure)
+        else:
+            self._all(failure)
+
+    def _open(self, failure=None) -> None:
+        """Rank 0 checks the root, creates it and takes its lock; every rank learns the outcome."""
         try:
             if self.rank == 0 and failure is None:
                 failure = self._open_root()
         except Refusal as e:
             failure = e
         self._all(failure)
+        self._opened = True
 
     def _open_root(self):
         root = self.root
@@ -186,6 +202,8 @@ class Checkpointer:
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+        if not self._lock_now:
+            self._opened = False  # a later save takes the lock again
 
     def __enter__(self) -> Checkpointer:
         return self
@@ -216,6 +234,8 @@ class Checkpointer:
     def save(self) -> str:
         """Publish the learner's state at its current step (collective); returns the step
         directory. A step already published is left as it is."""
+        if not self._opened:  # built with lock_now=False: the first write takes the lock
+            self._open()
         lr = self.learner
         step = lr.step
         failure, complete = None, False
@@ -293,6 +313,8 @@ class Checkpointer:
         the chosen step, or removes it when the chosen state is `held` (a state every rank holds
         in memory at that step: `save` says the caller saves it next) or when none is left
         (step None: a resume starts at step 0). Every rank learns the step and `save`."""
+        if not self._opened:
+            self._open()
         failure, chosen, save, aside, where = None, None, False, (), None
         if self.rank == 0:
             try:

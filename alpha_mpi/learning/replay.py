@@ -6,8 +6,8 @@ resumes a learner from step A of D (A = 0: the initial state, from the seed), on
 (the bits do not depend on it), trains to step B on the same data order, restores step B of D
 into a second learner, and compares every
 component of the two states (parameters, each optimizer array, the optimizer's scalars) word for
-word. Nothing is written: no step is saved, no `latest` moved; only the directory's advisory lock
-(`.lock`) is taken while it reads, as any trainer's, so no trainer writes meanwhile. Each
+word. Nothing is written: no step is saved, no `latest` moved, no lock taken (published steps are
+immutable, as for `checkpoint verify`), so a read-only copy of a run replays. Each
 rank compares the coordinate ranges it holds; the verdicts (first differing component and
 coordinate, or none) travel through the engine (an Assembler of p blocks of 2 words, no
 collective), so every rank reports the same first difference: `replay-mismatch` names it.
@@ -71,7 +71,7 @@ def replay(
         for lr, step in ((learner, start), (stored, stop)):
             if step == 0 and not os.path.isdir(os.path.join(root, step_name(0))):
                 continue  # step 0 is the initial state, a function of the seed: nothing to read
-            ck = Checkpointer(comm, root, lr, cfg, **kw)
+            ck = Checkpointer(comm, root, lr, cfg, lock_now=False, **kw)  # it never saves: no lock
             opened.append(ck)
             ck.restore(os.path.join(root, step_name(step)))  # read only: no step is saved
         say(

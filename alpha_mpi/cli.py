@@ -72,7 +72,7 @@ def _abort_others(code: int) -> None:
     if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() and mpi.COMM_WORLD.Get_size() > 1:
         # Every rank refuses at once: abort_job lets the launcher forward what each printed
         # before the first Abort tears the job (and its output pipes) down.
-        from .execution.transport import abort_job
+        from .execution.abort import abort_job
 
         abort_job(code)
 

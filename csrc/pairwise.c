@@ -134,18 +134,67 @@ static double ap_block(const double *x, const double *y, int64_t s, double *a, d
     return stack[0];
 }
 
+/* The record at L and the node [lo, hi) right after it are siblings: [L[0], hi) is a node
+ * split at L[1] = lo (ap_is_split, cheapest test first: a right sibling has its left's
+ * size unless it ends the tree). */
+static inline int ap_joins(const int64_t *L, int64_t lo, int64_t hi, int64_t n) {
+    const uint64_t left = (uint64_t)(L[1] - L[0]), right = (uint64_t)(hi - lo);
+    if (L[1] != lo || (right != left && (hi != n || right > left))) return 0;
+    return left && right && !(left & (left - 1)) && !((uint64_t)L[0] & (2 * left - 1));
+}
+
 /* While the last two records are adjacent siblings, replace them by their parent. */
 static int64_t ap_carry(int64_t *out, int64_t m, int64_t n, int32_t k) {
     const int64_t w = 2 + (int64_t)k;
     while (m >= 2) {
         int64_t *L = out + (m - 2) * w;
-        const int64_t *R = out + (m - 1) * w;
-        if (L[1] != R[0] || !ap_is_split(L[0], L[1], R[1], n)) break;
+        const int64_t *R = L + w;
+        if (!ap_joins(L, R[0], R[1], n)) break;
         for (int32_t j = 0; j < k; j++) ap_set(L + 2 + j, ap_get(L + 2 + j) + ap_get(R + 2 + j));
         L[1] = R[1];
         m--;
     }
     return m;
+}
+
+/* The block decomposition of a run: the largest aligned power of two at pos inside [pos, end). */
+static inline uint64_t ap_block_size(int64_t pos, int64_t end) {
+    const uint64_t fits = ap_floor_pow2((uint64_t)(end - pos)); /* both powers of two: the */
+    const uint64_t aligned = (uint64_t)pos & (~(uint64_t)pos + 1); /* smaller divides pos */
+    return pos && aligned < fits ? aligned : fits;
+}
+
+/* Append the records of the global run [lo, lo + len) to the m records in out, carrying:
+ * xs[j] (ys[j]) point at the run's first term. Returns the new count or AP_ERR_OVERFLOW.
+ * *room (if given) rises to the most records out held at once (a block is written before
+ * it joins its left sibling). */
+static int64_t ap_run(const double *const *xs, const double *const *ys, int32_t k, int64_t lo,
+                      int64_t len, int64_t n, int64_t *out, int64_t m, int64_t cap, double *a,
+                      double *b, int64_t *room) {
+    const int64_t w = 2 + (int64_t)k, end = lo + len;
+    for (int64_t pos = lo; pos < end;) {
+        const uint64_t size = ap_block_size(pos, end);
+        if (m >= cap) return AP_ERR_OVERFLOW;
+        if (room && m + 1 > *room) *room = m + 1;
+        int64_t *r = out + m * w;
+        r[0] = pos;
+        r[1] = pos + (int64_t)size;
+        for (int32_t j = 0; j < k; j++) {
+            const double *x = xs[j] + (pos - lo);
+            const double *y = (ys && ys[j]) ? ys[j] + (pos - lo) : NULL;
+            ap_set(r + 2 + j, ap_block(x, y, (int64_t)size, a, b, 0));
+        }
+        m = ap_carry(out, m + 1, n, k);
+        pos += (int64_t)size;
+    }
+    return m;
+}
+
+static void ap_flag_nonfinite(const int64_t *out, int64_t m, int32_t k, int32_t *nonfinite) {
+    const int64_t w = 2 + (int64_t)k;
+    for (int64_t i = 0; i < m; i++)
+        for (int32_t j = 0; j < k; j++)
+            if (ap_is_nonfinite(ap_get(out + i * w + 2 + j))) *nonfinite = 1;
 }
 
 int64_t ap_summary(const double *const *xs, const double *const *ys, int32_t k,
@@ -157,29 +206,157 @@ int64_t ap_summary(const double *const *xs, const double *const *ys, int32_t k,
         return AP_ERR_BAD_ARGUMENT;
     for (int32_t j = 0; len && j < k; j++)
         if (!xs[j]) return AP_ERR_BAD_ARGUMENT;
-    const int64_t w = 2 + (int64_t)k, end = offset + len;
+    double a[AP_BLOCK / 2], b[AP_BLOCK / 4];
+    const int64_t m = ap_run(xs, ys, k, offset, len, n, out, 0, cap, a, b, NULL);
+    if (m > 0 && nonfinite) ap_flag_nonfinite(out, m, k, nonfinite);
+    return m;
+}
+
+/* A tile's geometry, checked, and its row segments: dimensions after c are covered whole
+ * (and, when strides are given, contiguous in memory), so a segment is len = extent[c] * g[c]
+ * terms, one per index of the dimensions before c. */
+typedef struct {
+    int64_t n, g[AP_MAX_NDIM], len, idx[AP_MAX_NDIM];
+    int64_t lo, at; /* the current segment's first global index, and its place in memory
+                       along the first row of strides (ap_tile_next keeps both) */
+    const int64_t *s0;
+    int32_t ndim, c;
+    int empty;
+} ap_tile;
+
+static int ap_tile_init(ap_tile *t, int32_t ndim, const int64_t *shape, const int64_t *offset,
+                        const int64_t *extent, const int64_t *strides, int32_t arrays) {
+    if (ndim < 1 || ndim > AP_MAX_NDIM || !shape || !offset || !extent) return 0;
+    int64_t n = 1;
+    t->empty = 0;
+    t->ndim = ndim;
+    for (int32_t d = ndim - 1; d >= 0; d--) {
+        if (shape[d] < 0 || offset[d] < 0 || extent[d] < 0 || offset[d] > shape[d] ||
+            extent[d] > shape[d] - offset[d])
+            return 0;
+        t->g[d] = n;
+        if (shape[d] && n > ((int64_t)1 << 62) / shape[d]) return 0;
+        n *= shape[d];
+        if (!extent[d]) t->empty = 1;
+        t->idx[d] = 0;
+    }
+    t->n = n;
+    /* Join dimension c to the segment while it is covered whole and, for every array, the
+     * dimension before it steps over exactly what is joined (or holds one element). */
+    int32_t c = ndim - 1;
+    int64_t inner = extent[c];
+    while (c > 0 && extent[c] == shape[c]) {
+        int contiguous = 1;
+        for (int32_t a = 0; strides && a < arrays; a++)
+            if (extent[c - 1] != 1 && strides[(int64_t)a * ndim + c - 1] != inner) contiguous = 0;
+        if (!contiguous) break;
+        c--;
+        inner *= extent[c];
+    }
+    t->c = c;
+    t->len = extent[c] * t->g[c];
+    t->lo = 0;
+    for (int32_t d = 0; d <= c; d++) t->lo += offset[d] * t->g[d];
+    t->at = 0;
+    t->s0 = arrays ? strides : NULL;
+    return 1;
+}
+
+/* The current segment's first term in an array of element strides s (one row of ndim). */
+static inline int64_t ap_tile_at(const ap_tile *t, const int64_t *s) {
+    int64_t at = 0;
+    for (int32_t d = 0; d < t->c; d++) at += t->idx[d] * s[d];
+    return at;
+}
+
+/* On to the next segment (C order); 0 after the last. */
+static inline int ap_tile_next(ap_tile *t, const int64_t *extent) {
+    for (int32_t d = t->c - 1; d >= 0; d--) {
+        const int64_t step = t->s0 ? t->s0[d] : 0;
+        if (++t->idx[d] < extent[d]) {
+            t->lo += t->g[d];
+            t->at += step;
+            return 1;
+        }
+        t->idx[d] = 0;
+        t->lo -= (extent[d] - 1) * t->g[d];
+        t->at -= (extent[d] - 1) * step;
+    }
+    return 0;
+}
+
+int64_t ap_summary_tile(const double *const *xs, const double *const *ys, int32_t k,
+                        int32_t ndim, const int64_t *shape, const int64_t *offset,
+                        const int64_t *extent, const int64_t *strides, int64_t *out,
+                        int64_t cap, const double **scratch, int32_t *nonfinite, int64_t *room) {
+    ap_tile t;
+    if (nonfinite) *nonfinite = 0;
+    if (room) *room = 0;
+    const int32_t arrays = ys ? 2 * k : k;
+    if (k < 1 || k > AP_MAX_K || cap < 0 || (!out && cap) || (!strides && ndim > 0) ||
+        !ap_tile_init(&t, ndim, shape, offset, extent, strides, arrays))
+        return AP_ERR_BAD_ARGUMENT;
+    if (t.empty) return 0;
+    if (!xs || !scratch) return AP_ERR_BAD_ARGUMENT;
+    for (int32_t a = 0; a < arrays; a++)
+        if ((a < k && !xs[a]) || strides[(int64_t)a * ndim + ndim - 1] != 1) return AP_ERR_BAD_ARGUMENT;
+    /* Arrays laid out alike (the usual case: x and y of one shape and strides) share one
+     * offset per segment. */
+    int same = 1;
+    for (int32_t a = 1; a < arrays; a++)
+        for (int32_t d = 0; d < t.c; d++)
+            if (strides[(int64_t)a * ndim + d] != strides[d]) same = 0;
+    const double **sx = scratch, **sy = ys ? scratch + k : NULL;
     double a[AP_BLOCK / 2], b[AP_BLOCK / 4];
     int64_t m = 0;
-    for (int64_t pos = offset; pos < end;) {
-        uint64_t size = pos ? ((uint64_t)pos & (~(uint64_t)pos + 1)) : ap_floor_pow2((uint64_t)end);
-        while (size > (uint64_t)(end - pos)) size >>= 1;
-        if (m >= cap) return AP_ERR_OVERFLOW;
-        int64_t *r = out + m * w;
-        r[0] = pos;
-        r[1] = pos + (int64_t)size;
+    do {
+        const int64_t at = t.at;
         for (int32_t j = 0; j < k; j++) {
-            const double *x = xs[j] + (pos - offset);
-            const double *y = (ys && ys[j]) ? ys[j] + (pos - offset) : NULL;
-            ap_set(r + 2 + j, ap_block(x, y, (int64_t)size, a, b, 0));
+            sx[j] = xs[j] + (same ? at : ap_tile_at(&t, strides + (int64_t)j * ndim));
+            if (sy && ys[j]) sy[j] = ys[j] + (same ? at : ap_tile_at(&t, strides + (int64_t)(k + j) * ndim));
+            else if (sy) sy[j] = NULL;
         }
-        m = ap_carry(out, m + 1, n, k);
-        pos += (int64_t)size;
-    }
-    if (nonfinite)
-        for (int64_t i = 0; i < m; i++)
-            for (int32_t j = 0; j < k; j++)
-                if (ap_is_nonfinite(ap_get(out + i * w + 2 + j))) *nonfinite = 1;
+        m = ap_run(sx, sy, k, t.lo, t.len, t.n, out, m, cap, a, b, room);
+        if (m < 0) return m;
+    } while (ap_tile_next(&t, extent));
+    if (m > 0 && nonfinite) ap_flag_nonfinite(out, m, k, nonfinite);
     return m;
+}
+
+int64_t ap_tile_records(int32_t ndim, const int64_t *shape, const int64_t *offset,
+                        const int64_t *extent, const int64_t *strides, int32_t arrays,
+                        int64_t *room) {
+    ap_tile t;
+    if (room) *room = 0;
+    if (arrays < 0 || (arrays && !strides) ||
+        !ap_tile_init(&t, ndim, shape, offset, extent, strides, arrays))
+        return AP_ERR_BAD_ARGUMENT;
+    if (t.empty) return 0;
+    /* ap_summary_tile's walk on ranges alone: the records of the current global run on a
+     * stack (its maximal nodes so far, at most 2 * 63 + 1, and one block on top before it
+     * joins), the earlier runs' records counted (they never join anything again). */
+    int64_t los[2 * 64 + 2], his[2 * 64 + 2], m = 0, frozen = 0, peak = 0;
+    do {
+        const int64_t lo = t.lo, end = lo + t.len;
+        for (int64_t pos = lo; pos < end;) {
+            const int64_t size = (int64_t)ap_block_size(pos, end);
+            if (m && his[m - 1] != pos) {
+                frozen += m;
+                m = 0;
+            }
+            los[m] = pos;
+            his[m++] = pos + size;
+            if (frozen + m > peak) peak = frozen + m;
+            while (m >= 2 && his[m - 2] == los[m - 1] &&
+                   ap_is_split(los[m - 2], his[m - 2], his[m - 1], t.n)) {
+                his[m - 2] = his[m - 1];
+                m--;
+            }
+            pos += size;
+        }
+    } while (ap_tile_next(&t, extent));
+    if (room) *room = peak;
+    return frozen + m;
 }
 
 int64_t ap_merge(const int64_t *a, int64_t ma, const int64_t *b, int64_t mb, int64_t *out,
@@ -216,9 +393,25 @@ int64_t ap_merge(const int64_t *a, int64_t ma, const int64_t *b, int64_t mb, int
                 return AP_ERR_INVALID;      /* partial overlap: not one tree's nodes */
             }
         }
+        if (m > 0) { /* r the right sibling of the top: their parent in place (as ap_carry) */
+            int64_t *L = out + (m - 1) * w;
+            if (ap_joins(L, lo, hi, n)) {
+                for (int32_t v = 0; v < k; v++) ap_set(L + 2 + v, ap_get(L + 2 + v) + ap_get(r + 2 + v));
+                L[1] = hi;
+                m = ap_carry(out, m, n, k);
+                continue;
+            }
+        }
         if (m >= cap) return AP_ERR_OVERFLOW;
-        memcpy(out + m * w, r, (size_t)w * sizeof *r);
-        m = ap_carry(out, m + 1, n, k);
+        int64_t *dst = out + m * w;
+        if (k == 1) { /* the usual record: three words, no call */
+            dst[0] = lo;
+            dst[1] = hi;
+            dst[2] = r[2];
+        } else {
+            memcpy(dst, r, (size_t)w * sizeof *r);
+        }
+        m = m + 1;
     }
     return m;
 }

@@ -34,6 +34,18 @@
  * in a summary is the value of its node in the one tree, so the bits of the root
  * never depend on how the index range was cut into blocks, nor on the merge order.
  *
+ * TILES (ap_summary_tile). An N-d block of a C-order global array of shape S is a
+ * tile: extent E at offset O. Its terms are not one range of [0, n), n = prod(S), but
+ * one range per row segment: the global index of element (O + i) is sum_d (O_d + i_d) G_d,
+ * G_d = prod(S_{d+1..}). Trailing dimensions the tile covers whole (E_d == S_d) join a
+ * segment; where memory is contiguous too they join its memory run, otherwise (a halo
+ * view) the runs that meet in global index meet in the carry. The tile's summary is the
+ * runs' records appended left to right with the same carry: the records of the maximal
+ * nodes inside the tile, the same as cutting its global runs into blocks (so the bits
+ * equal those of any other cut). Runs that do not meet never join, so a tile of R
+ * separate runs has sum over its runs of their record counts (ap_tile_records): at least
+ * R, one each where a run is a complete aligned block.
+ *
  * LOCAL KERNEL. A complete block of 2^j <= AP_BLOCK terms is evaluated level by
  * level in a buffer that stays in L1 (level 1 reads x and y once, at memory speed);
  * a larger block is a left-to-right sweep of AP_BLOCK-term blocks whose values are
@@ -49,6 +61,7 @@
 #define AP_BLOCK 2048     /* terms per cache block (a power of two) */
 #define AP_CAPACITY 132   /* records per summary buffer (2*64 + 1, plus slack) */
 #define AP_MAX_K 4096     /* values per record (batched dot products) */
+#define AP_MAX_NDIM 4     /* dimensions of a tile (ap_summary_tile) */
 
 #define AP_ERR_OVERFLOW (-1)      /* more records than `cap` */
 #define AP_ERR_INVALID (-2)       /* records partially overlap, unsorted, or out of [0, n) */
@@ -62,6 +75,26 @@
 int64_t ap_summary(const double *const *xs, const double *const *ys, int32_t k,
                    int64_t offset, int64_t len, int64_t n, int64_t *out, int64_t cap,
                    int32_t *nonfinite);
+
+/* Summary of the tile of extent[d] at offset[d] (d < ndim) of the C-order array of
+ * shape[d] (see TILES). xs[j] (ys[j], as in ap_summary) point at the tile's first element;
+ * strides holds rows of ndim element strides: row j for xs[j] and, when ys is given,
+ * row k + j for ys[j] (read for every j; give a NULL ys[j] its x row); every
+ * last-dimension stride must be 1. scratch: room for 2 * k pointers. Returns the record
+ * count or AP_ERR_*; AP_ERR_OVERFLOW when out would hold more than `cap` records at some
+ * point (ap_tile_records says how many). *room (if given): the most records out held. */
+int64_t ap_summary_tile(const double *const *xs, const double *const *ys, int32_t k,
+                        int32_t ndim, const int64_t *shape, const int64_t *offset,
+                        const int64_t *extent, const int64_t *strides, int64_t *out,
+                        int64_t cap, const double **scratch, int32_t *nonfinite, int64_t *room);
+
+/* The record count of that tile's summary, from its geometry and the `arrays` rows of
+ * strides (0 and NULL: segments of whole global runs), or AP_ERR_BAD_ARGUMENT; *room (if
+ * given): the capacity ap_summary_tile needs with those strides (a block is written
+ * before it joins its left sibling, so the count can be exceeded on the way). */
+int64_t ap_tile_records(int32_t ndim, const int64_t *shape, const int64_t *offset,
+                        const int64_t *extent, const int64_t *strides, int32_t arrays,
+                        int64_t *room);
 
 /* out = merge(a, b) (see MERGE). a, b: ma, mb records of 2 + k words; out must not
  * overlap either. Returns the record count or AP_ERR_*. */

@@ -101,6 +101,14 @@ def bits(a):
     return np.ascontiguousarray(a, dtype=np.float64).view(np.uint64)
 
 
+@pytest.fixture
+def self_comm():
+    """MPI.COMM_SELF: the API's real code path on one rank, without mpiexec."""
+    from mpi4py import MPI
+
+    return MPI.COMM_SELF
+
+
 def agree(comm, ok, what=""):
     """Fail on every rank if the check failed on any rank (test-side: collectives are fine here)."""
     from mpi4py import MPI
@@ -136,7 +144,7 @@ def _no_abort_at_exit():
     """The MPI tests provoke failures on purpose and catch them; the job must still end with
     pytest's verdict, not alpha_mpi's abort-at-exit (the launch tests check that policy)."""
     try:
-        from alpha_mpi.execution.transport import set_abort_at_exit
+        from alpha_mpi.execution.abort import set_abort_at_exit
     except ImportError:  # no MPI here: nothing to turn off
         yield
         return

@@ -66,9 +66,6 @@ FORBIDDEN = {
     "exscan",
     "barrier",
     "ibarrier",
-    # never a wildcard source on the library's channel
-    "Probe",
-    "Iprobe",
 }
 
 
@@ -90,15 +87,25 @@ class SpyComm:
         if name in ("Dup", "Clone", "Create", "Split"):
 
             def wrapped(*a, **k):
+                self.calls.append(name)
                 return SpyComm(attr(*a, **k))
 
             return wrapped
+        if name == "Idup":
+
+            def wrapped_idup(*a, **k):
+                self.calls.append(name)
+                comm, req = attr(*a, **k)
+                return SpyComm(comm), req
+
+            return wrapped_idup
         if callable(attr):
 
             def recorded(*a, **k):
                 self.calls.append(name)
-                if name in ("Recv_init", "Irecv", "Recv", "Improbe", "Mprobe"):
-                    src = k.get("source", a[1] if len(a) > 1 else None)
+                if name in ("Recv_init", "Irecv", "Recv", "Improbe", "Mprobe", "Iprobe", "Probe"):
+                    at = 0 if name.endswith("probe") else 1  # (source, tag, ...) or (buf, source, ...)
+                    src = k.get("source", a[at] if len(a) > at else None)
                     if src is None or src < 0:
                         raise CollectiveUsed(f"comm.{name} without a named source")
                 return attr(*a, **k)

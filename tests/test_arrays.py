@@ -222,13 +222,6 @@ def test_merge_refuses_partial_overlap_and_overflow():
 # ----------------------------------------------------------------------------- the API, p = 1
 
 
-@pytest.fixture
-def self_comm():
-    from mpi4py import MPI
-
-    return MPI.COMM_SELF
-
-
 @pytest.mark.parametrize("n", NS)
 def test_api_on_one_rank_equals_oracle(self_comm, n):
     from alpha_mpi import arrays

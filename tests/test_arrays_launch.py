@@ -43,4 +43,4 @@ def test_a_missing_peer_is_a_named_timeout_then_a_broken_channel(tmp_path):
     assert "r0 refused [peer-timeout]" in out, out
     assert "r0 refused [combiner-broken]" in out, out
     # frames of the abandoned step may still be in flight: the job is aborted at exit, not hung
-    assert r.returncode == 70, out  # the transport aborts at exit (ABORT_STATUS) rather than hang
+    assert r.returncode == 70, out  # alpha_mpi aborts the job at exit (ABORT_STATUS) rather than hang

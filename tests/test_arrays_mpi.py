@@ -72,17 +72,21 @@ def block_of(rank, size, n, cuts, perm):
     return bounds[b], bounds[b + 1]
 
 
-def reduce_all(comm, n, lo, hi):
+def all_four(comm, x, y, offset, shape):
+    """sum, dot, norm2 and dots [(x, y), (y, y)] of this rank's block (1-D or a tile)."""
     from alpha_mpi import arrays
 
-    x, y, _ = data(n)
-    xb, yb = x[lo:hi], y[lo:hi]
     return {
-        "sum": arrays.sum(comm, xb, lo, n),
-        "dot": arrays.dot(comm, xb, yb, lo, n),
-        "norm2": arrays.norm2(comm, xb, lo, n),
-        "dots": arrays.dots(comm, [(xb, yb), (yb, yb)], lo, n),
+        "sum": arrays.sum(comm, x, offset, shape),
+        "dot": arrays.dot(comm, x, y, offset, shape),
+        "norm2": arrays.norm2(comm, x, offset, shape),
+        "dots": arrays.dots(comm, [(x, y), (y, y)], offset, shape),
     }
+
+
+def reduce_all(comm, n, lo, hi):
+    x, y, _ = data(n)
+    return all_four(comm, x[lo:hi], y[lo:hi], lo, n)
 
 
 def matches_oracle(got, want):

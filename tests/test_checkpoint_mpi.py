@@ -65,15 +65,17 @@ def test_a_refusal_on_one_rank_leaves_every_learner_unchanged(world):
     world.Barrier()
     b = learner(world)
     before = snapshot(b)
-    code = None
+    code = named = None
     with Checkpointer(world, root, b, CFG, timeout=60) as ck:
         try:
             ck.resume()
         except Refusal as e:
-            code = e.code
+            code, named = e.code, e.context.get("peer_code")
     lo, hi = b.own
     reads_it = lo < last["stop"] and last["start"] < hi  # moments: each rank reads its own range only
-    agree(world, code == ("checkpoint-corrupt" if reads_it else "peer-failed"), f"code {code}")
+    # the ranks that read good shards name the refusing rank's code (the verdict round)
+    ok = code == "checkpoint-corrupt" if reads_it else (code, named) == ("peer-refused", "checkpoint-corrupt")
+    agree(world, ok, f"code {code} naming {named}")
     agree(world, snapshot(b) == before, "a learner changed although a rank refused")
 
 
@@ -122,13 +124,14 @@ def test_a_locked_directory_is_refused_on_every_rank(world):
         )
         assert holder.stdout.readline().strip() == "held"
     world.Barrier()
-    code = None
+    code = named = None
     try:
         Checkpointer(world, root, learner(world), CFG, timeout=60)
     except Refusal as e:
-        code = e.code
+        code, named = e.code, e.context.get("peer_code")
     if holder is not None:
         holder.kill()
         holder.wait()
-    agree(world, code == ("checkpoint-locked" if world.rank == 0 else "peer-failed"), f"code {code}")
+    want = ("checkpoint-locked", None) if world.rank == 0 else ("peer-refused", "checkpoint-locked")
+    agree(world, (code, named) == want, f"code {code} naming {named}")
     agree(world, not [f for f in os.listdir(root) if f.startswith("step-")], "something was written")

@@ -83,7 +83,7 @@ def test_any_rank_count_up_to_the_slots_gives_the_same_digest_as_one():
 
 # ------------------------------------------------------------------------------ exit codes
 def test_exit_codes_are_the_ones_the_library_uses():
-    from alpha_mpi.execution.transport import ABORT_STATUS
+    from alpha_mpi.execution.abort import ABORT_STATUS
     from alpha_mpi.learning import PREEMPTED
 
     assert _args.EXIT_ABORTED == ABORT_STATUS and _args.EXIT_PREEMPTED == PREEMPTED

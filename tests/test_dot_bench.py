@@ -14,7 +14,18 @@ pytestmark = needs_mpiexec
 def test_dot_tables_and_json(tmp_path):
     out = tmp_path / "dot.json"
     r = launch(
-        "dot", "--lengths", "1e2,3000", "--iters", "5", "--warmup", "1", "--json", str(out), cwd=tmp_path
+        "dot",
+        "--lengths",
+        "1e2,3000",
+        "--iters",
+        "5",
+        "--warmup",
+        "1",
+        "--tiles",
+        "37x53,7x9x11",
+        "--json",
+        str(out),
+        cwd=tmp_path,
     )
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
@@ -24,6 +35,18 @@ def test_dot_tables_and_json(tmp_path):
     assert all(c["bits"] == "ok" and c["tree_checked"] for c in data["calls"])
     assert all(c["t_alpha"] > 0 and c["t_mpi"] > 0 for c in data["calls"])
     assert [k["L"] for k in data["kernel"]] == [100, 3000]
+    # N-d tiles: every process grid of 2 ranks, bits equal to the whole tree, the summary sizes
+    grids = [(t["shape"], t["grid"]) for t in data["tiles"]]
+    assert sorted(grids) == [
+        ("37x53", "1x2"),
+        ("37x53", "2x1"),
+        ("7x9x11", "1x1x2"),
+        ("7x9x11", "1x2x1"),
+        ("7x9x11", "2x1x1"),
+    ]
+    assert all(t["bits"] == "ok" and t["t_alpha"] > 0 and t["frame_kb"] > 0 for t in data["tiles"])
+    rec = {t["grid"]: t["records"] for t in data["tiles"] if t["shape"] == "37x53"}
+    assert rec["2x1"] <= 2 * 11 + 1 < 37 <= rec["1x2"], rec  # whole rows: one run; half rows: one per row
     assert any(line.lstrip().startswith("3000") for line in lines)
 
 

@@ -93,7 +93,7 @@ def test_short_and_long_messages_are_size_refusals():
 
 @pytest.mark.parametrize("bad", ["soon", "0", "-3", "inf", "nan"])
 def test_a_bad_timeout_is_refused_not_replaced(monkeypatch, bad):
-    from alpha_mpi.execution.transport import timeout_from_env
+    from alpha_mpi.execution.waits import timeout_from_env
 
     monkeypatch.setenv("ALPHA_MPI_TIMEOUT", bad)
     with pytest.raises(Refusal) as e:

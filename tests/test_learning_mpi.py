@@ -90,6 +90,42 @@ def test_partitioned_state_lives_only_in_the_owners_range(world):
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("mode", ["state", "grads", "params"])
+def test_an_update_refused_on_one_rank_only_is_named_by_code_on_every_rank(world, mode):
+    """Partitioned modes: each rank proposes the update of its own range, so a refusal of the
+    last rank's update is seen there only. It rides on that rank's assembly frames (the engine's
+    refusal flag, rank and code): that rank raises its own refusal, every other rank
+    `peer-refused` naming it and its code, no rank applies the step, and the next step works."""
+    from alpha_mpi.refusals import KernelRefusal
+
+    data = synthetic(7, n=600, n_eval=16, inputs=12, classes=4)
+    learner = run(world, mode, "adam", 2, data=data)
+    before = bits(learner.final_params()).copy()
+    last = world.Get_size() - 1
+    stream = SlotStream(len(data.y), 53, SLOTS, 9)
+    batch = {s: (data.X[stream.indices(2, s)], data.y[stream.indices(2, s)]) for s in learner.my_slots}
+    propose = learner.opt.propose
+    if world.rank == last and learner.own[1] > learner.own[0]:
+
+        def refuse(*args):
+            raise KernelRefusal("non-finite-output", "the update overflowed (injected on this rank)")
+
+        learner.opt.propose = refuse
+    try:
+        learner.train_step(batch)
+        code = named = None
+    except Refusal as e:
+        code, named = e.code, e.context.get("peer_code")
+    learner.opt.propose = propose
+    owns = world.allgather(learner.own[1] > learner.own[0])[last]
+    want = ("non-finite-output", None) if world.rank == last else ("peer-refused", "non-finite-output")
+    agree(world, not owns or (code, named) == want, f"{mode}: {code} naming {named}")
+    agree(world, np.array_equal(bits(learner.final_params()), before), "params unchanged everywhere")
+    learner.train_step(batch)  # the next step works on every rank
+    agree(world, not np.array_equal(bits(learner.final_params()), before), "the next step applied")
+
+
+@pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("mode", ["none", "grads"])
 def test_nan_on_one_rank_refuses_the_step_on_every_rank(world, mode):
     data = synthetic(7, n=600, n_eval=16, inputs=12, classes=4)
@@ -107,5 +143,7 @@ def test_nan_on_one_rank_refuses_the_step_on_every_rank(world, mode):
         code = None
     except Refusal as e:
         code = e.code
-    agree(world, code in ("non-finite-contribution", "non-finite-combined", "peer-failed"), f"{mode}: {code}")
+    agree(
+        world, code in ("non-finite-contribution", "non-finite-combined", "peer-refused"), f"{mode}: {code}"
+    )
     agree(world, np.array_equal(bits(learner.final_params()), bits(before)), "params unchanged everywhere")

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from alpha_mpi.learning import MLP, DataParallelLearner
-from alpha_mpi.learning.same_start import DIGEST_WORDS, Item, _hex, _words, agree, start_params
+from alpha_mpi.learning.same_start import ITEM_WORDS, Item, _hex, _words, agree, start_params
 from alpha_mpi.refusals import Refusal
 
 
@@ -47,11 +47,11 @@ def test_init_params_of_the_wrong_shape_or_not_finite_are_a_usage_error(bad):
     assert e.value.code == "usage" and "init_params" in e.value.message
 
 
-def test_the_digest_words_are_exact_integers_and_name_the_bits():
+def test_the_digest_words_are_64_bit_integers_and_name_the_bits():
     p = MLP(4, 3, 2).init(1)
     w = _words(p)
-    assert len(w) == 1 + DIGEST_WORDS and w[0] == p.size
-    assert all(float(int(x)) == x and 0 <= x < 2**32 for x in w)
+    assert len(w) == ITEM_WORDS and w[0] == p.size
+    assert all(type(x) is int and 0 <= x < 2**64 for x in w)
     import hashlib
 
     assert _hex(w) == hashlib.sha256(p.astype("<f8").tobytes()).hexdigest()

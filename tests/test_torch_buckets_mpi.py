@@ -91,3 +91,20 @@ def test_with_buckets_a_refusal_or_exception_on_one_rank_reaches_every_rank(worl
         agree(world, isinstance(got, Refusal) and got.code == "peer-refused", f"peer: {got!r}")
     agree(world, np.isfinite(dp.step(X[:40], Y[:40], SUM)), "the next step works")
     dp.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("options", [{"bucket_mb": 0.001}, {"audit_slots": 1, "audit_digests": 1}])
+def test_a_data_parallel_duplicates_its_communicator_once(world, options):
+    """Buckets (one executor each), or the audit's tables and replica digests, the module check
+    and rank 0's values: one library duplicate of the communicator in all (the endpoint's),
+    where the audited DataParallel used to make about six and one more per bucket."""
+    from spycomm import SpyComm
+
+    spy = SpyComm(world.Dup())
+    torch.set_num_threads(1)
+    dp = DataParallel(net(), spy, slots=SLOTS, seed=3, timeout=60, **options)
+    made = [c for c in spy.calls if c in ("Dup", "Idup", "Clone", "Create", "Split")]
+    agree(world, made == ["Idup"], f"rank {world.Get_rank()}: {made}")
+    agree(world, dp.buckets is None or len(dp.buckets.reducers) > 2, "several buckets")
+    dp.free()

@@ -7,9 +7,13 @@
 n; blocks are disjoint and cover [0, n), any sizes, any order, empty blocks allowed. The result
 is the pairwise binary tree over the global indices (csrc/pairwise.h), so its bits depend on
 the data and n only: 1, 2, 3 or 1000 ranks, even or uneven blocks, all give the same bits.
+An N-d tile (offset and shape as tuples) reduces the flattened C-order array the same way:
+
+    r = arrays.dot(cart, u[1:-1, 1:-1], v_tile, (y0, x0), (NY, NX))   # any tiling, same bits
 
 - `sum`, `dot`, `norm2`, `dots` (k inner products in one exchange): alpha_mpi.arrays.api
 - the tree, the exchange schedule and the coverage verdicts, as pure functions: .tree
+- N-d tiles: their runs, verdicts and frame sizes (pure): .tiles; one tile call: .tile_call
 - the exchange over MPI (point-to-point frames, bounded waits): .exchange
 """
 

@@ -1,26 +1,33 @@
-"""sum, dot, norm2 and dots of distributed float64 vectors: the pairwise tree over global indices.
+"""sum, dot, norm2 and dots of distributed float64 arrays: the pairwise tree over global indices.
 
 Every function is collective over `comm`: every rank calls it, in the same order, with its own
-contiguous block `x` = elements [offset, offset + len(x)) of one global vector of length n.
-The blocks must be disjoint and cover [0, n) (empty blocks are fine; any rank order). Every
-rank gets the same Python float, and its bits depend only on the data and n: never on the
-number of ranks nor on where the blocks begin and end.
+block of one global array, and gets the same Python float. Two forms:
+
+- 1-D: `x` is elements [offset, offset + len(x)) of a global vector of length `shape` (ints).
+- N-d: `x` is the tile x[i] = global[offset + i] of a C-order global array of `shape` (tuples
+  of x.ndim <= 4 ints; `x` may be a strided view, such as the interior of an array with halo
+  cells, and is never copied). The result is the 1-D one over the flattened global array.
+
+The blocks must be disjoint and cover the global array (empty blocks are fine; any rank
+order). The bits depend only on the data and the global shape: never on the number of ranks nor
+on where the blocks begin and end (any tiling, Cartesian or not, even or uneven).
 """
 
 from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, SupportsIndex
 
 import numpy as np
 
-from ..execution.transport import timeout_from_env
+from ..execution.endpoint import Endpoint
 from ..kernel import ffi, lib
-from ..refusals import KernelRefusal, PlanRefusal, Refusal
+from ..refusals import KernelRefusal, Refusal
 from . import tree as T
-from .exchange import Channel
+from .exchange import Exchanges
+from .tile_call import check_float64, local_checks, reduce_tiles, tile_form
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -35,46 +42,61 @@ _summary = lib.ap_summary
 _CAP = T.CAPACITY
 _MAX_N = 1 << 62
 
+#: An int (1-D blocks) or a tuple of ints, one per dimension (N-d tiles).
+Index = SupportsIndex | Sequence[SupportsIndex]
+
 
 def sum(  # noqa: A001 - the natural name
-    comm: MPI.Comm, x: np.ndarray, offset: SupportsIndex, n: SupportsIndex, *, timeout: float | None = None
+    comm: MPI.Comm, x: np.ndarray, offset: Index, shape: Index, *, timeout: float | None = None
 ) -> float:
-    """Σ x_i over the global vector (the pairwise tree over [0, n)); the same float on every rank."""
-    return _reduce(comm, "sum", (x,), None, offset, n, timeout)[0]
+    """Σ x_i over the global array (the pairwise tree over its flattened indices [0, n)); the
+    same float on every rank.
+
+    Args:
+        comm: the communicator; every rank calls, in the same order.
+        x: this rank's block, float64: 1-D, or an N-d tile (any strides).
+        offset: the block's global start: an int (1-D) or a tuple, one int per dimension.
+        shape: the global length n (1-D) or the global shape (a tuple; n = its product).
+        timeout: seconds to wait for a peer (default: ALPHA_MPI_TIMEOUT).
+    """
+    return _reduce(comm, "sum", (x,), None, offset, shape, timeout)[0]
 
 
 def dot(
     comm: MPI.Comm,
     x: np.ndarray,
     y: np.ndarray,
-    offset: SupportsIndex,
-    n: SupportsIndex,
+    offset: Index,
+    shape: Index,
     *,
     timeout: float | None = None,
 ) -> float:
-    """Σ x_i·y_i over the global vectors: each product rounded once (no FMA), then the pairwise
-    tree over [0, n). x and y are this rank's blocks of one length."""
-    return _reduce(comm, "dot", (x,), (y,), offset, n, timeout)[0]
+    """Σ x_i·y_i over the global arrays: each product rounded once (no FMA), then the pairwise
+    tree over the flattened indices [0, n). x and y are this rank's blocks of one shape (their
+    strides may differ); offset, shape and timeout as for `sum`."""
+    return _reduce(comm, "dot", (x,), (y,), offset, shape, timeout)[0]
 
 
 def norm2(
-    comm: MPI.Comm, x: np.ndarray, offset: SupportsIndex, n: SupportsIndex, *, timeout: float | None = None
+    comm: MPI.Comm, x: np.ndarray, offset: Index, shape: Index, *, timeout: float | None = None
 ) -> float:
     """sqrt(Σ x_i·x_i): the pairwise tree of the squares, then one correctly rounded square
-    root. No scaling: |x_i| above ~1e154 overflows and is refused (non-finite-combined)."""
-    return math.sqrt(_reduce(comm, "norm2", (x,), (x,), offset, n, timeout)[0])
+    root. No scaling: |x_i| above ~1e154 overflows and is refused (non-finite-combined).
+    Arguments as for `sum`."""
+    return math.sqrt(_reduce(comm, "norm2", (x,), (x,), offset, shape, timeout)[0])
 
 
 def dots(
     comm: MPI.Comm,
     pairs: Iterable[tuple[np.ndarray, np.ndarray]],
-    offset: SupportsIndex,
-    n: SupportsIndex,
+    offset: Index,
+    shape: Index,
     *,
     timeout: float | None = None,
 ) -> list[float]:
     """[dot(x, y) for (x, y) in pairs] in one exchange (one latency for k inner products), the
-    same bits as k calls of dot. Every pair is a block of the same [offset, offset + len)."""
+    same bits as k calls of dot. Every array of every pair is a block of the same place
+    (offset, and the same block shape) of the global shape; arguments as for `sum`."""
     try:
         pairs = list(pairs)
         if not 1 <= len(pairs) <= T.MAX_BATCH or not all(
@@ -82,22 +104,26 @@ def dots(
         ):
             raise TypeError
     except TypeError:
-        return _reduce(comm, "dot", None, None, offset, n, timeout, bad_batch=pairs)
-    return _reduce(comm, "dot", tuple(p[0] for p in pairs), tuple(p[1] for p in pairs), offset, n, timeout)
+        return _reduce(comm, "dot", None, None, offset, shape, timeout, bad_batch=pairs)
+    return _reduce(
+        comm, "dot", tuple(p[0] for p in pairs), tuple(p[1] for p in pairs), offset, shape, timeout
+    )
 
 
 def reset(comm: MPI.Comm) -> None:
-    """Forget alpha_mpi.arrays' duplicate of `comm` (after a peer-timeout left it broken).
-    Collective: call it on every rank; the next reduction duplicates `comm` again."""
+    """Forget alpha_mpi.arrays' exchanges on `comm` (after a peer-timeout left them broken) and
+    recover the communicator's endpoint (its stale messages drained). Collective: call it on
+    every rank; the next reduction agrees a fresh tag block."""
     kv = _keyval()
     ch = comm.Get_attr(kv)
     if ch is not None:
         comm.Delete_attr(kv)
         ch.free()
+    Endpoint.of(comm).recover()  # drains what a failed call left (execution/endpoint.py)
 
 
 # ----------------------------------------------------------------------------------------------
-# The channel (alpha_mpi.arrays' own Dup of the communicator, its step and its buffers) is cached
+# The exchanges (alpha_mpi.arrays' stream on the communicator's endpoint, its step and buffers) are cached
 # as an MPI attribute of the user's communicator: it goes away with that communicator, so a new
 # communicator that reuses a freed handle never meets a stale channel.
 _KEYVAL: list = []
@@ -111,11 +137,11 @@ def _keyval() -> int:
     return _KEYVAL[0]
 
 
-def _channel(comm) -> Channel:
+def _channel(comm) -> Exchanges:
     kv = _KEYVAL[0] if _KEYVAL else _keyval()
     ch = comm.Get_attr(kv)
     if ch is None:
-        ch = Channel(comm)
+        ch = Exchanges(comm)
         comm.Set_attr(kv, ch)
     if ch.broken is not None:
         raise Refusal(
@@ -129,17 +155,12 @@ def _channel(comm) -> Channel:
 def _block(a, what: str, op: str):
     if type(a) is np.ndarray and a.dtype == _F64 and a.ndim == 1:
         return a if a.flags.c_contiguous else np.ascontiguousarray(a)
-    if not isinstance(a, np.ndarray):
-        raise Refusal(
-            "dtype-invalid", f"{op}: {what} is a {type(a).__name__}, expected a numpy float64 array"
-        )
-    if a.dtype != _F64:
-        raise Refusal(
-            "dtype-invalid",
-            f"{op}: {what} is {a.dtype}, expected native float64 "
-            "(binary32 widens exactly: x.astype(np.float64))",
-        )
-    raise Refusal("array-block-invalid", f"{op}: {what} has shape {a.shape}, expected a 1-D block")
+    check_float64(a, what, op)
+    raise Refusal(
+        "array-block-invalid",
+        f"{op}: {what} has shape {a.shape}, expected a 1-D block (for an N-d tile pass offset and "
+        "shape as tuples, one int per dimension)",
+    )
 
 
 def _inputs(op, xs, ys, offset, n):
@@ -196,25 +217,16 @@ def _inputs_checked(op, xs, ys, offset, n):
 
 
 def _reduce(comm, op, xs, ys, offset, n, timeout, bad_batch=None):
+    if type(n) is not int:
+        offset, n, tile = tile_form(offset, n)
+        if tile:
+            return reduce_tiles(_channel(comm), op, xs, ys, offset, n, timeout, bad_batch)
     ch = _channel(comm)
     k = len(xs) if xs is not None else 1
-    err, status, detail = None, T.STATUS_OK, ""
-    ch.call_timeout = ch.timeout
-    try:
-        if timeout is not None:
-            ch.call_timeout = timeout_from_env(timeout)
-        if bad_batch is not None:
-            raise Refusal(
-                "array-batch-invalid",
-                f"dots: expected a list of 1..{T.MAX_BATCH} (x, y) pairs, got "
-                f"{type(bad_batch).__name__} {bad_batch!r:.60}",
-            )
-        xs, ys, length, offset, n = _inputs(op, xs, ys, offset, n)
-    except Refusal as e:
-        err = e
-        status = T.STATUS_REFUSED + (
-            T.LOCAL_CODES.index(e.code) if e.code in T.LOCAL_CODES else len(T.LOCAL_CODES)
-        )
+    detail = ""
+    checked, err, status = local_checks(ch, timeout, bad_batch, lambda: _inputs(op, xs, ys, offset, n))
+    if err is None:
+        xs, ys, length, offset, n = checked
     ex = ch.exchanges.get((op, k, None)) or ch.exchange(op, k)
     m = 0
     if err is None:
@@ -238,7 +250,7 @@ def _reduce(comm, op, xs, ys, offset, n, timeout, bad_batch=None):
         m = _summary(px, py, k, offset, length, n, ex.state0, _CAP, ex.nonfinite)
         if m < 0:  # cannot happen for checked inputs; refused like a local refusal (peers finish)
             err = KernelRefusal("kernel-bad-argument", f"{op}: the kernel refused the block (status {m})")
-            status, m = T.STATUS_REFUSED + T.LOCAL_CODES.index("kernel-bad-argument"), 0
+            status, m = T.refused_status(err.code), 0
         elif ex.nonfinite[0]:
             detail = _first_nonfinite(xs, ys, offset, length)
             if detail:
@@ -256,13 +268,7 @@ def _reduce(comm, op, xs, ys, offset, n, timeout, bad_batch=None):
             values = _verdict(ch, ex, op, k, m, row, n, detail)
     finally:
         ch.step += 1
-    for v in values:
-        if not math.isfinite(v):
-            raise Refusal(
-                "non-finite-combined",
-                f"{op}: the result is {v} although every input is finite "
-                "(a product or a partial sum overflowed); nothing was reduced",
-            )
+    T.check_result(values, op)
     return values
 
 
@@ -271,32 +277,14 @@ def _verdict(ch, ex, op, k, m_local, row, n, detail):
     tb = ex.table.tobytes()
     if tb != ex.valid:
         rows = ex.rows()
-        try:
-            T.check_rows(rows, op)
-        except Refusal as e:
-            if e.code == "non-finite-contribution" and detail:
-                raise Refusal(
-                    e.code, f"{op}: this rank ({ch.rank}) holds {detail}; {e.message}", **e.context
-                ) from None
-            raise
+        T.check_naming(T.check_rows, rows, op, ch.rank, detail)
         ex.valid, ex.valid_order = tb, (None if T.in_rank_order(rows) else T.sorted_order(rows))
     if ex.valid_order is not None:  # out of rank order: every rank runs the sorted exchange
         ex2 = ch.exchange(op, k, ex.valid_order)
         ex2.copy_local_from(ex, m_local)
-        ex2.run(row, m_local, n)
-        tb2 = ex2.table.tobytes()
-        if tb2 != ex2.valid:
-            T.check_rows(ex2.rows(), op)
-            ex2.valid, ex2.valid_order = tb2, None
+        ex2.run_again(row, m_local, n, T.check_rows, op)  # its own order: valid_order stays None
         ex = ex2
-    values = ex.root(n)
-    if values is None:
-        raise PlanRefusal(
-            "plan-simulation-failed",
-            f"{op}: the blocks cover [0, {n}) but the merged summary is "
-            f"{int(ex.final[0])} records (flags {ex.flags}), not the root",
-        )
-    return values
+    return ex.result(n, op)
 
 
 def _first_nonfinite(xs, ys, offset, length) -> str:

@@ -14,41 +14,49 @@ Protocol, per call, on every rank of the communicator (every call is collective)
 3. After the last round every rank holds every row: `check_rows` refuses by name on every rank
    alike, or the final state is the root node [0, n) and its values are the result.
 
-Each (operation, batch size, order) has its own Program, built once per channel and cached,
-and its own Engine on the channel's communicator (alpha_mpi.arrays' own duplicate).
+Each (operation, batch size, order) has its own Program, built once per communicator and
+cached, and its own Engine on the communicator's endpoint (execution/endpoint.py), all on the
+endpoint's "arrays" stream: one tag block for every exchange of the array reductions. N-d tiles
+(alpha_mpi.arrays.tiles) run the same Program with longer rows (TILES: the tile's shape, offset,
+extent and summary record count) and a capacity that the tiling calls for, each (operation,
+batch size, capacity) its own exchange.
 
-Agreement. Every other executor ends its build in an agreement round (execution/agreement.py).
-The exchanges cannot: they are built lazily, per (operation, batch, order), without any
-collective, so that ranks calling different operations meet in the frames and are named there
-instead of hanging; a round at each lazy build would pair one rank's build of `dot` with
+Agreement. Every other executor ends its build in an agreement round (the endpoint's build
+agreement). The exchanges cannot: they are built lazily, per (operation, batch, order), without
+any communication, so that ranks calling different operations meet in the frames and are named
+there instead of hanging; a round at each lazy build would pair one rank's build of `dot` with
 another's of `norm2` (or wait for a build that never comes). So the agreement is held once,
-where every rank is known to take part: the channel's creation (collective anyway: it
-duplicates the communicator), on the communicator's library channel before that Dup, on the
-payload check (which must be equal on every rank). The exchanges then share the channel's
-Waiter and its sequence, and each exchange's identity (operation, batch, order, p) travels in
-every frame header: a frame of another exchange is refused by name (`frame-identity-mismatch`)
-and, since every exchange pairs its frames one to one, the next call works. Every receive is
-size-safe (the engine's W: matched and size-compared before it is received).
+where every rank is known to take part: the arrays stream's creation (the first array reduction
+on the communicator), on the payload check (which must be equal on every rank). The exchanges
+then share the stream's sequence and tag block, and each exchange's identity (operation, batch,
+order, p) travels in every frame header: a frame of another exchange is refused by name
+(`frame-identity-mismatch`) and, since every exchange pairs its frames one to one, the next
+call works. Every receive is size-safe (the engine's W: matched and size-compared before it is
+received).
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
-from ..execution import agreement
+from ..execution.endpoint import Endpoint
 from ..execution.engine import Engine
-from ..execution.engine_build import payload_check_from_env
-from ..execution.transport import Waiter, debug_enabled, library_comm, next_sequence
+from ..execution.log import debug_enabled
 from ..kernel import ffi, lib
 from ..planning.array_program import FINAL, HEAD_WORDS, LENGTH, TABLE, frame_buffer, lower_summary_exchange
-from ..refusals import Refusal
+from ..refusals import PlanRefusal, Refusal
+from . import tiles
 from . import tree as T
 
-__all__ = ["Channel", "Exchange"]
+__all__ = ["Exchanges", "Exchange", "RowKind", "BLOCKS", "TILES"]
 
-if lib.AP_CAPACITY != T.CAPACITY or lib.AP_MAX_K != T.MAX_BATCH:  # pragma: no cover - a stale build
+if (
+    lib.AP_CAPACITY != T.CAPACITY or lib.AP_MAX_K != T.MAX_BATCH or lib.AP_MAX_NDIM != tiles.MAX_NDIM
+):  # pragma: no cover - a stale build
     raise ImportError(
         "alpha_mpi.kernel._alpha_kernel is older than alpha_mpi/arrays (rebuild: pip install -e .)"
     )
@@ -57,79 +65,112 @@ _FALLBACK_EDGES = 64  # rounds of the second exchange (blocks out of rank order)
 _FINAL = struct.Struct("<4q")  # record count, flags, lo and hi of the first record
 
 
-class Channel:
-    """alpha_mpi.arrays' own duplicate of one user communicator, with its step counter, its
-    wait policy and its exchanges. Created collectively (Dup, and the Waiter's one Split_type)
-    by the first array reduction on that communicator; exchanges are built later without any
-    collective, so ranks that call different operations still meet in the frames."""
+@dataclass(frozen=True)
+class RowKind:
+    """What an exchange's coverage rows hold: `words` int64 words per rank, read by `parse`
+    (rank, words) into a tree.Row (1-D blocks) or a tiles.Tile (N-d tiles)."""
+
+    name: str
+    words: int
+    parse: Callable
+
+
+BLOCKS = RowKind("blocks", T.ROW_WORDS, T.Row.from_words)
+TILES = RowKind("tiles", tiles.ROW_WORDS, tiles.Tile.from_words)
+
+
+STREAM = "arrays"
+
+
+class Exchanges:
+    """alpha_mpi.arrays' state on one user communicator: its endpoint stream (one agreed
+    sequence and tag block), its step counter, its wait bound and its exchanges. Made by the
+    first array reduction on that communicator (collective then: the stream's agreement, and
+    the endpoint's one duplicate if this is the communicator's first use); exchanges are built
+    later without any communication, so ranks that call different operations still meet in
+    the frames."""
 
     def __init__(self, comm):
-        # The one agreement of the arrays on this communicator (see the module docstring): held
-        # before the Dup, so a rank that differs (or never comes) is named within the bound.
-        identity = f"alpha_mpi.arrays channel|{int(payload_check_from_env())}"
-        self.comm = library_comm(agreement.agree_first(comm, identity, None, None, "arrays channel"))
-        self.sequence = next_sequence(self.comm)  # shared by every exchange of this channel
-        self.size = self.comm.Get_size()
-        self.rank = self.comm.Get_rank()
+        self.user = comm
+        self.endpoint = ep = Endpoint.of(comm)
+        self.stream = ep.stream(STREAM)  # the one agreement of the arrays on this communicator
+        self.comm = self.stream.seat.wire
+        self.size, self.rank = ep.size, ep.rank
         self.step = 0
         self.broken = None
         self.exchanges: dict = {}
+        self.capacity = tiles.Capacity()  # the tile exchanges' (the same on every rank)
+        self.geometries: dict = {}  # checked tile geometries (tile_call.Geometry), by their key
         self.debug = debug_enabled()
-        self.waiter = Waiter(self.comm)  # the transport's bounded wait (ALPHA_MPI_TIMEOUT, SPIN)
-        self.timeout = self.waiter.timeout
+        self.timeout = ep.waiter().timeout  # the bound (ALPHA_MPI_TIMEOUT, else the default)
         self.call_timeout = self.timeout
 
     def exchange(self, op: str, k: int, order=None) -> Exchange:
+        """The 1-D blocks' exchange of (op, k) in rank order or in `order`."""
         key = (op, k, order)
         ex = self.exchanges.get(key)
         if ex is None:
             ex = self.exchanges[key] = Exchange(self, op, k, order)
         return ex
 
+    def tile_exchange(self, op: str, k: int, capacity: int) -> Exchange:
+        """The N-d tiles' exchange of (op, k) with frames of `capacity` records (rank order)."""
+        key = (op, k, TILES.name, capacity)
+        ex = self.exchanges.get(key)
+        if ex is None:
+            ex = self.exchanges[key] = Exchange(self, op, k, None, TILES, capacity)
+        return ex
+
     def free(self) -> None:
-        """Free the persistent requests. The duplicate itself is left allocated on purpose: a
-        freed handle that MPI hands out again on some ranks only must never meet a cache."""
+        """Free the persistent requests and drop the stream: the next reduction agrees a new one
+        with a fresh tag block (this one's is never handed out again: a stale frame may still
+        arrive there). Local."""
         for ex in self.exchanges.values():
             ex.free()
         self.exchanges.clear()
+        self.endpoint.streams.pop(STREAM, None)
         self.broken = "reset"
 
 
 class Exchange:
-    """The Engine of one (operation, batch size, order) and int64 views of its buffers."""
+    """The Engine of one (operation, batch size, order, rows, capacity) and int64 views of its
+    buffers."""
 
-    def __init__(self, ch: Channel, op: str, k: int, order=None):
+    def __init__(
+        self, ch: Exchanges, op: str, k: int, order=None, kind: RowKind = BLOCKS, capacity: int = T.CAPACITY
+    ):
         p, me = ch.size, ch.rank
-        self.ch, self.op, self.k = ch, op, k
+        self.ch, self.op, self.k, self.kind, self.capacity = ch, op, k, kind, capacity
         self.order = tuple(range(p)) if order is None else tuple(order)
         T.schedule(p, me, self.order)  # refuses an order that is not a permutation
         order_name = "rank" if order is None else ",".join(map(str, self.order))
+        identity = f"alpha_mpi.arrays:{op}:k={k}:p={p}:capacity={capacity}:order={order_name}"
         program = lower_summary_exchange(
             p,
             lambda r: T.schedule(p, r, self.order),
             k=k,
-            capacity=T.CAPACITY,
-            row_words=T.ROW_WORDS,
+            capacity=capacity,
+            row_words=kind.words,
             topology="pairwise-array",
             tree_order_id=f"pairwise-array:{op}:k={k}",
-            identity=f"alpha_mpi.arrays:{op}:k={k}:p={p}:capacity={T.CAPACITY}:order={order_name}",
+            identity=identity if kind is BLOCKS else f"{identity}:rows={kind.name}",
             edge0=0 if order is None else _FALLBACK_EDGES,
         )
-        self.engine = Engine(ch.comm, program, dup=False, waiter=ch.waiter, sequence=ch.sequence)
+        self.engine = Engine(ch.user, program, seat=ch.stream.seat, what="array exchange")
         self.rounds = self.engine.rp.merges
         bufs = self.engine.bufs
 
         def words(name):
             return bufs[name].view(np.int64)
 
-        self.table = words(TABLE).reshape(p, T.ROW_WORDS)  # row j: rank order[v + j]
+        self.table = words(TABLE).reshape(p, kind.words)  # row j: rank order[v + j]
         self.final = words(FINAL)
         self.fmv = memoryview(self.final).cast("B")
         self.length = words(LENGTH)
         if self.rounds:
             first = words(frame_buffer(0, False))
             self.head = first[:HEAD_WORDS]
-            self.local_words = first[HEAD_WORDS + T.ROW_WORDS :]  # round 0 carries one row: ours
+            self.local_words = first[HEAD_WORDS + kind.words :]  # round 0 carries one row: ours
         else:
             self.head = self.final[:HEAD_WORDS]
             self.local_words = self.final[HEAD_WORDS:]
@@ -137,9 +178,12 @@ class Exchange:
         self.values = struct.Struct(f"<{k}d")  # the root's values, after its lo and hi
         self.valid = None  # the table bytes that last passed every check
         self.valid_order = None  # with them: None (rank order) or the sorted exchange order
+        self.valid_need = 0  # with them (tiles): the records the largest state may hold
         self.xs_ptrs = ffi.new("double *[]", k)  # kernel arguments, set per call
         self.ys_ptrs = ffi.new("double *[]", k)
+        self.scratch = ffi.new("double *[]", 2 * k) if kind is TILES else ffi.NULL  # ap_summary_tile's
         self.nonfinite = ffi.new("int32_t *")
+        self.room = ffi.new("int64_t *")  # ap_summary_tile's records held at most
 
     @property
     def flags(self) -> int:
@@ -171,13 +215,35 @@ class Exchange:
             return list(self.values.unpack_from(self.fmv, 32))
         return [0.0] * self.k if n == 0 and count == 0 else None
 
+    def run_again(self, row, m: int, n: int, check, what: str) -> None:
+        """The second exchange of a call whose rows every rank has checked already (the sorted
+        order, or frames that fit): run it, and check its table where it is new to this one."""
+        self.run(row, m, n)
+        tb = self.table.tobytes()
+        if tb != self.valid:
+            check(self.rows(), what)
+            self.valid = tb
+
+    def result(self, n: int, what: str) -> list:
+        """The root's values after rows that passed every check; plan-simulation-failed if the
+        merged state is not the root all the same (a bug, named)."""
+        values = self.root(n)
+        if values is None:
+            raise PlanRefusal(
+                "plan-simulation-failed",
+                f"{what}: the blocks cover the array of {n} elements but the merged summary is "
+                f"{int(self.final[0])} records (flags {self.flags}), not the root",
+            )
+        return values
+
     def rows(self) -> list:
-        """The table in rank order, as Rows."""
+        """The table in rank order, as Rows (1-D blocks) or Tiles."""
         p, v = self.ch.size, self.order.index(self.ch.rank)
         out = [None] * p
-        for j, (off, ln, n, st) in enumerate(self.table.tolist()):
+        parse = self.kind.parse
+        for j, words in enumerate(self.table.tolist()):
             r = self.order[(v + j) % p]
-            out[r] = T.Row(r, off, ln, n, st)
+            out[r] = parse(r, words)
         return out
 
     def copy_local_from(self, other: Exchange, m: int) -> None:

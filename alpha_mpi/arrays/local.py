@@ -15,7 +15,7 @@ from ..kernel import ffi, lib
 from ..refusals import KernelRefusal
 from . import tree as T
 
-__all__ = ["Summary", "summary", "merge", "tree_value"]
+__all__ = ["Summary", "summary", "merge", "tree_value", "tile_summary", "tile_records"]
 
 _DARR = ffi.typeof("double[]")
 
@@ -107,3 +107,41 @@ def tree_value(x, y=None, n=None) -> float:
     py = ffi.from_buffer(_DARR, np.ascontiguousarray(y, dtype=np.float64)) if y is not None else ffi.NULL
     _check(lib.ap_node_value(ffi.from_buffer(_DARR, x), py, 0, n, n, v), "tree_value")
     return v[0]
+
+
+class _Target:
+    """Where TileArgs.summary writes: an Exchange's kernel arguments, here for a bare buffer."""
+
+    def __init__(self, k: int, words: np.ndarray):
+        self.k = k
+        self.xs_ptrs, self.ys_ptrs = ffi.new("double *[]", k), ffi.new("double *[]", k)
+        self.scratch = ffi.new("double *[]", 2 * k)
+        self.nonfinite = ffi.new("int32_t *")
+        self.room = ffi.new("int64_t *")
+        self.state0 = ffi.from_buffer("int64_t[]", words, True)
+
+
+def tile_summary(xs, ys, offset, shape, capacity: int | None = None) -> Summary:
+    """The summary of an N-d tile (xs[j], ys[j]: its blocks, any strides) at `offset` of the
+    C-order global `shape`: the records of the flattened tree's maximal nodes inside it
+    (`capacity`: records room, by default exactly the tile's record count)."""
+    from .tile_call import tile_inputs  # the API's checks and kernel arguments (no MPI)
+
+    args = tile_inputs(
+        "tile_summary", list(xs), None if ys is None else list(ys), tuple(offset), tuple(shape)
+    )
+    k = len(args.xs)
+    if capacity is None:
+        room = ffi.new("int64_t *")
+        _check(args.records(room), "tile records")
+        capacity = int(room[0])
+    words = np.zeros(max(1, capacity) * (2 + k), dtype=np.int64)
+    m = args.summary(_Target(k, words), capacity)
+    return Summary(words, _check(m, "tile summary"), k, args.geo.n)
+
+
+def tile_records(offset, shape, extent) -> int:
+    """The record count of the summary of the tile of `extent` at `offset` of `shape`."""
+    d = len(shape)
+    g = ffi.new("int64_t[]", [*shape, *offset, *extent])
+    return _check(lib.ap_tile_records(d, g, g + d, g + 2 * d, ffi.NULL, 0, ffi.NULL), "tile records")

@@ -27,6 +27,7 @@ by offset (`sorted_order`), which again has at most two runs per window.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -48,6 +49,12 @@ __all__ = [
     "schedule",
     "simulate",
     "check_rows",
+    "check_refused",
+    "check_finite",
+    "check_naming",
+    "check_result",
+    "refused_status",
+    "batch_refusal",
     "in_rank_order",
     "sorted_order",
 ]
@@ -226,17 +233,45 @@ class Row:
     n: int
     status: int
 
+    @classmethod
+    def from_words(cls, rank: int, w) -> Row:
+        """The row of ROW_WORDS int64 words (offset, length, n, status)."""
+        return cls(rank, int(w[0]), int(w[1]), int(w[2]), int(w[3]))
+
+
+def refused_status(code: str) -> int:
+    """The row status of a rank that refused its own inputs with `code`."""
+    return STATUS_REFUSED + (LOCAL_CODES.index(code) if code in LOCAL_CODES else len(LOCAL_CODES))
+
+
+def batch_refusal(pairs) -> Refusal:
+    """array-batch-invalid for what dots() was given instead of 1..MAX_BATCH pairs."""
+    return Refusal(
+        "array-batch-invalid",
+        f"dots: expected a list of 1..{MAX_BATCH} (x, y) pairs, got {type(pairs).__name__} {pairs!r:.60}",
+    )
+
+
+def check_result(values, what: str) -> None:
+    """non-finite-combined when a value of the root is NaN or Inf (every input was finite, or
+    check_finite would have refused: a product or a partial sum overflowed)."""
+    for v in values:
+        if not math.isfinite(v):
+            raise Refusal(
+                "non-finite-combined",
+                f"{what}: the result is {v} although every input is finite "
+                "(a product or a partial sum overflowed); nothing was reduced",
+            )
+
 
 def status_code(status: int) -> str:
     i = status - STATUS_REFUSED
     return LOCAL_CODES[i] if 0 <= i < len(LOCAL_CODES) else "unknown-code"
 
 
-def check_rows(rows, what: str) -> None:
-    """Refuse, by name, anything that stops the rows from describing one reduction: a rank that
-    refused its inputs (peer-refused), ranks that disagree on n (array-length-mismatch), holes and overlaps (array-coverage-hole,
-    array-coverage-overlap), NaN/Inf inputs (non-finite-contribution). Every rank calls this
-    on the same rows, so every rank raises the same refusal. `rows` are in rank order."""
+def check_refused(rows, what: str) -> None:
+    """peer-refused naming every rank whose row says it refused its inputs (rows: anything with
+    .rank and .status, tree.Row or tiles.Tile)."""
     refused = [r for r in rows if r.status >= STATUS_REFUSED]
     if refused:  # the engine's flags name a refusing rank first; this is the rows' own account
         names = ", ".join(f"rank {r.rank} [{status_code(r.status)}]" for r in refused)
@@ -247,6 +282,38 @@ def check_rows(rows, what: str) -> None:
             peer_code=status_code(refused[0].status),
             ranks=[r.rank for r in refused],
         )
+
+
+def check_naming(check, rows, what: str, rank: int, detail: str) -> None:
+    """check(rows, what) (check_rows or tiles.check_tiles); a non-finite-contribution refusal
+    names, on the rank that holds it, the first NaN/Inf (`detail`)."""
+    try:
+        check(rows, what)
+    except Refusal as e:
+        if e.code == "non-finite-contribution" and detail:
+            raise Refusal(
+                e.code, f"{what}: this rank ({rank}) holds {detail}; {e.message}", **e.context
+            ) from None
+        raise
+
+
+def check_finite(rows, what: str) -> None:
+    """non-finite-contribution naming the ranks whose rows say they hold NaN or Inf."""
+    bad = [r.rank for r in rows if r.status == STATUS_NONFINITE]
+    if bad:
+        raise Refusal(
+            "non-finite-contribution",
+            f"{what}: the blocks of ranks {bad} hold NaN or Inf; nothing was reduced (FiniteOrRefuse)",
+            ranks=bad,
+        )
+
+
+def check_rows(rows, what: str) -> None:
+    """Refuse, by name, anything that stops the rows from describing one reduction: a rank that
+    refused its inputs (peer-refused), ranks that disagree on n (array-length-mismatch), holes and overlaps (array-coverage-hole,
+    array-coverage-overlap), NaN/Inf inputs (non-finite-contribution). Every rank calls this
+    on the same rows, so every rank raises the same refusal. `rows` are in rank order."""
+    check_refused(rows, what)
     ns = sorted({r.n for r in rows})
     if len(ns) > 1:
         says = "; ".join(f"n = {v} on ranks {[r.rank for r in rows if r.n == v]}" for v in ns)
@@ -274,13 +341,7 @@ def check_rows(rows, what: str) -> None:
         pos, owner = r.offset + r.length, r.rank
     if pos < n:
         raise Refusal("array-coverage-hole", f"{what}: no rank holds [{pos}, {n}) of [0, {n})", hole=(pos, n))
-    bad = [r.rank for r in rows if r.status == STATUS_NONFINITE]
-    if bad:
-        raise Refusal(
-            "non-finite-contribution",
-            f"{what}: the blocks of ranks {bad} hold NaN or Inf; nothing was reduced (FiniteOrRefuse)",
-            ranks=bad,
-        )
+    check_finite(rows, what)
 
 
 def in_rank_order(rows) -> bool:

@@ -34,11 +34,7 @@ import os
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Protocol
 
-import numpy as np
-
-from ..execution import Combiner
-from ..model import ReplicateAll, star
-from ..planning import plan
+from ..execution import Endpoint
 from ..refusals import CheckpointRefusal, Refusal
 from . import schema, store
 from .compatibility import (
@@ -153,9 +149,8 @@ class Checkpointer:
         self.data = dict(data or {})
         self.history, self.resume_history = [], []
         self._lock = None
-        self._vote = Combiner(
-            comm, plan(star(range(self.size), self.size), ReplicateAll(), 4, size=self.size), timeout=timeout
-        )
+        self._endpoint = Endpoint.of(comm, timeout)  # its verdict round carries every vote
+        self._timeout = timeout
         failure = None
         try:
             for k, v in self.cfg.items():
@@ -211,20 +206,16 @@ class Checkpointer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _all(self, failure, skip: bool = False, value: float = 0.0, flag: bool = False):
-        """Every rank learns whether any rank failed (all raise together, none is left waiting),
-        whether rank 0 found the step already complete (`skip`), and rank 0's `value`/`flag`."""
-        mine = [1.0 if failure else 0.0, 1.0 if skip else 0.0, float(value), 1.0 if flag else 0.0]
-        if self.rank != 0:
-            mine[1:] = [0.0, 0.0, 0.0]
-        total = self._vote.run({self.rank: np.array(mine)})
-        if failure is not None:
-            raise failure
-        if total[0] > 0:
-            raise Refusal(
-                "peer-failed", "another rank refused or failed in the checkpoint protocol; see its error"
-            )
-        return total[1] > 0, int(total[2]), total[3] > 0
+    def _all(self, failure, skip: bool = False, value: int = 0, flag: bool = False):
+        """Every rank learns whether any rank failed (all raise together, none is left waiting:
+        this rank its own refusal, the others `peer-refused` naming the lowest failing rank and
+        its code), whether rank 0 found the step already complete (`skip`), and rank 0's
+        `value`/`flag`. One verdict round of the communicator's endpoint."""
+        mine = [int(skip), int(value), int(flag)] if self.rank == 0 else [0, 0, 0]
+        v = self._endpoint.verdict(mine, failure, "the checkpoint protocol", timeout=self._timeout)
+        v.raise_failures(failure, "in the checkpoint protocol")
+        skip, value, flag = (int(w) for w in v.words[0])
+        return skip > 0, value, flag > 0
 
     def has(self, step: int) -> bool:
         """Step `step` is published in the checkpoint directory."""

@@ -1,11 +1,14 @@
 """Execution layer: runs realizations of declared trees over mpi4py (point-to-point only).
 
-One executor (engine.Engine) runs every realization's program; frames.py owns headers,
-transport.py owns waits, bounds and the debug log; allreducer.py holds the executors by plan
-kind, convenience.py the cached calls allreduce()/combine()/reduce_scatter().
+One executor (engine.Engine) runs every realization's program; endpoint.py holds alpha_mpi's
+state on each user communicator (its one duplicate, executor numbering, tags, the build
+agreement) and verdict.py the one round in which every rank learns every rank's word;
+frames.py owns headers, waits.py waits and their bounds, abort.py how a failed job ends, log.py
+the debug log; allreducer.py holds the executors by plan kind, convenience.py the cached calls
+allreduce()/combine()/reduce_scatter().
 """
 
-from .abort import abort_on_exception  # noqa: F401
+from .abort import abort_on_exception, set_abort_at_exit  # noqa: F401
 from .allreducer import (  # noqa: F401
     REALIZATIONS,
     Allreducer,
@@ -17,6 +20,7 @@ from .allreducer import (  # noqa: F401
 from .assembly import Assembler, assemble  # noqa: F401
 from .contract_combiner import ContractCombiner  # noqa: F401
 from .convenience import allreduce, combine, reduce_scatter, reset  # noqa: F401
+from .endpoint import Endpoint  # noqa: F401
 from .engine import Engine  # noqa: F401
 
 __all__ = [
@@ -24,6 +28,7 @@ __all__ = [
     "Combiner",
     "ScatterCombiner",
     "Chunk",
+    "Endpoint",
     "Engine",
     "Assembler",
     "ContractCombiner",
@@ -35,4 +40,5 @@ __all__ = [
     "choose_realization",
     "REALIZATIONS",
     "abort_on_exception",
+    "set_abort_at_exit",
 ]

@@ -26,10 +26,9 @@ from ..planning.program import Program
 from ..planning.realize import REALIZATIONS as NAMES
 from ..planning.realize import applicable, as_tree_plan, realize
 from ..refusals import PlanRefusal, Refusal
-from . import agreement
+from .endpoint import Endpoint
 from .engine import Engine, warn_retired
 from .engine_bind import Chunk
-from .transport import library_comm
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -40,6 +39,7 @@ if TYPE_CHECKING:
     from ..model.tree import Node
     from ..planning.cost import Calibration
     from .contributions import Contributions
+    from .endpoint import Stream
 
 REALIZATIONS = ("auto",) + NAMES
 
@@ -63,7 +63,7 @@ def choose_realization(
 
 class Allreducer:
     """Combine by `tree` repeatedly on `comm` with one realization of it. Build it on every rank
-    (collectively: it duplicates the communicator).
+    (collectively: its build agreement is one verdict round; it duplicates nothing).
 
     `tree`: a tree (Node, with `layout`: a Layout or an element count) or a tree Plan.
     `realization`: "auto" (default), "tree", "scatter", "replicate", "butterfly", "halving";
@@ -91,35 +91,28 @@ class Allreducer:
         dup: bool = True,
         mode: str = "allreduce",
         calibration: Calibration | None = None,
+        _stream: Stream | None = None,
         **retired: object,
     ) -> None:
         if len(legacy) > 1:
             raise TypeError(f"Allreducer takes at most 6 positional arguments, got {5 + len(legacy)}")
         warn_retired({**retired, **({"crossover_bytes": legacy[0]} if legacy else {})})
         # The planning first: it may refuse on one rank only (a realization that does not
-        # apply, a plan for another size). Every rank then takes part in the build agreement
-        # with its verdict, before the collective Dup (agreement.agree_first), so every rank
-        # refuses by name, a rank that never comes is named within the bound, and no rank's
-        # next Allreducer pairs with another rank's this one.
+        # apply, a plan for another size). A rank whose planning refused takes part in the build
+        # agreement of the executor its peers build, with its refusal (Endpoint.refuse_build),
+        # so every rank refuses by name and no rank's next Allreducer pairs with another's.
         local = None
         try:
             self._plan(comm, tree, layout, delivery, realization, segment, coverage, mode, calibration)
         except Refusal as e:
             local = e
-        identity = "" if local is not None else self.plan.identity
-        self._owns_comm = False
-        if dup:
-            base = agreement.agree_first(comm, identity, local, timeout, "Allreducer")
-            self.comm, self._owns_comm = library_comm(base), True
-        else:
-            self.comm = comm
-            if local is not None:
-                agreement.refuse_everywhere(comm, local, timeout, "Allreducer")
-        try:
-            self.executor = Engine(self.comm, self.plan, timeout=timeout, contract=contract, dup=False)
-        except Refusal:
-            self.free()
-            raise
+        self.executor = None
+        if local is not None:
+            Endpoint.of(comm, timeout).refuse_build(local, "Allreducer", timeout=timeout)
+        self.executor = Engine(
+            comm, self.plan, timeout=timeout, contract=contract, dup=dup, what="Allreducer", stream=_stream
+        )
+        self.comm = self.executor.comm
         self.slots = self.executor.slots
 
     def _plan(self, comm, tree, layout, delivery, realization, segment, coverage, mode, calibration) -> None:
@@ -184,12 +177,9 @@ class Allreducer:
         return f"realization {self.realization} (model estimates: {est})"
 
     def free(self) -> None:
-        """Free the persistent requests (and the duplicated communicator, if this made one)."""
-        if getattr(self, "executor", None) is not None:
+        """Free the persistent requests and give the executor's tags back (local)."""
+        if self.executor is not None:
             self.executor.free()
-        if self._owns_comm:
-            self._owns_comm = False
-            self.comm.Free()
 
 
 class Combiner(Engine):

@@ -20,7 +20,8 @@ from .frames import FLAG_VOTE
 
 class Assembler:
     """Assembles one AssemblyPlan repeatedly. Build it on every rank of `comm` (collectively:
-    it duplicates the communicator unless dup=False). `.engine` is the Engine that runs it."""
+    its build agreement is one verdict round; `dup` as Engine's). `.engine` is the Engine that
+    runs it."""
 
     def __init__(
         self,
@@ -36,7 +37,9 @@ class Assembler:
         # alone, so no rank is left waiting for a build that does not come.
         self.plan = aplan
         self.program = lower_assembly(aplan)
-        self.engine = Engine(comm, self.program, timeout=timeout, contract=contract, dup=dup)
+        self.engine = Engine(
+            comm, self.program, timeout=timeout, contract=contract, dup=dup, what="Assembler"
+        )
         self.rank = rank = self.engine.rank
         self.comm = self.engine.comm
         self.timeout = self.engine.timeout  # seconds one wait may take (as before: the Waiter's)
@@ -134,7 +137,7 @@ class Assembler:
         return None
 
     def free(self) -> None:
-        """Free the persistent requests (and the duplicated communicator, if this made one)."""
+        """Free the persistent requests and give the executor's tags back (local)."""
         self.engine.free()
 
 
@@ -146,5 +149,9 @@ def assemble(
     *,
     timeout: float | None = None,
 ) -> np.ndarray | None:
-    """One-shot assembly (builds an Assembler, so it duplicates the communicator: all ranks call)."""
-    return Assembler(comm, aplan, timeout=timeout).run(pieces, out=out)
+    """One-shot assembly (builds an Assembler, runs it once and frees it: all ranks call)."""
+    asm = Assembler(comm, aplan, timeout=timeout)
+    try:
+        return asm.run(pieces, out=out)
+    finally:
+        asm.free()

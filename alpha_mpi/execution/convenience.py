@@ -2,9 +2,10 @@
 
 Each call finds (or builds, collectively, on first use) an Allreducer for its arguments, so a
 loop re-plans nothing. The cache is safe under one rank's mistake:
-- It lives on the communicator itself (an MPI attribute holding a library duplicate and the
-  executors built on it), never keyed by handle: a freed communicator's handle may be reused by
-  another, on some ranks and not others.
+- It lives on the communicator's Endpoint (endpoint.py: an MPI attribute of the communicator,
+  never keyed by handle: a freed communicator's handle may be reused by another, on some ranks
+  and not others), in the endpoint's "calls" stream: one tag block that the cached executors
+  share, since the calls run one at a time in program order.
 - It is keyed only on what every rank must pass the same (tree, layout= when given, delivery,
   realization, mode, coverage, segment), never on the contributions: a rank that passes a list
   or a wrong length finds the same executor as its peers, and its mistake is refused inside the
@@ -12,11 +13,12 @@ loop re-plans nothing. The cache is safe under one rank's mistake:
   once built an executor alone (a lone collective Dup: a timeout, then a hang).
 - Without layout= the payload size is inferred from the first call's contributions and kept for
   the tree: pass layout= (every rank the same) to combine another size with the same tree.
-- Executors on one communicator share its library duplicate; each has its sequence, agreed
-  when built and carried in every frame, so a frame of another executor is refused by name.
-- A call that failed in a way that may leave its messages on that duplicate (a peer that never
-  came, ranks that built different executors) makes every later call refuse `combiner-broken`
-  until `reset(comm)` on every rank: a retry never reads a stale message, never hangs.
+- Each cached executor has its sequence, agreed when built and carried in every frame, so a
+  frame of another executor (a rank that passed other arguments) is refused by name.
+- A call that failed in a way that may leave its messages on the stream's tags (a peer that
+  never came, ranks that built different executors) makes every later call refuse
+  `combiner-broken` until `reset(comm)` on every rank: a retry never reads a stale message,
+  never hangs.
 """
 
 from __future__ import annotations
@@ -29,11 +31,10 @@ from ..planning import Plan
 from ..planning.program import Program
 from ..planning.realize import REDUCE_SCATTER, as_tree_plan
 from ..refusals import PlanRefusal, Refusal
-from . import agreement
 from .allreducer import Allreducer
+from .endpoint import Endpoint, Stream
 from .engine import warn_retired
 from .engine_bind import Chunk
-from .transport import channel_of, comm_attr, set_comm_attr
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -57,57 +58,45 @@ class CacheKey(NamedTuple):
     segment: int | None
 
 
-class _Channel:
-    """What the convenience calls keep on a user communicator (as an MPI attribute): the
-    library duplicate their executors share, the executors by key, and the refusal that left
-    messages of a failed call on the channel (None while it is clean)."""
-
-    __slots__ = ("comm", "executors", "broken")
-
-    def __init__(self, comm) -> None:
-        self.comm = comm
-        self.executors: dict = {}
-        self.broken: str | None = None
-
-
-# Refusals after which messages of the failed call may still be on the shared channel (a peer
-# that never came, a frame of another executor): later calls would read them, so the channel
+# Refusals after which messages of the failed call may still be on the stream's tags (a peer
+# that never came, a frame of another executor): later calls would read them, so the stream
 # refuses until every rank resets it. A refused input (flagged, every rank completed) is not one.
 _LEAVES_MESSAGES = ("peer-timeout", "peer-failed", "executor-identity-mismatch")
+STREAM = "calls"
 
 
-def _channel(comm) -> _Channel:
-    ch = comm_attr(comm, "convenience")
-    if ch is None:  # the first convenience call on `comm`: the library channel (one Dup, once)
-        ch = _Channel(channel_of(comm))
-        set_comm_attr(comm, "convenience", ch)
-    if ch.broken is not None:
+def _stream(comm, timeout=None) -> Stream:
+    """The convenience calls' stream on `comm` (its cache: `state`, CacheKey -> Allreducer)."""
+    st = Endpoint.of(comm, timeout).stream(STREAM, timeout=timeout)
+    if st.broken is not None:
         raise Refusal(
             "combiner-broken",
-            f"an earlier convenience call on this communicator failed [{ch.broken}] and its messages may "
+            f"an earlier convenience call on this communicator failed [{st.broken}] and its messages may "
             "still be in flight; call alpha_mpi.execution.reset(comm) on every rank, then call again",
         )
-    return ch
+    return st
 
 
-def reset(comm: MPI.Comm) -> None:
-    """Drop the convenience calls' executors and library channel on `comm` and take a fresh
-    channel (a collective Dup: call it on every rank), after a failed call left `combiner-broken`.
-    Executors built with dup=True (Allreducer, Combiner) agree on the new channel from now on."""
-    old = comm_attr(comm, "convenience")
-    if old is not None:
-        for a in old.executors.values():
+def reset(comm: MPI.Comm, *, timeout: float | None = None) -> None:
+    """After a failed call left `combiner-broken`: drop the convenience calls' executors on `comm`
+    and their stream, and recover the communicator's endpoint (Endpoint.recover: the failed
+    call's stale messages are drained on every rank, and the failure no longer aborts the job at
+    exit). Collective: call it on every rank. The next call agrees a new stream."""
+    ep = Endpoint.of(comm, timeout)
+    st = ep.streams.pop(STREAM, None)
+    if st is not None:
+        for a in st.state.values():
             a.free()
-    set_comm_attr(comm, "convenience", None)
-    set_comm_attr(comm, "channel", None)
-    _channel(comm)
+        st.state.clear()
+    ep.recover(timeout=timeout)
 
 
 def cached_executors(comm: MPI.Comm) -> dict[CacheKey, Allreducer]:
     """A copy of the convenience calls' cache on `comm`: CacheKey -> Allreducer (for benchmarks
     and tests that time or inspect the executor a call used; changing it changes nothing)."""
-    ch = comm_attr(comm, "convenience")
-    return {} if ch is None else dict(ch.executors)
+    ep = Endpoint.existing(comm)
+    st = None if ep is None else ep.streams.get(STREAM)
+    return {} if st is None else dict(st.state)
 
 
 def _infer_layout(contributions):
@@ -143,17 +132,17 @@ def _cached(comm, tree, contributions, delivery, layout, realization, mode, cove
         None if coverage is None else coverage.key(),
         segment,
     )
-    ch = _channel(comm)
-    a = ch.executors.get(key)
+    st = _stream(comm, timeout)
+    a = st.state.get(key)
     if a is None:
         try:
             if not isinstance(tree, Plan) and layout is None:
                 try:
                     layout = _infer_layout(contributions)
                 except Refusal as e:  # still takes part in the build, so every rank refuses
-                    agreement.refuse_everywhere(ch.comm, e, timeout, "allreduce()")
-            a = ch.executors[key] = Allreducer(
-                ch.comm,
+                    Endpoint.of(comm).refuse_build(e, "allreduce()", timeout=timeout)
+            a = st.state[key] = Allreducer(
+                comm,
                 tree,
                 layout,
                 delivery,
@@ -161,25 +150,25 @@ def _cached(comm, tree, contributions, delivery, layout, realization, mode, cove
                 timeout=timeout,
                 segment=segment,
                 coverage=coverage,
-                dup=False,
                 mode=mode,
+                _stream=st,
             )
         except Refusal as e:
             if e.code in _LEAVES_MESSAGES:
-                ch.broken = e.code
+                st.broken = e.code
             raise
-    return ch, a, key.layout is None and not isinstance(tree, Plan)
+    return st, a, key.layout is None and not isinstance(tree, Plan)
 
 
 def _run(cached, contributions, out, timeout, rs=False):
-    ch, a, inferred = cached
+    st, a, inferred = cached
     try:
         if rs:
             return a.reduce_scatter_run(contributions, out=out, timeout=timeout)
         return a.run(contributions, out=out, timeout=timeout)
     except Refusal as e:
         if a.broken is not None:
-            ch.broken = a.broken
+            st.broken = a.broken
         if e.code == "contribution-shape" and inferred:
             raise Refusal(
                 e.code,

@@ -1,9 +1,11 @@
 """The one executor: runs any realization's Program (planning/program.py) over mpi4py (layer 4).
 
-Every rank builds an Engine for the same Program (collectively: it duplicates the communicator
-unless told not to), and the build ends in one agreement round (agreement.py): every rank built
-the same executor, as the same executor of its communicator (its sequence, carried in every
-frame), or every rank refuses by name. Work buffers, frame headers, persistent send requests,
+An Engine is an Endpoint plus a Program: every rank builds an Engine for the same Program, and
+the build ends in the endpoint's build agreement (endpoint.py: one verdict round): every rank
+built the same executor, as the same executor of its communicator (its sequence, carried in
+every frame), with the same tag block, or every rank refuses by name. No communicator is
+duplicated here (the endpoint holds alpha_mpi's one duplicate of each user communicator). Work
+buffers, frame headers, persistent send requests,
 kernel pointer arrays and the op table are built once; a run binds the caller's contributions
 and `out`, then walks the rank's ops: S starts a send (its header carries the flags seen so
 far), W matches a frame, compares its size with the plan's and only then receives it
@@ -18,23 +20,25 @@ Failure semantics (the protocol, not an afterthought):
 - A local refusal (a bad contribution, `out` or `timeout=`) does not leave peers waiting: this
   rank runs the whole program on zeros in place of its data, its frames flagged `refused` with
   its rank and code; every rank completes the run, then the refusing rank raises its refusal
-  and every rank the flag reached raises `peer-refused` naming it. The next run works.
+  and every rank the flag reaches raises `peer-refused` naming it. The next run works.
 - With the payload check on (ALPHA_MPI_PAYLOAD_CHECK=1, held equal by the build agreement) one
-  flag round after the run reaches the ranks no later frame reaches: a bad frame found in a
+  flag round after the run (a verdict round on the block's flag tag) reaches the ranks no later
+  frame reaches: a bad frame found in a
   rank's last receive is named on every rank, or none refuses. With the check off a bad header
   found in a rank's last receive is refused on that rank only (docs/allreduce.md says why).
 - FiniteOrRefuse: a non-finite value makes the combined value non-finite; the ranks that check
   it (F) flag their later frames, and every rank the flag reaches refuses after communication
   completed (`non-finite-contribution` where the bad slot is, else `non-finite-combined`).
-- A bad frame (a header that is not the one planned, another size, a payload failing its
+- A bad frame (a header that is not the planned one, another size, a payload failing its
   check) is refused on the rank that finds it and flagged onwards like a local refusal: the
   program goes on over zeros in its place, every rank names it. A payload failure leaves the
   engine usable; a frame of another program marks it broken after the run (that program may
   have sent more), except where the Program says every peer program pairs one to one.
 - A genuine failure (timeout, a dead peer) may leave frames in flight: the engine is broken
-  (`combiner-broken` on later runs; build a new one on every rank) and the job aborts at exit
-  instead of hanging (transport.mark_broken). Sends are never cancelled. Any other exception
-  inside a run (a bug, an interrupt) breaks the engine too, and later runs say which.
+  (`combiner-broken` on later runs; build a new one on every rank), its tag block is never
+  handed out again, and the job aborts at exit instead of hanging (abort.mark_broken). Sends
+  are never cancelled. Any other exception inside a run (a bug, an interrupt) breaks the
+  engine too, and later runs say which.
 """
 
 from __future__ import annotations
@@ -47,42 +51,37 @@ import numpy as np
 from .. import kernel
 from ..planning.program import Program
 from ..refusals import PlanRefusal, Refusal
-from . import agreement
 from . import engine_bind as bind
 from . import frames as fr
+from . import verdict
+from .abort import mark_broken
+from .endpoint import Endpoint
 from .engine_bind import Chunk
-from .engine_build import compile_program, payload_check_from_env
+from .engine_build import compile_program, open_sends, payload_check_from_env
 from .engine_ops import warn_retired
 from .engine_walk import RunState
-from .transport import (
-    DEFAULT_TIMEOUT,
-    Waiter,
-    cancel_receives,
-    comm_attr,
-    debug_enabled,
-    dup_false_hint,
-    library_comm,
-    mark_broken,
-    next_sequence,
-    timeout_from_env,
-)
+from .log import debug_enabled
+from .waits import DEFAULT_TIMEOUT, cancel_receives, timeout_from_env
 
 if TYPE_CHECKING:
     from mpi4py import MPI
 
     from .contributions import Contributions
+    from .endpoint import Seat, Stream
 
 
 class Engine:
     """Executes one Program repeatedly on one communicator. Build it on every rank of `comm`.
 
-    The build ends in one agreement round over `comm` (agreement.py; with dup=True held on the
-    communicator's library channel before the collective Dup). `waiter` and `sequence`, given
-    together, are for executors built lazily on a channel whose own collective creation held
-    the agreement (the arrays' exchanges): the engine shares that Waiter (making one is
-    collective) and that sequence, and holds no round of its own. Subclasses that take another kind of plan (Combiner: a
-    tree Plan; ScatterCombiner: a scatter program) say how it becomes the Program they run, in
-    `_program_of`."""
+    The build ends in the endpoint's build agreement (endpoint.py). `dup`: True (default) runs
+    the frames on alpha_mpi's duplicate of `comm` (made once per communicator, shared by every
+    executor on it; each executor has its own tags); False runs them on `comm` itself, where a
+    message of the user's can take or replace a frame (refusals then say so). `what` names the
+    executor in refusals ("Allreducer"). `stream`: a Stream whose tag block this executor
+    shares (the convenience calls). `seat`: an agreed Seat to run on without a round of its own
+    (the arrays' exchanges, built lazily on their stream: endpoint.py). Subclasses that take
+    another kind of plan (Combiner: a tree Plan; ScatterCombiner: a scatter program) say how it
+    becomes the Program they run, in `_program_of`."""
 
     def __init__(
         self,
@@ -92,59 +91,48 @@ class Engine:
         timeout: float | None = None,
         contract: str = "",
         dup: bool = True,
-        waiter: Waiter | None = None,
-        sequence: int | None = None,
+        what: str = "executor",
+        stream: Stream | None = None,
+        seat: Seat | None = None,
         **retired: object,
     ) -> None:
         warn_retired(retired)
-        agreed = waiter is not None and sequence is not None
-        # Everything that can refuse on one rank is decided before any collective call, and
-        # every rank takes part in one agreement round with its verdict: every rank built the
-        # same executor, or every rank refuses by name (agreement.py) and no later call pairs
-        # with the wrong one. With dup=True the round is held on the communicator's library
-        # channel before the collective Dup, so a rank that never comes is a bounded, named
-        # refusal, not a Dup that waits for ever.
+        # Everything that can refuse on one rank is decided before the build agreement, and
+        # every rank takes part in it with its verdict: every rank built the same executor, or
+        # every rank refuses by name and no later call pairs with the wrong one.
         self.payload_check = payload_check_from_env()
-        self._owns_comm, self.compiled = False, None
+        self.compiled, self.seat, self.broken = None, None, None
+        self.endpoint = ep = Endpoint.of(comm, timeout)
+        self.rank = ep.rank
+        self.comm = (ep.lib if dup else comm) if seat is None else seat.wire
+        self.sequence = ep.next_sequence if seat is None else seat.sequence
         local, identity = None, ""
         try:
-            program = self._program_of(program)
-            _check_size(program, comm)
-            identity = f"{program.identity}|{contract}|{int(self.payload_check)}"
-        except Refusal as e:
-            if agreed:
-                raise
-            local = e
-        if dup and not agreed:
-            comm = agreement.agree_first(comm, identity, local, timeout, "executor")
-        self.comm = library_comm(comm) if dup else comm
-        self._owns_comm = dup
-        self.shared = not comm_attr(self.comm, "library")  # user traffic can reach this channel
-        self.rank = self.comm.Get_rank()
-        self.sequence = sequence if agreed else next_sequence(self.comm)
-        if waiter is None:
-            try:
-                waiter = Waiter(self.comm, timeout)
-            except Refusal as e:  # a bad timeout=: refused on every rank by the agreement
-                local, waiter = local or e, Waiter(self.comm, DEFAULT_TIMEOUT)
-        self.waiter = waiter
+            self.waiter = ep.waiter(timeout)
+        except Refusal as e:  # a bad timeout=: refused on every rank by the agreement
+            local, self.waiter = e, ep.waiter(DEFAULT_TIMEOUT)
         try:
             if local is not None:
                 raise local
+            program = self._program_of(program)
+            _check_size(program, comm)
+            identity = f"{program.identity}|{contract}|{int(self.payload_check)}"
             self._build(program, contract)
         except Refusal as e:
-            if agreed:
+            if seat is not None:
                 raise
             local = e
-        if agreed:
-            return
-        try:
-            agreement.build_round(
-                self.comm, self.waiter, self.sequence, "" if local else identity, local, "executor"
+        if seat is None:
+            need = self.compiled.messages_per_peer if self.compiled is not None else 0
+            seat = ep.open_seat(identity, local, need, what, timeout=timeout, dup=dup, stream=stream)
+        elif self.compiled.messages_per_peer > seat.block.messages:
+            raise Refusal(
+                "tag-space-exhausted",
+                f"this program sends {self.compiled.messages_per_peer} messages to one peer; its stream's tag "
+                f"block holds {seat.block.messages}",
             )
-        except Refusal:
-            self.free()
-            raise
+        self.seat = seat
+        open_sends(self.compiled, self.comm, self.rank, seat.block.base)
 
     def _build(self, program: Program, contract: str) -> None:
         self.program = self.plan = program
@@ -154,7 +142,7 @@ class Engine:
         self.step = 0
         self.broken = None  # the refusal code that broke this executor
         self.contract = contract
-        self.compiled = c = compile_program(self.comm, program, rank, contract, self.sequence)
+        self.compiled = c = compile_program(program, rank, contract, self.sequence)
         self.rp, self.bufs, self.n = c.rp, c.bufs, c.n
         self._table = c.table  # (function, record) per op; emptied by free()
         self.slots = c.rp.slots
@@ -300,20 +288,38 @@ class Engine:
         except Refusal as e:
             raise self._hint(e) from None
 
+    @property
+    def shared(self) -> bool:
+        """Whether user traffic can reach this executor's frames (dup=False)."""
+        return self.seat is not None and self.seat.shared
+
     def _hint(self, e: Refusal) -> Refusal:
-        """`e`, with the dup=False hint where user traffic can reach this channel."""
-        return dup_false_hint(e) if self.shared else e
+        """`e`, with the dup=False hint where user traffic can reach this executor's frames."""
+        return self.seat.hint(e)
 
     def _flag_round(self, st) -> None:
-        """The flag round of a run with the payload check on: every rank learns the lowest
-        rank that refused or found a bad frame (its code), and names the same one."""
-        key = agreement.key_of(self.program.identity, self.sequence)
+        """The flag round of a run with the payload check on (a verdict round on the block's
+        flag tag): every rank learns every rank's word on the lowest rank it knows refused or
+        found a bad frame (its code), and names the lowest of them."""
         heard = st.who if st.flags & fr.FLAG_REFUSED else None
-        v = agreement.exchange(self.comm, self.waiter, agreement.RUN, key, st.step, heard, st.timeout, "flag")
-        if v.refused is not None:
+        words = (0, 0) if heard is None else (heard[0] + 1, int.from_bytes(fr.code_tag(heard[1]), "little"))
+        v = verdict.exchange(
+            self.comm,
+            self.waiter,
+            self.seat.block.flag_tag,
+            None,
+            words,
+            number=st.step,
+            what=f"the flag round of executor #{self.sequence}",
+            timeout=st.timeout,
+        )
+        found = sorted((int(w[0]) - 1, int(w[1])) for w in v.words if w[0])
+        if found:
+            who, tag = found[0]
             st.flags |= fr.FLAG_REFUSED
-            st.who = (v.refused, v.code)
-            st.refused, st.code = v.refused, fr.code_tag(v.code)
+            st.code = tag.to_bytes(4, "little")
+            st.who = (who, fr.code_of_tag(st.code))
+            st.refused = who
 
     def _fail(self, e: Exception) -> None:
         code = getattr(e, "code", None) or type(e).__name__  # a refusal's code, else the exception's name
@@ -326,6 +332,7 @@ class Engine:
             self.rank,
             code,
             [r for x in mine if x.m.src == self.rank for r in (x.hreq, x.preq) if r is not None],
+            self.endpoint,
         )
         sys.stderr.write(
             f"r{self.rank} | {self.realization} step {self.step} refused [{code}]: {getattr(e, 'message', e)}\n"
@@ -334,7 +341,8 @@ class Engine:
         sys.stderr.flush()
 
     def free(self) -> None:
-        """Free the persistent requests (and the duplicated communicator, if this made one)."""
+        """Free the persistent requests and give the tag block back (a broken executor's stays
+        held: frames of it may still be in flight). Local: no communication."""
         msgs = self.compiled.msgs.values() if self.compiled is not None else ()
         for x in msgs:
             for req in (x.hreq, x.preq if not x.dyn else None):
@@ -348,9 +356,8 @@ class Engine:
             self._bound.clear()
             self._state.bases.clear()
             self._state.arrays.clear()
-        if self._owns_comm:
-            self._owns_comm = False
-            self.comm.Free()
+        if self.seat is not None and self.broken is None:
+            self.seat.release()
 
 
 def _check_size(program: Program, comm) -> None:

@@ -2,10 +2,12 @@
 table, each op a named record with every pointer a run needs (construction only; engine.py
 runs it, engine_walk.py holds the function of each op kind).
 
-`compile_program` returns a frozen `Compiled`. Its message records (`Msg`) hold the persistent
-send requests; a frame sent from the caller's memory gets its payload request per run (the only
-field a run writes). Receives get no request at all: W matches the frame first and receives it
-size-safely (inbound.py), so the planner's P ops compile to nothing.
+`compile_program` returns a frozen `Compiled`. Its message records (`Msg`) get their tags and
+persistent send requests from `open_sends`, once the build agreement has given the executor its
+tag block (endpoint.py: message k from one rank to another uses block.base + 2k and + 2k + 1);
+a frame sent from the caller's memory gets its payload request per run (the only field a run
+writes). Receives get no request at all: W matches the frame first and receives it size-safely
+(inbound.py), so the planner's P ops compile to nothing.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from ..planning.builder import is_split
 from ..planning.program import Program, RankProgram
 from . import engine_walk as w
 from . import frames as fr
-from .transport import TAG_BASE
 
 
 def payload_check_from_env() -> bool:
@@ -121,13 +122,17 @@ class Compiled:
     is_receiver: bool
     keep: list  # cdata that must live as long as the table's pointers
 
+    @property
+    def messages_per_peer(self) -> int:
+        """This rank's largest count of messages to or from one peer in a run (what its tag
+        block must hold: the build agreement takes the largest over the ranks)."""
+        return 1 + max((m.seq for m in self.rp.messages.values()), default=-1)
 
-def compile_program(
-    comm: MPI.Comm, program: Program, rank: int, contract: str, sequence: int = 0
-) -> Compiled:
-    """Build rank `rank`'s part of `program` on `comm` (persistent requests: no communication).
-    `sequence`: the executor's number on `comm`, agreed at build (agreement.py), carried in
-    every frame header so a frame of another executor of the same plan is refused."""
+
+def compile_program(program: Program, rank: int, contract: str, sequence: int = 0) -> Compiled:
+    """Build rank `rank`'s part of `program` (no communication; tags and send requests come
+    with `open_sends`). `sequence`: the executor's number on its communicator, agreed at build
+    (endpoint.py), carried in every frame header so a frame of another executor is refused."""
     ffi = kernel.ffi
     darr = ffi.typeof("double[]")
     rp = program.rank(rank)
@@ -147,7 +152,7 @@ def compile_program(
         keep.append(ptr[name])
     internal_out = np.zeros(n) if any(r.buf == "out" for r in _regions(rp)) else None
     msgs = {
-        i: _message(comm, program, rank, contract, sequence, m, rp.regions.get(i), bufs, framed)
+        i: _message(program, rank, contract, sequence, m, rp.regions.get(i), bufs, framed)
         for i, m in rp.messages.items()
     }
     table = _table(rp, msgs, ptr, bufs, keep)
@@ -184,7 +189,19 @@ def _regions(rp):
         yield rp.result
 
 
-def _message(comm, program, rank, contract, sequence, m, region, bufs, framed) -> Msg:
+def open_sends(c: Compiled, comm: MPI.Comm, rank: int, base: int) -> None:
+    """Give every message of `c` its tags in the executor's block from `base` (header
+    base + 2 * seq, payload + 1) and create the persistent sends on `comm` (no communication)."""
+    for x in c.msgs.values():
+        x.tag = base + 2 * x.m.seq
+        if x.m.src != rank:
+            continue
+        x.hreq = comm.Send_init(x.hbuf, dest=x.peer, tag=x.tag)
+        if x.split and not x.dyn and x.pview is not None:
+            x.preq = comm.Send_init(x.pview, dest=x.peer, tag=x.tag + 1)
+
+
+def _message(program, rank, contract, sequence, m, region, bufs, framed) -> Msg:
     x = Msg()
     x.m, x.region, x.peer = m, region, (m.dst if m.src == rank else m.src)
     x.spec = fr.FrameSpec(
@@ -201,7 +218,7 @@ def _message(comm, program, rank, contract, sequence, m, region, bufs, framed) -
         sequence=sequence,
     )
     x.split = is_split(m.count)  # the planner's rule, the same at both ends
-    x.tag = TAG_BASE + 2 * m.seq
+    x.tag = None  # open_sends, once the build agreement gave the executor its tag block
     x.what = f"{fr.PHASE_NAME[fr.PHASE_CODE[m.phase]]} frame {m.index}"
     x.status, x.pstatus = MPI.Status(), MPI.Status()
     sending = m.src == rank
@@ -212,18 +229,15 @@ def _message(comm, program, rank, contract, sequence, m, region, bufs, framed) -
     x.hmv = memoryview(x.hbuf)
     x.nbytes = x.hbuf.nbytes
     # Receives get no request: W matches the frame and receives it size-safely (inbound.py);
-    # only sends are persistent.
+    # only sends are persistent (open_sends).
     x.hreq = x.preq = x.pview = None
     x.dyn = False
     if sending:
         x.hmv[: fr.HEADER - 4] = x.spec.expect
-        x.hreq = comm.Send_init(x.hbuf, dest=x.peer, tag=x.tag)
     if not x.split:
         x.pview = x.hbuf[fr.HEADER :]
     elif _static(region):
         x.pview = bufs[region.buf][region.offset : region.offset + region.count]
-        if sending:
-            x.preq = comm.Send_init(x.pview, dest=x.peer, tag=x.tag + 1)
     else:
         x.dyn = True  # in the caller's memory: a request per run
     return x
@@ -324,4 +338,4 @@ def _merge_op(mg, ptr, bufs) -> MergeOp:
     )
 
 
-__all__ = ["Compiled", "compile_program", "payload_check_from_env", "Msg"]
+__all__ = ["Compiled", "compile_program", "open_sends", "payload_check_from_env", "Msg"]

@@ -24,7 +24,7 @@ from ..refusals import FrameRefusal, KernelRefusal
 from . import frames as fr
 from .engine_ops import merge as _merge
 from .inbound import receive_header, receive_payload
-from .transport import log
+from .log import log
 
 _FOLDED = fr.FLAG_NONFINITE | fr.FLAG_REFUSED | fr.FLAG_VOTE  # what a received frame passes on
 _NO_CODE = b"\0\0\0\0"

@@ -1,7 +1,7 @@
 """Receiving one planned frame, size-safely (the W op of the engine; layer 4).
 
 No frame is ever received into a buffer smaller than the message: the frame is matched first
-(transport.Waiter.receive: Improbe under the one wait policy), its size compared with the
+(waits.Waiter.receive: Improbe under the one wait policy), its size compared with the
 planned one, and only then received, into the planned buffer when the sizes agree or whole into
 a scratch buffer when they do not. A posted receive that relies on MPI_ERR_TRUNCATE is not safe:
 Open MPI 5's single-copy (CMA) path for local messages above a few KiB copies the whole message

@@ -12,10 +12,10 @@ payloads are compared BEFORE the gradient combine, so a mismatch applies nothing
     referee(s)      (owner + 2) mod p (p >= 3): recomputes s only after a mismatch, to say which of
                     the two was wrong; with p = 2 there is no third rank and both are named
 
-Exchange (through the engine, no collective): an Assembler over p blocks of 2K words; rank r's
-block holds, at word pair j, the digest of audited slot j as r computed it (the two 32-bit halves
+Exchange (the communicator's verdict round, no collective: learning/verdicts.py WordTable):
+p rows of 2K words; rank r's row holds, at word pair j, the digest of audited slot j as r computed it (the two 32-bit halves
 of a 64-bit digest, each an exact float64; zeros where r did not compute it). Every rank reads
-the same table, so every rank decides alike. After a mismatch a second Assembler (p blocks of
+the same table, so every rank decides alike. After a mismatch a second round (p rows of
 2K + 16 words) carries the referees' digests and each rank's host name, and every rank raises
 `sdc-detected` naming the faulty rank(s) and host(s). Nothing else is changed: a healthy run has
 the bits of a run without auditing.
@@ -117,7 +117,7 @@ def _host_name(words: np.ndarray) -> str:
 class SlotAudit:
     """The audit of one learner: rotation, roles, the two exchanges and the verdict.
 
-    Build it on every rank (collective: it builds two Assemblers). `owner_of[s]` is the rank of
+    Build it on every rank (making it is local; its two tables are verdict rounds). `owner_of[s]` is the rank of
     slot s; `compute(s, out)` fills `out` (n+3 words) with slot s's payload as this rank computes
     it at the current step (the learner's own function, fault hook included).
     """
@@ -139,8 +139,10 @@ class SlotAudit:
         self.window = audit_window(self.k, slots)
         self.host = socket.gethostname()
         w = 2 * self.k
-        self._table = WordTable(comm, w, timeout=timeout, contract=contract)
-        self._referee = WordTable(comm, w + _HOST_WORDS, timeout=timeout, contract=contract)
+        self._table = WordTable(comm, w, timeout=timeout, contract=contract, what="auditing slots")
+        self._referee = WordTable(
+            comm, w + _HOST_WORDS, timeout=timeout, contract=contract, what="refereeing audited slots"
+        )
         self._mine = np.zeros(w)
         self._mine_ref = np.zeros(w + _HOST_WORDS)
         self.checked = 0  # slot audits that passed (for reports)

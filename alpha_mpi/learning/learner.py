@@ -261,13 +261,13 @@ class DataParallelLearner(LearnerCheckpoint):
         batch's mean, Σ loss / Σ samples over all slots (the same float on every rank); `stop?`
         is True on every rank when any rank passed `stop=True` (a preemption signal), so all stop
         after the same step. A non-finite value anywhere is refused on every rank
-        (`non-finite-*`, or `peer-failed` on the ranks that did not see it) and no rank applies
+        (`non-finite-*`, or `peer-refused` naming it on the ranks that did not see it) and no rank applies
         the update: parameters and optimizer state stay as they were.
 
         Agreement without an extra round: the stop request travels as a payload word through the
         gradient combine; in `none` mode every rank proposes the identical update, so all refuse
-        alike; in the partitioned modes each rank's refusal travels as a flag on its assembly
-        frames, and no rank commits unless no rank refused.
+        alike; in the partitioned modes each rank's refusal travels as the refusal flag on its
+        assembly frames, and no rank commits unless no rank refused.
         """
         n, (a, b) = self.n, self.own
         t0 = time.perf_counter()
@@ -326,13 +326,10 @@ class DataParallelLearner(LearnerCheckpoint):
         else:
             # Params mode assembles into a fresh vector that lives until the next forward pass.
             target = np.empty(n) if self.partition == "params" else self._full_next
-            full_next = self.assembler.run(self._mine(self._p_next), out=target, flags=1 if failure else 0)
-            if self.assembler.flags:
-                if failure is not None:
-                    raise failure
-                raise Refusal(
-                    "peer-failed", f"another rank refused its update at step {self.step}; no rank applied it"
-                )
+            # A rank that refused its update sends no values: its refusal rides on its assembly
+            # frames (the engine's refusal flag, rank and code), so it raises its own and every
+            # other rank `peer-refused` naming it, and no rank applies the step.
+            full_next = self.assembler.run(self._mine(self._p_next), out=target, refused=failure)
             if self.partition == "params":
                 self._full = full_next
             else:

@@ -9,7 +9,7 @@ component of the two states (parameters, each optimizer array, the optimizer's s
 word. Nothing is written: no step is saved, no `latest` moved, no lock taken (published steps are
 immutable, as for `checkpoint verify`), so a read-only copy of a run replays. Each
 rank compares the coordinate ranges it holds; the verdicts (first differing component and
-coordinate, or none) travel through the engine (an Assembler of p blocks of 2 words, no
+coordinate, or none) travel through the communicator's verdict round (p rows of 2 words, no
 collective), so every rank reports the same first difference: `replay-mismatch` names it.
 This audits a finished run on other hardware, offline, at full coverage.
 """
@@ -109,8 +109,8 @@ def replay(
 
 
 def _agree(comm, local, timeout, contract) -> tuple[int, int] | None:
-    """Every rank's (component, coordinate) verdict through an Assembler; the smallest wins."""
+    """Every rank's (component, coordinate) verdict through a verdict round; the smallest wins."""
     mine = np.array([-1.0, 0.0]) if local is None else np.array([float(local[0]), float(local[1])])
-    table = WordTable(comm, 2, timeout=timeout, contract=contract).run(mine)
+    table = WordTable(comm, 2, timeout=timeout, contract=contract, what="replaying").run(mine)
     found = sorted((int(c), int(x)) for c, x in table if c >= 0)
     return found[0] if found else None

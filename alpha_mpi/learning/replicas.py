@@ -14,7 +14,7 @@ slots saw nothing. What is replicated depends on the partition mode:
                     the check here catches a copy that differs at the check itself
     params          nothing: every range of both is held by one rank (the check is refused)
 
-Exchange (through the engine, no collective): an Assembler over p blocks of 2 words (a 64-bit
+Exchange (the communicator's verdict round, no collective): p rows of 2 words (a 64-bit
 CRC-32 + Adler-32 digest of the replicated arrays as two exact 32-bit halves). Every rank reads the same
 table: a strict majority digest names the ranks that differ (`replica-diverged`, on every rank);
 without one (2 ranks that differ, or a split) every rank is named and the message says so.
@@ -51,7 +51,7 @@ def replicated_digest(arrays: Sequence[np.ndarray]) -> int:
 
 class ReplicaDigests:
     """Compare the replicated state across ranks every `every` steps. Build on every rank
-    (collective: it builds an Assembler)."""
+    (its checks are verdict rounds: learning/verdicts.py)."""
 
     def __init__(
         self, comm: MPI.Comm, every: int, partition: str, *, timeout: float | None, contract: str
@@ -67,7 +67,7 @@ class ReplicaDigests:
             )
         self.every, self.partition = int(every), partition
         self.size, self.rank = comm.Get_size(), comm.Get_rank()
-        self._table = WordTable(comm, 2, timeout=timeout, contract=contract)
+        self._table = WordTable(comm, 2, timeout=timeout, contract=contract, what="comparing replica digests")
         self.checked = 0  # checks that found every replica equal
 
     def due(self, step: int) -> bool:

@@ -6,16 +6,14 @@ parameters, so ranks that start from different bits (a rank-dependent `Model.ini
 read from a per-rank file) keep different parameters for ever and nothing else would notice; a
 gradient that depends on the rank that computes it breaks rank-count independence as silently.
 Each rank hashes what must agree (sha256 of its little-endian binary64 bytes) and the digests go
-through the project's own executor: an Assembler (selection only, no arithmetic, no collective,
-no pickle) gives every rank every rank's words, so every rank reaches the same verdict from the
-same data: all go on, or all refuse by name, naming the ranks that differ.
+through the communicator's verdict round (alpha_mpi.execution.Endpoint.verdict: point to point,
+no collective, no pickle), so every rank reaches the same verdict from the same data: all go on,
+or all refuse by name, naming the ranks that differ.
 
-Words per rank: [status, then per item: its length, its digest as eight 32-bit integers]. Every
-word is an integer below 2^32, exact and finite in binary64. `status` is 0, or 1 + the index of
-this rank's local refusal code in the registry (`ADVICE`, the same on every rank of one job), or
-UNEXPECTED when the rank's model raised something else: a rank that failed locally still takes
-part in the round, so the others refuse at once (`peer-refused`, naming it) instead of waiting for
-it until the time bound.
+Words per rank: per item, its length and its sha256 as four 64-bit words. The round carries each
+rank's status too: a rank whose checks refused (or whose model raised something else) still takes
+part, so the others refuse at once (`peer-refused`, naming it and its code) instead of waiting
+for it until the time bound.
 """
 
 from __future__ import annotations
@@ -27,7 +25,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..refusals import ADVICE, Refusal
+from ..execution import Endpoint
+from ..execution.verdict import ranks_text
+from ..refusals import Refusal
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -36,9 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Item", "agree", "start_params", "probe_model"]
 
-DIGEST_WORDS = 8  # sha256 as eight 32-bit words
-UNEXPECTED = 2.0**31  # status of a rank whose model raised a non-Refusal exception
-_CODES = list(ADVICE)
+ITEM_WORDS = 5  # the length, then sha256 as four 64-bit words
 
 
 @dataclass(frozen=True)
@@ -52,34 +50,16 @@ class Item:
     code: str
 
 
-def _words(values: np.ndarray | None) -> list[float]:
+def _words(values: np.ndarray | None) -> list[int]:
     if values is None:
-        return [0.0] * (1 + DIGEST_WORDS)
+        return [0] * ITEM_WORDS
     raw = np.ascontiguousarray(values, dtype="<f8").tobytes()
     digest = hashlib.sha256(raw).digest()
-    return [float(len(raw) // 8)] + [
-        float(int.from_bytes(digest[i : i + 4], "little")) for i in range(0, 32, 4)
-    ]
+    return [len(raw) // 8] + [int.from_bytes(digest[i : i + 8], "little") for i in range(0, 32, 8)]
 
 
-def _hex(words: Sequence[float]) -> str:
-    return b"".join(int(w).to_bytes(4, "little") for w in words[1:]).hex()
-
-
-def _status(local: BaseException | None) -> float:
-    if local is None:
-        return 0.0
-    if isinstance(local, Refusal):
-        return float(1 + _CODES.index(local.code))
-    return UNEXPECTED
-
-
-def _code_of(status: float) -> str:
-    return "an unexpected exception" if status == UNEXPECTED else _CODES[int(status) - 1]
-
-
-def _ranks(ranks: Sequence[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+def _hex(words: Sequence[int]) -> str:
+    return b"".join(int(w).to_bytes(8, "little") for w in words[1:]).hex()
 
 
 def agree(
@@ -98,53 +78,34 @@ def agree(
     the group holding the lowest rank), with `ranks=` those ranks. `what` says what the round is
     for ("building the learner"). Every rank passes the same number of items, in the same order.
     """
-    size, rank = comm.Get_size(), comm.Get_rank()
-    mine = [_status(local)]
-    for item in items:
-        mine += _words(item.values)
+    size = comm.Get_size()
+    mine = [w for item in items for w in _words(item.values)]
     if size > 1:
-        from ..execution import Assembler
-        from ..planning import plan_assembly
-
-        k = len(mine)
-        aplan = plan_assembly([(r, r * k, (r + 1) * k) for r in range(size)], size * k, size)
-        gather = Assembler(comm, aplan, timeout=timeout)
-        try:
-            table = gather.run({(rank * k, (rank + 1) * k): np.array(mine)}).reshape(size, k)
-        finally:
-            gather.free()
+        table = Endpoint.of(comm, timeout).verdict(mine, local, what, timeout=timeout)
+        table.raise_failures(local, what)
+        words = table.words
     else:
-        table = np.array([mine])
-    if local is not None:
-        raise local
-    failed = [r for r in range(size) if table[r, 0] != 0.0]
-    if failed:
-        first = failed[0]
-        code = _code_of(table[first, 0])
-        raise Refusal(
-            "peer-refused",
-            f"{_ranks(failed)} refused while {what} (rank {first}: [{code}]); see that rank's error",
-            peer=first,
-            peer_code=code,
-        )
+        if local is not None:
+            raise local
+        words = np.array([mine], dtype=np.uint64)
     for i, item in enumerate(items):
-        cols = slice(1 + i * (1 + DIGEST_WORDS), 1 + (i + 1) * (1 + DIGEST_WORDS))
+        cols = slice(i * ITEM_WORDS, (i + 1) * ITEM_WORDS)
         groups: dict[tuple, list[int]] = {}
         for r in range(size):
-            groups.setdefault(tuple(table[r, cols]), []).append(r)
+            groups.setdefault(tuple(int(x) for x in words[r, cols]), []).append(r)
         if len(groups) == 1:
             continue
         ref_key, ref = max(groups.items(), key=lambda kv: (len(kv[1]), -kv[1][0]))
         differ = sorted(r for key, ranks in groups.items() if key != ref_key for r in ranks)
         shown = "; ".join(
-            f"{_ranks(ranks)} {'holds' if len(ranks) == 1 else 'hold'} sha256 {_hex(key)[:16]}… "
+            f"{ranks_text(ranks)} {'holds' if len(ranks) == 1 else 'hold'} sha256 {_hex(key)[:16]}… "
             f"({int(key[0])} values)"
             for key, ranks in list(groups.items())[:4]
         ) + ("; ..." if len(groups) > 4 else "")
         raise Refusal(
             item.code,
-            f"{item.label} differ across ranks while {what}: {_ranks(differ)} differ from "
-            f"{_ranks(ref)} ({shown})",
+            f"{item.label} differ across ranks while {what}: {ranks_text(differ)} differ from "
+            f"{ranks_text(ref)} ({shown})",
             ranks=differ,
         )
 

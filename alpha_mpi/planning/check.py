@@ -256,7 +256,7 @@ def check(program, leaf_slots_count=None) -> Cost:
                     _fail(f"{where}: completes a send it never started")
                 if i not in received:
                     # blocked until the receiver has matched it: receives are matched at W
-                    # (size-safe Improbe + receive, execution/transport.py), not posted at P
+                    # (size-safe Improbe + receive, execution/waits.py), not posted at P
                     return progressed
                 inflight[r].pop(i, None)
             elif k == "E":

@@ -13,7 +13,7 @@ Exit codes, the same for every command (docs/exit-codes.md lists them):
     3    a refusal: the library refused what was asked by a stable code (`[topology-invalid]`,
          `[checkpoint-corrupt]`, ...); `checkpoint verify` also exits 3 when a step fails
     70   a combine failed and the job could not end cleanly (a peer is gone or frames are in
-         flight): alpha_mpi aborted the job (alpha_mpi.execution.transport.ABORT_STATUS)
+         flight): alpha_mpi aborted the job (alpha_mpi.execution.abort.ABORT_STATUS)
     98   `train --audit-slots` detected silent data corruption (`sdc-detected`): nothing was applied,
          the last state known clean is saved with --checkpoint-dir (`latest` names it); resume
          without the named rank's node (jobs/train.sbatch requeues excluding it)
@@ -38,7 +38,7 @@ EXIT_OK = 0
 EXIT_INTERNAL = 1
 EXIT_USAGE = 2
 EXIT_REFUSAL = 3
-EXIT_ABORTED = 70  # == alpha_mpi.execution.transport.ABORT_STATUS (a test holds them equal)
+EXIT_ABORTED = 70  # == alpha_mpi.execution.abort.ABORT_STATUS (a test holds them equal)
 EXIT_SDC = 98  # silent data corruption detected by the audit (alpha_mpi.learning.audit)
 EXIT_PREEMPTED = 99  # == alpha_mpi.learning.PREEMPTED (a test holds them equal)
 EXIT_INTERRUPTED = 130

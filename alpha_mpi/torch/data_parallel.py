@@ -185,7 +185,7 @@ class DataParallel(CheckpointMethods, SlotPasses):
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         self.env = fix_environment(threads)
         # Every rank must hold the same architecture before any payload is sized by it.
-        self._same = check_same_module(module, comm, timeout)
+        check_same_module(module, comm, timeout)
         self.layout = self._lay_out(slots)
         self.tree = build(self.topology, slots, self.size)
         self.plan = plan(self.tree, ReplicateAll(), self.layout, size=self.size)
@@ -231,8 +231,8 @@ class DataParallel(CheckpointMethods, SlotPasses):
         self._no_sync = 0  # depth of no_sync() contexts; > 0: steps accumulate
         self._after_no_sync = False  # the step right after a no_sync() block accumulates too (DDP)
         self.registered: dict[str, object] = {}  # name -> object with state_dict/load_state_dict
-        # Every rank takes rank 0's values; the executor is kept, not freed (same_module.py).
-        self._bcast = take_rank0_values(comm, self._state_tensors(), timeout, self.contract.digest)
+        # Every rank takes rank 0's values (same_module.py).
+        take_rank0_values(comm, self._state_tensors(), timeout, self.contract.digest)
         from ..learning.audit import build_checks
 
         self.fault_hook = fault_hook
@@ -424,7 +424,7 @@ class DataParallel(CheckpointMethods, SlotPasses):
         return parameter_digest(self.module)
 
     def free(self) -> None:
-        """Free the combine's communicators and requests (collective)."""
+        """Free the combine's requests and give its tags back (local)."""
         if self.reducer is not None:
             self.reducer.free()
         if self.buckets is not None:

@@ -6,7 +6,7 @@ after sdc-detected)."""
 
 import sys
 
-from alpha_mpi.execution.transport import set_abort_at_exit
+from alpha_mpi.execution.abort import set_abort_at_exit
 from alpha_mpi.tools import train_cmd
 from alpha_mpi_verify.faults import BitFlip
 

@@ -1,7 +1,8 @@
 """`alpha-mpi bench dot`: alpha_mpi.arrays.dot against comm.Allreduce(np.dot(x_local, y_local)).
 
     mpiexec -n 2 python -m alpha_mpi.tools.bench dot [--lengths 1e2,1e3,...,1e7] [--iters 300]
-        [--warmup 20] [--stat min|median] [--kernel-only | --no-kernel] [--json out.json]
+        [--warmup 20] [--stat min|median] [--tiles 512x512,64x64x64 | --no-tiles]
+        [--kernel-only | --no-kernel] [--json out.json]
 
 Part 1, per call (every rank): for each local length L (global n = p * L, even blocks), in one
 run and interleaved iteration by iteration (drift and other load hit both alike), each preceded
@@ -13,6 +14,15 @@ Per rank the statistic (--stat, min by default: robust on a shared machine) over
 the table shows the maximum over ranks and ratio = alpha / MPI (< 1: faster). Bits: every result
 must equal the first one, and up to --check elements the first equals the whole tree evaluated
 on rank 0 over the gathered vector (a mismatch marks the row and the command exits 1).
+
+Part 1b, N-d tiles: for each global shape (--tiles) and every process grid of p ranks in its
+dimensions (2x1 and 1x2 of 512 x 512 at p = 2; 2x1x1, 1x2x1, 1x1x2 of 64^3), the row-major
+(Create_cart) tile of each rank, held contiguous as a solver holds it, interleaved as above:
+    alpha      arrays.dot(comm, x, y, offset, shape): the flattened array's pairwise tree
+    MPI        np.dot(x.ravel(), y.ravel()) + comm.Allreduce, the reference
+with the size of what the exchange carries: the largest tile summary (records of 3 words: lo,
+hi, value) and the largest frame (bytes, header included). Bits: every result equal to the
+first, which equals the whole tree over the global arrays (evaluated on rank 0).
 
 Part 2, the local kernel (rank 0 alone, the others wait in a Barrier): alpha_mpi's pairwise
 tree over L elements (the C call alone: summary of one block = the whole tree) against np.dot
@@ -30,14 +40,16 @@ import time
 import numpy as np
 
 from ... import arrays
-from ...arrays import local
+from ...arrays import local, tiles
 from ...kernel import ffi, lib
 from .._args import at_least, path
 from .baseline import MpiAllreduce
+from .dot_tiles import TILE_COLUMNS, tile_calls
 from .harness import RankParser, machine_info, statistic, timed
 from .results import write_json
 
 DEFAULT_LENGTHS = [10**e for e in range(2, 8)]
+DEFAULT_TILES = [(512, 512), (64, 64, 64)]
 
 
 def _lengths(text: str) -> list:
@@ -47,6 +59,16 @@ def _lengths(text: str) -> list:
         raise argparse.ArgumentTypeError(f"cannot read lengths {text!r} (example: 1e2,1e4,1e6)") from None
     if not out or min(out) < 1:
         raise argparse.ArgumentTypeError("lengths are element counts >= 1")
+    return out
+
+
+def _shapes(text: str) -> list:
+    try:
+        out = [tuple(int(v) for v in item.lower().split("x")) for item in text.split(",") if item.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"cannot read shapes {text!r} (example: 512x512,64x64x64)") from None
+    if not out or any(not 2 <= len(s) <= tiles.MAX_NDIM or min(s) < 1 for s in out):
+        raise argparse.ArgumentTypeError(f"shapes have 2 to {tiles.MAX_NDIM} dimensions >= 1: {text!r}")
     return out
 
 
@@ -75,6 +97,14 @@ def make_parser(rank: int) -> argparse.ArgumentParser:
         default=10**6,
         help="check bits against the whole tree up to this L (default 1e6)",
     )
+    t = p.add_mutually_exclusive_group()
+    t.add_argument(
+        "--tiles",
+        type=_shapes,
+        default=DEFAULT_TILES,
+        help="global shapes of the N-d tile rows, every process grid of p (default 512x512,64x64x64)",
+    )
+    t.add_argument("--no-tiles", action="store_true", help="leave out the N-d tile rows")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--kernel-only", action="store_true", help="only part 2 (the local kernel)")
     g.add_argument("--no-kernel", action="store_true", help="only part 1 (per call)")
@@ -260,6 +290,10 @@ def cmd(comm, argv=None) -> int:
     with threadpool_limits(limits=1, user_api="blas"):
         info["blas"] = blas_info()
         calls, failed = ([], False) if args.kernel_only else per_call(comm, args)
+        tile_rows, tiles_failed = (
+            ([], False) if args.kernel_only or args.no_tiles else tile_calls(comm, args, _mpi_dots)
+        )
+        failed |= tiles_failed
         kern = [] if args.no_kernel else kernel(comm, args)
     if rank == 0:
         where = f"p = {info['p']} on {info['cores']} cores ({info['cpu']})"
@@ -271,13 +305,20 @@ def cmd(comm, argv=None) -> int:
             _table(calls, CALL_COLUMNS)
             if not all(c["tree_checked"] for c in calls):
                 print(f"# bits: the same on every iteration; the whole tree checked up to L = {args.check}")
+        if tile_rows:
+            print("# N-d tiles: arrays.dot of each rank's tile vs np.dot + Allreduce; records: the largest")
+            print("# tile summary (3 words each), frame: the largest message of the exchange")
+            _table(tile_rows, TILE_COLUMNS)
         if kern:
             print(
                 "# local kernel on rank 0: pairwise tree vs np.dot vs copy bandwidth (GB/s of data touched)"
             )
             _table(kern, KERNEL_COLUMNS)
         if args.json:
-            write_json(args.json, {"machine": info, "stat": args.stat, "calls": calls, "kernel": kern})
+            write_json(
+                args.json,
+                {"machine": info, "stat": args.stat, "calls": calls, "tiles": tile_rows, "kernel": kern},
+            )
         sys.stdout.flush()
     status = np.array([1 if failed else 0], dtype=np.int32)
     comm.Bcast(status, root=0)  # harness bookkeeping: the same exit status on every rank

@@ -206,14 +206,15 @@ class Checkpointer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _all(self, failure, skip: bool = False, value: int = 0, flag: bool = False):
+    def _all(self, failure, skip: bool = False, value: int = 0, flag: bool = False, moment: str = ""):
         """Every rank learns whether any rank failed (all raise together, none is left waiting:
         this rank its own refusal, the others `peer-refused` naming the lowest failing rank and
-        its code), whether rank 0 found the step already complete (`skip`), and rank 0's
-        `value`/`flag`. One verdict round of the communicator's endpoint."""
+        its code, and `moment`, what it was doing), whether rank 0 found the step already
+        complete (`skip`), and rank 0's `value`/`flag`. One verdict round of the communicator's
+        endpoint."""
         mine = [int(skip), int(value), int(flag)] if self.rank == 0 else [0, 0, 0]
         v = self._endpoint.verdict(mine, failure, "the checkpoint protocol", timeout=self._timeout)
-        v.raise_failures(failure, "in the checkpoint protocol")
+        v.raise_failures(failure, moment or "in the checkpoint protocol")
         skip, value, flag = (int(w) for w in v.words[0])
         return skip > 0, value, flag > 0
 
@@ -378,17 +379,19 @@ class Checkpointer:
             compare_data(m, self.data)
             read = getattr(self.learner, "checkpoint_read", None)
             state = read(ck) if read is not None else None
-        except Refusal as e:
+        except Exception as e:  # not only refusals: any error travels, so no peer waits the bound
             failure = e
-        self._all(failure)
+        self._all(failure, moment=f"reading {path} (no rank installed anything)")
         try:  # every rank read everything it needs: install it
             if state is not None:
                 self.learner.checkpoint_apply(state)
             else:
                 self.learner.load_checkpoint(ck)
-        except Refusal as e:
+        except Exception as e:
             failure = e
-        self._all(failure)
+        self._all(
+            failure, moment=f"installing {path} (the other ranks installed it: restore again on every rank)"
+        )
         m = ck.manifest
         self.history = list(m.get("contract_history", [])) + ([adopted] if adopted else [])
         self.resume_history = list(m.get("resume_history", [])) + changes

@@ -57,6 +57,8 @@ ADVICE: dict[str, str] = {
     "kernel-bad-argument": "check the array lengths and dtypes passed to the kernel",
     "kernel-bad-program": "the fused tree program is malformed; build it with the planner",
     "kernel-unavailable": "reinstall with `pip install -e .` so the cffi kernel is compiled",
+    "kernel-isa-unavailable": "unset ALPHA_MPI_ISA or name a path the message lists as available "
+    "(every path gives the same bits; the choice changes speed only)",
     "non-finite-input": "a NaN or Inf reached an update input; the state was left unchanged; find its source (learning rate, data)",
     "non-finite-output": "an update overflowed to Inf/NaN; the state was left unchanged; lower the learning rate or rescale",
     "non-finite-contribution": "a contribution holds NaN/Inf; nothing was combined or applied; check the values the message names (the slot or block, and the index) and where they came from",

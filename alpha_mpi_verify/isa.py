@@ -1,14 +1,24 @@
-"""Instruction sets: build, run and compare the ISA driver (csrc/conformance_driver.c).
+"""Instruction sets: build, run and compare the ISA drivers (csrc/conformance_driver.c,
+csrc/train_driver.c).
 
 Used by tests/test_isa_conformance.py; also usable on its own from a source checkout (it
 builds csrc/ of the repository this package sits in):
 
     python -m alpha_mpi_verify.isa [WORKDIR]
+    python -m alpha_mpi_verify.isa --train [STEPS [HIDDEN [BATCH [SLOTS]]]]
 
 prints a JSON report: the kernel build_id (sha256 of the C sources and flags), the
 targets, and per output section the number of elements whose bits differ (NaNs compared
 by class: any NaN equals any NaN, because x86-64 and AArch64 produce different default
 NaN payloads and signs).
+
+Whole training steps (`run_train_conformance`, issue 32): the product's learner (what
+`alpha-mpi train` builds, on COMM_SELF) trains STEPS steps of the embedded MLP on x86-64 and
+writes the case it trained on (its initial parameters and every slot's samples); the train
+driver, built for x86-64 and for AArch64 (under qemu), runs the same steps from that case on
+every ISA path its CPU offers; the final parameters, Adam moments and per-step losses of the
+product, of x86-64 and of AArch64 must be the same bits. Negative control: the AArch64 driver
+built with fused multiply-add contraction ends elsewhere.
 
 The flags come from alpha_mpi/kernel/build.py (BASE_CFLAGS), the one place they live.
 """
@@ -40,12 +50,16 @@ __all__ = [
     "read_sections",
     "compare",
     "run_conformance",
+    "training_case",
+    "run_train_conformance",
 ]
 
 ROOT = Path(__file__).resolve().parents[1]
 CSRC = ROOT / "csrc"
 DRIVER = CSRC / "conformance_driver.c"
+TRAIN_DRIVER = CSRC / "train_driver.c"
 KERNEL = CSRC / "alpha_kernel.c"
+DENSE = CSRC / "dense.c"
 MAGIC = b"AKCONF01"
 N_DEFAULT = 1 << 20  # >= 1e6 elements per function
 
@@ -89,10 +103,11 @@ def with_contract(flags, mode):
     return [f for f in flags if not f.startswith("-ffp-contract")] + [f"-ffp-contract={mode}"]
 
 
-def build_commands(tools, workdir, flags):
-    """name -> compile command. The same sources and flags everywhere; the negative
+def build_commands(tools, workdir, flags, driver=DRIVER, prefix=""):
+    """name -> compile command of `driver` (the kernel's conformance driver, or the train
+    driver with prefix "train_"). The same sources and flags everywhere; the negative
     controls change exactly one thing each."""
-    src = [str(DRIVER), str(KERNEL)]
+    src = [str(driver), str(KERNEL), str(DENSE)]
     inc = [f"-I{CSRC}"]
     w = Path(workdir)
     return {
@@ -123,9 +138,22 @@ def build_commands(tools, workdir, flags):
     }
 
 
-def build_all(tools, workdir, flags, names=None):
-    """Compile the drivers `names` (default: all) in parallel; name -> executable path."""
-    cmds = build_commands(tools, workdir, flags)
+def train_build_commands(tools, workdir, flags):
+    """name -> compile command of the train driver: x86_64, aarch64 and the FMA control."""
+    cmds = build_commands(tools, workdir, flags, TRAIN_DRIVER)
+    w = Path(workdir)
+    out = {}
+    for name in ("x86_64", "aarch64", "aarch64_fma"):
+        cmd = list(cmds[name])
+        cmd[cmd.index("-o") + 1] = str(w / f"train_{name}")
+        out[name] = cmd
+    return out
+
+
+def build_all(tools, workdir, flags, names=None, commands=None):
+    """Compile the drivers `names` (default: all) in parallel; name -> executable path.
+    `commands`: name -> command (default: build_commands, the kernel's driver)."""
+    cmds = commands if commands is not None else build_commands(tools, workdir, flags)
     names = list(cmds) if names is None else names
     procs = {
         n: subprocess.Popen(cmds[n], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -138,15 +166,20 @@ def build_all(tools, workdir, flags, names=None):
     return {n: Path(cmds[n][cmds[n].index("-o") + 1]) for n in names}
 
 
+def _execute(tools, name, cmd, timeout):
+    """Run a driver's command line (an AArch64 one under qemu); its stderr, or RuntimeError."""
+    if name.startswith("aarch64"):
+        cmd = [tools["qemu"], *cmd]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if r.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} exited {r.returncode}: {r.stderr}")
+    return r.stderr
+
+
 def run_driver(tools, name, exe, workdir, n=N_DEFAULT, seed=20240601):
     """Run one driver (AArch64 ones under qemu) over n generated elements; its sections."""
     out = Path(workdir) / f"out_{name}.bin"
-    cmd = [str(exe), str(out), str(n), str(seed)]
-    if name.startswith("aarch64"):
-        cmd = [tools["qemu"], *cmd]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    if r.returncode:
-        raise RuntimeError(f"{' '.join(cmd)} exited {r.returncode}: {r.stderr}")
+    _execute(tools, name, [str(exe), str(out), str(n), str(seed)], 600)
     try:
         return read_sections(out)
     finally:
@@ -176,6 +209,14 @@ def _is_nan(bits):
 
 
 FLOAT_SECTIONS = {
+    "exp",
+    "log",
+    "matmul",
+    "matmul_tn",
+    "matmul_nt",
+    "matmul_narrow",
+    "params",
+    "losses",
     "add",
     "tree_eval",
     "fold",
@@ -211,14 +252,21 @@ def compare(a, b):
     return res
 
 
-def run_conformance(workdir=None, n=N_DEFAULT):
-    """Build all four drivers, run them, and compare. Returns a JSON-able report."""
+def _prepare(workdir, prefix):
+    """(tools, workdir as a Path, flags), or (None, why the toolchain is missing, None)."""
     tools, why = toolchain()
     if tools is None:
-        return {"skipped": why}
-    workdir = Path(workdir or tempfile.mkdtemp(prefix="alpha_conf_"))
+        return None, why, None
+    workdir = Path(workdir or tempfile.mkdtemp(prefix=prefix))
     workdir.mkdir(parents=True, exist_ok=True)
-    flags = base_cflags()
+    return tools, workdir, base_cflags()
+
+
+def run_conformance(workdir=None, n=N_DEFAULT):
+    """Build all four drivers, run them, and compare. Returns a JSON-able report."""
+    tools, workdir, flags = _prepare(workdir, "alpha_conf_")
+    if tools is None:
+        return {"skipped": workdir}
     exes = build_all(tools, workdir, flags)
     outs = {name: run_driver(tools, name, exe, workdir, n) for name, exe in exes.items()}
     return {
@@ -231,7 +279,87 @@ def run_conformance(workdir=None, n=N_DEFAULT):
     }
 
 
+# ----------------------------------------------------------------------------- training steps
+
+TRAIN_SECTIONS = ("params", "adam_m", "adam_v", "losses")
+
+
+def training_case(path, steps=10, hidden=32, batch=50, slots=6, seed=0):
+    """Train `steps` steps with the product's learner on this machine (trainer.build, as
+    `alpha-mpi train --hidden H --batch B --slots S --seed SEED` on one rank) and write the case
+    it trained on to `path` (train_driver.c's input format). Returns the product's final state
+    as sections: name -> uint64 array (params, adam_m, adam_v, losses)."""
+    from mpi4py import MPI
+
+    from alpha_mpi.learning.trainer import TrainConfig, build
+
+    cfg = TrainConfig(steps=steps, hidden=hidden, batch=batch, slots=slots, seed=seed, log_every=0)
+    data, model, learner, stream = build(MPI.COMM_SELF, cfg)
+    opt = learner.opt
+    with open(path, "wb") as f:
+        f.write(b"AKTRAIN1")
+        f.write(np.array([model.d, model.h, model.c, slots, steps], dtype="<i8").tobytes())
+        f.write(np.array([opt.lr, opt.b1, opt.b2, opt.eps], dtype="<f8").tobytes())
+        f.write(np.ascontiguousarray(learner.params, dtype="<f8").tobytes())
+        for t in range(steps):
+            for s in range(slots):
+                idx = stream.indices(t, s)
+                f.write(np.array([idx.size], dtype="<i8").tobytes())
+                f.write(np.ascontiguousarray(data.X[idx], dtype="<f8").tobytes())
+                f.write(np.ascontiguousarray(data.y[idx], dtype="<i8").tobytes())
+    losses = []
+    for t in range(steps):  # train()'s loop: every slot's samples, then the step
+        batch_t = {}
+        for s in learner.needed_slots:
+            idx = stream.indices(t, s)
+            batch_t[s] = (data.X[idx], data.y[idx])
+        loss, _ = learner.train_step(batch_t)
+        losses.append(loss)
+    state = {"params": learner.params, "adam_m": opt.m, "adam_v": opt.v, "losses": np.array(losses)}
+    return {k: np.ascontiguousarray(v, dtype="<f8").view("<u8").copy() for k, v in state.items()}
+
+
+def run_train_driver(tools, name, exe, case, workdir):
+    """Run one train driver on `case` (AArch64 ones under qemu): (sections, ISA paths run)."""
+    out = Path(workdir) / f"train_out_{name}.bin"
+    said = _execute(tools, name, [str(exe), str(case), str(out)], 900)
+    paths = [int(w) for w in said.split() if w.isdigit()][1]  # "S steps on P ISA paths, D differ"
+    return read_sections(out), paths
+
+
+def run_train_conformance(workdir=None, steps=10, hidden=32, batch=50, slots=6):
+    """The product trains on x86-64 and writes its case; the train drivers (x86_64, aarch64,
+    aarch64_fma) run it. Returns a JSON-able report: per target the differing elements of each
+    section against the product's state, the ISA paths each ran and how many of them differed."""
+    tools, workdir, flags = _prepare(workdir, "alpha_train_conf_")
+    if tools is None:
+        return {"skipped": workdir}
+    exes = build_all(tools, workdir, flags, commands=train_build_commands(tools, workdir, flags))
+    case = workdir / "case.bin"
+    product = training_case(case, steps, hidden, batch, slots)
+    outs, paths = {}, {}
+    for name, exe in exes.items():
+        outs[name], paths[name] = run_train_driver(tools, name, exe, case, workdir)
+    return {
+        "build_id": kernel_build_id(flags),
+        "case": {"steps": steps, "hidden": hidden, "batch": batch, "slots": slots},
+        "reference": "product (alpha_mpi's learner on x86-64)",
+        "targets": {
+            name: compare(product, {k: out[k] for k in TRAIN_SECTIONS}) for name, out in outs.items()
+        },
+        "paths": paths,
+        "paths_differ": {name: int(out["paths_differ"][0]) for name, out in outs.items()},
+        "fpenv_flags": {name: int(out["fpenv_flags"][0]) for name, out in outs.items()},
+        "product": product,
+    }
+
+
 if __name__ == "__main__":
-    rep = run_conformance(sys.argv[1] if len(sys.argv) > 1 else None)
-    rep.pop("outputs", None)
+    if len(sys.argv) > 1 and sys.argv[1] == "--train":
+        nums = [int(v) for v in sys.argv[2:]]
+        rep = run_train_conformance(None, *nums)
+        rep.pop("product", None)
+    else:
+        rep = run_conformance(sys.argv[1] if len(sys.argv) > 1 else None)
+        rep.pop("outputs", None)
     print(json.dumps(rep, indent=1))

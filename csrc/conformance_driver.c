@@ -2,17 +2,13 @@
  * conformance_driver.c -- instruction-set conformance driver for the alpha_mpi kernel
  * (DESIGN.md "Instruction sets").
  *
- * Built from the very same csrc/alpha_kernel.c with the very same flags as the Python
+ * Built from the very same csrc/alpha_kernel.c and csrc/dense.c with the very same flags as the Python
  * extension (alpha_mpi/_kernel_build.py BASE_CFLAGS), once for x86-64 and once for
  * AArch64 (run under qemu-user). It generates its inputs itself from a fixed portable
  * PRNG (splitmix64) by bit manipulation only -- no libm, no multiply-add shaped
  * expressions, so the inputs are the same bits on every target and under every
  * negative-control build -- runs every kernel function on them and writes all output
- * bits to a file:
- *
- *   "AKCONF01"                                  8-byte magic
- *   repeated: char name[16] (NUL padded), uint64 count, uint64 elem_size (4 or 8),
- *             count * elem_size bytes (little endian)
+ * bits to a file (the format of conformance_io.h).
  *
  * usage: conformance_driver OUT_FILE [N] [SEED]   (N defaults to 1048576)
  *
@@ -21,15 +17,13 @@
  *                            a reciprocal-then-multiply route that rounds twice.
  */
 #include "alpha_kernel.h"
+#include "conformance_io.h"
+#include "dense.h"
 
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#if !(defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__)
-#error "the conformance file format is little endian"
-#endif
 
 static uint64_t sm_state;
 
@@ -94,6 +88,16 @@ static double adam_g(void) {
     return k == 0 ? 0.0 : k == 1 ? subnormal(1) : scaled(-40, 10, 1);
 }
 
+/* product operands: 2^-20 .. 2^20 both signs, with subnormals, signed zeros and a rare huge
+ * value (some sums overflow to Inf, or to NaN when both signs do) */
+static double product_value(void) {
+    uint64_t k = below(4096);
+    if (k == 0) return scaled(1000, 1023, 1);
+    if (k < 256) return subnormal(1);
+    if (k < 512) return from_bits((sm_next() & 1) << 63);
+    return scaled(-20, 20, 1);
+}
+
 /* a binary64 near a binary32 value: exact ties, random fractions, float subnormal range */
 static double narrow_input(void) {
     uint64_t s = sm_next() & 1;
@@ -114,14 +118,7 @@ static double narrow_input(void) {
 static FILE *out_file;
 
 static void section(const char *name, const void *data, uint64_t count, uint64_t elem) {
-    char nm[16] = {0};
-    strncpy(nm, name, sizeof nm - 1);
-    if (fwrite(nm, 1, 16, out_file) != 16 || fwrite(&count, 8, 1, out_file) != 1 ||
-        fwrite(&elem, 8, 1, out_file) != 1 ||
-        (count && fwrite(data, (size_t)elem, (size_t)count, out_file) != count)) {
-        fprintf(stderr, "conformance_driver: write failed\n");
-        exit(3);
-    }
+    conformance_section(out_file, name, data, count, elem);
 }
 
 static void check(int st, const char *what) {
@@ -165,12 +162,11 @@ int main(int argc, char **argv) {
     }
     size_t n = argc > 2 ? (size_t)strtoull(argv[2], 0, 10) : (size_t)1 << 20;
     sm_state = argc > 3 ? strtoull(argv[3], 0, 10) : UINT64_C(20240601);
-    out_file = fopen(argv[1], "wb");
-    if (!out_file || n == 0) {
-        fprintf(stderr, "conformance_driver: cannot open %s (or N == 0)\n", argv[1]);
+    out_file = conformance_open(argv[1]);
+    if (!out_file || n < 16384) {
+        fprintf(stderr, "conformance_driver: cannot open %s (or N < 16384)\n", argv[1]);
         return 2;
     }
-    fwrite("AKCONF01", 1, 8, out_file);
 
     /* FP environment (flags only: the raw registers differ by architecture) */
     uint32_t raw = 0;
@@ -253,6 +249,34 @@ int main(int argc, char **argv) {
     }
     check(ak_widen_binary32(out, f, n), "ak_widen_binary32");
     section("widen_binary32", out, n, 8);
+
+    /* the dense kernels (dense.h): exp over its whole range (overflow, subnormal results,
+     * underflow), log over every binade (subnormal inputs, 0, negatives), and the products on
+     * combine data (every scale, subnormals, signed zeros, overflow to Inf and NaN) */
+    for (size_t i = 0; i < n; i++) { /* |x| in [2^-30, 2^10) both signs (exp's edges), or any bits */
+        uint64_t k = below(4);
+        x[5][i] = k == 0 ? mixed() : k == 3 ? from_bits(sm_next()) : scaled(-30, 9, 1);
+    }
+    check(ak_exp(out, x[5], n), "ak_exp");
+    section("exp", out, n, 8);
+    check(ak_log(out, x[5], n), "ak_log");
+    section("log", out, n, 8);
+    enum { PM = 37, PK = 300, PN = 45 }; /* edges of every tile; k above one panel (128) */
+    for (size_t i = 0; i < (size_t)PK * PN; i++) {
+        x[6][i] = product_value();
+        x[7][i] = product_value();
+        x[8][i] = product_value();
+    }
+    double *c = alloc(PM * PN);
+    check(ak_matmul(c, x[6], x[7], x[8], PM, PK, PN), "ak_matmul");
+    section("matmul", c, PM * PN, 8);
+    check(ak_matmul_tn(c, x[6], x[7], NULL, PM, PK, PN), "ak_matmul_tn");
+    section("matmul_tn", c, PM * PN, 8);
+    check(ak_matmul_nt(c, x[6], x[7], x[8], PM, PK, PN), "ak_matmul_nt");
+    section("matmul_nt", c, PM * PN, 8);
+    check(ak_matmul(c, x[6], x[7], NULL, PN, PK, 9), "ak_matmul narrow"); /* the rows share vectors */
+    section("matmul_narrow", c, PN * 9, 8);
+    free(c);
 
     /* refusals: status, index and array must agree too */
     int64_t refusals[12];

@@ -166,11 +166,12 @@ ALLREDUCE = {
     "--json": PATHS + ["out.json"],
     "--plot": ["", "/nonexistent/x.png"],
 }
-KERNEL_BASE = ["bench", "kernel", "--sizes", "1000", "--ks", "2", "--repeat", "1"]
+KERNEL_BASE = ["bench", "kernel", "--sizes", "1000", "--ks", "2", "--repeat", "1", "--model-shape", "2,3,4,2"]
 KERNEL = {
     "--sizes": ["", "0", "-1", "1.5", "1e12", "x", "1000,2000", ","],
     "--ks": ["", "0", "65", "x", "2,3"],
     "--repeat": ["0", "-1", "x", "2"],
+    "--model-shape": ["", "0,1,1,1", "1,2,3", "x", "3,2,5,1", "1,1,1,4097"],
     "--json": PATHS + ["out.json"],
 }
 SUMMARY_FILES = PATHS

@@ -5,8 +5,8 @@ Layers, each depending only on those above it:
     1 model      alpha_mpi.model, refusals, oracle (the independent oracle: no planner, no kernel),
                  _lazy (the facades' first-use loader, importing nothing of the package)
     2 planning   alpha_mpi.planning
-    3 kernel     alpha_mpi.kernel (the package: api, updates, buffers, env, compiled, build and
-                 the compiled _alpha_kernel), numerics
+    3 kernel     alpha_mpi.kernel (the package: api, dense, updates, buffers, env, compiled, build
+                 and the compiled _alpha_kernel), numerics, ops (the dense kernels for models)
     4 execution  alpha_mpi.execution, arrays
     5 learning   alpha_mpi.learning, checkpoint, torch
     6 tools      alpha_mpi.tools (the commands and tools.bench), cli, __main__
@@ -43,6 +43,7 @@ LAYERS = {
     "alpha_mpi.planning": 2,
     "alpha_mpi.kernel": 3,
     "alpha_mpi.numerics": 3,
+    "alpha_mpi.ops": 3,  # the dense kernels with allocation, for users' models
     "alpha_mpi.execution": 4,
     "alpha_mpi.arrays": 4,  # decomposition-independent array reductions over a communicator
     "alpha_mpi.learning": 5,

@@ -35,6 +35,8 @@ DOCUMENTED = [
     "alpha_mpi.oracle",
     "alpha_mpi.kernel",
     "alpha_mpi.kernel.env",
+    "alpha_mpi.kernel.dense",
+    "alpha_mpi.ops",
     "alpha_mpi.planning",
     "alpha_mpi.execution",
     "alpha_mpi.learning",

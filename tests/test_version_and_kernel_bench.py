@@ -28,11 +28,12 @@ def test_one_version_everywhere():
     assert pyproject == alpha_mpi.__version__ == citation == "0.2.0"
 
 
-def test_bench_kernel_prints_both_tables_and_writes_json(tmp_path):
+def test_bench_kernel_prints_the_three_tables_and_writes_json(tmp_path):
     out = tmp_path / "k.json"
     r = alpha_mpi_cli(
-        "bench", "kernel", "--sizes", "1000,3e3", "--ks", "2,5", "--repeat", "1", "--json", str(out)
-    )
+        "bench", "kernel", "--sizes", "1000,3e3", "--ks", "2,5", "--repeat", "1", "--model-shape", "4,5,6,3",
+        "--json", str(out),
+    )  # fmt: skip
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].startswith("# alpha_mpi kernel ") and "-ffp-contract=off" in lines[0]
@@ -45,13 +46,22 @@ def test_bench_kernel_prints_both_tables_and_writes_json(tmp_path):
         ("3000", "2"),
         ("3000", "5"),
     ]
-    assert [row[-1] for row in rows[4:]] == ["identical", "identical"]  # C Adam and numpy, bit for bit
+    assert [row[-1] for row in rows[4:6]] == ["identical", "identical"]  # C Adam and numpy, bit for bit
+    # the dense products of one slot at --model-shape 4,5,6,3 (samples, inputs, hidden, classes)
+    dense = next(i for i, line in enumerate(lines) if line.startswith("# dense products"))
+    assert "4 samples per slot, 5 -> 6 -> 3" in lines[dense] and "path " in lines[dense]
+    mkn = [tuple(int(v) for v in row[-7:-4]) for row in rows[6:]]
+    assert mkn == [(4, 5, 6), (4, 6, 3), (6, 4, 3), (4, 3, 6), (5, 4, 6)]
+    assert all(row[-1] == "identical" for row in rows[6:])  # every ISA path gave the same bits
     assert lines[-1].startswith("# summary:") and lines[-1].endswith("bits identical")
     doc = json.loads(out.read_text())
     assert doc["benchmark"] == "kernel" and doc["bits_ok"] is True
     assert [(a["n"], a["k"]) for a in doc["add"]] == [(1000, 2), (1000, 5), (3000, 2), (3000, 5)]
     assert all(a["fused_GBs"] > 0 and a["ratio"] == a["fused_GBs"] / a["copy_GBs"] for a in doc["add"])
     assert [a["n"] for a in doc["adam"]] == [1000, 3000]
+    assert [d["product"] for d in doc["dense"]][0] == "X.W1 (forward)" and len(doc["dense"]) == 5
+    assert all(d["paths_identical"] and d["ratio"] == d["blas_s"] / d["fixed_s"] for d in doc["dense"])
+    assert doc["isa_path"] in ("avx512", "avx2", "sse2", "neon", "generic")
     assert not os.path.exists(os.path.join(ROOT, "benchmarks", "bench_kernel.py"))
 
 
@@ -62,6 +72,8 @@ def test_bench_kernel_refuses_bad_options():
         (["--ks", "x"], "--ks"),
         (["--repeat", "0"], "--repeat"),
         (["--json", ""], "--json"),
+        (["--model-shape", "32,128,700"], "--model-shape"),
+        (["--model-shape", "1,1,1,5000"], "--model-shape"),
     ]:
         r = alpha_mpi_cli("bench", "kernel", *args)
         assert r.returncode == 2 and text in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)

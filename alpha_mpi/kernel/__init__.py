@@ -4,6 +4,8 @@ What a caller imports is this package, `alpha_mpi.kernel` (or `from .. import ke
 names are those of api.py, which re-exports the rest. The modules, one concern each:
 
     api.py       combines (add, tree programs, fold), finiteness, the conversion sites
+    dense.py     the fixed-order dense kernels (products, column sums, ReLU, softmax
+                 cross-entropy, exp, log) and the ISA path they run on (`isa_path()`)
     updates.py   the optimizer updates (Adam, SGD) over proposal buffers
     buffers.py   the float64/float32 buffer checks every C call is wrapped with
     env.py       the floating-point environment check and the build identity
@@ -33,5 +35,21 @@ from .api import (  # noqa: F401 -- the package's names are api.py's
 )
 from .api import __all__ as _api_names
 from .compiled import ffi, lib  # noqa: F401 -- for `from ..kernel import ffi, lib`
+from .dense import (  # noqa: F401 -- the dense kernels
+    ISA_ENV,
+    col_sum,
+    exp,
+    isa_path,
+    isa_paths,
+    log,
+    matmul,
+    matmul_nt,
+    matmul_tn,
+    relu,
+    relu_backward,
+    select_isa_path,
+    softmax_xent,
+)
+from .dense import __all__ as _dense_names
 
-__all__ = list(_api_names)  # the same names as 0.1's alpha_mpi.kernel module
+__all__ = list(_api_names) + list(_dense_names)  # 0.1's names, then the dense kernels

@@ -77,8 +77,10 @@ FORBIDDEN_PREFIXES = ("-mlow-precision-", "-mrecip=", "-ffp-contract=fast", "-ff
 _HERE = Path(__file__).resolve().parent  # alpha_mpi/kernel
 ROOT = _HERE.parents[1]  # the repository (or sdist) root, which holds csrc/
 CSRC = ROOT / "csrc"
-KERNEL_SOURCES = ("alpha_kernel.c", "pairwise.c")
-KERNEL_HEADERS = ("alpha_kernel.h", "pairwise.h")
+KERNEL_SOURCES = ("alpha_kernel.c", "pairwise.c", "dense.c")
+KERNEL_HEADERS = ("alpha_kernel.h", "pairwise.h", "dense.h")
+# Included by a source, declaring nothing for Python (dense.c includes it once per ISA path).
+KERNEL_INCLUDES = ("dense_path.inc",)
 
 
 def _refusal(message: str, **context) -> Exception:
@@ -129,7 +131,7 @@ def build_id(flags) -> str:
     """sha256 over the kernel C sources and headers and the compile flags: the identity
     that conformance evidence names."""
     h = hashlib.sha256()
-    for name in sorted(KERNEL_SOURCES + KERNEL_HEADERS):
+    for name in sorted(KERNEL_SOURCES + KERNEL_HEADERS + KERNEL_INCLUDES):
         h.update(name.encode() + b"\0")
         h.update((CSRC / name).read_bytes())
         h.update(b"\0")
@@ -194,10 +196,13 @@ def make_ffi(flags=None):
         "alpha_mpi.kernel._alpha_kernel",
         '#include "alpha_kernel.h"\n'
         '#include "pairwise.h"\n'
+        '#include "dense.h"\n'
         f"const char *ak_build_flags(void) {{ return {_c_string(' '.join(flags))}; }}\n"
         f"const char *ak_build_id(void) {{ return {_c_string(bid)}; }}\n",
         sources=[_source_path(s) for s in KERNEL_SOURCES],
-        depends=[_source_path(h) for h in KERNEL_HEADERS],  # rebuild on header change; sdist
+        depends=[
+            _source_path(h) for h in KERNEL_HEADERS + KERNEL_INCLUDES
+        ],  # rebuild on header change; sdist
         include_dirs=[_source_path(".")],
         extra_compile_args=flags,
         libraries=["m"],

@@ -2,7 +2,7 @@
 
 from .checkpoints import restore, save
 from .learner import MODES, DataParallelLearner
-from .mlp import MLP
+from .mlp import MLP, BlasMLP
 from .preemption import PREEMPTED, Preemption
 from .protocol import Model, check_model, model_from_spec
 from .rng import slot_generator, slot_seed
@@ -16,6 +16,7 @@ __all__ = [
     "check_model",
     "model_from_spec",
     "MLP",
+    "BlasMLP",
     "SlotStream",
     "slice_batch",
     "slice_indices",

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from .. import ops
 from ..refusals import Refusal
 
 
@@ -27,12 +28,17 @@ class Dataset:
 
 def synthetic(seed: int, n: int = 8192, n_eval: int = 2048, inputs: int = 128, classes: int = 10) -> Dataset:
     """A deterministic classification task: labels from a random linear teacher on a nonlinear
-    feature (|x| mixed in), 5% of labels flipped at random."""
+    feature (|x| mixed in), 5% of labels flipped at random.
+
+    The same data on every machine: the teacher's products are alpha_mpi's fixed-order kernel
+    (`ops.matmul`; with BLAS a label near a tie could flip with the CPU), `+`, `np.abs` and
+    argmax are exact or one rounding per element; the normal draws are as machine-independent
+    as `MLP.init`'s (see there)."""
     rng = np.random.default_rng([seed, 0x5EED])
     X = rng.standard_normal((n + n_eval, inputs))
     T1 = rng.standard_normal((inputs, classes))
     T2 = rng.standard_normal((inputs, classes)) * 0.5
-    y = np.argmax(X @ T1 + np.abs(X) @ T2, axis=1)
+    y = np.argmax(ops.matmul(X, T1) + ops.matmul(np.abs(X), T2), axis=1)
     flip = rng.random(n + n_eval) < 0.05
     y[flip] = rng.integers(0, classes, int(flip.sum()))
     return Dataset(X[:n], y[:n], X[n:], y[n:], classes, f"synthetic(seed={seed})")

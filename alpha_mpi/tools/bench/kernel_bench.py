@@ -1,6 +1,7 @@
-"""`alpha-mpi bench kernel`: the C kernel alone: fused k-input add vs copy bandwidth, C Adam vs numpy.
+"""`alpha-mpi bench kernel`: the C kernel alone: fused add vs copy, C Adam vs numpy, dense products vs 1-thread BLAS.
 
-    alpha-mpi bench kernel [--sizes 1e6,1e7] [--ks 2,4,8] [--repeat 5] [--json out.json]
+    alpha-mpi bench kernel [--sizes 1e6,1e7] [--ks 2,4,8] [--repeat 5]
+                           [--model-shape 32,128,700,10] [--json out.json]
 
 Prints `#`-headed tables, side by side in one run (rank 0 measures; under mpiexec the other
 ranks wait, so the figures are one process's):
@@ -10,12 +11,20 @@ ranks wait, so the figures are one process's):
      same k inputs (the general block-stack path);
   2. one Adam step: C single pass (separate next-state buffers), C in place with a check pass
      then a commit pass, and a numpy expression in the same evaluation order; the bits of the
-     C single pass and numpy are compared and printed; speedup target >= 3x numpy.
+     C single pass and numpy are compared and printed; speedup target >= 3x numpy;
+  3. the dense products of the embedded model's forward and backward pass at its shapes
+     (`--model-shape` samples per slot, inputs, hidden, classes; default 256 / 8 slots = 32
+     samples, 128 -> 700 -> 10): alpha_mpi's fixed-order kernel on this CPU's ISA path against
+     np.matmul on one BLAS thread (threadpoolctl), in microseconds, and their throughput ratio
+     blas_us / fixed_us (target >= 0.5); `paths` says whether every ISA path this CPU runs gave
+     the same bits (it must).
 
-BLAS threads do not matter here: these are element-wise operations, no BLAS is called, and the
-kernel is single-threaded. Timings are best-of-`repeat` wall times (time.perf_counter) after
-one warm-up call, the variants run in alternation so that drift hits all of them alike. Exit 1
-when the C and numpy Adam bits differ (as `bench allreduce` exits 1 on a BITS MISMATCH).
+Tables 1 and 2 call no BLAS (element-wise operations); table 3's reference runs with one BLAS
+thread, as the kernel runs on one. Timings are best-of-`repeat` wall times (time.perf_counter)
+after one warm-up call (table 3: best of at least 200 calls, each a few microseconds), the
+variants run in alternation so that drift hits all of them alike. Exit 1 when the C and numpy
+Adam bits differ, or two ISA paths give different product bits (as `bench allreduce` exits 1 on
+a BITS MISMATCH).
 """
 
 from __future__ import annotations
@@ -157,6 +166,69 @@ def bench_adam(sizes, repeat, say) -> list:
     return rows
 
 
+def dense_products(samples: int, inputs: int, hidden: int, classes: int) -> list:
+    """(name, kernel function, a's shape, b's shape, the numpy expression) of the five products
+    of one slot's forward and backward pass through the embedded MLP."""
+    s, d, h, c = samples, inputs, hidden, classes
+    return [
+        ("X.W1 (forward)", kernel.matmul, (s, d), (d, h), lambda a, b, o: np.matmul(a, b, out=o)),
+        ("a1.W2 (forward)", kernel.matmul, (s, h), (h, c), lambda a, b, o: np.matmul(a, b, out=o)),
+        ("a1^T.d (grad W2)", kernel.matmul_tn, (s, h), (s, c), lambda a, b, o: np.matmul(a.T, b, out=o)),
+        ("d.W2^T (back)", kernel.matmul_nt, (s, c), (h, c), lambda a, b, o: np.matmul(a, b.T, out=o)),
+        ("X^T.da1 (grad W1)", kernel.matmul_tn, (s, d), (s, h), lambda a, b, o: np.matmul(a.T, b, out=o)),
+    ]
+
+
+def bench_dense(shape, repeat, say) -> list:
+    """Table 3: each product's fixed-order kernel vs np.matmul on one BLAS thread."""
+    from threadpoolctl import threadpool_limits
+
+    samples, inputs, hidden, classes = shape
+    path = kernel.isa_path()
+    say(
+        f"# dense products of the embedded MLP ({samples} samples per slot, {inputs} -> {hidden} -> "
+        f"{classes}): fixed-order kernel (path {path}) vs np.matmul on 1 BLAS thread"
+    )
+    say(
+        f"# {'product':<18} {'m':>5} {'k':>5} {'n':>5} {'fixed_us':>9} {'blas_us':>8} {'ratio':>6} {'paths':>10}"
+    )
+    rng = np.random.default_rng(2)
+    rows = []
+    for name, fn, ashape, bshape, ref in dense_products(samples, inputs, hidden, classes):
+        a, b = rng.standard_normal(ashape), rng.standard_normal(bshape)
+        out, blas_out = np.empty(ref(a, b, None).shape), None
+        blas_out = np.empty_like(out)
+        m, n = out.shape
+        k = ashape[0] if fn is kernel.matmul_tn else ashape[1]
+        with threadpool_limits(limits=1, user_api="blas"):
+            t_fixed, t_blas = best(
+                partial(fn, out, a, b), partial(ref, a, b, blas_out), repeat=max(200, repeat)
+            )
+        bits = []
+        for p in kernel.isa_paths():  # the same bits on every path (then back to the chosen one)
+            kernel.select_isa_path(p)
+            bits.append(fn(np.empty_like(out), a, b).view(np.uint64))
+        kernel.select_isa_path(path)
+        same = all(np.array_equal(bits[0], x) for x in bits)
+        rows.append(
+            {
+                "product": name,
+                "m": m,
+                "k": k,
+                "n": n,
+                "fixed_s": t_fixed,
+                "blas_s": t_blas,
+                "ratio": t_blas / t_fixed,
+                "paths_identical": same,
+            }
+        )
+        say(
+            f"  {name:<18} {m:>5} {k:>5} {n:>5} {t_fixed * 1e6:>9.1f} {t_blas * 1e6:>8.1f} "
+            f"{t_blas / t_fixed:>6.2f} {'identical' if same else 'DIFFERENT':>10}"
+        )
+    return rows
+
+
 def make_parser(rank: int) -> argparse.ArgumentParser:
     p = RankParser(rank, prog="alpha-mpi bench kernel", description=__doc__.splitlines()[0].split(": ", 1)[1])
     p.add_argument(
@@ -177,8 +249,26 @@ def make_parser(rank: int) -> argparse.ArgumentParser:
         default=5,
         help="timed repetitions, the best kept (default 5)",
     )
+    p.add_argument(
+        "--model-shape",
+        type=_model_shape,
+        default=(32, 128, 700, 10),
+        metavar="S,D,H,C",
+        help="the dense products' shapes: samples per slot, inputs, hidden units, classes "
+        "(default 32,128,700,10: alpha-mpi train's --batch 256 --slots 8 --hidden 700)",
+    )
     p.add_argument("--json", type=path, metavar="PATH", help="write the rows as JSON")
     return p
+
+
+def _model_shape(text: str) -> tuple:
+    """'32,128,700,10' -> (32, 128, 700, 10): four whole numbers, each in 1 .. 4096."""
+    values = _counts(text, 1, "--model-shape")
+    if len(values) != 4 or max(values) > 4096:
+        raise argparse.ArgumentTypeError(
+            f"--model-shape is four whole numbers in 1..4096 (samples,inputs,hidden,classes), got {text!r}"
+        )
+    return tuple(values)
 
 
 def _check_memory(sizes, ks) -> None:
@@ -212,14 +302,25 @@ def _run(a) -> int:
     kernel.fpenv_check()
     add_rows = bench_add(a.sizes, a.ks, a.repeat, say)
     adam_rows = bench_adam(a.sizes, a.repeat, say)
-    same = all(r["bits_identical"] for r in adam_rows)
+    dense_rows = bench_dense(a.model_shape, a.repeat, say)
+    same = all(r["bits_identical"] for r in adam_rows) and all(r["paths_identical"] for r in dense_rows)
     worst_ratio = min(r["ratio"] for r in add_rows)
     worst_speed = min(r["numpy_s"] / r["c_s"] for r in adam_rows)
+    worst_dense = min(r["ratio"] for r in dense_rows)
     say(
         f"# summary: fused add >= {worst_ratio:.2f}x copy bandwidth (target 0.9); "
-        f"C Adam >= {worst_speed:.2f}x numpy (target 3); bits {'identical' if same else 'DIFFERENT'}"
+        f"C Adam >= {worst_speed:.2f}x numpy (target 3); fixed-order products >= {worst_dense:.2f}x "
+        f"1-thread BLAS (target 0.5); bits {'identical' if same else 'DIFFERENT'}"
     )
     if a.json:
-        doc = {"benchmark": "kernel", "build": info, "add": add_rows, "adam": adam_rows, "bits_ok": same}
+        doc = {
+            "benchmark": "kernel",
+            "build": info,
+            "isa_path": kernel.isa_path(),
+            "add": add_rows,
+            "adam": adam_rows,
+            "dense": dense_rows,
+            "bits_ok": same,
+        }
         write_json(a.json, doc)
     return 0 if same else 1

@@ -1,10 +1,20 @@
-"""`alpha-mpi bench train`: step time of the declared-order learner vs the same loop on MPI_Allreduce.
+"""`alpha-mpi bench train`: step time of the declared-order learner vs the same loop on MPI_Allreduce, and
+the embedded model's fixed-order kernels vs the same model computed by numpy/BLAS.
 
-The baseline computes the same slot gradients with the same model code and the same C Adam, but
-sums each rank's slots locally and then calls MPI_Allreduce (baseline.py): its
-summation order belongs to the MPI library. Both run in one job, interleaved in blocks, and the
-ratio of median step times is printed (< 1: alpha_mpi is faster). The ordered learner's time
-includes everything it does per step: the combine, the step-wide refusal vote and the update.
+Three learners run in one job, interleaved in blocks, from the same data:
+
+- `alpha_mpi`: what `alpha-mpi train` runs: the embedded MLP on alpha_mpi's fixed-order kernels
+  (the same bits on every machine), the declared-order combine, the C Adam;
+- `MPI_Allreduce`: the same slot gradients with the same model code and the same C Adam, but each
+  rank's slots summed locally and then MPI_Allreduce (baseline.py): its summation order belongs to
+  the MPI library. Ratio alpha_mpi / MPI_Allreduce: target <= 1 (the combine's cost);
+- `numpy/BLAS model`: the same learner, combine and Adam with the model computed by numpy and
+  single-thread BLAS (`BlasMLP`, machine-dependent bits). Ratio alpha_mpi / numpy/BLAS model:
+  target <= 1.25 (what the machine-independent kernels cost).
+
+The ratios are of median step times (< 1: alpha_mpi is faster). A learner's time includes
+everything it does per step: the slots' forward and backward passes, the combine, the step-wide
+refusal vote and the update.
 """
 
 from __future__ import annotations
@@ -14,6 +24,9 @@ import socket
 
 import numpy as np
 
+from ...kernel import isa_path
+from ...learning.learner import DataParallelLearner
+from ...learning.mlp import BlasMLP
 from ...learning.optim import make_optimizer
 from ...learning.slicing import stream_batch
 from ...learning.trainer import TrainConfig, build
@@ -21,6 +34,8 @@ from .._args import at_least, path
 from . import baseline
 from .harness import RankParser, interleaved_steps, report_step_times
 from .results import write_json
+
+BLAS_LABEL = "numpy/BLAS model"
 
 
 class AllreduceLoop:
@@ -92,7 +107,17 @@ def cmd(comm, argv) -> int:
     )
     data, model, ordered, stream = build(comm, cfg)  # the learner `alpha-mpi train` runs, synthetic data
     base = AllreduceLoop(comm, model, slots=a.slots, optimizer=a.optimizer, lr=lr, seed=0)
-    learners = {"alpha_mpi": ordered, "MPI_Allreduce": base}
+    blas = DataParallelLearner(  # the same learner, the model by numpy/BLAS
+        comm,
+        BlasMLP(data.inputs, cfg.hidden, data.classes),
+        slots=cfg.slots,
+        topology=cfg.topology,
+        optimizer=cfg.optimizer,
+        lr=cfg.lr,
+        partition=cfg.partition,
+        seed=cfg.seed,
+    )
+    learners = {"alpha_mpi": ordered, "MPI_Allreduce": base, BLAS_LABEL: blas}
 
     steps = {k: v.train_step for k, v in learners.items()}
     # each step's batch is cut outside the timed region, from the same stream for both
@@ -104,7 +129,20 @@ def cmd(comm, argv) -> int:
             f"{a.slots} slots, batch {a.batch}, {a.optimizer}, topology {a.topology}, partition {a.partition}"
         )
         med, ratio = report_step_times(title, times, "MPI_Allreduce")
+        kernels = med["alpha_mpi"] / med[BLAS_LABEL]
+        print(
+            f"# step-time ratio alpha_mpi / {BLAS_LABEL}: {kernels:.3f}  (target <= 1.25: the "
+            f"fixed-order kernels, path {isa_path()}, vs numpy/BLAS)"
+        )
         if a.json:
-            doc = {"ranks": size, "params": model.n_params, "median_s": med, "ratio": ratio, "samples": times}
+            doc = {
+                "ranks": size,
+                "params": model.n_params,
+                "median_s": med,
+                "ratio": ratio,
+                "kernel_ratio": kernels,
+                "isa_path": isa_path(),
+                "samples": times,
+            }
             write_json(a.json, doc)
     return 0

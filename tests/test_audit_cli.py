@@ -138,6 +138,49 @@ def test_replay_matches_a_healthy_run_and_names_the_first_difference_of_a_faulty
 
 
 @needs_mpiexec
+def test_replay_across_an_adopt_lr_resume_replays_at_the_rates_the_run_used(tmp_path):
+    """Issue 36 item 9: steps 0..4 at --lr 0.01, resumed to step 8 with --lr 0.02 --adopt-lr.
+    Was: every replay across (or after) the adoption refused checkpoint-config-mismatch with
+    advice (--adopt-lr) that did not help. Now the rates come from step B's manifest (the
+    rate its run began with and each adoption): every interval matches bit for bit, whatever
+    --lr the replay is given, and the adoption is visible in the bits (a run that kept 0.01
+    ends elsewhere)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", ALPHA_MPI_TIMEOUT="120")
+    base, ck = [*ARGS[2:], "--checkpoint-every", "2"], tmp_path / "ck"
+    r, _ = run_mpi(
+        2, "-m", "alpha_mpi", "train", *base, "--steps", "4", "--lr", "0.01", "--checkpoint-dir", ck, env=env
+    )
+    assert r.returncode == 0, r.stderr
+    more = ["--steps", "8", "--lr", "0.02", "--adopt-lr", "--resume", "--checkpoint-dir", ck]
+    adopted, _ = run_mpi(2, "-m", "alpha_mpi", "train", *base, *more, env=env)
+    assert adopted.returncode == 0, adopted.stderr
+    kept, _ = run_mpi(1, "-m", "alpha_mpi", "train", *ARGS[2:], "--steps", "8", "--lr", "0.01", env=env)
+    assert digest_of(kept.stdout) != digest_of(adopted.stdout)
+    for n, interval, extra in (
+        (2, "2:6", []),
+        (1, "0:8", ["--lr", "0.01"]),
+        (2, "4:8", ["--lr", "0.02"]),
+        (1, "0:2", []),
+    ):
+        rep, _ = run_mpi(
+            n,
+            "-m",
+            "alpha_mpi",
+            "train",
+            *base,
+            *extra,
+            "--checkpoint-dir",
+            ck,
+            "--replay",
+            interval,
+            env=env,
+        )
+        assert rep.returncode == 0 and "bits match" in rep.stdout, interval + rep.stdout + rep.stderr
+        crosses = int(interval.split(":")[0]) <= 4 < int(interval.split(":")[1])
+        assert ("learning rate 0.02 from step 4" in rep.stdout) == crosses, rep.stdout
+
+
+@needs_mpiexec
 @pytest.mark.parametrize(
     "extra,needle",
     [

@@ -128,6 +128,42 @@ def test_library_refusals_exit_3_by_code(capsys, tmp_path):
     assert status == 3 and "[checkpoint-missing]" in err
 
 
+class _PipeStream:
+    """sys.stderr on a pipe's write end, recording what goes through its write()."""
+
+    def __init__(self, fd):
+        self.fd, self.calls = fd, []
+
+    def write(self, s):
+        self.calls.append(s)
+        return len(s)
+
+    def flush(self):
+        pass
+
+    def fileno(self):
+        return self.fd
+
+
+def test_a_refusal_is_one_write_so_two_ranks_reports_never_share_a_line(monkeypatch, tmp_path):
+    """Under mpiexec every rank refuses at once into the launcher's pipes; print's two writes
+    (the text, then the newline) let another rank's report land on the same line (issue 36
+    item 9). The report and its newline go out in one write(2)."""
+    r, w = os.pipe()
+    writes, real = [], os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: writes.append(bytes(data)) or real(fd, data))
+    monkeypatch.setattr(sys, "stderr", _PipeStream(w))
+    assert cli.main(["checkpoint", "inspect", str(tmp_path / "none")]) == 3
+    stream = sys.stderr
+    monkeypatch.undo()
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        got = f.read()
+    assert stream.calls == [] and writes == [got], (stream.calls, writes)
+    assert got.startswith(b"alpha-mpi: error [checkpoint-missing]") and got.count(b"\n") == 2, got
+    assert got.endswith(b"\n") and b"\n  what to do: " in got
+
+
 def test_a_closed_output_pipe_ends_quietly_with_141():
     p = subprocess.Popen(
         [sys.executable, "-m", "alpha_mpi", "plan", "--slots", "2048", "--ranks", "512"],

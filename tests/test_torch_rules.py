@@ -25,6 +25,8 @@ from alpha_mpi.torch.checkpointing import decode_state, encode_state  # noqa: E4
 F = torch.nn.functional
 from torch_common import SUM, comm_self, one_thread  # noqa: E402,F401 (one_thread: autouse)
 
+from conftest import alpha_command  # noqa: E402
+
 
 def mlp(p=0.0, seed=0):
     torch.manual_seed(seed)
@@ -231,6 +233,45 @@ def test_scheduler_state_is_checkpointed_and_its_absence_or_another_lr_is_refuse
     assert e.value.code == "checkpoint-config-mismatch" and "adopt_lr=True" in e.value.message
     dp.restore(str(tmp_path / "ck"), opt, scheduler=sched, adopt_lr=True)
     assert opt.param_groups[0]["lr"] == 0.01 and sched.base_lrs == [0.01] and sched.last_epoch == 3
+
+
+def test_seals_catch_accidents_and_the_manifest_sha256_exposes_a_resealed_forgery(tmp_path):
+    """Issue 36 item 10, the trust model (docs/checkpoints.md, "Trust"): the seal and the hashes
+    catch accidents, not an adversary who can write the directory. The scheduler's saved gamma
+    edited without re-sealing is refused (checkpoint-corrupt) and nothing changes; re-sealed, it
+    restores as written (a seal is no signature, as documented), but the manifest sha256 that
+    `alpha-mpi checkpoint verify` prints changes with it: a digest obtained over a trusted
+    channel exposes the forgery."""
+    from ckpt_tools import seal_root, step_dir
+
+    from alpha_mpi.checkpoint import open_checkpoint
+    from alpha_mpi.checkpoint.paths import MANIFEST
+
+    X, y = batch()
+    net, dp, opt, sched = _setup()
+    _train(dp, opt, sched, 3, X, y)
+    root = str(tmp_path / "ck")
+    dp.save(root, opt, scheduler=sched)
+    trusted = open_checkpoint(root).manifest_sha256
+    d = step_dir(root)
+    body = open(os.path.join(d, MANIFEST), "rb").read()
+    forged = body.replace(b'"gamma": 0.1', b'"gamma": 0.5', 1)
+    assert forged != body
+    open(os.path.join(d, MANIFEST), "wb").write(forged)  # an accident: not re-sealed
+    net, dp, opt, sched = _setup()
+    before = _everything(net, dp, opt, sched)
+    with pytest.raises(Refusal) as e:
+        dp.restore(root, opt, scheduler=sched)
+    assert e.value.code == "checkpoint-corrupt" and _everything(net, dp, opt, sched) == before
+    seal_root(d, forged)  # a forger with write access re-seals
+    dp.restore(root, opt, scheduler=sched)
+    assert sched.gamma == 0.5  # accepted: what the documentation says a seal cannot catch
+    assert open_checkpoint(root).manifest_sha256 != trusted  # what it says to compare instead
+    r = alpha_command("checkpoint", "verify", root)
+    assert r.returncode == 0 and trusted not in r.stdout
+    assert open_checkpoint(root).manifest_sha256 in r.stdout
+    docs = open(os.path.join(os.path.dirname(__file__), "..", "docs", "checkpoints.md")).read()
+    assert "seals catch accidents, not an adversary" in docs and "not a signature" in docs
 
 
 def test_registered_state_round_trips_exactly_or_is_refused_by_name(tmp_path):

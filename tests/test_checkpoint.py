@@ -396,3 +396,34 @@ def test_restore_takes_no_lock_and_the_first_save_into_the_directory_does(tmp_pa
     os.remove(lock)
     train(fresh, data, 1)
     assert fresh.save(root, CFG).endswith("step-00000004") and os.path.isfile(lock)
+
+
+def test_the_advice_for_a_damaged_step_works_through_the_python_api(tmp_path, data):
+    """Issue 36 item 11: checkpoint-corrupt advised restoring an earlier step only; saving on into
+    the same directory then met checkpoint-exists. The advice says to save into a new directory,
+    and doing so continues with the bits of an uninterrupted run."""
+    root, new = str(tmp_path / "ck"), str(tmp_path / "new")
+    learner, _ = make()
+    with Checkpointer(comm_self(), root, learner, CFG) as ck:
+        for _ in range(2):
+            train(learner, data, 2)
+            ck.save()
+    train(learner, data, 2)
+    want = _state(learner)
+    with open(_a_shard(root, 4), "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 1]))
+    fresh, _ = make()
+    with pytest.raises(Refusal) as e:
+        fresh.restore(root, CFG)
+    assert e.value.code == "checkpoint-corrupt" and "save into a new directory" in e.value.advice
+    fresh.restore(os.path.join(root, "step-00000002"), CFG)  # an earlier step, as advised
+    train(fresh, data, 2)
+    with pytest.raises(Refusal) as e:
+        fresh.save(root, CFG)  # what the advice warns of: the damaged step is in the way
+    assert e.value.code == "checkpoint-exists"
+    assert fresh.save(new, CFG) == os.path.join(new, "step-00000004")  # what it says to do
+    train(fresh, data, 2)
+    assert _state(fresh) == want

@@ -200,6 +200,33 @@ def test_advice_raised_through_the_python_api_names_no_command_line_options():
     assert "binary32" not in ADVICE["dtype-invalid"].split(":")[0]  # an int64 array is not binary32
 
 
+@pytest.mark.parametrize("damage", ["checkpoint-corrupt", "checkpoint-shard-missing"])
+def test_the_advice_for_a_damaged_step_works_when_followed(tmp_path, damage):
+    """Issue 36 item 11: the advice for a damaged latest step was `--resume-from
+    DIR/step-NNNNNNNN`, and a user who kept their --checkpoint-dir then met checkpoint-exists
+    (the damaged step collides with the resumed run's next save). The advice, filled in as
+    printed (DIR the directory, the step before, NEWDIR a new one), reaches the bits of an
+    uninterrupted run."""
+    ck, args = tmp_path / "ck", [*TINY, "--log-every", "0", "--checkpoint-every", "2"]
+    r = alpha("train", *args, "--steps", "4", "--checkpoint-dir", ck)
+    assert r.returncode == 0, r.stderr
+    shard = sorted((ck / "step-00000004" / "params").glob("*.safetensors"))[0]
+    if damage == "checkpoint-corrupt":
+        shard.write_bytes(shard.read_bytes()[:-1] + bytes([shard.read_bytes()[-1] ^ 1]))
+    else:
+        shard.unlink()
+    r = alpha("train", *args, "--steps", "6", "--checkpoint-dir", ck, "--resume")
+    assert r.returncode == 3 and f"[{damage}]" in r.stderr, r.stderr
+    advice = r.stderr.split("what to do: ")[1]
+    said = re.search(r"--resume-from DIR/step-NNNNNNNN( --checkpoint-dir NEWDIR)?", advice)
+    assert said, advice
+    into = tmp_path / "new" if said.group(1) else ck  # without NEWDIR a user keeps the directory
+    r = alpha("train", *args, "--steps", "6", "--resume-from", ck / "step-00000002", "--checkpoint-dir", into)
+    assert r.returncode == 0, r.stderr
+    clean = alpha("train", *TINY, "--log-every", "0", "--steps", "6")
+    assert printed_digest(r.stdout) == printed_digest(clean.stdout)
+
+
 def test_refusal_on_the_command_line_prints_the_cli_advice(capsys):
     status, _, err = main(capsys, "plan", "--slots", "4", "--ranks", "4", "--deliver-to", "7")
     assert status == 3 and "[delivery-target-not-owner]" in err

@@ -312,17 +312,31 @@ def test_rewind_to_a_state_held_in_memory_drops_latest_for_the_callers_save(tmp_
         assert ck.resume().how == "none" and nothing.step == 0
 
 
+def saved_at_2_and_4(root, data):
+    """A learner trained 4 steps that saved steps 2 and 4 into `root` (latest: step 4)."""
+    learner, _ = make()
+    with Checkpointer(comm_self(), root, learner, CFG) as ck:
+        for _ in range(2):
+            train(learner, data, 2)
+            ck.save()
+    return learner
+
+
+def flip_last_byte(path):
+    with open(path, "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 1]))
+
+
 def test_a_latest_left_naming_a_set_aside_step_is_refused_by_name(tmp_path, data):
     """set_aside runs before latest moves back: a crash in between leaves latest naming a step
     that is gone, which a resume refuses by name instead of resuming from a suspect step."""
     from alpha_mpi.checkpoint import store
 
     root = str(tmp_path / "ck")
-    learner, _ = make()
-    with Checkpointer(comm_self(), root, learner, CFG) as ck:
-        for _ in range(2):
-            train(learner, data, 2)
-            ck.save()
+    saved_at_2_and_4(root, data)
     first = store.set_aside(root, [4], "sdc-step-00000004")  # the crash: latest not moved yet
     assert os.listdir(first) == ["step-00000004"]
     fresh, _ = make()
@@ -340,22 +354,14 @@ def test_restore_without_latest_reads_the_newest_complete_step_as_resume_does(tm
     restore(D, missing_ok=True) continues from the newest one, as `--resume` does, instead of
     starting again at step 0 (issue 36 item 6); a broken newest step is refused by name."""
     root = str(tmp_path / "ck")
-    learner, _ = make()
-    with Checkpointer(comm_self(), root, learner, CFG) as ck:
-        for _ in range(2):
-            train(learner, data, 2)
-            ck.save()
+    learner = saved_at_2_and_4(root, data)
     want = _state(learner)
     os.remove(os.path.join(root, "latest"))
     for kw in ({"missing_ok": True}, {}):
         fresh, _ = make()
         assert fresh.restore(root, CFG, **kw) == os.path.join(root, "step-00000004")
         assert _state(fresh) == want
-    with open(_a_shard(root, 4), "r+b") as f:  # the newest step no longer verifies
-        f.seek(-1, os.SEEK_END)
-        last = f.read(1)
-        f.seek(-1, os.SEEK_END)
-        f.write(bytes([last[0] ^ 1]))
+    flip_last_byte(_a_shard(root, 4))  # the newest step no longer verifies
     fresh, _ = make()
     before = _state(fresh)
     with pytest.raises(Refusal) as e:
@@ -403,18 +409,10 @@ def test_the_advice_for_a_damaged_step_works_through_the_python_api(tmp_path, da
     the same directory then met checkpoint-exists. The advice says to save into a new directory,
     and doing so continues with the bits of an uninterrupted run."""
     root, new = str(tmp_path / "ck"), str(tmp_path / "new")
-    learner, _ = make()
-    with Checkpointer(comm_self(), root, learner, CFG) as ck:
-        for _ in range(2):
-            train(learner, data, 2)
-            ck.save()
+    learner = saved_at_2_and_4(root, data)
     train(learner, data, 2)
     want = _state(learner)
-    with open(_a_shard(root, 4), "r+b") as f:
-        f.seek(-1, os.SEEK_END)
-        last = f.read(1)
-        f.seek(-1, os.SEEK_END)
-        f.write(bytes([last[0] ^ 1]))
+    flip_last_byte(_a_shard(root, 4))
     fresh, _ = make()
     with pytest.raises(Refusal) as e:
         fresh.restore(root, CFG)

@@ -14,6 +14,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from torch_common import Fussy  # noqa: E402
+
 from alpha_mpi.learning import DataParallelLearner, SlotStream, digest, stream_batch  # noqa: E402
 from alpha_mpi.refusals import Refusal  # noqa: E402
 from alpha_mpi.torch import DataParallel, ModuleModel, parameter_digest  # noqa: E402
@@ -207,21 +209,6 @@ def test_another_architecture_on_one_rank_is_refused_by_name_on_every_rank(world
     agree(world, all(p.grad is not None for p in net.parameters()), "a step after the refusal")
 
 
-class Counter:
-    """A registered object; `fail` makes its load_state_dict raise after changing itself."""
-
-    def __init__(self, fail=False):
-        self.n, self.fail = 0, fail
-
-    def state_dict(self):
-        return {"n": self.n}
-
-    def load_state_dict(self, d):
-        self.n = d["n"]
-        if self.fail:
-            raise ValueError("this rank cannot take that state")
-
-
 @pytest.mark.mpi(min_size=2)
 def test_a_restore_one_rank_refuses_leaves_every_rank_as_it_was_and_the_next_one_works(world):
     """Issue 36 item 5: a registered object whose load_state_dict raises on one rank only. Was:
@@ -234,7 +221,7 @@ def test_a_restore_one_rank_refuses_leaves_every_rank_as_it_was_and_the_next_one
     net = mlp()
     dp = DataParallel(net, world, slots=SLOTS, timeout=30)
     o = torch.optim.Adam(net.parameters(), lr=1e-2)
-    dp.register("counter", Counter())
+    dp.register("counter", Fussy(fail=False))
     dp.registered["counter"].n = 5
     for _ in range(2):
         dp.step(X[:40], Y[:40], SUM)
@@ -244,7 +231,7 @@ def test_a_restore_one_rank_refuses_leaves_every_rank_as_it_was_and_the_next_one
     fresh = mlp()
     dp2 = DataParallel(fresh, world, slots=SLOTS, timeout=30)
     o2 = torch.optim.Adam(fresh.parameters(), lr=1e-2)
-    counter = Counter(fail=world.Get_rank() == odd)
+    counter = Fussy(fail=world.Get_rank() == odd)
     dp2.register("counter", counter)
     before = (parameter_digest(fresh), len(o2.state), dp2.steps, counter.n)
     try:

@@ -23,7 +23,7 @@ from alpha_mpi.torch import DataParallel, parameter_digest, summed  # noqa: E402
 from alpha_mpi.torch.checkpointing import decode_state, encode_state  # noqa: E402
 
 F = torch.nn.functional
-from torch_common import SUM, comm_self, one_thread  # noqa: E402,F401 (one_thread: autouse)
+from torch_common import SUM, Fussy, comm_self, one_thread  # noqa: E402,F401 (one_thread: autouse)
 
 from conftest import alpha_command  # noqa: E402
 
@@ -406,21 +406,6 @@ def test_a_scheduler_of_another_class_under_the_same_name_is_refused(tmp_path):
         dp.restore(str(tmp_path / "ck"), opt, scheduler=other)
     assert e.value.code == "checkpoint-config-mismatch" and "StepLR" in e.value.message, e.value
     assert _everything(net, dp, opt, other) == before
-
-
-class Fussy:
-    """A registered object whose load_state_dict raises (after changing itself half-way)."""
-
-    def __init__(self, fail=True):
-        self.n, self.fail = 0, fail
-
-    def state_dict(self):
-        return {"n": self.n}
-
-    def load_state_dict(self, d):
-        self.n = d["n"]
-        if self.fail:
-            raise ValueError("not my kind of state")
 
 
 def test_a_registered_object_that_refuses_its_state_leaves_the_learner_as_it_was(tmp_path):

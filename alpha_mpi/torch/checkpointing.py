@@ -26,13 +26,13 @@ whatever the rank count was at save time.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 
 from ..refusals import CheckpointRefusal, Refusal
 from ._env import require_torch
 from .contract_and_digest import dtype_name
 from .convert import pack, unpack
+from .registered import class_name, decode_state, encode_state, load_all, try_load
 
 torch = require_torch()
 
@@ -74,39 +74,6 @@ def _base_lrs(hyper: list) -> list:
     return [g.get("initial_lr", g.get("lr")) for g in hyper]
 
 
-def encode_state(v, where: str = "state"):
-    """A state_dict value as JSON the manifest accepts, exactly: floats round-trip (repr),
-    non-finite floats and tuples are tagged; anything else (a tensor, a function) is refused."""
-    if isinstance(v, bool) or v is None or isinstance(v, (int, str)):
-        return v
-    if isinstance(v, float):
-        return v if v == v and abs(v) != float("inf") else {"__float__": repr(v)}
-    if isinstance(v, tuple):
-        return {"__tuple__": [encode_state(x, where) for x in v]}
-    if isinstance(v, list):
-        return [encode_state(x, where) for x in v]
-    if isinstance(v, dict) and all(isinstance(k, str) and not k.startswith("__") for k in v):
-        return {k: encode_state(x, f"{where}.{k}") for k, x in v.items()}
-    raise Refusal(
-        "torch-state-unsupported",
-        f"{where} is a {type(v).__name__}; a registered object's state_dict() must hold numbers, "
-        "strings, booleans, None, lists, tuples and dicts with string keys",
-    )
-
-
-def decode_state(v):
-    """The inverse of encode_state."""
-    if isinstance(v, list):
-        return [decode_state(x) for x in v]
-    if isinstance(v, dict):
-        if set(v) == {"__float__"}:
-            return float(v["__float__"])
-        if set(v) == {"__tuple__"}:
-            return tuple(decode_state(x) for x in v["__tuple__"])
-        return {k: decode_state(x) for k, x in v.items()}
-    return v
-
-
 def _groups(optimizer, module) -> list:
     """Each param group's parameters by their names in `module`, sorted: what the group's
     hyperparameters apply to (frozen parameters included; one outside the module by its shape)."""
@@ -115,35 +82,6 @@ def _groups(optimizer, module) -> list:
         sorted(names.get(id(p), f"(outside the module: {list(p.shape)})") for p in g["params"])
         for g in optimizer.param_groups
     ]
-
-
-def _class_name(obj) -> str:
-    t = type(obj)
-    return f"{t.__module__}.{t.__qualname__}"
-
-
-def _try_load(name: str, obj, state, shared: dict) -> None:
-    """Load `state` into a copy of `obj` (sharing what `shared` holds): a `load_state_dict` that
-    raises is refused by name, and `obj` is left as it was. An object that cannot be copied is
-    tried on itself and put back from its own state_dict()."""
-    try:
-        trial = copy.deepcopy(obj, dict(shared))
-    except Exception:
-        trial = None
-    try:
-        if trial is not None:  # a copy of the state too: a load_state_dict may keep or edit it
-            trial.load_state_dict(copy.deepcopy(state))
-        else:
-            before = obj.state_dict()
-            try:
-                obj.load_state_dict(state)
-            finally:
-                obj.load_state_dict(before)
-    except Exception as e:
-        raise CheckpointRefusal(
-            "checkpoint-config-mismatch",
-            f"registered {name!r} ({_class_name(obj)}) refused the checkpoint's state: {type(e).__name__}: {e}",
-        ) from None
 
 
 class TorchCheckpointView:
@@ -214,7 +152,7 @@ class TorchCheckpointView:
             "dtype": dtype_name(dp.dtype),
             "int_buffers": {k: b.reshape(-1).tolist() for k, b in dp.other_buffers},
             "registered": {k: encode_state(o.state_dict(), k) for k, o in sorted(dp.registered.items())},
-            "registered_classes": {k: _class_name(o) for k, o in sorted(dp.registered.items())},
+            "registered_classes": {k: class_name(o) for k, o in sorted(dp.registered.items())},
         }
         opt = self.optimizer
         if opt is not None:
@@ -302,7 +240,7 @@ class TorchCheckpointView:
             )
         saved_classes = sc.get("registered_classes")
         if saved_classes is not None:  # recorded since issue 36
-            classes = {k: _class_name(o) for k, o in reg.items()}
+            classes = {k: class_name(o) for k, o in reg.items()}
             odd = [
                 f"{k}: saved {saved_classes.get(k)}, now {c}"
                 for k, c in sorted(classes.items())
@@ -336,7 +274,7 @@ class TorchCheckpointView:
         )
         state["registered"] = {k: decode_state(saved_reg[k]) for k in reg}
         for k, o in reg.items():
-            _try_load(k, o, state["registered"][k], shared=self._shared())
+            try_load(k, o, state["registered"][k], shared=self._shared())
         state["steps"] = int(sc["step"])
         return state
 
@@ -384,22 +322,7 @@ class TorchCheckpointView:
         Registered objects first, each from a state its copy already took: should one raise all
         the same, those already loaded are put back and it is refused before any tensor moves."""
         dp, opt = self.dp, self.optimizer
-        done = []
-        for k, o in dp.registered.items():
-            before = o.state_dict()
-            keep = list(o.base_lrs) if self.adopt_lr and hasattr(o, "base_lrs") else None
-            try:
-                o.load_state_dict(state["registered"][k])
-            except Exception as e:
-                for obj, was in reversed(done):
-                    obj.load_state_dict(was)
-                raise CheckpointRefusal(
-                    "checkpoint-config-mismatch",
-                    f"registered {k!r} ({_class_name(o)}) refused the checkpoint's state: {type(e).__name__}: {e}",
-                ) from None
-            if keep is not None:
-                o.base_lrs = keep
-            done.append((o, before))
+        load_all(dp.registered, state["registered"], keep_base_lrs=self.adopt_lr)
         with torch.no_grad():
             for p, t in zip(dp.params, state["params"]):
                 p.data.copy_(t)

@@ -152,7 +152,8 @@ ADVICE: dict[str, str] = {
     # tools
     "usage": "an argument is outside what the function accepts: the message names it and what it accepts (see help() of the function)",
     "data-invalid": "give float features X of shape (n, d) and integer labels y of shape (n,)",
-    "output-unwritable": "give --json a path in an existing, writable directory",
+    "output-unwritable": "give the output option (--json, --plot) a path to a file in an existing, writable directory",
+    "plot-unavailable": "install the plot extra, pip install 'alpha_mpi[plot]', or leave out --plot",
     # audit: silent data corruption (issue 24)
     "sdc-detected": "a recomputed slot payload differs from the original: silent data corruption on the named rank(s); nothing was applied; resume on other nodes (exclude the named host) from the last state known clean: the one `alpha-mpi train` saved, or a checkpoint at or before the refusal's clean_step (with audit_slots < slots the steps before were audited in part)",
     "replica-diverged": "replicas that must hold the same parameters and optimizer state do not; the named rank(s) differ from the majority; resume from the last checkpoint every audit passed on other nodes (exclude the named host)",

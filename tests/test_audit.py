@@ -8,14 +8,7 @@ import numpy as np
 import pytest
 
 from alpha_mpi.checkpoint.locate import rewind_plan
-from alpha_mpi.learning.audit import (
-    KeptStates,
-    audit_window,
-    audited_slots,
-    clean_step,
-    payload_digest,
-    sdc_report,
-)
+from alpha_mpi.learning.audit import AuditSchedule, KeptStates, clean_step, payload_digest, sdc_report
 from alpha_mpi.learning.replicas import replicated_digest
 from alpha_mpi.refusals import Refusal
 from alpha_mpi_verify.faults import BitFlip
@@ -44,15 +37,62 @@ def test_replicated_digest_chains_arrays_in_order():
     assert replicated_digest([a, b]) != replicated_digest([a, c])
 
 
-@pytest.mark.parametrize("slots,k", [(8, 1), (8, 3), (6, 6), (5, 2)])
-def test_rotation_meets_every_slot_within_ceil_s_over_k_steps(slots, k):
-    for start in range(slots):
+CASES = [
+    (8, 2, 1),
+    (8, 4, 1),
+    (8, 5, 1),
+    (8, 5, 3),
+    (8, 3, 2),
+    (8, 8, 8),
+    (5, 2, 2),
+    (16, 4, 1),
+    (6, 6, 6),
+    (7, 3, 7),
+]
+
+
+def blocks(slots, p):
+    """Contiguous owner blocks, as the pairwise tree places slots (sizes differ by at most one)."""
+    return [s * p // slots for s in range(slots)]
+
+
+@pytest.mark.parametrize("slots,p,k", CASES)
+def test_the_schedule_meets_every_slot_within_its_bound(slots, p, k):
+    sch = AuditSchedule(k, blocks(slots, p), p)
+    assert sch.every == max(1, math.ceil(p / k)) and sch.per_round == min(k * sch.every, slots)
+    for start in range(2 * sch.met_within()):
         seen = set()
-        for t in range(start, start + math.ceil(slots / k)):
-            got = audited_slots(t, k, slots)
-            assert len(got) == len(set(got)) == k
+        for t in range(start, start + sch.met_within()):
+            got = sch.audited(t)
+            assert len(got) == len(set(got)) == (sch.per_round if t % sch.every == 0 else 0)
             seen.update(got)
         assert seen == set(range(slots)), (start, seen)
+    # K slots per step on average (all S every m steps where K*m exceeds S)
+    assert sch.per_round / sch.every >= min(k, slots / sch.every)
+
+
+@pytest.mark.parametrize("slots,p,k", CASES)
+def test_roles_are_other_ranks_and_the_work_is_spread(slots, p, k):
+    owner = blocks(slots, p)
+    own = [owner.count(r) for r in range(p)]
+    sch = AuditSchedule(k, owner, p)
+    for t in range(0, 3 * sch.met_within(), sch.every):
+        extra = [0] * p
+        for s, (a, ref) in sch.round(t).items():
+            assert a != owner[s]
+            assert (ref is None) == (p == 2) and ref not in (owner[s], a)
+            extra[a] += 1
+        # The slowest rank of the round does at most ceil(A / p) recomputations more than the
+        # busiest owner (the rotation by owner + 1 put all of one step's on one rank: K = 1 at
+        # p = 4 cost a whole slot every step, where this costs one slot every fourth step).
+        assert max(o + e for o, e in zip(own, extra)) <= max(own) + math.ceil(sch.per_round / p), (t, extra)
+
+
+def test_the_schedule_is_the_same_on_every_rank_and_step_order():
+    a, b = AuditSchedule(1, blocks(8, 4), 4), AuditSchedule(1, blocks(8, 4), 4)
+    forward = [a.round(t) for t in range(16)]
+    backward = [b.round(t) for t in reversed(range(16))][::-1]
+    assert forward == backward
 
 
 def test_bitflip_flips_exactly_its_bit_on_its_rank_step_and_slot():
@@ -82,18 +122,19 @@ def test_sdc_report_says_how_to_resume_without_the_node():
     assert "[replica-diverged]" in rd and "--resume-from" in rd
 
 
-@pytest.mark.parametrize("slots,k", [(8, 1), (8, 3), (6, 6), (5, 2), (6, 1)])
-def test_a_persistent_fault_is_met_within_the_window_so_clean_step_bounds_its_start(slots, k):
-    """For every rank placement and every step f a fault that persists on one rank begins, the
-    first step it meets an audit d satisfies clean_step(d) <= f: no state at or before
-    clean_step(d) holds its work (issue 36 item 2)."""
-    w = audit_window(k, slots)
-    assert w == math.ceil(slots / k) and clean_step(5, k, slots) == max(0, 5 - w + 1)
-    assert clean_step(7, slots, slots) == 7  # K = S: the refused step itself
-    for owned in range(slots):  # the faulty rank owns (at least) slot `owned`
-        for f in range(3 * slots):
-            d = next(t for t in range(f, f + w) if owned in audited_slots(t, k, slots))
-            assert clean_step(d, k, slots) <= f, (owned, f, d)
+@pytest.mark.parametrize("slots,p,k", CASES)
+def test_a_persistent_fault_is_met_within_the_window_so_clean_step_bounds_its_start(slots, p, k):
+    """For every slot a fault that persists on one rank may touch (its own slots, or the ones
+    it recomputes) and every step f it begins, the first step d at which that slot is audited
+    satisfies clean_step(d, W) <= f: no state at or before clean_step(d) holds its work
+    (issue 36 item 2)."""
+    sch = AuditSchedule(k, blocks(slots, p), p)
+    w = sch.met_within()
+    assert clean_step(5, w) == max(0, 5 - w + 1) and clean_step(7, 1) == 7  # W = 1: the step itself
+    for touched in range(slots):
+        for f in range(3 * w):
+            d = next(t for t in range(f, f + w) if touched in sch.audited(t))
+            assert clean_step(d, w) <= f, (touched, f, d)
 
 
 class FakeLearner:
@@ -107,12 +148,12 @@ class FakeLearner:
 
 @pytest.mark.parametrize("start", [0, 5])
 def test_kept_states_hold_a_clean_state_for_any_detection_and_at_most_two_copies(start):
-    k, slots = 1, 6  # W = 6
-    kept, lr = KeptStates(k, slots), FakeLearner()
+    w = 6
+    kept, lr = KeptStates(w), FakeLearner()
     for lr.step in range(start, start + 40):
         kept.offer(lr)
         assert len(kept.states) <= 2, kept.states
-        clean = clean_step(lr.step, k, slots)
+        clean = clean_step(lr.step, w)
         got = kept.newest(clean)  # a detection at this step goes back to `got`
         if clean >= start:
             assert got is not None and got[0] <= clean and got[0] >= lr.step - 2 * kept.window + 2, got
@@ -120,7 +161,7 @@ def test_kept_states_hold_a_clean_state_for_any_detection_and_at_most_two_copies
         else:  # the resumed-from state is younger than what is known clean: nothing in memory
             assert got is None
     assert lr.taken[0] == start and all(t % 6 == 0 for t in lr.taken[1:])
-    every = KeptStates(6, 6)  # K = S: the state at a detection is clean; nothing is copied
+    every = KeptStates(1)  # W = 1: the state at a detection is clean; nothing is copied
     every.offer(lr)
     assert every.states == [] and every.newest(3) is None
 

@@ -49,19 +49,20 @@ def test_sdc_stops_with_98_saves_and_a_resume_elsewhere_gets_the_healthy_bits(tm
 
 @needs_mpiexec
 @pytest.mark.parametrize(
-    "fault,steps,extra,clean,saved,aside",
+    "fault,steps,extra,found,clean,saved,aside",
     [
         # From step 7 on rank 2 faults (bit 40 of each slot's sample-count word, -3: every
-        # coordinate's normalisation changes); rank 2 first recomputes an audited slot at step 8
-        # (slot 2, as auditor): step 7 was applied with its corrupted unaudited slots. W = 6: clean
-        # is step 3, the newest saved at or before it is step 2; 4, 6 and 8 are set aside.
-        ("2:7:-3:40:persistent", 12, ["--checkpoint-every", "2"], 3, 2, "4, 6, 8"),
-        # No periodic saves: the state kept in memory at step 6 (<= clean step 9) is saved.
-        ("2:13:-3:40:persistent", 20, ["--partition", "grads"], 9, 6, None),
+        # coordinate's normalisation changes). 1 of 6 slots at p = 3: a round of 3 slots every 3
+        # steps (0, 3, 6, 9, ...), W = 6. Rank 2 is met at step 9 (its slot 5, and slot 3 it
+        # recomputes): steps 7 and 8 were applied with its corrupted unaudited slots. Clean is
+        # step 4 (9 - 6 + 1), saved there; 6 and 8 are set aside.
+        ("2:7:-3:40:persistent", 12, ["--checkpoint-every", "2"], 9, 4, 4, "6, 8"),
+        # No periodic saves: met at step 15, clean 10, the state kept in memory at step 6 is saved.
+        ("2:13:-3:40:persistent", 20, ["--partition", "grads"], 15, 10, 6, None),
     ],
 )
 def test_with_fewer_audited_slots_the_saved_state_is_known_clean_and_a_resume_gets_the_healthy_bits(
-    tmp_path, fault, steps, extra, clean, saved, aside
+    tmp_path, fault, steps, extra, found, clean, saved, aside
 ):
     """--audit-slots 1 of 6 (issue 36 item 2): the steps before a detection were audited in part,
     so the exit-98 report saves (and `latest` names) a state from before the fault could start,
@@ -81,13 +82,14 @@ def test_with_fewer_audited_slots_the_saved_state_is_known_clean_and_a_resume_ge
     silent, _ = run_mpi(3, SCRIPT, fault, "--steps", str(steps), *ARGS[2:], env=env)
     assert silent.returncode == 0 and digest_of(silent.stdout) != digest_of(healthy.stdout)
     assert f"resumed from {ck}/step-{saved:08d}" in resumed.stdout
+    assert f"error [sdc-detected] step {found}:" in r.stderr, r.stderr
     assert f"the last state known clean is at step {clean}" in r.stderr, r.stderr
     assert f"step {saved}, is saved in {ck}, and `latest` names it" in r.stderr, r.stderr
     kept = sorted(p.name for p in ck.iterdir() if p.name.startswith("step-"))
     assert kept[-1] == f"step-{steps:08d}", kept  # the resumed run's own final save
     if aside:
         assert f"({aside}) may hold the fault's work and are set aside in {ck}/sdc-step-" in r.stderr
-        assert sorted(p.name for p in (ck / "sdc-step-00000008").iterdir()) == [
+        assert sorted(p.name for p in (ck / f"sdc-step-{found:08d}").iterdir()) == [
             f"step-{int(k):08d}" for k in aside.split(", ")
         ]
 
@@ -101,6 +103,14 @@ def test_a_healthy_audited_run_has_the_bits_of_an_unaudited_one():
     )
     assert plain.returncode == 0 and audited.returncode == 0, plain.stderr + audited.stderr
     assert digest_of(plain.stdout) == digest_of(audited.stdout)
+    # A healthy audited run says what it checked (issue 37 item 8); an unaudited one says nothing.
+    # 6 steps, K = 1 on 3 ranks: rounds of 3 slots at steps 0 and 3; replicas after steps 2, 4, 6.
+    assert "# audit:" not in plain.stdout
+    line = re.search(r"^# audit: .*$", audited.stdout, re.M)
+    assert line and line.group(0) == (
+        "# audit: 6 slot payloads recomputed on another rank and matched (K = 1: 3 slots every 3 steps); "
+        "replicas equal at 3 digest checks (every 2 steps)"
+    ), audited.stdout
 
 
 def listing(root):

@@ -1,6 +1,6 @@
 """Audited slots (issue 24) under MPI: healthy bits unchanged, a flipped bit caught in its step
 before anything is applied, the faulty rank named (p >= 3) or both ranks (p = 2), the next call
-works, and a persistent fault met within S/K steps. Written to hold at any size >= 2."""
+works, and a persistent fault met within the schedule's bound. Written to hold at any size >= 2."""
 
 import numpy as np
 import pytest
@@ -70,7 +70,10 @@ def test_auditing_never_changes_the_bits(world, mode):
         d = digest(lr.final_params())
         agree(world, not refusals and d == want, f"{mode} K={k}: {d[:12]} vs {want[:12]} {refusals}")
         if k:
-            agree(world, lr.audit.checked == 6 * k, f"{mode} K={k}: {lr.audit.checked} audits passed")
+            want_checked = sum(len(lr.audit.schedule.audited(t)) for t in range(6))
+            agree(
+                world, lr.audit.checked == want_checked > 0, f"{mode} K={k}: {lr.audit.checked} audits passed"
+            )
 
 
 @pytest.mark.mpi(min_size=2)
@@ -117,10 +120,11 @@ def test_a_persistent_fault_is_met_within_slots_over_k_steps(world, mode):
     for bad_rank in range(size):
         hook = BitFlip(rank=bad_rank, step=1, element=3, bit=2, persistent=True)
         lr = learner(world, mode, 1, hook)
-        refusals = train(lr, 1 + SLOTS, retry=False)
+        refusals = train(lr, 1 + 2 * SLOTS, retry=False)
         agree(world, len(refusals) == 1 and refusals[0][1].code == "sdc-detected", f"{refusals}")
         t, e = refusals[0]
-        agree(world, 1 <= t < 1 + SLOTS, f"caught at step {t}")
+        bound = lr.audit.schedule.met_within()
+        agree(world, 1 <= t < 1 + bound, f"caught at step {t}, bound {bound}")
         if size >= 3:
             agree(world, e.context["ranks"] == (bad_rank,), f"named {e.context['ranks']} for {bad_rank}")
         else:

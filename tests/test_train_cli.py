@@ -190,3 +190,35 @@ def test_train_model_probe_refuses_rank_dependent_gradients_and_parameters(tmp_p
         2, "-m", "alpha_mpi", "train", "--model", "rank_models:healthy", "--steps", "2", *SMALL, cwd=tmp_path
     )
     assert r.returncode == 0 and "state digest:" in r.stdout, r.stderr[-2000:]
+
+
+def test_json_history_and_plot_hold_every_step_on_any_rank_count(tmp_path):
+    """--json holds the per-step losses (issue 37 item 8): one entry per step, the last the final
+    loss, and the same bits on 1 and 3 ranks (each loss is the global batch's mean, combined in
+    the declared order); --plot draws them into a PNG."""
+    import numpy as np
+
+    hist = {}
+    for n in (1, 3):
+        out, png = tmp_path / f"r{n}.json", tmp_path / f"loss{n}.png"
+        r, d = train(n, "--steps", "7", "--json", str(out), "--plot", str(png))
+        assert r.returncode == 0, r.stderr
+        res = json.loads(out.read_text())
+        h = res["history"]
+        assert [e["step"] for e in h] == list(range(1, 8)) and h[-1]["loss"] == res["loss"], h
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"# training curve: {png}" in r.stdout
+        hist[n] = np.array([e["loss"] for e in h])
+    assert np.array_equal(hist[1].view(np.uint64), hist[3].view(np.uint64)), hist
+    assert len(set(hist[1].tolist())) == 7  # a loss that moves: a wrong entry would show
+
+
+def test_plot_without_matplotlib_is_refused_on_every_rank_before_training(tmp_path):
+    blocker = tmp_path / "site"
+    blocker.mkdir()
+    (blocker / "matplotlib.py").write_text("raise ImportError('blocked for the test')\n")
+    env = dict(os.environ, PYTHONPATH=str(blocker) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r, _ = run_mpi(
+        2, "-m", "alpha_mpi", "train", *SMALL, "--steps", "2", "--plot", str(tmp_path / "x.png"), env=env
+    )
+    assert r.returncode == 3 and r.stderr.count("[plot-unavailable]") == 2, r.stderr
+    assert "pip install 'alpha_mpi[plot]'" in r.stderr and "state digest" not in r.stdout

@@ -120,6 +120,27 @@ class Progress:
         )
 
 
+def audit_summary(learner) -> tuple[dict, str] | None:
+    """What an audited run checked, as a result entry and the line `train` prints at the end;
+    None when neither audit ran. A healthy audited run says so: silence would read the same as
+    an audit that never ran."""
+    audit, replicas = learner.audit, learner.replicas
+    if audit is None and replicas is None:
+        return None
+    doc, parts = {}, []
+    if audit is not None:
+        sch = audit.schedule
+        doc["slots_checked"] = audit.checked
+        parts.append(
+            f"{audit.checked} slot payloads recomputed on another rank and matched (K = {audit.k}: "
+            f"{sch.per_round} slots every {sch.every} step{'s' if sch.every > 1 else ''})"
+        )
+    if replicas is not None:
+        doc["replica_checks"] = replicas.checked
+        parts.append(f"replicas equal at {replicas.checked} digest checks (every {replicas.every} steps)")
+    return doc, "# audit: " + "; ".join(parts)
+
+
 def build(comm, cfg: TrainConfig, fault_hook=None):
     data = load_npz(cfg.data) if cfg.data else synthetic(cfg.seed)
     if cfg.batch < cfg.slots:  # before any tree over the slots is built
@@ -212,15 +233,16 @@ def train(
             + f" {cfg.steps}"
         )
     kept = None
-    if ckpt and 0 < cfg.audit_slots < cfg.slots:  # K < S: states to go back to after a detection
+    if ckpt and learner.audit is not None and learner.audit.window > 1:  # states to go back to
         from .audit import KeptStates
 
-        kept = KeptStates(cfg.audit_slots, cfg.slots)
+        kept = KeptStates(learner.audit.window)
     stop = Preemption().install()
     preempted = False
     t_start = time.perf_counter()
     progress = Progress(learner, cfg, t_start)
     loss = float("nan")
+    history = []  # every step's loss: the same float on every rank (the global batch mean)
     try:
         while learner.step < cfg.steps:
             t = learner.step
@@ -238,6 +260,9 @@ def train(
 
                     e.context["checkpoint"] = rewind_after(e, learner, ckpt, kept)
                 raise
+            history.append(
+                {"step": learner.step, "loss": float(loss), "seconds": time.perf_counter() - t_start}
+            )
             if ckpt and cfg.checkpoint_every and learner.step % cfg.checkpoint_every == 0:
                 ckpt.save()
             if stop_now:
@@ -267,7 +292,12 @@ def train(
         "memory": mem,
         "config": asdict(cfg),
         "seconds": time.perf_counter() - t_start,
+        "history": history,
     }
+    audited = audit_summary(learner)
+    if audited is not None:
+        result["audit"] = audited[0]
+        say(audited[1])
     if preempted:  # not the run's final state: keep it out of `state digest:` parsers
         say(f"# state digest at step {learner.step}: {result['digest']}")
     else:

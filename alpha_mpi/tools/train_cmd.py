@@ -12,6 +12,7 @@ EXAMPLES = (
     "mpiexec -n 4 alpha-mpi train --audit-slots 1 --audit-digests 10 --checkpoint-dir ckpt   # exit 98 on SDC",
     "mpiexec -n 2 alpha-mpi train --checkpoint-dir ckpt --replay 100:200   # recompute, compare, write nothing",
     "alpha-mpi train --data mine.npz --model mymodels:make --json result.json   # your data and model",
+    "mpiexec -n 2 alpha-mpi train --json run.json --plot loss.png   # per-step losses and a training curve",
 )
 
 
@@ -149,9 +150,40 @@ def parser():
         "--json",
         type=path,
         default=None,
-        help="write the result (digest, loss, accuracy, timings) to this file (rank 0)",
+        help="write the result to this file (rank 0): digest, final loss, accuracy, timings, the "
+        "per-step `history` of losses, and `audit` (what an audited run checked)",
+    )
+    p.add_argument(
+        "--plot",
+        type=path,
+        default=None,
+        metavar="PNG",
+        help="draw the loss per step into this PNG at the end (rank 0; needs matplotlib: "
+        "pip install 'alpha_mpi[plot]')",
     )
     return p
+
+
+def plot_history(path: str, result: dict) -> None:
+    """The training curve of `result` (train()'s): loss per step, log scale (matplotlib's object
+    API, no pyplot state, so no display is needed on a compute node)."""
+    from matplotlib.figure import Figure
+
+    hist = result["history"]
+    fig = Figure(figsize=(6, 4), layout="constrained")
+    ax = fig.add_subplot()
+    ax.plot([h["step"] for h in hist], [h["loss"] for h in hist], lw=1.2)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (mean over the global batch)")
+    ax.set_yscale("log")
+    ax.grid(True, alpha=0.3)
+    ax.set_title(f"alpha-mpi train: state digest {result['digest'][:16]}", fontsize=9)
+    try:
+        fig.savefig(path, dpi=120, format="png")
+    except OSError as e:
+        from ..refusals import Refusal
+
+        raise Refusal("output-unwritable", f"--plot {path}: cannot write it: {e.strerror or e}")
 
 
 def run(argv, fault_hook=None) -> int:
@@ -186,8 +218,15 @@ def run(argv, fault_hook=None) -> int:
     from ..learning import TrainConfig, train
     from ..refusals import Refusal
 
-    if a.json and MPI.COMM_WORLD.Get_rank() == 0:
-        check_output(a.json)  # before training, not after it
+    if a.plot:  # every rank: each refuses alike, before anything trains
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise Refusal("plot-unavailable", f"--plot {a.plot}: matplotlib is not installed")
+    if MPI.COMM_WORLD.Get_rank() == 0:  # before training, not after it
+        for flag in ("json", "plot"):
+            if getattr(a, flag):
+                check_output(getattr(a, flag), "--" + flag)
     if a.lr is None:
         a.lr = 2e-3 if a.optimizer == "adam" else 0.05
     # Every TrainConfig field is the option of the same name.
@@ -212,4 +251,7 @@ def run(argv, fault_hook=None) -> int:
         import json
 
         write_output(a.json, json.dumps(result, indent=2))  # a full disk: named, after the digest
+    if a.plot and comm.Get_rank() == 0 and result["history"]:
+        plot_history(a.plot, result)
+        print(f"# training curve: {a.plot}", flush=True)
     return EXIT_PREEMPTED if result["preempted"] else 0

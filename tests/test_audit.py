@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from alpha_mpi.checkpoint.locate import rewind_plan
-from alpha_mpi.learning.audit import AuditSchedule, KeptStates, clean_step, payload_digest, sdc_report
+from alpha_mpi.learning.audit import AuditSchedule, payload_digest, sdc_report
+from alpha_mpi.learning.audit_recovery import KeptStates, clean_step
 from alpha_mpi.learning.replicas import replicated_digest
 from alpha_mpi.refusals import Refusal
 from alpha_mpi_verify.faults import BitFlip

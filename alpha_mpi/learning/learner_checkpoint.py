@@ -104,7 +104,7 @@ class LearnerCheckpoint:
     def checkpoint_snapshot(self) -> dict:
         """A copy of what this rank holds (parameters, optimizer arrays and scalars, step), in
         the form checkpoint_apply installs: the state to go back to without reading files (the
-        trainer keeps a few after audited steps, alpha_mpi.learning.audit.KeptStates)."""
+        trainer keeps a few after audited steps, alpha_mpi.learning.audit_recovery.KeptStates)."""
         st = self.opt.state()
         return {
             "params": self.params.copy(),

@@ -188,7 +188,7 @@ def train(
 ) -> dict:
     """Run `cfg.steps` steps (continuing from a checkpoint with `resume`). Rank 0 prints.
     `fault_hook`: the learner's verification hook (alpha_mpi_verify.faults); None in production.
-    An `sdc-detected` refusal first saves the newest state known clean (audit.rewind_after: the
+    An `sdc-detected` refusal first saves the newest state known clean (audit_recovery.rewind_after: the
     state at the refused step with --audit-slots = --slots, an earlier one with fewer) and makes
     `latest` name it, then propagates."""
     rank = comm.Get_rank()
@@ -234,7 +234,7 @@ def train(
         )
     kept = None
     if ckpt and learner.audit is not None and learner.audit.window > 1:  # states to go back to
-        from .audit import KeptStates
+        from .audit_recovery import KeptStates
 
         kept = KeptStates(learner.audit.window)
     stop = Preemption().install()
@@ -256,7 +256,7 @@ def train(
                 loss, stop_now = learner.train_step(batch, stop=stop.requested)
             except Refusal as e:
                 if e.code == "sdc-detected" and ckpt:  # nothing was applied; save the last state known clean
-                    from .audit import rewind_after
+                    from .audit_recovery import rewind_after
 
                     e.context["checkpoint"] = rewind_after(e, learner, ckpt, kept)
                 raise

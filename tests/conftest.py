@@ -109,6 +109,17 @@ def self_comm():
     return MPI.COMM_SELF
 
 
+def refusal_code(fn):
+    """The code of the Refusal `fn()` raises, or None when it returns."""
+    from alpha_mpi import Refusal
+
+    try:
+        fn()
+    except Refusal as e:
+        return e.code
+    return None
+
+
 def agree(comm, ok, what=""):
     """Fail on every rank if the check failed on any rank (test-side: collectives are fine here)."""
     from mpi4py import MPI

@@ -59,6 +59,8 @@ ADVICE: dict[str, str] = {
     "kernel-unavailable": "reinstall with `pip install -e .` so the cffi kernel is compiled",
     "kernel-isa-unavailable": "unset ALPHA_MPI_ISA or name a path the message lists as available "
     "(every path gives the same bits; the choice changes speed only)",
+    "native-build-failed": "the engine's C round is built at first use by the MPI's own mpicc: make that mpicc (and Python's headers) available, or set ALPHA_MPI_MPICC to it and ALPHA_MPI_NATIVE_CACHE to a writable directory; `alpha-mpi native` shows what it uses",
+    "native-mpi-mismatch": "the engine's C round was linked against another MPI library than the one mpi4py loaded: delete the cached module `alpha-mpi native` names (or set ALPHA_MPI_MPICC to the mpicc of the MPI mpi4py uses) and run again",
     "non-finite-input": "a NaN or Inf reached an update input; the state was left unchanged; find its source (learning rate, data)",
     "non-finite-output": "an update overflowed to Inf/NaN; the state was left unchanged; lower the learning rate or rescale",
     "non-finite-contribution": "a contribution holds NaN/Inf; nothing was combined or applied; check the values the message names (the slot or block, and the index) and where they came from",
@@ -113,14 +115,14 @@ ADVICE: dict[str, str] = {
     # checkpoints
     "checkpoint-exists": "a published step is immutable; save under a new step",
     "checkpoint-missing": "no checkpoint there; check the path (restore(..., missing_ok=True) starts from scratch instead)",
-    "checkpoint-corrupt": "a file of the step differs from the sha256 that covers it; restore an earlier step that verifies (pass its directory DIR/step-NNNNNNNN to restore)",
-    "checkpoint-shard-missing": "a file named by the manifest is absent; restore an earlier step (pass its directory DIR/step-NNNNNNNN to restore)",
+    "checkpoint-corrupt": "a file of the step differs from the sha256 that covers it; restore an earlier step that verifies (pass its directory DIR/step-NNNNNNNN to restore) and save into a new directory (in DIR the damaged step would collide with the next saves: checkpoint-exists)",
+    "checkpoint-shard-missing": "a file named by the manifest is absent; restore an earlier step (pass its directory DIR/step-NNNNNNNN to restore) and save into a new directory (in DIR the damaged step would collide with the next saves)",
     "checkpoint-path-escape": "a manifest entry points outside the checkpoint directory; refuse this checkpoint",
     "checkpoint-format-version": "this checkpoint was written by another format version; use a matching alpha_mpi",
-    "checkpoint-manifest": "the manifest is malformed; restore an earlier step (pass its directory DIR/step-NNNNNNNN to restore)",
+    "checkpoint-manifest": "the manifest is malformed; restore an earlier step (pass its directory DIR/step-NNNNNNNN to restore) and save into a new directory (in DIR the damaged step would collide with the next saves)",
     "checkpoint-config-mismatch": "restore with the configuration the checkpoint was saved with (the message names what differs: a config key, the model, the optimizer, a registered object), or save into a fresh directory",
     "checkpoint-latest-invalid": "`latest` must be a regular file that alpha_mpi wrote (`step-NNNNNNNN <sha256>`); delete it to resume from the newest step that verifies, or restore a step directory DIR/step-NNNNNNNN",
-    "checkpoint-shard-invalid": "a shard's safetensors header disagrees with its manifest entry (dtype, shape, size); restore an earlier step (pass its directory DIR/step-NNNNNNNN to restore)",
+    "checkpoint-shard-invalid": "a shard's safetensors header disagrees with its manifest entry (dtype, shape, size); restore an earlier step (pass its directory DIR/step-NNNNNNNN to restore) and save into a new directory",
     "checkpoint-data-mismatch": "resume with the data the checkpoint was trained on; start a fresh run for other data",
     "checkpoint-locked": "another trainer holds this checkpoint directory; wait for it to end, stop it, or use another directory",
     "checkpoint-write-failed": "free disk space or fix permissions on the checkpoint directory; the previous published step is intact",
@@ -129,7 +131,7 @@ ADVICE: dict[str, str] = {
     "model-invalid": "give a model with at least one input feature, hidden unit and class, small enough for memory",
     # user models (alpha_mpi.learning.Model, alpha_mpi.torch)
     "model-protocol": "implement alpha_mpi.learning.Model: n_params (int >= 1), init(seed) -> float64 array (n_params,), loss_and_grad_sum(params, X, y, grad_out) -> float (see help(alpha_mpi.learning.Model))",
-    "model-nondeterministic": "a slot's gradient must have the same bits on every call: fix the BLAS / intra-op threads (threadpoolctl, torch.set_num_threads) and use deterministic kernels only",
+    "model-nondeterministic": "a slot's gradient must have the same bits on every call with the same inputs: draw randomness (dropout, noise) from the generator the learner passes (accept the keyword `rng` in loss_and_grad_sum and draw from it), never from np.random or torch's global generator; fix the BLAS / intra-op threads (threadpoolctl, torch.set_num_threads) and use deterministic kernels only",
     # every rank starts from the same state (alpha_mpi.learning.same_start)
     "initial-params-mismatch": "every rank must start from the same parameters: make Model.init(seed) a function of seed alone (np.random.default_rng([seed, ...]), no rank, no global random state), or pass the same init_params on every rank",
     "model-rank-dependent": "a slot's gradient must not depend on the rank that computes it: read no rank, rank count, hostname or global random state in loss_and_grad_sum, and fix the BLAS / intra-op threads (threadpoolctl, torch.set_num_threads)",
@@ -161,9 +163,12 @@ ADVICE: dict[str, str] = {
     "output-unwritable": "give the output option (--json, --plot) a path to a file in an existing, writable directory",
     "plot-unavailable": "install the plot extra, pip install 'alpha_mpi[plot]', or leave out --plot",
     # audit: silent data corruption (issue 24)
-    "sdc-detected": "a recomputed slot payload differs from the original: silent data corruption on the named rank(s); nothing was applied; resume from the last checkpoint every audit passed on other nodes (exclude the named host)",
+    "sdc-detected": "a recomputed slot payload differs from the original: silent data corruption on the named rank(s); nothing was applied; resume on other nodes (exclude the named host) from the last state known clean: the one `alpha-mpi train` saved, or a checkpoint at or before the refusal's clean_step (with audit_slots < slots the steps before were audited in part)",
     "replica-diverged": "replicas that must hold the same parameters and optimizer state do not; the named rank(s) differ from the majority; resume from the last checkpoint every audit passed on other nodes (exclude the named host)",
     "replay-mismatch": "the recomputed state differs from the stored step: the stored run (or this replay's hardware) met silent data corruption; the message names the first component and coordinate that differ",
+    # the compute identity (issue 32): the same bits on every machine, or the product says where not
+    "compute-mismatch": "ranks whose compute identities differ (`alpha-mpi env` shows each rank's: numpy and its BLAS kernel and threads, torch's CPU capability) compute a model's slots with other bits: run every rank with the same builds and settings (OPENBLAS_CORETYPE, OPENBLAS_NUM_THREADS, ATEN_CPU_CAPABILITY, ...), or compute the model with alpha_mpi's fixed-order functions only and declare machine_independent; a machine_independent declaration found false (no rank is blamed) must be withdrawn",
+    "compute-changed": "the checkpoint was computed under another compute identity (the message names the old and the new field by field): resume where the saved identity holds, or accept the change explicitly with restore(..., accept_compute_change=True) (recorded in the manifests saved after it)",
 }
 
 
@@ -198,17 +203,21 @@ CLI_ADVICE: dict[str, str] = {
     "checkpoint-missing": "no checkpoint there; check the path (`--resume` on a directory with no step at all "
     "starts at step 0 and says so)",
     "checkpoint-corrupt": "a file of the step differs from the sha256 that covers it; resume from an earlier step "
-    "with --resume-from DIR/step-NNNNNNNN (`alpha-mpi checkpoint verify DIR --all` shows which steps verify)",
-    "checkpoint-shard-missing": "a file named by the manifest is absent; resume from an earlier step with "
-    "--resume-from DIR/step-NNNNNNNN",
-    "checkpoint-manifest": "the manifest is malformed; resume from an earlier step with --resume-from "
-    "DIR/step-NNNNNNNN",
+    "into a new directory: --resume-from DIR/step-NNNNNNNN --checkpoint-dir NEWDIR (`alpha-mpi checkpoint verify "
+    "DIR --all` shows which steps verify; in DIR itself the damaged step would collide with the resumed run's saves)",
+    "checkpoint-shard-missing": "a file named by the manifest is absent; resume from an earlier step into a new "
+    "directory: --resume-from DIR/step-NNNNNNNN --checkpoint-dir NEWDIR (in DIR the damaged step would collide "
+    "with the resumed run's saves)",
+    "checkpoint-manifest": "the manifest is malformed; resume from an earlier step into a new directory: "
+    "--resume-from DIR/step-NNNNNNNN --checkpoint-dir NEWDIR (in DIR the damaged step would collide with the "
+    "resumed run's saves)",
     "checkpoint-config-mismatch": "resume with the saved run's --slots/--batch/--seed/--hidden/--data/--model/"
     "--optimizer/--lr (see `alpha-mpi checkpoint inspect`)",
     "checkpoint-latest-invalid": "`latest` must be a regular file that alpha_mpi wrote (`step-NNNNNNNN "
     "<sha256>`); delete it to resume from the newest step that verifies, or pass --resume-from DIR/step-NNNNNNNN",
     "checkpoint-shard-invalid": "a shard's safetensors header disagrees with its manifest entry (dtype, shape, "
-    "size); resume from an earlier step with --resume-from DIR/step-NNNNNNNN",
+    "size); resume from an earlier step into a new directory: --resume-from DIR/step-NNNNNNNN --checkpoint-dir "
+    "NEWDIR",
     "checkpoint-data-mismatch": "resume with the data the checkpoint was trained on (the same --data file, or "
     "the same --seed for the synthetic task); start a fresh run for other data",
     "checkpoint-locked": "another trainer holds this checkpoint directory; wait for it to end, stop it, or use "
@@ -216,6 +225,9 @@ CLI_ADVICE: dict[str, str] = {
     "checkpoint-dir-is-step": "give the checkpoint directory (the parent of step-NNNNNNNN) as --checkpoint-dir; "
     "choose a step with --resume-from",
     "data-invalid": "give --data an .npz with float arrays X (n, d) and integer labels y (n,)",
+    "compute-changed": "the checkpoint was computed under another compute identity (the message names the old "
+    "and the new field by field): resume where the saved identity holds (`alpha-mpi env` shows this node's), or "
+    "pass --accept-compute-change to continue under this one (recorded in later checkpoints)",
 }
 
 

@@ -29,6 +29,17 @@ did not compute it). Every rank reads the same table, so every rank decides alik
 `sdc-detected` naming the faulty rank(s) and host(s). Nothing else is changed: a healthy run has
 the bits of a run without auditing.
 
+Compute identities before bits: a slot has the same bits on every rank only where the ranks
+compute alike. Ranks of different compute identities train together only under a contract that
+says machine-independent (learning/compute_check.py); when an owner and its auditor of different
+identities disagree, that declaration does not hold, which is an environment difference, not a
+fault: every rank raises `compute-mismatch` naming the identities' fields and blames no rank or
+host. A referee whose identity differs from the owner's and the auditor's breaks no tie (its
+bits would differ anyway): both are named, as with 2 ranks.
+
+After a detection the steps before may hold a fault's unaudited work unless every slot is
+audited every step: `clean_step` (learning/audit_recovery.py) says which state is known clean.
+
 Digest: `payload_digest`, CRC-32 and Adler-32 (zlib, C, over the buffer without a copy) of the
 payload's words except the stop word (which only the owner sets). CRC-32 always detects one
 flipped bit or a burst of up to 32; it runs about 15x faster than BLAKE2b here, which matters
@@ -44,10 +55,13 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from ..refusals import Refusal
+from .audit_recovery import clean_step
 from .verdicts import WordTable, halves
 
 if TYPE_CHECKING:
     from mpi4py import MPI
+
+    from .compute_check import ComputeCheck
 
 __all__ = [
     "SlotAudit",
@@ -158,6 +172,7 @@ class SlotAudit:
         timeout: float | None,
         contract: str,
         agree_words: int = 0,
+        compute: ComputeCheck | None = None,
     ) -> None:
         self.size, self.rank = comm.Get_size(), comm.Get_rank()
         slots = len(owner_of)
@@ -171,6 +186,8 @@ class SlotAudit:
             )
         self.k, self.slots, self.owner_of = int(k), slots, list(owner_of)
         self.schedule = AuditSchedule(self.k, self.owner_of, self.size)
+        self.compute = compute  # which ranks compute alike (None: all do)
+        self.window = self.schedule.met_within()  # W: every slot is audited in any W steps
         self.host = socket.gethostname()
         w = 2 * self.schedule.per_round
         self.agree_words = agree_words
@@ -244,7 +261,27 @@ class SlotAudit:
         if not bad:
             self.checked += len(audited)
             return
+        self._environment(step, roles, bad)
         self._refuse(step, roles, bad, table, compute, scratch, n2)
+
+    def _alike(self, a: int, b: int) -> bool:
+        return self.compute is None or self.compute.ranks.same(a, b)
+
+    def _environment(self, step: int, roles: dict, bad: list[int]) -> None:
+        """Raise `compute-mismatch` (on every rank alike, blaming none) when an owner and its
+        auditor that disagree compute under different identities."""
+        audited = list(roles)
+        pairs = [(audited[j], self.owner_of[audited[j]], roles[audited[j]][0]) for j in bad]
+        env = [(s, o, a) for s, o, a in pairs if not self._alike(o, a)]
+        if env and self.compute is not None:
+            s, o, a = env[0]
+            raise self.compute.broken_promise(
+                [o, a],
+                f"step {step}: slot {s}'s payloads as owner rank {o} and auditor rank {a} computed them",
+                "; nothing was applied",
+                step=step,
+                slots=(s,),
+            )
 
     def _refuse(self, step, roles, bad, table, compute, scratch, n2) -> None:
         audited = list(roles)
@@ -271,6 +308,12 @@ class SlotAudit:
                     f"slot {s}: owner rank {o} and auditor rank {a} disagree; with 2 ranks no third rank "
                     "can say which is wrong, so both are named"
                 )
+            elif not self._alike(r, o):
+                named = [o, a]
+                notes.append(
+                    f"slot {s}: owner rank {o} and auditor rank {a} disagree; referee rank {r} computes "
+                    "under another compute identity and cannot say which is wrong, so both are named"
+                )
             else:
                 rd = ref[r, 2 * j : 2 * j + 2]
                 if np.array_equal(rd, ad):
@@ -290,14 +333,22 @@ class SlotAudit:
                     )
             faulty += [x for x in named if x not in faulty]
         who = ", ".join(f"rank {x} on host {hosts[x]}" for x in faulty)
+        clean = clean_step(step, self.window)
+        before = (
+            ""
+            if clean == step
+            else f"; the steps before were audited in part (every slot once in {self.window} steps: "
+            f"{self.k} of {self.slots} a step on average), so the last state known clean is at step {clean}"
+        )
         raise Refusal(
             "sdc-detected",
             f"step {step}: recomputed slot payloads differ ({'; '.join(notes)}); suspected: {who}; "
-            "nothing was applied",
+            f"nothing was applied{before}",
             step=step,
             ranks=tuple(faulty),
             hosts=tuple(hosts[x] for x in faulty),
             slots=tuple(audited[j] for j in bad),
+            clean_step=clean,
         )
 
 
@@ -315,10 +366,7 @@ def sdc_report(e: Refusal, checkpoint_dir: str | None, size: int) -> str:
             f"{checkpoint_dir}/step-NNNNNNNN`"
         )
     elif checkpoint_dir:
-        lines.append(
-            f"  the state at step {e.context.get('step')} (every audit passed; the refused step was not "
-            f"applied) is saved in {checkpoint_dir}"
-        )
+        lines.append(_saved_line(e, checkpoint_dir))
         lines.append(
             f"  what to do: resume without the suspected node(s) {', '.join(hosts)} (rank(s) {ranks}): "
             f"e.g. `sbatch --exclude={','.join(hosts)} jobs/train.sbatch`, or "
@@ -333,12 +381,48 @@ def sdc_report(e: Refusal, checkpoint_dir: str | None, size: int) -> str:
     return "\n".join(lines)
 
 
+def _saved_line(e: Refusal, checkpoint_dir: str) -> str:
+    """What the exit-98 report says was saved (rewind_after's record in `e.context`)."""
+    step, clean = e.context.get("step"), e.context.get("clean_step", e.context.get("step"))
+    saved = e.context.get("saved_step", clean)
+    folder, aside = e.context.get("folder"), e.context.get("set_aside") or ()
+    moved = (
+        f"; the later steps ({', '.join(str(k) for k in aside)}) may hold the fault's work and are set aside "
+        f"in {folder}"
+        if folder
+        else ""
+    )
+    if clean == step:
+        return (
+            f"  the state at step {step} (every slot of every step audited; the refused step was not "
+            f"applied) is saved in {checkpoint_dir}, and `latest` names it{moved}"
+        )
+    if saved is None:
+        return (
+            f"  the last state known clean is at step {clean}, and no state at or before it was kept: "
+            f"a resume in {checkpoint_dir} starts at step 0{moved}"
+        )
+    return (
+        f"  the last state known clean is at step {clean} (the steps since were audited in part); the "
+        f"newest kept at or before it, step {saved}, is saved in {checkpoint_dir}, and `latest` names it{moved}"
+    )
+
+
 def build_checks(
-    comm: MPI.Comm, plan, options: tuple[int, int, str], *, timeout, contract: str, agree_words: int = 0
+    comm: MPI.Comm,
+    plan,
+    options: tuple[int, int, str],
+    *,
+    timeout,
+    contract: str,
+    agree_words: int = 0,
+    compute: ComputeCheck | None = None,
 ) -> tuple[SlotAudit | None, object | None]:
     """A learner's (SlotAudit or None, ReplicaDigests or None) from its options (audit_slots,
     audit_digests, partition); collective when either is asked for. `plan`: the learner's
-    combine plan (its `slots_of(rank)` places the slots). `agree_words`: SlotAudit's."""
+    combine plan (its `slots_of(rank)` places the slots); `agree_words`: SlotAudit's; `compute`:
+    its ComputeCheck after the first agreement (which ranks compute alike), so neither calls an
+    environment difference a fault."""
     audit_slots, audit_digests, partition = options
     audit = replicas = None
     if audit_slots:
@@ -350,11 +434,14 @@ def build_checks(
             timeout=timeout,
             contract=contract,
             agree_words=agree_words,
+            compute=compute,
         )
     if audit_digests:
         from .replicas import ReplicaDigests
 
-        replicas = ReplicaDigests(comm, audit_digests, partition, timeout=timeout, contract=contract)
+        replicas = ReplicaDigests(
+            comm, audit_digests, partition, timeout=timeout, contract=contract, compute=compute
+        )
     return audit, replicas
 
 

@@ -122,6 +122,12 @@ def parser():
         action="store_true",
         help="resume even if the checkpoint's numerical contract differs; the adoption is recorded in later checkpoints",
     )
+    p.add_argument(
+        "--accept-compute-change",
+        action="store_true",
+        help="resume even if the checkpoint was computed under another compute identity (numpy's BLAS "
+        "kernel, threads, ...: `alpha-mpi env`); recorded in later checkpoints",
+    )
     int_option(
         p,
         "--audit-slots",
@@ -143,7 +149,8 @@ def parser():
         default=None,
         metavar="A:B",
         help="with --checkpoint-dir: resume from step A, recompute to step B, compare every byte with "
-        "the stored step B and write nothing ('bits match', rc 0; else replay-mismatch)",
+        "the stored step B and write nothing ('bits match', rc 0; else replay-mismatch); the learning "
+        "rates are the run's, read from step B (--adopt-lr resumes included), not --lr",
     )
     p.add_argument(
         "--json",

@@ -290,7 +290,7 @@ def _report(a, size, torch, models, times, digests, mismatch, order, agreeing) -
             f"the parameter check) = {agreeing / med[first]:.2%} of the {first} step"
         )
     for k in digests:
-        print(f"# digest {k} after {len(times[k]) + a.warmup} steps: {digests[k]}")
+        print(f"# digest {k} (params) after {len(times[k]) + a.warmup} steps: {digests[k]}")
     print("# (each slot count's rows end with the same bits on every rank count; DDP's depend on it)")
     for k in mismatch:
         print(f"!! BITS MISMATCH: the rows of {k} ended with different parameters")

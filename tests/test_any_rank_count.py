@@ -78,8 +78,8 @@ def test_1536_ranks_plan_and_check_in_seconds(name):
 
 
 def test_butterfly_sends_and_rounds_stay_within_bounds_for_every_p_up_to_300():
-    from alpha_mpi.planning.butterfly import plan_schedule
-    from alpha_mpi.planning.halving import plan_halving
+    from alpha_mpi.planning.realizations.butterfly import plan_schedule
+    from alpha_mpi.planning.realizations.halving import plan_halving
 
     for p in range(1, 301):
         top = rank_top(pairwise(range(p), p), p, "x")

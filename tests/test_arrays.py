@@ -14,7 +14,8 @@ from array_oracle import oracle_dot, oracle_norm2, oracle_sum, pairwise, sequent
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from alpha_mpi.arrays import local, tree
+from alpha_mpi.arrays import local
+from alpha_mpi.arrays import pairwise as pw
 from alpha_mpi.refusals import PlanRefusal, Refusal
 
 from conftest import order_sensitive
@@ -63,8 +64,8 @@ def cuts(draw, n, max_blocks=6):
 
 
 def test_split_rule_and_nodes():
-    assert tree.split(0, 2) == 1 and tree.split(0, 3) == 2 and tree.split(0, 8) == 4 and tree.split(0, 9) == 8
-    assert tree.split(8, 11) == 10
+    assert pw.split(0, 2) == 1 and pw.split(0, 3) == 2 and pw.split(0, 8) == 4 and pw.split(0, 9) == 8
+    assert pw.split(8, 11) == 10
     # every node reached from the root by the split rule is a node, and nothing else of [0, n) is
     for n in range(1, 40):
         seen, todo = set(), [(0, n)]
@@ -72,18 +73,18 @@ def test_split_rule_and_nodes():
             lo, hi = todo.pop()
             seen.add((lo, hi))
             if hi - lo > 1:
-                m = tree.split(lo, hi)
+                m = pw.split(lo, hi)
                 todo += [(lo, m), (m, hi)]
-        assert seen == {(a, b) for a in range(n) for b in range(a + 1, n + 1) if tree.is_node(a, b, n)}, n
+        assert seen == {(a, b) for a in range(n) for b in range(a + 1, n + 1) if pw.is_node(a, b, n)}, n
 
 
 @given(n=st.integers(1, 1 << 62), data=st.data())
 def test_summary_ranges_are_nodes_and_bounded(n, data):
     offset = data.draw(st.integers(0, n - 1))
     length = data.draw(st.integers(0, n - offset))
-    rs = tree.summary_ranges(offset, length, n)
+    rs = pw.summary_ranges(offset, length, n)
     assert len(rs) <= 2 * 63 + 1
-    assert all(tree.is_node(a, b, n) for a, b in rs)
+    assert all(pw.is_node(a, b, n) for a, b in rs)
     assert all(b == c for (_, b), (c, _) in zip(rs, rs[1:]))
     assert (rs[0][0], rs[-1][1]) == (offset, offset + length) if length else rs == []
 
@@ -94,33 +95,33 @@ def test_two_runs_fit_the_capacity(n, data):
     runs (it wraps around at most once), [a, n) and [0, b) or one [a, b)."""
     a = data.draw(st.integers(0, n))
     b = data.draw(st.integers(0, a))
-    both = tree.merge_ranges(tree.summary_ranges(a, n - a, n) + tree.summary_ranges(0, b, n), n)
-    assert len(both) <= 2 * 64 + 1 <= tree.CAPACITY
+    both = pw.merge_ranges(pw.summary_ranges(a, n - a, n) + pw.summary_ranges(0, b, n), n)
+    assert len(both) <= 2 * 64 + 1 <= pw.CAPACITY
 
 
 def test_schedule_and_simulation_at_every_size():
     for p in range(1, 34):
-        assert len(tree.schedule(p, 0)) == tree.rounds(p) == (math.ceil(math.log2(p)) if p > 1 else 0)
-        tree.simulate(p)
+        assert len(pw.schedule(p, 0)) == pw.rounds(p) == (math.ceil(math.log2(p)) if p > 1 else 0)
+        pw.simulate(p)
         rng = np.random.default_rng(p)
-        tree.simulate(p, tuple(rng.permutation(p).tolist()))
-    r = tree.schedule(5, 3)[2]
-    assert str(r) == "R2 >4 <2 g1" and tree.Round.parse(str(r)) == r
+        pw.simulate(p, tuple(rng.permutation(p).tolist()))
+    r = pw.schedule(5, 3)[2]
+    assert str(r) == "R2 >4 <2 g1" and pw.Round.parse(str(r)) == r
     with pytest.raises(PlanRefusal) as e:
-        tree.Round.parse("R2 4 2")
+        pw.Round.parse("R2 4 2")
     assert e.value.code == "step-parse-error"
 
 
 def test_frame_sizes_depend_on_size_round_and_batch_only():
-    assert tree.frame_words(2, 0, 1) == 2 + 4 + tree.CAPACITY * 3
-    assert [tree.rows_in_round(5, i) for i in range(3)] == [1, 2, 1]
+    assert pw.frame_words(2, 0, 1) == 2 + 4 + pw.CAPACITY * 3
+    assert [pw.rows_in_round(5, i) for i in range(3)] == [1, 2, 1]
 
 
 # ----------------------------------------------------------------------------- verdicts
 
 
 def rows(*specs):
-    return [tree.Row(r, *s) for r, s in enumerate(specs)]
+    return [pw.Row(r, *s) for r, s in enumerate(specs)]
 
 
 @pytest.mark.parametrize(
@@ -130,21 +131,21 @@ def rows(*specs):
         ([(0, 6, 10, 0), (5, 5, 10, 0)], "array-coverage-overlap"),
         ([(0, 4, 10, 0), (4, 5, 10, 0)], "array-coverage-hole"),  # the tail
         ([(0, 5, 10, 0), (5, 5, 11, 0)], "array-length-mismatch"),
-        ([(0, 5, 10, 0), (5, 5, 10, tree.STATUS_NONFINITE)], "non-finite-contribution"),
-        ([(0, 5, 10, 0), (0, 0, 0, tree.STATUS_REFUSED)], "peer-refused"),
+        ([(0, 5, 10, 0), (5, 5, 10, pw.STATUS_NONFINITE)], "non-finite-contribution"),
+        ([(0, 5, 10, 0), (0, 0, 0, pw.STATUS_REFUSED)], "peer-refused"),
     ],
 )
 def test_verdicts_name_the_problem(specs, code):
     with pytest.raises(Refusal) as e:
-        tree.check_rows(rows(*specs), "dot")
+        pw.check_rows(rows(*specs), "dot")
     assert e.value.code == code
 
 
 def test_verdict_accepts_any_order_and_empty_blocks():
     rs = rows((5, 5, 10, 0), (3, 0, 10, 0), (0, 5, 10, 0))
-    tree.check_rows(rs, "dot")
-    assert not tree.in_rank_order(rs) and tree.sorted_order(rs) == (2, 0, 1)
-    assert tree.in_rank_order(rows((0, 5, 10, 0), (7, 0, 10, 0), (5, 5, 10, 0)))
+    pw.check_rows(rs, "dot")
+    assert not pw.in_rank_order(rs) and pw.sorted_order(rs) == (2, 0, 1)
+    assert pw.in_rank_order(rows((0, 5, 10, 0), (7, 0, 10, 0), (5, 5, 10, 0)))
 
 
 # ----------------------------------------------------------------------------- the kernel

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tile_cases import SHAPES, block, cartesian, global_data, oracle_values, tilings, with_halo
 
-from alpha_mpi.arrays import local, tiles, tree
+from alpha_mpi.arrays import local, pairwise, tiles
 from alpha_mpi.refusals import Refusal
 
 _WANT: dict = {}
@@ -76,7 +76,7 @@ def test_record_count_and_room_are_exact(b, halo, k):
     xs, ys = [x] * k, [block(h, (offset, extent))] * k
     s = local.tile_summary(xs, ys, offset, shape)  # capacity: the room the pass reports
     assert s.count == local.tile_records(offset, shape, extent)
-    assert all(tree.is_node(a, c, int(np.prod(shape))) for a, c in s.ranges())
+    assert all(pairwise.is_node(a, c, int(np.prod(shape))) for a, c in s.ranges())
     if s.count:
         room = int(s.words.size // (2 + k))
         with pytest.raises(Refusal) as e:
@@ -175,7 +175,7 @@ def test_any_strided_view_gives_the_contiguous_bits(view):
 # ----------------------------------------------------------------------------- verdicts
 
 
-def tile(rank, shape, offset, extent, status=tree.STATUS_OK):
+def tile(rank, shape, offset, extent, status=pairwise.STATUS_OK):
     return tiles.Tile(rank, status, 1, 1, tuple(shape), tuple(offset), tuple(extent))
 
 
@@ -252,10 +252,10 @@ def test_verdicts_shape_refused_nonfinite():
         tiles.check_tiles([ok[0], tile(1, (2, 4), (1, 0), (1, 4))], "dot")
     assert e.value.code == "array-length-mismatch" and "(2, 3) on ranks [0]" in str(e.value)
     with pytest.raises(Refusal) as e:
-        tiles.check_tiles([ok[0], tiles.Tile.refused(1, tree.refused_status("dtype-invalid"))], "dot")
+        tiles.check_tiles([ok[0], tiles.Tile.refused(1, pairwise.refused_status("dtype-invalid"))], "dot")
     assert e.value.code == "peer-refused" and "rank 1 [dtype-invalid]" in str(e.value)
     with pytest.raises(Refusal) as e:
-        tiles.check_tiles([ok[0], tile(1, (2, 3), (1, 0), (1, 3), tree.STATUS_NONFINITE)], "dot")
+        tiles.check_tiles([ok[0], tile(1, (2, 3), (1, 0), (1, 3), pairwise.STATUS_NONFINITE)], "dot")
     assert e.value.code == "non-finite-contribution"
     rows = [t.words() for t in ok]
     assert [tiles.Tile.from_words(r, w) for r, w in enumerate(rows)] == ok
@@ -266,7 +266,7 @@ def test_verdicts_shape_refused_nonfinite():
 
 
 def test_capacity_bounds_every_state_the_exchange_holds():
-    """Run the exchange's merges (tree.schedule, the Bruck windows) on real tile summaries and
+    """Run the exchange's merges (pairwise.schedule, the Bruck windows) on real tile summaries and
     check that no state and no merge on the way holds more than capacity_needed records."""
     rng = np.random.default_rng(7)
     for shape in [(37, 53), (64, 32), (7, 9, 11)]:
@@ -281,11 +281,11 @@ def test_capacity_bounds_every_state_the_exchange_holds():
                 ]
                 cap = tiles.capacity_needed(ts, p)
                 state = list(parts)
-                rounds = tree.rounds(p)
+                rounds = pairwise.rounds(p)
                 for i in range(rounds):
                     nxt = []
                     for r in range(p):
-                        theirs = state[tree.schedule(p, r)[i].recv_from]
+                        theirs = state[pairwise.schedule(p, r)[i].recv_from]
                         assert state[r].count <= cap and theirs.count <= cap
                         out = local.merge(state[r], theirs, n, capacity=cap if i + 1 < rounds else 2 * 64 + 4)
                         nxt.append(out)
@@ -303,13 +303,13 @@ def test_capacity_needed_is_the_largest_window():
 @given(st.integers(1, 1 << 40))
 def test_bucket(need):
     b = tiles.bucket(need)
-    assert b >= max(need, tree.CAPACITY) and tiles.bucket(b) == b
-    assert need <= tree.CAPACITY or b <= need + need / 16 + 1
+    assert b >= max(need, pairwise.CAPACITY) and tiles.bucket(b) == b
+    assert need <= pairwise.CAPACITY or b <= need + need / 16 + 1
 
 
 def test_capacity_grows_at_once_and_shrinks_after_a_run_of_small_calls():
     c = tiles.Capacity()
-    assert c.current == tree.CAPACITY and not c.settle(100)
+    assert c.current == pairwise.CAPACITY and not c.settle(100)
     assert c.settle(5000) and c.current == tiles.bucket(5000)
     for big_small in range(40):  # alternating tilings keep the big frames
         assert not c.settle(5000 if big_small % 2 else 10)

@@ -6,7 +6,7 @@ exchange puts them)."""
 import pytest
 
 from alpha_mpi import DeliverTo, plan_assembly
-from alpha_mpi.arrays import tree as T
+from alpha_mpi.arrays import pairwise as T
 from alpha_mpi.planning.array_program import TABLE, lower_summary_exchange
 from alpha_mpi.planning.assembly_program import lower_assembly
 from alpha_mpi.planning.program import Op

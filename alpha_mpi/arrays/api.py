@@ -25,7 +25,7 @@ import numpy as np
 from ..execution.endpoint import Endpoint
 from ..kernel import ffi, lib
 from ..refusals import KernelRefusal, Refusal
-from . import tree as T
+from . import pairwise
 from .exchange import Exchanges
 from .tile_call import check_float64, local_checks, reduce_tiles, tile_form
 
@@ -39,7 +39,7 @@ _ND = np.ndarray
 _DARR = ffi.typeof("double[]")
 _from_buffer = ffi.from_buffer
 _summary = lib.ap_summary
-_CAP = T.CAPACITY
+_CAP = pairwise.CAPACITY
 _MAX_N = 1 << 62
 
 #: An int (1-D blocks) or a tuple of ints, one per dimension (N-d tiles).
@@ -99,7 +99,7 @@ def dots(
     (offset, and the same block shape) of the global shape; arguments as for `sum`."""
     try:
         pairs = list(pairs)
-        if not 1 <= len(pairs) <= T.MAX_BATCH or not all(
+        if not 1 <= len(pairs) <= pairwise.MAX_BATCH or not all(
             isinstance(p, (tuple, list)) and len(p) == 2 for p in pairs
         ):
             raise TypeError
@@ -250,11 +250,11 @@ def _reduce(comm, op, xs, ys, offset, n, timeout, bad_batch=None):
         m = _summary(px, py, k, offset, length, n, ex.state0, _CAP, ex.nonfinite)
         if m < 0:  # cannot happen for checked inputs; refused like a local refusal (peers finish)
             err = KernelRefusal("kernel-bad-argument", f"{op}: the kernel refused the block (status {m})")
-            status, m = T.refused_status(err.code), 0
+            status, m = pairwise.refused_status(err.code), 0
         elif ex.nonfinite[0]:
             detail = _first_nonfinite(xs, ys, offset, length)
             if detail:
-                status = T.STATUS_NONFINITE
+                status = pairwise.STATUS_NONFINITE
     row = (offset, length, n, status) if err is None else (0, 0, 0, status)
     if err is not None:
         n = 0
@@ -268,7 +268,7 @@ def _reduce(comm, op, xs, ys, offset, n, timeout, bad_batch=None):
             values = _verdict(ch, ex, op, k, m, row, n, detail)
     finally:
         ch.step += 1
-    T.check_result(values, op)
+    pairwise.check_result(values, op)
     return values
 
 
@@ -277,12 +277,12 @@ def _verdict(ch, ex, op, k, m_local, row, n, detail):
     tb = ex.table.tobytes()
     if tb != ex.valid:
         rows = ex.rows()
-        T.check_naming(T.check_rows, rows, op, ch.rank, detail)
-        ex.valid, ex.valid_order = tb, (None if T.in_rank_order(rows) else T.sorted_order(rows))
+        pairwise.check_naming(pairwise.check_rows, rows, op, ch.rank, detail)
+        ex.valid, ex.valid_order = tb, (None if pairwise.in_rank_order(rows) else pairwise.sorted_order(rows))
     if ex.valid_order is not None:  # out of rank order: every rank runs the sorted exchange
         ex2 = ch.exchange(op, k, ex.valid_order)
         ex2.copy_local_from(ex, m_local)
-        ex2.run_again(row, m_local, n, T.check_rows, op)  # its own order: valid_order stays None
+        ex2.run_again(row, m_local, n, pairwise.check_rows, op)  # its own order: valid_order stays None
         ex = ex2
     return ex.result(n, op)
 

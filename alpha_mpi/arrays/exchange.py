@@ -1,4 +1,4 @@
-"""The summary exchange, run by the one engine (the schedule is alpha_mpi.arrays.tree's).
+"""The summary exchange, run by the one engine (the schedule is alpha_mpi.arrays.pairwise's).
 
 Protocol, per call, on every rank of the communicator (every call is collective):
 
@@ -49,13 +49,14 @@ from ..execution.log import debug_enabled
 from ..kernel import ffi, lib
 from ..planning.array_program import FINAL, HEAD_WORDS, LENGTH, TABLE, frame_buffer, lower_summary_exchange
 from ..refusals import PlanRefusal, Refusal
-from . import tiles
-from . import tree as T
+from . import pairwise, tiles
 
 __all__ = ["Exchanges", "Exchange", "RowKind", "BLOCKS", "TILES"]
 
 if (
-    lib.AP_CAPACITY != T.CAPACITY or lib.AP_MAX_K != T.MAX_BATCH or lib.AP_MAX_NDIM != tiles.MAX_NDIM
+    lib.AP_CAPACITY != pairwise.CAPACITY
+    or lib.AP_MAX_K != pairwise.MAX_BATCH
+    or lib.AP_MAX_NDIM != tiles.MAX_NDIM
 ):  # pragma: no cover - a stale build
     raise ImportError(
         "alpha_mpi.kernel._alpha_kernel is older than alpha_mpi/arrays (rebuild: pip install -e .)"
@@ -68,14 +69,14 @@ _FINAL = struct.Struct("<4q")  # record count, flags, lo and hi of the first rec
 @dataclass(frozen=True)
 class RowKind:
     """What an exchange's coverage rows hold: `words` int64 words per rank, read by `parse`
-    (rank, words) into a tree.Row (1-D blocks) or a tiles.Tile (N-d tiles)."""
+    (rank, words) into a pairwise.Row (1-D blocks) or a tiles.Tile (N-d tiles)."""
 
     name: str
     words: int
     parse: Callable
 
 
-BLOCKS = RowKind("blocks", T.ROW_WORDS, T.Row.from_words)
+BLOCKS = RowKind("blocks", pairwise.ROW_WORDS, pairwise.Row.from_words)
 TILES = RowKind("tiles", tiles.ROW_WORDS, tiles.Tile.from_words)
 
 
@@ -137,17 +138,23 @@ class Exchange:
     buffers."""
 
     def __init__(
-        self, ch: Exchanges, op: str, k: int, order=None, kind: RowKind = BLOCKS, capacity: int = T.CAPACITY
+        self,
+        ch: Exchanges,
+        op: str,
+        k: int,
+        order=None,
+        kind: RowKind = BLOCKS,
+        capacity: int = pairwise.CAPACITY,
     ):
         p, me = ch.size, ch.rank
         self.ch, self.op, self.k, self.kind, self.capacity = ch, op, k, kind, capacity
         self.order = tuple(range(p)) if order is None else tuple(order)
-        T.schedule(p, me, self.order)  # refuses an order that is not a permutation
+        pairwise.schedule(p, me, self.order)  # refuses an order that is not a permutation
         order_name = "rank" if order is None else ",".join(map(str, self.order))
         identity = f"alpha_mpi.arrays:{op}:k={k}:p={p}:capacity={capacity}:order={order_name}"
         program = lower_summary_exchange(
             p,
-            lambda r: T.schedule(p, r, self.order),
+            lambda r: pairwise.schedule(p, r, self.order),
             k=k,
             capacity=capacity,
             row_words=kind.words,
@@ -187,7 +194,7 @@ class Exchange:
 
     @property
     def flags(self) -> int:
-        """The merged state's flags word (tree.FLAG_OVERFLOW, FLAG_INVALID)."""
+        """The merged state's flags word (pairwise.FLAG_OVERFLOW, FLAG_INVALID)."""
         return int(self.final[1])
 
     def run(self, row, m: int, n: int, local: Refusal | None = None) -> None:

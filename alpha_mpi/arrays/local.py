@@ -13,7 +13,7 @@ import numpy as np
 
 from ..kernel import ffi, lib
 from ..refusals import KernelRefusal
-from . import tree as T
+from . import pairwise
 
 __all__ = ["Summary", "summary", "merge", "tree_value", "tile_summary", "tile_records"]
 
@@ -60,7 +60,7 @@ def _check(status: int, what: str) -> int:
     raise KernelRefusal("kernel-bad-argument", f"{what}: {why}")
 
 
-def summary(xs, ys, offset: int, n: int, capacity: int = T.CAPACITY) -> Summary:
+def summary(xs, ys, offset: int, n: int, capacity: int = pairwise.CAPACITY) -> Summary:
     """The summary of the block [offset, offset + len(xs[0])): k = len(xs) values per record,
     sums of xs[j] (ys None) or dots of xs[j] with ys[j]."""
     k = len(xs)
@@ -80,7 +80,7 @@ def summary(xs, ys, offset: int, n: int, capacity: int = T.CAPACITY) -> Summary:
     return Summary(words, _check(m, "summary"), k, n)
 
 
-def merge(a: Summary, b: Summary, n: int, capacity: int = T.CAPACITY) -> Summary:
+def merge(a: Summary, b: Summary, n: int, capacity: int = pairwise.CAPACITY) -> Summary:
     """The union of two summaries with siblings joined (ap_merge)."""
     k = a.k
     out = np.zeros(capacity * (2 + k), dtype=np.int64)

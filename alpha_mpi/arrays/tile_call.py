@@ -24,8 +24,8 @@ import numpy as np
 from ..execution.waits import timeout_from_env
 from ..kernel import ffi, lib
 from ..refusals import KernelRefusal, Refusal
+from . import pairwise
 from . import tiles as G
-from . import tree as T
 
 __all__ = ["tile_form", "reduce_tiles", "check_float64", "local_checks"]
 
@@ -268,10 +268,10 @@ def local_checks(ch, timeout, bad_batch, inputs) -> tuple:
         if timeout is not None:
             ch.call_timeout = timeout_from_env(timeout)
         if bad_batch is not None:
-            raise T.batch_refusal(bad_batch)
-        return inputs(), None, T.STATUS_OK
+            raise pairwise.batch_refusal(bad_batch)
+        return inputs(), None, pairwise.STATUS_OK
     except Refusal as e:
-        return None, e, T.refused_status(e.code)
+        return None, e, pairwise.refused_status(e.code)
 
 
 def reduce_tiles(ch, op: str, xs, ys, offset, shape, timeout, bad_batch=None) -> list:
@@ -291,11 +291,11 @@ def reduce_tiles(ch, op: str, xs, ys, offset, shape, timeout, bad_batch=None) ->
             m, records = 0, args.records(ex.room)
         if m < 0 or records < 0:  # cannot happen for checked inputs; refused like a local refusal
             err = KernelRefusal("kernel-bad-argument", f"{op}: the kernel refused the tile (status {m})")
-            status, m, records, n = T.refused_status(err.code), 0, 0, 0
+            status, m, records, n = pairwise.refused_status(err.code), 0, 0, 0
         elif ex.nonfinite[0]:
             detail = _first_nonfinite(args)
             if detail:
-                status = T.STATUS_NONFINITE
+                status = pairwise.STATUS_NONFINITE
     if err is None:
         row = [status, records, int(ex.room[0]), *args.geo.row_tail]  # tiles.Tile.words()
     else:
@@ -305,7 +305,7 @@ def reduce_tiles(ch, op: str, xs, ys, offset, shape, timeout, bad_batch=None) ->
         values = _verdict(ch, ex, op, args, row, m, records, n, detail)
     finally:
         ch.step += 1
-    T.check_result(values, op)
+    pairwise.check_result(values, op)
     return values
 
 
@@ -315,7 +315,7 @@ def _verdict(ch, ex, op, args, row, m, records, n, detail) -> list:
     tb = ex.table.tobytes()
     if tb != ex.valid:
         tiles = ex.rows()
-        T.check_naming(G.check_tiles, tiles, op, ch.rank, detail)
+        pairwise.check_naming(G.check_tiles, tiles, op, ch.rank, detail)
         ex.valid, ex.valid_need = tb, G.capacity_needed(tiles, ch.size)
     need = ex.valid_need
     ch.capacity.settle(need)

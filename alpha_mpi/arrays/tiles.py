@@ -4,7 +4,7 @@ global indices they hold, the coverage verdict and the size of the exchange's fr
 A rank's tile is the box `offset[d] <= i_d < offset[d] + extent[d]` of the global array of
 `shape` (C order, n = prod(shape)). Flattened, element i has the global index
 sum_d i_d * G_d, G_d = prod(shape[d + 1:]), and the reductions are the 1-D ones over that
-vector (alpha_mpi.arrays.tree): the bits depend on the data and the shape only, never on the
+vector (alpha_mpi.arrays.pairwise): the bits depend on the data and the shape only, never on the
 tiling. A tile is not one range of [0, n) but one *run* per row segment: trailing dimensions
 the tile covers whole join a run (a tile of whole rows is one run), the first dimension it cuts
 (`segment_dim`) ends it, and runs of one tile never meet.
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..refusals import Refusal
-from . import tree as T
+from . import pairwise
 
 __all__ = [
     "MAX_NDIM",
@@ -60,7 +60,7 @@ def _strides(shape) -> list:
 class Tile:
     """What one rank declared: its tile (offset, extent) of the global `shape`, the record count
     of its summary and the room its kernel pass needs (records held at once: a block is
-    written before it joins its left sibling), and a status (tree.STATUS_*; a refused rank's
+    written before it joins its left sibling), and a status (pairwise.STATUS_*; a refused rank's
     row has ndim 0)."""
 
     rank: int
@@ -152,7 +152,7 @@ def check_tiles(tiles, what: str) -> None:
     (array-length-mismatch), the first global index (C order) that no tile holds
     (array-coverage-hole) or that two tiles hold (array-coverage-overlap), NaN/Inf inputs
     (non-finite-contribution). Every rank calls this on the same tiles (in rank order)."""
-    T.check_refused(tiles, what)
+    pairwise.check_refused(tiles, what)
     shapes = sorted({t.shape for t in tiles})
     if len(shapes) > 1:
         says = "; ".join(f"{s} on ranks {[t.rank for t in tiles if t.shape == s]}" for s in shapes)
@@ -199,13 +199,13 @@ def check_tiles(tiles, what: str) -> None:
             f"{what}: no rank holds {_at(end, shape)} of shape {shape} (the first such index in C order)",
             hole=end,
         )
-    T.check_finite(tiles, what)
+    pairwise.check_finite(tiles, what)
 
 
 def capacity_needed(tiles: Sequence[Tile], size: int) -> int:
     """Records the largest state of an exchange in rank order can hold, from each rank's row:
     its own summary needs its room; a state sent in round i covers 2^i consecutive ranks (mod
-    size, tree.schedule), holds at most the sum of their summaries' records (each node of the
+    size, pairwise.schedule), holds at most the sum of their summaries' records (each node of the
     union holds one of theirs at least) and a merge never holds more than its two inputs, so
     the largest window of 2^(R-1) ranks bounds every frame (R rounds). The final merge of tiles
     that cover the array holds the root, and a prefix of it on the way (at most 2 * 64 nodes)."""
@@ -213,7 +213,7 @@ def capacity_needed(tiles: Sequence[Tile], size: int) -> int:
     if p != size or p == 0:
         raise ValueError("one tile per rank")
     records = [t.records for t in tiles]
-    rounds = T.rounds(size)
+    rounds = pairwise.rounds(size)
     window = 1 if rounds == 0 else 1 << (rounds - 1)
     twice = list(records) * 2
     s = sum(twice[:window])
@@ -225,10 +225,10 @@ def capacity_needed(tiles: Sequence[Tile], size: int) -> int:
 
 
 def bucket(need: int) -> int:
-    """The capacity that serves `need` records: at least tree.CAPACITY, rounded up to 1/16 of its
+    """The capacity that serves `need` records: at least pairwise.CAPACITY, rounded up to 1/16 of its
     power of two (frames at most ~6 % larger than needed, and few distinct exchanges)."""
-    if need <= T.CAPACITY:
-        return T.CAPACITY
+    if need <= pairwise.CAPACITY:
+        return pairwise.CAPACITY
     step = 1 << max(0, need.bit_length() - 5)
     return -(-need // step) * step
 
@@ -249,7 +249,7 @@ class Capacity:
     __slots__ = ("current", "_low", "_low_calls")
 
     def __init__(self) -> None:
-        self.current = T.CAPACITY
+        self.current = pairwise.CAPACITY
         self._low, self._low_calls = 0, 0
 
     def settle(self, need: int) -> bool:

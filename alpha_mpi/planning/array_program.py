@@ -1,6 +1,6 @@
 """The array reductions' summary exchange lowered to the one program format (pure).
 
-alpha_mpi.arrays (arrays/tree.py) fixes the exchange: a dissemination allgather (Bruck) in
+alpha_mpi.arrays (arrays/pairwise.py) fixes the exchange: a dissemination allgather (Bruck) in
 which rank r, in round i, sends its merged state to one rank and receives another's. Here that
 schedule becomes a Program the one engine runs, so the arrays have the engine's frames, tags,
 bounded waits and failure path. Buffers of every rank (int64 words; the engine's buffers are
@@ -50,7 +50,7 @@ def lower_summary_exchange(
     edge0: int = 0,
 ) -> Program:
     """The Program of one summary exchange on `size` ranks. `rounds_of(rank)`: that rank's
-    rounds, each with .index, .send_to, .recv_from and .rows (arrays.tree.Round); the frame
+    rounds, each with .index, .send_to, .recv_from and .rows (arrays.pairwise.Round); the frame
     identities (`topology`, `tree_order_id`, `identity`) name the operation, batch size and order;
     the message rank s sends in round i has index (header edge) `(edge0 + i) * size + s`."""
     record = 2 + k

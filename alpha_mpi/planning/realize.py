@@ -1,19 +1,11 @@
-"""Realizations of one declared tree, lowered to the one program format (pure): a registry.
+"""Realizations of one declared tree, lowered to the one program format (pure): the registry.
 
 Every realization of a tree gives the tree's bits and shares its order id; each has its own
 identity (named by every frame), so a peer running another realization is refused by name.
-Each lives in its own module, which says whether it applies (`applies(tree_plan, mode)`:
-None, or the reason it does not), lowers (`lower(...)` -> Lowering) and models its cost
-(`estimate`, cost.py):
-
-    tree       tree.py       reduce up the placed tree, deliver down (any tree)
-    scatter    scatter.py    each chunk's whole tree at one rank, chunks gathered (any tree)
-    replicate  replicate.py  allgather the top's operands (Bruck), every rank evaluates the top
-    butterfly  butterfly.py  recursive doubling over a rank-partitioned top (any p)
-    halving    halving.py    reduce-scatter by recursive halving + allgather (the same tops)
-
-`realize(tree_plan, name)` looks the module up and builds the Program; `applicable(tree_plan)`
-lists every name with None or the reason it does not apply.
+Each lives in its own module in planning/realizations/ (its docstring lists them), which says
+whether it applies, lowers it and models its cost. `realize(tree_plan, name)` looks the module
+up and builds the Program; `applicable(tree_plan)` lists every name with None or the reason it
+does not apply.
 """
 
 from __future__ import annotations
@@ -25,13 +17,13 @@ from ..model.delivery import DeliverTo, Delivery, ReduceScatter, ReplicateAll
 from ..model.layout import LayoutLike
 from ..model.tree import Node
 from ..refusals import PlanRefusal, Refusal
-from . import butterfly, halving, replicate, scatter
-from . import tree as tree_realization
 from .base import digest
 from .combine_plan import Plan
 from .combine_plan import plan as plan_tree
 from .program import Program
-from .scatter import DEFAULT_SEGMENT
+from .realizations import butterfly, halving, replicate, scatter
+from .realizations import tree as tree_realization
+from .realizations.scatter import DEFAULT_SEGMENT
 
 #: name -> module (NAME, applies, lower, estimate), in the order listings show them.
 REGISTRY: MappingProxyType[str, ModuleType] = MappingProxyType(

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..model.layout import Layout
-from ..model.tree import Leaf, Node, leaf_sequence
-from .builder import Lowering, RankBuilder, allreduce_only, frame_cost, is_split
-from .combine_plan import Plan
-from .operands import lower_expression
-from .program import Eval, Message, RankProgram
-from .ranktop import Load, RankTop, butterfly_rounds, node_times, top_of, why_not
+from ...model.layout import Layout
+from ...model.tree import Leaf, Node, leaf_sequence
+from ..builder import Lowering, RankBuilder, allreduce_only, frame_cost, is_split
+from ..combine_plan import Plan
+from ..operands import lower_expression
+from ..program import Eval, Message, RankProgram
+from ..ranktop import Load, RankTop, butterfly_rounds, node_times, top_of, why_not
 
 NAME = "butterfly"
 

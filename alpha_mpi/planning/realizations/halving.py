@@ -20,12 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..model.layout import Layout
-from .builder import Lowering, RankBuilder, frame_cost
+from ...model.layout import Layout
+from ..builder import Lowering, RankBuilder, frame_cost
+from ..combine_plan import Plan
+from ..program import Eval, Message, RankProgram
+from ..ranktop import Load, RankTop, halving_shape, top_of, why_not
 from .butterfly import Transfer, operand_value, slots_of
-from .combine_plan import Plan
-from .program import Eval, Message, RankProgram
-from .ranktop import Load, RankTop, halving_shape, top_of, why_not
 
 NAME = "halving"
 

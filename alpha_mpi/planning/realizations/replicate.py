@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..model.layout import Layout
-from ..model.tree import Node
-from .builder import Lowering, RankBuilder, allreduce_only, frame_cost
-from .combine_plan import Plan
-from .operands import lower_expression, operands, operands_by_rank, pre_evaluate, slots_of_operands
-from .program import Message, RankProgram
+from ...model.layout import Layout
+from ...model.tree import Node
+from ..builder import Lowering, RankBuilder, allreduce_only, frame_cost
+from ..combine_plan import Plan
+from ..operands import lower_expression, operands, operands_by_rank, pre_evaluate, slots_of_operands
+from ..program import Message, RankProgram
 
 NAME = "replicate"
 

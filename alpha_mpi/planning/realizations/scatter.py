@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
-from ..model.layout import Layout
-from ..model.tree import Node
-from .builder import Lowering, RankBuilder, frame_cost, is_split
-from .combine_plan import Plan
-from .operands import lower_expression, operands, operands_by_rank, pre_evaluate, slots_of_operands
-from .program import Message, RankProgram
+from ...model.layout import Layout
+from ...model.tree import Node
+from ..builder import Lowering, RankBuilder, frame_cost, is_split
+from ..combine_plan import Plan
+from ..operands import lower_expression, operands, operands_by_rank, pre_evaluate, slots_of_operands
+from ..program import Message, RankProgram
 
 NAME = "scatter"
 DEFAULT_SEGMENT = 1 << 16  # elements per scatter frame (512 KiB): transfer, add and copies pipeline

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .builder import Lowering, RankBuilder, allreduce_only, frame_cost, is_split
-from .combine_plan import Plan
-from .program import Eval, Message, RankProgram
+from ..builder import Lowering, RankBuilder, allreduce_only, frame_cost, is_split
+from ..combine_plan import Plan
+from ..program import Eval, Message, RankProgram
 
 NAME = "tree"
 

@@ -1,0 +1,17 @@
+"""The realizations of one declared tree: one module per realization (pure).
+
+Each module holds everything about its realization: `NAME`, `applies(tree_plan, mode)` (None, or
+the reason it does not apply), `lower(tree_plan, mode, receivers, segment)` (a `Lowering`: the
+per-rank program builder, planning/builder.py) and `estimate(tree_plan, cal, mode)` (its α–β–γ
+cost, planning/cost.py):
+
+    tree       reduce up the placed tree, deliver down (any tree)
+    scatter    each chunk's whole tree at one rank, chunks gathered (any tree)
+    replicate  allgather the top's operands (Bruck), every rank evaluates the top (any tree)
+    butterfly  recursive doubling over a rank-partitioned top (any p)
+    halving    reduce-scatter by recursive halving + allgather (the same tops)
+
+The registry that looks them up by name, and `realize()`, live in planning/realize.py. This
+package imports none of its modules, so the tree Plan (planning/combine_plan.py) can use the
+tree realization's lowering without an import circle.
+"""

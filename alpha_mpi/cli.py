@@ -67,11 +67,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _world_size() -> int:
-    mpi = sys.modules.get("mpi4py.MPI")
-    return mpi.COMM_WORLD.Get_size() if mpi is not None and mpi.Is_initialized() else 1
-
-
 def _abort_others(code: int) -> None:
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() and mpi.COMM_WORLD.Get_size() > 1:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import re
 import subprocess
 import sys
 
@@ -149,21 +148,6 @@ def test_names_that_moved_are_importable_where_they_live():
     assert authorization.EXECUTABLE["subnormals"] == "preserved" and callable(authorization.check_evidence)
     assert numerics.DEFAULT_SUITE in numerics.SUITES and len(numerics.kernel_build_id()) == 64
     assert "adam-v1" in formulas.FORMULAS and formulas.assignments(formulas.ADAM_V1)
-
-
-@pytest.mark.parametrize(
-    "old,where",
-    [
-        ("alpha_mpi.numerics.contract", "alpha_mpi.model"),
-        ("alpha_mpi.numerics.formulas", "alpha_mpi.model.formulas"),
-        ("alpha_mpi.numerics.conformance", "alpha_mpi.numerics.evidence"),
-    ],
-)
-def test_the_0_1_shims_are_gone_and_say_where_their_names_went(old, where):
-    """Every name a shim re-exported is importable at the place its error names."""
-    with pytest.raises(ImportError, match=rf"{re.escape(old)} is gone \(0\.2\): .*{re.escape(where)}"):
-        importlib.import_module(old)
-    assert old not in sys.modules
 
 
 def test_contracts_and_the_model_import_without_numpy_or_the_kernel():

@@ -238,32 +238,30 @@ def test_planning_100000_slots_and_a_deep_hierarchy_stay_near_linear():
         assert d["size"] == 4 and sum(d["traffic"]["sent_msgs"]) > 0
 
 
-def test_retired_keywords_of_0_1_warn_and_unknown_ones_are_a_type_error():
+def test_the_0_1_keywords_are_gone_and_unknown_ones_are_a_type_error():
+    """crossover_bytes= and depth= (0.1; ignored with a warning through 0.2's development) and
+    0.1's sixth positional argument are TypeErrors now, like any other unknown argument."""
     from mpi4py import MPI
 
     from alpha_mpi.execution import Allreducer, ScatterCombiner, allreduce
     from alpha_mpi.planning import plan_scatter
 
     tree = pairwise(range(2), 1)
-    with pytest.warns(DeprecationWarning, match="crossover_bytes= is ignored"):
-        a = Allreducer(MPI.COMM_SELF, tree, 4, crossover_bytes=1 << 16)
+    a = Allreducer(MPI.COMM_SELF, tree, 4)
     with pytest.warns(DeprecationWarning, match="Allreducer.order_id is deprecated"):
         assert a.order_id == a.layout_order_id == a.plan.layout_order_id
     a.free()
-    with pytest.warns(DeprecationWarning, match="depth= is ignored"):
-        Allreducer(MPI.COMM_SELF, tree, 4, depth=2).free()
-    with pytest.raises(TypeError, match="'crossover'"):
-        Allreducer(MPI.COMM_SELF, tree, 4, crossover=1)
-    with pytest.warns(DeprecationWarning, match="crossover_bytes= is ignored"):
-        Allreducer(MPI.COMM_SELF, tree, 4, None, "auto", 1 << 16).free()  # 0.1's 6th positional
-    with pytest.raises(TypeError, match="at most 6 positional"):
-        Allreducer(MPI.COMM_SELF, tree, 4, None, "auto", 1, 2)
-    with pytest.warns(DeprecationWarning, match="depth= is ignored"):
-        ScatterCombiner(MPI.COMM_SELF, plan_scatter(tree, None, 4, size=1), depth=2).free()
+    for kw in ({"crossover_bytes": 1 << 16}, {"depth": 2}, {"crossover": 1}):
+        with pytest.raises(TypeError, match=repr(next(iter(kw)))):
+            Allreducer(MPI.COMM_SELF, tree, 4, **kw)
+    with pytest.raises(TypeError, match="positional"):
+        Allreducer(MPI.COMM_SELF, tree, 4, None, "auto", 1 << 16)
+    with pytest.raises(TypeError, match="'depth'"):
+        ScatterCombiner(MPI.COMM_SELF, plan_scatter(tree, None, 4, size=1), depth=2)
     x = {0: np.arange(4.0), 1: np.ones(4)}
-    with pytest.warns(DeprecationWarning, match="crossover_bytes"):
-        got = allreduce(MPI.COMM_SELF, tree, x, crossover_bytes=0)
-    assert np.array_equal(got, np.arange(4.0) + 1)
+    with pytest.raises(TypeError, match="'crossover_bytes'"):
+        allreduce(MPI.COMM_SELF, tree, x, crossover_bytes=0)
+    assert np.array_equal(allreduce(MPI.COMM_SELF, tree, x), np.arange(4.0) + 1)
 
 
 def test_two_latencies_charge_further_messages_of_a_round_apart(tmp_path, monkeypatch):

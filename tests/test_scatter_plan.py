@@ -7,7 +7,7 @@ import pytest
 from alpha_mpi import DeliverTo, Layout, hierarchy, pairwise, plan, simulate, star
 from alpha_mpi.model.delivery import ReduceScatter
 from alpha_mpi.planning.check import check, count
-from alpha_mpi.planning.gather import chunk_bounds
+from alpha_mpi.planning.realizations.scatter import chunk_bounds
 from alpha_mpi.planning.realize import plan_scatter
 from alpha_mpi.refusals import Refusal
 

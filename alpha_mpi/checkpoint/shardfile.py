@@ -47,10 +47,6 @@ def header_bytes(component: str, start: int, stop: int) -> bytes:
     return body + b" " * (-len(body) % 8)
 
 
-def file_size(component: str, start: int, stop: int) -> int:
-    return 8 + len(header_bytes(component, start, stop)) + 8 * (stop - start)
-
-
 def check_header(f, path: str, size: int, component: str, start: int, stop: int) -> int:
     """Validate the header of an open shard file against its manifest entry; return the byte
     offset of its first value."""

@@ -27,7 +27,7 @@ from ..planning.realize import REALIZATIONS as NAMES
 from ..planning.realize import applicable, as_tree_plan, realize
 from ..refusals import PlanRefusal, Refusal
 from .endpoint import Endpoint
-from .engine import Engine, warn_retired
+from .engine import Engine
 from .engine_bind import Chunk
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ class Allreducer:
         layout: LayoutLike | None = None,
         delivery: ReplicateAll | DeliverTo | None = None,
         realization: str = "auto",
-        *legacy: object,
+        *,
         timeout: float | None = None,
         contract: str = "",
         segment: int | None = None,
@@ -92,11 +92,7 @@ class Allreducer:
         mode: str = "allreduce",
         calibration: Calibration | None = None,
         _stream: Stream | None = None,
-        **retired: object,
     ) -> None:
-        if len(legacy) > 1:
-            raise TypeError(f"Allreducer takes at most 6 positional arguments, got {5 + len(legacy)}")
-        warn_retired({**retired, **({"crossover_bytes": legacy[0]} if legacy else {})})
         # The planning first: it may refuse on one rank only (a realization that does not
         # apply, a plan for another size). A rank whose planning refused takes part in the build
         # agreement of the executor its peers build, with its refusal (Endpoint.refuse_build),

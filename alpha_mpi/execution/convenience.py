@@ -33,7 +33,6 @@ from ..planning.realize import REDUCE_SCATTER, as_tree_plan
 from ..refusals import PlanRefusal, Refusal
 from .allreducer import Allreducer
 from .endpoint import Endpoint, Stream
-from .engine import warn_retired
 from .engine_bind import Chunk
 
 if TYPE_CHECKING:
@@ -191,12 +190,10 @@ def allreduce(
     timeout: float | None = None,
     segment: int | None = None,
     coverage: Coverage | None = None,
-    **retired: object,
 ) -> np.ndarray | None:
     """Combine `contributions` (slot -> float64 array, or (numerator, mass) tuple) by `tree`
     (a Node or a tree Plan) with the chosen realization. Returns the combined payload where
     delivery reaches this rank, else None. Executors are cached (see the module docstring)."""
-    warn_retired(retired)
     cached = _cached(
         comm, tree, contributions, delivery, layout, realization, "allreduce", coverage, segment, timeout
     )

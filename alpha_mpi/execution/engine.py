@@ -45,7 +45,6 @@ Failure semantics (the protocol, not an afterthought):
 from __future__ import annotations
 
 import sys
-import warnings
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -69,21 +68,6 @@ if TYPE_CHECKING:
 
     from .contributions import Contributions
     from .endpoint import Seat, Stream
-
-# Keywords of 0.1 that no longer steer anything: accepted with a warning, so old scripts run.
-_RETIRED = {
-    "crossover_bytes": "auto chooses by the α–β–γ model (calibration=, ALPHA_MPI_CALIBRATION)",
-    "depth": "the engine allocates its own buffers per message",
-}
-
-
-def warn_retired(kwargs: dict) -> None:
-    """Warn (DeprecationWarning) for each retired 0.1 keyword; any other is a TypeError."""
-    for k in kwargs:
-        if k not in _RETIRED:
-            raise TypeError(f"unexpected keyword argument {k!r}")
-        warnings.warn(f"{k}= is ignored since 0.2: {_RETIRED[k]}", DeprecationWarning, stacklevel=3)
-
 
 class Engine:
     """Executes one Program repeatedly on one communicator. Build it on every rank of `comm`.
@@ -109,9 +93,7 @@ class Engine:
         what: str = "executor",
         stream: Stream | None = None,
         seat: Seat | None = None,
-        **retired: object,
     ) -> None:
-        warn_retired(retired)
         # Everything that can refuse on one rank is decided before the build agreement, and
         # every rank takes part in it with its verdict: every rank built the same executor, or
         # every rank refuses by name and no later call pairs with the wrong one.
@@ -453,4 +435,4 @@ def _check_size(program: Program, comm) -> None:
         )
 
 
-__all__ = ["Engine", "warn_retired"]
+__all__ = ["Engine"]

@@ -76,13 +76,14 @@ FLAG_VOTE = 8  # a caller's one-bit vote riding on the frames (OR-ed along the p
 if _FMT.size != 100:  # the layout above is part of the wire format
     raise ImportError("alpha_mpi frame header layout changed size")
 
-_FLAGS_OFF, _STEP_OFF, _REFUSED_OFF, _CODE_OFF, _PCRC_OFF, _SEQ_OFF, _CRC_OFF = (
+_FLAGS_OFF, _STEP_OFF, _REFUSED_OFF, _CODE_OFF, _PCRC_OFF, _SEQ_OFF, _RESERVED_OFF, _CRC_OFF = (
     11,
     64,
     100,
     104,
     108,
     112,
+    120,
     124,
 )
 # The C round reads the same offsets from csrc/frame.h: they must be the table's.
@@ -332,7 +333,7 @@ class FrameSpec:
                 "two executors share a communicator)",
                 **ctx,
             )
-        if h[120:124] != bytes(4):
+        if h[_RESERVED_OFF:_CRC_OFF] != bytes(_CRC_OFF - _RESERVED_OFF):
             raise FrameRefusal("frame-checksum", f"{where}: reserved header bytes are not zero", **ctx)
         return flags
 

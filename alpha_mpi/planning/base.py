@@ -56,10 +56,6 @@ class PlanBase:
     identity: str
     receivers: frozenset[int]  # ranks whose run returns the whole result
 
-    @property
-    def payload_bytes(self) -> int:
-        return self.layout.nbytes
-
     order_id = deprecated_order_id("Plan")
 
     def check_rank(self, rank: int) -> int:

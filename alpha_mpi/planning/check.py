@@ -176,7 +176,7 @@ def op_grid(ranks, pcs, message: str = "") -> str:
     return "\n".join(lines)
 
 
-def check(program, leaf_slots_count=None) -> Cost:
+def check(program) -> Cost:
     """Run `program` symbolically on every rank; returns its Cost. Raises plan-simulation-failed."""
     p = program.size
     n = program.layout.total

@@ -135,11 +135,6 @@ class Plan(PlanBase):
         return "\n".join(lines)
 
 
-def order_id_with_layout(tree_order_id: str, layout) -> str:
-    """Former name of `layout_order_id` (kept for callers of 0.1)."""
-    return layout_order_id(tree_order_id, layout)
-
-
 # -- pass 1: group ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Grouping:

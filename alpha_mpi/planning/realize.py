@@ -140,15 +140,6 @@ def plan_scatter(
     )
 
 
-def reduce_scatter_chunks(program: Program) -> tuple[tuple[int, int], ...]:
-    if program.chunks is None:
-        raise PlanRefusal(
-            "plan-delivery-mismatch",
-            f"the {program.realization} program delivers the whole result, not chunks",
-        )
-    return program.chunks
-
-
 __all__ = [
     "REALIZATIONS",
     "REDUCE_SCATTER",
@@ -157,6 +148,5 @@ __all__ = [
     "applicable",
     "as_tree_plan",
     "REGISTRY",
-    "reduce_scatter_chunks",
     "DeliverTo",
 ]

@@ -9,14 +9,12 @@ waits forever, and every receiver ends with exactly the declared tree's expressi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..model.tree import expression
 from .check import check
 from .combine_plan import Plan
 from .realize import realize
-from .steps import Step
 
 
 @dataclass
@@ -57,21 +55,6 @@ class Traffic:
                 for (ph, i), (s, d, b) in sorted(self.per_edge.items())
             ],
         }
-
-
-def grid(
-    programs: Sequence[Sequence[Step]], pcs: Sequence[int] | None, failing_rank: int | None = None
-) -> str:
-    """The rank x step grid, each rank's current step marked; the failing one with ERROR HERE."""
-    lines = []
-    for r, steps in enumerate(programs):
-        cells = []
-        for i, s in enumerate(steps):
-            mark = "*" if pcs is not None and i == pcs[r] else ""
-            cells.append(f"{mark}{s}")
-        tail = "  <-- ERROR HERE" if r == failing_rank else ""
-        lines.append(f"  r{r}: " + (" ".join(cells) if cells else "(idle)") + tail)
-    return "\n".join(lines)
 
 
 def simulate(plan: Plan) -> Traffic:

@@ -43,7 +43,7 @@ from ... import oracle
 from ...model import build
 from ...planning import plan
 from ...planning.cost import load_calibration
-from ...planning.gather import DEFAULT_SEGMENT
+from ...planning.realizations.scatter import DEFAULT_SEGMENT
 from ...planning.realize import REALIZATIONS, applicable
 from ...planning.validate import MAX_NODES
 from ...refusals import Refusal

@@ -14,7 +14,7 @@ def test_plan_text_output():
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert "topology      hierarchy:2   delivery DeliverTo(3)" in out
-    assert "r3: E1 rS1>1:8 E3 rS3>1:8 dR8<1:8" in out
+    assert "r3: P8 C0 S1 C1 S3 W8 C2 D1 D3" in out  # its two leaves up, the result from rank 1
     assert "root rank     0   receivers [3]" in out
     assert "  total           9          72" in out
 

@@ -1,6 +1,7 @@
 """The planner and the dry-run simulator: schedules, delivery laws, assembly. One process."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -18,8 +19,10 @@ from alpha_mpi import (
     star,
 )
 from alpha_mpi.model import expression
-from alpha_mpi.planning import Step
+from alpha_mpi.planning import realize
 from alpha_mpi.planning.assembly import even_ranges
+from alpha_mpi.planning.check import check
+from alpha_mpi.planning.program import Op
 
 
 def test_star_delivery_law_hub_sends_one_instead_of_three():
@@ -48,10 +51,12 @@ def test_plan_is_deterministic_and_rows_are_per_rank():
     t = hierarchy(range(10), 4, 3)
     a, b = plan(t, None, 5), plan(t, None, 5)
     assert a.to_json() == b.to_json()
+    pa, pb = realize(a, "tree"), realize(b, "tree")
+    assert pa.identity == a.identity and pa.describe() == pb.describe()
     for r in range(4):
-        assert a.rank_program(r) == b.rank_program(r)
+        assert pa.rank(r) == pb.rank(r)
     with pytest.raises(Refusal) as e:
-        a.rank_program(4)
+        pa.rank(4)
     assert e.value.code == "rank-out-of-range"
 
 
@@ -67,15 +72,15 @@ def test_local_subtree_is_one_fused_group():
         assert sum(1 for op in g.program if op == -1) == len(g.inputs) - 1
 
 
-def test_step_strings_round_trip():
+def test_op_strings_round_trip():
     for t in (star(range(9), 3), hierarchy(range(9), 3, 2), hierarchy(range(9), 9, 3)):
         for d in (ReplicateAll(), DeliverTo(2)):
-            p = plan(t, d, Layout.weighted(5))
-            for steps in p.programs:
-                for s in steps:
-                    assert Step.parse(str(s)) == s
+            prog = realize(plan(t, d, Layout.weighted(5)), "tree")
+            for r in range(prog.size):
+                for op in prog.rank(r).ops:
+                    assert Op.parse(str(op)) == op
     with pytest.raises(Refusal) as e:
-        Step.parse("rR3>1:8")
+        Op.parse("rR3<1:8")  # the Step form of before: the Program is the one schedule
     assert e.value.code == "step-parse-error"
 
 
@@ -107,14 +112,23 @@ def test_plan_refusals():
 
 def test_simulator_catches_a_broken_schedule():
     p = plan(star(range(3), 3), None, 1)
-    # Drop rank 1's send: rank 0 waits forever -> named refusal with the grid, not a hang.
-    progs = list(p.programs)
-    progs[1] = tuple(s for s in progs[1] if not (s.kind == "S" and s.phase == "r"))
-    broken = p.__class__(**{**p.__dict__, "programs": tuple(progs)})
+    prog = realize(p, "tree")
+    check(prog)
+    # Rank 1 waits for the result (W3) before it sends its leaf up (S0): rank 0 waits for that
+    # leaf, rank 1 for rank 0 -> a deadlock, named with the grid, not a hang.
+    r1 = prog.rank(1)
+    assert r1.text() == "P3 C0 S0 W3 C1 D0"
+    ops = tuple(Op.parse(x) for x in "P3 W3 C0 S0 C1 D0".split())
+    broken = replace(prog, builder=lambda r: replace(r1, ops=ops) if r == 1 else prog.rank(r))
     with pytest.raises(Refusal) as e:
-        simulate(broken)
+        check(broken)
     assert e.value.code == "plan-simulation-failed"
     assert "ERROR HERE" in str(e.value)
+    # A tree plan whose rank 1 sends its value to rank 2 instead of the hub is refused too.
+    edges = tuple(replace(e, dst=2) if (e.phase, e.src) == ("r", 1) else e for e in p.edges)
+    with pytest.raises(Refusal) as e:
+        simulate(replace(p, edges=edges))
+    assert e.value.code == "plan-simulation-failed"
 
 
 def test_branch_owned_by_a_rank_without_leaves_relays():

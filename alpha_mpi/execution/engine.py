@@ -69,6 +69,7 @@ if TYPE_CHECKING:
     from .contributions import Contributions
     from .endpoint import Seat, Stream
 
+
 class Engine:
     """Executes one Program repeatedly on one communicator. Build it on every rank of `comm`.
 

@@ -1,20 +1,20 @@
-"""The tree planner: tree + delivery + payload layout -> every rank's steps (pure, deterministic).
+"""The tree planner: tree + delivery + payload layout -> groups and edges (pure, deterministic).
 
 `plan()` is four passes over frozen data: `validate` (validate.py: the request, once), `group`
-(the tree cut into one-owner groups), `lower_reduce` (groups, reduce edges and steps up the
-tree) and `lower_deliver` (the result's way down). The Plan is the tree realization; realize.py
-lowers it, or any other realization of the same tree, to the executor's program format.
+(the tree cut into one-owner groups), `lower_reduce` (groups and the reduce edges up the tree)
+and `lower_deliver` (the deliver edges: the result's way down). The Plan is the tree
+realization's data; its one executable form is the Program (planning/program.py) that
+realizations/tree.py lowers it to (`realize(plan, "tree")`), whose order is:
 
-The steps, as the tree realization runs them:
-1. Post one receive per `R` step of the rank, from the named peer, of exactly the frame size.
-2. Walk the steps in order. `E g` waits for the receives feeding group g, then evaluates the
-   group's postfix program over its inputs (local contributions, received payloads, results of
-   earlier local groups) in one fused kernel pass, writing straight into the payload of the
-   outgoing frame, a scratch buffer, or the result. `S e` starts the send of edge e.
-3. Deliver phase: a rank waits for its single `dR` (unless it is the root) and starts its `dS`
-   sends of the same value.
-Groups run in the global postorder of their roots, so any group waits only on groups that come
-earlier in that order: no cycle, hence no deadlock, with non-blocking sends.
+1. Reduce, group by group in the global postorder of their roots: wait for the reduce edges
+   feeding the group, evaluate its postfix program over its inputs (local contributions,
+   received payloads, results of earlier local groups) in one fused kernel pass, writing
+   straight into the payload of the outgoing frame, a scratch buffer, or the result; start the
+   send of the group's edge where its parent lives on another rank.
+2. Deliver: a rank other than the root waits for its one deliver edge, then starts its deliver
+   sends of the same value, in edge order.
+Any group waits only on groups that come earlier in that order: no cycle, hence no deadlock,
+with non-blocking sends.
 
 A group is a maximal connected piece of the tree with one owner. Its program is cut further
 where the postfix stack would exceed the kernel's fixed depth (a right-deep chain on one rank),
@@ -32,8 +32,19 @@ from ..model.topology import classify
 from ..model.tree import Branch, Leaf, Node, expression
 from .base import PlanBase, digest, layout_order_id
 from .postfix import STACK_LIMIT, postfix, postfix_text, stack_cuts
-from .steps import Edge, Step
 from .validate import MAX_NODES, PlanRequest, validate
+
+
+@dataclass(frozen=True)
+class Edge:
+    """One planned message of the tree realization: `phase` ("r" reduce, "d" deliver) frame
+    number `index` from `src` to `dst`, `nbytes` of payload."""
+
+    index: int
+    phase: str
+    src: int
+    dst: int
+    nbytes: int
 
 
 @dataclass(frozen=True)
@@ -52,15 +63,12 @@ class Group:
 
 @dataclass(frozen=True)
 class Plan(PlanBase):
-    """The tree realization: groups, edges and every rank's steps (see the module docstring)."""
+    """The tree realization: its groups and edges (see the module docstring). The order each
+    rank runs them in is its Program's: `realize(plan, "tree")` (realizations/tree.py)."""
 
     groups: tuple = ()
-    edges: tuple = ()
-    programs: tuple = ()  # programs[rank] = tuple of Steps
+    edges: tuple = ()  # reduce edges (group order), then deliver edges
     root_rank: int = 0
-
-    def rank_program(self, rank: int) -> tuple:
-        return self.programs[self.check_rank(rank)]
 
     def slots_of(self, rank: int) -> tuple:
         """The leaves `rank` passes, in group order (one pass over the groups for all ranks)."""
@@ -84,8 +92,10 @@ class Plan(PlanBase):
         return m
 
     # -- printing ---------------------------------------------------------------------------
-    def to_dict(self) -> dict:
-        return {
+    def to_dict(self, program=None) -> dict:
+        """The plan as JSON-ready data; with `program` (its Program, `realize(plan, "tree")`)
+        each rank's ops as text under "ranks"."""
+        out = {
             **self.header_dict(),
             "tree": expression(self.tree, placed=True),
             "root_rank": self.root_rank,
@@ -93,10 +103,14 @@ class Plan(PlanBase):
                 {"index": g.index, "rank": g.rank, "expression": g.expression(), "output": list(g.output)}
                 for g in self.groups
             ],
-            "ranks": {str(r): [str(s) for s in steps] for r, steps in enumerate(self.programs)},
         }
+        if program is not None:
+            out["ranks"] = {str(r): program.rank(r).text() for r in range(self.size)}
+        return out
 
-    def describe(self, traffic=None) -> str:
+    def describe(self, traffic=None, program=None) -> str:
+        """The plan as text: tree, identities, groups; with `program` (its Program,
+        `realize(plan, "tree")`) each rank's ops, with `traffic` (`simulate(plan)`) its table."""
         lines = [
             f"tree          {expression(self.tree, placed=True)}",
             f"topology      {self.topology}   delivery {self.delivery!r}   layout {self.layout.key()}",
@@ -109,9 +123,9 @@ class Plan(PlanBase):
                 g.output[0]
             ]
             lines.append(f"  g{g.index} @r{g.rank}: {g.expression()} {out}")
-        lines.append("schedule:")
-        for r, steps in enumerate(self.programs):
-            lines.append(f"  r{r}: " + (" ".join(map(str, steps)) if steps else "(idle)"))
+        if program is not None:
+            lines.append("schedule:")
+            lines += [f"  r{r}: {program.rank(r).text()}" for r in range(self.size)]
         if traffic is not None:
             lines.append(traffic.table())
         return "\n".join(lines)
@@ -193,8 +207,8 @@ def _group_program(root, gr: Grouping) -> tuple:
 
 
 def lower_reduce(req: PlanRequest, gr: Grouping) -> tuple:
-    """(groups, reduce edges, per-rank reduce steps): each rank receives a group's edges, then
-    evaluates it, then sends its result up when the parent lives elsewhere."""
+    """(groups, reduce edges): a group's result goes up an edge where its parent lives on
+    another rank."""
     nbytes = req.layout.nbytes
     groups, edges = [], []
     for g, root in enumerate(gr.roots):
@@ -208,21 +222,13 @@ def lower_reduce(req: PlanRequest, gr: Grouping) -> tuple:
         else:
             output = ("root", 0)
         groups.append(Group(g, root.owner, inputs, prog, output))
-    steps: list[list] = [[] for _ in range(req.size)]
-    for grp in groups:
-        mine = steps[grp.rank]
-        mine.extend(Step("R", v, "r", edges[v].src, nbytes) for kind, v in grp.inputs if kind == "edge")
-        mine.append(Step("E", grp.index))
-        if grp.output[0] == "edge":
-            e = grp.output[1]
-            mine.append(Step("S", e, "r", edges[e].dst, nbytes))
-    return tuple(groups), tuple(edges), steps
+    return tuple(groups), tuple(edges)
 
 
 # -- pass 3: lower the delivery -------------------------------------------------------------------
 def lower_deliver(req: PlanRequest, gr: Grouping, groups: tuple, first_edge: int) -> tuple:
-    """(deliver edges, per-rank deliver steps, receivers): the result travels down the group
-    tree from the root's rank, each rank receiving it at most once."""
+    """(deliver edges, receivers): the result travels down the group tree from the root's
+    rank, each rank receiving it at most once."""
     nbytes = req.layout.nbytes
     parent_rank = {gr.index[id(n)]: gr.parent[id(n)].owner for n in gr.roots if id(n) in gr.parent}
     if isinstance(req.delivery, ReplicateAll):
@@ -239,16 +245,12 @@ def lower_deliver(req: PlanRequest, gr: Grouping, groups: tuple, first_edge: int
         wanted = list(reversed(path))
         receivers = frozenset([target])
     holders, edges = {req.tree.owner}, []
-    steps: dict[int, list] = {r: [] for r in range(req.size)}
     for g in wanted:
         if g.rank in holders:
             continue
-        src, e = parent_rank[g.index], first_edge + len(edges)
-        edges.append(Edge(e, "d", src, g.rank, nbytes))
-        steps[g.rank].insert(0, Step("R", e, "d", src, nbytes))
-        steps[src].append(Step("S", e, "d", g.rank, nbytes))
+        edges.append(Edge(first_edge + len(edges), "d", parent_rank[g.index], g.rank, nbytes))
         holders.add(g.rank)
-    return tuple(edges), steps, receivers
+    return tuple(edges), receivers
 
 
 def plan(
@@ -265,8 +267,8 @@ def plan(
     a malformed tree, coverage, placement, delivery or size by its code."""
     req = validate(tree, delivery, layout, size=size, coverage=coverage)
     gr = group(req)
-    groups, up, steps = lower_reduce(req, gr)
-    down, deliver_steps, receivers = lower_deliver(req, gr, groups, len(up))
+    groups, up = lower_reduce(req, gr)
+    down, receivers = lower_deliver(req, gr, groups, len(up))
     tree = req.tree
     return Plan(
         realization="tree",
@@ -282,13 +284,13 @@ def plan(
         receivers=receivers,
         groups=groups,
         edges=up + down,
-        programs=tuple(tuple(steps[r] + deliver_steps[r]) for r in range(req.size)),
         root_rank=tree.owner,
     )
 
 
 __all__ = [
     "Plan",
+    "Edge",
     "Group",
     "Grouping",
     "plan",

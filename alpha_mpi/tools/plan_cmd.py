@@ -117,16 +117,16 @@ def run(argv) -> int:
 
 
 def _tree(tp, fmt, asked: str, topology: str) -> int:
-    traffic = simulate(tp)
+    traffic, prog = simulate(tp), realize(tp, "tree")
     if fmt == "json":
-        d = tp.to_dict()
+        d = tp.to_dict(prog)
         d["traffic"] = traffic.to_dict()
         d["topology_asked"] = asked
         print(json.dumps(d, indent=2))
     elif fmt == "dot":
         print(tp.to_dot())
     else:
-        print(_with_topology(tp.describe(traffic), topology))
+        print(_with_topology(tp.describe(traffic, prog), topology))
     return 0
 
 

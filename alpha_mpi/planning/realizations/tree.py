@@ -1,9 +1,10 @@
 """The `tree` realization: reduce up the placed tree, deliver down (any tree; pure).
 
-The tree Plan (combine_plan.py) already holds every rank's steps; `lower` writes them as the
-executor's program once, step by step: a group's evaluation writes an up-going frame's payload
-straight into a framed buffer, its `S` step sends it, and the deliver phase relays the result
-down the tree. The Program keeps the tree Plan's identity.
+The tree Plan (combine_plan.py) holds the groups and edges; `lower` writes each rank's program
+in the order combine_plan.py's docstring states: the rank's groups in global postorder (wait
+for the reduce edges feeding one, evaluate it, the kernel writing an up-going frame's payload
+straight into a framed buffer, send it), then the deliver phase (wait for the result from the
+parent, relay it down the tree). The Program keeps the tree Plan's identity.
 """
 
 from __future__ import annotations
@@ -67,47 +68,50 @@ def lower_tree(tp: Plan) -> Callable[[int], RankProgram]:
     def msg(e) -> Message:
         return Message(e.index, e.phase, e.src, e.dst, seq[e.index], n, f"{key}|{e.phase}{e.index}")
 
+    deliver_in = {e.dst: e for e in tp.edges if e.phase == "d"}
+    deliver_out: dict = {}
+    for e in tp.edges:
+        if e.phase == "d":
+            deliver_out.setdefault(e.src, []).append(e)
+
     def build(r: int):
         b = RankBuilder(r, n)
         receiver = r in tp.receivers
         res = b.out() if receiver else None
-        group_out, recv_at, edge_value = {}, {}, {}
+        group_out, recv_at = {}, {}
         holder = None
-        for s in tp.programs[r]:
-            if s.kind == "R" and s.phase == "r":
-                recv_at[s.index] = b.recv(msg(tp.edge("r", s.index)), None)
-            elif s.kind == "E":
-                g = tp.groups[s.index]
-                kind, v = g.output
-                if kind == "edge":
-                    dest = b.work(n, framed=True)  # the kernel writes the frame's payload
-                elif kind == "group":
-                    dest = b.work(n)
-                else:
-                    dest = res if res is not None else b.work(n, framed=not is_split(n))
-                    holder = dest
-                group_out[g.index] = dest
-                inputs = tuple(
-                    b.leaf(x, n) if k == "leaf" else recv_at[x] if k == "edge" else group_out[x]
-                    for k, x in g.inputs
-                )
-                prog = g.program
-                if len(prog) == 1:
-                    b.copy(inputs[0], dest)
-                else:
-                    b.eval(Eval(inputs, prog, dest))
-                if kind == "root":
-                    b.check(dest)
-                elif kind == "edge":
-                    edge_value[v] = dest
-            elif s.kind == "R":  # deliver: the result, from the parent
-                holder = b.recv(msg(tp.edge("d", s.index)), res)
-            elif s.kind == "S" and s.phase == "r":  # the group's value, up to its parent
-                b.send(msg(tp.edge("r", s.index)), edge_value[s.index])
+        for g in tp.groups:
+            if g.rank != r:
+                continue
+            for k, x in g.inputs:  # the reduce edges feeding the group, from their senders
+                if k == "edge":
+                    recv_at[x] = b.recv(msg(tp.edge("r", x)), None)
+            kind, v = g.output
+            if kind == "edge":
+                dest = b.work(n, framed=True)  # the kernel writes the frame's payload
+            elif kind == "group":
+                dest = b.work(n)
             else:
-                holder = b.send(msg(tp.edge("d", s.index)), holder)
-        slots = tp.slots_of(r)
-        return b.build(slots, res)
+                dest = res if res is not None else b.work(n, framed=not is_split(n))
+                holder = dest
+            group_out[g.index] = dest
+            inputs = tuple(
+                b.leaf(x, n) if k == "leaf" else recv_at[x] if k == "edge" else group_out[x]
+                for k, x in g.inputs
+            )
+            if len(g.program) == 1:
+                b.copy(inputs[0], dest)
+            else:
+                b.eval(Eval(inputs, g.program, dest))
+            if kind == "root":
+                b.check(dest)
+            elif kind == "edge":  # the group's value, up to its parent
+                b.send(msg(tp.edge("r", v)), dest)
+        if r in deliver_in:  # the result, from the parent
+            holder = b.recv(msg(deliver_in[r]), res)
+        for e in deliver_out.get(r, ()):
+            holder = b.send(msg(e), holder)
+        return b.build(tp.slots_of(r), res)
 
     return build
 

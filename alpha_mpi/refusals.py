@@ -44,7 +44,7 @@ ADVICE: dict[str, str] = {
     "delivery-invalid": "use ReplicateAll() or DeliverTo(rank)",
     "layout-invalid": "a payload layout is a non-empty list of (name, element count >= 1) pairs",
     "plan-rank-mismatch": "plan for the communicator you execute on (plan(..., size=comm.size))",
-    "step-parse-error": "a step string looks like 'R3<1e4', 'E2', 'S3>0e4' (see Step.__str__)",
+    "step-parse-error": "an op reads like 'P3', 'S3', 'W3', 'E2' (planning.program.Op); an array exchange round like 'R1 >3 <0 g2' (arrays.pairwise.Round)",
     "plan-simulation-failed": "the plan is inconsistent; this is a planner bug, please report it",
     "data-parallel-assembly-overlap": "give each coordinate to exactly one owner (ranges must not overlap)",
     "data-parallel-assembly-coverage": "the owners' ranges must cover 0..n-1 with no hole",

@@ -21,6 +21,7 @@ from alpha_mpi import (
 from alpha_mpi.model import expression
 from alpha_mpi.planning import realize
 from alpha_mpi.planning.assembly import even_ranges
+from alpha_mpi.planning.assembly_program import lower_assembly
 from alpha_mpi.planning.check import check
 from alpha_mpi.planning.program import Op
 
@@ -140,9 +141,12 @@ def test_branch_owned_by_a_rank_without_leaves_relays():
 
 def test_assembly_selection_and_refusals():
     p = plan_assembly(even_ranges(10, 3), 10, 3)
-    assert sum(1 for e in p.edges) == 6
+    prog = lower_assembly(p)
+    assert sum(len(prog.rank(r).sends()) for r in range(3)) == 6
+    assert "  [0, 3) @r0" in p.describe() and "  r1: " in p.describe(prog)
     p = plan_assembly(even_ranges(10, 3), 10, 3, DeliverTo(0))
-    assert {e.dst for e in p.edges} == {0}
+    prog = lower_assembly(p)
+    assert {m.dst for r in range(3) for m in prog.rank(r).sends()} == {0}
     for ranges, code in (
         ([(0, 0, 6), (1, 5, 10)], "data-parallel-assembly-overlap"),
         ([(0, 0, 4), (1, 5, 10)], "data-parallel-assembly-coverage"),

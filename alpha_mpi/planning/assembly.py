@@ -1,8 +1,11 @@
 """Assembly plans: a full vector built by selection from owners of disjoint coordinate ranges.
 
 No arithmetic: each word comes from exactly the owner that holds it. Overlap and holes are
-refused before anything moves. Protocol: every rank posts its `aR` receives (from the named
-owner, of exactly that range's size), copies its own ranges, starts its `aS` sends, then waits.
+refused before anything moves. The plan is the pieces, the delivery and the identity; its one
+executable form is the Program `lower_assembly(plan)` builds (assembly_program.py), in which
+rank r starts the send of each piece it owns to every other receiver, copies its own pieces
+into its result where it is a receiver, then waits for every other owner's piece (from that
+owner, of exactly that range's size).
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ from dataclasses import dataclass
 
 from ..model.delivery import DeliverTo, ReplicateAll, check_delivery
 from ..refusals import ModelRefusal
-from .steps import Edge, Step
 from .validate import check_size
 
 
@@ -24,23 +26,21 @@ class AssemblyPlan:
     pieces: tuple[tuple[int, int, int], ...]  # (owner, start, stop), sorted by start
     delivery: ReplicateAll | DeliverTo
     identity: str
-    edges: tuple  # Edge(index, "a", src, dst, nbytes)
-    programs: tuple
     receivers: frozenset[int]
 
-    def piece_of_edge(self, index: int) -> tuple[int, int, int]:
-        return self.pieces[index // self.size]
-
-    def describe(self) -> str:
+    def describe(self, program=None) -> str:
+        """The plan as text: pieces and owners; with `program` (`lower_assembly(plan)`) each
+        rank's ops."""
         lines = [
             f"assembly of {self.n} coordinates, {self.delivery!r}",
             f"identity {self.identity}",
             "pieces:",
         ]
         lines += [f"  [{a}, {b}) @r{o}" for o, a, b in self.pieces]
-        lines.append("schedule:")
-        for r, steps in enumerate(self.programs):
-            lines.append(f"  r{r}: " + (" ".join(map(str, steps)) if steps else "(idle)"))
+        lines.append(f"receivers {sorted(self.receivers)}")
+        if program is not None:
+            lines.append("schedule:")
+            lines += [f"  r{r}: {program.rank(r).text()}" for r in range(self.size)]
         return "\n".join(lines)
 
 
@@ -109,19 +109,9 @@ def plan_assembly(
         receivers = frozenset([delivery.target])
     else:
         receivers = frozenset(range(size))
-    edges, recvs, sends = [], [[] for _ in range(size)], [[] for _ in range(size)]
-    for i, (owner, start, stop) in enumerate(pieces):
-        for dst in sorted(receivers):
-            if dst == owner:
-                continue
-            e = Edge(i * size + dst, "a", owner, dst, 8 * (stop - start))
-            edges.append(e)
-            recvs[dst].append(Step("R", e.index, "a", owner, e.nbytes))
-            sends[owner].append(Step("S", e.index, "a", dst, e.nbytes))
     key = ";".join(f"{o}:{a}:{b}" for o, a, b in pieces)
     identity = hashlib.sha256(f"alpha-mpi/assembly/v1\0{n}\0{key}\0{delivery.key()}".encode()).hexdigest()
-    programs = tuple(tuple(recvs[r] + sends[r]) for r in range(size))
-    return AssemblyPlan(n, size, pieces, delivery, identity, tuple(edges), programs, receivers)
+    return AssemblyPlan(n, size, pieces, delivery, identity, receivers)
 
 
 def even_ranges(n: int, size: int) -> list[tuple[int, int, int]]:

@@ -3,9 +3,9 @@
 Assembly is selection, no arithmetic: rank r's program sends each piece it owns to every other
 receiver (S, from the piece itself, `L<i>` for piece i of the plan), copies its own pieces into
 `out` where it is a receiver (C), and receives every other owner's piece into its `out` region
-(W). The frames are the assembly frames of before (phase "assemble", topology "assembly", order
-"selection", identity the plan's, layout `range:a:b`, edge owner-index * size + receiver), now
-sent with the engine's tags and failure path.
+(W). The frames are the assembly frames (phase "assemble", topology "assembly", order
+"selection", identity the plan's, layout `range:a:b`, message index piece-index * size +
+receiver), sent with the engine's tags and failure path.
 """
 
 from __future__ import annotations

@@ -32,13 +32,21 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from ..refusals import PlanRefusal
 from .base import PlanBase
 from .postfix import postfix_text
-from .steps import parse_or_refuse
 
 OP_KINDS = "PSWDECFM"
 FLAG_SEQ = -1  # Message.seq of a flag-round frame (planning/flag_rounds.py)
 _OP_RE = re.compile(r"^([PSWDECFM])(\d+)$")
+
+
+def parse_or_refuse(regex, text: str, what: str):
+    """The match of `regex` on `text` (stripped), refused as `step-parse-error` naming `what`."""
+    m = regex.match(text.strip()) if isinstance(text, str) else None
+    if not m:
+        raise PlanRefusal("step-parse-error", f"cannot read {what} {text!r}")
+    return m
 
 
 @dataclass(frozen=True)

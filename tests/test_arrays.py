@@ -7,6 +7,7 @@ by the kernel and merged in any order, gives the oracle's bits. The MPI suite
 """
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -16,6 +17,8 @@ from hypothesis import strategies as st
 
 from alpha_mpi.arrays import local
 from alpha_mpi.arrays import pairwise as pw
+from alpha_mpi.planning import array_program as ap
+from alpha_mpi.planning.check import check
 from alpha_mpi.refusals import PlanRefusal, Refusal
 
 from conftest import order_sensitive
@@ -101,20 +104,43 @@ def test_two_runs_fit_the_capacity(n, data):
 
 def test_schedule_and_simulation_at_every_size():
     for p in range(1, 34):
-        assert len(pw.schedule(p, 0)) == pw.rounds(p) == (math.ceil(math.log2(p)) if p > 1 else 0)
-        pw.simulate(p)
+        assert len(ap.schedule(p, 0)) == ap.rounds(p) == (math.ceil(math.log2(p)) if p > 1 else 0)
+        assert pw.simulate(p)[p - 1] == [p - 1, *range(p - 1)]
         rng = np.random.default_rng(p)
-        pw.simulate(p, tuple(rng.permutation(p).tolist()))
-    r = pw.schedule(5, 3)[2]
-    assert str(r) == "R2 >4 <2 g1" and pw.Round.parse(str(r)) == r
+        order = tuple(rng.permutation(p).tolist())
+        assert pw.simulate(p, order)[order[0]] == list(order)
+    r = ap.schedule(5, 3)[2]
+    assert str(r) == "R2 >4 <2 g1" and ap.Round.parse(str(r)) == r
     with pytest.raises(PlanRefusal) as e:
-        pw.Round.parse("R2 4 2")
+        ap.Round.parse("R2 4 2")
     assert e.value.code == "step-parse-error"
+    for bad in ((0, 0, 1), (0, 1)):
+        with pytest.raises(PlanRefusal) as e:
+            pw.simulate(3, bad)
+        assert e.value.code == "rank-order-invalid"
+
+
+def test_the_simulator_refuses_a_broken_exchange():
+    """planning.check runs the exchange's Program: a rank that files the rows it receives at
+    the wrong table row, or merges a state it never received, is refused by name."""
+    prog = pw.exchange_program(4)
+    rp = prog.rank(1)
+    lands = [i for i, (_, dst) in enumerate(rp.copies) if dst.buf == ap.TABLE]
+    copies = list(rp.copies)
+    src, dst = copies[lands[1]]  # round 1's two rows land at row 2: put them at row 1 instead
+    copies[lands[1]] = (src, dst.sub(-pw.ROW_WORDS, dst.count))
+    for broken, says in (
+        (replace(rp, copies=tuple(copies)), "rank 1 ends with another row"),
+        (replace(rp, merges=(replace(rp.merges[0], b=rp.merges[1].b), *rp.merges[1:])), "holds no value"),
+    ):
+        with pytest.raises(PlanRefusal) as e:
+            check(replace(prog, builder=lambda r, b=broken: b if r == 1 else prog.rank(r)))
+        assert e.value.code == "plan-simulation-failed" and says in e.value.message, e.value.message
 
 
 def test_frame_sizes_depend_on_size_round_and_batch_only():
     assert pw.frame_words(2, 0, 1) == 2 + 4 + pw.CAPACITY * 3
-    assert [pw.rows_in_round(5, i) for i in range(3)] == [1, 2, 1]
+    assert [ap.rows_in_round(5, i) for i in range(3)] == [1, 2, 1]
 
 
 # ----------------------------------------------------------------------------- verdicts

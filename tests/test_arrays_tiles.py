@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from tile_cases import SHAPES, block, cartesian, global_data, oracle_values, tilings, with_halo
 
 from alpha_mpi.arrays import local, pairwise, tiles
+from alpha_mpi.planning import array_program
 from alpha_mpi.refusals import Refusal
 
 _WANT: dict = {}
@@ -266,7 +267,7 @@ def test_verdicts_shape_refused_nonfinite():
 
 
 def test_capacity_bounds_every_state_the_exchange_holds():
-    """Run the exchange's merges (pairwise.schedule, the Bruck windows) on real tile summaries and
+    """Run the exchange's merges (array_program.schedule, the Bruck windows) on real tile summaries and
     check that no state and no merge on the way holds more than capacity_needed records."""
     rng = np.random.default_rng(7)
     for shape in [(37, 53), (64, 32), (7, 9, 11)]:
@@ -281,11 +282,11 @@ def test_capacity_bounds_every_state_the_exchange_holds():
                 ]
                 cap = tiles.capacity_needed(ts, p)
                 state = list(parts)
-                rounds = pairwise.rounds(p)
+                rounds = array_program.rounds(p)
                 for i in range(rounds):
                     nxt = []
                     for r in range(p):
-                        theirs = state[pairwise.schedule(p, r)[i].recv_from]
+                        theirs = state[array_program.schedule(p, r)[i].recv_from]
                         assert state[r].count <= cap and theirs.count <= cap
                         out = local.merge(state[r], theirs, n, capacity=cap if i + 1 < rounds else 2 * 64 + 4)
                         nxt.append(out)

@@ -12,12 +12,14 @@ An N-d tile (offset and shape as tuples) reduces the flattened C-order array the
     r = arrays.dot(cart, u[1:-1, 1:-1], v_tile, (y0, x0), (NY, NX))   # any tiling, same bits
 
 - `sum`, `dot`, `norm2`, `dots` (k inner products in one exchange): alpha_mpi.arrays.api
-- the tree, the exchange schedule and the coverage verdicts, as pure functions: .pairwise
+- the tree, the exchange's frames and the coverage verdicts, as pure functions: .pairwise; the
+  exchange's schedule (`schedule`) and Program: alpha_mpi.planning.array_program
 - N-d tiles: their runs, verdicts and frame sizes (pure): .tiles; one tile call: .tile_call
 - the exchange over MPI (point-to-point frames, bounded waits): .exchange
 """
 
+from ..planning.array_program import schedule  # noqa: F401
 from .api import dot, dots, norm2, reset, sum  # noqa: F401,A004
-from .pairwise import schedule, simulate, summary_ranges  # noqa: F401
+from .pairwise import simulate, summary_ranges  # noqa: F401
 
 __all__ = ["sum", "dot", "norm2", "dots", "reset", "schedule", "simulate", "summary_ranges"]

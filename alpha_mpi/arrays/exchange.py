@@ -1,4 +1,4 @@
-"""The summary exchange, run by the one engine (the schedule is alpha_mpi.arrays.pairwise's).
+"""The summary exchange, run by the one engine (the schedule is planning/array_program.py's).
 
 Protocol, per call, on every rank of the communicator (every call is collective):
 
@@ -47,7 +47,15 @@ from ..execution.endpoint import Endpoint
 from ..execution.engine import Engine
 from ..execution.log import debug_enabled
 from ..kernel import ffi, lib
-from ..planning.array_program import FINAL, HEAD_WORDS, LENGTH, TABLE, frame_buffer, lower_summary_exchange
+from ..planning.array_program import (
+    FINAL,
+    HEAD_WORDS,
+    LENGTH,
+    TABLE,
+    frame_buffer,
+    lower_summary_exchange,
+    schedule,
+)
 from ..refusals import PlanRefusal, Refusal
 from . import pairwise, tiles
 
@@ -149,12 +157,12 @@ class Exchange:
         p, me = ch.size, ch.rank
         self.ch, self.op, self.k, self.kind, self.capacity = ch, op, k, kind, capacity
         self.order = tuple(range(p)) if order is None else tuple(order)
-        pairwise.schedule(p, me, self.order)  # refuses an order that is not a permutation
+        schedule(p, me, self.order)  # refuses an order that is not a permutation
         order_name = "rank" if order is None else ",".join(map(str, self.order))
         identity = f"alpha_mpi.arrays:{op}:k={k}:p={p}:capacity={capacity}:order={order_name}"
         program = lower_summary_exchange(
             p,
-            lambda r: pairwise.schedule(p, r, self.order),
+            self.order,
             k=k,
             capacity=capacity,
             row_words=kind.words,

@@ -1,7 +1,8 @@
-"""The pairwise tree over global indices and the summary exchange, as pure functions.
+"""The pairwise tree over global indices, the summary exchange's frames and its verdicts (pure).
 
-Nothing here needs MPI, numpy or the kernel: every rank computes the same schedule from the
-communicator size alone, and a test can print, check and simulate it in one process.
+Nothing here needs MPI, numpy or the kernel. The exchange's schedule and Program are
+planning's (planning/array_program.py: every rank computes them from the communicator size
+alone), and `simulate` runs that Program in planning's one simulator (planning/check.py).
 
 The tree (written down once, in csrc/pairwise.h): node [lo, hi) splits at
 lo + 2^floor(log2(hi - lo - 1)); the root is [0, n). A rank's block [offset, offset + len)
@@ -31,22 +32,21 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ..planning.array_program import HEAD_WORDS, exchange_order, lower_summary_exchange, rows_in_round
+from ..planning.check import check
 from ..refusals import PlanRefusal, Refusal
 
 __all__ = [
     "CAPACITY",
     "MAX_BATCH",
-    "Round",
     "Row",
     "split",
     "is_node",
     "blocks",
     "merge_ranges",
     "summary_ranges",
-    "rounds",
-    "rows_in_round",
     "frame_words",
-    "schedule",
+    "exchange_program",
     "simulate",
     "check_rows",
     "check_refused",
@@ -61,7 +61,6 @@ __all__ = [
 
 CAPACITY = 132  # records per summary; csrc/pairwise.h AP_CAPACITY (checked when the kernel loads)
 ROW_WORDS = 4  # a coverage row: offset, len, n, status (int64 each)
-HEAD_WORDS = 2  # a payload starts with: record count, flags
 MAX_BATCH = 4096  # csrc/pairwise.h AP_MAX_K
 
 # Row status. A rank that refuses its own inputs still takes part in the exchange with a
@@ -131,17 +130,8 @@ def summary_ranges(offset: int, length: int, n: int) -> list:
 
 
 # ----------------------------------------------------------------------------- the exchange
-
-
-def rounds(size: int) -> int:
-    """ceil(log2 size): the number of exchange rounds for `size` ranks."""
-    return (size - 1).bit_length()
-
-
-def rows_in_round(size: int, index: int) -> int:
-    """Coverage rows a frame of round `index` carries: the ones the receiver lacks."""
-    d = 1 << index
-    return min(d, size - d)
+# Its schedule (rounds, rows per round, who sends to whom) and its Program are planning's
+# (planning/array_program.py); planning.check simulates it like every program.
 
 
 def frame_words(size: int, index: int, k: int) -> int:
@@ -149,75 +139,30 @@ def frame_words(size: int, index: int, k: int) -> int:
     return HEAD_WORDS + ROW_WORDS * rows_in_round(size, index) + CAPACITY * (2 + k)
 
 
-@dataclass(frozen=True)
-class Round:
-    """One round of one rank: send the state to `send_to`, receive `rows` rows and a summary
-    from `recv_from`. String form: ``R1 >3 <0 g2`` (round 1, to rank 3, from rank 0, 2 rows)."""
-
-    index: int
-    send_to: int
-    recv_from: int
-    rows: int
-
-    def __str__(self) -> str:
-        return f"R{self.index} >{self.send_to} <{self.recv_from} g{self.rows}"
-
-    @staticmethod
-    def parse(text: str) -> Round:
-        try:
-            r, s, v, g = text.split()
-            if r[0] != "R" or s[0] != ">" or v[0] != "<" or g[0] != "g":
-                raise ValueError
-            return Round(int(r[1:]), int(s[1:]), int(v[1:]), int(g[1:]))
-        except (ValueError, IndexError):
-            raise PlanRefusal(
-                "step-parse-error", f"cannot read round {text!r} (expected like 'R1 >3 <0 g2')"
-            ) from None
-
-
-def schedule(size: int, rank: int, order: Iterable[int] | None = None) -> tuple[Round, ...]:
-    """The rounds of `rank` on `size` ranks. `order` lists the ranks in exchange order (the
-    default is rank order); position v sends to order[v - d] and receives from order[v + d]."""
-    order = tuple(range(size)) if order is None else tuple(order)
-    if sorted(order) != list(range(size)) or not 0 <= rank < size:
-        raise PlanRefusal(
-            "rank-order-invalid",
-            f"order {order} is not a permutation of ranks 0..{size - 1} containing {rank}",
-        )
-    v = order.index(rank)
-    return tuple(
-        Round(i, order[(v - (1 << i)) % size], order[(v + (1 << i)) % size], rows_in_round(size, i))
-        for i in range(rounds(size))
+def exchange_program(size: int, order: Iterable[int] | None = None, k: int = 1):
+    """The Program of one sum's summary exchange (batch size k) on `size` ranks in exchange
+    `order` (default rank order), as alpha_mpi.arrays runs it (named for a dry run)."""
+    return lower_summary_exchange(
+        size,
+        order,
+        k=k,
+        capacity=CAPACITY,
+        row_words=ROW_WORDS,
+        topology="pairwise-array",
+        tree_order_id=f"pairwise-array:sum:k={k}",
+        identity=f"alpha_mpi.arrays:dry-run:k={k}:p={size}",
     )
 
 
 def simulate(size: int, order: Iterable[int] | None = None) -> list[list[int]]:
-    """Run the schedules of all ranks on sets (no MPI) and check the protocol: every send has
-    its matching receive in the same round, and every rank ends with every rank's row exactly
-    once and every rank's block. Returns, per rank, the ranks its rows came from in row order
-    (row j = order[v + j]). Raises plan-simulation-failed otherwise."""
-    order = tuple(range(size)) if order is None else tuple(order)
-    plans = [schedule(size, r, order) for r in range(size)]
-    rows = {r: [r] for r in range(size)}  # rotated rows each rank holds
-    blocks_seen = {r: {r} for r in range(size)}
-    for i in range(rounds(size)):
-        sent = {r: (list(rows[r]), set(blocks_seen[r])) for r in range(size)}
-        for r in range(size):
-            step = plans[r][i]
-            back = plans[step.recv_from][i]
-            if back.send_to != r or back.rows != step.rows:
-                raise PlanRefusal(
-                    "plan-simulation-failed", f"round {i}: rank {r} expects {step}, peer plans {back}"
-                )
-            got_rows, got_blocks = sent[step.recv_from]
-            rows[r] += got_rows[: step.rows]
-            blocks_seen[r] |= got_blocks
-    for r in range(size):
-        v = order.index(r)
-        want = [order[(v + j) % size] for j in range(size)]
-        if rows[r] != want or blocks_seen[r] != set(range(size)):
-            raise PlanRefusal("plan-simulation-failed", f"rank {r} ends with rows {rows[r]}, expected {want}")
-    return [rows[r] for r in range(size)]
+    """Run the exchange's Program on every rank symbolically (planning.check, the one simulator:
+    every send meets its receive, no rank waits forever, every rank ends with every rank's row
+    exactly once and the merge of every rank's block). Returns, per rank, the ranks its rows
+    came from in row order (row j = order[v + j]). Raises plan-simulation-failed otherwise,
+    rank-order-invalid for an order that is not a permutation of the ranks."""
+    order = exchange_order(size, order)
+    check(exchange_program(size, order))
+    return [[order[(order.index(r) + j) % size] for j in range(size)] for r in range(size)]
 
 
 # ----------------------------------------------------------------------------- verdicts

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..planning.array_program import rounds as exchange_rounds
 from ..refusals import Refusal
 from . import pairwise
 
@@ -205,7 +206,7 @@ def check_tiles(tiles, what: str) -> None:
 def capacity_needed(tiles: Sequence[Tile], size: int) -> int:
     """Records the largest state of an exchange in rank order can hold, from each rank's row:
     its own summary needs its room; a state sent in round i covers 2^i consecutive ranks (mod
-    size, pairwise.schedule), holds at most the sum of their summaries' records (each node of the
+    size, planning.array_program.schedule), holds at most the sum of their summaries' records (each node of the
     union holds one of theirs at least) and a merge never holds more than its two inputs, so
     the largest window of 2^(R-1) ranks bounds every frame (R rounds). The final merge of tiles
     that cover the array holds the root, and a prefix of it on the way (at most 2 * 64 nodes)."""
@@ -213,7 +214,7 @@ def capacity_needed(tiles: Sequence[Tile], size: int) -> int:
     if p != size or p == 0:
         raise ValueError("one tile per rank")
     records = [t.records for t in tiles]
-    rounds = pairwise.rounds(size)
+    rounds = exchange_rounds(size)
     window = 1 if rounds == 0 else 1 << (rounds - 1)
     twice = list(records) * 2
     s = sum(twice[:window])

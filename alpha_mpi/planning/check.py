@@ -1,11 +1,13 @@
-"""Symbolic run of a Program over every rank in one process (pure; no MPI).
+"""Symbolic run of a Program over every rank in one process (pure; no MPI): the one simulator.
 
-Checks, for any realization: every message is sent once and received once with the same
-description at both ends; no rank waits forever (a receive completes at its W once the frame
-was sent; a send completes only once its receiver reached that W: the engine matches and receives
-frames at W, size-safe, and P posts nothing); no region is written (by an E, a C or a W) while a
-send from it is in flight; and every receiver ends with exactly the
-declared tree's expression in every coordinate of its result.
+Checks, for any program (every realization, assembly, the arrays' summary exchange): every
+message is sent once and received once with the same description at both ends; no rank waits
+forever (a receive completes at its W once the frame was sent; a send completes only once its
+receiver reached that W: the engine matches and receives frames at W, size-safe, and P posts
+nothing); no region is written (by an E, a C, an M or a W) while a send from it is in flight;
+and the result: every receiver of a combine ends with exactly the declared tree's expression in
+every coordinate of its result; every rank of an array exchange ends with every rank's
+coverage row exactly once, in its exchange order, and the merge of every rank's summary.
 
 Expressions are interned (a branch is the id of its (left, right) pair), so comparing a
 receiver's value with the declared tree costs O(1), and memory stays linear in the tree: no
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 
 from ..model.tree import Leaf, postorder
 from ..refusals import PlanRefusal
+from .array_program import caller_writes, final_regions
 
 
 @dataclass
@@ -73,12 +76,27 @@ def count(program) -> Cost:
 class _Intern:
     def __init__(self):
         self.ids: dict = {}
+        self.sets: dict = {}  # id -> the ranks whose summaries a merged state holds
 
     def leaf(self, slot):
         return self.ids.setdefault(("L", slot), len(self.ids))
 
     def add(self, a, b):
         return self.ids.setdefault((a, b), len(self.ids))
+
+    def name(self, *key):
+        """A value that is no expression: a coverage row, the global length."""
+        return self.ids.setdefault(key, len(self.ids))
+
+    def summaries(self, ranks: frozenset):
+        i = self.ids.setdefault(("S", ranks), len(self.ids))
+        self.sets[i] = ranks
+        return i
+
+    def merge(self, a, b, what):
+        if a not in self.sets or b not in self.sets:
+            _fail(f"{what} merges something that is not a summary")
+        return self.summaries(self.sets[a] | self.sets[b])
 
 
 def _fail(msg):
@@ -183,9 +201,16 @@ def check(program) -> Cost:
     it = _Intern()
     ranks = [program.rank(r) for r in range(p)]
     stores = [_Store() for _ in range(p)]
+    exchange = program.realization == "arrays"
     for r, rp in enumerate(ranks):
         for s in rp.slots:
             stores[r].set(f"L{s}", [(0, n, 0, it.leaf(s))])
+        if exchange:  # what the caller writes before a run: its row, its summary, the length
+            row, state, length = caller_writes(program, r)
+            stores[r].write(row, [(0, row.count, 0, it.name("row", r))])
+            for reg in state:
+                stores[r].write(reg, [(0, reg.count, 0, it.summaries(frozenset([r])))])
+            stores[r].write(length, [(0, 1, 0, it.name("length"))])
     pcs = [0] * p
     sent: dict = {}  # index -> pieces (snapshot)
     posted: set = set()
@@ -291,6 +316,19 @@ def check(program) -> Cost:
                 reg = rp.checks[i]
                 guard(r, reg, False, where)
                 st.read(reg, where)
+            elif k == "M":
+                mg = rp.merges[i]
+                states = []
+                for head, nodes in (mg.a, mg.b):
+                    parts = {_uniform(st.read(x, where), where)[1] for x in (head, nodes)}
+                    if len(parts) != 1:
+                        _fail(f"{where}: a state's head and nodes hold different summaries")
+                    states.append(parts.pop())
+                st.read(mg.n, where)
+                merged = it.merge(*states, where)
+                for reg in mg.out:
+                    guard(r, reg, True, where)
+                    st.write(reg, [(0, reg.count, 0, merged)])
             else:
                 _fail(f"{where}: unknown op")
             pcs[r] += 1
@@ -312,6 +350,9 @@ def check(program) -> Cost:
             "plan-simulation-failed", e.message + "\n" + op_grid(ranks, pcs, e.message)
         ) from None
 
+    if exchange:
+        _exchange_result(program, stores, it)
+        return count(program)
     # The declared tree's expression id.
     ids = {}
     for node in postorder(program.tree):
@@ -341,6 +382,27 @@ def check(program) -> Cost:
                         f"[{lo + off}, {lo + off + c})"
                     )
     return count(program)
+
+
+def _exchange_result(program, stores, it) -> None:
+    """Every rank of an array exchange holds every rank's row (row j: the rank j places after
+    it in exchange order) and the merge of every rank's summary."""
+    order = program.details["order"]
+    size = program.size
+    every = it.summaries(frozenset(range(size)))
+    table, state = final_regions(program)
+    row_words = table.count // size
+    for r in range(size):
+        v = order.index(r)
+        for j in range(size):
+            row = table.sub(j * row_words, row_words)
+            crd, e = _uniform(stores[r].read(row, f"rank {r}'s row {j}"), f"rank {r}'s row {j}")
+            want = order[(v + j) % size]
+            if e != it.name("row", want) or crd != 0:
+                _fail(f"rank {r} ends with another row than rank {want}'s at row {j}")
+        for reg in state:
+            if _uniform(stores[r].read(reg, f"rank {r}'s state"), f"rank {r}'s state")[1] != every:
+                _fail(f"rank {r} ends without the summary of every rank")
 
 
 __all__ = ["Cost", "check", "count", "op_grid"]

@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from ... import arrays
-from ...arrays import local, pairwise, tiles
+from ...arrays import local, tiles
+from ...planning.array_program import HEAD_WORDS, rounds, rows_in_round
 from .harness import statistic, timed
 
 FRAME_HEADER = 128  # bytes of the frame header (execution/frames.py)
@@ -41,8 +42,8 @@ def _tile_of(shape, dims, rank):
 
 def _frame_bytes(p: int, capacity: int, k: int) -> int:
     """The largest frame of the tile exchange on p ranks with `capacity` records of k values."""
-    rows = max((pairwise.rows_in_round(p, i) for i in range(pairwise.rounds(p))), default=1)
-    words = pairwise.HEAD_WORDS + tiles.ROW_WORDS * rows + capacity * (2 + k)
+    rows = max((rows_in_round(p, i) for i in range(rounds(p))), default=1)
+    words = HEAD_WORDS + tiles.ROW_WORDS * rows + capacity * (2 + k)
     return FRAME_HEADER + 8 * words
 
 

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..model.delivery import ReduceScatter, ReplicateAll
+from ..model.deprecation import deprecated_order_id
 from ..planning import Plan
-from ..planning.base import deprecated_order_id
 from ..planning.cost import choose, load_calibration
 from ..planning.program import Program
 from ..planning.realize import REALIZATIONS as NAMES

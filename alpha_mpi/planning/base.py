@@ -93,4 +93,4 @@ class PlanBase:
         return json.dumps(self.to_dict(), indent=2)
 
 
-__all__ = ["PlanBase", "digest", "layout_order_id", "deprecated_order_id"]
+__all__ = ["PlanBase", "digest", "layout_order_id"]

@@ -11,7 +11,6 @@ cost, planning/cost.py):
     butterfly  recursive doubling over a rank-partitioned top (any p)
     halving    reduce-scatter by recursive halving + allgather (the same tops)
 
-The registry that looks them up by name, and `realize()`, live in planning/realize.py. This
-package imports none of its modules, so the tree Plan (planning/combine_plan.py) can use the
-tree realization's lowering without an import circle.
+The registry that looks them up by name, and `realize()`, live in planning/realize.py (this
+package imports none of its modules: realize.py is the one place that lists them all).
 """

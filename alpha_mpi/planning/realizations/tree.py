@@ -55,8 +55,9 @@ def tree_rounds(tp: Plan) -> int:
 
 
 def lower_tree(tp: Plan) -> Callable[[int], RankProgram]:
-    """The tree Plan's groups and edges as programs: reduce frames are written by the kernel
-    straight into framed buffers; the deliver phase sends the result down the tree."""
+    """The tree Plan's groups and edges as programs, in the order of the module docstring:
+    reduce frames are written by the kernel straight into framed buffers; the deliver phase
+    sends the result down the tree."""
     n = tp.layout.total
     key = tp.layout.key()
     seq, count = {}, {}
@@ -68,16 +69,15 @@ def lower_tree(tp: Plan) -> Callable[[int], RankProgram]:
     def msg(e) -> Message:
         return Message(e.index, e.phase, e.src, e.dst, seq[e.index], n, f"{key}|{e.phase}{e.index}")
 
-    deliver_in = {e.dst: e for e in tp.edges if e.phase == "d"}
-    deliver_out: dict = {}
+    deliver_in, deliver_out = {}, {}  # rank -> its deliver edge in; rank -> its edges out, in order
     for e in tp.edges:
         if e.phase == "d":
+            deliver_in[e.dst] = e
             deliver_out.setdefault(e.src, []).append(e)
 
     def build(r: int):
         b = RankBuilder(r, n)
-        receiver = r in tp.receivers
-        res = b.out() if receiver else None
+        res = b.out() if r in tp.receivers else None
         group_out, recv_at = {}, {}
         holder = None
         for g in tp.groups:

@@ -26,7 +26,12 @@ from alpha_mpi.refusals import ADVICE, CLI_ADVICE, Refusal
 
 from conftest import needs_mpiexec, printed_digest, run_mpi
 
-STEP_LEVEL = ("checkpoint-corrupt", "checkpoint-shard-missing", "checkpoint-manifest", "checkpoint-shard-invalid")
+STEP_LEVEL = (
+    "checkpoint-corrupt",
+    "checkpoint-shard-missing",
+    "checkpoint-manifest",
+    "checkpoint-shard-invalid",
+)
 
 
 def _flip_a_shard(step_dir: str) -> None:
@@ -59,7 +64,9 @@ def _resume(root: str, path: str | None = None):
 @pytest.mark.parametrize("code", STEP_LEVEL)
 def test_step_level_advice_names_both_ways_on_and_the_trap(code):
     for advice in (ADVICE[code], CLI_ADVICE[code]):
-        assert "another" in advice and "`latest` out of DIR" in advice and "checkpoint-exists" in advice, advice
+        assert "another" in advice and "`latest` out of DIR" in advice and "checkpoint-exists" in advice, (
+            advice
+        )
     assert "resume(path=DIR/step-NNNNNNNN)" in ADVICE[code] and "resume() again" in ADVICE[code]
     assert "--resume-from DIR/step-NNNNNNNN and another --checkpoint-dir" in CLI_ADVICE[code]
     assert "--resume again" in CLI_ADVICE[code] and "checkpoint verify DIR --all" in CLI_ADVICE[code]
@@ -98,7 +105,9 @@ def test_checkpoint_corrupt_advice_from_the_command_line_runs(tmp_path):
     the uninterrupted run; the way it warns against exits 3 with checkpoint-exists."""
 
     def train_cli(*args):
-        r, _ = run_mpi(1, "-m", "alpha_mpi", "train", "--hidden", "16", "--log-every", "1000", *args, limit=180)
+        r, _ = run_mpi(
+            1, "-m", "alpha_mpi", "train", "--hidden", "16", "--log-every", "1000", *args, limit=180
+        )
         return r
 
     ck = tmp_path / "ck"

@@ -37,6 +37,8 @@ _LAZY = {
     "NumericalContract": ".numerics",
     "contract_for_plan": ".numerics",
     "numerical_compatibility": ".numerics",
+    "compute_identity": ".kernel",
+    "environment": ".tools.environment",
 }
 
 

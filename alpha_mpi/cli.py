@@ -32,6 +32,11 @@ COMMANDS = {
     "train": ("alpha_mpi.tools.train_cmd", "data-parallel training with declared-order gradient combines"),
     "bench": ("alpha_mpi.tools.bench", "benchmarks against MPI_Allreduce (run under mpiexec)"),
     "checkpoint": ("alpha_mpi.tools.checkpoint_cmd", "verify or inspect a sharded checkpoint"),
+    "env": (
+        "alpha_mpi.tools.env_cmd",
+        "what this process runs on: MPI, numpy/BLAS, torch, kernel, compute identity",
+    ),
+    "native": ("alpha_mpi.tools.native_cmd", "show or build the engine's C round for this MPI (mpicc)"),
 }
 
 EXAMPLES = (

@@ -59,6 +59,8 @@ ADVICE: dict[str, str] = {
     "kernel-unavailable": "reinstall with `pip install -e .` so the cffi kernel is compiled",
     "kernel-isa-unavailable": "unset ALPHA_MPI_ISA or name a path the message lists as available "
     "(every path gives the same bits; the choice changes speed only)",
+    "native-build-failed": "the engine's C round is built at first use by the MPI's own mpicc: make that mpicc (and Python's headers) available, or set ALPHA_MPI_MPICC to it and ALPHA_MPI_NATIVE_CACHE to a writable directory; `alpha-mpi native` shows what it uses",
+    "native-mpi-mismatch": "the engine's C round was linked against another MPI library than the one mpi4py loaded: delete the cached module `alpha-mpi native` names (or set ALPHA_MPI_MPICC to the mpicc of the MPI mpi4py uses) and run again",
     "non-finite-input": "a NaN or Inf reached an update input; the state was left unchanged; find its source (learning rate, data)",
     "non-finite-output": "an update overflowed to Inf/NaN; the state was left unchanged; lower the learning rate or rescale",
     "non-finite-contribution": "a contribution holds NaN/Inf; nothing was combined or applied; check the values the message names (the slot or block, and the index) and where they came from",
@@ -158,6 +160,9 @@ ADVICE: dict[str, str] = {
     "sdc-detected": "a recomputed slot payload differs from the original: silent data corruption on the named rank(s); nothing was applied; resume from the last checkpoint every audit passed on other nodes (exclude the named host)",
     "replica-diverged": "replicas that must hold the same parameters and optimizer state do not; the named rank(s) differ from the majority; resume from the last checkpoint every audit passed on other nodes (exclude the named host)",
     "replay-mismatch": "the recomputed state differs from the stored step: the stored run (or this replay's hardware) met silent data corruption; the message names the first component and coordinate that differ",
+    # the compute identity (issue 32): the same bits on every machine, or the product says where not
+    "compute-mismatch": "ranks whose compute identities differ (`alpha-mpi env` shows each rank's: numpy and its BLAS kernel and threads, torch's CPU capability) compute a model's slots with other bits: run every rank with the same builds and settings (OPENBLAS_CORETYPE, OPENBLAS_NUM_THREADS, ATEN_CPU_CAPABILITY, ...), or compute the model with alpha_mpi's fixed-order functions only and declare machine_independent; a machine_independent declaration found false (no rank is blamed) must be withdrawn",
+    "compute-changed": "the checkpoint was computed under another compute identity (the message names the old and the new field by field): resume where the saved identity holds, or accept the change explicitly with restore(..., accept_compute_change=True) (recorded in the manifests saved after it)",
 }
 
 
@@ -219,6 +224,9 @@ CLI_ADVICE: dict[str, str] = {
     "checkpoint-dir-is-step": "give the checkpoint directory (the parent of step-NNNNNNNN) as --checkpoint-dir; "
     "choose a step with --resume-from",
     "data-invalid": "give --data an .npz with float arrays X (n, d) and integer labels y (n,)",
+    "compute-changed": "the checkpoint was computed under another compute identity (the message names the old "
+    "and the new field by field): resume where the saved identity holds (`alpha-mpi env` shows this node's), or "
+    "pass --accept-compute-change to continue under this one (recorded in later checkpoints)",
 }
 
 

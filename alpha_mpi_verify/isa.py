@@ -60,6 +60,7 @@ DRIVER = CSRC / "conformance_driver.c"
 TRAIN_DRIVER = CSRC / "train_driver.c"
 KERNEL = CSRC / "alpha_kernel.c"
 DENSE = CSRC / "dense.c"
+FRAME = CSRC / "frame.c"  # CRC32C and the header patch (the instruction paths differ by ISA)
 MAGIC = b"AKCONF01"
 N_DEFAULT = 1 << 20  # >= 1e6 elements per function
 
@@ -107,7 +108,7 @@ def build_commands(tools, workdir, flags, driver=DRIVER, prefix=""):
     """name -> compile command of `driver` (the kernel's conformance driver, or the train
     driver with prefix "train_"). The same sources and flags everywhere; the negative
     controls change exactly one thing each."""
-    src = [str(driver), str(KERNEL), str(DENSE)]
+    src = [str(driver), str(KERNEL), str(DENSE), str(FRAME)]
     inc = [f"-I{CSRC}"]
     w = Path(workdir)
     return {

@@ -22,7 +22,7 @@ PY="$VENV/bin/python"; MPIEXEC="$VENV/bin/mpiexec"
   | tee "$OUT/device.txt" || { echo "gpu check: FAIL (no CUDA device visible to torch)"; exit 1; }
 export OMP_NUM_THREADS=1
 ok=1
-digest() { grep -m1 '^digest:' "$1" | awk '{print $2}'; }
+digest() { grep -m1 '^digest' "$1" | awk '{print $NF}'; }
 for run in "1" "2" "2 --bucket-mb 0.01"; do
   set -- $run
   n=$1; shift

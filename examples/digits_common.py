@@ -92,12 +92,12 @@ def run(make_model, description: str, argv=None) -> str:
             dp.save(a.checkpoint_dir, opt, config=config)
         if a.stop_after is not None and dp.steps == a.stop_after:
             say(f"# stopped after step {dp.steps} (checkpoint saved)")
-            return parameter_digest(model)
+            return dp.state_digest(opt)
     with torch.no_grad():
         acc = float((model(Xev).argmax(1) == yev).float().mean())
-    d = parameter_digest(model)
+    d = dp.state_digest(opt)  # the whole state: parameters, Adam's moments and step, the seed
     say(f"final loss {loss:.6f}  eval accuracy {acc:.4f}")
-    say(f"digest: {d}")
+    say(f"digest (params, buffers, optimizer, step, rng): {d}")
     return d
 
 
@@ -120,6 +120,6 @@ def _run_ddp(model, a, comm, Xtr, ytr, Xev, yev, stream, say) -> str:
     d = parameter_digest(model)
     say(f"# torch DDP (gloo), {p} ranks, batch {a.batch} split {len(idx) // p} per rank")
     say(f"final loss (rank 0 share) {float(loss.detach()):.6f}  eval accuracy {acc:.4f}")
-    say(f"ddp digest: {d}")
+    say(f"ddp digest (params): {d}")
     dist.destroy_process_group()
     return d

@@ -1,6 +1,6 @@
 """Your own numpy model through the protocol: softmax regression trained data-parallel.
 
-    mpiexec -n 1 python examples/numpy_softmax.py       # one `digest:` line on 1, 2 and 4 ranks
+    mpiexec -n 1 python examples/numpy_softmax.py       # one `digest (...):` line on 1, 2 and 4 ranks
     mpiexec -n 4 python examples/numpy_softmax.py --partition state
     mpiexec -n 4 python examples/numpy_softmax.py --stop-after 30 --checkpoint-dir /tmp/sm
     mpiexec -n 2 python examples/numpy_softmax.py --resume --checkpoint-dir /tmp/sm   # same digest
@@ -14,7 +14,7 @@ import argparse
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from alpha_mpi.learning import DataParallelLearner, SlotStream, digest, stream_batch
+from alpha_mpi.learning import DataParallelLearner, SlotStream, stream_batch
 from alpha_mpi.learning.data import synthetic
 
 
@@ -93,7 +93,7 @@ def main(argv=None) -> str:
         if learner.step == a.stop_after and a.checkpoint_dir:
             learner.save(a.checkpoint_dir, config)
             say(f"# stopped after step {learner.step} (checkpoint saved)")
-            return digest(learner.final_params())
+            return learner.state_digest()
     params = learner.final_params()
     acc = float(np.mean(model.predict(params, data.X_eval) == data.y_eval))
     say(
@@ -101,8 +101,8 @@ def main(argv=None) -> str:
         f"partition {a.partition}"
     )
     say(f"final loss {loss:.6f}  eval accuracy {acc:.4f}")
-    d = digest(params)
-    say(f"digest: {d}")
+    d = learner.state_digest()  # the whole state: parameters, Adam's m and v, step, seed
+    say(f"digest (params, optimizer, step, rng): {d}")
     return d
 
 

@@ -2,7 +2,7 @@
 `SlotSampler` (each rank loads only its slots of every global batch), `dp.step_local`,
 torch.optim.SGD with momentum and a StepLR schedule, epochs with `set_epoch`, dropout in the model.
 
-    mpiexec -n 1 python -m mpi4py examples/torch_dataloader.py     # the same `digest:` line ...
+    mpiexec -n 1 python -m mpi4py examples/torch_dataloader.py     # the same `digest (...):` line ...
     mpiexec -n 2 python -m mpi4py examples/torch_dataloader.py     # ... on 1, 2 and 4 ranks
     mpiexec -n 4 python -m mpi4py examples/torch_dataloader.py --workers 2 --bucket-mb 0.01
 
@@ -17,7 +17,7 @@ import argparse
 import torch
 from mpi4py import MPI
 
-from alpha_mpi.torch import DataParallel, SlotSampler, parameter_digest
+from alpha_mpi.torch import DataParallel, SlotSampler
 
 
 class Points(torch.utils.data.Dataset):
@@ -75,7 +75,7 @@ def main():
     if a.workers == 0:  # with workers, their copies of the Dataset counted the reads
         print(f"rank {comm.Get_rank()} read {data.reads} samples in {a.epochs} epochs of {len(data)}")
     if comm.Get_rank() == 0:
-        print(f"digest: {parameter_digest(model)}")
+        print(f"digest (params, buffers, optimizer, step, rng): {dp.state_digest(opt)}")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from mpi4py import MPI
 
 import alpha_mpi
 from alpha_mpi.learning import PREEMPTED, SlotStream
-from alpha_mpi.torch import DataParallel, parameter_digest
+from alpha_mpi.torch import DataParallel
 
 
 def factory(inputs: int = 64, classes: int = 10, hidden: int = 64) -> torch.nn.Module:
@@ -51,6 +51,7 @@ def main(argv=None, each_step=None) -> int:
         dp = DataParallel(model, comm, slots=a.slots, seed=a.seed, preemption=pre)
         opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.01)
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=20, gamma=0.5)
+        dp.register("scheduler", sched)  # its state is in checkpoints and in the state digest
         loss_fn = torch.nn.CrossEntropyLoss(reduction="sum")
         config = {"slots": a.slots, "batch": a.batch, "seed": a.seed, "lr": a.lr}
         if a.resume and a.checkpoint_dir:
@@ -76,7 +77,9 @@ def main(argv=None, each_step=None) -> int:
                 dp.save(a.checkpoint_dir, opt, scheduler=sched, config=config)
             if pre.agreed:  # the same step on every rank: the flag travelled in the combine
                 say(f"# stopped by signal after step {dp.steps}, checkpoint saved")
-                say(f"# state digest at step {dp.steps}: {parameter_digest(model)}")
+                say(
+                    f"# state digest (params, buffers, optimizer, step, rng) at step {dp.steps}: {dp.state_digest(opt)}"
+                )
                 return PREEMPTED
         if a.checkpoint_dir:
             dp.save(a.checkpoint_dir, opt, scheduler=sched, config=config)
@@ -84,7 +87,7 @@ def main(argv=None, each_step=None) -> int:
     with torch.no_grad():
         acc = float((model(Xev).argmax(1) == yev).float().mean())
     say(f"final loss {loss:.6f}  eval accuracy {acc:.4f}")
-    say(f"digest: {parameter_digest(model)}")
+    say(f"digest (params, buffers, optimizer, step, rng): {dp.state_digest(opt)}")
     return 0
 
 

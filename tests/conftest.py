@@ -66,11 +66,11 @@ def run_example(n, args, limit=300, cwd=EXAMPLES):
 
 
 def printed_digests(text, label="state digest"):
-    """Every digest a run printed under `label`, in order: lines `LABEL: <64 hex>` (the train
-    command's `state digest:`, the examples' `digest:` and `ddp digest:`), also
-    `# LABEL after N steps: <hex>` (bench torch's `# digest alpha_mpi after 20 steps:`).
-    The one parser of the tests."""
-    pattern = rf"^\s*#? ?{re.escape(label)}(?: after \d+ steps)?:\s+([0-9a-f]{{64}})\s*$"
+    """Every digest a run printed under `label`, in order: lines `LABEL: <64 hex>` or
+    `LABEL (WHAT IT COVERS): <64 hex>` (the train command's `state digest (params, optimizer,
+    step, rng):`, the examples' `digest:` and `ddp digest:`), also `# LABEL after N steps: <hex>`
+    (bench torch's `# digest alpha_mpi after 20 steps:`). The one parser of the tests."""
+    pattern = rf"^\s*#? ?{re.escape(label)}(?: \([^)]*\))?(?: after \d+ steps)?:\s+([0-9a-f]{{64}})\s*$"
     return re.findall(pattern, text, re.M)
 
 
@@ -107,6 +107,17 @@ def self_comm():
     from mpi4py import MPI
 
     return MPI.COMM_SELF
+
+
+def refusal_code(fn):
+    """The code of the Refusal `fn()` raises, or None when it returns."""
+    from alpha_mpi import Refusal
+
+    try:
+        fn()
+    except Refusal as e:
+        return e.code
+    return None
 
 
 def agree(comm, ok, what=""):

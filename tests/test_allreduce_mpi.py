@@ -13,9 +13,8 @@ from alpha_mpi import DeliverTo, Layout, hierarchy, oracle, pairwise, plan, star
 from alpha_mpi.execution import Allreducer, ScatterCombiner, allreduce, reduce_scatter
 from alpha_mpi.model.delivery import ReduceScatter
 from alpha_mpi.planning.realize import REALIZATIONS, applicable, plan_scatter
-from alpha_mpi.refusals import Refusal
 
-from conftest import agree, bits, slot_data, topologies
+from conftest import agree, bits, refusal_code, slot_data, topologies
 from spycomm import SpyComm
 
 TIMEOUT = 20
@@ -196,14 +195,6 @@ def test_point_to_point_only_on_a_spy_communicator(world):
         agree(world, np.array_equal(bits(chunk), bits(want[start:stop])), "reduce-scatter on spy")
 
 
-def _refusal(fn):
-    try:
-        fn()
-    except Refusal as e:
-        return e.code
-    return None
-
-
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("mode", ["allreduce", "reduce-scatter"])
 def test_a_non_finite_contribution_is_refused_everywhere_after_communication(world, mode):
@@ -216,7 +207,7 @@ def test_a_non_finite_contribution_is_refused_everywhere_after_communication(wor
     bad[bad_slot] = data[bad_slot].copy()
     bad[bad_slot][3] = np.nan  # coordinate 3 lies in rank 0's chunk
     a = Allreducer(world, tree, n, realization="scatter", mode=mode, segment=16, timeout=TIMEOUT)
-    code = _refusal(lambda: a.run({s: bad[s] for s in a.slots}))
+    code = refusal_code(lambda: a.run({s: bad[s] for s in a.slots}))
     expected = "non-finite-contribution" if rank == size - 1 else "non-finite-combined"
     agree(world, code == expected, f"refused as {code}, expected {expected}")
     # A clean refusal: the channel is intact and the executor runs again.
@@ -239,7 +230,7 @@ def test_overflow_is_refused_as_non_finite_combined(world):
     for name in [k for k, v in applicable(plan(tree, None, 9, size=size)).items() if v is None]:
         a = Allreducer(world, tree, 9, realization=name, timeout=TIMEOUT)
         x = np.full(9, 1.0e308)
-        agree(world, _refusal(lambda: a.run({rank: x})) == "non-finite-combined", f"{name} overflow")
+        agree(world, refusal_code(lambda: a.run({rank: x})) == "non-finite-combined", f"{name} overflow")
 
 
 @pytest.mark.mpi(min_size=2)
@@ -253,7 +244,7 @@ def test_a_peer_running_another_realization_is_refused_by_name(world):
     n = 7
     data = slot_data(size, n, seed=1)
     t0 = time.monotonic()
-    code = _refusal(
+    code = refusal_code(
         lambda: Allreducer(world, tree, n, realization="tree" if rank == 0 else "scatter", timeout=2)
     )
     elapsed = time.monotonic() - t0
@@ -274,7 +265,7 @@ def test_scatter_frames_name_another_identity_for_another_segment_length(world):
     tree = star(range(size), size)
     n = 64 * size
     seg = 8 if rank == 0 else 16
-    code = _refusal(lambda: Allreducer(world, tree, n, realization="scatter", segment=seg, timeout=2))
+    code = refusal_code(lambda: Allreducer(world, tree, n, realization="scatter", segment=seg, timeout=2))
     agree(world, code == "executor-identity-mismatch", f"rank {rank}: {code}")
 
 

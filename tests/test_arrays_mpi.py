@@ -17,6 +17,7 @@ from array_oracle import oracle_dot, oracle_norm2, oracle_sum, sequential_sum
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from alpha_mpi.execution import frames as fr
 from alpha_mpi.refusals import Refusal
 
 from conftest import agree, order_sensitive
@@ -359,10 +360,9 @@ def test_a_flipped_payload_bit_is_refused_when_the_check_is_on(monkeypatch):
         # not the one sent (flipping the payload itself would also corrupt rank 1's own state,
         # which the same buffer holds).
         import struct
-        import zlib
 
         struct.pack_into("<I", mv, 108, struct.unpack_from("<I", mv, 108)[0] ^ 1)
-        struct.pack_into("<I", mv, 124, zlib.crc32(bytes(mv[:124])))
+        fr.seal(mv)
 
     if r == 1:
         ex.engine.send_hook = flip

@@ -5,6 +5,7 @@ import pytest
 
 from alpha_mpi import DeliverTo, Refusal, plan_assembly
 from alpha_mpi.execution import Assembler
+from alpha_mpi.execution import frames as fr
 from alpha_mpi.planning.assembly import even_ranges
 
 from conftest import agree, bits, order_sensitive
@@ -121,8 +122,6 @@ def test_a_flipped_payload_bit_is_refused_when_the_check_is_on(world, monkeypatc
 
 @pytest.mark.mpi(min_size=2)
 def test_a_tampered_assembly_header_is_refused_by_name_before_out_is_written(world):
-    import struct
-    import zlib
 
     size, rank = world.Get_size(), world.Get_rank()
     n = 4 * size
@@ -131,7 +130,7 @@ def test_a_tampered_assembly_header_is_refused_by_name_before_out_is_written(wor
 
     def tamper(index, mv):  # another plan identity, with a valid header crc
         mv[40] ^= 0xFF
-        struct.pack_into("<I", mv, 124, zlib.crc32(bytes(mv[:124])))
+        fr.seal(mv)
 
     if rank == 0:
         a.send_hook = tamper
@@ -174,16 +173,17 @@ def test_an_assembler_of_another_plan_on_one_rank_is_refused_at_build_on_every_r
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("n", [600, 20000])
 def test_a_longer_assembly_frame_is_refused_and_never_written_past_the_buffer(world, n):
-    """Assembly receives are size-safe too: rank 1 sends rank 0, on the Assembler's own channel
-    and tag, a message 8 KiB longer than the planned frame (n = 20000: longer than the header
-    message of a split frame). Rank 0 refuses `frame-size-mismatch`, and the header bytes of its
-    planned buffer keep the test's pattern (the message went whole into a scratch buffer); its
-    payload bytes hold the engine's zeros in place of the refused frame, never the rogue 0xA5."""
-    from alpha_mpi.execution import frames as fr
+    """Assembly receives are size-safe too: rank 1 sends rank 0, on the Assembler's channel (a
+    user communicator, dup=False: user traffic can reach it) and tag, a message 8 KiB longer than
+    the planned frame (n = 20000: longer than the header message of a split frame). Rank 0
+    refuses `frame-size-mismatch`, and the header bytes of its planned buffer keep the test's
+    pattern (the message went whole into a scratch buffer); its payload bytes hold the engine's
+    zeros in place of the refused frame, never the rogue 0xA5."""
 
     size, rank = world.Get_size(), world.Get_rank()
     ap = plan_assembly([(0, 0, n // 2), (1, n // 2, n)], n, size, DeliverTo(0))
-    a = Assembler(world, ap, timeout=10)
+    comm = world.Dup()
+    a = Assembler(comm, ap, timeout=10, dup=False)
     msgs = list(a.engine.compiled.msgs.values())
     code, untouched = None, True
     if rank == 1:
@@ -200,6 +200,7 @@ def test_a_longer_assembly_frame_is_refused_and_never_written_past_the_buffer(wo
     want = "frame-size-mismatch" if rank == 0 else None
     agree(world, code == want and untouched, f"rank {rank}: {code}, header untouched={untouched}")
     a.free()
+    comm.Free()
 
 
 @pytest.mark.mpi(min_size=2)

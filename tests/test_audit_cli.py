@@ -8,16 +8,14 @@ import sys
 
 import pytest
 
-from conftest import ROOT, needs_mpiexec, run_mpi
+from conftest import ROOT, needs_mpiexec, printed_digest, run_mpi
 
 SCRIPT = os.path.join(ROOT, "tests", "mpi_scripts", "audit_train.py")
 ARGS = ["--steps", "6", "--slots", "6", "--batch", "48", "--hidden", "16", "--log-every", "0", "--seed", "3"]
 
 
 def digest_of(out):
-    m = re.search(r"^state digest: ([0-9a-f]{64})$", out, re.M)
-    assert m, out
-    return m.group(1)
+    return printed_digest(out)
 
 
 @needs_mpiexec

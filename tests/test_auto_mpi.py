@@ -21,7 +21,7 @@ def test_auto_runs_the_program_of_its_choice_by_name(world, n):
     same = (
         auto.plan.identity == named.plan.identity
         and auto.executor.rp.text() == named.executor.rp.text()
-        and [op[0] for op in auto.executor._table] == [op[0] for op in named.executor._table]
+        and auto.executor.compiled.ops == named.executor.compiled.ops
         and type(auto.executor) is type(named.executor)
     )
     data = slot_data(2 * size, n, seed=n)

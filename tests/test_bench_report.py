@@ -148,3 +148,34 @@ def test_summary_needs_files_and_reads_only_them(tmp_path, capsys):
     other.write_text('{"benchmark": "dot"}')
     assert summary.main([str(other)]) == 2
     assert "no allreduce benchmark results" in capsys.readouterr().err
+
+
+def test_the_issue_33_target_lines_compare_the_rows_of_one_run():
+    """`targets`: each target the run measured, its ratio of t_max and met / MISSED; auto
+    against the realization it chose by name; sizes and rows not run are left out."""
+    from alpha_mpi.tools.bench.allreduce_report import targets
+
+    def row(size, name, requested, chosen, t):
+        return {"bytes": size, "realization": name, "requested": requested, "chosen": chosen, "t_max_us": t}
+
+    results = [
+        row(8, "MPI_Allreduce", "MPI_Allreduce", None, 4.0),
+        row(8, "floor", "floor", None, 5.0),
+        row(8, "auto(butterfly)", "auto", "butterfly", 6.0),
+        row(8, "butterfly", "butterfly", "butterfly", 5.0),
+        row(1 << 20, "MPI_Allreduce", "MPI_Allreduce", None, 100.0),
+        row(1 << 20, "auto(halving)", "auto", "halving", 79.0),
+        row(1 << 20, "halving", "halving", "halving", 80.0),
+    ]
+    got = targets(results)
+    want = [
+        ("auto / floor", "8", 1.2, "met"),
+        ("auto / MPI_Allreduce", "8", 1.5, "MISSED"),
+        ("auto / MPI_Allreduce", "1M", 0.79, "met"),
+        ("auto / butterfly by name", "8", 1.2, "MISSED"),
+        ("auto / halving by name", "1M", 0.99, "met"),
+    ]
+    assert len(got) == len(want), got
+    for line, (label, size, ratio, verdict) in zip(got, want):
+        assert line.startswith(f"# target {label}") and f" {size}:" in line, line
+        assert f"{ratio:5.2f}" in line and line.endswith(verdict), line

@@ -147,6 +147,8 @@ ACCEPTABLE = {  # fields a forger may change without changing what a resume inst
     "config.steps",
     "data.source",
     "scalars.partition_saved",
+    "compute",  # its recorded-only fields (cpu, kernel.isa, kernel.build); a compared one must equal the contract's
+    "compute_history",
 }
 
 

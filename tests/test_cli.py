@@ -184,7 +184,12 @@ def test_log_every_0_is_quiet_but_keeps_the_summary_and_digest(tmp_path):
     quiet, res_quiet = _json_run(tmp_path, "--steps", "4", "--log-every", "0")
     assert len(re.findall(r"^step ", loud, re.M)) == 2
     assert not re.search(r"^step ", quiet, re.M)
-    for needle in ("# alpha-mpi train:", "# memory per rank:", "final loss ", "state digest: "):
+    for needle in (
+        "# alpha-mpi train:",
+        "# memory per rank:",
+        "final loss ",
+        "state digest (params, optimizer, step, rng): ",
+    ):
         assert needle in quiet, needle
     assert res_quiet["digest"] == res_loud["digest"]
 

@@ -48,6 +48,8 @@ def test_dot_tables_and_json(tmp_path):
     rec = {t["grid"]: t["records"] for t in data["tiles"] if t["shape"] == "37x53"}
     assert rec["2x1"] <= 2 * 11 + 1 < 37 <= rec["1x2"], rec  # whole rows: one run; half rows: one per row
     assert any(line.lstrip().startswith("3000") for line in lines)
+    target = [line for line in lines if line.startswith("# target arrays.dot")]  # issue 33, L = 100
+    assert len(target) == 1 and target[0].split()[-1] in ("met", "MISSED"), target
 
 
 def test_dot_bad_option_exits_2_on_every_rank():

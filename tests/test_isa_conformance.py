@@ -96,6 +96,20 @@ def test_evidence_names_the_built_kernel(report):
     assert info["build_id"] == report["build_id"]
 
 
+def test_crc32c_and_the_header_patch_agree_across_instruction_sets(report):
+    """CRC32C by the SSE4.2 instruction on x86-64 and by the ARMv8 CRC32 instruction on
+    AArch64 (under qemu), each beside its own table path, over lengths that reach every path
+    (bytes, 8-byte steps, three streams): one value everywhere; the same for a header written
+    by ak_frame_patch."""
+    res = report["targets"]["aarch64"]
+    for name in ("crc32c", "frame_patch"):
+        assert res[name]["differ"] == 0 and res[name]["elements"] > 0, (name, res[name])
+    crcs = report["outputs"]["x86_64"]["crc32c"]
+    assert (crcs[0::2] == crcs[1::2]).all()  # instruction == table on x86-64
+    aarch = report["outputs"]["aarch64"]["crc32c"]
+    assert (aarch[0::2] == aarch[1::2]).all()  # and on AArch64
+
+
 def test_the_dense_kernels_saw_every_kind_of_value(report):
     """exp and log met overflow, underflow, subnormal results and NaN; the products met Inf and
     NaN (so the equalities above cover the special values too)."""

@@ -13,17 +13,9 @@ from alpha_mpi import Branch, DeliverTo, Leaf, Refusal, ReplicateAll, oracle, pl
 from alpha_mpi.execution import Allreducer, Combiner, allreduce
 from alpha_mpi.execution import frames as fr
 
-from conftest import agree, bits, slot_data
+from conftest import agree, bits, refusal_code, slot_data
 
 SHORT = 3.0
-
-
-def _code(fn):
-    try:
-        fn()
-    except Refusal as e:
-        return e.code
-    return None
 
 
 def _sum_tree(size):
@@ -35,19 +27,51 @@ def _want(tree, data):
 
 
 # -- size-safe receives -------------------------------------------------------------------------
+# Where user traffic can reach the executor's channel (dup=False on a user communicator), a
+# message of another size can arrive on a frame's tag: the executor matches every frame first
+# and receives it only into a buffer of its size. An executor alone on its tag block posts its
+# receives at the planned size: nothing else sends with its tags (test_the_channel_...).
+
+
+@pytest.mark.mpi(min_size=2)
+def test_the_channel_decides_whether_frames_are_matched_first(world):
+    """dup=True: a tag block of the executor's own on the endpoint's duplicate, receives posted
+    at the planned size (no probe); dup=False on a user communicator, and the convenience calls'
+    shared stream block: every frame matched first (probe)."""
+    from alpha_mpi.execution.convenience import cached_executors
+
+    size, rank = world.Get_size(), world.Get_rank()
+    p = plan(Branch(Leaf(0, 0), Leaf(1, 1), 0), DeliverTo(0), 4, size=size)
+    own = Combiner(world, p, timeout=SHORT)
+    comm = world.Dup()
+    user = Combiner(comm, p, timeout=SHORT, dup=False)
+    allreduce(comm, _sum_tree(size), {rank: np.ones(3)}, timeout=SHORT)
+    conv = next(iter(cached_executors(comm).values())).executor
+    agree(
+        world,
+        (own.probe, user.probe, conv.probe) == (False, True, True),
+        f"{own.probe, user.probe, conv.probe}",
+    )
+    for e in (own, user):
+        e.free()
+    comm.Free()
+
+
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("n, extra", [(600, 8192), (600, 3), (20000, 8192)])
 def test_a_longer_frame_is_refused_by_name_and_never_written_past_the_buffer(world, n, extra):
     """Rank 1 sends rank 0 a message `extra` bytes longer than the planned frame (n = 20000:
-    longer than the planned header message of a split frame) on the executor's own channel and
-    tag. Rank 0 refuses `frame-size-mismatch`, and its planned receive buffer was not written
-    (the message went whole into a scratch buffer): under Open MPI's CMA path a posted receive
-    of the planned size used to be overrun by the whole excess. (With the one failure path the
-    engine itself puts zeros where a refused frame's payload lands, so the payload bytes read
-    0, never the rogue 0xA5; the header bytes keep the test's 0x3C.)"""
+    longer than the planned header message of a split frame) on the executor's channel and tag
+    (a user communicator, dup=False). Rank 0 refuses `frame-size-mismatch`, and its planned
+    receive buffer was not written (the message went whole into a scratch buffer): under Open
+    MPI's CMA path a posted receive of the planned size used to be overrun by the whole excess
+    (1,100 bytes past a 4,928-byte frame). (With the one failure path the engine itself puts
+    zeros where a refused frame's payload lands, so the payload bytes read 0, never the rogue
+    0xA5; the header bytes keep the test's 0x3C.)"""
     size, rank = world.Get_size(), world.Get_rank()
     p = plan(Branch(Leaf(0, 0), Leaf(1, 1), 0), DeliverTo(0), n, size=size)
-    c = Combiner(world, p, timeout=SHORT)
+    comm = world.Dup()  # a user communicator: dup=False lets user traffic reach the channel
+    c = Combiner(comm, p, timeout=SHORT, dup=False)
     x = next(iter(c.compiled.msgs.values())) if rank in (0, 1) else None
     code, untouched = None, True
     if rank == 1:
@@ -55,23 +79,26 @@ def test_a_longer_frame_is_refused_by_name_and_never_written_past_the_buffer(wor
         c.comm.Send(rogue, dest=0, tag=x.tag)
     elif rank == 0:
         x.hbuf[:] = 0x3C
-        code = _code(lambda: c.run({0: np.ones(n)}))
+        code = refusal_code(lambda: c.run({0: np.ones(n)}))
         untouched = bool(np.all(x.hbuf[: fr.HEADER] == 0x3C) and np.all(x.hbuf[fr.HEADER :] == 0))
     ok = code == ("frame-size-mismatch" if rank == 0 else None) and untouched
     agree(world, ok, f"rank {rank}: {code}, planned buffer untouched={untouched}")
     c.free()
+    comm.Free()
 
 
 @pytest.mark.mpi(min_size=2)
 def test_a_longer_payload_behind_a_good_header_is_refused_and_never_written_past_its_region(world):
     """A split frame (n = 20000: header message, then the payload into its region): the header
-    is the planned one, the payload 8 KiB longer. Refused `frame-size-mismatch`; the region the
-    payload was planned for is not written by MPI (the engine puts its zeros there, in place of
-    the refused payload, never the rogue 0xA5) and nothing else of its work buffer is written."""
+    is the planned one, the payload 8 KiB longer (on a user communicator, dup=False). Refused
+    `frame-size-mismatch`; the region the payload was planned for is not written by MPI (the
+    engine puts its zeros there, in place of the refused payload, never the rogue 0xA5) and
+    nothing else of its work buffer is written."""
     size, rank = world.Get_size(), world.Get_rank()
     n = 20000
     p = plan(Branch(Leaf(0, 0), Leaf(1, 1), 0), DeliverTo(0), n, size=size)
-    c = Combiner(world, p, timeout=SHORT)
+    comm = world.Dup()  # a user communicator: dup=False lets user traffic reach the channel
+    c = Combiner(comm, p, timeout=SHORT, dup=False)
     code, untouched = None, True
     if rank in (0, 1):
         x = next(iter(c.compiled.msgs.values()))
@@ -84,12 +111,13 @@ def test_a_longer_payload_behind_a_good_header_is_refused_and_never_written_past
         region = x.pview  # a work-buffer region (static): never None here
         whole = next(b for b in c.compiled.bufs.values() if np.shares_memory(b, region))
         whole[:] = 2.5
-        code = _code(lambda: c.run({0: np.ones(n)}))
+        code = refusal_code(lambda: c.run({0: np.ones(n)}))
         lo = (region.__array_interface__["data"][0] - whole.__array_interface__["data"][0]) // 8
         rest = np.concatenate([whole[:lo], whole[lo + n :]])
         untouched = bool(np.all(region == 0) and np.all(rest == 2.5))
     agree(world, code == ("frame-size-mismatch" if rank == 0 else None) and untouched, f"rank {rank}: {code}")
     c.free()
+    comm.Free()
 
 
 @pytest.mark.mpi(min_size=2)
@@ -99,7 +127,8 @@ def test_a_longer_frame_with_another_plans_header_is_named_by_its_header(world):
     size, rank = world.Get_size(), world.Get_rank()
     n = 600
     p = plan(Branch(Leaf(0, 0), Leaf(1, 1), 0), DeliverTo(0), n, size=size)
-    c = Combiner(world, p, timeout=SHORT)
+    comm = world.Dup()  # a user communicator: dup=False lets user traffic reach the channel
+    c = Combiner(comm, p, timeout=SHORT, dup=False)
     code = None
     if rank == 1:
         x = next(iter(c.compiled.msgs.values()))
@@ -109,9 +138,10 @@ def test_a_longer_frame_with_another_plans_header_is_named_by_its_header(world):
         fr.patch(memoryview(buf), 0, 0)
         c.comm.Send(buf, dest=0, tag=x.tag)
     elif rank == 0:
-        code = _code(lambda: c.run({0: np.ones(n)}))
+        code = refusal_code(lambda: c.run({0: np.ones(n)}))
     agree(world, code == ("frame-identity-mismatch" if rank == 0 else None), f"rank {rank}: {code}")
     c.free()
+    comm.Free()
 
 
 # -- executor identity ----------------------------------------------------------------------------
@@ -151,7 +181,7 @@ def test_a_realization_another_rank_does_not_build_is_refused_on_every_rank(worl
     size, rank = world.Get_size(), world.Get_rank()
     tree = _sum_tree(size)
     name = "replicate" if rank == size - 1 else "tree"
-    code = _code(lambda: Allreducer(world, tree, 4, realization=name, timeout=SHORT))
+    code = refusal_code(lambda: Allreducer(world, tree, 4, realization=name, timeout=SHORT))
     agree(world, code == "executor-identity-mismatch", f"rank {rank}: {code}")
 
 
@@ -176,7 +206,7 @@ def test_a_rank_that_skips_a_constructor_leaves_no_rank_waiting_in_a_dup(world):
             continue
         data = {s: np.full(3, float((k + 1) * 10**s)) for s in range(size)}
         codes.append(
-            _code(
+            refusal_code(
                 lambda: Allreducer(comm, tree, 3, realization="tree", timeout=SHORT).run({rank: data[rank]})
             )
         )
@@ -225,13 +255,14 @@ def test_a_corrupt_payload_in_the_last_receive_is_refused_on_every_rank(world, m
     c = Combiner(world, p, timeout=SHORT)
 
     def flip(index, mv):
-        mv[fr.HEADER + 2] ^= 0x04
+        if len(mv) > fr.HEADER:  # the data frame (the flag rounds' frames carry no payload)
+            mv[fr.HEADER + 2] ^= 0x04
 
     if rank == 1:
         c.send_hook = flip
     data = slot_data(2, 8, seed=3)
     mine = {s: data[s] for s in p.slots_of(rank)}
-    code = _code(lambda: c.run(mine))
+    code = refusal_code(lambda: c.run(mine))
     want = "frame-payload-corrupt" if rank == 0 else "peer-refused"
     agree(world, code == want, f"rank {rank}: {code}")
     c.send_hook = None
@@ -244,6 +275,32 @@ def test_a_corrupt_payload_in_the_last_receive_is_refused_on_every_rank(world, m
     c.free()
 
 
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("realization", ["butterfly", "tree", "halving"])
+def test_with_the_payload_check_every_rank_names_the_lowest_refusing_rank(world, monkeypatch, realization):
+    """Ranks 1 and p - 1 refuse their inputs in the same run. Each rank's frames name the first
+    refusal it saw, which differs from rank to rank; the flag rounds after the program (payload
+    check on) carry the lowest refusing rank to every rank, so every other rank names rank 1
+    (`peer-refused`, peer 1, its code), and the next run works."""
+    monkeypatch.setenv("ALPHA_MPI_PAYLOAD_CHECK", "1")
+    size, rank = world.Get_size(), world.Get_rank()
+    tree = _sum_tree(size)
+    a = Allreducer(world, tree, 5, realization=realization, timeout=SHORT)
+    data = slot_data(size, 5, seed=9)
+    bad = {1, size - 1}
+    mine = {rank: data[rank][:3] if rank in bad else data[rank]}
+    try:
+        a.run(mine)
+        got = None
+    except Refusal as e:
+        got = (e.code, e.context.get("peer"), e.context.get("peer_code"))
+    want = ("contribution-shape", None, None) if rank in bad else ("peer-refused", 1, "contribution-shape")
+    agree(world, got == want, f"rank {rank}: {got}")
+    out = a.run({rank: data[rank]})
+    agree(world, np.array_equal(bits(out), bits(_want(tree, data))), f"rank {rank}: the next run")
+    a.free()
+
+
 # -- timeouts -------------------------------------------------------------------------------------
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("bad", ["soon", -1, 0, float("nan"), float("inf")])
@@ -252,7 +309,7 @@ def test_a_bad_run_timeout_on_one_rank_is_refused_on_every_rank_and_the_next_run
     tree = _sum_tree(size)
     a = Allreducer(world, tree, 3, realization="tree", timeout=SHORT)
     data = slot_data(size, 3, seed=2)
-    code = _code(lambda: a.run({rank: data[rank]}, timeout=bad if rank == size - 1 else None))
+    code = refusal_code(lambda: a.run({rank: data[rank]}, timeout=bad if rank == size - 1 else None))
     want = "usage" if rank == size - 1 else "peer-refused"
     agree(world, code == want and a.broken is None, f"rank {rank}: {code}, broken={a.broken}")
     got = a.run({rank: data[rank]}, timeout=SHORT)
@@ -279,7 +336,7 @@ def test_an_exception_inside_a_run_marks_the_executor_broken_and_says_so(world):
     except Refusal as e:
         code = e.code
     if rank == 1:
-        later = _code(lambda: c.run({1: np.ones(4)}))
+        later = refusal_code(lambda: c.run({1: np.ones(4)}))
         agree(
             world,
             code == "KeyError" and c.broken == "KeyError" and later == "combiner-broken",
@@ -315,7 +372,7 @@ def test_one_ranks_mistake_in_allreduce_is_refused_on_every_rank_fast_and_the_ne
             "extra-slot": {rank: data[rank], rank + 100: data[rank]},
         }[mistake]
     t0 = time.monotonic()
-    code = _code(lambda: allreduce(comm, tree, bad, realization="tree", timeout=30))
+    code = refusal_code(lambda: allreduce(comm, tree, bad, realization="tree", timeout=30))
     elapsed = time.monotonic() - t0
     want = {"short": "contribution-shape", "list": "dtype-invalid", "float32": "dtype-invalid"}
     want = want.get(mistake, "contribution-unexpected") if rank == size - 1 else "peer-refused"
@@ -369,7 +426,7 @@ def test_a_rank_with_no_contributions_on_the_first_call_is_refused_on_every_rank
     comm = world.Dup()
     tree = _sum_tree(size)
     mine = {} if rank == size - 1 else {rank: np.ones(3)}
-    code = _code(lambda: allreduce(comm, tree, mine, timeout=30))
+    code = refusal_code(lambda: allreduce(comm, tree, mine, timeout=30))
     want = "contribution-missing" if rank == size - 1 else "peer-refused"
     agree(world, code == want, f"rank {rank}: {code}")
     got = allreduce(comm, tree, {rank: np.ones(3)}, timeout=30)
@@ -413,10 +470,10 @@ def test_one_rank_passing_another_agreed_argument_is_named_everywhere_then_reset
             kw = {"realization": "replicate"}
         else:
             kw, mine = {"realization": "tree", "layout": n + 1}, {rank: np.ones(n + 1)}
-    code = _code(lambda: allreduce(comm, tree, mine, timeout=SHORT, **kw))
+    code = refusal_code(lambda: allreduce(comm, tree, mine, timeout=SHORT, **kw))
     named = {"peer-timeout", "executor-identity-mismatch", "frame-identity-mismatch", "frame-size-mismatch"}
     agree(world, code in named, f"rank {rank}: {code}")
-    later = _code(lambda: allreduce(comm, tree, good, realization="tree", timeout=SHORT))
+    later = refusal_code(lambda: allreduce(comm, tree, good, realization="tree", timeout=SHORT))
     agree(world, later == "combiner-broken", f"rank {rank}: later call {later}")
     reset(comm)
     got = allreduce(comm, tree, good, realization="tree", timeout=SHORT)

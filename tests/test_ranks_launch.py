@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from conftest import needs_mpiexec, run_mpi
+from conftest import needs_mpiexec, printed_digest, run_mpi
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -35,9 +35,7 @@ def _digest(ranks, partition="none"):
         ranks, "-m", "alpha_mpi", "train", "--steps", "50", "--partition", partition, limit=400, env=env
     )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    m = re.search(r"^state digest: ([0-9a-f]{64})$", r.stdout, re.M)
-    assert m, r.stdout[-2000:]
-    return m.group(1)
+    return printed_digest(r.stdout)
 
 
 @pytest.fixture(scope="module")

@@ -285,3 +285,30 @@ def test_two_latencies_charge_further_messages_of_a_round_apart(tmp_path, monkey
     with pytest.raises(Refusal) as e:
         load_calibration()
     assert e.value.code == "calibration-invalid"
+
+
+def test_the_per_run_cost_is_added_once_to_every_realization_and_never_changes_the_choice(
+    tmp_path, monkeypatch
+):
+    """α0 (the call into the executor) is the same for every realization: it adds to every
+    estimate alike, so the choice is the one without it; files without it (0.1, 0.2) read as 0."""
+    f = tmp_path / "cal.json"
+    monkeypatch.setenv("ALPHA_MPI_CALIBRATION", str(f))
+    base = {"alpha": 2e-6, "alpha_msg": 1e-6, "beta": 0.2e-9, "gamma": 0.2e-9}
+    f.write_text(json.dumps(base))
+    without = load_calibration()
+    assert without.alpha0 == 0.0
+    f.write_text(json.dumps({**base, "alpha0": 5e-6}))
+    with_fixed = load_calibration()
+    assert with_fixed.to_dict()["alpha0"] == 5e-6
+    for size, n in ((4, 1), (4, 1 << 20), (8, 3000)):
+        tp = plan(pairwise(range(2 * size), size), None, n, size=size)
+        names = [k for k, v in applicable(tp).items() if v is None]
+        a, ea = choose(tp, names, without)
+        b, eb = choose(tp, names, with_fixed)
+        assert a == b
+        assert all(eb[k] == pytest.approx(ea[k] + 5e-6) for k in names)
+    f.write_text(json.dumps({**base, "alpha0": -1}))
+    with pytest.raises(Refusal) as e:
+        load_calibration()
+    assert e.value.code == "calibration-invalid"

@@ -5,7 +5,6 @@ refused run cannot leave stale frames for the next test, and no rank waits more 
 """
 
 import struct
-import zlib
 
 import numpy as np
 import pytest
@@ -13,6 +12,7 @@ from test_frames import FIELDS
 
 from alpha_mpi import Branch, DeliverTo, Leaf, Refusal, ReplicateAll, hierarchy, plan, star
 from alpha_mpi.execution import Combiner
+from alpha_mpi.execution import frames as fr
 
 from conftest import agree, slot_data
 
@@ -59,7 +59,7 @@ def tamper(field):
         (old,) = struct.unpack_from("<" + fmt, mv, off)
         new = bytes(b ^ 0x5A for b in old) if isinstance(old, bytes) else old + 1
         struct.pack_into("<" + fmt, mv, off, new)
-        struct.pack_into("<I", mv, 124, zlib.crc32(bytes(mv[:124])))
+        fr.seal(mv)
 
     return hook
 

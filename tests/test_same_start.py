@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from alpha_mpi.learning import MLP, DataParallelLearner
-from alpha_mpi.learning.same_start import ITEM_WORDS, Item, _hex, _words, agree, start_params
+from alpha_mpi.learning.same_start import ITEM_WORDS, Item, _hex, _shown, _words, agree, start_params
 from alpha_mpi.refusals import Refusal
 
 
@@ -49,15 +49,16 @@ def test_init_params_of_the_wrong_shape_or_not_finite_are_a_usage_error(bad):
 
 def test_the_digest_words_are_64_bit_integers_and_name_the_bits():
     p = MLP(4, 3, 2).init(1)
-    w = _words(p)
+    w = _words(Item("x", p, None, shown="SkylakeX ü"))
     assert len(w) == ITEM_WORDS and w[0] == p.size
     assert all(type(x) is int and 0 <= x < 2**64 for x in w)
     import hashlib
 
     assert _hex(w) == hashlib.sha256(p.astype("<f8").tobytes()).hexdigest()
+    assert _shown(w) == "SkylakeX ü" and _shown(_words(Item("x", p, None))) == ""
     q = p.copy()
     q[0] = np.nextafter(q[0], 1.0)
-    assert _words(q) != w
+    assert _words(Item("x", q, None, shown="SkylakeX ü")) != w
 
 
 def test_alone_a_local_failure_is_raised_and_agreement_passes():

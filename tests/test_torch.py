@@ -39,8 +39,9 @@ def test_float32_contract_names_both_conversions_and_the_torch_settings():
     ops = {op.formula_id: op.expression for op in c.formulas}
     assert "RoundBinary64@gradient" in ops["round-binary64-once-v1"]
     assert "normalize-once" in ops
-    assert "set_num_threads(1)" in ops["torch-slot-gradient-v2"]
-    assert torch.__version__ in ops["torch-slot-gradient-v2"]
+    assert "use_deterministic_algorithms(True)" in ops["torch-slot-gradient-v3"]
+    fields = dict(c.compute.fields)  # the settings are the compute identity's
+    assert fields["torch.threads"] == "1" and fields["torch.version"] == torch.__version__
     assert dp.conversions == (("WidenBinary32", "contribution"), ("RoundBinary64", "gradient"))
     assert c.layout_order_ids == (dp.layout_order_id,)
     d64 = DataParallel(mlp(torch.float64), comm_self(), slots=4)

@@ -13,8 +13,8 @@ shared file system on a cluster).
 Protocol of `resume()` (every rank calls it once, before training):
 1. rank 0 decides which step to read (what `latest` names; the newest step that verifies when
    `latest` is missing; the step `--resume-from` names; or none) and every rank learns it;
-2. every rank opens that step (seal, schema, contract, layout order id, config, data), reads the ranges
-   it now owns into fresh buffers; all vote;
+2. every rank opens that step (seal, schema, config, compute identity, contract, layout order id,
+   data), reads the ranges it now owns into fresh buffers; all vote;
 3. only then every rank installs what it read. A refusal anywhere leaves every learner as it was.
 
 The constructor takes an advisory lock on the directory (lock.py) on rank 0; `close()` (or
@@ -39,6 +39,7 @@ from .compatibility import (
     NOT_SAVED,
     SAME_ON_RESUME,
     check_compatible,
+    check_compute,
     compare_config,
     compare_data,
     learner_contract,
@@ -118,6 +119,8 @@ class Checkpointer:
             manifest; on resume the keys in SAME_ON_RESUME are compared.
         adopt_contract: resume from a checkpoint of another numerical contract (recorded).
         adopt_lr: resume with another learning rate (recorded in `resume_history`).
+        accept_compute_change: resume a checkpoint computed under another compute identity
+            (`compute-changed` otherwise; recorded in `compute_history`).
         data: the data's fingerprint (`alpha_mpi.learning.data.fingerprint`), compared on resume.
         timeout: seconds a rank waits for the others' votes.
     """
@@ -131,6 +134,7 @@ class Checkpointer:
         *,
         adopt_contract: bool = False,
         adopt_lr: bool = False,
+        accept_compute_change: bool = False,
         data: dict | None = None,
         timeout: float | None = None,
     ) -> None:
@@ -139,8 +143,9 @@ class Checkpointer:
         cfg = asdict(cfg) if cfg is not None and not isinstance(cfg, dict) else dict(cfg or {})
         self.cfg = cfg
         self.adopt_contract, self.adopt_lr = adopt_contract, adopt_lr
+        self.accept_compute_change = accept_compute_change
         self.data = dict(data or {})
-        self.history, self.resume_history = [], []
+        self.history, self.resume_history, self.compute_history = [], [], []
         self._lock = None
         self._endpoint = Endpoint.of(comm, timeout)  # its verdict round carries every vote
         self._timeout = timeout
@@ -265,12 +270,16 @@ class Checkpointer:
             "position": step * config["batch"] if type(config.get("batch")) is int else 0,
         }
         data.update({k: v for k, v in self.data.items() if k in ("samples", "sha256", "source")})
+        identity = getattr(lr, "compute_identity", None)  # rank 0's: the ranks' agree unless independent
+        compute = {} if identity is None else {"compute": identity.to_dict()}
         return {
             "layout_order_id": lr.layout_order_id,
             "contract": contract.to_dict(),
             "contract_digest": contract.digest,
             "contract_history": self.history,
             "resume_history": self.resume_history,
+            "compute_history": self.compute_history,
+            **compute,
             "config": config,
             "scalars": lr.checkpoint_scalars(),
             "data": data,
@@ -315,7 +324,7 @@ class Checkpointer:
         return info
 
     def _load(self, path: str, expected=None) -> str:
-        failure, ck, state, adopted, changes = None, None, None, None, []
+        failure, ck, state, adopted, changes, computed = None, None, None, None, [], None
         try:
             ck = Checkpoint(path, expected)
             m = ck.manifest
@@ -327,6 +336,9 @@ class Checkpointer:
             # The config first: a changed model or --slots is named as such, not as the
             # numerical-order mismatch it also causes.
             changes = compare_config(m, self.cfg, self.data, self.learner, self.adopt_lr)
+            # Then the compute identity: a slot computed by other kernels is named as such, not as
+            # the contract difference it also makes.
+            computed = check_compute(m, self.learner, self.accept_compute_change)
             adopted = check_compatible(m, self.learner, self.adopt_contract)
             compare_data(m, self.data)
             read = getattr(self.learner, "checkpoint_read", None)
@@ -345,4 +357,5 @@ class Checkpointer:
         m = ck.manifest
         self.history = list(m.get("contract_history", [])) + ([adopted] if adopted else [])
         self.resume_history = list(m.get("resume_history", [])) + changes
+        self.compute_history = list(m.get("compute_history", [])) + ([computed] if computed else [])
         return ck.dir

@@ -1,24 +1,41 @@
-"""What a resume must share with the saved run: numerical contract, layout order id, config, data.
+"""What a resume must share with the saved run: numerical contract, layout order id, config, data,
+compute identity.
 
 Apart from checkpointer.py because these are rules about two records (the saved manifest and
 this run), not steps of the collective protocol: each function reads a manifest and the run's
 side, and either refuses by name or returns what changed by consent (`adopt_contract`,
-`adopt_lr`) for the manifest's history. `Checkpointer` applies them on every rank before it
+`adopt_lr`, `accept_compute_change`) for the manifest's history. `Checkpointer` applies them on every rank before it
 installs anything.
 """
 
 from __future__ import annotations
 
+from ..model.compute import ComputeIdentity, MachineIndependent
 from ..numerics import NumericalContract, numerical_compatibility
 from ..refusals import CheckpointRefusal, NumericalOrderMismatch, Refusal
 from .schema import layout_order_id_of
 
-__all__ = ["SAME_ON_RESUME", "NOT_SAVED", "check_compatible", "compare_config", "compare_data"]
+__all__ = [
+    "SAME_ON_RESUME",
+    "NOT_SAVED",
+    "check_compatible",
+    "check_compute",
+    "compare_config",
+    "compare_data",
+]
 
 SAME_ON_RESUME = ("slots", "batch", "seed", "hidden", "data", "model", "optimizer", "lr", "momentum")
 """Config fields a resume must share with the saved run (others, like --steps or --partition, may
 change). `lr` may change with adopt_lr; `momentum` matters to SGD only."""
-NOT_SAVED = ("checkpoint_dir", "resume", "resume_from", "adopt_contract", "adopt_lr", "json")
+NOT_SAVED = (
+    "checkpoint_dir",
+    "resume",
+    "resume_from",
+    "adopt_contract",
+    "adopt_lr",
+    "accept_compute_change",
+    "json",
+)
 """Run options that are not part of a checkpoint's configuration."""
 
 
@@ -46,6 +63,44 @@ def check_compatible(saved: dict, learner, adopt: bool = False) -> dict | None:
             )
         return {"from": old.digest, "to": current.digest, "at_step": saved["step"]}
     return None
+
+
+def check_compute(saved: dict, learner, accept: bool = False) -> dict | None:
+    """Refuse (`compute-changed`) a resume under another compute identity than the manifest
+    `saved` records, naming the old and the new text of each compared field that differs, unless
+    `accept`; return the change to record in the manifest's `compute_history` (None: no change).
+
+    - same compared fields (recorded-only ones may differ): None;
+    - a contract that says machine-independent (the model's declaration or the caller's
+      promise): resumed anywhere, recorded (`how: machine-independent`);
+    - `accept`: recorded (`how: accepted`);
+    - a manifest without an identity (saved by alpha_mpi before it recorded one): the identity it
+      ran under is unknown, so nothing can be compared; it resumes as before and the resume is
+      recorded (`how: unrecorded`, `from: null`), so later manifests say so.
+    A learner without a `compute_identity` (a stand-in) is not compared."""
+    now = getattr(learner, "compute_identity", None)
+    if now is None:
+        return None
+    spec = getattr(learner_contract(learner), "compute", None)
+    entry = {"at_step": saved["step"], "from": None, "to": dict(now.compared().fields)}
+    if "compute" not in saved:
+        return {**entry, "how": "unrecorded"}
+    old = ComputeIdentity.of(saved["compute"]["fields"])
+    diffs = old.differences(now)
+    entry["from"] = dict(old.compared().fields)
+    if not diffs:
+        return None
+    if isinstance(spec, MachineIndependent):
+        return {**entry, "how": "machine-independent"}
+    if accept:
+        return {**entry, "how": "accepted"}
+    named = "; ".join(f"{f}: saved {a!r}, now {b!r}" for f, a, b in diffs)
+    raise CheckpointRefusal(
+        "compute-changed",
+        f"the checkpoint at step {saved['step']} was computed under another compute identity ({named}); "
+        "this model's slot results depend on it, so the run would continue with other bits",
+        fields=[f for f, _, _ in diffs],
+    )
 
 
 def compare_config(m: dict, now: dict, data: dict, learner, adopt_lr: bool = False) -> list:

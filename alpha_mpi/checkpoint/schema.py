@@ -9,6 +9,13 @@ the scalars' step, the data position (step x batch), the contract digest (recomp
 contract), the layout order id (one of the contract's), and Adam's carried bias powers b1^t, b2^t
 (recomputed by the same repeated multiplication the optimizer does).
 
+The compute identity rank 0 ran under is stored as `compute` (ComputeIdentity.to_dict(): every
+field, compared and recorded); its compared fields must equal the contract's `compute` where that
+is an identity (a derivation, checked). `compute_history` lists the resumes under another
+identity (or from a manifest without one): at_step, how (accepted, machine-independent,
+unrecorded), from and to (the compared fields; from null when unknown). Manifests saved before
+the identity was recorded have neither field and are read as before.
+
 The layout order id is stored as `layout_order_id`, beside a contract of format version 2.
 Manifests of early 0.2 store it as `order_id`, beside a contract of format version 1 and that
 version's digest: both forms are read (`order_key`, `layout_order_id_of`); a mixture is refused.
@@ -33,6 +40,8 @@ ROOT_OPTIONAL = {
     "contract_digest",
     "contract_history",
     "resume_history",
+    "compute",
+    "compute_history",
     "config",
     "scalars",
     "data",
@@ -205,26 +214,17 @@ def validate_root(m: dict, dir_step, where: str) -> None:
         scalar(v, f"config.{k}")
     if "contract" in m or "contract_digest" in m or order_key(m) in m:
         _contract(m)
-    chist = m.get("contract_history", [])
-    if not isinstance(chist, list):
-        raise bad("contract_history must be a list")
-    for i, h in enumerate(chist):
-        keys(h, f"contract_history[{i}]", ("from", "to", "at_step"))
-        digest(h["from"], f"contract_history[{i}].from")
-        digest(h["to"], f"contract_history[{i}].to")
-        integer(h["at_step"], f"contract_history[{i}].at_step", 0, step)
-    hist = m.get("resume_history", [])
-    if not isinstance(hist, list):
-        raise bad("resume_history must be a list")
-    for i, h in enumerate(hist):
-        keys(h, f"resume_history[{i}]", ("at_step", "field", "from", "to"))
-        integer(h["at_step"], f"resume_history[{i}].at_step", 0, step)
-        field = text(h["field"], f"resume_history[{i}].field", choices=("lr", "steps"))
+    for where, h in history(m, "contract_history", ("from", "to", "at_step"), step):
+        digest(h["from"], f"{where}.from")
+        digest(h["to"], f"{where}.to")
+    for where, h in history(m, "resume_history", ("at_step", "field", "from", "to"), step):
+        field = text(h["field"], f"{where}.field", choices=("lr", "steps"))
         for end in ("from", "to"):
             if field == "lr":
-                number(h[end], f"resume_history[{i}].{end}", positive=True)
+                number(h[end], f"{where}.{end}", positive=True)
             else:
-                integer(h[end], f"resume_history[{i}].{end}")
+                integer(h[end], f"{where}.{end}")
+    _compute(m, step)
     if "scalars" in m:
         _scalars(m["scalars"], step, config)
     if "data" in m:
@@ -263,6 +263,50 @@ def _contract(m: dict) -> None:
         )
     if oid not in c.layout_order_ids:
         raise bad(f"{key} {oid[:24]!r} is not an order the contract names")
+
+
+COMPUTE_HOW = ("accepted", "machine-independent", "unrecorded")
+
+
+def _identity(d, what: str):
+    from ..model.compute import ComputeIdentity
+    from ..refusals import Refusal
+
+    keys(d, what, ("kind", "fields"))
+    if d["kind"] != "compute-identity" or not isinstance(d["fields"], dict):
+        raise bad(f"{what} is not a compute identity (kind compute-identity, fields)")
+    try:
+        return ComputeIdentity.of(d["fields"])
+    except Refusal as e:
+        raise bad(f"{what}: {e.message}")
+
+
+def history(m: dict, name: str, fields, step: int):
+    """(where, entry) of the manifest's list `name` (absent: empty), each entry an object with
+    exactly `fields`, its `at_step` an integer in [0, step]; the caller checks the rest."""
+    entries = m.get(name, [])
+    if not isinstance(entries, list):
+        raise bad(f"{name} must be a list")
+    for i, h in enumerate(entries):
+        where = f"{name}[{i}]"
+        keys(h, where, fields)
+        integer(h["at_step"], f"{where}.at_step", 0, step)
+        yield where, h
+
+
+def _compute(m: dict, step: int) -> None:
+    if "compute" in m:
+        ident = _identity(m["compute"], "compute")
+        c = m.get("contract")
+        if isinstance(c, dict) and isinstance(c.get("compute"), dict) and "fields" in c["compute"]:
+            if c["compute"]["fields"] != dict(ident.compared().fields):
+                raise bad("compute's compared fields differ from the contract's compute identity")
+    for where, h in history(m, "compute_history", ("at_step", "how", "from", "to"), step):
+        text(h["how"], f"{where}.how", choices=COMPUTE_HOW)
+        for end in ("from", "to"):
+            if h[end] is None and end == "from" and h["how"] == "unrecorded":
+                continue
+            _identity({"kind": "compute-identity", "fields": h[end]}, f"{where}.{end}")
 
 
 def order_key(m: dict) -> str:

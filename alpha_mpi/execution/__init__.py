@@ -1,10 +1,11 @@
 """Execution layer: runs realizations of declared trees over mpi4py (point-to-point only).
 
-One executor (engine.Engine) runs every realization's program; endpoint.py holds alpha_mpi's
-state on each user communicator (its one duplicate, executor numbering, tags, the build
-agreement) and verdict.py the one round in which every rank learns every rank's word;
-frames.py owns headers, waits.py waits and their bounds, abort.py how a failed job ends, log.py
-the debug log; allreducer.py holds the executors by plan kind, convenience.py the cached calls
+One executor (engine.Engine) runs every realization's program, its rounds in C (csrc/native.c,
+built by the MPI's own mpicc at first use: native.py); endpoint.py holds alpha_mpi's state on
+each user communicator (its one duplicate, executor numbering, tags, the build agreement) and
+verdict.py the one round in which every rank learns every rank's word; frames.py owns headers,
+waits.py waits and their bounds, abort.py how a failed job ends, log.py the debug log;
+allreducer.py holds the executors by plan kind, convenience.py the cached calls
 allreduce()/combine()/reduce_scatter().
 """
 

@@ -23,21 +23,28 @@ class Chunk(NamedTuple):
     values: np.ndarray
 
 
-def check_leaves(c, contributions, rank: int, layout) -> dict:
-    """slot -> contiguous float64 vector for exactly this rank's slots, or this rank's refusal."""
-    slots, n = c.rp.slots, c.n
+def check_leaves(c, contributions, rank: int, layout, bound: list) -> dict:
+    """slot -> contiguous float64 vector for exactly this rank's slots, or this rank's refusal.
+    An array object bound to its slot in an earlier run (`bound`, see bind_bases) with the same
+    dtype object is not checked again: it passed these checks then, its size and strides cannot
+    have changed while the executor holds it and its buffer, and a dtype set in place is another
+    dtype object."""
+    n = c.n
     # Fast path: exactly this rank's slots, each a contiguous float64 array of n elements.
-    if type(contributions) is dict and len(contributions) == len(slots):
-        out = {}
-        for slot in slots:
+    if type(contributions) is dict and len(contributions) == len(c.slot_base):
+        same = True
+        for slot, b in c.slot_base.items():
             v = contributions.get(slot, _MISSING)
-            if type(v) is np.ndarray and v.dtype == _F64 and v.size == n and v.flags.c_contiguous:
-                out[slot] = v if v.ndim == 1 else v.reshape(-1)
-            else:
+            last = bound[b]
+            if last is not None and last[0] is v and v.dtype is last[2]:
+                continue
+            if not (type(v) is np.ndarray and v.dtype == _F64 and v.size == n and v.flags.c_contiguous):
                 break
+            if v.ndim != 1:
+                same = False
         else:
-            return out
-    return check_contributions(contributions, slots, rank, n, layout.key())
+            return contributions if same else {s: v.reshape(-1) for s, v in contributions.items()}
+    return check_contributions(contributions, c.rp.slots, rank, n, layout.key())
 
 
 def zero_leaves(c, zeros: np.ndarray) -> dict:
@@ -56,13 +63,28 @@ def result_len(c) -> int:
     return 0 if r is None else r.count
 
 
-def bind_out(c, out, mode: str):
-    """The array the `out` buffer is bound to: the caller's when given (checked), else new."""
-    if c.internal_out is None and c.rp.result is None:
-        return None
-    n = c.n
+def bind_out(c, out, mode: str, leaves: dict, checked):
+    """(the array the `out` buffer is bound to, the caller's array the C round copies the
+    result into at the end of a clean run, or None). The caller's `out` is checked here unless
+    it is `checked` (the object that passed last time, same dtype object). Small results, and
+    results whose `out` aliases a contribution, are computed in the internal buffer and
+    delivered (so a refused run leaves `out` as it was; a realization may still send a
+    contribution while it writes the result); larger ones land in `out` itself."""
+    internal = c.internal_out
+    if internal is None and c.rp.result is None:
+        return None, None
     if out is None:
-        return np.empty(n) if c.is_receiver and not c.small else c.internal_out
+        return (np.empty(c.n) if c.is_receiver and not c.small else internal), None
+    if checked is None or checked[0] is not out or out.dtype is not checked[1]:
+        _check_out(c, out, mode)
+    if mode == "reduce-scatter" or not c.is_receiver:
+        return internal, None
+    if c.small or aliased(out, leaves):
+        return internal, out
+    return out.reshape(-1), None
+
+
+def _check_out(c, out, mode: str) -> None:
     if (
         not isinstance(out, np.ndarray)
         or out.dtype != _F64
@@ -76,16 +98,15 @@ def bind_out(c, out, mode: str):
             f"{'' if not isinstance(out, np.ndarray) else ('C-contiguous' if out.flags.c_contiguous else 'not C-contiguous')}"
             f"{'' if not isinstance(out, np.ndarray) or out.flags.writeable else ' read-only'}",
         )
-    if mode == "allreduce" and out.size != n:
-        raise Refusal("out-invalid", f"out has {out.size} elements, the result has {n}")
+    n = c.n
     if mode == "reduce-scatter":
         if out.size not in (n, result_len(c)):
             raise Refusal(
                 "out-invalid",
                 f"out has {out.size} elements; give the chunk's {result_len(c)} or the whole payload's {n}",
             )
-        return c.internal_out
-    return out.reshape(-1) if c.is_receiver else c.internal_out
+    elif out.size != n:
+        raise Refusal("out-invalid", f"out has {out.size} elements, the result has {n}")
 
 
 def aliased(out, leaves) -> bool:
@@ -94,21 +115,34 @@ def aliased(out, leaves) -> bool:
     return out is not None and any(np.shares_memory(out, v) for v in leaves.values())
 
 
-def bind_pointers(st, names: dict, bound: dict, darr, leaves: dict, outarr) -> None:
-    """Pointers into the caller's arrays for this run, rebuilt only when another array object
-    comes (the learner and most loops pass the same buffers every step)."""
-    ffi, bases, arrays = st.ffi, st.bases, st.arrays
+def bind_bases(c, bound: list, leaves: dict, outarr, deliver) -> None:
+    """Write the base pointers of the caller's arrays into the C executor's buffer table for
+    this run (and the delivery target, or NULL), making a pointer only when another array
+    object comes (the learner and most loops pass the same buffers every step). `bound[b]`:
+    (array, pointer, its dtype object) last bound to buffer number b (the last entry: the
+    delivery target); holding the array and its buffer keeps its memory, size and strides."""
+    ffi, bases, numbers = c.native.ffi, c.bases, c.slot_base
     for s, a in leaves.items():
-        name = names[s]
-        if bound.get(name) is not a:
-            bound[name] = a
-            bases[name] = ffi.from_buffer(darr, a)
-        arrays[name] = a
+        b = numbers[s]
+        last = bound[b]
+        if last is None or last[0] is not a:
+            ptr = ffi.from_buffer("double[]", a)
+            bound[b] = (a, ptr, a.dtype)
+            bases[b] = ptr
     if outarr is not None:
-        if bound.get("out") is not outarr:
-            bound["out"] = outarr
-            bases["out"] = ffi.from_buffer(darr, outarr, True)
-        arrays["out"] = outarr
+        last = bound[0]
+        if last is None or last[0] is not outarr:
+            ptr = ffi.from_buffer("double[]", outarr, True)
+            bound[0] = (outarr, ptr, outarr.dtype)
+            bases[0] = ptr
+    last = bound[-1]
+    if deliver is None:
+        if last is not None:
+            bound[-1] = None
+            c.ex.deliver_to = ffi.NULL
+    elif last is None or last[0] is not deliver:
+        bound[-1] = (deliver, ffi.from_buffer("double[]", deliver, True), deliver.dtype)
+        c.ex.deliver_to = bound[-1][1]
 
 
 def finish(c, program, rank: int, step: int, st, local, leaves, outarr, out):
@@ -150,7 +184,7 @@ def finish(c, program, rank: int, step: int, st, local, leaves, outarr, out):
         raise PlanRefusal("plan-simulation-failed", "an allreduce result outside `out`")
     if out is None:
         return outarr.copy() if outarr is c.internal_out else outarr
-    if outarr is c.internal_out:  # small, or `out` aliased a contribution
+    if outarr is c.internal_out and not c.ex.delivered:  # (the payload check: after its flag round)
         np.copyto(out.reshape(-1), outarr)
     return out
 
@@ -162,6 +196,6 @@ __all__ = [
     "zeros_for",
     "bind_out",
     "aliased",
-    "bind_pointers",
+    "bind_bases",
     "finish",
 ]

@@ -1,140 +1,106 @@
-"""Compiling a rank's Program once: work buffers, frame headers, persistent requests and the op
-table, each op a named record with every pointer a run needs (construction only; engine.py
-runs it, engine_walk.py holds the function of each op kind).
+"""Compiling a rank's Program once into the records the C round runs (construction only).
 
-`compile_program` returns a frozen `Compiled`. Its message records (`Msg`) get their tags and
-persistent send requests from `open_sends`, once the build agreement has given the executor its
-tag block (endpoint.py: message k from one rank to another uses block.base + 2k and + 2k + 1);
-a frame sent from the caller's memory gets its payload request per run (the only field a run
-writes). Receives get no request at all: W matches the frame first and receives it size-safely
-(inbound.py), so the planner's P ops compile to nothing.
+`compile_program` allocates the work buffers (numpy), writes every frame's expected header
+(frames.FrameSpec), and fills the C records of csrc/native.h: one op per planned op, one
+message record per frame, one evaluation, copy, check or merge record per op of those kinds,
+each region a (buffer number, element offset) pair. Buffer numbers: 0 is `out`, 1.. the
+contributions in the rank's slot order (the caller's memory: bound per run by writing their
+base pointers), then the work buffers (the engine's: bound here, once). Nothing here
+communicates: once the build agreement has given the executor its tag block (endpoint.py:
+message k from one rank to another uses block.base + 2k and + 2k + 1, a flag-round frame the
+block's flag tag), `open_exec` writes the tags and the C executor makes its persistent requests
+on the executor's communicator (an_prepare). engine.py runs it; engine_walk.py handles what a
+run hands back to Python.
+
+Receives are posted where the plan posts them (P), but never while a send that reads the same
+region is still in flight: such a post moves to just after that send's completion (D). The
+planner's schedule needs no such care because the executor it was written for matched frames
+at W; a posted receive writes its region from the moment it is posted.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 from mpi4py import MPI
 
 from .. import kernel
 from ..planning.builder import is_split
-from ..planning.program import Program, RankProgram
-from . import engine_walk as w
+from ..planning.program import FLAG_SEQ, Program, RankProgram
+from ..refusals import KernelRefusal
 from . import frames as fr
+from .native import load as load_native
+from .waits import mpi_failure
+
+_INT_MAX = 2**31 - 1  # the largest count of one MPI message (int)
+OP_CODE = {"P": 1, "S": 2, "W": 3, "D": 4, "E": 5, "C": 6, "F": 7, "M": 8}  # csrc/native.h AN_OP_*
 
 
 def payload_check_from_env() -> bool:
-    """ALPHA_MPI_PAYLOAD_CHECK=1: a crc32 of every payload travels in its header (opt-in)."""
+    """ALPHA_MPI_PAYLOAD_CHECK=1: a CRC32C of every payload travels in its header, and the flag
+    rounds after the program carry a bad frame to every rank (opt-in)."""
     return os.environ.get("ALPHA_MPI_PAYLOAD_CHECK", "") not in ("", "0")
 
 
 class Msg:
-    """One message at this rank: its frame spec, header buffer and requests, its region, and
-    `pview`, its payload's memory when that is the engine's own (None: the caller's)."""
+    """One message at this rank: its frame spec, its header buffer (with the payload behind it
+    when the frame is one message), `pview`, its payload's memory when that is the engine's own
+    (None: the caller's), and `pos`, its position in the C executor's message records."""
 
     __slots__ = (
         "m",
         "spec",
         "hbuf",
         "hmv",
-        "hreq",
-        "preq",
         "region",
-        "dyn",
-        "status",
-        "pstatus",
         "split",
         "nbytes",
         "peer",
         "tag",
         "what",
         "pview",
-        "got",
+        "pos",
     )
-
-
-class EvalOp(NamedTuple):
-    """E: one fused kernel pass. `ptrs[j]` is set per run for each (j, buffer, offset) in `dyn`
-    (inputs in the caller's memory); `out_ptr` is None when the output is the caller's too."""
-
-    ptrs: object
-    dyn: tuple
-    nin: int
-    count: int
-    prog: object
-    plen: int
-    out_ptr: object
-    out_buf: str
-    out_off: int
-
-
-class CopyOp(NamedTuple):
-    """C: copy `nbytes`; a pointer is None where its region lies in the caller's memory."""
-
-    src_ptr: object
-    src_buf: str
-    src_off: int
-    dst_ptr: object
-    dst_buf: str
-    dst_off: int
-    nbytes: int
-
-
-class CheckOp(NamedTuple):
-    """F: the finiteness check of `count` elements (ptr None: in the caller's memory)."""
-
-    ptr: object
-    buf: str
-    off: int
-    count: int
-
-
-class MergeOp(NamedTuple):
-    """M: int64 views of the three heads (count, flags) and of the length word, kernel pointers
-    to the three node arrays (planning.program.Merge)."""
-
-    a_head: np.ndarray
-    b_head: np.ndarray
-    out_head: np.ndarray
-    n_word: np.ndarray
-    a_nodes: object
-    b_nodes: object
-    out_nodes: object
-    k: int
-    capacity: int
 
 
 @dataclass(frozen=True)
 class Compiled:
-    """One rank's program, built once: buffers, messages, the op table ((function, record)
-    pairs, engine_walk's functions) and what binding a run needs to know."""
+    """One rank's program, built once: buffers, messages, the C executor and what binding a run
+    needs to know."""
 
     rp: RankProgram
     n: int
     bufs: dict  # work buffer name -> float64 array (a framed one: the payload after its header)
     msgs: dict  # message index -> Msg
-    table: tuple
+    by_pos: tuple  # Msg by its position in the C records
+    ops: tuple  # (kind, index) of every op the C round runs, in order (index: into the Program's records)
+    native: object  # the extension module (ffi, lib)
+    ex: object  # the C executor (an_exec *)
+    bases: object  # its buffer base pointers (double *[]): the caller's are written per run
+    slot_base: dict  # slot -> its buffer number
     internal_out: np.ndarray | None  # the result buffer of small or aliased runs
     small: bool  # results computed in internal_out, copied to the caller's `out` on success
     is_receiver: bool
-    keep: list  # cdata that must live as long as the table's pointers
+    keep: list  # cdata and arrays that must live as long as the executor's records
 
     @property
     def messages_per_peer(self) -> int:
         """This rank's largest count of messages to or from one peer in a run (what its tag
-        block must hold: the build agreement takes the largest over the ranks)."""
+        block must hold: the build agreement takes the largest over the ranks); flag-round
+        frames travel on the block's flag tag and are not counted."""
         return 1 + max((m.seq for m in self.rp.messages.values()), default=-1)
 
 
 def compile_program(program: Program, rank: int, contract: str, sequence: int = 0) -> Compiled:
-    """Build rank `rank`'s part of `program` (no communication; tags and send requests come
-    with `open_sends`). `sequence`: the executor's number on its communicator, agreed at build
-    (endpoint.py), carried in every frame header so a frame of another executor is refused."""
-    ffi = kernel.ffi
-    darr = ffi.typeof("double[]")
+    """Build rank `rank`'s part of `program`: buffers, headers and the C records (no
+    communication; tags and requests come with `open_exec`). `sequence`: the executor's number
+    on its communicator (endpoint.py), carried in every frame header so a frame of another
+    executor is refused. A frame larger than one MPI message can be is refused here, before
+    the build agreement (so every rank names it)."""
+    nat = load_native()
+    ffi = nat.ffi
     rp = program.rank(rank)
     n = program.layout.total
     keep: list = []
@@ -146,34 +112,136 @@ def compile_program(program: Program, rank: int, contract: str, sequence: int = 
             bufs[b.name] = raw[fr.HEADER :].view(np.float64)
         else:
             bufs[b.name] = np.zeros(b.count)
-    ptr = {}
-    for name, arr in bufs.items():
-        ptr[name] = ffi.from_buffer(darr, arr, True)
-        keep.append(ptr[name])
+    slot_base = {s: 1 + i for i, s in enumerate(rp.slots)}
+    first_static = 1 + len(rp.slots)
+    number = {"out": 0, **{f"L{s}": i for s, i in slot_base.items()}}
+    bases = ffi.new("double *[]", first_static + len(rp.buffers))
+    for i, b in enumerate(rp.buffers):
+        number[b.name] = first_static + i
+        ptr = ffi.from_buffer("double[]", bufs[b.name], True)
+        keep.append(ptr)
+        bases[first_static + i] = ptr
     internal_out = np.zeros(n) if any(r.buf == "out" for r in _regions(rp)) else None
-    msgs = {
-        i: _message(program, rank, contract, sequence, m, rp.regions.get(i), bufs, framed)
-        for i, m in rp.messages.items()
-    }
-    table = _table(rp, msgs, ptr, bufs, keep)
+
+    def region(r, into):
+        into.buf, into.off = number[r.buf], r.offset
+
+    msgs = {}
+    order = sorted(rp.messages)
+    cmsgs = ffi.new("an_msg[]", max(1, len(order)))
+    for pos, i in enumerate(order):
+        x = _message(program, rank, contract, sequence, rp.messages[i], rp.regions.get(i), bufs, framed)
+        x.pos = pos
+        msgs[i] = x
+        if x.nbytes > _INT_MAX or x.m.count > _INT_MAX:
+            raise KernelRefusal(
+                "kernel-bad-argument",
+                f"rank {rank}: {x.what} is larger than one MPI message can be ({x.nbytes} bytes)",
+            )
+        c = cmsgs[pos]
+        c.index, c.peer, c.tag = x.m.index, x.peer, -1  # open_exec
+        c.sending, c.split, c.count = int(x.m.src == rank), int(x.split), x.m.count
+        hb = ffi.from_buffer("uint8_t[]", x.hbuf, True)
+        expect = ffi.new("uint8_t[]", x.spec.expect)
+        what = ffi.new("char[]", x.what.encode())
+        keep.extend((hb, expect, what))
+        c.hbuf, c.hbytes, c.expect, c.what = hb, x.nbytes, expect, what
+        c.merge_min = int(x.m.seq == FLAG_SEQ)
+        c.payload.buf = nat.lib.AN_NO_BUFFER
+        if x.split:
+            region(x.region, c.payload)
+    ops = _ops(rp)
+    cops = ffi.new("an_op[]", max(1, len(ops)))
+    for j, (kind, index) in enumerate(ops):
+        cops[j].kind = OP_CODE[kind]
+        cops[j].index = msgs[index].pos if kind in "PSWD" else index
+    evals = ffi.new("an_eval[]", max(1, len(rp.evals)))
+    fused = {rp.ops[pos].index for pos in _fused_checks(rp, kernel.lib.AK_EVAL_CHECK_MAX_INPUTS)}
+    for j, ev in enumerate(rp.evals):
+        e = evals[j]
+        ins = ffi.new("an_region[]", len(ev.inputs))
+        for k, reg in enumerate(ev.inputs):
+            region(reg, ins[k])
+        prog = ffi.new("int32_t[]", list(ev.program))
+        ptrs = ffi.new("double *[]", len(ev.inputs))
+        keep.extend((ins, prog, ptrs))
+        e.nin, e.count, e.prog, e.plen, e.inputs, e.ptrs = (
+            len(ev.inputs),
+            ev.output.count,
+            prog,
+            len(prog),
+            ins,
+            ptrs,
+        )
+        e.finite = int(j in fused)
+        region(ev.output, e.out)
+    copies = ffi.new("an_copy[]", max(1, len(rp.copies)))
+    for j, (a, b) in enumerate(rp.copies):
+        region(a, copies[j].src)
+        region(b, copies[j].dst)
+        copies[j].count = a.count
+    checks = ffi.new("an_check[]", max(1, len(rp.checks)))
+    for j, reg in enumerate(rp.checks):
+        region(reg, checks[j].at)
+        checks[j].count = reg.count
+    merges = ffi.new("an_merge[]", max(1, len(rp.merges)))
+    for j, mg in enumerate(rp.merges):
+        c = merges[j]
+        for field, reg in (
+            ("a_head", mg.a[0]),
+            ("a_nodes", mg.a[1]),
+            ("b_head", mg.b[0]),
+            ("b_nodes", mg.b[1]),
+            ("out_head", mg.out[0]),
+            ("out_nodes", mg.out[1]),
+            ("n_word", mg.n),
+        ):
+            region(reg, getattr(c, field))
+        c.k, c.capacity = mg.k, mg.capacity
+    keep.extend((cmsgs, cops, evals, copies, checks, merges, bases))
+    table = kernel.ffi.cast("uintptr_t", kernel.lib.ak_functions())
+    ex = nat.lib.an_new(ffi.cast("void *", int(table)))
+    if ex == ffi.NULL:
+        raise MemoryError("the C executor could not be allocated")
+    ex.rank, ex.nops, ex.ops, ex.msgs, ex.nmsgs = rank, len(ops), cops, cmsgs, len(order)
+    ex.evals, ex.copies, ex.checks, ex.merges = evals, copies, checks, merges
+    ex.bases, ex.nbases, ex.first_static = bases, len(bases), first_static
+    res = rp.result
+    if res is not None and res.buf == "out" and program.mode == "allreduce":  # engine_bind.bind_out
+        ex.deliver_from.buf, ex.deliver_from.off, ex.deliver_count = 0, res.offset, res.count
     return Compiled(
         rp=rp,
         n=n,
         bufs=bufs,
         msgs=msgs,
-        table=table,
-        internal_out=internal_out,
+        by_pos=tuple(msgs[i] for i in order),
+        ops=tuple(ops),
+        native=nat,
+        ex=ex,
+        bases=bases,
+        slot_base=slot_base,
         # Small results are computed in the internal buffer and copied to the caller's `out`
         # once the run succeeded, so a refused run leaves `out` as it was; results of 64 KiB and
         # more land in place (no copy), and `out` is unspecified after a refusal.
+        internal_out=internal_out,
         small=not is_split(n),
         is_receiver=rp.result is not None and program.mode == "allreduce",
         keep=keep,
     )
 
 
-def _static(region) -> bool:
-    return region.buf.startswith("w")
+def open_exec(c: Compiled, comm: MPI.Comm, block, probe: bool) -> None:
+    """Give every message of `c` its tags in the executor's `block` (endpoint.TagBlock: header
+    base + 2 * seq, payload + 1; a flag-round frame the block's flag tag) and make the C
+    executor's persistent requests on `comm` (local: no communication). `probe`: match every
+    frame before receiving it (size-safe), where others can send on the executor's tags."""
+    for x in c.by_pos:
+        x.tag = block.flag_tag if x.m.seq == FLAG_SEQ else block.base + 2 * x.m.seq
+        c.ex.msgs[x.pos].tag = x.tag
+    c.ex.probe = int(probe)
+    rc = c.native.lib.an_prepare(c.ex, comm.py2f())
+    if rc != 0:
+        raise mpi_failure(MPI.Exception(rc), c.rp.rank, "making the executor's persistent requests", 0)
 
 
 def _regions(rp):
@@ -187,18 +255,6 @@ def _regions(rp):
     yield from (r for r in rp.regions.values() if r is not None)
     if rp.result is not None:
         yield rp.result
-
-
-def open_sends(c: Compiled, comm: MPI.Comm, rank: int, base: int) -> None:
-    """Give every message of `c` its tags in the executor's block from `base` (header
-    base + 2 * seq, payload + 1) and create the persistent sends on `comm` (no communication)."""
-    for x in c.msgs.values():
-        x.tag = base + 2 * x.m.seq
-        if x.m.src != rank:
-            continue
-        x.hreq = comm.Send_init(x.hbuf, dest=x.peer, tag=x.tag)
-        if x.split and not x.dyn and x.pview is not None:
-            x.preq = comm.Send_init(x.pview, dest=x.peer, tag=x.tag + 1)
 
 
 def _message(program, rank, contract, sequence, m, region, bufs, framed) -> Msg:
@@ -218,88 +274,44 @@ def _message(program, rank, contract, sequence, m, region, bufs, framed) -> Msg:
         sequence=sequence,
     )
     x.split = is_split(m.count)  # the planner's rule, the same at both ends
-    x.tag = None  # open_sends, once the build agreement gave the executor its tag block
+    x.tag = None  # open_exec, once the build agreement gave the executor its tag block
     x.what = f"{fr.PHASE_NAME[fr.PHASE_CODE[m.phase]]} frame {m.index}"
-    x.status, x.pstatus = MPI.Status(), MPI.Status()
-    sending = m.src == rank
     if x.split or m.count == 0:
         x.hbuf = np.zeros(fr.HEADER, dtype=np.uint8)
     else:
         x.hbuf = framed[region.buf][: fr.HEADER + 8 * m.count]
     x.hmv = memoryview(x.hbuf)
     x.nbytes = x.hbuf.nbytes
-    # Receives get no request: W matches the frame and receives it size-safely (inbound.py);
-    # only sends are persistent (open_sends).
-    x.hreq = x.preq = x.pview = None
-    x.dyn = False
-    if sending:
-        x.hmv[: fr.HEADER - 4] = x.spec.expect
+    x.pview = None
     if not x.split:
         x.pview = x.hbuf[fr.HEADER :]
-    elif _static(region):
+    elif region.buf.startswith("w"):
         x.pview = bufs[region.buf][region.offset : region.offset + region.count]
-    else:
-        x.dyn = True  # in the caller's memory: a request per run
     return x
 
 
-def _table(rp, msgs, ptr, bufs, keep) -> tuple:
-    """The op table: one (function, named record) per op, with everything a run needs."""
-    ffi = kernel.ffi
-    table: list = []
-    fused = _fused_checks(rp, kernel.lib.AK_EVAL_CHECK_MAX_INPUTS)
-    for pos, op in enumerate(rp.ops):
-        kind = op.kind
-        if pos in fused.values():
-            continue  # this F runs inside the evaluation before it
-        if kind == "P":
-            continue  # nothing is posted: W matches the frame and receives it (size-safe)
-        if kind in "SWD":
-            table.append(({"S": w.send, "W": w.wait, "D": w.done}[kind], msgs[op.index]))
-        elif kind == "E":
-            ev = rp.evals[op.index]
-            prog = np.asarray(ev.program, dtype=np.int32)
-            ptrs = ffi.new("double *[]", len(ev.inputs))
-            dyn = []
-            for j, reg in enumerate(ev.inputs):
-                if _static(reg):
-                    ptrs[j] = ptr[reg.buf] + reg.offset
-                else:
-                    dyn.append((j, reg.buf, reg.offset))
-            out = ev.output
-            pptr = ffi.from_buffer("int32_t[]", prog)
-            keep.extend((ptrs, prog, pptr))
-            rec = EvalOp(
-                ptrs,
-                tuple(dyn),
-                len(ev.inputs),
-                out.count,
-                pptr,
-                len(prog),
-                ptr[out.buf] + out.offset if _static(out) else None,
-                out.buf,
-                out.offset,
-            )
-            table.append((w.evaluate_checked if pos in fused else w.evaluate, rec))
-        elif kind == "C":
-            a, b = rp.copies[op.index]
-            rec = CopyOp(
-                ptr[a.buf] + a.offset if _static(a) else None,
-                a.buf,
-                a.offset,
-                ptr[b.buf] + b.offset if _static(b) else None,
-                b.buf,
-                b.offset,
-                8 * a.count,
-            )
-            table.append((w.copy, rec))
-        elif kind == "F":
-            reg = rp.checks[op.index]
-            rec = CheckOp(ptr[reg.buf] + reg.offset if _static(reg) else None, reg.buf, reg.offset, reg.count)
-            table.append((w.check, rec))
-        elif kind == "M":
-            table.append((w.merge, _merge_op(rp.merges[op.index], ptr, bufs)))
-    return tuple(table)
+def _ops(rp) -> list:
+    """(kind, index) per op the C round runs: the planner's, without the F ops fused into the
+    evaluation before them, with each receive posted no earlier than the completion of every
+    send still reading its region (the module docstring says why)."""
+    fused = set(_fused_checks(rp, kernel.lib.AK_EVAL_CHECK_MAX_INPUTS).values())
+    ops = [(op.kind, op.index) for pos, op in enumerate(rp.ops) if pos not in fused]
+    out = list(ops)
+    for pos, (kind, m) in enumerate(ops):
+        if kind != "P" or rp.regions.get(m) is None:
+            continue
+        target = rp.regions[m]
+        wait = ops.index(("W", m), pos)
+        after = pos
+        for q in range(pos + 1, wait):
+            k, s = ops[q]
+            src = rp.regions.get(s) if k == "D" else None
+            if src is not None and src.overlaps(target):
+                after = q
+        if after != pos:
+            out.remove(("P", m))
+            out.insert(out.index(ops[after]) + 1, ("P", m))
+    return out
 
 
 def _fused_checks(rp, max_inputs: int) -> dict:
@@ -316,26 +328,4 @@ def _fused_checks(rp, max_inputs: int) -> dict:
     return out
 
 
-def _merge_op(mg, ptr, bufs) -> MergeOp:
-    ffi = kernel.ffi
-
-    def words(reg):
-        return bufs[reg.buf].view(np.int64)[reg.offset : reg.offset + reg.count]
-
-    def nodes(reg):
-        return ffi.cast("int64_t *", ptr[reg.buf] + reg.offset)
-
-    return MergeOp(
-        words(mg.a[0]),
-        words(mg.b[0]),
-        words(mg.out[0]),
-        words(mg.n),
-        nodes(mg.a[1]),
-        nodes(mg.b[1]),
-        nodes(mg.out[1]),
-        mg.k,
-        mg.capacity,
-    )
-
-
-__all__ = ["Compiled", "compile_program", "open_sends", "payload_check_from_env", "Msg"]
+__all__ = ["Compiled", "compile_program", "open_exec", "payload_check_from_env", "Msg", "OP_CODE"]

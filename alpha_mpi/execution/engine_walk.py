@@ -1,217 +1,107 @@
-"""Walking a compiled program: one small function per op kind, over one run's state.
+"""One run of a compiled program: the C round (csrc/native.c) and what it hands back to Python.
 
-The walk is `for fn, rec in table: fn(state, rec)` (engine.py). Each function reads its named
-record (engine_build) and the run's `RunState`: the flags seen so far (they ride on every later
-send), the refusing rank and code they name, the first bad frame, and the pointers into the
-caller's memory. The hot path is latency-bound, so these functions do only what the op needs:
-a good frame costs one bytes comparison (frames.FrameSpec.fast_check); the naming of a bad
-header (frames.FrameSpec.check, via inbound.py) and the zeroing of a refused frame run only on
-the bad path.
+engine.execute begins the run in C (an_run); on the good path it returns AN_DONE and nothing
+here runs. Otherwise `drive` answers each status the C loop returns until the run is done:
 
-W receives size-safely (inbound.py: matched first, received only into a buffer of its own
-size; the planner's P ops compile to nothing). A bad frame (a header that is not the planned
-one, another size, a payload that fails its crc) is refused here and flagged onwards like a
-local refusal: the program goes on over zeros in place of the frame's payload, so no
-arithmetic reads it and every rank the flag reaches names this rank and code (engine.py
-decides afterwards whether the engine stays usable).
+- AN_AGAIN: a wait has lasted a slice (waits.SIGNAL_SLICE): nothing to do but go on. The
+  return itself is the point: the interpreter runs its signal handlers between the calls, so
+  KeyboardInterrupt and other signals reach a rank that waits for a peer (engine.py breaks the
+  executor on any exception, as on a timeout).
+- AN_HOOK: a send's header is written and the send not started: the fault-injection hook
+  (Engine.send_hook, for tests and alpha_mpi_verify) gets (message index, header memoryview).
+- AN_BAD_FRAME: a received frame failed its check. C has put zeros in place of its payload and
+  set the refused flag (the program goes on over zeros, and every rank the flag reaches names
+  this rank); here the frame is named field by field (frames.FrameSpec.check, inbound.py), the
+  first bad frame kept, and when no earlier refusal is flagged, this rank and its code.
+- AN_TIMEOUT, AN_MPI_ERROR, AN_KERNEL_ERROR: raised by name (`peer-timeout`, `peer-failed` or
+  `frame-size-mismatch`, `kernel-bad-argument`; a receive that timed out says what the peer
+  sent meanwhile when the endpoint can tell); engine.py breaks the executor.
 """
 
 from __future__ import annotations
 
-import zlib
+from mpi4py import MPI
 
-from ..refusals import FrameRefusal, KernelRefusal
+from ..refusals import KernelRefusal
 from . import frames as fr
-from .engine_ops import merge as _merge
-from .inbound import receive_header, receive_payload
-from .log import log
-
-_FOLDED = fr.FLAG_NONFINITE | fr.FLAG_REFUSED | fr.FLAG_VOTE  # what a received frame passes on
-_NO_CODE = b"\0\0\0\0"
+from .inbound import name_bad_frame
+from .waits import mpi_failure, timeout_refusal
 
 
 class RunState:
-    """What one run of an engine carries from op to op (reset by `begin` for every run)."""
+    """What one run ends with (reset by `begin`): the flags seen, the refusing rank and code
+    they name, the first bad frame."""
 
-    __slots__ = (
-        "comm",
-        "waiter",
-        "rank",
-        "lib",
-        "ffi",
-        "bases",
-        "arrays",
-        "debug",
-        "step",
-        "timeout",
-        "check_payload",
-        "send_hook",
-        "flags",
-        "who",
-        "refused",
-        "code",
-        "bad",
-        "nonfinite",
-    )
+    __slots__ = ("rank", "step", "timeout", "flags", "who", "bad", "local")
 
-    def __init__(self, comm, waiter, rank, lib, ffi, debug):
-        self.comm, self.waiter, self.rank, self.lib, self.ffi = comm, waiter, rank, lib, ffi
-        self.bases: dict = {}  # buffer name -> cdata pointer (the caller's arrays)
-        self.arrays: dict = {}  # buffer name -> the caller's array
-        self.debug = debug
+    def __init__(self, rank):
+        self.rank = rank
         self.bad = None
-        self.nonfinite = ffi.new("int32_t *")  # ak_tree_eval_finite's verdict
 
-    def begin(self, step, timeout, local, vote, check_payload, send_hook) -> None:
+    def begin(self, step, timeout, local, vote) -> None:
         """Reset for a run; `local`: this rank's refusal of its inputs (flagged from the start)."""
         self.step, self.timeout = step, timeout
-        self.check_payload, self.send_hook = check_payload, send_hook
         self.flags = (fr.FLAG_REFUSED if local is not None else 0) | (fr.FLAG_VOTE if vote else 0)
         self.who = (self.rank, local.code) if local is not None else None
-        self.code = fr.code_tag(local.code) if local is not None else _NO_CODE
-        self.refused = self.rank if local is not None else -1
         self.bad = None
+        self.local = local
 
 
-def payload_of(x, arrays):
-    """The payload memory of message x at this rank (its frame buffer or its region)."""
-    if x.pview is not None:
-        return x.pview
-    reg = x.region
-    return arrays[reg.buf][reg.offset : reg.offset + reg.count]
-
-
-def evaluate(st: RunState, op) -> None:
-    ptrs, bases = op.ptrs, st.bases
-    for j, b, off in op.dyn:
-        ptrs[j] = bases[b] + off
-    out = op.out_ptr if op.out_ptr is not None else bases[op.out_buf] + op.out_off
-    status = st.lib.ak_tree_eval(out, ptrs, op.nin, op.count, op.prog, op.plen)
-    if status:
-        raise KernelRefusal(
-            "kernel-bad-argument", f"rank {st.rank}: the kernel refused an evaluation (status {status})"
-        )
-
-
-def evaluate_checked(st: RunState, op) -> None:
-    """An E op and the F op of its output in one kernel call (engine_build._fused_checks)."""
-    ptrs, bases = op.ptrs, st.bases
-    for j, b, off in op.dyn:
-        ptrs[j] = bases[b] + off
-    out = op.out_ptr if op.out_ptr is not None else bases[op.out_buf] + op.out_off
-    nf = st.nonfinite
-    status = st.lib.ak_tree_eval_finite(out, ptrs, op.nin, op.count, op.prog, op.plen, nf)
-    if status:
-        raise KernelRefusal(
-            "kernel-bad-argument", f"rank {st.rank}: the kernel refused an evaluation (status {status})"
-        )
-    if nf[0]:
-        st.flags |= fr.FLAG_NONFINITE
-
-
-def send(st: RunState, x) -> None:
-    view = payload_of(x, st.arrays) if x.dyn else None
-    hmv = x.hmv
-    hmv[:124] = x.spec.expect  # the buffer may have held a received header
-    if st.check_payload and x.m.count:
-        crc = zlib.crc32(view if view is not None else x.pview)
-        fr.patch(hmv, st.step, st.flags | fr.FLAG_PAYLOAD_CRC, st.refused, st.code, crc)
-    else:
-        fr.patch(hmv, st.step, st.flags, st.refused, st.code)
-    if st.send_hook is not None:
-        st.send_hook(x.m.index, hmv)
-    x.hreq.Start()
-    if x.split:
-        if x.dyn:
-            x.preq = st.comm.Isend(view, dest=x.peer, tag=x.tag + 1)
+def drive(c, st: RunState, rc: int, hook, bound: float, waiter, comm) -> None:
+    """Answer the C run's statuses until it is done (the module docstring)."""
+    lib, ex = c.native.lib, c.ex
+    while rc:
+        if rc == lib.AN_AGAIN:
+            pass  # signal handlers run here, between the two calls
+        elif rc == lib.AN_HOOK:
+            x = c.by_pos[ex.at_msg]
+            hook(x.m.index, x.hmv)
+        elif rc == lib.AN_BAD_FRAME:
+            _refuse_frame(c, st, c.by_pos[ex.at_msg])
         else:
-            x.preq.Start()
-    if st.debug:
-        log(st.rank, f"send -> {x.peer} {x.what} step {st.step} {fr.HEADER + 8 * x.m.count}B")
+            raise _failure(c, st, rc, bound, waiter, comm)
+        rc = lib.an_resume(ex)
 
 
-def wait(st: RunState, x) -> None:
-    comm, waiter, step, timeout = st.comm, st.waiter, st.step, st.timeout
-    bad, f = None, 0
-    try:
-        f = receive_header(comm, waiter, x, step, timeout)
-    except FrameRefusal as e:
-        bad = e
-    # A split frame's payload is awaited unless its header message had another size: then the
-    # peer is not sending this frame (another program), and no payload of it is coming.
-    if x.split and (bad is None or x.got == x.nbytes):
-        try:
-            receive_payload(comm, waiter, x, step, timeout, payload_of(x, st.arrays))
-        except FrameRefusal as e:
-            bad = bad or e
-        except Exception:
-            if bad is not None:  # the bad header came first and explains the rest
-                _refuse_frame(st, x, bad)
-            raise
-    if bad is None and f & fr.FLAG_PAYLOAD_CRC:
-        if zlib.crc32(payload_of(x, st.arrays)) != fr.payload_crc_of(x.hmv):
-            bad = FrameRefusal(
-                "frame-payload-corrupt",
-                f"rank {st.rank}: the payload of {x.what} from rank {x.peer} (step {step}) fails its crc32",
-                peer=x.peer,
-                step=step,
-            )
-    if bad is not None:
-        _refuse_frame(st, x, bad)
-        return
-    if f & fr.FLAG_REFUSED and st.who is None:
-        st.who = fr.refusal_of(x.hmv)
-        st.refused, st.code = st.who[0], fr.code_tag(st.who[1])
-    st.flags |= f & _FOLDED
-    if st.debug:
-        log(st.rank, f"recv <- {x.peer} {x.what} step {step} {fr.HEADER + 8 * x.m.count}B")
+def finish(c, st: RunState) -> None:
+    """Take the refusal the flags name from the C run into `st` (the refused flag is set)."""
+    ex = c.ex
+    if ex.refused >= 0:
+        st.who = (ex.refused, fr.code_of_tag(bytes(c.native.ffi.buffer(ex.code))))
 
 
-def _refuse_frame(st: RunState, x, bad: FrameRefusal) -> None:
-    """Record the first bad frame, put zeros where its payload landed, flag it onwards."""
+def _refuse_frame(c, st: RunState, x) -> None:
+    """Name the bad frame C found; record the first; flag this rank and its code if no earlier
+    refusal is flagged (C has zeroed its payload and set the refused flag)."""
+    ex = c.ex
+    bad = name_bad_frame(x, ex, c.native, st.rank, st.step)
     if st.bad is None:
         st.bad = bad
-    payload_of(x, st.arrays)[:] = 0
-    if st.who is None:
-        st.who, st.refused, st.code = (st.rank, bad.code), st.rank, fr.code_tag(bad.code)
-    st.flags |= fr.FLAG_REFUSED
+    if ex.refused < 0:
+        ex.refused = st.rank
+        c.native.ffi.memmove(ex.code, fr.code_tag(bad.code), 4)
 
 
-def done(st: RunState, x) -> None:
-    """D: the send's buffers may be written again."""
-    st.waiter.wait(x.hreq, None, x.peer, x.what, st.step, st.timeout)
-    if x.split:
-        st.waiter.wait(x.preq, None, x.peer, x.what + " payload", st.step, st.timeout)
-
-
-def copy(st: RunState, op) -> None:
-    bases = st.bases
-    st.ffi.memmove(
-        op.dst_ptr if op.dst_ptr is not None else bases[op.dst_buf] + op.dst_off,
-        op.src_ptr if op.src_ptr is not None else bases[op.src_buf] + op.src_off,
-        op.nbytes,
+def _failure(c, st: RunState, rc: int, bound: float, waiter, comm):
+    """The refusal a run that cannot go on raises (AN_TIMEOUT, AN_MPI_ERROR, AN_KERNEL_ERROR)."""
+    lib, ex = c.native.lib, c.ex
+    if rc == lib.AN_KERNEL_ERROR:
+        return KernelRefusal(
+            "kernel-bad-argument",
+            f"rank {st.rank}: the kernel refused an evaluation (status {ex.kernel_status})",
+        )
+    x = c.by_pos[ex.at_msg]
+    what = x.what + (" payload" if ex.at_payload else "")
+    if rc == lib.AN_TIMEOUT:
+        e = timeout_refusal(st.rank, what, x.peer, bound, st.step)
+        if x.m.src == st.rank:  # a send that did not complete: its receiver is not there
+            return e
+        return waiter.explained(e, comm, x.peer, x.tag + ex.at_payload)
+    if rc == lib.AN_MPI_ERROR:
+        return mpi_failure(MPI.Exception(ex.mpi_error), x.peer, what, st.step)
+    return KernelRefusal(  # pragma: no cover - native.h has no other status
+        "kernel-bad-argument", f"rank {st.rank}: the C round returned status {rc}"
     )
 
 
-def check(st: RunState, op) -> None:
-    ptr = op.ptr if op.ptr is not None else st.bases[op.buf] + op.off
-    if st.lib.ak_first_nonfinite(ptr, op.count) >= 0:
-        st.flags |= fr.FLAG_NONFINITE
-
-
-def merge(st: RunState, op) -> None:
-    _merge(st.lib, op)
-
-
-__all__ = [
-    "RunState",
-    "payload_of",
-    "evaluate",
-    "evaluate_checked",
-    "send",
-    "wait",
-    "done",
-    "copy",
-    "check",
-    "merge",
-]
+__all__ = ["RunState", "drive", "finish"]

@@ -2,7 +2,7 @@
 
 A frame is one buffer (header in front of its payload: one MPI message) or, for payloads of
 64 KiB and more, a header message followed by the payload message straight from or into its
-place (no copy of user data); see planning/program.py. Header (128 bytes, format version 2):
+place (no copy of user data); see planning/program.py. Header (128 bytes, format version 3):
 
     off size field
       0    8 magic b"ALPHAMPI"
@@ -23,13 +23,19 @@ place (no copy of user data); see planning/program.py. Header (128 bytes, format
      92    8 element count
     100    4 refusing rank + 1 (0: none), when flag bit 1 is set
     104    4 refusal code (first 4 bytes of sha256 of the code)
-    108    4 payload crc32 (when flag bit 2 is set)
+    108    4 payload CRC32C (when flag bit 2 is set)
     112    8 executor sequence (the executor's number on its communicator, agreed when built)
     120    4 reserved (zero)
-    124    4 crc32 of bytes 0..123
+    124    4 CRC32C of bytes 0..123
+
+Version 3 (0.3) made both checksums CRC32C (Castagnoli: the SSE4.2 / ARMv8 instruction; the
+kernel's `ak_crc32c`, csrc/frame.h); version 2 had zlib's CRC-32 there. A frame of version 1 or
+2 is refused `frame-version`.
 
 A check is one bytes comparison with the expected header (step patched; flags, refusal and
-payload crc free) plus the CRC; only when it differs does `FrameSpec.check` name the field.
+payload crc free) plus the CRC (`ak_frame_check`: the C round does it for every frame); only
+when it differs does `FrameSpec.check` name the field. The offsets C uses are its own #defines
+(csrc/frame.h); this module checks at import that they are the ones of the table above.
 """
 
 from __future__ import annotations
@@ -40,10 +46,12 @@ import zlib
 
 import numpy as np
 
+from ..kernel import ffi as _kffi
+from ..kernel import lib as _klib
 from ..refusals import ADVICE, FrameRefusal
 
 MAGIC = b"ALPHAMPI"
-VERSION = 2
+VERSION = 3
 HEADER = 128
 _FMT = struct.Struct("<8sHBBI8s16s16s8sQIII8sQ")  # bytes 0..99
 _U32 = struct.Struct("<I")
@@ -77,6 +85,39 @@ _FLAGS_OFF, _STEP_OFF, _REFUSED_OFF, _CODE_OFF, _PCRC_OFF, _SEQ_OFF, _CRC_OFF = 
     112,
     124,
 )
+# The C round reads the same offsets from csrc/frame.h: they must be the table's.
+_C_LAYOUT = {
+    "AK_FRAME_HEADER": HEADER,
+    "AK_FRAME_VERSION": VERSION,
+    "AK_FRAME_VERSION_OFF": 8,
+    "AK_FRAME_FLAGS_OFF": _FLAGS_OFF,
+    "AK_FRAME_STEP_OFF": _STEP_OFF,
+    "AK_FRAME_REFUSED_OFF": _REFUSED_OFF,
+    "AK_FRAME_CODE_OFF": _CODE_OFF,
+    "AK_FRAME_PCRC_OFF": _PCRC_OFF,
+    "AK_FRAME_SEQ_OFF": _SEQ_OFF,
+    "AK_FRAME_CRC_OFF": _CRC_OFF,
+    "AK_FLAG_NONFINITE": FLAG_NONFINITE,
+    "AK_FLAG_REFUSED": FLAG_REFUSED,
+    "AK_FLAG_PAYLOAD_CRC": FLAG_PAYLOAD_CRC,
+    "AK_FLAG_VOTE": FLAG_VOTE,
+}
+_C_DIFFERS = {k: (getattr(_klib, k, None), v) for k, v in _C_LAYOUT.items() if getattr(_klib, k, None) != v}
+if _C_DIFFERS:  # pragma: no cover - a stale kernel build or an edit on one side only
+    raise ImportError(f"csrc/frame.h and alpha_mpi/execution/frames.py disagree on the header: {_C_DIFFERS}")
+
+
+def crc32c(data, crc: int = 0) -> int:
+    """CRC32C of a buffer (bytes, memoryview, numpy array), continuing from `crc`: the kernel's
+    (the CPU's instruction where it has one; csrc/frame.h)."""
+    mv = memoryview(data).cast("B")
+    return _klib.ak_crc32c(crc, _kffi.from_buffer("uint8_t[]", mv), mv.nbytes)
+
+
+def seal(mv) -> None:
+    """Recompute the header CRC of a frame buffer whose header bytes were changed (tests and
+    fault injection write a field, then seal it, so that only the field differs)."""
+    _U32.pack_into(mv, _CRC_OFF, crc32c(memoryview(mv).cast("B")[:_CRC_OFF]))
 
 
 def short_digest(text: str, n: int) -> bytes:
@@ -213,11 +254,12 @@ class FrameSpec:
             count,
         ) = f
         if magic == MAGIC and version != VERSION:
-            if version == 1 and _U32.unpack_from(h, 100)[0] == zlib.crc32(h[:100]):
+            old = {1: (100, zlib.crc32), 2: (_CRC_OFF, zlib.crc32)}.get(version)  # CRC position, function
+            if old is not None and _U32.unpack_from(h, old[0])[0] == old[1](h[: old[0]]):
                 raise FrameRefusal(
                     "frame-version", f"{where}: format version {version}, expected {VERSION}", **ctx
                 )
-        if _U32.unpack_from(h, _CRC_OFF)[0] != zlib.crc32(h[:_CRC_OFF]) or hsize != HEADER:
+        if _U32.unpack_from(h, _CRC_OFF)[0] != crc32c(h[:_CRC_OFF]) or hsize != HEADER:
             raise FrameRefusal(
                 "frame-checksum",
                 f"{where}: the header's checksum does not match its contents (corrupted in transit"
@@ -297,31 +339,18 @@ class FrameSpec:
     def fast_check(self, mv, step: int) -> int:
         """The frame's flags if its header is byte for byte the expected one (step patched;
         flags, refusal and payload crc free) with a valid CRC; -1 otherwise (then `check`
-        names what differs)."""
-        h = mv[:_CRC_OFF].tobytes()
-        e = self.expect
-        if (
-            h[:_FLAGS_OFF] != e[:_FLAGS_OFF]
-            or h[_FLAGS_OFF + 1 : _STEP_OFF] != e[_FLAGS_OFF + 1 : _STEP_OFF]
-            or h[_STEP_OFF + 8 : _REFUSED_OFF] != e[_STEP_OFF + 8 : _REFUSED_OFF]
-            or h[112:] != e[112:]
-            or _U64.unpack_from(h, _STEP_OFF)[0] != step
-            or _U32.unpack_from(mv, _CRC_OFF)[0] != zlib.crc32(h)
-        ):
-            return -1
-        return h[_FLAGS_OFF]
+        names what differs). The C round's check (ak_frame_check), for one header in Python."""
+        h = _kffi.from_buffer("uint8_t[]", memoryview(mv).cast("B"))
+        return _klib.ak_frame_check(h, self.expect, step)
 
 
 def patch(
     mv, step: int, flags: int, refused: int = -1, code: bytes = b"\0\0\0\0", payload_crc: int = 0
 ) -> None:
-    """Patch the per-run fields of a header written from its template, then its CRC."""
-    _U64.pack_into(mv, _STEP_OFF, step)
-    mv[_FLAGS_OFF] = flags
-    _U32.pack_into(mv, _REFUSED_OFF, refused + 1)
-    mv[_CODE_OFF : _CODE_OFF + 4] = code
-    _U32.pack_into(mv, _PCRC_OFF, payload_crc)
-    _U32.pack_into(mv, _CRC_OFF, zlib.crc32(mv[:_CRC_OFF]))
+    """Patch the per-run fields of a header written from its template, then its CRC (what the
+    C round does for every frame it sends: ak_frame_patch)."""
+    h = _kffi.from_buffer("uint8_t[]", memoryview(mv).cast("B"))
+    _klib.ak_frame_patch(h, h, step, flags, refused, code, payload_crc)
 
 
 def refusal_of(mv) -> tuple:
@@ -356,6 +385,8 @@ __all__ = [
     "patch",
     "refusal_of",
     "payload_crc_of",
+    "crc32c",
+    "seal",
     "code_tag",
     "code_of_tag",
     "frame_buffer",

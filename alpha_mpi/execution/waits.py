@@ -35,6 +35,9 @@ from ..refusals import FrameRefusal, PeerTimeout, Refusal
 DEFAULT_TIMEOUT = 300.0
 POLLS_BEFORE_YIELD = 200
 SLEEP_AFTER = 0.005
+# The engine's waits run in C (csrc/native.c, the same policy); every SIGNAL_SLICE seconds of
+# waiting they return to Python, which runs its signal handlers (KeyboardInterrupt) and resumes.
+SIGNAL_SLICE = 0.005
 _yield = getattr(os, "sched_yield", lambda: time.sleep(0))
 
 
@@ -103,10 +106,7 @@ class Waiter:
                 try:
                     msg = self._until(lambda: comm.Improbe(peer, tag, status), peer, what, step, timeout)
                 except PeerTimeout as e:
-                    instead = self.explain(comm, peer, tag) if self.explain is not None else None
-                    if instead is None:
-                        raise
-                    raise PeerTimeout(e.code, f"{e.message}; {instead}", **e.context) from None
+                    raise self.explained(e, comm, peer, tag) from None
             got = status.Get_count(MPI.BYTE)
             if buf is not None and got == memoryview(buf).nbytes:
                 msg.Recv(buf)
@@ -160,14 +160,28 @@ class Waiter:
                         time.sleep(pause)
                         pause = min(pause * 2, 1e-3)
                     continue
-            who = f"with rank {peer}" if peer >= 0 else "(every rank of the communicator takes part)"
-            raise PeerTimeout(
-                "peer-timeout",
-                f"rank {self.rank}: {what} {who} did not complete within {bound:g} s at step {step} "
-                "(the peer is stopped, dead or far behind)",
-                peer=peer,
-                step=step,
-            )
+            raise timeout_refusal(self.rank, what, peer, bound, step)
+
+    def explained(self, e: PeerTimeout, comm, peer: int, tag: int) -> PeerTimeout:
+        """`e` (a receive of `tag` from `peer` on `comm` that timed out), with what the peer
+        sent meanwhile instead when the endpoint can tell."""
+        instead = self.explain(comm, peer, tag) if self.explain is not None else None
+        if instead is None:
+            return e
+        return PeerTimeout(e.code, f"{e.message}; {instead}", **e.context)
+
+
+def timeout_refusal(rank: int, what: str, peer: int, bound: float, step: int) -> PeerTimeout:
+    """`peer-timeout`: a wait on `what` with `peer` (-1: every rank of the communicator) saw no
+    completion within `bound` seconds."""
+    who = f"with rank {peer}" if peer >= 0 else "(every rank of the communicator takes part)"
+    return PeerTimeout(
+        "peer-timeout",
+        f"rank {rank}: {what} {who} did not complete within {bound:g} s at step {step} "
+        "(the peer is stopped, dead or far behind)",
+        peer=peer,
+        step=step,
+    )
 
 
 def mpi_failure(e, peer: int, what: str, step: int) -> Refusal:
@@ -206,10 +220,12 @@ def cancel_receives(reqs) -> None:
 __all__ = [
     "DEFAULT_TIMEOUT",
     "POLLS_BEFORE_YIELD",
+    "SIGNAL_SLICE",
     "SLEEP_AFTER",
     "Waiter",
     "cancel_receives",
     "mpi_failure",
     "spin_from_env",
     "timeout_from_env",
+    "timeout_refusal",
 ]

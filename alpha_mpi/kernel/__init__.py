@@ -9,6 +9,7 @@ names are those of api.py, which re-exports the rest. The modules, one concern e
     updates.py   the optimizer updates (Adam, SGD) over proposal buffers
     buffers.py   the float64/float32 buffer checks every C call is wrapped with
     env.py       the floating-point environment check and the build identity
+    identity.py  the compute identity of this process (numpy, its BLAS, torch; model/compute.py)
     compiled.py  the compiled module `alpha_mpi.kernel._alpha_kernel`, loaded once (`ffi`, `lib`)
     build.py     its cffi build (setup.py `cffi_modules`), with the flags in one place
 
@@ -24,6 +25,7 @@ from .api import (  # noqa: F401 -- the package's names are api.py's
     add,
     build_info,
     check_program,
+    compute_identity,
     first_nonfinite,
     fold,
     fpenv_check,

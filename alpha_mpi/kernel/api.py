@@ -33,6 +33,7 @@ from ..refusals import KernelRefusal
 from .buffers import F32, FARR, I32, IARR, ND, bad_argument, f64_buffer, same_size
 from .compiled import ffi, lib
 from .env import build_info, fpenv_check, fpenv_state
+from .identity import compute_identity
 from .updates import adam_step, adam_step_inplace_checked, sgd_step
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "fpenv_check",
     "fpenv_state",
     "build_info",
+    "compute_identity",
     "OP_ADD",
     "MAX_DEPTH",
 ]

@@ -77,8 +77,8 @@ FORBIDDEN_PREFIXES = ("-mlow-precision-", "-mrecip=", "-ffp-contract=fast", "-ff
 _HERE = Path(__file__).resolve().parent  # alpha_mpi/kernel
 ROOT = _HERE.parents[1]  # the repository (or sdist) root, which holds csrc/
 CSRC = ROOT / "csrc"
-KERNEL_SOURCES = ("alpha_kernel.c", "pairwise.c", "dense.c")
-KERNEL_HEADERS = ("alpha_kernel.h", "pairwise.h", "dense.h")
+KERNEL_SOURCES = ("alpha_kernel.c", "pairwise.c", "dense.c", "frame.c", "kernel_table.c")
+KERNEL_HEADERS = ("alpha_kernel.h", "pairwise.h", "dense.h", "frame.h", "kernel_table.h")
 # Included by a source, declaring nothing for Python (dense.c includes it once per ISA path).
 KERNEL_INCLUDES = ("dense_path.inc",)
 
@@ -194,10 +194,8 @@ def make_ffi(flags=None):
     ffi.cdef(cdef())
     ffi.set_source(
         "alpha_mpi.kernel._alpha_kernel",
-        '#include "alpha_kernel.h"\n'
-        '#include "pairwise.h"\n'
-        '#include "dense.h"\n'
-        f"const char *ak_build_flags(void) {{ return {_c_string(' '.join(flags))}; }}\n"
+        "".join(f'#include "{h}"\n' for h in KERNEL_HEADERS)
+        + f"const char *ak_build_flags(void) {{ return {_c_string(' '.join(flags))}; }}\n"
         f"const char *ak_build_id(void) {{ return {_c_string(bid)}; }}\n",
         sources=[_source_path(s) for s in KERNEL_SOURCES],
         depends=[

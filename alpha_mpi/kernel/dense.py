@@ -84,6 +84,7 @@ def _read_env() -> None:
         try:
             select_isa_path(name)
         except KernelRefusal as e:
+            _env_read = False  # refused again at every reading until the setting is fixed
             raise KernelRefusal(
                 "kernel-isa-unavailable", f"{ISA_ENV}={name}: {e.message}", **e.context
             ) from None

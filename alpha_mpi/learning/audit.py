@@ -29,6 +29,14 @@ did not compute it). Every rank reads the same table, so every rank decides alik
 `sdc-detected` naming the faulty rank(s) and host(s). Nothing else is changed: a healthy run has
 the bits of a run without auditing.
 
+Compute identities before bits: a slot has the same bits on every rank only where the ranks
+compute alike. Ranks of different compute identities train together only under a contract that
+says machine-independent (learning/compute_check.py); when an owner and its auditor of different
+identities disagree, that declaration does not hold, which is an environment difference, not a
+fault: every rank raises `compute-mismatch` naming the identities' fields and blames no rank or
+host. A referee whose identity differs from the owner's and the auditor's breaks no tie (its
+bits would differ anyway): both are named, as with 2 ranks.
+
 Digest: `payload_digest`, CRC-32 and Adler-32 (zlib, C, over the buffer without a copy) of the
 payload's words except the stop word (which only the owner sets). CRC-32 always detects one
 flipped bit or a burst of up to 32; it runs about 15x faster than BLAKE2b here, which matters
@@ -48,6 +56,8 @@ from .verdicts import WordTable, halves
 
 if TYPE_CHECKING:
     from mpi4py import MPI
+
+    from .compute_check import ComputeCheck
 
 __all__ = [
     "SlotAudit",
@@ -150,7 +160,14 @@ class SlotAudit:
     """
 
     def __init__(
-        self, comm: MPI.Comm, k: int, owner_of: list[int], *, timeout: float | None, contract: str
+        self,
+        comm: MPI.Comm,
+        k: int,
+        owner_of: list[int],
+        *,
+        timeout: float | None,
+        contract: str,
+        compute: ComputeCheck | None = None,
     ) -> None:
         self.size, self.rank = comm.Get_size(), comm.Get_rank()
         slots = len(owner_of)
@@ -164,6 +181,7 @@ class SlotAudit:
             )
         self.k, self.slots, self.owner_of = int(k), slots, list(owner_of)
         self.schedule = AuditSchedule(self.k, self.owner_of, self.size)
+        self.compute = compute  # which ranks compute alike (None: all do)
         self.host = socket.gethostname()
         w = 2 * self.schedule.per_round
         self._table = WordTable(comm, w, timeout=timeout, contract=contract, what="auditing slots")
@@ -212,7 +230,27 @@ class SlotAudit:
         if not bad:
             self.checked += len(audited)
             return
+        self._environment(step, roles, bad)
         self._refuse(step, roles, bad, table, compute, scratch)
+
+    def _alike(self, a: int, b: int) -> bool:
+        return self.compute is None or self.compute.ranks.same(a, b)
+
+    def _environment(self, step: int, roles: dict, bad: list[int]) -> None:
+        """Raise `compute-mismatch` (on every rank alike, blaming none) when an owner and its
+        auditor that disagree compute under different identities."""
+        audited = list(roles)
+        pairs = [(audited[j], self.owner_of[audited[j]], roles[audited[j]][0]) for j in bad]
+        env = [(s, o, a) for s, o, a in pairs if not self._alike(o, a)]
+        if env and self.compute is not None:
+            s, o, a = env[0]
+            raise self.compute.broken_promise(
+                [o, a],
+                f"step {step}: slot {s}'s payloads as owner rank {o} and auditor rank {a} computed them",
+                "; nothing was applied",
+                step=step,
+                slots=(s,),
+            )
 
     def _refuse(self, step, roles, bad, table, compute, scratch) -> None:
         audited = list(roles)
@@ -238,6 +276,12 @@ class SlotAudit:
                 notes.append(
                     f"slot {s}: owner rank {o} and auditor rank {a} disagree; with 2 ranks no third rank "
                     "can say which is wrong, so both are named"
+                )
+            elif not self._alike(r, o):
+                named = [o, a]
+                notes.append(
+                    f"slot {s}: owner rank {o} and auditor rank {a} disagree; referee rank {r} computes "
+                    "under another compute identity and cannot say which is wrong, so both are named"
                 )
             else:
                 rd = ref[r, 2 * j : 2 * j + 2]
@@ -302,22 +346,37 @@ def sdc_report(e: Refusal, checkpoint_dir: str | None, size: int) -> str:
 
 
 def build_checks(
-    comm: MPI.Comm, plan, options: tuple[int, int, str], *, timeout, contract: str
+    comm: MPI.Comm,
+    plan,
+    options: tuple[int, int, str],
+    *,
+    timeout,
+    contract: str,
+    compute: ComputeCheck | None = None,
 ) -> tuple[SlotAudit | None, object | None]:
     """A learner's (SlotAudit or None, ReplicaDigests or None) from its options (audit_slots,
     audit_digests, partition); collective when either is asked for. `plan`: the learner's
-    combine plan (its `slots_of(rank)` places the slots)."""
+    combine plan (its `slots_of(rank)` places the slots); `compute`: its ComputeCheck after the
+    first agreement (which ranks compute alike), so neither calls an environment difference a
+    fault."""
     audit_slots, audit_digests, partition = options
     audit = replicas = None
     if audit_slots:
         owner_of = {s: r for r in range(comm.Get_size()) for s in plan.slots_of(r)}
         audit = SlotAudit(
-            comm, audit_slots, [owner_of[s] for s in range(len(owner_of))], timeout=timeout, contract=contract
+            comm,
+            audit_slots,
+            [owner_of[s] for s in range(len(owner_of))],
+            timeout=timeout,
+            contract=contract,
+            compute=compute,
         )
     if audit_digests:
         from .replicas import ReplicaDigests
 
-        replicas = ReplicaDigests(comm, audit_digests, partition, timeout=timeout, contract=contract)
+        replicas = ReplicaDigests(
+            comm, audit_digests, partition, timeout=timeout, contract=contract, compute=compute
+        )
     return audit, replicas
 
 

@@ -15,7 +15,11 @@ the learner's checkpoint members works: `DataParallelLearner` and `alpha_mpi.tor
 the saved ones and a difference is refused (`checkpoint-config-mismatch`). The default config is
 `{"slots": learner.slots}`. A checkpoint whose numerical contract differs (another tree, another
 optimizer formula, another torch build) is refused (`numerical-order-mismatch` /
-`numerical-profile-mismatch`) unless `adopt_contract=True`.
+`numerical-profile-mismatch`) unless `adopt_contract=True`; one computed under another compute
+identity (alpha_mpi.model.compute: numpy's BLAS kernel and threads, torch's capability ...) is
+refused (`compute-changed`, naming the old and the new) unless `accept_compute_change=True`, or
+unless the learner's contract says machine-independent; either change is recorded in the
+manifests saved afterwards (`compute_history`).
 """
 
 from __future__ import annotations
@@ -45,22 +49,28 @@ def checkpointer(
     *,
     config: Mapping[str, object] | None = None,
     adopt_contract: bool = False,
+    accept_compute_change: bool = False,
     timeout: float | None = None,
 ) -> Checkpointer:
-    """The `Checkpointer` for (learner, directory), built once (collectively) and reused."""
+    """The `Checkpointer` for (learner, directory), built once (collectively) and reused. One per
+    (directory, config), whatever the consents: what a restore adopted or accepted is recorded on
+    it and written by the next `save` (the consents apply to the restore they are passed to)."""
     from ..checkpoint import Checkpointer
 
     cache = learner.__dict__.setdefault(_ATTR, {})
     cfg = _config(learner, config)
-    key = (os.path.abspath(directory), adopt_contract, tuple(sorted((k, repr(v)) for k, v in cfg.items())))
+    key = (os.path.abspath(directory), tuple(sorted((k, repr(v)) for k, v in cfg.items())))
     ck = cache.get(key)
-    if ck is None:
+    if ck is not None:
+        ck.adopt_contract, ck.accept_compute_change = adopt_contract, accept_compute_change
+    else:
         ck = cache[key] = Checkpointer(
             learner.comm,
             directory,
             learner,
             cfg,
             adopt_contract=adopt_contract,
+            accept_compute_change=accept_compute_change,
             timeout=timeout if timeout is not None else getattr(learner, "timeout", None),
         )
     return ck
@@ -87,12 +97,22 @@ def restore(
     adopt_contract: bool = False,
     missing_ok: bool = False,
     timeout: float | None = None,
+    accept_compute_change: bool = False,
 ) -> str | None:
     """Load the checkpoint at `directory` (a checkpoint directory, whose `latest` is followed, or
     one step directory) into the learner, whatever the rank count was at save time; returns the
     step directory read. With `missing_ok`, a directory without any checkpoint returns None
-    (start from scratch) instead of refusing with `checkpoint-missing`. Collective."""
-    ck = checkpointer(learner, directory, config=config, adopt_contract=adopt_contract, timeout=timeout)
+    (start from scratch) instead of refusing with `checkpoint-missing`. `accept_compute_change`:
+    resume although the checkpoint was computed under another compute identity (recorded).
+    Collective."""
+    ck = checkpointer(
+        learner,
+        directory,
+        config=config,
+        adopt_contract=adopt_contract,
+        accept_compute_change=accept_compute_change,
+        timeout=timeout,
+    )
     from ..checkpoint.paths import LATEST, MANIFEST
 
     if not (

@@ -102,10 +102,18 @@ class DataParallelLearner(LearnerCheckpoint):
         fault_hook: for verification only (alpha_mpi_verify.faults): called as
             `hook(rank, step, slot, payload)` after each slot payload this rank computes, to
             inject a fault; None in production.
+        machine_independent: the caller's promise that the model's slot results do not depend
+            on the compute identity (alpha_mpi.model.compute; recorded in the contract as
+            "machine-independent (promised by the caller)"). Without it (and without the model's
+            own `machine_independent = True`), ranks whose compute identities differ are refused
+            here on every rank (`compute-mismatch`, naming the ranks and the field), and a
+            checkpoint of another identity is refused on restore (`compute-changed`).
 
     Attributes: `my_slots` (this rank's slots, in order), `step` (steps applied), `contract`
-    (the NumericalContract: combine order, normalise-once, optimizer formula), `layout_order_id`,
-    `times` (seconds in compute / combine / update), `realization` (tree or scatter).
+    (the NumericalContract: combine order, normalise-once, optimizer formula, and `compute`:
+    what the slots' bits depend on), `compute_identity` (this rank's, alpha_mpi.model.compute),
+    `layout_order_id`, `times` (seconds in compute / combine / update), `realization` (tree or
+    scatter).
 
     Checkpoints: `save(dir)` / `restore(dir)` (alpha_mpi.learning.checkpoints), the same
     manifests as `alpha-mpi train --checkpoint-dir`, restorable on any rank count.
@@ -130,6 +138,7 @@ class DataParallelLearner(LearnerCheckpoint):
         audit_slots: int = 0,
         audit_digests: int = 0,
         fault_hook: FaultHook | None = None,
+        machine_independent: bool = False,
     ) -> None:
         if partition not in MODES:
             raise Refusal("usage", f"unknown partition {partition!r}; use one of {', '.join(MODES)}")
@@ -154,9 +163,15 @@ class DataParallelLearner(LearnerCheckpoint):
         self.full_plan = plan(self.tree, ReplicateAll(), _weighted(n), size=self.size)
         self.my_slots = self.full_plan.slots_of(self.rank)
         from ..numerics import contract_for_plan
+        from .compute_check import ComputeCheck
 
-        # The learner's numerical contract: the combine order, normalise-once, the optimizer formula.
-        self.contract = contract_for_plan(self.full_plan, optimizer=optimizer)
+        # What the slots' bits depend on: this rank's compute identity, unless the model declares
+        # (or the caller promises) machine independence; compared across ranks in the first round.
+        self.compute = ComputeCheck.for_model(model, machine_independent)
+        self.compute_identity = self.compute.identity
+        # The learner's numerical contract: the combine order, normalise-once, the optimizer
+        # formula, and the compute identity (or the machine-independence declaration).
+        self.contract = contract_for_plan(self.full_plan, optimizer=optimizer, compute=self.compute.spec)
         cd = self.contract.digest
         self.payloads = {s: np.zeros(n + 3) for s in self.my_slots}
         # Coordinate ranges of the partitioned modes: the reduce-scatter chunks of the payload,
@@ -170,8 +185,11 @@ class DataParallelLearner(LearnerCheckpoint):
             (r, min(lo, n), min(hi, n)) for r, (lo, hi) in enumerate(self.chunks) if min(hi, n) > min(lo, n)
         ]
         a, b = self.own = next(((a, b) for r, a, b in self.ranges if r == self.rank), (0, 0))
-        # Collective: every rank holds the same start (or every rank refuses, naming the ranks).
-        full = start_params(comm, model, seed=seed, init_params=init_params, timeout=timeout)
+        # Collective: every rank computes alike (or declares it need not) and holds the same start,
+        # or every rank refuses, naming the ranks (and the identity's field).
+        full = start_params(
+            comm, model, seed=seed, init_params=init_params, timeout=timeout, compute=self.compute
+        )
         self.params = full if partition != "params" else full[a:b].copy()
         self._p_next = np.empty(n if partition == "none" else b - a)
         self.opt = make_optimizer(optimizer, n if partition == "none" else b - a, lr=lr, momentum=momentum)
@@ -213,7 +231,9 @@ class DataParallelLearner(LearnerCheckpoint):
         from .audit import build_checks
 
         opts = (audit_slots, audit_digests, partition)
-        self.audit, self.replicas = build_checks(comm, self.full_plan, opts, timeout=timeout, contract=cd)
+        self.audit, self.replicas = build_checks(
+            comm, self.full_plan, opts, timeout=timeout, contract=cd, compute=self.compute
+        )
         self._audit_buf = np.zeros(n + 3) if self.audit is not None else None
         self.realization = self.reducer.realization + (
             " (reduce-scatter)" if partition in ("grads", "params") else ""
@@ -356,6 +376,24 @@ class DataParallelLearner(LearnerCheckpoint):
         """The full parameters on every rank (assembled in `params` mode: every rank calls)."""
         return self.full_params()
 
+    def state_digest(self) -> str:
+        """The digest of the whole learner state (alpha_mpi.learning.digests, STATE_COVERS): the
+        parameters, every optimizer array, the step, the optimizer's carried scalars and the seed
+        (with the step, the position of the slots' random numbers and of the data order). The
+        same on every rank, rank count and partition mode; collective (the sharded arrays are
+        assembled by selection). `digest(final_params())` is the parameters' alone."""
+        from .digests import state_digest
+
+        st = self.opt.state()
+        arrays = {"params": self.full_params()}
+        for name, values in st["arrays"].items():
+            full = values
+            if self.partition != "none":  # this rank holds its range: assemble the whole vector
+                full = self.assembler.run(self._mine(values), out=np.empty(self.n))
+            arrays[f"optimizer.{name}"] = full
+        scalars = {"step": self.step, "seed": self.seed, "optimizer": self.optimizer_name, **st["scalars"]}
+        return state_digest(arrays, scalars)
+
     # -- checkpoints: every component is a logical vector of length n, saved by coordinate range --
     def save(self, directory: str, config: Mapping[str, object] | None = None) -> str:
         """Publish a checkpoint of this step under `directory` (collective); returns its step
@@ -371,12 +409,22 @@ class DataParallelLearner(LearnerCheckpoint):
         *,
         adopt_contract: bool = False,
         missing_ok: bool = False,
+        accept_compute_change: bool = False,
     ) -> str | None:
         """Load the latest checkpoint in `directory` (or that step directory) saved on any rank
-        count (collective); returns the step directory. See alpha_mpi.learning.checkpoints.restore."""
+        count (collective); returns the step directory. `accept_compute_change`: resume although
+        it was computed under another compute identity (`compute-changed` otherwise; recorded).
+        See alpha_mpi.learning.checkpoints.restore."""
         from .checkpoints import restore
 
-        return restore(self, directory, config=config, adopt_contract=adopt_contract, missing_ok=missing_ok)
+        return restore(
+            self,
+            directory,
+            config=config,
+            adopt_contract=adopt_contract,
+            missing_ok=missing_ok,
+            accept_compute_change=accept_compute_change,
+        )
 
     def memory(self) -> dict:
         """Bytes this rank holds per kind of state (frames and transport buffers excluded)."""

@@ -7,6 +7,8 @@ A model is any object with these members (duck typing; no base class to inherit)
     loss_and_grad_sum(params, X, y, grad_out) -> float    Σ_i loss_i; writes Σ_i ∇loss_i
         (optionally with a keyword `rng`: the slot's numpy Generator, from (seed, step, slot))
     predict(params, X) -> np.ndarray                      optional: labels, for accuracy
+    machine_independent: bool                             optional: True declares that the slot
+        results (loss and gradient bits) do not depend on the compute identity
 
 `check_model(model)` refuses an object that breaks the protocol by name (`model-protocol`),
 saying which member is missing or wrong; `check_model(model, probe=(X, y))` also runs one probe
@@ -59,9 +61,22 @@ class Model(Protocol):
       Models without that keyword are called as before.
     - `params` must not be modified (the learner owns it); `grad_out` is the only output.
     - Optional `predict(params, X) -> labels` is used for the accuracy `alpha-mpi train` prints.
+    - Optional `machine_independent: bool` (default False): True declares that the slot results
+      (loss and gradient bits) do not depend on the compute identity (alpha_mpi.model.compute:
+      numpy's version and SIMD targets, the BLAS library, kernel and threads, torch's kernels),
+      because the model computes only with alpha_mpi's fixed-order functions. The learner's
+      contract then says "machine-independent (declared by the model)", ranks of different
+      identities train together and a checkpoint resumes under any identity (recorded). A model
+      that calls BLAS (`X @ W`), numpy's exp/log or torch must not declare it: without it, ranks
+      whose identities differ are refused at start (`compute-mismatch`) and a resume under another
+      identity is refused (`compute-changed`) unless accepted. A declaration that does not hold is
+      named by the audit (`compute-mismatch`, no rank blamed) where ranks of different identities
+      recompute each other's slots.
     """
 
     n_params: int
+    # `machine_independent: bool` is optional (absent reads as False), so it is not a member here:
+    # a runtime_checkable Protocol would make isinstance() demand it.
 
     def init(self, seed: int) -> np.ndarray:
         """Initial parameters: float64, shape (n_params,), the same bits for the same seed."""
@@ -124,10 +139,10 @@ def check_model(model: object, probe: tuple[np.ndarray, np.ndarray] | None = Non
 
     Checks the members: `n_params` an int >= 1; `init(seed)` and
     `loss_and_grad_sum(params, X, y, grad_out)` callable with those arguments; `predict`, if
-    present, callable as `predict(params, X)`. With `probe=(X, y)` (one small slot) it also calls
-    `init(seed)` (float64, shape (n_params,), finite) and `loss_and_grad_sum` twice on the same
-    inputs: a float loss, finite gradients, params left unchanged, and the same bits both times
-    (`model-nondeterministic` otherwise).
+    present, callable as `predict(params, X)`; `machine_independent`, if present, a bool. With
+    `probe=(X, y)` (one small slot) it also calls `init(seed)` (float64, shape (n_params,),
+    finite) and `loss_and_grad_sum` twice on the same inputs: a float loss, finite gradients,
+    params left unchanged, and the same bits both times (`model-nondeterministic` otherwise).
     """
     n = getattr(model, "n_params", None)
     if n is None:
@@ -138,6 +153,9 @@ def check_model(model: object, probe: tuple[np.ndarray, np.ndarray] | None = Non
         _check_arity(model, name, count)
     if getattr(model, "predict", None) is not None:
         _check_arity(model, "predict", 2)
+    independent = getattr(model, "machine_independent", False)
+    if not isinstance(independent, bool):
+        raise _refuse(model, f"machine_independent is {independent!r}; it must be True or False")
     if probe is not None:
         _probe(model, int(n), probe, seed)
     return cast(Model, model)

@@ -11,7 +11,10 @@ word. Nothing is written: no step is saved, no `latest` moved; only the director
 rank compares the coordinate ranges it holds; the verdicts (first differing component and
 coordinate, or none) travel through the communicator's verdict round (p rows of 2 words, no
 collective), so every rank reports the same first difference: `replay-mismatch` names it.
-This audits a finished run on other hardware, offline, at full coverage.
+This audits a finished run on other hardware, offline, at full coverage: hardware of the same
+compute identity, or any for a machine-independent model (another identity is refused
+`compute-changed` unless `--accept-compute-change`, and a mismatch then says it may be the
+environment's).
 """
 
 from __future__ import annotations
@@ -65,7 +68,12 @@ def replay(
     root = cfg.checkpoint_dir
     data, _, learner, stream = build(comm, cfg)
     _, _, stored, _ = build(comm, cfg)
-    kw = {"data": fingerprint(data), "timeout": cfg.timeout, "adopt_contract": cfg.adopt_contract}
+    kw = {
+        "data": fingerprint(data),
+        "timeout": cfg.timeout,
+        "adopt_contract": cfg.adopt_contract,
+        "accept_compute_change": cfg.accept_compute_change,  # else compute-changed, never a mismatch
+    }
     opened = []
     try:
         for lr, step in ((learner, start), (stored, stop)):
@@ -99,10 +107,17 @@ def replay(
         return {"steps": (start, stop), "match": True}
     comp, coord = first
     name = names[comp] if comp < len(names) else f"component {comp}"
+    env = [h for ck in opened for h in ck.compute_history if h["at_step"] in (start, stop)]
+    note = (
+        "; this replay runs under another compute identity than the stored run (accepted): the "
+        "difference may be the environment's, not a fault"
+        if any(h["how"] == "accepted" for h in env)
+        else ""
+    )
     raise Refusal(
         "replay-mismatch",
         f"replaying steps {start}..{stop} of {root}: {name}[{coord}] differs from the stored step {stop} "
-        f"(the first differing component in name order, and its first coordinate)",
+        f"(the first differing component in name order, and its first coordinate){note}",
         component=name,
         coordinate=coord,
     )

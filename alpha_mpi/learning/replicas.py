@@ -14,6 +14,13 @@ slots saw nothing. What is replicated depends on the partition mode:
                     the check here catches a copy that differs at the check itself
     params          nothing: every range of both is held by one rank (the check is refused)
 
+Compute identities before bits: ranks of different compute identities train together only under
+a machine-independent contract (learning/compute_check.py), and a torch optimizer runs torch's
+kernels on every rank, so their replicas may differ by environment alone. Ranks are compared
+within their identity class first: a rank that differs from its own class is `replica-diverged`
+(a fault); when every class agrees within itself but the classes differ, every rank raises
+`compute-mismatch` naming the identities' fields and blames no rank or host.
+
 Exchange (the communicator's verdict round, no collective): p rows of 2 words (a 64-bit
 CRC-32 + Adler-32 digest of the replicated arrays as two exact 32-bit halves). Every rank reads the same
 table: a strict majority digest names the ranks that differ (`replica-diverged`, on every rank);
@@ -36,6 +43,8 @@ if TYPE_CHECKING:
 
     from mpi4py import MPI
 
+    from .compute_check import ComputeCheck
+
 __all__ = ["ReplicaDigests", "replicated_digest"]
 
 
@@ -54,7 +63,14 @@ class ReplicaDigests:
     (its checks are verdict rounds: learning/verdicts.py)."""
 
     def __init__(
-        self, comm: MPI.Comm, every: int, partition: str, *, timeout: float | None, contract: str
+        self,
+        comm: MPI.Comm,
+        every: int,
+        partition: str,
+        *,
+        timeout: float | None,
+        contract: str,
+        compute: ComputeCheck | None = None,
     ) -> None:
         if isinstance(every, bool) or not isinstance(every, (int, np.integer)) or every < 1:
             raise Refusal("usage", f"audit_digests must be an int >= 1 (steps between checks), got {every!r}")
@@ -66,6 +82,7 @@ class ReplicaDigests:
                 "'none', 'state' or 'grads', or audit_slots",
             )
         self.every, self.partition = int(every), partition
+        self.compute = compute  # which ranks compute alike (None: all do)
         self.size, self.rank = comm.Get_size(), comm.Get_rank()
         self._table = WordTable(comm, 2, timeout=timeout, contract=contract, what="comparing replica digests")
         self.checked = 0  # checks that found every replica equal
@@ -82,17 +99,36 @@ class ReplicaDigests:
         if len(counts) == 1:
             self.checked += 1
             return
-        top, n = counts.most_common(1)[0]
         what = "parameters and optimizer state" if self.partition == "none" else "parameters"
-        if 2 * n > self.size:
-            odd = [r for r in range(self.size) if words[r] != top]
-            note = f"ranks {odd} differ from the {n} of {self.size} ranks that agree"
-        else:
-            odd = list(range(self.size))
-            note = f"no majority among {self.size} ranks ({len(counts)} different digests), so every rank is named"
+        classes = self.compute.ranks.classes if self.compute is not None else (0,) * self.size
+        within = [[r for r in range(self.size) if classes[r] == c] for c in sorted(set(classes))]
+        if len(within) > 1 and all(len({words[r] for r in group}) == 1 for group in within):
+            raise self.compute.broken_promise(  # type: ignore[union-attr]  # classes > 1: compute given
+                [group[0] for group in within],
+                f"after step {step}: the replicated {what}",
+                " (each identity's ranks agree among themselves)",
+                step=step,
+            )
+        odd, notes = [], []
+        for group in within:  # a rank is measured against the ranks that compute as it does
+            tally = Counter(words[r] for r in group)
+            if len(tally) == 1:
+                continue
+            top, n = tally.most_common(1)[0]
+            among = "" if len(within) == 1 else " of its compute identity"
+            if 2 * n > len(group):
+                bad = [r for r in group if words[r] != top]
+                notes.append(f"ranks {bad} differ from the {n} of {len(group)} ranks{among} that agree")
+            else:
+                bad = list(group)
+                notes.append(
+                    f"no majority among {len(group)} ranks{among} ({len(tally)} different digests), "
+                    "so every one of them is named"
+                )
+            odd += bad
         raise Refusal(
             "replica-diverged",
-            f"after step {step}: the replicated {what} differ across ranks: {note}",
+            f"after step {step}: the replicated {what} differ across ranks: {'; '.join(notes)}",
             step=step,
-            ranks=tuple(odd),
+            ranks=tuple(sorted(odd)),
         )

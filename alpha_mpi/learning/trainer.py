@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -12,6 +11,7 @@ import numpy as np
 
 from ..refusals import Refusal
 from .data import SlotStream, load_npz, synthetic
+from .digests import STATE_COVERS, digest  # noqa: F401 (digest: its old home, re-exported)
 from .learner import DataParallelLearner
 from .mlp import MLP
 from .preemption import PREEMPTED, Preemption  # noqa: F401 (PREEMPTED: its old home)
@@ -50,14 +50,10 @@ class TrainConfig:
     adopt_contract: bool = False
     resume_from: str | None = None
     adopt_lr: bool = False
+    accept_compute_change: bool = False  # resume under another compute identity (recorded)
     model: str | None = None  # "module:factory" (alpha_mpi.learning.model_from_spec); None: the built-in MLP
     audit_slots: int = 0  # slots per step recomputed on another rank (alpha_mpi.learning.audit)
     audit_digests: int = 0  # steps between replica digest checks (alpha_mpi.learning.replicas)
-
-
-def digest(params: np.ndarray) -> str:
-    """sha256 of the parameters as little-endian binary64: compare runs by this."""
-    return hashlib.sha256(np.ascontiguousarray(params, dtype="<f8").tobytes()).hexdigest()
 
 
 StopFlag = Preemption  # the name train() used before Preemption was public
@@ -82,6 +78,14 @@ def memory_per_rank(learner) -> dict:
     }
     out["total"] = sum(out.values())
     return out
+
+
+def compute_line(learner) -> str:
+    """The start-up line naming the compute identity (rank 0's; every rank's matched it unless
+    the contract says machine-independent) and what the slots' bits depend on."""
+    ident, spec = learner.compute_identity, learner.contract.compute
+    said = "every rank matches it" if learner.compute.dependent else f"{spec.describe()}; rank 0's"
+    return f"# compute identity {ident.digest[:16]} ({said}): {ident.describe()}"
 
 
 def memory_line(mem: dict) -> str:
@@ -155,10 +159,13 @@ def build(comm, cfg: TrainConfig, fault_hook=None):
         model = model_from_spec(cfg.model, data.inputs, data.classes)
         # A user's model is probed on every rank before anything trains: a gradient that is not the
         # same bits twice, or not the same on every rank, is refused by name on every rank.
+        from .compute_check import ComputeCheck
         from .same_start import probe_model
 
         k = min(len(data.y), PROBE_SAMPLES)
-        probe_model(comm, model, (data.X[:k], data.y[:k]), seed=cfg.seed, timeout=cfg.timeout)
+        probe = (data.X[:k], data.y[:k])
+        check = ComputeCheck.for_model(model)  # ranks that compute differently are named first
+        probe_model(comm, model, probe, seed=cfg.seed, timeout=cfg.timeout, compute=check)
     else:
         model = MLP(data.inputs, cfg.hidden, data.classes)
     learner = DataParallelLearner(
@@ -205,6 +212,7 @@ def train(
             cfg,
             adopt_contract=cfg.adopt_contract,
             adopt_lr=cfg.adopt_lr,
+            accept_compute_change=cfg.accept_compute_change,
             data=fingerprint(data),
             timeout=cfg.timeout,
         )
@@ -220,6 +228,7 @@ def train(
         f"# alpha-mpi train: {data.name}, {model.n_params} parameters, {cfg.slots} slots on {comm.Get_size()} ranks, "
         f"batch {cfg.batch}, {cfg.optimizer} lr {cfg.lr:g}, topology {cfg.topology}, partition {cfg.partition}"
     )
+    say(compute_line(learner))
     say(f"# layout order id {learner.layout_order_id}")
     mem = memory_per_rank(learner)
     say(memory_line(mem))
@@ -269,13 +278,15 @@ def train(
         if ckpt:
             ckpt.close()
     params = learner.final_params()
+    state = learner.state_digest()  # collective: the whole state, assembled where it is sharded
     predict = getattr(model, "predict", None)  # optional in the Model protocol
     acc = float(np.mean(predict(params, data.X_eval) == data.y_eval)) if predict else float("nan")
     result = {
         "steps": learner.step,
         "loss": float(loss) if learner.step > start_step else None,
         "accuracy": acc,
-        "digest": digest(params),
+        "digest": state,  # the state digest (STATE_COVERS); the parameters alone: params_digest
+        "params_digest": digest(params),
         "layout_order_id": learner.layout_order_id,
         "preempted": preempted,
         "memory": mem,
@@ -288,9 +299,9 @@ def train(
         result["audit"] = audited[0]
         say(audited[1])
     if preempted:  # not the run's final state: keep it out of `state digest:` parsers
-        say(f"# state digest at step {learner.step}: {result['digest']}")
+        say(f"# state digest ({STATE_COVERS}) at step {learner.step}: {result['digest']}")
     else:
         shown = f"{loss:.6f}" if result["loss"] is not None else "n/a (no step run)"
         say(f"final loss {shown}  accuracy {acc:.4f}  ({learner.step} steps, {result['seconds']:.1f}s)")
-        say(f"state digest: {result['digest']}")
+        say(f"state digest ({STATE_COVERS}): {result['digest']}")
     return result

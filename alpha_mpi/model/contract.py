@@ -7,7 +7,11 @@ bit, and how its result may be related to the independent oracle:
   conversions at each site;
 - **operations** (operations.py): the ordered list of what runs: the combine's order id (a
   Plan's `layout_order_id`), then formula ids with their exact evaluation order (formulas.py);
-- **relation** (relation.py): `BitIdentical`, `BoundedDifference(tolerance)` or `Unchecked`.
+- **relation** (relation.py): `BitIdentical`, `BoundedDifference(tolerance)` or `Unchecked`;
+- **compute** (compute.py, a learner's contract only): the compute identity the slots' bits depend
+  on (its compared fields), or `MachineIndependent(declared_by)`; None for a bare combine.
+  `numerical_compatibility` does not compare it: peers compare identities when a learner is
+  built (`compute-mismatch`), a checkpoint's is compared on resume (`compute-changed`).
 
 `digest` is sha256 over a canonical JSON form with a domain prefix (never `hash()`), so it is the
 same in every process and on every machine; frames carry it (Combiner(contract=c.digest)) and
@@ -16,7 +20,8 @@ travels in `to_dict()` but is not part of the digest, equality or hash.
 
 Format version 2 keys a combine's id `layout_order_id`; version 1 (0.1 and early 0.2) keyed the
 same value `order_id`. `from_dict` reads both; `digest_in(1)` is the digest a version-1 record was
-stored with (checkpoint manifests of that format are checked against it).
+stored with (checkpoint manifests of that format are checked against it). The `compute` key is
+written only when a contract has one, so every contract without it keeps its digest.
 
 Pure data (layer 1): no numpy, no kernel. Whether a contract may execute *here* (live FP
 environment, evidence on this kernel build) is decided next to the kernel, by
@@ -31,6 +36,7 @@ import warnings
 from dataclasses import dataclass, replace
 
 from ..refusals import NumericalOrderMismatch, NumericalProfileMismatch
+from .compute import ComputeIdentity, MachineIndependent, compute_from_dict
 from .formulas import FORMULAS
 from .operations import CombineOrder, Formula, operation_from_dict
 from .profile import Profile, RoundBinary64, WidenBinary32, check_keys, invalid
@@ -58,7 +64,8 @@ class NumericalContract:
 
     - `profile`: a `Profile`;
     - `operations`: a non-empty sequence of `CombineOrder` and `Formula`, in the order they run;
-    - `relation`: `BitIdentical()` (default), `BoundedDifference(...)` or `Unchecked()`.
+    - `relation`: `BitIdentical()` (default), `BoundedDifference(...)` or `Unchecked()`;
+    - `compute`: a `ComputeIdentity` (its compared fields), `MachineIndependent(...)` or None.
 
     Refuses anything else with `numerical-contract-invalid`. Build the standard one of a plan with
     `contract_for_plan(plan, optimizer=...)`; compare two with `numerical_compatibility`.
@@ -67,6 +74,7 @@ class NumericalContract:
     profile: Profile
     operations: tuple[CombineOrder | Formula, ...]
     relation: Relation = BitIdentical()
+    compute: ComputeIdentity | MachineIndependent | None = None
 
     def __post_init__(self):
         if not isinstance(self.profile, Profile):
@@ -80,6 +88,10 @@ class NumericalContract:
                 raise invalid(f"operation {op!r} is neither a CombineOrder nor a Formula")
         if not isinstance(self.relation, RELATIONS):
             raise invalid(f"relation {self.relation!r} is not BitIdentical, BoundedDifference or Unchecked")
+        if isinstance(self.compute, ComputeIdentity):
+            object.__setattr__(self, "compute", self.compute.compared())
+        elif self.compute is not None and not isinstance(self.compute, MachineIndependent):
+            raise invalid(f"compute {self.compute!r} is not a ComputeIdentity, MachineIndependent or None")
 
     # -- identity --------------------------------------------------------------------------
     def canonical(self, version: int = FORMAT_VERSION) -> bytes:
@@ -127,13 +139,16 @@ class NumericalContract:
         `version=1` writes the former format (to check records stored in it)."""
         if version not in READ_VERSIONS:
             raise invalid(f"contract format version {version!r}; this alpha_mpi writes versions 1 and 2")
-        return {
+        out = {
             "format": FORMAT_NAME,
             "version": version,
             "profile": self.profile.to_dict(),
             "operations": [op.to_dict(version) for op in self.operations],
             "relation": self.relation.to_dict(evidence=evidence),
         }
+        if self.compute is not None:
+            out["compute"] = self.compute.to_dict()
+        return out
 
     def to_json(self) -> str:
         """`to_dict()` as indented JSON text."""
@@ -143,7 +158,9 @@ class NumericalContract:
     def from_dict(cls, d) -> NumericalContract:
         """Read `to_dict()`'s form (format version 2, or 1 whose combines key their id
         `order_id`); refuses another format or version, unknown or missing keys."""
-        check_keys(d, "contract", {"format", "version", "profile", "operations", "relation"})
+        check_keys(
+            d, "contract", {"format", "version", "profile", "operations", "relation", "compute"}, {"compute"}
+        )
         version = d["version"]
         if d["format"] != FORMAT_NAME or type(version) is not int or version not in READ_VERSIONS:
             raise invalid(
@@ -156,6 +173,7 @@ class NumericalContract:
             Profile.from_dict(d["profile"]),
             tuple(operation_from_dict(op, version) for op in d["operations"]),
             relation_from_dict(d["relation"]),
+            compute_from_dict(d["compute"]) if "compute" in d else None,
         )
 
     @classmethod
@@ -189,7 +207,8 @@ class NumericalContract:
         rel = self.relation.kind
         if isinstance(self.relation, BoundedDifference):
             rel += f"({self.relation.tolerance} over {self.relation.suite})"
-        return f"contract {self.digest[:16]}: {rel}; ops: {ops}"
+        comp = "" if self.compute is None else f"; compute: {self.compute.describe()}"
+        return f"contract {self.digest[:16]}: {rel}; ops: {ops}{comp}"
 
     def __repr__(self):
         return f"NumericalContract({self.describe()})"
@@ -219,7 +238,9 @@ def numerical_compatibility(
 
     Either side may be a contract or its `to_dict()`. The relation is not compared: two sides
     with the same profile and operations compute the same bits; what may be *claimed* about them
-    is each side's own business (and the frame digest still tells them apart).
+    is each side's own business (and the frame digest still tells them apart). Nor is `compute`:
+    a learner compares compute identities by name (`compute-mismatch` across ranks when it is
+    built, `compute-changed` against a checkpoint, alpha_mpi.checkpoint.compatibility).
     """
     a = as_contract(ours, ours_name)
     b = as_contract(theirs, theirs_name)
@@ -266,6 +287,7 @@ def contract_for_plan(
     normalize: bool | None = None,
     relation: Relation | None = None,
     contributions: str = "binary64",
+    compute: ComputeIdentity | MachineIndependent | None = None,
 ) -> NumericalContract:
     """The standard contract of a combine plan (and the learner using it).
 
@@ -274,7 +296,8 @@ def contract_for_plan(
     `RoundBinary64` then `WidenBinary32` site (a BoundedDifference operation).
     operations: the plan's layout order id; then `normalize-once` (default: when the layout has a
     `mass` component); then the optimizer formula (`"adam-v1"`, `"sgd-momentum-v1"`, aliases
-    `"adam"`, `"sgd"`, or a Formula). relation: BitIdentical unless given.
+    `"adam"`, `"sgd"`, or a Formula). relation: BitIdentical unless given. compute: what the
+    slots' bits depend on (a learner's; see alpha_mpi.model.compute), None for a bare combine.
     Takes any plan or learner (with a `layout_order_id`; optionally a `layout`); refuses anything
     else (a tree's `order_id` is not bound to a payload layout).
     """
@@ -297,4 +320,4 @@ def contract_for_plan(
     f = _optimizer_formula(optimizer)
     if f is not None:
         ops.append(f)
-    return NumericalContract(profile, tuple(ops), BitIdentical() if relation is None else relation)
+    return NumericalContract(profile, tuple(ops), BitIdentical() if relation is None else relation, compute)

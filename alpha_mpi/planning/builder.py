@@ -18,6 +18,14 @@ def is_split(count: int) -> bool:
     return count >= SPLIT_MIN_ELEMENTS
 
 
+def frame_cost(nbytes: float, cal) -> float:
+    """What one frame of `nbytes` of payload costs beyond moving its bytes (the cost model,
+    planning/cost.py): a small one is copied into a framed buffer to be sent and out of one when
+    it arrives (two passes over it, charged like an add per byte: γ), a large one travels as a
+    header message and a payload message (one further message: α_msg)."""
+    return cal.alpha_msg if is_split(int(nbytes) // 8) else 2 * nbytes * cal.gamma
+
+
 class RankBuilder:
     """Accumulates one rank's program. Regions name buffers: `out`, `L<slot>`, `w<i>`."""
 

@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 from ..model.layout import Layout
 from ..model.tree import Leaf, Node, leaf_sequence
-from .builder import Lowering, RankBuilder, allreduce_only, is_split
+from .builder import Lowering, RankBuilder, allreduce_only, frame_cost, is_split
 from .combine_plan import Plan
 from .operands import lower_expression
 from .program import Eval, Message, RankProgram
@@ -47,10 +47,11 @@ def lower(tp: Plan, mode: str, receivers: frozenset, segment: int) -> Lowering:
 
 
 def estimate(tp: Plan, cal, mode: str = "allreduce") -> float:
-    """Each round moves and adds the whole payload (the piggybacked rounds carry two: ignored)."""
+    """Each round moves and adds the whole payload, in one frame (the piggybacked rounds carry
+    two: ignored)."""
     top, nb = top_of(tp.tree, tp.size, NAME), tp.layout.nbytes
     late = any(r in tp.receivers for r in top.extra)
-    return butterfly_rounds(top, late) * (cal.alpha + nb * cal.beta + nb * cal.gamma)
+    return butterfly_rounds(top, late) * (cal.alpha + nb * cal.beta + nb * cal.gamma + frame_cost(nb, cal))
 
 
 class Transfer:

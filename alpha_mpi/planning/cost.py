@@ -1,11 +1,15 @@
 """The α–β–γ cost model that `auto` chooses realizations by (pure).
 
-    T = rounds·α + (messages per rank − rounds)·α_msg + bytes moved per rank·β + bytes added·γ
+    T = α0 + rounds·α + (messages per rank − rounds)·α_msg + bytes moved per rank·β + bytes added·γ
 
-Two latencies: α, the fixed cost of a round (the Python of one executor round and its first
-message), and α_msg, the cost of each further message a rank posts in a round (MPI). β: seconds
-per byte moved, γ: seconds per byte added by the kernel. A calibration without α_msg (0.1
-files) charges each further message like a round (α_msg = α), as the one-latency model did.
+Three latencies: α0, the fixed cost of one run (the call into the executor: binding the
+caller's arrays, the one call into the C round; the same for every realization, so it never
+changes the choice, only the modelled time), α, the cost of a round (its first message through
+MPI and the C round's header work), and α_msg, the cost of each further message a rank posts in
+a round. β: seconds per byte moved, γ: seconds per byte added by the kernel. A calibration
+without α_msg (0.1 files) charges each further message like a round (α_msg = α), as the
+one-latency model did; one without α0 (0.1 and 0.2 files, whose α held the Python of a round)
+has α0 = 0.
 Built-in defaults were measured on the development machine (2-core KVM guest, MPICH 5.0.2);
 `alpha-mpi bench calibrate --out FILE` measures all four on yours, and
 ALPHA_MPI_CALIBRATION=FILE makes every rank read that file. Every rank must choose the same
@@ -24,20 +28,25 @@ from ..refusals import Refusal
 from .realize import REGISTRY
 
 ENV = "ALPHA_MPI_CALIBRATION"
+# The built-in calibration (Calibration's defaults), seconds: see Calibration.
+CAL_ALPHA0, CAL_ALPHA, CAL_ALPHA_MSG = 3.0e-6, 0.7e-6, 1.0e-6
+CAL_BETA, CAL_GAMMA = 0.18e-9, 0.17e-9
 
 
 @dataclass(frozen=True)
 class Calibration:
     # `alpha-mpi bench calibrate` at p = 2 on the development machine (2-core KVM guest, MPICH
-    # 5.0.2); at p = 4 (oversubscribed) it measured alpha 53 us, beta 0.30 ns/B, gamma 0.28 ns/B.
-    alpha: float = 18.5e-6  # s per message round (Python + MPI)
-    beta: float = 0.18e-9  # s per byte moved (about 5.5 GB/s through shared memory)
-    gamma: float = 0.17e-9  # s per byte added (about 6 GB/s for one fused add)
-    alpha_msg: float = 18.5e-6  # s per further message in a round (not measured apart here: = alpha)
+    # 5.0.2) with the round in C (issue 33); docs/performance.md has the run.
+    alpha: float = CAL_ALPHA  # s per message round (MPI and the C round's header work)
+    beta: float = CAL_BETA  # s per byte moved (shared memory)
+    gamma: float = CAL_GAMMA  # s per byte added (one fused add)
+    alpha_msg: float = CAL_ALPHA_MSG  # s per further message in a round
     source: str = "built-in defaults (development machine)"
+    alpha0: float = CAL_ALPHA0  # s per run: the call into the executor (every realization alike)
 
     def to_dict(self) -> dict:
         return {
+            "alpha0": self.alpha0,
             "alpha": self.alpha,
             "alpha_msg": self.alpha_msg,
             "beta": self.beta,
@@ -58,22 +67,23 @@ def load_calibration(path: str | None = None) -> Calibration:
             d = json.load(f)
         values = [float(d[k]) for k in ("alpha", "beta", "gamma")]
         values.append(float(d.get("alpha_msg", values[0])))  # a 0.1 file: one latency
+        values.append(float(d.get("alpha0", 0.0)))  # 0.1 and 0.2 files: no fixed cost apart
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
         raise Refusal("calibration-invalid", f"cannot read a calibration from {path!r}: {e}") from None
     if not all(math.isfinite(v) and v >= 0 for v in values):
         raise Refusal(
             "calibration-invalid",
-            f"{path!r}: alpha, beta, gamma and alpha_msg must be finite and >= 0, got {values}",
+            f"{path!r}: alpha, beta, gamma, alpha_msg and alpha0 must be finite and >= 0, got {values}",
         )
-    alpha, beta, gamma, alpha_msg = values
-    return Calibration(alpha, beta, gamma, alpha_msg, source=str(path))
+    alpha, beta, gamma, alpha_msg, alpha0 = values
+    return Calibration(alpha, beta, gamma, alpha_msg, source=str(path), alpha0=alpha0)
 
 
 def estimate(tp, name: str, cal: Calibration, mode: str = "allreduce") -> float:
     """Modelled seconds of one run of realization `name` of tree plan `tp`."""
     if tp.size == 1:
-        return tp.layout.nbytes * cal.gamma
-    return REGISTRY[name].estimate(tp, cal, mode)  # each realization's module models itself
+        return cal.alpha0 + tp.layout.nbytes * cal.gamma
+    return cal.alpha0 + REGISTRY[name].estimate(tp, cal, mode)  # each realization models its rounds
 
 
 # Ties (equal estimates) go to the realization with the simplest per-rank program.

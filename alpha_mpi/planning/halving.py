@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..model.layout import Layout
-from .builder import Lowering, RankBuilder
+from .builder import Lowering, RankBuilder, frame_cost
 from .butterfly import Transfer, operand_value, slots_of
 from .combine_plan import Plan
 from .program import Eval, Message, RankProgram
@@ -46,11 +46,12 @@ def estimate(tp: Plan, cal, mode: str = "allreduce") -> float:
     p, nb = tp.size, tp.layout.nbytes
     depth, rs_rounds = halving_shape(top_of(tp.tree, p, NAME))
     part = nb * (1 - 0.5**depth)
+    frames = sum(frame_cost(nb / 2**j, cal) for j in range(1, depth + 1))  # one way: halves, quarters, ...
     if mode == "allreduce":
         late = (1 << depth) < len(tp.receivers)
         rounds = rs_rounds + depth + late
-        return rounds * cal.alpha + (2 * part + nb * late) * cal.beta + part * cal.gamma
-    return (rs_rounds + (p - 1).bit_length()) * cal.alpha + part * (cal.beta + cal.gamma)
+        return rounds * cal.alpha + (2 * part + nb * late) * cal.beta + part * cal.gamma + 2 * frames
+    return (rs_rounds + (p - 1).bit_length()) * cal.alpha + part * (cal.beta + cal.gamma) + frames
 
 
 def halves(lo: int, hi: int) -> tuple[tuple[int, int], tuple[int, int]]:

@@ -37,6 +37,7 @@ from .postfix import postfix_text
 from .steps import parse_or_refuse
 
 OP_KINDS = "PSWDECFM"
+FLAG_SEQ = -1  # Message.seq of a flag-round frame (planning/flag_rounds.py)
 _OP_RE = re.compile(r"^([PSWDECFM])(\d+)$")
 
 
@@ -78,6 +79,8 @@ class Message:
     src: int
     dst: int
     seq: int  # the seq-th message from src to dst in one run: its MPI tags are 2*seq, 2*seq + 1
+    # (FLAG_SEQ: a frame of the flag rounds after a program, flag_rounds.py: the executor's
+    # flag tag, one such frame per ordered pair of ranks and run)
     count: int  # payload elements (0: a header-only flag frame)
     what: str  # what the payload holds (coordinate range, pieces): part of the header's layout digest
 
@@ -277,4 +280,5 @@ __all__ = [
     "Program",
     "schedule",
     "OP_KINDS",
+    "FLAG_SEQ",
 ]

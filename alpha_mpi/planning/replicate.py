@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from ..model.layout import Layout
 from ..model.tree import Node
-from .builder import Lowering, RankBuilder, allreduce_only
+from .builder import Lowering, RankBuilder, allreduce_only, frame_cost
 from .combine_plan import Plan
 from .operands import lower_expression, operands, operands_by_rank, pre_evaluate, slots_of_operands
 from .program import Message, RankProgram
@@ -30,9 +30,10 @@ def lower(tp: Plan, mode: str, receivers: frozenset, segment: int) -> Lowering:
 
 
 def estimate(tp: Plan, cal, mode: str = "allreduce") -> float:
-    """ceil(log2 p) rounds; every operand moved to and added at every rank."""
+    """ceil(log2 p) rounds of one frame each; every operand moved to and added at every rank."""
     nb, ops = tp.layout.nbytes, len(operands(tp.tree))
-    return (tp.size - 1).bit_length() * cal.alpha + nb * (ops - 1) * (cal.beta + cal.gamma)
+    rounds = (tp.size - 1).bit_length()
+    return rounds * (cal.alpha + frame_cost(nb, cal)) + nb * (ops - 1) * (cal.beta + cal.gamma)
 
 
 def bruck_rounds(size: int) -> list:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from ..model.layout import Layout
 from ..model.tree import Node
-from .builder import Lowering, RankBuilder, is_split
+from .builder import Lowering, RankBuilder, frame_cost, is_split
 from .combine_plan import Plan
 from .operands import lower_expression, operands, operands_by_rank, pre_evaluate, slots_of_operands
 from .program import Message, RankProgram
@@ -46,7 +46,8 @@ def estimate(tp: Plan, cal, mode: str = "allreduce") -> float:
     part = nb * (p - 1) / p
     gather = part if mode == "allreduce" else 0.0
     latency = 2 * cal.alpha + (2 * (p - 1) - 2) * cal.alpha_msg
-    return latency + (part * k_max + gather) * cal.beta + nb / p * (len(ops) - 1) * cal.gamma
+    frames = (p - 1) * (k_max + (1 if mode == "allreduce" else 0)) * frame_cost(nb / p, cal)
+    return latency + (part * k_max + gather) * cal.beta + nb / p * (len(ops) - 1) * cal.gamma + frames
 
 
 def chunk_bounds(n: int, size: int) -> tuple[tuple[int, int], ...]:

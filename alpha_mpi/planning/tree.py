@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .builder import Lowering, RankBuilder, allreduce_only, is_split
+from .builder import Lowering, RankBuilder, allreduce_only, frame_cost, is_split
 from .combine_plan import Plan
 from .program import Eval, Message, RankProgram
 
@@ -27,9 +27,10 @@ def lower(tp: Plan, mode: str, receivers: frozenset, segment: int) -> Lowering:
 
 
 def estimate(tp: Plan, cal, mode: str = "allreduce") -> float:
-    """The critical path's hops, a full payload moved per hop and added about every other one."""
+    """The critical path's hops, a full payload (one frame) moved per hop and added about every
+    other one."""
     nb, hops = tp.layout.nbytes, tree_rounds(tp)
-    return hops * (cal.alpha + nb * cal.beta) + max(1, hops // 2) * nb * cal.gamma
+    return hops * (cal.alpha + nb * cal.beta + frame_cost(nb, cal)) + max(1, hops // 2) * nb * cal.gamma
 
 
 def tree_rounds(tp: Plan) -> int:

@@ -109,6 +109,9 @@ def _inspect_rows(m: dict, manifest_sha256: str) -> list:
         ("changed", f"{h['field']} {h['from']} -> {h['to']} at step {h['at_step']}")
         for h in m.get("resume_history", [])
     ]
+    if "compute" in m:
+        rows.append(("compute", "; ".join(f"{k} {v}" for k, v in m["compute"]["fields"].items())))
+    rows += [("compute changed", _compute_change(h)) for h in m.get("compute_history", [])]
     rows += [(f"config.{k}", val) for k, val in sorted(m.get("config", {}).items())]
     scalars = dict(m.get("scalars", {}))
     if scalars.get("step") == m["step"]:
@@ -116,6 +119,17 @@ def _inspect_rows(m: dict, manifest_sha256: str) -> list:
     rows += [(f"scalars.{k}", val) for k, val in sorted(scalars.items())]
     rows += [(f"data.{k}", val) for k, val in sorted(m.get("data", {}).items())]
     return rows
+
+
+def _compute_change(h: dict) -> str:
+    """One compute_history entry: the compared fields that changed, how, and when."""
+    if h["from"] is None:
+        return f"resumed at step {h['at_step']} from a manifest without a compute identity ({h['how']})"
+    old, new = h["from"], h["to"]
+    diffs = [
+        f"{k} {old.get(k, 'absent')} -> {new.get(k, 'absent')}" for k in new | old if old.get(k) != new.get(k)
+    ]
+    return f"{'; '.join(diffs)} at step {h['at_step']} ({h['how']})"
 
 
 def _table(rows: list) -> str:

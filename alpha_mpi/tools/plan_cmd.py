@@ -107,7 +107,8 @@ def run(argv) -> int:
         + ("   (checked symbolically)" if a.check else "")
     )
     print(
-        f"  model ({cal.source}: α {cal.alpha * 1e6:.2f} us/round, α_msg {cal.alpha_msg * 1e6:.2f} us/message, "
+        f"  model ({cal.source}: α0 {cal.alpha0 * 1e6:.2f} us/run, α {cal.alpha * 1e6:.2f} us/round, "
+        f"α_msg {cal.alpha_msg * 1e6:.2f} us/message, "
         f"β {cal.beta * 1e9:.3f} ns/B, γ {cal.gamma * 1e9:.3f} ns/B):"
     )
     for k, v in sorted(est.items(), key=lambda kv: kv[1]):

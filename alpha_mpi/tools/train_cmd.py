@@ -122,6 +122,12 @@ def parser():
         action="store_true",
         help="resume even if the checkpoint's numerical contract differs; the adoption is recorded in later checkpoints",
     )
+    p.add_argument(
+        "--accept-compute-change",
+        action="store_true",
+        help="resume even if the checkpoint was computed under another compute identity (numpy's BLAS "
+        "kernel, threads, ...: `alpha-mpi env`); recorded in later checkpoints",
+    )
     int_option(
         p,
         "--audit-slots",

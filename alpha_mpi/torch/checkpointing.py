@@ -22,6 +22,13 @@ its `base_lrs`; the schedule's position (last_epoch) is restored.
 
 Rank r writes coordinates [r*n/p, (r+1)*n/p) of every vector; every rank reads all of them back,
 whatever the rank count was at save time.
+
+The compute identity (DataParallel.compute_identity) is recorded in every manifest; a restore under
+another one is refused (`compute-changed`) unless `accept_compute_change=True` (recorded).
+
+`DataParallel.state_digest(optimizer)` is the digest of what a checkpoint holds (every vector above,
+widened exactly, and the scalars) and the seed: the whole state a resume continues from
+(alpha_mpi.learning.digests).
 """
 
 from __future__ import annotations
@@ -117,6 +124,7 @@ class TorchCheckpointView:
         #: The combine's order id and the DataParallel's numerical contract (stored in the
         #: manifest, compared on restore); both are fixed when the DataParallel is built.
         self.layout_order_id, self.contract = dp.layout_order_id, dp.contract
+        self.compute_identity = dp.compute_identity  # recorded in manifests, compared on restore
         if optimizer is not None:
             held = [p for g in optimizer.param_groups for p in g["params"]]
             if {id(p) for p in held} != {id(p) for p in dp.params} or len(held) != len(dp.params):
@@ -279,6 +287,16 @@ class TorchCheckpointView:
                 o.base_lrs = keep
         dp.steps = int(sc["step"])
 
+    def state_digest(self) -> str:
+        """The digest of the whole state (learning.digests.state_digest): every vector a
+        checkpoint holds (parameters, floating buffers, each optimizer tensor), widened exactly,
+        and its scalars (step, optimizer class, hyperparameters and scalar state, integer
+        buffers, registered objects' state) with the seed of the slots' generators."""
+        from ..learning.digests import state_digest
+
+        arrays = {name: pack(ts) for name, ts in self._vectors().items()}
+        return state_digest(arrays, {**self.checkpoint_scalars(), "seed": self.dp.seed})
+
     @staticmethod
     def _read(ck, name, tensors) -> None:
         total = sum(t.numel() for t in tensors)
@@ -348,12 +366,15 @@ class CheckpointMethods:
         adopt_contract: bool = False,
         adopt_lr: bool = False,
         missing_ok: bool = False,
+        accept_compute_change: bool = False,
     ) -> str | None:
         """Load a checkpoint saved on any rank count into the module, `optimizer` (built over
         the module's parameters with the saved hyperparameters) and the registered objects
         (`scheduler`: registered as "scheduler"); sets `steps`. `adopt_lr`: continue with the
-        optimizer's present learning rate (see the module docstring). Returns the step
-        directory, or None with `missing_ok` when there is none. Collective."""
+        optimizer's present learning rate (see the module docstring). `accept_compute_change`:
+        restore although the checkpoint was computed under another compute identity
+        (`compute-changed` otherwise; recorded). Returns the step directory, or None with
+        `missing_ok` when there is none. Collective."""
         from ..learning.checkpoints import restore
 
         self._with_scheduler(scheduler)
@@ -363,7 +384,14 @@ class CheckpointMethods:
             config=self._config(config),
             adopt_contract=adopt_contract,
             missing_ok=missing_ok,
+            accept_compute_change=accept_compute_change,
         )
+
+    def state_digest(self, optimizer: torch.optim.Optimizer | None = None) -> str:
+        """The digest of the whole state (STATE_COVERS, and the buffers): parameters, buffers,
+        `optimizer`'s state, the step, registered objects and the seed; `digest()` is the
+        parameters' alone. The same on every rank and rank count (every rank holds it all)."""
+        return self._view(optimizer).state_digest()
 
     def _view(self, optimizer, adopt_lr: bool = False):
         views = self.__dict__.setdefault("_views", {})

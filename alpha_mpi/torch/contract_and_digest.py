@@ -1,8 +1,18 @@
-"""What a DataParallel promises and how runs are compared: `torch_contract`, `parameter_digest`.
+"""What a DataParallel promises and how runs are compared: `torch_contract`, `torch_compute`,
+`parameter_digest`.
 
 Apart from data_parallel.py because these are data, not the step: the NumericalContract a
-DataParallel names in every frame and checkpoint (its operations spelled out as text), and the
-digest two runs' parameters are compared by. Neither needs a communicator.
+DataParallel names in every frame and checkpoint (its operations spelled out as text, and the
+compute identity its slots depend on), and the digest two runs' parameters are compared by
+(the whole state's: `DataParallel.state_digest(optimizer)`, checkpointing.py). None needs a
+communicator.
+
+What torch's CPU results depend on (measured, benchmarks/torch_capability.py, docs/same-bits.md):
+ATen's CPU capability (default, avx2, avx512) changes the bits of a dropout MLP and a small
+transformer trained with AdamW under every setting tried (oneDNN on or off, 1 or 2 threads,
+deterministic algorithms, MKL_CBWR=COMPATIBLE), so no switch makes them machine-independent:
+the capability is a field of the compute identity, and ranks that differ in it are refused
+(`compute-mismatch`) unless the caller promises machine independence.
 """
 
 from __future__ import annotations
@@ -12,7 +22,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..learning.compute_check import ComputeCheck, compute_spec
 from ..learning.rng import SLOT_RNG_RULE
+from ..model.compute import ComputeIdentity, MachineIndependent
 from ..numerics import BitIdentical, CombineOrder, Formula, NumericalContract, Profile, WidenBinary32
 from ._env import require_torch
 
@@ -21,7 +33,14 @@ if TYPE_CHECKING:
 else:
     torch = require_torch()
 
-__all__ = ["torch_contract", "parameter_digest", "dtype_name", "ROUND_ONCE_V1", "BUFFER_SLOT_MEAN_V1"]
+__all__ = [
+    "torch_contract",
+    "torch_compute",
+    "parameter_digest",
+    "dtype_name",
+    "ROUND_ONCE_V1",
+    "BUFFER_SLOT_MEAN_V1",
+]
 
 ROUND_ONCE_V1 = (
     "g32=RoundBinary64@gradient(g) (kernel.round_binary64, nearest-even, binary64->binary32), "
@@ -43,18 +62,36 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
+def torch_compute(env: dict, machine_independent: bool = False) -> ComputeCheck:
+    """The ComputeCheck of a DataParallel on this rank: the compute identity with torch's fields
+    (read after `fix_environment` set the threads and deterministic algorithms; `env["device"]`
+    where the module is not on the CPU), and what the contract says the slots depend on: the
+    identity, or `MachineIndependent("caller")` with the caller's promise."""
+    from .. import kernel
+
+    identity = kernel.compute_identity(torch=True, device=env.get("device", "cpu"))
+    return ComputeCheck(identity, compute_spec(identity, None, machine_independent))
+
+
 def torch_contract(
-    layout_order_id: str, dtype: torch.dtype, env: dict, buffers: str = "refuse"
+    layout_order_id: str,
+    dtype: torch.dtype,
+    env: dict,
+    buffers: str = "refuse",
+    compute: ComputeIdentity | MachineIndependent | None = None,
 ) -> NumericalContract:
     """The NumericalContract of a DataParallel: combine order, normalise-once, the conversions.
 
     profile: binary64 (KeepFormat) for float64 modules; for float32 modules binary64 and binary32
     with `WidenBinary32@contribution`, and the operation `round-binary64-once-v1` naming the
     `RoundBinary64@gradient` site. operations: the combine's order id, `normalize-once`, the
-    round-once site (float32), the buffer rule (slot-mean), and `torch-slot-gradient-v2`: the
-    per-slot forward/backward (under the slot's generator) with the torch version, threads and deterministic flag,
-    and the device where it is not the CPU (`env["device"]`: a GPU's kernels give other bits, so
-    ranks or checkpoints on another kind of device are another contract).
+    round-once site (float32), the buffer rule (slot-mean), and `torch-slot-gradient-v3`: the
+    per-slot forward/backward (under the slot's generator, deterministic algorithms). compute:
+    what the slots' bits depend on (`torch_compute(env).spec`): the compute identity, whose torch
+    fields name the version, ATen capability, backends, threads and device (a GPU's kernels give
+    other bits, so ranks or checkpoints on another device differ in it), or the caller's promise.
+    `env` (fix_environment's settings) is read by `torch_compute`; v2 wrote it into the formula,
+    which made a promise of machine independence impossible to keep across torch builds.
     """
     f32 = dtype == torch.float32
     profile = (
@@ -67,15 +104,14 @@ def torch_contract(
         ops.append(Formula("buffers-slot-mean-v1", BUFFER_SLOT_MEAN_V1))
     ops.append(
         Formula(
-            "torch-slot-gradient-v2",
+            "torch-slot-gradient-v3",
             "per slot: loss=loss_fn(module(X_s),y_s) (a sum); g_s=torch.autograd.grad(loss, params); "
             f"both under torch.random.fork_rng with {SLOT_RNG_RULE}; no autocast; "
-            f"torch {env['torch']}; "
-            f"set_num_threads({env['threads']}); use_deterministic_algorithms({env['deterministic']}); "
-            f"parameters {dtype_name(dtype)}" + (f"; on {env['device']}" if "device" in env else ""),
+            f"use_deterministic_algorithms(True); parameters {dtype_name(dtype)}; "
+            "torch's version, threads, CPU capability, backends and device: the contract's compute identity",
         )
     )
-    return NumericalContract(profile, tuple(ops), BitIdentical())
+    return NumericalContract(profile, tuple(ops), BitIdentical(), compute)
 
 
 def parameter_digest(module: torch.nn.Module) -> str:

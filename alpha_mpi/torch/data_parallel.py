@@ -59,7 +59,13 @@ from ..planning import plan
 from ..refusals import Refusal
 from ._env import check_environment, fix_environment, require_torch
 from .checkpointing import CheckpointMethods
-from .contract_and_digest import BUFFER_SLOT_MEAN_V1, ROUND_ONCE_V1, parameter_digest, torch_contract
+from .contract_and_digest import (
+    BUFFER_SLOT_MEAN_V1,
+    ROUND_ONCE_V1,
+    parameter_digest,
+    torch_compute,
+    torch_contract,
+)
 from .convert import from64 as _from64
 from .devices import contract_environment
 from .gradients import UNUSED_RULES, GradientWriter
@@ -132,9 +138,17 @@ class DataParallel(CheckpointMethods, SlotPasses):
             a step recomputed on another rank before the combine (`sdc-detected`, `.grad` left
             None; `step_slots` batches hold `needed_slots`); every N steps, before the forward,
             the parameters' and floating buffers' digests compared (`replica-diverged`).
+        machine_independent: the caller's promise that the slots' results do not depend on the
+            compute identity (torch's version, ATen CPU capability, backends, threads, device;
+            numpy's BLAS; alpha_mpi.model.compute), recorded in the contract. Without it ranks
+            whose identities differ are refused here on every rank (`compute-mismatch`, naming
+            the ranks and the field) and a checkpoint of another identity is refused on restore
+            (`compute-changed`). No torch setting makes CPU results the same across capabilities
+            (docs/same-bits.md), so promise it only for a module whose arithmetic is exact.
 
     Construction checks that every rank holds the same architecture (`torch-module-mismatch`,
-    alpha_mpi.torch.same_module), then copies rank 0's parameters to every rank.
+    alpha_mpi.torch.same_module) and computes alike (`compute-mismatch`), then copies rank 0's
+    parameters to every rank.
 
     Attributes: `my_slots`, `steps` (combined steps), `contract`, `layout_order_id`, `conversions`
     (the conversion sites: `WidenBinary32@contribution`, `RoundBinary64@gradient` for float32),
@@ -162,6 +176,7 @@ class DataParallel(CheckpointMethods, SlotPasses):
         audit_digests: int = 0,
         fault_hook: FaultHook | None = None,
         bucket_mb: float | None = None,
+        machine_independent: bool = False,
     ) -> None:
         kernel.fpenv_check()
         check_bucket_mb(bucket_mb, audit_slots, fault_hook)
@@ -184,14 +199,20 @@ class DataParallel(CheckpointMethods, SlotPasses):
         if self.device.type == "cuda":  # deterministic cuBLAS needs it before its first call
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         self.env = fix_environment(threads)
-        # Every rank must hold the same architecture before any payload is sized by it.
+        # Every rank must hold the same architecture before any payload is sized by it, and
+        # compute alike (or be promised not to need to): `compute-mismatch` on every rank.
         check_same_module(module, comm, timeout)
+        self.compute = torch_compute(contract_environment(self), machine_independent)
+        self.compute.agree(comm, what="building the DataParallel", timeout=timeout)
+        self.compute_identity = self.compute.identity
         self.layout = self._lay_out(slots)
         self.tree = build(self.topology, slots, self.size)
         self.plan = plan(self.tree, ReplicateAll(), self.layout, size=self.size)
         self.my_slots = self.plan.slots_of(self.rank)
         self.layout_order_id = self.plan.layout_order_id  # what the contract and the frames name
-        self.contract = torch_contract(self.layout_order_id, self.dtype, contract_environment(self), buffers)
+        self.contract = torch_contract(
+            self.layout_order_id, self.dtype, contract_environment(self), buffers, self.compute.spec
+        )
         self.conversions = (
             (("WidenBinary32", "contribution"), ("RoundBinary64", "gradient"))
             if self.dtype == torch.float32
@@ -237,7 +258,9 @@ class DataParallel(CheckpointMethods, SlotPasses):
 
         self.fault_hook = fault_hook
         opts, cd = (audit_slots, audit_digests, "state"), self.contract.digest
-        self.audit, self.replicas = build_checks(comm, self.plan, opts, timeout=timeout, contract=cd)
+        self.audit, self.replicas = build_checks(
+            comm, self.plan, opts, timeout=timeout, contract=cd, compute=self.compute
+        )
         self._audit_buf = np.zeros(self.layout.total) if self.audit is not None else None
 
     @property

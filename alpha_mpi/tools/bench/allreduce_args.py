@@ -22,6 +22,11 @@ SWITCHES = (
         "also time the convenience call allreduce(comm, tree, ...) (cached executor, no re-planning)",
     ),
     (
+        "--payload-check",
+        "also time auto with ALPHA_MPI_PAYLOAD_CHECK=1 (the row auto+crc: a CRC32C of every payload, "
+        "checked on arrival, and the flag round after each run): what the check costs",
+    ),
+    (
         "--reduce-scatter",
         "time the reduce-scatter (rank r ends with chunk r) against MPI_Reduce_scatter_block and the "
         "fixed-root MPI_Reduce + MPI_Scatter, instead of the allreduce",

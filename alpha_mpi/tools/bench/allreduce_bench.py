@@ -49,10 +49,11 @@ from ...planning.validate import MAX_NODES
 from ...refusals import Refusal
 from . import baseline
 from .allreduce_args import DEFAULT_REALIZATIONS, DEFAULT_REDUCE_SCATTER, iterations, make_parser
-from .allreduce_report import finish_model, plot, preamble, result_row, table_line
+from .allreduce_report import finish_model, plot, preamble, result_row, table_line, targets
 from .allreduce_variants import (
     AlphaVariant,
     BaselineVariant,
+    CheckedVariant,
     FunctionalVariant,
     bandwidth_model,
     owned_slots,
@@ -140,6 +141,8 @@ def _variants(comm, tree, n, reals, args, gloo, mine, mode):
     alphas = [AlphaVariant(comm, tree, n, r, args, mine, mode=mode) for r in reals]
     if args.functional:
         alphas.append(FunctionalVariant(comm, tree, n, args, mine))
+    if args.payload_check and mode == "allreduce":
+        alphas.append(CheckedVariant(comm, tree, n, args, mine))
     return base, alphas
 
 
@@ -258,6 +261,12 @@ def cmd(comm, argv) -> int:
     if model is not None and rank == 0:
         line = finish_model(model, results, p)
         if line:
+            say(line)
+    if rank == 0 and config["mode"] == "allreduce":
+        lines = targets(results)
+        if lines and p != 2:
+            say(f"# issue 33 set these targets for p = 2; at p = {p} they only indicate")
+        for line in lines:
             say(line)
     if not all_ok:
         say("# BITS MISMATCH: an alpha_mpi realization disagreed with another or with the oracle")

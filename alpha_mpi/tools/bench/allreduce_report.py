@@ -21,6 +21,48 @@ REFERENCES = {
 SECOND_COLUMN = {"ratio_floor": "/floor", "ratio_root": "/root"}
 
 
+#: Issue 33's targets at p = 2 (docs/performance.md): (name, bytes, numerator row, denominator
+#: row, the most the ratio may be). Rows: "auto", "floor", "MPI_Allreduce", "named" (the
+#: realization auto chose, asked for by name), "allreduce()" (the convenience call, --functional).
+TARGETS = (
+    ("auto / floor", 8, "auto", "floor", 1.25),
+    ("auto / floor", 1024, "auto", "floor", 1.25),
+    ("auto / MPI_Allreduce", 8, "auto", "MPI_Allreduce", 1.3),  # the stretch target
+    ("auto / MPI_Allreduce", 64 << 10, "auto", "MPI_Allreduce", 0.75),
+    ("auto / MPI_Allreduce", 1 << 20, "auto", "MPI_Allreduce", 0.8),
+    ("auto / MPI_Allreduce", 16 << 20, "auto", "MPI_Allreduce", 0.65),
+    ("auto / MPI_Allreduce", 64 << 20, "auto", "MPI_Allreduce", 0.45),
+    ("auto / named", None, "auto", "named", 1.1),
+    ("allreduce() / Allreducer", None, "allreduce()", "auto", 1.1),
+    ("auto+crc / auto", None, "auto+crc", "auto", 1.1),  # the payload check as the default
+)
+
+
+def targets(results: list) -> list:
+    """'#' lines: each target of TARGETS the rows measured (sizes not run are left out), its
+    ratio and whether it is met (t_max against t_max, one interleaved run)."""
+    by = {}
+    for r in results:
+        name = r["realization"]
+        key = "auto" if r["requested"] == "auto" else name
+        by[(r["bytes"], key)] = r
+        if r["requested"] == "auto":
+            by[(r["bytes"], "_chosen")] = r["chosen"]
+    sizes = sorted({r["bytes"] for r in results})
+    lines = []
+    for label, size, num, den, most in TARGETS:
+        for b in sizes if size is None else [size]:
+            top = by.get((b, num))
+            bottom = by.get((b, by.get((b, "_chosen")) if den == "named" else den))
+            if top is None or bottom is None or bottom is top:
+                continue
+            ratio = top["t_max_us"] / bottom["t_max_us"]
+            shown = label if den != "named" else f"auto / {bottom['realization']} by name"
+            verdict = "met" if ratio <= most else "MISSED"
+            lines.append(f"# target {shown:<34s} {human(b):>5s}: {ratio:5.2f} (<= {most:g}) {verdict}")
+    return lines
+
+
 def header(mode: str = "allreduce") -> str:
     """The table's column line; the column after `ratio` is the ratio to the floor (allreduce)
     or to MPI_Reduce + MPI_Scatter (reduce-scatter)."""

@@ -7,6 +7,7 @@ A variant has `name`, `run()` (the timed call), `refill()` (restores its input, 
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -19,6 +20,7 @@ from ...model.tree import leaf_sequence
 from .harness import statistic
 
 SEED = 20240613
+CHECK_ENV = "ALPHA_MPI_PAYLOAD_CHECK"
 
 
 def order_sensitive(rng, n):
@@ -78,6 +80,23 @@ class AlphaVariant:
 
     def close(self):
         self.a.free()
+
+
+class CheckedVariant(AlphaVariant):
+    """`auto` built with the payload check on (ALPHA_MPI_PAYLOAD_CHECK=1 while it is built, on
+    every rank): the CRC32C of every payload and the flag round after each run."""
+
+    def __init__(self, comm, tree, n, args, mine):
+        old = os.environ.get(CHECK_ENV)
+        os.environ[CHECK_ENV] = "1"
+        try:
+            super().__init__(comm, tree, n, "auto", args, mine)
+        finally:
+            if old is None:
+                del os.environ[CHECK_ENV]
+            else:
+                os.environ[CHECK_ENV] = old
+        self.name = self.requested = "auto+crc"
 
 
 class FunctionalVariant(AlphaVariant):

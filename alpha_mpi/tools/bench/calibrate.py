@@ -3,10 +3,12 @@
     mpiexec -n 2 alpha-mpi bench calibrate --out calibration.json
     export ALPHA_MPI_CALIBRATION=$PWD/calibration.json      # then every rank reads the same file
 
-α (seconds per message round): the time of a one-element exchange through alpha_mpi's executor
-(auto's realization of the pairwise tree, named in the file), divided by its rounds: Python's fixed cost of a round and its
-first message. α_msg (seconds per further message in a round): a one-element exchange between
-ranks 0 and 1 through mpi4py's buffer Sendrecv alone, the MPI cost of one message. β (seconds
+α (seconds per message round) and α0 (seconds per run, whatever the rounds): one-element runs of
+alpha_mpi's executor with two realizations of the pairwise tree that differ in rounds (butterfly
+and tree: reduce up, deliver down): α is the difference of their times per extra round, α0 what
+the butterfly run costs beyond its rounds (the call into the executor). α_msg (seconds per
+further message in a round): a one-element exchange between ranks 0 and 1 through mpi4py's
+buffer Sendrecv alone, the MPI cost of one message with mpi4py's call around it (an upper bound). β (seconds
 per byte moved): a large exchange between ranks 0 and 1 (mpi4py buffer Sendrecv). γ (seconds per
 byte added): the kernel's add of two large vectors. Each figure is the median of --iters runs,
 the worst over ranks. The harness times with Barrier and reduces its timings with buffer
@@ -46,11 +48,17 @@ def cmd(comm, argv) -> int:
         if rank == 0:
             print("alpha-mpi bench calibrate: run it under mpiexec -n 2 or more (it measures messages)")
         return 2
-    small = Allreducer(comm, pairwise(range(p), p), 1)
+    tree = pairwise(range(p), p)
+    few, many = (Allreducer(comm, tree, 1, realization=r) for r in ("butterfly", "tree"))
     x = np.ones(1)
     for _ in range(10):
-        small.run({rank: x})
-    alpha = _median(lambda: small.run({rank: x}), a.iters, comm) / max(1, small.plan.rounds)
+        few.run({rank: x})
+        many.run({rank: x})
+    t_few = _median(lambda: few.run({rank: x}), a.iters, comm)
+    t_many = _median(lambda: many.run({rank: x}), a.iters, comm)
+    extra = max(1, many.plan.rounds - few.plan.rounds)
+    alpha = max(0.0, t_many - t_few) / extra
+    alpha0 = max(0.0, t_few - few.plan.rounds * alpha)
     n = (a.mib << 20) // 8
     buf, got = np.ones(n), np.empty(n)
     peer = {0: 1, 1: 0}.get(rank)
@@ -70,6 +78,7 @@ def cmd(comm, argv) -> int:
     y = np.ones(n)
     gamma = _median(lambda: kernel.add(got, buf, y), max(5, a.iters // 20), comm) / (8 * n)
     doc = {
+        "alpha0": alpha0,
         "alpha": alpha,
         "alpha_msg": alpha_msg,
         "beta": beta,
@@ -77,13 +86,14 @@ def cmd(comm, argv) -> int:
         "ranks": p,
         "host": MPI.Get_processor_name(),
         "mpi": MPI.Get_library_version().splitlines()[0].strip(),
-        "measured_with": small.realization,
+        "measured_with": f"butterfly ({few.plan.rounds} rounds) and tree ({many.plan.rounds} rounds)",
     }
     if rank == 0:
         write_json(a.out, doc)
         print(
-            f"alpha {alpha * 1e6:.2f} us/round   alpha_msg {alpha_msg * 1e6:.2f} us/message   "
+            f"alpha0 {alpha0 * 1e6:.2f} us/run   alpha {alpha * 1e6:.2f} us/round   alpha_msg {alpha_msg * 1e6:.2f} us/message   "
             f"beta {beta * 1e9:.3f} ns/B   gamma {gamma * 1e9:.3f} ns/B  -> {a.out}"
         )
-    small.free()
+    few.free()
+    many.free()
     return 0

@@ -202,6 +202,21 @@ def per_call(comm, args) -> tuple:
     return rows, failed
 
 
+#: Issue 33's target at p = 2: arrays.dot of 100 elements per rank at most 2.0x np.dot +
+#: MPI_Allreduce (docs/performance.md).
+TARGET_L, TARGET_RATIO = 100, 2.0
+
+
+def targets(calls: list, p: int) -> list:
+    """'#' lines: the issue-33 target where this run measured it (p = 2, L = 100)."""
+    return [
+        f"# target arrays.dot / (np.dot + MPI_Allreduce) L = {c['L']}: {c['ratio']:.2f} (<= {TARGET_RATIO:g}) "
+        + ("met" if c["ratio"] <= TARGET_RATIO else "MISSED")
+        for c in calls
+        if c["L"] == TARGET_L and p == 2
+    ]
+
+
 def kernel(comm, args) -> list:
     rows = []
     if comm.Get_rank() == 0:
@@ -305,6 +320,8 @@ def cmd(comm, argv=None) -> int:
             _table(calls, CALL_COLUMNS)
             if not all(c["tree_checked"] for c in calls):
                 print(f"# bits: the same on every iteration; the whole tree checked up to L = {args.check}")
+            for line in targets(calls, info["p"]):
+                print(line)
         if tile_rows:
             print("# N-d tiles: arrays.dot of each rank's tile vs np.dot + Allreduce; records: the largest")
             print("# tile summary (3 words each), frame: the largest message of the exchange")

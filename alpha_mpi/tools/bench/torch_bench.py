@@ -251,7 +251,7 @@ def _report(a, size, torch, models, times, digests, mismatch, order) -> None:
             )
     print("# (torch alone K x N: K forwards and backwards of N samples each, no combine, no optimizer)")
     for k in digests:
-        print(f"# digest {k} after {len(times[k]) + a.warmup} steps: {digests[k]}")
+        print(f"# digest {k} (params) after {len(times[k]) + a.warmup} steps: {digests[k]}")
     print("# (each slot count's rows end with the same bits on every rank count; DDP's depend on it)")
     for k in mismatch:
         print(f"!! BITS MISMATCH: the rows of {k} ended with different parameters")

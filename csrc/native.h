@@ -1,0 +1,202 @@
+/*
+ * native.h -- the engine's run in C: one rank's Program, interpreted op by op, calling MPI
+ * point-to-point on the communicator mpi4py made (layer 4, alpha_mpi/execution/native.py
+ * builds it with the MPI library's own mpicc and loads it; engine.py is its only caller).
+ *
+ * Python compiles the Program once (engine_build.py) into the records below and keeps their
+ * memory; C keeps the MPI requests and where a run is in `state` (no MPI type appears here, so
+ * this header is also the cffi declaration). A run is `an_run` then `an_resume` until AN_DONE: the
+ * loop returns to Python only
+ *   - AN_AGAIN  after `slice` seconds of waiting (so signals and KeyboardInterrupt are handled
+ *               there; nothing is lost, call an_resume),
+ *   - AN_HOOK   before starting a send whose header is written, when `hook` is set (the
+ *               fault-injection send_hook of tests and alpha_mpi_verify; then an_resume),
+ *   - AN_BAD_FRAME after a received frame failed its check (bad_* say how; its payload is
+ *               zeros now and the refused flag set; Python names it, then an_resume),
+ *   - AN_TIMEOUT, AN_MPI_ERROR, AN_KERNEL_ERROR: the run cannot go on (`at_msg`, `mpi_error`,
+ *               `kernel_status` say where and what).
+ * The hot path never leaves C: per round a start of the persistent requests, a poll of them
+ * under the wait policy (waits.py: poll, yield, back off; bounded), the header checks,
+ * the evaluation with its finiteness check and the next headers' patch.
+ *
+ * Buffers are numbered: bases[b] is the start of buffer b (float64 elements); a region is
+ * (buf, element offset). The caller's arrays (contributions, `out`) are bound per run by
+ * writing their bases; the engine's own buffers are bound once.
+ *
+ * Receives. With `probe` == 0 (the executor owns its tag block: nobody else can send
+ * on its tags) every receive is a persistent receive of exactly the planned size, started at
+ * its post op; a frame of another size cannot come. With `probe` != 0 (user traffic or other
+ * executors can reach the channel) nothing is posted: the wait matches the frame first
+ * (MPI_Improbe), compares its size with the plan's and receives it (MPI_Mrecv) into the planned
+ * buffer only when they agree, else whole into a scratch buffer whose header bytes are kept
+ * in bad_header: no MPI ever writes past a buffer (Open MPI 5's single-copy path overruns a
+ * posted receive by a longer message before it reports the truncation).
+ */
+#ifndef ALPHA_NATIVE_H
+#define ALPHA_NATIVE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* an_run / an_resume results */
+#define AN_DONE 0
+#define AN_AGAIN 1
+#define AN_HOOK 2
+#define AN_BAD_FRAME 3
+#define AN_TIMEOUT 4
+#define AN_MPI_ERROR 5
+#define AN_KERNEL_ERROR 6
+
+/* op kinds (planning/program.py OP_KINDS) */
+#define AN_OP_POST 1
+#define AN_OP_SEND 2
+#define AN_OP_WAIT 3
+#define AN_OP_DONE 4
+#define AN_OP_EVAL 5
+#define AN_OP_COPY 6
+#define AN_OP_CHECK 7
+#define AN_OP_MERGE 8
+
+/* what was wrong with a bad frame (bad_kind) */
+#define AN_BAD_HEADER 1       /* the header is not the planned one (frames.FrameSpec.check names it) */
+#define AN_BAD_SIZE 2         /* the (header) message had another size: bad_got bytes */
+#define AN_BAD_PAYLOAD_SIZE 3 /* the payload message of a split frame had another size: bad_pgot */
+#define AN_BAD_CRC 4          /* the payload fails its CRC32C */
+
+#define AN_NO_BUFFER (-1)
+
+typedef struct an_region {
+    int32_t buf; /* index into bases, or AN_NO_BUFFER */
+    int64_t off; /* element offset */
+} an_region;
+
+typedef struct an_op {
+    int32_t kind;
+    int32_t index; /* message, eval, copy, check or merge index */
+} an_op;
+
+typedef struct an_msg {
+    int32_t index;   /* the message's index in the Program (the header's edge; the hook's argument) */
+    int32_t peer;
+    int32_t tag;     /* of the header message; a split frame's payload travels with tag + 1 */
+    int32_t sending; /* 1: this rank sends it, 0: receives it */
+    int32_t split;   /* 1: a header message, then the payload message from/into `payload` */
+    int64_t count;   /* payload elements */
+    uint8_t *hbuf;   /* the header (not split: header and payload, one message of hbytes) */
+    int64_t hbytes;
+    an_region payload;     /* where the payload lies on this rank (split frames) */
+    const uint8_t *expect; /* the header at step 0 without flags (124 bytes) */
+    const char *what;      /* "reduce frame 3", for the debug log */
+    int32_t merge_min;     /* a flag-round frame (planning/flag_rounds.py): the lowest refusing rank wins */
+} an_msg;
+
+typedef struct an_eval {
+    int32_t nin;
+    int32_t finite; /* 1: check the output's finiteness in the same pass */
+    int64_t count;
+    const int32_t *prog; /* postfix (alpha_kernel.h TREE PROGRAMS) */
+    int64_t plen;
+    const an_region *inputs;
+    const double **ptrs; /* nin pointers of scratch, filled per evaluation */
+    an_region out;
+} an_eval;
+
+typedef struct an_copy {
+    an_region src, dst;
+    int64_t count;
+} an_copy;
+
+typedef struct an_check {
+    an_region at;
+    int64_t count;
+} an_check;
+
+typedef struct an_merge {
+    /* heads: two int64 words (record count, flags); nodes: capacity records of 2 + k words;
+     * n: the global length word (planning.program.Merge) */
+    an_region a_head, b_head, out_head, n_word, a_nodes, b_nodes, out_nodes;
+    int32_t k;
+    int64_t capacity;
+} an_merge;
+
+typedef struct an_exec {
+    int32_t rank;
+    int32_t nops;
+    const an_op *ops;
+    an_msg *msgs;
+    int32_t nmsgs;
+    const an_eval *evals;
+    const an_copy *copies;
+    const an_check *checks;
+    const an_merge *merges;
+    double **bases;
+    int32_t nbases;
+    int32_t first_static; /* bases from here on are the engine's (bound once); before: the caller's */
+    /* the wait policy (transport.Waiter): polls before the first yield, never yield or sleep,
+     * seconds of waiting before returning AN_AGAIN, seconds of yielding before sleeping */
+    int32_t before_yield;
+    int32_t spin;
+    double slice;
+    double sleep_after;
+    int32_t probe;
+    int32_t debug;
+    int32_t hook;
+    int32_t check_payload;
+    /* the run: set by an_run, updated as frames arrive */
+    uint64_t step;
+    double timeout;
+    int32_t flags;   /* frames.FLAG_*: what this rank has seen so far (rides on every send) */
+    int32_t refused; /* the refusing rank the flags name (-1: none yet) */
+    uint8_t code[4]; /* its refusal code tag */
+    /* where the run stopped (AN_HOOK, AN_BAD_FRAME, AN_TIMEOUT, AN_MPI_ERROR, AN_KERNEL_ERROR) */
+    int32_t at_msg;      /* index into msgs */
+    int32_t at_payload;  /* 1: the payload message of a split frame */
+    int32_t bad_kind;    /* AN_BAD_* */
+    int64_t bad_got;     /* bytes of the (header) message that arrived */
+    int64_t bad_pgot;    /* bytes of the payload message (split) */
+    uint8_t bad_header[128]; /* the first bytes of a frame received into scratch (bad_got of them) */
+    int32_t mpi_error;
+    int32_t kernel_status;
+    /* the result, copied into the caller's `out` at the end of a run that nothing refused
+     * (no refused or non-finite flag): `deliver_to` NULL for none (set per run) */
+    double *deliver_to;
+    an_region deliver_from;
+    int64_t deliver_count;
+    int32_t delivered; /* 1 when the copy was made */
+    void *state; /* C's own: the communicator, the requests, where the run is (native.c) */
+} an_exec;
+
+/* A new executor calling the kernel through `kernel` (kernel_table.h ak_functions()). NULL when
+ * out of memory. Python fills its records, then an_prepare. */
+an_exec *an_new(const void *kernel);
+
+/* After Python filled the records (tags and `probe` included, once the build agreement gave the
+ * executor its tag block): make the persistent requests on the communicator whose Fortran
+ * handle is `fcomm` (comm.py2f()). 0, or an MPI error code (an_free frees what was made). */
+int an_prepare(an_exec *e, int32_t fcomm);
+
+/* Start a run: step, the per-wait bound in seconds, the initial flags, refusing rank, code. */
+int an_run(an_exec *e, uint64_t step, double timeout, int32_t flags, int32_t refused, uint32_t code);
+
+/* Go on after AN_AGAIN, AN_HOOK or AN_BAD_FRAME. */
+int an_resume(an_exec *e);
+
+/* After a failure: cancel the receives still pending (sends are never cancelled). */
+void an_cancel_receives(an_exec *e);
+
+/* The sends of this rank still incomplete (tested now). */
+int an_pending_sends(an_exec *e);
+
+/* Free the requests and the executor (sends in flight complete in the background). */
+void an_free(an_exec *e);
+
+/* MPI_Get_library_version of the libmpi this module is linked against (the load check). */
+int an_library_version(char *buf, int32_t len);
+
+/* MPI_Error_string and MPI_Error_class of an MPI error code. */
+int an_error_string(int32_t code, char *buf, int32_t len, int32_t *cls);
+
+/* The values of MPI_ERR_TRUNCATE in this library (mpi_failure names truncation). */
+int32_t an_err_truncate(void);
+
+#endif /* ALPHA_NATIVE_H */

@@ -1,0 +1,123 @@
+"""The engine's C round (csrc/native.c): built by the MPI's own mpicc at first use, cached under a
+key of the sources and the MPI, built once by concurrent first users, checked at load against
+the MPI library mpi4py loaded, and refused by name when it cannot be built or loaded."""
+
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from alpha_mpi import Refusal
+from alpha_mpi.execution import native
+
+
+def _code(fn):
+    try:
+        fn()
+    except Refusal as e:
+        return e.code, e.message
+    return None, ""
+
+
+def test_the_loaded_module_runs_on_the_mpi_mpi4py_loaded_and_another_is_refused():
+    mod, b = native.load(), native.Build()
+    native.check_library(mod, b)  # the one this process runs: no refusal
+    assert b.libmpi and b.mpicc and b.path.exists()
+    running = b.version.splitlines()[0]
+    b.version = "Some MPI 9.9, another library"
+    code, message = _code(lambda: native.check_library(mod, b))
+    assert code == "native-mpi-mismatch"
+    assert "Some MPI 9.9" in message and running in message and b.libmpi in message
+
+
+def test_the_cache_key_names_the_mpi_and_the_sources(monkeypatch, tmp_path):
+    """Another MPI library (its version string or its file) or another compiler is another
+    module file: the MPICH and the Open MPI venv of one source tree never share one."""
+    monkeypatch.setenv(native.ENV_CACHE, str(tmp_path))
+    b = native.Build()
+    assert b.path.parent.parent == tmp_path
+    keys = {
+        b.key,
+        native._key("Open MPI v5.0.11", b.libmpi, b.mpicc),
+        native._key(b.version, "/elsewhere/libmpi.so.40", b.mpicc),
+        native._key(b.version, b.libmpi, "/elsewhere/mpicc"),
+    }
+    assert len(keys) == 4
+
+
+def test_no_mpi_compiler_is_refused_by_name_and_nothing_is_cached(monkeypatch, tmp_path):
+    monkeypatch.setenv(native.ENV_MPICC, str(tmp_path / "no-such-mpicc"))
+    monkeypatch.setenv(native.ENV_CACHE, str(tmp_path / "cache"))
+    b = native.Build()
+    code, message = _code(lambda: native.build(b))
+    assert code == "native-build-failed" and "no-such-mpicc" in message
+    assert not b.path.exists()
+
+
+def test_a_compiler_that_fails_is_refused_with_its_output(monkeypatch, tmp_path):
+    """The compiler's last lines are in the refusal; no partial module is left to be loaded."""
+    fake = tmp_path / "mpicc"
+    fake.write_text("#!/bin/sh\necho 'native.c:1: error: no mpi.h here' >&2\nexit 1\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv(native.ENV_MPICC, str(fake))
+    monkeypatch.setenv(native.ENV_CACHE, str(tmp_path / "cache"))
+    b = native.Build()
+    code, message = _code(lambda: native.build(b))
+    assert code == "native-build-failed" and "no mpi.h here" in message and "exit 1" in message
+    assert not b.path.exists() and not [p for p in b.path.parent.iterdir() if p.name.startswith(".build-")]
+
+
+_FIRST_USE = (
+    "from mpi4py import MPI\n"
+    "from alpha_mpi.execution import native\n"
+    "native.load()\n"
+    "print(native.Build().path)\n"
+)
+
+
+def test_concurrent_first_uses_build_one_module_that_every_process_loads(tmp_path):
+    """Three fresh interpreters load the C round at once from an empty cache (ranks starting on
+    a node, or on several nodes of a shared file system): one builds under the lock, the
+    others wait and load its file; no temporary file is left; all name the same module."""
+    env = {**os.environ, native.ENV_CACHE: str(tmp_path)}
+    procs = [
+        subprocess.Popen(
+            ["timeout", "-k", "5", "300", sys.executable, "-c", _FIRST_USE],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for _ in range(3)
+    ]
+    outs = [p.communicate() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [o[1][-2000:] for o in outs]
+    paths = {o[0].strip() for o in outs}
+    assert len(paths) == 1
+    (path,) = paths
+    assert os.path.isfile(path) and os.path.dirname(os.path.dirname(path)) == str(tmp_path)
+    left = os.listdir(os.path.dirname(path))
+    assert sorted(n for n in left if n != ".lock") == [os.path.basename(path)], left
+
+
+def test_alpha_mpi_native_says_what_it_builds_with():
+    r = subprocess.run(
+        ["timeout", "-k", "5", "300", sys.executable, "-m", "alpha_mpi", "native", "--build"],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    for word in ("MPI ", "libmpi ", "mpicc ", "module ", "(built)"):
+        assert word in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("field", ["AK_FRAME_STEP_OFF", "AK_FLAG_REFUSED"])
+def test_c_reads_the_header_offsets_frames_py_owns(field):
+    """frames.py is the one owner of the wire format: the C constants are checked against its
+    table at import (here: the check sees the kernel's values)."""
+    from alpha_mpi.execution import frames as fr
+    from alpha_mpi.kernel import lib
+
+    assert getattr(lib, field) == fr._C_LAYOUT[field]

@@ -106,9 +106,8 @@ def main(argv=None) -> int:
     except Refusal as e:
         # A library refusal coded `usage` is a usage error (2); every other code is a refusal (3).
         status = EXIT_USAGE if e.code == "usage" else EXIT_REFUSAL
-        print(
-            f"alpha-mpi{_rank_prefix()}: error [{e.code}] {e.message}\n  what to do: {cli_advice(e.code, name)}",
-            file=sys.stderr,
+        _say_whole(
+            f"alpha-mpi{_rank_prefix()}: error [{e.code}] {e.message}\n  what to do: {cli_advice(e.code, name)}"
         )
         _abort_others(status)
         return status
@@ -129,6 +128,23 @@ def main(argv=None) -> int:
         traceback.print_exc()
         _abort_others(EXIT_INTERNAL)
         return EXIT_INTERNAL
+
+
+def _say_whole(text: str) -> None:
+    """Write `text` and its newline to stderr in one write(2). Under mpiexec every rank refuses
+    at once into the launcher's pipes, and print's two writes (the text, then the newline) let
+    another rank's report land between them, on the same line; one write of up to PIPE_BUF
+    bytes (4096 on Linux) reaches a pipe whole."""
+    data = (text + "\n").encode(errors="replace")
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # a stream without a descriptor (a test's)
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+        return
+    sys.stderr.flush()
+    while data:
+        data = data[os.write(fd, data) :]
 
 
 def _rank_prefix() -> str:

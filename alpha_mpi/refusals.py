@@ -82,7 +82,7 @@ ADVICE: dict[str, str] = {
     "contribution-unexpected": "pass payloads only for the slots this rank owns in the tree",
     "contribution-shape": "each contribution must have the layout's element count",
     "peer-timeout": "a peer did not send within the bound; check the peer's log (it may have crashed) or raise ALPHA_MPI_TIMEOUT",
-    "peer-failed": "MPI reported an error on a frame with a peer: that peer's process ended or the interconnect failed; look first for a refusal or traceback in that rank's output (a rank that refused by name and exited is the commonest cause: act on its error), and only when it printed none did it die (the launcher's output says how: a signal, out of memory)",
+    "peer-failed": "MPI reported an error on a frame with a peer: that peer's process ended or the interconnect failed; look first for a traceback or a refusal in that rank's output (a rank that stopped on an error of its own and exited is the commonest cause: act on that error), and only when it printed none did it die (the launcher's output says how: a signal, out of memory)",
     "realization-inapplicable": "choose one of the realizations the message lists (tree, scatter and replicate apply to every tree), or realization='auto'",
     "peer-refused": "another rank refused (the message names that rank and its code: see its error); every rank completed the round, nothing was applied, and the next call works",
     "frame-payload-corrupt": "a frame's payload checksum failed (corrupted in transit or in memory); nothing was applied; rerun and check the interconnect and memory",
@@ -115,14 +115,14 @@ ADVICE: dict[str, str] = {
     # checkpoints
     "checkpoint-exists": "a published step is immutable; save under a new step",
     "checkpoint-missing": "no checkpoint there; check the path (restore(..., missing_ok=True) starts from scratch instead)",
-    "checkpoint-corrupt": "a file of the step differs from the sha256 that covers it; continue from an earlier step that verifies with resume(path=DIR/step-NNNNNNNN) on a Checkpointer of another directory (continuing in DIR would collide with its newer broken step: checkpoint-exists), or move the broken steps and `latest` out of DIR and resume() again",
-    "checkpoint-shard-missing": "a file named by the manifest is absent; continue from an earlier step that verifies with resume(path=DIR/step-NNNNNNNN) on a Checkpointer of another directory (continuing in DIR would collide with its newer broken step: checkpoint-exists), or move the broken steps and `latest` out of DIR and resume() again",
+    "checkpoint-corrupt": "a file of the step differs from the sha256 that covers it; restore an earlier step that verifies (pass its directory DIR/step-NNNNNNNN to restore) and save into a new directory (in DIR the damaged step would collide with the next saves: checkpoint-exists)",
+    "checkpoint-shard-missing": "a file named by the manifest is absent; restore an earlier step (pass its directory DIR/step-NNNNNNNN to restore) and save into a new directory (in DIR the damaged step would collide with the next saves)",
     "checkpoint-path-escape": "a manifest entry points outside the checkpoint directory; refuse this checkpoint",
     "checkpoint-format-version": "this checkpoint was written by another format version; use a matching alpha_mpi",
-    "checkpoint-manifest": "the manifest is malformed; continue from an earlier step that verifies with resume(path=DIR/step-NNNNNNNN) on a Checkpointer of another directory (continuing in DIR would collide with its newer broken step: checkpoint-exists), or move the broken steps and `latest` out of DIR and resume() again",
+    "checkpoint-manifest": "the manifest is malformed; restore an earlier step (pass its directory DIR/step-NNNNNNNN to restore) and save into a new directory (in DIR the damaged step would collide with the next saves)",
     "checkpoint-config-mismatch": "restore with the configuration the checkpoint was saved with (the message names what differs: a config key, the model, the optimizer, a registered object), or save into a fresh directory",
     "checkpoint-latest-invalid": "`latest` must be a regular file that alpha_mpi wrote (`step-NNNNNNNN <sha256>`); delete it to resume from the newest step that verifies, or restore a step directory DIR/step-NNNNNNNN",
-    "checkpoint-shard-invalid": "a shard's safetensors header disagrees with its manifest entry (dtype, shape, size); continue from an earlier step that verifies with resume(path=DIR/step-NNNNNNNN) on a Checkpointer of another directory (continuing in DIR would collide with its newer broken step: checkpoint-exists), or move the broken steps and `latest` out of DIR and resume() again",
+    "checkpoint-shard-invalid": "a shard's safetensors header disagrees with its manifest entry (dtype, shape, size); restore an earlier step (pass its directory DIR/step-NNNNNNNN to restore) and save into a new directory",
     "checkpoint-data-mismatch": "resume with the data the checkpoint was trained on; start a fresh run for other data",
     "checkpoint-locked": "another trainer holds this checkpoint directory; wait for it to end, stop it, or use another directory",
     "checkpoint-write-failed": "free disk space or fix permissions on the checkpoint directory; the previous published step is intact",
@@ -131,7 +131,7 @@ ADVICE: dict[str, str] = {
     "model-invalid": "give a model with at least one input feature, hidden unit and class, small enough for memory",
     # user models (alpha_mpi.learning.Model, alpha_mpi.torch)
     "model-protocol": "implement alpha_mpi.learning.Model: n_params (int >= 1), init(seed) -> float64 array (n_params,), loss_and_grad_sum(params, X, y, grad_out) -> float (see help(alpha_mpi.learning.Model))",
-    "model-nondeterministic": "a slot's gradient must have the same bits on every call: draw whatever the slot draws at random (dropout, noise) from the `rng` keyword the learner passes to loss_and_grad_sum, never from np.random or torch's global generator (the commonest cause), fix the BLAS / intra-op threads (threadpoolctl, torch.set_num_threads) and use deterministic kernels only",
+    "model-nondeterministic": "a slot's gradient must have the same bits on every call with the same inputs: draw randomness (dropout, noise) from the generator the learner passes (accept the keyword `rng` in loss_and_grad_sum and draw from it), never from np.random or torch's global generator; fix the BLAS / intra-op threads (threadpoolctl, torch.set_num_threads) and use deterministic kernels only",
     # every rank starts from the same state (alpha_mpi.learning.same_start)
     "initial-params-mismatch": "every rank must start from the same parameters: make Model.init(seed) a function of seed alone (np.random.default_rng([seed, ...]), no rank, no global random state), or pass the same init_params on every rank",
     "model-rank-dependent": "a slot's gradient must not depend on the rank that computes it: read no rank, rank count, hostname or global random state in loss_and_grad_sum, and fix the BLAS / intra-op threads (threadpoolctl, torch.set_num_threads)",
@@ -157,7 +157,7 @@ ADVICE: dict[str, str] = {
     "output-unwritable": "give the output option (--json, --plot) a path to a file in an existing, writable directory",
     "plot-unavailable": "install the plot extra, pip install 'alpha_mpi[plot]', or leave out --plot",
     # audit: silent data corruption (issue 24)
-    "sdc-detected": "a recomputed slot payload differs from the original: silent data corruption on the named rank(s); nothing was applied; resume from the last checkpoint every audit passed on other nodes (exclude the named host)",
+    "sdc-detected": "a recomputed slot payload differs from the original: silent data corruption on the named rank(s); nothing was applied; resume on other nodes (exclude the named host) from the last state known clean: the one `alpha-mpi train` saved, or a checkpoint at or before the refusal's clean_step (with audit_slots < slots the steps before were audited in part)",
     "replica-diverged": "replicas that must hold the same parameters and optimizer state do not; the named rank(s) differ from the majority; resume from the last checkpoint every audit passed on other nodes (exclude the named host)",
     "replay-mismatch": "the recomputed state differs from the stored step: the stored run (or this replay's hardware) met silent data corruption; the message names the first component and coordinate that differ",
     # the compute identity (issue 32): the same bits on every machine, or the product says where not
@@ -196,27 +196,22 @@ CLI_ADVICE: dict[str, str] = {
     # checkpoints and data: ADVICE speaks restore()/the arrays; the command line names its options
     "checkpoint-missing": "no checkpoint there; check the path (`--resume` on a directory with no step at all "
     "starts at step 0 and says so)",
-    "checkpoint-corrupt": "a file of the step differs from the sha256 that covers it; `alpha-mpi checkpoint verify "
-    "DIR --all` shows which steps verify: continue from one with --resume-from DIR/step-NNNNNNNN and another "
-    "--checkpoint-dir (continuing in DIR would collide with its newer broken step: checkpoint-exists), or move "
-    "the broken steps and `latest` out of DIR and --resume again",
-    "checkpoint-shard-missing": "a file named by the manifest is absent; `alpha-mpi checkpoint verify "
-    "DIR --all` shows which steps verify: continue from one with --resume-from DIR/step-NNNNNNNN and another "
-    "--checkpoint-dir (continuing in DIR would collide with its newer broken step: checkpoint-exists), or move "
-    "the broken steps and `latest` out of DIR and --resume again",
-    "checkpoint-manifest": "the manifest is malformed; `alpha-mpi checkpoint verify "
-    "DIR --all` shows which steps verify: continue from one with --resume-from DIR/step-NNNNNNNN and another "
-    "--checkpoint-dir (continuing in DIR would collide with its newer broken step: checkpoint-exists), or move "
-    "the broken steps and `latest` out of DIR and --resume again",
+    "checkpoint-corrupt": "a file of the step differs from the sha256 that covers it; resume from an earlier step "
+    "into a new directory: --resume-from DIR/step-NNNNNNNN --checkpoint-dir NEWDIR (`alpha-mpi checkpoint verify "
+    "DIR --all` shows which steps verify; in DIR itself the damaged step would collide with the resumed run's saves)",
+    "checkpoint-shard-missing": "a file named by the manifest is absent; resume from an earlier step into a new "
+    "directory: --resume-from DIR/step-NNNNNNNN --checkpoint-dir NEWDIR (in DIR the damaged step would collide "
+    "with the resumed run's saves)",
+    "checkpoint-manifest": "the manifest is malformed; resume from an earlier step into a new directory: "
+    "--resume-from DIR/step-NNNNNNNN --checkpoint-dir NEWDIR (in DIR the damaged step would collide with the "
+    "resumed run's saves)",
     "checkpoint-config-mismatch": "resume with the saved run's --slots/--batch/--seed/--hidden/--data/--model/"
     "--optimizer/--lr (see `alpha-mpi checkpoint inspect`)",
     "checkpoint-latest-invalid": "`latest` must be a regular file that alpha_mpi wrote (`step-NNNNNNNN "
     "<sha256>`); delete it to resume from the newest step that verifies, or pass --resume-from DIR/step-NNNNNNNN",
     "checkpoint-shard-invalid": "a shard's safetensors header disagrees with its manifest entry (dtype, shape, "
-    "size); `alpha-mpi checkpoint verify "
-    "DIR --all` shows which steps verify: continue from one with --resume-from DIR/step-NNNNNNNN and another "
-    "--checkpoint-dir (continuing in DIR would collide with its newer broken step: checkpoint-exists), or move "
-    "the broken steps and `latest` out of DIR and --resume again",
+    "size); resume from an earlier step into a new directory: --resume-from DIR/step-NNNNNNNN --checkpoint-dir "
+    "NEWDIR",
     "checkpoint-data-mismatch": "resume with the data the checkpoint was trained on (the same --data file, or "
     "the same --seed for the synthetic task); start a fresh run for other data",
     "checkpoint-locked": "another trainer holds this checkpoint directory; wait for it to end, stop it, or use "

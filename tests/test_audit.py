@@ -7,7 +7,9 @@ import math
 import numpy as np
 import pytest
 
+from alpha_mpi.checkpoint.locate import rewind_plan
 from alpha_mpi.learning.audit import AuditSchedule, payload_digest, sdc_report
+from alpha_mpi.learning.audit_recovery import KeptStates, clean_step
 from alpha_mpi.learning.replicas import replicated_digest
 from alpha_mpi.refusals import Refusal
 from alpha_mpi_verify.faults import BitFlip
@@ -119,3 +121,77 @@ def test_sdc_report_says_how_to_resume_without_the_node():
     assert "node17" in bare and "--checkpoint-dir" in bare and "--exclude" not in bare
     rd = sdc_report(Refusal("replica-diverged", "after step 4: ...", step=4, ranks=(1,)), "ck", 3)
     assert "[replica-diverged]" in rd and "--resume-from" in rd
+
+
+@pytest.mark.parametrize("slots,p,k", CASES)
+def test_a_persistent_fault_is_met_within_the_window_so_clean_step_bounds_its_start(slots, p, k):
+    """For every slot a fault that persists on one rank may touch (its own slots, or the ones
+    it recomputes) and every step f it begins, the first step d at which that slot is audited
+    satisfies clean_step(d, W) <= f: no state at or before clean_step(d) holds its work
+    (issue 36 item 2)."""
+    sch = AuditSchedule(k, blocks(slots, p), p)
+    w = sch.met_within()
+    assert clean_step(5, w) == max(0, 5 - w + 1) and clean_step(7, 1) == 7  # W = 1: the step itself
+    for touched in range(slots):
+        for f in range(3 * w):
+            d = next(t for t in range(f, f + w) if touched in sch.audited(t))
+            assert clean_step(d, w) <= f, (touched, f, d)
+
+
+class FakeLearner:
+    def __init__(self):
+        self.step, self.taken = 0, []
+
+    def checkpoint_snapshot(self):
+        self.taken.append(self.step)
+        return {"step": self.step}
+
+
+@pytest.mark.parametrize("start", [0, 5])
+def test_kept_states_hold_a_clean_state_for_any_detection_and_at_most_two_copies(start):
+    w = 6
+    kept, lr = KeptStates(w), FakeLearner()
+    for lr.step in range(start, start + 40):
+        kept.offer(lr)
+        assert len(kept.states) <= 2, kept.states
+        clean = clean_step(lr.step, w)
+        got = kept.newest(clean)  # a detection at this step goes back to `got`
+        if clean >= start:
+            assert got is not None and got[0] <= clean and got[0] >= lr.step - 2 * kept.window + 2, got
+            assert got[1] == {"step": got[0]}
+        else:  # the resumed-from state is younger than what is known clean: nothing in memory
+            assert got is None
+    assert lr.taken[0] == start and all(t % 6 == 0 for t in lr.taken[1:])
+    every = KeptStates(1)  # W = 1: the state at a detection is clean; nothing is copied
+    every.offer(lr)
+    assert every.states == [] and every.newest(3) is None
+
+
+@pytest.mark.parametrize(
+    "published,clean,held,want",
+    [
+        ([2, 4, 6, 8], 3, 0, (2, False, (4, 6, 8))),  # a published step beats an older copy
+        ([], 9, 6, (6, True, ())),  # only the copy in memory: the caller saves it
+        ([2, 4], 9, 6, (6, True, ())),
+        ([4, 8, 12], 9, 6, (8, False, (12,))),
+        ([4, 8], 3, None, (None, False, (4, 8))),  # nothing known clean: everything set aside
+        ([3], 3, 3, (3, False, ())),  # K = S and the step already published
+        ([], 3, 3, (3, True, ())),
+        ([5], 3, 5, (None, False, (5,))),  # a held state younger than the clean step is not used
+    ],
+)
+def test_rewind_plan_goes_back_to_the_newest_state_at_or_before_the_clean_step(published, clean, held, want):
+    assert rewind_plan(published, clean, held) == want
+
+
+def test_sdc_report_with_fewer_audited_slots_names_the_clean_step_and_what_was_set_aside():
+    base = {"step": 8, "ranks": (2,), "hosts": ("node17",), "clean_step": 3}
+    e = Refusal("sdc-detected", "step 8: ...", **base, saved_step=2, set_aside=(4, 6, 8), folder="ck/sdc-8")
+    text = sdc_report(e, "ck", 3)
+    assert "last state known clean is at step 3" in text and "step 2, is saved in ck" in text
+    assert "(4, 6, 8) may hold the fault's work and are set aside in ck/sdc-8" in text
+    assert "--checkpoint-dir ck --resume" in text and "every slot of every step audited" not in text
+    none = Refusal("sdc-detected", "step 8: ...", **base, saved_step=None, set_aside=(4,), folder="ck/sdc-8")
+    assert "no state at or before it was kept: a resume in ck starts at step 0" in sdc_report(none, "ck", 3)
+    full = Refusal("sdc-detected", "step 3: ...", step=3, clean_step=3, saved_step=3, hosts=("n",))
+    assert "the state at step 3 (every slot of every step audited" in sdc_report(full, "ck", 3)

@@ -46,6 +46,53 @@ def test_sdc_stops_with_98_saves_and_a_resume_elsewhere_gets_the_healthy_bits(tm
 
 
 @needs_mpiexec
+@pytest.mark.parametrize(
+    "fault,steps,extra,found,clean,saved,aside",
+    [
+        # From step 7 on rank 2 faults (bit 40 of each slot's sample-count word, -3: every
+        # coordinate's normalisation changes). 1 of 6 slots at p = 3: a round of 3 slots every 3
+        # steps (0, 3, 6, 9, ...), W = 6. Rank 2 is met at step 9 (its slot 5, and slot 3 it
+        # recomputes): steps 7 and 8 were applied with its corrupted unaudited slots. Clean is
+        # step 4 (9 - 6 + 1), saved there; 6 and 8 are set aside.
+        ("2:7:-3:40:persistent", 12, ["--checkpoint-every", "2"], 9, 4, 4, "6, 8"),
+        # No periodic saves: met at step 15, clean 10, the state kept in memory at step 6 is saved.
+        ("2:13:-3:40:persistent", 20, ["--partition", "grads"], 15, 10, 6, None),
+    ],
+)
+def test_with_fewer_audited_slots_the_saved_state_is_known_clean_and_a_resume_gets_the_healthy_bits(
+    tmp_path, fault, steps, extra, found, clean, saved, aside
+):
+    """--audit-slots 1 of 6 (issue 36 item 2): the steps before a detection were audited in part,
+    so the exit-98 report saves (and `latest` names) a state from before the fault could start,
+    never the state at the detection; the advised `--resume` ends at the fault-free bits."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", ALPHA_MPI_TIMEOUT="120")
+    ck = tmp_path / "ck"
+    args = ["--steps", str(steps), *ARGS[2:], *extra]
+    r, _ = run_mpi(3, SCRIPT, fault, *args, "--audit-slots", "1", "--checkpoint-dir", ck, env=env)
+    assert r.returncode == 98, r.stdout + r.stderr
+    # What the report advises: resume in the same directory (here on the 2 healthy ranks).
+    resumed, _ = run_mpi(2, "-m", "alpha_mpi", "train", *args, "--checkpoint-dir", ck, "--resume", env=env)
+    assert resumed.returncode == 0, resumed.stderr
+    healthy, _ = run_mpi(2, "-m", "alpha_mpi", "train", "--steps", str(steps), *ARGS[2:], env=env)
+    assert healthy.returncode == 0, healthy.stderr
+    assert digest_of(resumed.stdout) == digest_of(healthy.stdout), r.stderr + resumed.stdout
+    # The fault is observable: unaudited, it ends at other bits.
+    silent, _ = run_mpi(3, SCRIPT, fault, "--steps", str(steps), *ARGS[2:], env=env)
+    assert silent.returncode == 0 and digest_of(silent.stdout) != digest_of(healthy.stdout)
+    assert f"resumed from {ck}/step-{saved:08d}" in resumed.stdout
+    assert f"error [sdc-detected] step {found}:" in r.stderr, r.stderr
+    assert f"the last state known clean is at step {clean}" in r.stderr, r.stderr
+    assert f"step {saved}, is saved in {ck}, and `latest` names it" in r.stderr, r.stderr
+    kept = sorted(p.name for p in ck.iterdir() if p.name.startswith("step-"))
+    assert kept[-1] == f"step-{steps:08d}", kept  # the resumed run's own final save
+    if aside:
+        assert f"({aside}) may hold the fault's work and are set aside in {ck}/sdc-step-" in r.stderr
+        assert sorted(p.name for p in (ck / f"sdc-step-{found:08d}").iterdir()) == [
+            f"step-{int(k):08d}" for k in aside.split(", ")
+        ]
+
+
+@needs_mpiexec
 def test_a_healthy_audited_run_has_the_bits_of_an_unaudited_one():
     env = dict(os.environ, OMP_NUM_THREADS="1", ALPHA_MPI_TIMEOUT="120")
     plain, _ = run_mpi(3, "-m", "alpha_mpi", "train", *ARGS, env=env)
@@ -65,7 +112,7 @@ def test_a_healthy_audited_run_has_the_bits_of_an_unaudited_one():
 
 
 def listing(root):
-    """Every file but the advisory lock (which the replay holds, as any trainer, while it reads)."""
+    """Every file but the advisory lock (left by the trainer that wrote the directory)."""
     return sorted(
         (str(p.relative_to(root)), p.stat().st_mtime_ns, p.stat().st_size)
         for p in root.rglob("*")
@@ -96,6 +143,49 @@ def test_replay_matches_a_healthy_run_and_names_the_first_difference_of_a_faulty
     )
     assert rep.returncode == 3 and "[replay-mismatch]" in rep.stderr, rep.stdout + rep.stderr
     assert re.search(r"optimizer\.m\[5\] differs|params\[\d+\] differs", rep.stderr), rep.stderr
+
+
+@needs_mpiexec
+def test_replay_across_an_adopt_lr_resume_replays_at_the_rates_the_run_used(tmp_path):
+    """Issue 36 item 9: steps 0..4 at --lr 0.01, resumed to step 8 with --lr 0.02 --adopt-lr.
+    Was: every replay across (or after) the adoption refused checkpoint-config-mismatch with
+    advice (--adopt-lr) that did not help. Now the rates come from step B's manifest (the
+    rate its run began with and each adoption): every interval matches bit for bit, whatever
+    --lr the replay is given, and the adoption is visible in the bits (a run that kept 0.01
+    ends elsewhere)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", ALPHA_MPI_TIMEOUT="120")
+    base, ck = [*ARGS[2:], "--checkpoint-every", "2"], tmp_path / "ck"
+    r, _ = run_mpi(
+        2, "-m", "alpha_mpi", "train", *base, "--steps", "4", "--lr", "0.01", "--checkpoint-dir", ck, env=env
+    )
+    assert r.returncode == 0, r.stderr
+    more = ["--steps", "8", "--lr", "0.02", "--adopt-lr", "--resume", "--checkpoint-dir", ck]
+    adopted, _ = run_mpi(2, "-m", "alpha_mpi", "train", *base, *more, env=env)
+    assert adopted.returncode == 0, adopted.stderr
+    kept, _ = run_mpi(1, "-m", "alpha_mpi", "train", *ARGS[2:], "--steps", "8", "--lr", "0.01", env=env)
+    assert digest_of(kept.stdout) != digest_of(adopted.stdout)
+    for n, interval, extra in (
+        (2, "2:6", []),
+        (1, "0:8", ["--lr", "0.01"]),
+        (2, "4:8", ["--lr", "0.02"]),
+        (1, "0:2", []),
+    ):
+        rep, _ = run_mpi(
+            n,
+            "-m",
+            "alpha_mpi",
+            "train",
+            *base,
+            *extra,
+            "--checkpoint-dir",
+            ck,
+            "--replay",
+            interval,
+            env=env,
+        )
+        assert rep.returncode == 0 and "bits match" in rep.stdout, interval + rep.stdout + rep.stderr
+        crosses = int(interval.split(":")[0]) <= 4 < int(interval.split(":")[1])
+        assert ("learning rate 0.02 from step 4" in rep.stdout) == crosses, rep.stdout
 
 
 @needs_mpiexec

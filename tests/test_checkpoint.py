@@ -255,3 +255,173 @@ def test_inspect_and_verify_cli(saved):
     )
     m = json.loads(r.stdout)
     assert m["step"] == 3 and m["format"] == "alpha-mpi-checkpoint"
+
+
+# ------------------------------------------------------------------ rewind after a detection
+def _state(learner):
+    return bits(learner.params).tobytes(), bits(learner.opt.m).tobytes(), learner.step
+
+
+def test_rewind_sets_aside_later_steps_and_points_latest_back(tmp_path, data):
+    """After sdc-detected with K < S (issue 36 item 2): latest names the newest step at or before
+    the clean step; later ones are moved whole into a folder (nothing deleted); a resume continues
+    from the chosen step, and the next saves go on from there."""
+    root = str(tmp_path / "ck")
+    learner, _ = make()
+    with Checkpointer(comm_self(), root, learner, CFG) as ck:
+        states = {}
+        for k in (2, 4, 6, 8):
+            train(learner, data, k - learner.step)
+            ck.save()
+            states[k] = _state(learner)
+        back = ck.rewind(5, None, "sdc-step-00000008")
+        assert (back.step, back.save, back.set_aside) == (4, False, (6, 8))
+        assert sorted(os.listdir(back.folder)) == ["step-00000006", "step-00000008"]
+        assert open(os.path.join(root, "latest")).read().startswith("step-00000004 ")
+        again = ck.rewind(5, None, "sdc-step-00000008")  # nothing newer is left: nothing moves
+        assert (again.step, again.set_aside, again.folder) == (4, (), None)
+    fresh, _ = make()
+    with Checkpointer(comm_self(), root, fresh, CFG) as ck:
+        assert ck.resume().step == 4 and _state(fresh) == states[4]
+        train(fresh, data, 2)
+        ck.save()  # step 6 again, now from the clean state
+        assert _state(fresh) == states[6]  # a healthy run: the same bits as the set-aside step
+    assert open(os.path.join(root, "latest")).read().startswith("step-00000006 ")
+
+
+def test_rewind_to_a_state_held_in_memory_drops_latest_for_the_callers_save(tmp_path, data):
+    root = str(tmp_path / "ck")
+    learner, _ = make()
+    with Checkpointer(comm_self(), root, learner, CFG) as ck:
+        train(learner, data, 2)
+        kept = learner.checkpoint_snapshot()
+        want = _state(learner)
+        train(learner, data, 3)
+        ck.save()  # step 5: after the clean step
+        back = ck.rewind(3, 2, "sdc-step-00000005")
+        assert (back.step, back.save, back.set_aside) == (2, True, (5,))
+        assert not os.path.lexists(os.path.join(root, "latest"))
+        learner.checkpoint_apply(kept)
+        assert _state(learner) == want
+        ck.save()
+    assert open(os.path.join(root, "latest")).read().startswith("step-00000002 ")
+    nothing, _ = make()
+    with Checkpointer(comm_self(), root, nothing, CFG) as ck:
+        back = ck.rewind(1, None, "sdc-step-00000004")  # nothing at or before step 1
+        assert back.step is None and back.set_aside == (2,)
+        assert ck.resume().how == "none" and nothing.step == 0
+
+
+def saved_at_2_and_4(root, data):
+    """A learner trained 4 steps that saved steps 2 and 4 into `root` (latest: step 4)."""
+    learner, _ = make()
+    with Checkpointer(comm_self(), root, learner, CFG) as ck:
+        for _ in range(2):
+            train(learner, data, 2)
+            ck.save()
+    return learner
+
+
+def flip_last_byte(path):
+    with open(path, "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 1]))
+
+
+def test_a_latest_left_naming_a_set_aside_step_is_refused_by_name(tmp_path, data):
+    """set_aside runs before latest moves back: a crash in between leaves latest naming a step
+    that is gone, which a resume refuses by name instead of resuming from a suspect step."""
+    from alpha_mpi.checkpoint import store
+
+    root = str(tmp_path / "ck")
+    saved_at_2_and_4(root, data)
+    first = store.set_aside(root, [4], "sdc-step-00000004")  # the crash: latest not moved yet
+    assert os.listdir(first) == ["step-00000004"]
+    fresh, _ = make()
+    with Checkpointer(comm_self(), root, fresh, CFG) as ck:
+        with pytest.raises(Refusal) as e:
+            ck.resume()
+    assert e.value.code == "checkpoint-missing" and fresh.step == 0
+    second = store.set_aside(root, [2], "sdc-step-00000004")  # the folder name is taken: never merged
+    assert second == first + ".2" and os.listdir(second) == ["step-00000002"]
+
+
+# ------------------------------------------------- restore: what it reads, and that it only reads
+def test_restore_without_latest_reads_the_newest_complete_step_as_resume_does(tmp_path, data):
+    """A first save killed before it moved `latest` leaves complete steps and no pointer:
+    restore(D, missing_ok=True) continues from the newest one, as `--resume` does, instead of
+    starting again at step 0 (issue 36 item 6); a broken newest step is refused by name."""
+    root = str(tmp_path / "ck")
+    learner = saved_at_2_and_4(root, data)
+    want = _state(learner)
+    os.remove(os.path.join(root, "latest"))
+    for kw in ({"missing_ok": True}, {}):
+        fresh, _ = make()
+        assert fresh.restore(root, CFG, **kw) == os.path.join(root, "step-00000004")
+        assert _state(fresh) == want
+    flip_last_byte(_a_shard(root, 4))  # the newest step no longer verifies
+    fresh, _ = make()
+    before = _state(fresh)
+    with pytest.raises(Refusal) as e:
+        fresh.restore(root, CFG, missing_ok=True)
+    assert e.value.code == "checkpoint-corrupt" and "step-00000002" in e.value.message
+    assert _state(fresh) == before
+    empty, _ = make()
+    assert empty.restore(str(tmp_path / "none"), CFG, missing_ok=True) is None and empty.step == 0
+
+
+def _a_shard(root, step):
+    d = os.path.join(root, f"step-{step:08d}", "params")
+    return os.path.join(d, sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))[0])
+
+
+def test_restore_takes_no_lock_and_the_first_save_into_the_directory_does(tmp_path, data):
+    """Which Checkpointer takes the directory lock, and when (issue 36 item 7): a trainer's at
+    construction; a learner's restore never (it reads published, immutable steps: a read-only
+    checkpoint restores); its first save does. A lock file that cannot be taken (here a symlink,
+    refused as any trainer refuses it) stops the writers by name and not the reader."""
+    root = str(tmp_path / "ck")
+    learner, _ = make()
+    train(learner, data, 3)
+    learner.save(root, CFG)
+    want = _state(learner)
+    lock = os.path.join(root, ".lock")
+    os.remove(lock)
+    os.symlink(os.path.join(str(tmp_path), "elsewhere"), lock)
+    fresh, _ = make()
+    assert fresh.restore(root, CFG) is not None and _state(fresh) == want
+    assert fresh.restore(os.path.join(root, "step-00000003"), CFG) is not None  # a step directory too
+    with pytest.raises(Refusal) as e:
+        fresh.save(root, CFG)
+    assert e.value.code == "checkpoint-locked"
+    with pytest.raises(Refusal) as e:
+        Checkpointer(comm_self(), root, fresh, CFG)  # a trainer: locked before it reads
+    assert e.value.code == "checkpoint-locked"
+    os.remove(lock)
+    train(fresh, data, 1)
+    assert fresh.save(root, CFG).endswith("step-00000004") and os.path.isfile(lock)
+
+
+def test_the_advice_for_a_damaged_step_works_through_the_python_api(tmp_path, data):
+    """Issue 36 item 11: checkpoint-corrupt advised restoring an earlier step only; saving on into
+    the same directory then met checkpoint-exists. The advice says to save into a new directory,
+    and doing so continues with the bits of an uninterrupted run."""
+    root, new = str(tmp_path / "ck"), str(tmp_path / "new")
+    learner = saved_at_2_and_4(root, data)
+    train(learner, data, 2)
+    want = _state(learner)
+    flip_last_byte(_a_shard(root, 4))
+    fresh, _ = make()
+    with pytest.raises(Refusal) as e:
+        fresh.restore(root, CFG)
+    assert e.value.code == "checkpoint-corrupt" and "save into a new directory" in e.value.advice
+    fresh.restore(os.path.join(root, "step-00000002"), CFG)  # an earlier step, as advised
+    train(fresh, data, 2)
+    with pytest.raises(Refusal) as e:
+        fresh.save(root, CFG)  # what the advice warns of: the damaged step is in the way
+    assert e.value.code == "checkpoint-exists"
+    assert fresh.save(new, CFG) == os.path.join(new, "step-00000004")  # what it says to do
+    train(fresh, data, 2)
+    assert _state(fresh) == want

@@ -128,6 +128,42 @@ def test_library_refusals_exit_3_by_code(capsys, tmp_path):
     assert status == 3 and "[checkpoint-missing]" in err
 
 
+class _PipeStream:
+    """sys.stderr on a pipe's write end, recording what goes through its write()."""
+
+    def __init__(self, fd):
+        self.fd, self.calls = fd, []
+
+    def write(self, s):
+        self.calls.append(s)
+        return len(s)
+
+    def flush(self):
+        pass
+
+    def fileno(self):
+        return self.fd
+
+
+def test_a_refusal_is_one_write_so_two_ranks_reports_never_share_a_line(monkeypatch, tmp_path):
+    """Under mpiexec every rank refuses at once into the launcher's pipes; print's two writes
+    (the text, then the newline) let another rank's report land on the same line (issue 36
+    item 9). The report and its newline go out in one write(2)."""
+    r, w = os.pipe()
+    writes, real = [], os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: writes.append(bytes(data)) or real(fd, data))
+    monkeypatch.setattr(sys, "stderr", _PipeStream(w))
+    assert cli.main(["checkpoint", "inspect", str(tmp_path / "none")]) == 3
+    stream = sys.stderr
+    monkeypatch.undo()
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        got = f.read()
+    assert stream.calls == [] and writes == [got], (stream.calls, writes)
+    assert got.startswith(b"alpha-mpi: error [checkpoint-missing]") and got.count(b"\n") == 2, got
+    assert got.endswith(b"\n") and b"\n  what to do: " in got
+
+
 def test_a_closed_output_pipe_ends_quietly_with_141():
     p = subprocess.Popen(
         [sys.executable, "-m", "alpha_mpi", "plan", "--slots", "2048", "--ranks", "512"],
@@ -162,6 +198,33 @@ def test_advice_raised_through_the_python_api_names_no_command_line_options():
         assert "--" not in ADVICE[code], code  # restore(), arrays: what a Python caller can change
         assert "--" in cli_advice(code), code  # the command line names its options
     assert "binary32" not in ADVICE["dtype-invalid"].split(":")[0]  # an int64 array is not binary32
+
+
+@pytest.mark.parametrize("damage", ["checkpoint-corrupt", "checkpoint-shard-missing"])
+def test_the_advice_for_a_damaged_step_works_when_followed(tmp_path, damage):
+    """Issue 36 item 11: the advice for a damaged latest step was `--resume-from
+    DIR/step-NNNNNNNN`, and a user who kept their --checkpoint-dir then met checkpoint-exists
+    (the damaged step collides with the resumed run's next save). The advice, filled in as
+    printed (DIR the directory, the step before, NEWDIR a new one), reaches the bits of an
+    uninterrupted run."""
+    ck, args = tmp_path / "ck", [*TINY, "--log-every", "0", "--checkpoint-every", "2"]
+    r = alpha("train", *args, "--steps", "4", "--checkpoint-dir", ck)
+    assert r.returncode == 0, r.stderr
+    shard = sorted((ck / "step-00000004" / "params").glob("*.safetensors"))[0]
+    if damage == "checkpoint-corrupt":
+        shard.write_bytes(shard.read_bytes()[:-1] + bytes([shard.read_bytes()[-1] ^ 1]))
+    else:
+        shard.unlink()
+    r = alpha("train", *args, "--steps", "6", "--checkpoint-dir", ck, "--resume")
+    assert r.returncode == 3 and f"[{damage}]" in r.stderr, r.stderr
+    advice = r.stderr.split("what to do: ")[1]
+    said = re.search(r"--resume-from DIR/step-NNNNNNNN( --checkpoint-dir NEWDIR)?", advice)
+    assert said, advice
+    into = tmp_path / "new" if said.group(1) else ck  # without NEWDIR a user keeps the directory
+    r = alpha("train", *args, "--steps", "6", "--resume-from", ck / "step-00000002", "--checkpoint-dir", into)
+    assert r.returncode == 0, r.stderr
+    clean = alpha("train", *TINY, "--log-every", "0", "--steps", "6")
+    assert printed_digest(r.stdout) == printed_digest(clean.stdout)
 
 
 def test_refusal_on_the_command_line_prints_the_cli_advice(capsys):

@@ -125,6 +125,36 @@ def test_the_probe_checks_dtype_determinism_and_read_only_params():
     assert e.value.code == "model-protocol"
 
 
+class GlobalDropout(SoftmaxRegression):
+    """Dropout on the inputs drawn from np.random: the commonest cause of other bits per call."""
+
+    def loss_and_grad_sum(self, params, X, y, grad_out):
+        keep = np.random.random(X.shape) > 0.5
+        return super().loss_and_grad_sum(params, X * keep, y, grad_out)
+
+
+class SlotDropout(SoftmaxRegression):
+    """The same dropout as the advice says: drawn from the generator the learner passes."""
+
+    def loss_and_grad_sum(self, params, X, y, grad_out, rng=None):
+        keep = rng.random(X.shape) > 0.5
+        return super().loss_and_grad_sum(params, X * keep, y, grad_out)
+
+
+def test_model_nondeterministic_names_the_global_generator_and_its_advice_works():
+    """Issue 36 item 11: the advice named threads and kernels only, not the commonest cause,
+    drawing from np.random instead of the slot's `rng`. The refusal says which global generator
+    the model drew from, the advice says to take `rng`, and the model that does passes."""
+    with pytest.raises(Refusal) as e:
+        check_model(GlobalDropout(6, 3), probe=probe())
+    assert e.value.code == "model-nondeterministic" and "drew from np.random" in e.value.message
+    assert "np.random" in e.value.advice and "`rng`" in e.value.advice
+    check_model(SlotDropout(6, 3), probe=probe())  # what the advice says to do
+    with pytest.raises(Refusal) as e:
+        check_model(Noisy(6, 3), probe=probe())
+    assert e.value.code == "model-nondeterministic" and "drew from" not in e.value.message
+
+
 # -------------------------------------------------------------------------------------- slicing
 def test_slot_ranges_cut_the_batch_contiguously_with_the_remainder_first():
     assert slot_ranges(10, 4) == [(0, 3), (3, 6), (6, 8), (8, 10)]

@@ -14,6 +14,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from torch_common import Fussy  # noqa: E402
+
 from alpha_mpi.learning import DataParallelLearner, SlotStream, digest, stream_batch  # noqa: E402
 from alpha_mpi.refusals import Refusal  # noqa: E402
 from alpha_mpi.torch import DataParallel, ModuleModel, parameter_digest  # noqa: E402
@@ -205,3 +207,47 @@ def test_another_architecture_on_one_rank_is_refused_by_name_on_every_rank(world
     dp = DataParallel(net, world, slots=world.Get_size(), timeout=30)
     dp.step(torch.rand(8, 4), torch.randint(0, 2, (8,)), SUM)
     agree(world, all(p.grad is not None for p in net.parameters()), "a step after the refusal")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_restore_one_rank_refuses_leaves_every_rank_as_it_was_and_the_next_one_works(world):
+    """Issue 36 item 5: a registered object whose load_state_dict raises on one rank only. Was:
+    that rank half-restored (parameters and Adam state in, steps 0) with a bare ValueError, the
+    others restored and trained on until the peer bound. Now every rank refuses by name before
+    any rank installs anything (that rank checkpoint-config-mismatch, the others peer-refused
+    naming it), and the next restore works everywhere."""
+    root = shared_dir(world)
+    odd = world.Get_size() - 1
+    net = mlp()
+    dp = DataParallel(net, world, slots=SLOTS, timeout=30)
+    o = torch.optim.Adam(net.parameters(), lr=1e-2)
+    dp.register("counter", Fussy(fail=False))
+    dp.registered["counter"].n = 5
+    for _ in range(2):
+        dp.step(X[:40], Y[:40], SUM)
+        o.step()
+        o.zero_grad()
+    dp.save(root, o)
+    fresh = mlp()
+    dp2 = DataParallel(fresh, world, slots=SLOTS, timeout=30)
+    o2 = torch.optim.Adam(fresh.parameters(), lr=1e-2)
+    counter = Fussy(fail=world.Get_rank() == odd)
+    dp2.register("counter", counter)
+    before = (parameter_digest(fresh), len(o2.state), dp2.steps, counter.n)
+    try:
+        dp2.restore(root, o2)
+        got = None
+    except Refusal as e:
+        got = (e.code, e.context.get("peer"), e.context.get("peer_code"))
+    want = (
+        ("checkpoint-config-mismatch", None, None)
+        if world.Get_rank() == odd
+        else ("peer-refused", odd, "checkpoint-config-mismatch")
+    )
+    agree(world, got == want, f"refused as {got}")
+    agree(world, (parameter_digest(fresh), len(o2.state), dp2.steps, counter.n) == before, "changed")
+    counter.fail = False
+    dp2.restore(root, o2)
+    agree(
+        world, parameter_digest(fresh) == parameter_digest(net) and dp2.steps == 2 and counter.n == 5, "next"
+    )

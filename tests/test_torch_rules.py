@@ -23,7 +23,9 @@ from alpha_mpi.torch import DataParallel, parameter_digest, summed  # noqa: E402
 from alpha_mpi.torch.checkpointing import decode_state, encode_state  # noqa: E402
 
 F = torch.nn.functional
-from torch_common import SUM, comm_self, one_thread  # noqa: E402,F401 (one_thread: autouse)
+from torch_common import SUM, Fussy, comm_self, one_thread  # noqa: E402,F401 (one_thread: autouse)
+
+from conftest import alpha_command  # noqa: E402
 
 
 def mlp(p=0.0, seed=0):
@@ -233,6 +235,45 @@ def test_scheduler_state_is_checkpointed_and_its_absence_or_another_lr_is_refuse
     assert opt.param_groups[0]["lr"] == 0.01 and sched.base_lrs == [0.01] and sched.last_epoch == 3
 
 
+def test_seals_catch_accidents_and_the_manifest_sha256_exposes_a_resealed_forgery(tmp_path):
+    """Issue 36 item 10, the trust model (docs/checkpoints.md, "Trust"): the seal and the hashes
+    catch accidents, not an adversary who can write the directory. The scheduler's saved gamma
+    edited without re-sealing is refused (checkpoint-corrupt) and nothing changes; re-sealed, it
+    restores as written (a seal is no signature, as documented), but the manifest sha256 that
+    `alpha-mpi checkpoint verify` prints changes with it: a digest obtained over a trusted
+    channel exposes the forgery."""
+    from ckpt_tools import seal_root, step_dir
+
+    from alpha_mpi.checkpoint import open_checkpoint
+    from alpha_mpi.checkpoint.paths import MANIFEST
+
+    X, y = batch()
+    net, dp, opt, sched = _setup()
+    _train(dp, opt, sched, 3, X, y)
+    root = str(tmp_path / "ck")
+    dp.save(root, opt, scheduler=sched)
+    trusted = open_checkpoint(root).manifest_sha256
+    d = step_dir(root)
+    body = open(os.path.join(d, MANIFEST), "rb").read()
+    forged = body.replace(b'"gamma": 0.1', b'"gamma": 0.5', 1)
+    assert forged != body
+    open(os.path.join(d, MANIFEST), "wb").write(forged)  # an accident: not re-sealed
+    net, dp, opt, sched = _setup()
+    before = _everything(net, dp, opt, sched)
+    with pytest.raises(Refusal) as e:
+        dp.restore(root, opt, scheduler=sched)
+    assert e.value.code == "checkpoint-corrupt" and _everything(net, dp, opt, sched) == before
+    seal_root(d, forged)  # a forger with write access re-seals
+    dp.restore(root, opt, scheduler=sched)
+    assert sched.gamma == 0.5  # accepted: what the documentation says a seal cannot catch
+    assert open_checkpoint(root).manifest_sha256 != trusted  # what it says to compare instead
+    r = alpha_command("checkpoint", "verify", root)
+    assert r.returncode == 0 and trusted not in r.stdout
+    assert open_checkpoint(root).manifest_sha256 in r.stdout
+    docs = open(os.path.join(os.path.dirname(__file__), "..", "docs", "checkpoints.md")).read()
+    assert "seals catch accidents, not an adversary" in docs and "not a signature" in docs
+
+
 def test_registered_state_round_trips_exactly_or_is_refused_by_name(tmp_path):
     state = {"best": float("inf"), "t": (1, 0.1), "xs": [None, True, "a", 2**40], "nan": float("nan")}
     back = decode_state(encode_state(state))
@@ -302,3 +343,103 @@ def test_abort_on_exception_lets_system_exit_through_and_restores_the_hook():
     with pytest.raises(SystemExit), hook:
         raise SystemExit(99)  # an agreed exit (after a preemption checkpoint) is not a crash
     assert sys.excepthook is old
+
+
+# ------------------------------------------- restores are all or nothing (issue 36 items 5, 6)
+def _everything(net, dp, opt, sched):
+    """What a restore may change, as bits and values: parameters, optimizer state and groups,
+    the scheduler, the steps."""
+    state = {
+        id(p): {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in s.items()}
+        for p, s in opt.state.items()
+    }
+    return (
+        [u32(p).tobytes() for p in net.parameters()],
+        repr(sorted((i, sorted((k, repr(v)) for k, v in s.items())) for i, s in enumerate(state.values()))),
+        repr([{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]),
+        repr(sched.state_dict()),
+        dp.steps,
+    )
+
+
+def _two_groups(net, swap=False):
+    first, second = list(net[0].parameters()), list(net[3].parameters())
+    if swap:
+        first, second = second, first
+    return torch.optim.AdamW([{"params": first, "lr": 0.05}, {"params": second, "lr": 0.01}])
+
+
+def test_param_groups_are_compared_by_membership(tmp_path):
+    """Two groups of the same sizes and hyperparameters but with their parameters swapped would
+    give every parameter the other group's learning rate: refused, learner untouched."""
+    X, y = batch()
+    net = mlp()
+    dp = DataParallel(net, comm_self(), slots=3)
+    opt = _two_groups(net)
+    dp.step(X, y, SUM)
+    opt.step()
+    dp.save(str(tmp_path / "ck"), opt)
+    net2 = mlp(seed=5)
+    dp2 = DataParallel(net2, comm_self(), slots=3)
+    swapped = _two_groups(net2, swap=True)
+    for g in swapped.param_groups:  # same lrs in the same group order: only membership differs
+        g["lr"], g["initial_lr"] = (0.05, 0.05) if g is swapped.param_groups[0] else (0.01, 0.01)
+    sched = torch.optim.lr_scheduler.StepLR(swapped, 2)
+    before = _everything(net2, dp2, swapped, sched)
+    with pytest.raises(Refusal) as e:
+        dp2.restore(str(tmp_path / "ck"), swapped)
+    assert e.value.code == "checkpoint-config-mismatch" and "param groups" in e.value.message
+    assert _everything(net2, dp2, swapped, sched) == before
+    dp2.restore(str(tmp_path / "ck"), _two_groups(net2))  # the same membership restores
+    assert [u32(p).tobytes() for p in net2.parameters()] == [u32(p).tobytes() for p in net.parameters()]
+
+
+def test_a_scheduler_of_another_class_under_the_same_name_is_refused(tmp_path):
+    X, y = batch()
+    net, dp, opt, sched = _setup()
+    _train(dp, opt, sched, 3, X, y)
+    dp.save(str(tmp_path / "ck"), opt, scheduler=sched)  # a StepLR
+    net, dp, opt, _ = _setup()
+    other = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=0.5)
+    before = _everything(net, dp, opt, other)
+    with pytest.raises(Refusal) as e:
+        dp.restore(str(tmp_path / "ck"), opt, scheduler=other)
+    assert e.value.code == "checkpoint-config-mismatch" and "StepLR" in e.value.message, e.value
+    assert _everything(net, dp, opt, other) == before
+
+
+def test_a_registered_object_that_refuses_its_state_leaves_the_learner_as_it_was(tmp_path):
+    """Was: parameters and Adam state installed, steps 0, and a bare ValueError. Now a named
+    refusal before anything is installed; the next restore works."""
+    X, y = batch()
+    net, dp, opt, sched = _setup()
+    dp.register("fussy", Fussy(fail=False))
+    dp.registered["fussy"].n = 7
+    _train(dp, opt, sched, 3, X, y)
+    dp.save(str(tmp_path / "ck"), opt, scheduler=sched)
+    net, dp, opt, sched = _setup()
+    _train(dp, opt, sched, 1, X, y)  # some state of its own to keep
+    fussy = Fussy()
+    dp.register("fussy", fussy)
+    before = _everything(net, dp, opt, sched)
+    with pytest.raises(Refusal) as e:
+        dp.restore(str(tmp_path / "ck"), opt, scheduler=sched)
+    assert e.value.code == "checkpoint-config-mismatch" and "not my kind of state" in e.value.message
+    assert _everything(net, dp, opt, sched) == before and fussy.n == 0
+    fussy.fail = False
+    dp.restore(str(tmp_path / "ck"), opt, scheduler=sched)
+    assert fussy.n == 7 and dp.steps == 3 and sched.last_epoch == 3
+
+
+def test_restore_without_latest_continues_from_the_newest_complete_step(tmp_path):
+    X, y = batch()
+    net, dp, opt, sched = _setup()
+    _train(dp, opt, sched, 2, X, y)
+    dp.save(str(tmp_path / "ck"), opt, scheduler=sched)
+    _train(dp, opt, sched, 4, X, y)
+    dp.save(str(tmp_path / "ck"), opt, scheduler=sched)
+    want = parameter_digest(net)
+    os.remove(tmp_path / "ck" / "latest")  # a first save killed before it moved latest
+    net, dp, opt, sched = _setup()
+    assert dp.restore(str(tmp_path / "ck"), opt, scheduler=sched, missing_ok=True).endswith("step-00000004")
+    assert dp.steps == 4 and parameter_digest(net) == want

@@ -18,3 +18,19 @@ def comm_self():
     from mpi4py import MPI
 
     return MPI.COMM_SELF
+
+
+class Fussy:
+    """A registered object; `fail` makes its load_state_dict raise after changing itself half-way
+    (what a restore must undo or never let happen)."""
+
+    def __init__(self, fail=True):
+        self.n, self.fail = 0, fail
+
+    def state_dict(self):
+        return {"n": self.n}
+
+    def load_state_dict(self, d):
+        self.n = d["n"]
+        if self.fail:
+            raise ValueError("not my kind of state")

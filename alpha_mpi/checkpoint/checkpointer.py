@@ -18,7 +18,9 @@ Protocol of `resume()` (every rank calls it once, before training):
 3. only then every rank installs what it read. A refusal anywhere leaves every learner as it was.
 
 The constructor takes an advisory lock on the directory (lock.py) on rank 0; `close()` (or
-leaving a `with` block) releases it.
+leaving a `with` block) releases it. Built with `lock_now=False` it takes the lock (and creates
+the directory) at its first save instead: until then it only reads, and reading a published step
+needs no write access (a read-only checkpoint restores), as `checkpoint verify` takes no lock.
 
 This module holds the collective protocol (who writes, reads and votes when); the questions it
 asks are apart, each a pure function of files and records: which step to resume from
@@ -44,9 +46,9 @@ from .compatibility import (
     compare_data,
     learner_contract,
 )
-from .locate import Resumed, locate
+from .locate import Resumed, Rewind, locate, rewind_plan
 from .lock import DirectoryLock
-from .paths import step_name, step_of
+from .paths import published_steps, step_name, step_of
 from .reader import Checkpoint, is_step_dir
 
 if TYPE_CHECKING:
@@ -123,6 +125,10 @@ class Checkpointer:
             (`compute-changed` otherwise; recorded in `compute_history`).
         data: the data's fingerprint (`alpha_mpi.learning.data.fingerprint`), compared on resume.
         timeout: seconds a rank waits for the others' votes.
+        lock_now: take the lock now (a trainer: before it reads `latest`, so a second trainer is
+            refused before it reads or writes); False: at the first `save()` (a learner's
+            `restore`, a replay: reading needs no write access, and published steps are
+            immutable). `root` may then be a step directory, to restore from.
     """
 
     def __init__(
@@ -137,6 +143,7 @@ class Checkpointer:
         accept_compute_change: bool = False,
         data: dict | None = None,
         timeout: float | None = None,
+        lock_now: bool = True,
     ) -> None:
         self.comm, self.root, self.learner = comm, root, learner
         self.size, self.rank = comm.Get_size(), comm.Get_rank()
@@ -157,12 +164,21 @@ class Checkpointer:
                     schema.scalar(v, f"config.{k}")
         except Refusal as e:
             failure = CheckpointRefusal("checkpoint-config-invalid", e.message)
+        self._lock_now, self._opened = lock_now, False
+        if lock_now:
+            self._open(failure)
+        else:
+            self._all(failure)
+
+    def _open(self, failure=None) -> None:
+        """Rank 0 checks the root, creates it and takes its lock; every rank learns the outcome."""
         try:
             if self.rank == 0 and failure is None:
                 failure = self._open_root()
         except Refusal as e:
             failure = e
         self._all(failure)
+        self._opened = True
 
     def _open_root(self):
         root = self.root
@@ -186,6 +202,8 @@ class Checkpointer:
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+        if not self._lock_now:
+            self._opened = False  # a later save takes the lock again
 
     def __enter__(self) -> Checkpointer:
         return self
@@ -193,14 +211,15 @@ class Checkpointer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _all(self, failure, skip: bool = False, value: int = 0, flag: bool = False):
+    def _all(self, failure, skip: bool = False, value: int = 0, flag: bool = False, moment: str = ""):
         """Every rank learns whether any rank failed (all raise together, none is left waiting:
         this rank its own refusal, the others `peer-refused` naming the lowest failing rank and
-        its code), whether rank 0 found the step already complete (`skip`), and rank 0's
-        `value`/`flag`. One verdict round of the communicator's endpoint."""
+        its code, and `moment`, what it was doing), whether rank 0 found the step already
+        complete (`skip`), and rank 0's `value`/`flag`. One verdict round of the communicator's
+        endpoint."""
         mine = [int(skip), int(value), int(flag)] if self.rank == 0 else [0, 0, 0]
         v = self._endpoint.verdict(mine, failure, "the checkpoint protocol", timeout=self._timeout)
-        v.raise_failures(failure, "in the checkpoint protocol")
+        v.raise_failures(failure, moment or "in the checkpoint protocol")
         skip, value, flag = (int(w) for w in v.words[0])
         return skip > 0, value, flag > 0
 
@@ -212,6 +231,8 @@ class Checkpointer:
     def save(self) -> str:
         """Publish the learner's state at its current step (collective); returns the step
         directory. A step already published is left as it is."""
+        if not self._opened:  # built with lock_now=False: the first write takes the lock
+            self._open()
         lr = self.learner
         step = lr.step
         failure, complete = None, False
@@ -286,6 +307,33 @@ class Checkpointer:
             "saved_on_ranks": self.size,
         }
 
+    def rewind(self, clean: int, held: int | None, folder: str) -> Rewind:
+        """Go back to the newest state at or before step `clean` (collective; after a detection
+        that says the steps after `clean` may hold a fault's work): rank 0 moves every published
+        step after the chosen one into `root/folder` (store.set_aside) and points `latest` at
+        the chosen step, or removes it when the chosen state is `held` (a state every rank holds
+        in memory at that step: `save` says the caller saves it next) or when none is left
+        (step None: a resume starts at step 0). Every rank learns the step and `save`."""
+        if not self._opened:
+            self._open()
+        failure, chosen, save, aside, where = None, None, False, (), None
+        if self.rank == 0:
+            try:
+                chosen, save, aside = rewind_plan(published_steps(self.root), clean, held)
+                where = store.set_aside(self.root, aside, folder) if aside else None
+                if chosen is None or save:
+                    store.drop_latest(self.root)
+                else:
+                    store.point_latest(self.root, chosen)
+            except Refusal as e:
+                failure = e
+            except OSError as e:
+                failure = store.write_failed(
+                    e, f"cannot set aside the steps after step {clean} in {self.root}"
+                )
+        _, value, save = self._all(failure, value=0 if chosen is None else chosen + 1, flag=save)
+        return Rewind(None if value == 0 else value - 1, save, aside, where)
+
     # ------------------------------------------------------------------------------ restore
     def restore(self, path: str) -> str:
         """Read the checkpoint at `path` (a checkpoint directory, whose `latest` is read, or a
@@ -343,17 +391,19 @@ class Checkpointer:
             compare_data(m, self.data)
             read = getattr(self.learner, "checkpoint_read", None)
             state = read(ck) if read is not None else None
-        except Refusal as e:
+        except Exception as e:  # not only refusals: any error travels, so no peer waits the bound
             failure = e
-        self._all(failure)
+        self._all(failure, moment=f"reading {path} (no rank installed anything)")
         try:  # every rank read everything it needs: install it
             if state is not None:
                 self.learner.checkpoint_apply(state)
             else:
                 self.learner.load_checkpoint(ck)
-        except Refusal as e:
+        except Exception as e:
             failure = e
-        self._all(failure)
+        self._all(
+            failure, moment=f"installing {path} (the other ranks installed it: restore again on every rank)"
+        )
         m = ck.manifest
         self.history = list(m.get("contract_history", [])) + ([adopted] if adopted else [])
         self.resume_history = list(m.get("resume_history", [])) + changes

@@ -17,7 +17,7 @@ from . import store
 from .paths import published_steps, step_name, step_of
 from .reader import Checkpoint, is_step_dir, newest_verifying, read_latest
 
-__all__ = ["Resumed", "locate"]
+__all__ = ["Resumed", "locate", "Rewind", "rewind_plan"]
 
 
 @dataclass
@@ -127,3 +127,29 @@ def _after_latest(root: str, found, steps: list) -> Resumed:
         "resume again",
         path=root,
     )
+
+
+@dataclass(frozen=True)
+class Rewind:
+    """Where a run went back to after a detection (`Checkpointer.rewind`). `step`: the state
+    known clean that `latest` now names or that the caller saves next (None: none was kept, a
+    resume starts at step 0); `save`: that state is only in the caller's memory (it saves it);
+    `set_aside`: the published steps moved out of the step namespace, into `folder` (rank 0
+    knows these two; the other ranks hold () and None)."""
+
+    step: int | None
+    save: bool
+    set_aside: tuple = ()
+    folder: str | None = None
+
+
+def rewind_plan(published: list, clean: int, held: int | None) -> tuple:
+    """(step, save, set_aside) of a rewind to the newest state at or before step `clean`: a
+    published step, or `held` (a state the caller holds in memory, at that step) when it is
+    newer; every published step after the chosen one is set aside (all of them when none is
+    chosen). Pure: `published` is the directory's step numbers."""
+    on_disk = max((k for k in published if k <= clean), default=None)
+    candidates = [k for k in (on_disk, held) if k is not None and k <= clean]
+    step = max(candidates, default=None)
+    save = step is not None and step not in published
+    return step, save, tuple(k for k in published if step is None or k > step)

@@ -125,6 +125,46 @@ def _move_latest(root: str, step: int, sha256: str) -> None:
     fsync_dir(root)
 
 
+def set_aside(root: str, steps, folder: str) -> str:
+    """(rank 0) Move the published `steps` out of the step namespace into `root/folder` (a new
+    directory; `folder.2`, `folder.3` ... when taken), newest first, renamed whole: nothing is
+    deleted or rewritten, and a resume no longer sees them. Returns the folder's path.
+
+    Called before `latest` moves back (point_latest / drop_latest): a crash in between leaves a
+    `latest` that names a missing step, which a resume refuses by name (`checkpoint-missing`),
+    never a silent resume from a step that was to be set aside."""
+    base, n = os.path.join(root, folder), 1
+    dest = base
+    while os.path.lexists(dest):
+        n += 1
+        dest = f"{base}.{n}"
+    os.makedirs(dest)
+    for k in sorted(steps, reverse=True):
+        os.rename(os.path.join(root, step_name(k)), os.path.join(dest, step_name(k)))
+    fsync_dir(dest)
+    fsync_dir(root)
+    return dest
+
+
+def point_latest(root: str, step: int) -> None:
+    """(rank 0) Make `latest` name the published `step`, also when that moves it back (after
+    `set_aside` took the newer steps away); nothing is written when it names it already."""
+    from .reader import Checkpoint
+
+    if current_latest(root) == step:
+        return
+    _move_latest(root, step, Checkpoint(os.path.join(root, step_name(step))).manifest_sha256)
+
+
+def drop_latest(root: str) -> None:
+    """(rank 0) Remove `latest` (a resume then takes the newest step that verifies, or starts
+    at step 0 when none is left)."""
+    pointer = os.path.join(root, LATEST)
+    if os.path.lexists(pointer):
+        os.remove(pointer)
+        fsync_dir(root)
+
+
 def write_shards(tmp: str, component: str, pieces) -> list:
     """Write (start, stop, array) pieces of one logical vector; return their manifest entries.
     The same values give the same file bytes (shardfile.encode)."""

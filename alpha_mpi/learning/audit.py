@@ -37,6 +37,9 @@ fault: every rank raises `compute-mismatch` naming the identities' fields and bl
 host. A referee whose identity differs from the owner's and the auditor's breaks no tie (its
 bits would differ anyway): both are named, as with 2 ranks.
 
+After a detection the steps before may hold a fault's unaudited work unless every slot is
+audited every step: `clean_step` (learning/audit_recovery.py) says which state is known clean.
+
 Digest: `payload_digest`, CRC-32 and Adler-32 (zlib, C, over the buffer without a copy) of the
 payload's words except the stop word (which only the owner sets). CRC-32 always detects one
 flipped bit or a burst of up to 32; it runs about 15x faster than BLAKE2b here, which matters
@@ -52,6 +55,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from ..refusals import Refusal
+from .audit_recovery import clean_step
 from .verdicts import WordTable, halves
 
 if TYPE_CHECKING:
@@ -182,6 +186,7 @@ class SlotAudit:
         self.k, self.slots, self.owner_of = int(k), slots, list(owner_of)
         self.schedule = AuditSchedule(self.k, self.owner_of, self.size)
         self.compute = compute  # which ranks compute alike (None: all do)
+        self.window = self.schedule.met_within()  # W: every slot is audited in any W steps
         self.host = socket.gethostname()
         w = 2 * self.schedule.per_round
         self._table = WordTable(comm, w, timeout=timeout, contract=contract, what="auditing slots")
@@ -302,14 +307,22 @@ class SlotAudit:
                     )
             faulty += [x for x in named if x not in faulty]
         who = ", ".join(f"rank {x} on host {hosts[x]}" for x in faulty)
+        clean = clean_step(step, self.window)
+        before = (
+            ""
+            if clean == step
+            else f"; the steps before were audited in part (every slot once in {self.window} steps: "
+            f"{self.k} of {self.slots} a step on average), so the last state known clean is at step {clean}"
+        )
         raise Refusal(
             "sdc-detected",
             f"step {step}: recomputed slot payloads differ ({'; '.join(notes)}); suspected: {who}; "
-            "nothing was applied",
+            f"nothing was applied{before}",
             step=step,
             ranks=tuple(faulty),
             hosts=tuple(hosts[x] for x in faulty),
             slots=tuple(audited[j] for j in bad),
+            clean_step=clean,
         )
 
 
@@ -327,10 +340,7 @@ def sdc_report(e: Refusal, checkpoint_dir: str | None, size: int) -> str:
             f"{checkpoint_dir}/step-NNNNNNNN`"
         )
     elif checkpoint_dir:
-        lines.append(
-            f"  the state at step {e.context.get('step')} (every audit passed; the refused step was not "
-            f"applied) is saved in {checkpoint_dir}"
-        )
+        lines.append(_saved_line(e, checkpoint_dir))
         lines.append(
             f"  what to do: resume without the suspected node(s) {', '.join(hosts)} (rank(s) {ranks}): "
             f"e.g. `sbatch --exclude={','.join(hosts)} jobs/train.sbatch`, or "
@@ -343,6 +353,33 @@ def sdc_report(e: Refusal, checkpoint_dir: str | None, size: int) -> str:
             "with --checkpoint-dir the last audited state is saved and a resume continues from it"
         )
     return "\n".join(lines)
+
+
+def _saved_line(e: Refusal, checkpoint_dir: str) -> str:
+    """What the exit-98 report says was saved (rewind_after's record in `e.context`)."""
+    step, clean = e.context.get("step"), e.context.get("clean_step", e.context.get("step"))
+    saved = e.context.get("saved_step", clean)
+    folder, aside = e.context.get("folder"), e.context.get("set_aside") or ()
+    moved = (
+        f"; the later steps ({', '.join(str(k) for k in aside)}) may hold the fault's work and are set aside "
+        f"in {folder}"
+        if folder
+        else ""
+    )
+    if clean == step:
+        return (
+            f"  the state at step {step} (every slot of every step audited; the refused step was not "
+            f"applied) is saved in {checkpoint_dir}, and `latest` names it{moved}"
+        )
+    if saved is None:
+        return (
+            f"  the last state known clean is at step {clean}, and no state at or before it was kept: "
+            f"a resume in {checkpoint_dir} starts at step 0{moved}"
+        )
+    return (
+        f"  the last state known clean is at step {clean} (the steps since were audited in part); the "
+        f"newest kept at or before it, step {saved}, is saved in {checkpoint_dir}, and `latest` names it{moved}"
+    )
 
 
 def build_checks(

@@ -10,6 +10,11 @@ the learner's checkpoint members works: `DataParallelLearner` and `alpha_mpi.tor
 (`step`, `layout_order_id`, `contract`, `checkpoint_pieces()`, `checkpoint_scalars()`,
 `load_checkpoint(ck)`).
 
+`restore(dir)` reads what `alpha-mpi train --resume` would: the step `latest` names, a complete
+step newer than it, or (no `latest`: a first save killed before it moved) the newest step that
+verifies; or the step directory given. It takes no lock and writes nothing, so a published,
+read-only checkpoint restores; the directory's lock is taken at the first `save` into it.
+
 `config` (a dict) is stored in the manifest; on restore the keys a resume must share
 (`alpha_mpi.checkpoint.checkpointer.SAME_ON_RESUME`: slots, batch, seed, ...) are compared with
 the saved ones and a difference is refused (`checkpoint-config-mismatch`). The default config is
@@ -64,6 +69,7 @@ def checkpointer(
     if ck is not None:
         ck.adopt_contract, ck.accept_compute_change = adopt_contract, accept_compute_change
     else:
+        # The lock is taken at the first save: a restore only reads (published steps are immutable).
         ck = cache[key] = Checkpointer(
             learner.comm,
             directory,
@@ -72,6 +78,7 @@ def checkpointer(
             adopt_contract=adopt_contract,
             accept_compute_change=accept_compute_change,
             timeout=timeout if timeout is not None else getattr(learner, "timeout", None),
+            lock_now=False,
         )
     return ck
 
@@ -99,12 +106,18 @@ def restore(
     timeout: float | None = None,
     accept_compute_change: bool = False,
 ) -> str | None:
-    """Load the checkpoint at `directory` (a checkpoint directory, whose `latest` is followed, or
-    one step directory) into the learner, whatever the rank count was at save time; returns the
-    step directory read. With `missing_ok`, a directory without any checkpoint returns None
-    (start from scratch) instead of refusing with `checkpoint-missing`. `accept_compute_change`:
-    resume although the checkpoint was computed under another compute identity (recorded).
-    Collective."""
+    """Load the checkpoint at `directory` into the learner, whatever the rank count was at save
+    time; returns the step directory read. `directory`: one step directory, or a checkpoint
+    directory, read as `alpha-mpi train --resume` reads it (the step `latest` names; a complete
+    step newer than it; without `latest`, the newest step that verifies, refusing by name when
+    newer ones do not). With `missing_ok`, a directory without any step returns None (start
+    from scratch) instead of refusing with `checkpoint-missing`. Writes nothing and takes no
+    lock: a read-only checkpoint restores. `accept_compute_change`: resume although the checkpoint
+    was computed under another compute identity (recorded). Collective; a refusal leaves every
+    learner as it was."""
+    from ..checkpoint.paths import LATEST
+    from ..checkpoint.reader import is_step_dir
+
     ck = checkpointer(
         learner,
         directory,
@@ -113,14 +126,13 @@ def restore(
         accept_compute_change=accept_compute_change,
         timeout=timeout,
     )
-    from ..checkpoint.paths import LATEST, MANIFEST
-
-    if not (
-        os.path.isfile(os.path.join(directory, MANIFEST)) or os.path.exists(os.path.join(directory, LATEST))
-    ):
-        if missing_ok:
-            return None
-        raise CheckpointRefusal(
-            "checkpoint-missing", f"{directory} holds no checkpoint (no {LATEST} pointer, no {MANIFEST})"
-        )
-    return ck.restore(directory)
+    if is_step_dir(directory):
+        return ck.restore(directory)
+    found = ck.resume()  # every rank learns rank 0's choice; "none" on every rank alike
+    if found.how != "none":
+        return found.path
+    if missing_ok:
+        return None
+    raise CheckpointRefusal(
+        "checkpoint-missing", f"{directory} holds no checkpoint (no {LATEST} pointer, no step)"
+    )

@@ -101,6 +101,18 @@ class LearnerCheckpoint:
         if self.partition == "params":
             self._full = None  # assembled again from the restored shards at the next forward pass
 
+    def checkpoint_snapshot(self) -> dict:
+        """A copy of what this rank holds (parameters, optimizer arrays and scalars, step), in
+        the form checkpoint_apply installs: the state to go back to without reading files (the
+        trainer keeps a few after audited steps, alpha_mpi.learning.audit_recovery.KeptStates)."""
+        st = self.opt.state()
+        return {
+            "params": self.params.copy(),
+            "arrays": {k: v.copy() for k, v in st["arrays"].items()},
+            "scalars": dict(st["scalars"]),
+            "step": self.step,
+        }
+
     def load_checkpoint(self, ck: Checkpoint) -> None:
         """Read this rank's ranges of `ck` and install them (checkpoint_read, then checkpoint_apply)."""
         self.checkpoint_apply(self.checkpoint_read(ck))

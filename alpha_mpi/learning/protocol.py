@@ -180,6 +180,7 @@ def _probe(model, n: int, probe, seed: int) -> None:
         )
     before = p.copy()
     grads, losses = [], []
+    drawn = _global_draws()
     for _ in range(2):
         g = np.full(n, np.nan)
         extra = {"rng": slot_generator(seed, 0, 0)} if takes_rng(model) else {}  # the same both times
@@ -202,10 +203,25 @@ def _probe(model, n: int, probe, seed: int) -> None:
     if not np.array_equal(grads[0].view(np.uint64), grads[1].view(np.uint64)) or np.float64(losses[0]).view(
         np.uint64
     ) != np.float64(losses[1]).view(np.uint64):
+        now = _global_draws()
+        used = [name for name in drawn if drawn[name] != now.get(name)]
         raise Refusal(
             "model-nondeterministic",
-            f"{type(model).__name__}.loss_and_grad_sum gave other bits for the same slot on a second call",
+            f"{type(model).__name__}.loss_and_grad_sum gave other bits for the same slot on a second call"
+            + (f"; it drew from {' and '.join(used)} (the global generator)" if used else ""),
         )
+
+
+def _global_draws() -> dict:
+    """The global random states a model may draw from by mistake, by name: numpy's legacy
+    generator and, when the program has loaded torch, torch's CPU generator (their commonest
+    cause of `model-nondeterministic`: the probe says which one a model drew from)."""
+    st = np.random.get_state()
+    states = {"np.random": (st[1].tobytes(), st[2], st[3], st[4])}
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "get_rng_state"):
+        states["torch's global generator"] = torch.get_rng_state().numpy().tobytes()
+    return states
 
 
 def model_from_spec(spec: str, inputs: int, classes: int) -> Model:

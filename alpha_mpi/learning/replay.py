@@ -6,8 +6,8 @@ resumes a learner from step A of D (A = 0: the initial state, from the seed), on
 (the bits do not depend on it), trains to step B on the same data order, restores step B of D
 into a second learner, and compares every
 component of the two states (parameters, each optimizer array, the optimizer's scalars) word for
-word. Nothing is written: no step is saved, no `latest` moved; only the directory's advisory lock
-(`.lock`) is taken while it reads, as any trainer's, so no trainer writes meanwhile. Each
+word. Nothing is written: no step is saved, no `latest` moved, no lock taken (published steps are
+immutable, as for `checkpoint verify`), so a read-only copy of a run replays. Each
 rank compares the coordinate ranges it holds; the verdicts (first differing component and
 coordinate, or none) travel through the communicator's verdict round (p rows of 2 words, no
 collective), so every rank reports the same first difference: `replay-mismatch` names it.
@@ -15,11 +15,16 @@ This audits a finished run on other hardware, offline, at full coverage: hardwar
 compute identity, or any for a machine-independent model (another identity is refused
 `compute-changed` unless `--accept-compute-change`, and a mismatch then says it may be the
 environment's).
+
+Learning rates are the run's, not the command line's: step B's manifest records the rate its
+run began with and every `--adopt-lr` resume on the way (`resume_history`), so the interval is
+replayed at the rate each step was trained with, across an adoption too (issue 36 item 9).
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -66,8 +71,10 @@ def replay(
         raise Refusal("usage", f"--replay A:B needs 0 <= A < B, got {start}:{stop}")
     say = out if comm.Get_rank() == 0 else (lambda *a, **k: None)
     root = cfg.checkpoint_dir
-    data, _, learner, stream = build(comm, cfg)
-    _, _, stored, _ = build(comm, cfg)
+    first, adopted, last = _learning_rates(comm, root, stop, cfg)
+    at_start, at_stop = replace(cfg, lr=_rate_before(start, first, adopted)), replace(cfg, lr=last)
+    data, _, learner, stream = build(comm, at_start)
+    _, _, stored, _ = build(comm, at_stop)
     kw = {
         "data": fingerprint(data),
         "timeout": cfg.timeout,
@@ -76,17 +83,21 @@ def replay(
     }
     opened = []
     try:
-        for lr, step in ((learner, start), (stored, stop)):
+        for lr, step, c in ((learner, start, at_start), (stored, stop, at_stop)):
             if step == 0 and not os.path.isdir(os.path.join(root, step_name(0))):
                 continue  # step 0 is the initial state, a function of the seed: nothing to read
-            ck = Checkpointer(comm, root, lr, cfg, **kw)
+            ck = Checkpointer(comm, root, lr, c, lock_now=False, **kw)  # it never saves: no lock
             opened.append(ck)
             ck.restore(os.path.join(root, step_name(step)))  # read only: no step is saved
         say(
             f"# replay: steps {start}..{stop} of {root} on {comm.Get_size()} ranks, comparing with step {stop}"
         )
+        for t in sorted(k for k in adopted if start <= k < stop):
+            say(f"# replay: learning rate {adopted[t]!r} from step {t} (adopted by a resume, --adopt-lr)")
         while learner.step < stop:
             t = learner.step
+            if t in adopted:  # the run resumed here with another rate
+                learner.opt.lr = adopted[t]
             batch = {}
             for s in learner.needed_slots:
                 idx = stream.indices(t, s)
@@ -121,6 +132,37 @@ def replay(
         component=name,
         coordinate=coord,
     )
+
+
+def _learning_rates(comm, root: str, stop: int, cfg: TrainConfig) -> tuple[float, dict, float]:
+    """From step `stop`'s manifest: the rate its run began with, the rates adopted on the way
+    ({step: rate}, the resume_history's lr entries) and the step's own rate. Every rank reads
+    it; a refusal on any rank is named on every rank (a verdict round)."""
+    from ..checkpoint import open_checkpoint
+    from ..checkpoint.paths import step_name
+    from ..execution import Endpoint
+
+    failure, rates = None, (cfg.lr, {}, cfg.lr)
+    try:
+        m = open_checkpoint(os.path.join(root, step_name(stop))).manifest
+        last = float(m.get("config", {}).get("lr", cfg.lr))
+        changes = sorted(
+            (h["at_step"], i, float(h["from"]), float(h["to"]))
+            for i, h in enumerate(m.get("resume_history", []))
+            if h["field"] == "lr"
+        )
+        first = changes[0][2] if changes else last
+        rates = (first, {at: to for at, _, _, to in changes}, last)
+    except Refusal as e:
+        failure = e
+    Endpoint.of(comm, cfg.timeout).agree(failure, f"reading step {stop} of {root}", timeout=cfg.timeout)
+    return rates
+
+
+def _rate_before(step: int, first: float, adopted: dict) -> float:
+    """The rate in force when step `step` was saved: the last one adopted before it."""
+    earlier = [t for t in adopted if t < step]
+    return adopted[max(earlier)] if earlier else first
 
 
 def _agree(comm, local, timeout, contract) -> tuple[int, int] | None:

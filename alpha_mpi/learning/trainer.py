@@ -195,7 +195,9 @@ def train(
 ) -> dict:
     """Run `cfg.steps` steps (continuing from a checkpoint with `resume`). Rank 0 prints.
     `fault_hook`: the learner's verification hook (alpha_mpi_verify.faults); None in production.
-    An `sdc-detected` refusal saves the state (which every audit passed) first, then propagates."""
+    An `sdc-detected` refusal first saves the newest state known clean (audit_recovery.rewind_after: the
+    state at the refused step with --audit-slots = --slots, an earlier one with fewer) and makes
+    `latest` name it, then propagates."""
     rank = comm.Get_rank()
     say = out if rank == 0 else (lambda *a, **k: None)
     data, model, learner, stream = build(comm, cfg, fault_hook)
@@ -239,6 +241,11 @@ def train(
             + ("--steps" if start_step == cfg.steps else "past --steps")
             + f" {cfg.steps}"
         )
+    kept = None
+    if ckpt and learner.audit is not None and learner.audit.window > 1:  # states to go back to
+        from .audit_recovery import KeptStates
+
+        kept = KeptStates(learner.audit.window)
     stop = Preemption().install()
     preempted = False
     t_start = time.perf_counter()
@@ -252,11 +259,15 @@ def train(
             for s in learner.needed_slots:  # its own slots, and those it audits this step
                 idx = stream.indices(t, s)
                 batch[s] = (data.X[idx], data.y[idx])
+            if kept is not None:
+                kept.offer(learner)
             try:
                 loss, stop_now = learner.train_step(batch, stop=stop.requested)
             except Refusal as e:
-                if e.code == "sdc-detected" and ckpt:  # nothing was applied: this state passed every audit
-                    e.context["checkpoint"] = ckpt.save() if not ckpt.has(learner.step) else ckpt.root
+                if e.code == "sdc-detected" and ckpt:  # nothing was applied; save the last state known clean
+                    from .audit_recovery import rewind_after
+
+                    e.context["checkpoint"] = rewind_after(e, learner, ckpt, kept)
                 raise
             history.append(
                 {"step": learner.step, "loss": float(loss), "seconds": time.perf_counter() - t_start}

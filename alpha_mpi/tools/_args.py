@@ -15,8 +15,8 @@ Exit codes, the same for every command (docs/exit-codes.md lists them):
     70   a combine failed and the job could not end cleanly (a peer is gone or frames are in
          flight): alpha_mpi aborted the job (alpha_mpi.execution.abort.ABORT_STATUS)
     98   `train --audit-slots` detected silent data corruption (`sdc-detected`): nothing was applied,
-         the last state every audit passed is saved with --checkpoint-dir; resume without the
-         named rank's node (jobs/train.sbatch requeues excluding it)
+         the last state known clean is saved with --checkpoint-dir (`latest` names it); resume
+         without the named rank's node (jobs/train.sbatch requeues excluding it)
     99   `train` stopped on SIGUSR1/SIGTERM after saving a checkpoint (requeue and --resume;
          alpha_mpi.learning.PREEMPTED)
     130  interrupted (Ctrl-C)

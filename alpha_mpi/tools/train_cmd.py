@@ -149,7 +149,8 @@ def parser():
         default=None,
         metavar="A:B",
         help="with --checkpoint-dir: resume from step A, recompute to step B, compare every byte with "
-        "the stored step B and write nothing ('bits match', rc 0; else replay-mismatch)",
+        "the stored step B and write nothing ('bits match', rc 0; else replay-mismatch); the learning "
+        "rates are the run's, read from step B (--adopt-lr resumes included), not --lr",
     )
     p.add_argument(
         "--json",

@@ -39,6 +39,7 @@ from ..refusals import CheckpointRefusal, Refusal
 from ._env import require_torch
 from .contract_and_digest import dtype_name
 from .convert import pack, unpack
+from .registered import class_name, decode_state, encode_state, load_all, try_load
 
 torch = require_torch()
 
@@ -80,37 +81,14 @@ def _base_lrs(hyper: list) -> list:
     return [g.get("initial_lr", g.get("lr")) for g in hyper]
 
 
-def encode_state(v, where: str = "state"):
-    """A state_dict value as JSON the manifest accepts, exactly: floats round-trip (repr),
-    non-finite floats and tuples are tagged; anything else (a tensor, a function) is refused."""
-    if isinstance(v, bool) or v is None or isinstance(v, (int, str)):
-        return v
-    if isinstance(v, float):
-        return v if v == v and abs(v) != float("inf") else {"__float__": repr(v)}
-    if isinstance(v, tuple):
-        return {"__tuple__": [encode_state(x, where) for x in v]}
-    if isinstance(v, list):
-        return [encode_state(x, where) for x in v]
-    if isinstance(v, dict) and all(isinstance(k, str) and not k.startswith("__") for k in v):
-        return {k: encode_state(x, f"{where}.{k}") for k, x in v.items()}
-    raise Refusal(
-        "torch-state-unsupported",
-        f"{where} is a {type(v).__name__}; a registered object's state_dict() must hold numbers, "
-        "strings, booleans, None, lists, tuples and dicts with string keys",
-    )
-
-
-def decode_state(v):
-    """The inverse of encode_state."""
-    if isinstance(v, list):
-        return [decode_state(x) for x in v]
-    if isinstance(v, dict):
-        if set(v) == {"__float__"}:
-            return float(v["__float__"])
-        if set(v) == {"__tuple__"}:
-            return tuple(decode_state(x) for x in v["__tuple__"])
-        return {k: decode_state(x) for k, x in v.items()}
-    return v
+def _groups(optimizer, module) -> list:
+    """Each param group's parameters by their names in `module`, sorted: what the group's
+    hyperparameters apply to (frozen parameters included; one outside the module by its shape)."""
+    names = {id(p): k for k, p in module.named_parameters()}
+    return [
+        sorted(names.get(id(p), f"(outside the module: {list(p.shape)})") for p in g["params"])
+        for g in optimizer.param_groups
+    ]
 
 
 class TorchCheckpointView:
@@ -182,11 +160,13 @@ class TorchCheckpointView:
             "dtype": dtype_name(dp.dtype),
             "int_buffers": {k: b.reshape(-1).tolist() for k, b in dp.other_buffers},
             "registered": {k: encode_state(o.state_dict(), k) for k, o in sorted(dp.registered.items())},
+            "registered_classes": {k: class_name(o) for k, o in sorted(dp.registered.items())},
         }
         opt = self.optimizer
         if opt is not None:
             sc["optimizer"] = type(opt).__name__
             sc["optimizer_hyper"] = _hyper(opt)
+            sc["param_groups"] = _groups(opt, dp.module)
             scalars = {}
             for i, p in enumerate(dp.params):
                 for k, v in opt.state.get(p, {}).items():
@@ -214,8 +194,12 @@ class TorchCheckpointView:
             sc["optimizer_scalars"] = scalars
         return sc
 
-    def load_checkpoint(self, ck) -> None:
-        """Read every vector whole (any rank count at save time) into the module and optimizer."""
+    def checkpoint_read(self, ck) -> dict:
+        """Check that `ck` is this DataParallel's and read everything a restore installs into
+        fresh tensors and values (any rank count at save time); nothing is installed. Each
+        registered object's saved state is tried on a copy of the object: one whose
+        `load_state_dict` raises is refused here by name (`checkpoint-config-mismatch`), so the
+        Checkpointer's vote makes every rank refuse before any rank installs anything."""
         dp, opt = self.dp, self.optimizer
         sc = ck.manifest["scalars"]
         if sc.get("framework") != "torch":
@@ -241,51 +225,132 @@ class TorchCheckpointView:
                     "checkpoint-config-mismatch",
                     f"optimizer hyperparameters differ: saved {_fixed(saved_hyper)}, now {_fixed(now)}",
                 )
+            saved_groups, groups = sc.get("param_groups"), _groups(opt, dp.module)
+            if saved_groups is not None and saved_groups != groups:  # recorded since issue 36
+                raise CheckpointRefusal(
+                    "checkpoint-config-mismatch",
+                    f"the optimizer's param groups hold other parameters: saved {saved_groups}, "
+                    f"now {groups}; each group's hyperparameters and learning rate would apply "
+                    "to other parameters (build the optimizer's groups as at save time)",
+                )
             if _base_lrs(saved_hyper) != _base_lrs(now) and not self.adopt_lr:
                 raise CheckpointRefusal(
                     "checkpoint-config-mismatch",
                     f"lr: saved {_base_lrs(saved_hyper)}, now {_base_lrs(now)}; restore with the saved "
                     "learning rate, or pass adopt_lr=True to continue with this one",
                 )
-        saved_reg, reg = sc.get("registered", {}), self.dp.registered
+        saved_reg, reg = sc.get("registered", {}), dp.registered
         if sorted(saved_reg) != sorted(reg):
             raise CheckpointRefusal(
                 "checkpoint-config-mismatch",
                 f"the checkpoint holds the state of {sorted(saved_reg)}, this DataParallel has "
                 f"{sorted(reg)} registered; register (or pass scheduler=) the same objects to restore",
             )
+        saved_classes = sc.get("registered_classes")
+        if saved_classes is not None:  # recorded since issue 36
+            classes = {k: class_name(o) for k, o in reg.items()}
+            odd = [
+                f"{k}: saved {saved_classes.get(k)}, now {c}"
+                for k, c in sorted(classes.items())
+                if saved_classes.get(k) != c
+            ]
+            if odd:
+                raise CheckpointRefusal(
+                    "checkpoint-config-mismatch",
+                    f"registered objects of another class ({'; '.join(odd)}); their state would load "
+                    "into an object that reads it otherwise",
+                )
+        state = {"params": [torch.empty_like(p.data) for p in dp.params]}
+        self._read(ck, "params", state["params"])
+        state["buffers"] = [torch.empty_like(b) for _, b in dp.float_buffers]
+        if dp.float_buffers:
+            self._read(ck, "buffers", state["buffers"])
+        try:
+            ints = sc["int_buffers"]
+            state["int_buffers"] = [
+                torch.tensor(ints[k], dtype=b.dtype).reshape(b.shape) for k, b in dp.other_buffers
+            ]
+        except (KeyError, TypeError, ValueError, RuntimeError) as e:
+            raise CheckpointRefusal(
+                "checkpoint-config-mismatch", f"the checkpoint's integer buffers do not fit this module: {e}"
+            ) from None
+        state["optimizer"] = self._read_optimizer(ck, sc) if opt is not None else None
+        state["lrs"] = (
+            [h["lr"] for h in saved_hyper]
+            if opt is not None and saved_opt is not None and not self.adopt_lr
+            else None
+        )
+        state["registered"] = {k: decode_state(saved_reg[k]) for k in reg}
+        for k, o in reg.items():
+            try_load(k, o, state["registered"][k], shared=self._shared())
+        state["steps"] = int(sc["step"])
+        return state
+
+    def _read_optimizer(self, ck, sc) -> list:
+        """Per parameter (DataParallel.params order), the optimizer state dict the checkpoint holds."""
+        dp = self.dp
+        per = [{} for _ in dp.params]
+        if sc.get("optimizer") is None:
+            return per
+        names = [c[len("optimizer.") :] for c in ck.components if c.startswith("optimizer.")]
+        for k in names:
+            ts = [torch.empty_like(p, memory_format=torch.contiguous_format) for p in dp.params]
+            self._read(ck, f"optimizer.{k}", ts)
+            for d, t in zip(per, ts):
+                d[k] = t
+        try:
+            for k, entries in sc.get("optimizer_scalars", {}).items():
+                for d, e in zip(per, entries):
+                    if e is None:
+                        continue
+                    v = e["value"]
+                    if e["dtype"] is not None:
+                        v = torch.tensor(v, dtype=getattr(torch, e["dtype"])).reshape(e["shape"])
+                    d[k] = v
+        except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as e:
+            raise CheckpointRefusal(
+                "checkpoint-config-mismatch",
+                f"the checkpoint's optimizer scalars are not readable here: {e!r}",
+            ) from None
+        return per
+
+    def _shared(self) -> dict:
+        """What a trial copy of a registered object shares with the original instead of copying
+        (a deepcopy memo): the optimizer, the module and every tensor they hold. A scheduler's
+        copy then costs a few dicts, not another model."""
+        dp, opt = self.dp, self.optimizer
+        keep = [dp, dp.module, *dp.params, *(b for _, b in dp.float_buffers + dp.other_buffers)]
+        if opt is not None:
+            keep.append(opt)
+            keep += [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+        return {id(x): x for x in keep}
+
+    def checkpoint_apply(self, state: dict) -> None:
+        """Install what checkpoint_read returned (after every rank read without refusing).
+        Registered objects first, each from a state its copy already took: should one raise all
+        the same, those already loaded are put back and it is refused before any tensor moves."""
+        dp, opt = self.dp, self.optimizer
+        load_all(dp.registered, state["registered"], keep_base_lrs=self.adopt_lr)
         with torch.no_grad():
-            self._read(ck, "params", [p.data for p in dp.params])
-            if dp.float_buffers:
-                self._read(ck, "buffers", [b for _, b in dp.float_buffers])
-            for k, b in dp.other_buffers:
-                b.copy_(torch.tensor(sc["int_buffers"][k], dtype=b.dtype).reshape(b.shape))
+            for p, t in zip(dp.params, state["params"]):
+                p.data.copy_(t)
+            for (_, b), t in zip(dp.float_buffers, state["buffers"]):
+                b.copy_(t)
+            for (_, b), t in zip(dp.other_buffers, state["int_buffers"]):
+                b.copy_(t)
         if opt is not None:
             opt.state.clear()
-            if saved_opt is not None:
-                names = [c[len("optimizer.") :] for c in ck.components if c.startswith("optimizer.")]
-                for k in names:
-                    ts = [torch.empty_like(p, memory_format=torch.contiguous_format) for p in dp.params]
-                    self._read(ck, f"optimizer.{k}", ts)
-                    for p, t in zip(dp.params, ts):
-                        opt.state[p][k] = t
-                for k, entries in sc.get("optimizer_scalars", {}).items():
-                    for p, e in zip(dp.params, entries):
-                        if e is None:
-                            continue
-                        v = e["value"]
-                        if e["dtype"] is not None:
-                            v = torch.tensor(v, dtype=getattr(torch, e["dtype"])).reshape(e["shape"])
-                        opt.state[p][k] = v
-            if saved_opt is not None and not self.adopt_lr:
-                for g, h in zip(opt.param_groups, saved_hyper):
-                    g["lr"] = h["lr"]  # the scheduled rate at the saved step
-        for k, o in reg.items():
-            keep = list(o.base_lrs) if self.adopt_lr and hasattr(o, "base_lrs") else None
-            o.load_state_dict(decode_state(saved_reg[k]))
-            if keep is not None:
-                o.base_lrs = keep
-        dp.steps = int(sc["step"])
+            for p, d in zip(dp.params, state["optimizer"]):
+                if d:
+                    opt.state[p].update(d)
+            if state["lrs"] is not None:
+                for g, lr in zip(opt.param_groups, state["lrs"]):
+                    g["lr"] = lr  # the scheduled rate at the saved step
+        dp.steps = state["steps"]
+
+    def load_checkpoint(self, ck) -> None:
+        """Read every vector whole (any rank count at save time) and install it (read, then apply)."""
+        self.checkpoint_apply(self.checkpoint_read(ck))
 
     def state_digest(self) -> str:
         """The digest of the whole state (learning.digests.state_digest): every vector a

@@ -1,7 +1,8 @@
-"""`alpha-mpi train` with a fault injected: `audit_train.py RANK:STEP:ELEMENT:BIT TRAIN-ARGS...`.
+"""`alpha-mpi train` with a fault injected: `audit_train.py RANK:STEP:ELEMENT:BIT[:persistent] TRAIN-ARGS...`.
 
-The fault hook (alpha_mpi_verify.faults.BitFlip) is passed to train_cmd.run explicitly; the exit
-status is train's (98 after sdc-detected)."""
+The fault hook (alpha_mpi_verify.faults.BitFlip) is passed to train_cmd.run explicitly; with
+`:persistent` it flips from STEP on (a core that stays faulty). The exit status is train's (98
+after sdc-detected)."""
 
 import sys
 
@@ -9,6 +10,9 @@ from alpha_mpi.execution.abort import set_abort_at_exit
 from alpha_mpi.tools import train_cmd
 from alpha_mpi_verify.faults import BitFlip
 
-rank, step, element, bit = map(int, sys.argv[1].split(":"))
+fields = sys.argv[1].split(":")
+rank, step, element, bit = map(int, fields[:4])
+persistent = fields[4:] == ["persistent"]
 set_abort_at_exit(False)
-sys.exit(train_cmd.run(sys.argv[2:], fault_hook=BitFlip(rank=rank, step=step, element=element, bit=bit)))
+hook = BitFlip(rank=rank, step=step, element=element, bit=bit, persistent=persistent)
+sys.exit(train_cmd.run(sys.argv[2:], fault_hook=hook))

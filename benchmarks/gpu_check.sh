@@ -3,8 +3,11 @@
 # script: a fresh venv with the torch extra (the CUDA build pip finds there), then
 #   1. examples/torch_dataloader.py --device cuda on 1 and 2 ranks: one digest (both ranks
 #      share GPU 0 when there is one GPU; rank % device count otherwise), also with buckets;
-#   2. `alpha-mpi bench torch --device cuda --model transformer` at p = 2: the rows against
-#      DDP over NCCL, and the rows of one slot count agreeing bit for bit.
+#   2. examples/torch_lm.py --device cuda on 1 and 2 ranks without autocast, with bfloat16 and
+#      with float16 autocast (issue 34 item 3): one digest per precision (3 digests, each the
+#      same on 1 and 2 ranks), and the three different from each other (autocast ran);
+#   3. `alpha-mpi bench torch --device cuda --model transformer` at p = 2 (token mass): the rows
+#      against DDP over NCCL, and the rows of one slot count agreeing bit for bit.
 # Writes everything to ${OUT:-gpu-check}/ and ends with `gpu check: PASS` or `gpu check: FAIL`.
 #
 #   benchmarks/gpu_check.sh                      # from the repository root
@@ -33,6 +36,19 @@ for run in "1" "2" "2 --bucket-mb 0.01"; do
 done
 d=$(for f in "$OUT"/dataloader-*.log; do digest "$f"; done | sort -u)
 [ "$(echo "$d" | wc -l)" = 1 ] && [ -n "$d" ] || { echo "!! the CUDA digests differ: $d"; ok=0; }
+all=""
+for prec in none bfloat16 float16; do
+  for n in 1 2; do
+    log="$OUT/lm-$prec-n$n.log"
+    timeout 300 "$MPIEXEC" -n "$n" "$PY" -m mpi4py examples/torch_lm.py --device cuda --autocast "$prec" \
+      --steps "$STEPS" >"$log" 2>&1 || { echo "!! torch_lm --autocast $prec -n $n failed:"; tail -n 15 "$log"; ok=0; }
+    echo "torch_lm --autocast $prec -n $n: $(digest "$log")"
+  done
+  d=$(for n in 1 2; do digest "$OUT/lm-$prec-n$n.log"; done | sort -u)
+  [ "$(echo "$d" | wc -l)" = 1 ] && [ -n "$d" ] || { echo "!! autocast $prec: the digests differ: $d"; ok=0; }
+  all="$all $d"
+done
+[ "$(echo $all | tr ' ' '\n' | sort -u | wc -l)" = 3 ] || { echo "!! autocast changed no bits:$all"; ok=0; }
 timeout 600 "$MPIEXEC" -n 2 "$PY" -m alpha_mpi bench torch --device cuda --model transformer \
   --steps "$STEPS" --warmup 2 --block 2 --json "$OUT/bench-torch-cuda.json" >"$OUT/bench.log" 2>&1 \
   || { echo "!! bench torch --device cuda failed or found a bits mismatch"; ok=0; }

@@ -97,6 +97,27 @@ def test_the_live_identity_reads_numpy_and_its_blas_and_follows_the_thread_count
     assert one.differences(two) == [("blas.threads", "1", "2")] and one.digest != two.digest
 
 
+def test_an_isa_path_this_cpu_lacks_is_recorded_by_the_identity_and_stays_refused(monkeypatch):
+    """The identity is read before the learner's first agreement: it records a bad ALPHA_MPI_ISA
+    instead of raising it on one rank alone, and the kernel still refuses it at the next reading
+    (MLP.init, inside the agreement: tests/test_dense_mpi.py), not only at the first."""
+    from alpha_mpi.kernel import dense
+
+    before = kernel.isa_path()
+    monkeypatch.setenv(dense.ISA_ENV, "avx1024")
+    monkeypatch.setattr(dense, "_env_read", False)  # as in a fresh process
+    try:
+        assert kernel.compute_identity().get("kernel.isa").startswith("unavailable")
+        for _ in range(2):
+            with pytest.raises(Refusal) as e:
+                kernel.isa_path()
+            assert e.value.code == "kernel-isa-unavailable" and "ALPHA_MPI_ISA=avx1024" in e.value.message
+    finally:
+        monkeypatch.undo()
+        kernel.select_isa_path(before)
+    assert kernel.compute_identity().get("kernel.isa") == before
+
+
 def test_the_blas_model_s_bits_follow_the_identity():
     """The refusals below guard a real difference: under 1 and 2 BLAS threads one slot of
     BlasModel has other bits, while FixedModel's are the same."""

@@ -3,6 +3,7 @@ numpy and its BLAS kernel and threads, torch where installed, the kernel's ISA p
 calibration in use; `alpha-mpi train` names the compute identity in its start-up lines."""
 
 import json
+import os
 
 import alpha_mpi
 from alpha_mpi import kernel
@@ -45,6 +46,15 @@ def test_the_env_command_prints_rows_and_json():
 
 def test_train_names_the_compute_identity_at_start():
     r = alpha_command("train", "--steps", "1", "--hidden", "4", "--log-every", "0", cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.startswith("# compute identity "))
+    # the built-in model computes with alpha_mpi's fixed-order kernels: declared independent
+    assert "(machine-independent (declared by the model); rank 0's)" in line and "blas.kernel " in line
+    here = os.path.dirname(os.path.abspath(__file__))  # compute_models: a model that calls BLAS
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p))
+    r = alpha_command(
+        "train", "--steps", "1", "--model", "compute_models:blas", "--log-every", "0", cwd=ROOT, env=env
+    )
     assert r.returncode == 0, r.stderr
     line = next(x for x in r.stdout.splitlines() if x.startswith("# compute identity "))
     assert "(every rank matches it)" in line and "blas.kernel " in line

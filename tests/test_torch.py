@@ -9,12 +9,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from torch_common import SUM, comm_self, one_thread  # noqa: E402,F401 (one_thread: autouse)
-
 import alpha_mpi.oracle as oracle  # noqa: E402
 from alpha_mpi.learning import check_model  # noqa: E402
 from alpha_mpi.refusals import Refusal  # noqa: E402
 from alpha_mpi.torch import DataParallel, ModuleModel, parameter_digest  # noqa: E402
+
+from torch_common import SUM, comm_self, one_thread  # noqa: E402,F401 (one_thread: autouse)
 
 
 def mlp(dtype=torch.float32, seed=0):
@@ -39,7 +39,7 @@ def test_float32_contract_names_both_conversions_and_the_torch_settings():
     ops = {op.formula_id: op.expression for op in c.formulas}
     assert "RoundBinary64@gradient" in ops["round-binary64-once-v1"]
     assert "normalize-once" in ops
-    assert "use_deterministic_algorithms(True)" in ops["torch-slot-gradient-v3"]
+    assert "use_deterministic_algorithms(True)" in ops["torch-slot-gradient-v4"]
     fields = dict(c.compute.fields)  # the settings are the compute identity's
     assert fields["torch.threads"] == "1" and fields["torch.version"] == torch.__version__
     assert dp.conversions == (("WidenBinary32", "contribution"), ("RoundBinary64", "gradient"))

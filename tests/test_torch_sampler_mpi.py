@@ -126,7 +126,8 @@ def test_the_global_batch_given_to_step_local_on_one_rank_is_refused_on_every_ra
         code = e.code
     agree(world, code == "slot-cut-mismatch", f"refused: {code}")
     agree(world, all(p.grad is None for p in dp.params), "nothing applied")
-    # and the next step works on every rank
+    # and the next step works on every rank (the sampler's next batch: its note travels along)
+    mine = next(iter(sampler))
     d = dp.step_local(ds.X[mine], ds.y[mine], SUM)
     agree(world, np.isfinite(d), "the next step works")
 
@@ -141,8 +142,12 @@ def test_one_ranks_exception_or_refusal_in_a_slot_reaches_every_rank_and_the_nex
     torch.set_num_threads(1)
     ds = Counted()
     dp = DataParallel(net(), world, slots=SLOTS, timeout=60)
-    mine = next(iter(SlotSampler(ds, dp, batch_size=BATCH, seed=3)))
-    X, y = ds.X[mine], ds.y[mine]
+    sampler = SlotSampler(ds, dp, batch_size=BATCH, seed=3)
+
+    def share():  # this rank's share of the first batch, its note left for the step
+        mine = next(iter(sampler))
+        return ds.X[mine], ds.y[mine]
+
     last = world.Get_size() - 1
 
     def broken(out, target):
@@ -154,7 +159,7 @@ def test_one_ranks_exception_or_refusal_in_a_slot_reaches_every_rank_and_the_nex
     for loss_fn, own in ((broken, ValueError), (undeclared, Refusal)):
         got = None
         try:
-            dp.step_local(X, y, loss_fn, reduction="sum" if loss_fn is broken else None)
+            dp.step_local(*share(), loss_fn, reduction="sum" if loss_fn is broken else None)
         except Exception as e:
             got = e
         if world.Get_rank() == last:
@@ -163,7 +168,7 @@ def test_one_ranks_exception_or_refusal_in_a_slot_reaches_every_rank_and_the_nex
             ok = isinstance(got, Refusal) and got.code == "peer-refused" and got.context.get("peer") == last
             agree(world, ok, f"peer-refused naming {last}: {got!r}")
         agree(world, all(p.grad is None for p in dp.params), "nothing applied")
-    agree(world, np.isfinite(dp.step_local(X, y, SUM)), "the next step works")
+    agree(world, np.isfinite(dp.step_local(*share(), SUM)), "the next step works")
 
 
 @pytest.mark.mpi(min_size=2)

@@ -106,3 +106,15 @@ def test_one_rank_raising_in_the_example_ends_the_job_in_seconds(how):
     r, took = run_mpi(2, *argv, limit=200, env=_env(), cwd=ROOT)
     assert r.returncode != 0 and "rank 1 failed after step 2" in r.stderr, (r.stdout[-800:], r.stderr[-2000:])
     assert took < 60, took  # the peer bound is 120 s: the other rank did not wait for it
+
+
+def test_import_without_a_loadable_mpi_says_what_to_install():
+    """`pip install alpha_mpi[torch]` without the mpich extra or a loaded MPI module: mpi4py
+    finds no library (here: MPI4PY_LIBMPI names none that exists); the import is refused by
+    name with what to install or load, not mpi4py's `RuntimeError: cannot load MPI library`."""
+    from conftest import launch
+
+    env = dict(os.environ, MPI4PY_LIBMPI="/nonexistent/libmpi.so")
+    r = launch("-c", "import alpha_mpi.torch", env=env)
+    assert r.returncode != 0
+    assert "[mpi-unavailable]" in r.stderr and "alpha_mpi[mpich,torch]" in r.stderr, r.stderr[-800:]

@@ -17,8 +17,10 @@ output, right after a marker comment; the tool writes one caption line below it:
 
 Each command runs with bash in the repository root, the interpreter's directory first on PATH
 (`python`, `mpiexec`, `alpha-mpi` of this environment), one BLAS/OpenMP thread
-(OPENBLAS_NUM_THREADS=OMP_NUM_THREADS=MKL_NUM_THREADS=1, as tests/run-all.sh) and `/tmp/` in a
-command replaced by a fresh directory of this run (a checkpoint directory never carries over).
+(OPENBLAS_NUM_THREADS=OMP_NUM_THREADS=MKL_NUM_THREADS=1, as tests/run-all.sh), the built-in
+cost model calibration (ALPHA_MPI_CALIBRATION unset: the quickstart prints the model's
+estimates), and `/tmp/` in a command replaced by a fresh directory of this run (a checkpoint
+directory never carries over).
 A command that exits non-zero fails the run. Identical commands run once per invocation.
 
 `holds=every-machine`: the output is the same on every machine (the combine, pure planning, a
@@ -90,8 +92,11 @@ def find(path: Path) -> list[Sample]:
 
 def environment() -> dict:
     bindir = os.path.dirname(sys.executable)
+    # The built-in cost model calibration: a sample that prints the model's estimates
+    # (quickstart's realization line) then reads the same numbers on every machine.
+    here = {k: v for k, v in os.environ.items() if k != "ALPHA_MPI_CALIBRATION"}
     return {
-        **os.environ,
+        **here,
         "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
         "OPENBLAS_NUM_THREADS": "1",
         "OMP_NUM_THREADS": "1",

@@ -9,8 +9,12 @@ allreducer.py holds the executors by plan kind, convenience.py the cached calls
 allreduce()/combine()/reduce_scatter().
 """
 
-from .abort import abort_on_exception, set_abort_at_exit  # noqa: F401
-from .allreducer import (  # noqa: F401
+from .mpi_library import require_mpi
+
+require_mpi()  # first: no MPI library is a named refusal, not mpi4py's bare RuntimeError
+
+from .abort import abort_on_exception, set_abort_at_exit  # noqa: E402,F401
+from .allreducer import (  # noqa: E402,F401
     REALIZATIONS,
     Allreducer,
     Chunk,
@@ -18,11 +22,11 @@ from .allreducer import (  # noqa: F401
     ScatterCombiner,
     choose_realization,
 )
-from .assembly import Assembler, assemble  # noqa: F401
-from .contract_combiner import ContractCombiner  # noqa: F401
-from .convenience import allreduce, combine, reduce_scatter, reset  # noqa: F401
-from .endpoint import Endpoint  # noqa: F401
-from .engine import Engine  # noqa: F401
+from .assembly import Assembler, assemble  # noqa: E402,F401
+from .contract_combiner import ContractCombiner  # noqa: E402,F401
+from .convenience import allreduce, combine, reduce_scatter, reset  # noqa: E402,F401
+from .endpoint import Endpoint  # noqa: E402,F401
+from .engine import Engine  # noqa: E402,F401
 
 __all__ = [
     "Allreducer",

@@ -171,6 +171,7 @@ class SlotAudit:
         *,
         timeout: float | None,
         contract: str,
+        agree_words: int = 0,
         compute: ComputeCheck | None = None,
     ) -> None:
         self.size, self.rank = comm.Get_size(), comm.Get_rank()
@@ -189,11 +190,14 @@ class SlotAudit:
         self.window = self.schedule.met_within()  # W: every slot is audited in any W steps
         self.host = socket.gethostname()
         w = 2 * self.schedule.per_round
-        self._table = WordTable(comm, w, timeout=timeout, contract=contract, what="auditing slots")
+        self.agree_words = agree_words
+        self._table = WordTable(
+            comm, w + agree_words, timeout=timeout, contract=contract, what="auditing slots"
+        )
         self._referee = WordTable(
             comm, w + _HOST_WORDS, timeout=timeout, contract=contract, what="refereeing audited slots"
         )
-        self._mine = np.zeros(w)
+        self._mine = np.zeros(w + agree_words)
         self._mine_ref = np.zeros(w + _HOST_WORDS)
         self.checked = 0  # slot audits that passed (for reports)
 
@@ -201,23 +205,43 @@ class SlotAudit:
         """Slots other than its own whose data this rank may need at `step` (as auditor or referee)."""
         return [s for s, roles in self.schedule.round(step).items() if self.rank in roles]
 
-    def check(self, step: int, payloads: dict, compute, scratch: np.ndarray, refused=None) -> None:
+    def check(
+        self,
+        step: int,
+        payloads: dict,
+        compute,
+        scratch: np.ndarray,
+        refused=None,
+        *,
+        words: int | None = None,
+        agree=None,
+    ) -> None:
         """Compare the audited slots' digests at `step`; raise `sdc-detected` on every rank on a
         mismatch (before anything is combined or applied). `payloads`: this rank's own slots'
         payloads, already computed; `compute(s, out)` recomputes a slot into `out`. `refused`:
         this rank's refusal of its own slots (their payloads are not read): it travels in the
         digest round, so it is raised here and every other rank raises `peer-refused`. Between
         audit rounds there is no digest round: it returns, and the refusal travels in the
-        combine as it does without an audit."""
+        combine as it does without an audit.
+        `words`: the payload words digested (default all but the last, the stop word).
+        `agree`: (this rank's `agree_words` words, judge): what the ranks must have alike (a
+        torch step's settings, alpha_mpi.torch.step_agreement) travels in the same round and
+        `judge(table)` (p x agree_words) may refuse it by name before any digest is compared,
+        so a rank that differs by its settings is never called a faulty host (between audit
+        rounds the same words are judged in the combine)."""
         roles = self.schedule.round(step)
         if not roles:
             return
         audited = list(roles)
-        mine, n2 = self._mine, len(scratch) - 1  # digest every word but the stop word
+        mine = self._mine
+        n2 = len(scratch) - 1 if words is None else words
         mine[:] = 0.0
         if refused is not None:
             self._table.run(mine, refused=refused)
             raise refused  # not reached: the run raises it (kept for the reader and the type)
+        w = 2 * self.schedule.per_round
+        if agree is not None:
+            mine[w:] = agree[0]
         for j, s in enumerate(audited):
             if self.owner_of[s] == self.rank:
                 mine[2 * j : 2 * j + 2] = halves(payload_digest(payloads[s][:n2]))
@@ -225,6 +249,8 @@ class SlotAudit:
                 compute(s, scratch)
                 mine[2 * j : 2 * j + 2] = halves(payload_digest(scratch[:n2]))
         table = self._table.run(mine)
+        if agree is not None:
+            agree[1](table[:, w:])
         bad = [
             j
             for j, s in enumerate(audited)
@@ -236,7 +262,7 @@ class SlotAudit:
             self.checked += len(audited)
             return
         self._environment(step, roles, bad)
-        self._refuse(step, roles, bad, table, compute, scratch)
+        self._refuse(step, roles, bad, table, compute, scratch, n2)
 
     def _alike(self, a: int, b: int) -> bool:
         return self.compute is None or self.compute.ranks.same(a, b)
@@ -257,9 +283,9 @@ class SlotAudit:
                 slots=(s,),
             )
 
-    def _refuse(self, step, roles, bad, table, compute, scratch) -> None:
+    def _refuse(self, step, roles, bad, table, compute, scratch, n2) -> None:
         audited = list(roles)
-        w, n2 = 2 * self.schedule.per_round, len(scratch) - 1
+        w = 2 * self.schedule.per_round
         mine = self._mine_ref
         mine[:] = 0.0
         mine[w:] = _host_words(self.host)
@@ -389,13 +415,14 @@ def build_checks(
     *,
     timeout,
     contract: str,
+    agree_words: int = 0,
     compute: ComputeCheck | None = None,
 ) -> tuple[SlotAudit | None, object | None]:
     """A learner's (SlotAudit or None, ReplicaDigests or None) from its options (audit_slots,
     audit_digests, partition); collective when either is asked for. `plan`: the learner's
-    combine plan (its `slots_of(rank)` places the slots); `compute`: its ComputeCheck after the
-    first agreement (which ranks compute alike), so neither calls an environment difference a
-    fault."""
+    combine plan (its `slots_of(rank)` places the slots); `agree_words`: SlotAudit's; `compute`:
+    its ComputeCheck after the first agreement (which ranks compute alike), so neither calls an
+    environment difference a fault."""
     audit_slots, audit_digests, partition = options
     audit = replicas = None
     if audit_slots:
@@ -406,6 +433,7 @@ def build_checks(
             [owner_of[s] for s in range(len(owner_of))],
             timeout=timeout,
             contract=contract,
+            agree_words=agree_words,
             compute=compute,
         )
     if audit_digests:

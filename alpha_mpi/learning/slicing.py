@@ -12,11 +12,13 @@ read the same global batch (or the same index stream) and take its part:
 Slot s of a batch of B samples is the contiguous window `slot_ranges(B, S)[s]`: B // S samples,
 the first B % S slots one more (unequal slots are fine: the learner weighs each by its sample
 count). X and y may be numpy arrays or torch tensors (anything sliceable along its first axis).
+X may also be a mapping of such arrays (a Hugging Face-style batch: `{"input_ids": ...,
+"labels": ...}`), every value cut alike, and y may be None (the targets are inside X).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
@@ -27,7 +29,15 @@ from .data import SlotStream, slot_sizes
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-__all__ = ["slot_ranges", "slice_batch", "slice_local", "slice_indices", "stream_batch", "SlotStream"]
+__all__ = [
+    "batch_length",
+    "slot_ranges",
+    "slice_batch",
+    "slice_local",
+    "slice_indices",
+    "stream_batch",
+    "SlotStream",
+]
 
 
 class Sliceable(Protocol):
@@ -41,6 +51,32 @@ class Sliceable(Protocol):
 
 _X = TypeVar("_X", bound=Sliceable)
 _Y = TypeVar("_Y", bound=Sliceable)
+
+
+def batch_length(X: Any, y: Any = None) -> int:
+    """The sample count of a batch: len(X), or for a mapping the common first-axis length of its
+    values; y (None allowed) must hold as many (`data-invalid` otherwise)."""
+    if isinstance(X, Mapping):
+        lengths = {k: len(v) for k, v in X.items()}
+        if not lengths or len(set(lengths.values())) != 1:
+            raise Refusal(
+                "data-invalid", f"a mapping batch needs values of one length along axis 0, got {lengths}"
+            )
+        n = next(iter(lengths.values()))
+    else:
+        n = len(X)
+    if y is not None and len(y) != n:
+        raise Refusal("data-invalid", f"X has {n} samples, y has {len(y)}")
+    return n
+
+
+def _take(v: Any, a: int, b: int) -> Any:
+    """Samples [a, b) of v: a slice, every value of a mapping sliced alike, None kept."""
+    if v is None:
+        return None
+    if isinstance(v, Mapping):
+        return {k: x[a:b] for k, x in v.items()}
+    return v[a:b]
 
 
 def slot_ranges(batch: int, slots: int, sizes: Iterable[int] | None = None) -> list[tuple[int, int]]:
@@ -79,10 +115,8 @@ def slice_batch(
 
     `owned` is `learner.my_slots` (or `DataParallel.my_slots`). Slices are views, not copies.
     """
-    if len(X) != len(y):
-        raise Refusal("data-invalid", f"X has {len(X)} samples, y has {len(y)}")
-    ranges = slot_ranges(len(y), slots, sizes)
-    return {s: (X[ranges[s][0] : ranges[s][1]], y[ranges[s][0] : ranges[s][1]]) for s in _owned(owned, slots)}
+    ranges = slot_ranges(batch_length(X, y), slots, sizes)
+    return {s: (_take(X, *ranges[s]), _take(y, *ranges[s])) for s in _owned(owned, slots)}
 
 
 def slice_local(
@@ -95,25 +129,24 @@ def slice_local(
     (alpha_mpi.learning.epochs.local_sizes); `sizes` (one count per slot of the global batch)
     gives them for another cut. Slices are views, not copies.
     """
-    if len(X) != len(y):
-        raise Refusal("data-invalid", f"X has {len(X)} samples, y has {len(y)}")
+    count = batch_length(X, y)
     owned = sorted(_owned(owned, slots))
     if sizes is None:
         from .epochs import local_sizes
 
-        mine = local_sizes(len(y), slots, owned)
+        mine = local_sizes(count, slots, owned)
     else:
         cut = [int(k) for k in sizes]
         slot_ranges(sum(cut), slots, cut)  # refuses a cut that is not one count >= 1 per slot
         mine = [cut[s] for s in owned]
-        if sum(mine) != len(y):
+        if sum(mine) != count:
             raise Refusal(
                 "data-invalid",
-                f"the rank batch holds {len(y)} samples; its slots {owned} hold {sum(mine)} in the cut {cut}",
+                f"the rank batch holds {count} samples; its slots {owned} hold {sum(mine)} in the cut {cut}",
             )
     out, a = {}, 0
     for s, k in zip(owned, mine):
-        out[s] = (X[a : a + k], y[a : a + k])
+        out[s] = (_take(X, a, a + k), _take(y, a, a + k))
         a += k
     return out
 

@@ -76,7 +76,8 @@ def lines(env: dict) -> list:
     rows += [
         (
             "kernel",
-            f"isa {ker['isa_path']}; build {ker['build_id'][:16]}; {ker['compiler']}; {' '.join(ker['flags'])}",
+            f"isa {ker['isa_path']} (of {', '.join(ker['isa_paths'])}); build {ker['build_id'][:16]}; "
+            f"{ker['compiler']}; {' '.join(ker['flags'])}",
         ),
         (
             "calibration",

@@ -60,7 +60,8 @@ def environment(torch: bool | None = None) -> dict:
         },
         "kernel": {
             "build_id": build["build_id"],
-            "isa_path": kernel.isa_path(),
+            "isa_path": identity.get("kernel.isa"),  # the identity's reading (a bad ALPHA_MPI_ISA named)
+            "isa_paths": kernel.isa_paths(),
             "compiler": build["compiler"],
             "flags": build["flags"],
         },

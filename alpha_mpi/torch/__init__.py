@@ -1,10 +1,11 @@
 """alpha_mpi.torch: data-parallel training of any `torch.nn.Module` with the same bits on every
-rank count that places the same slot tree (the optional extra `pip install 'alpha_mpi[torch]'`).
+rank count that places the same slot tree (the optional extra: `pip install 'alpha_mpi[mpich,torch]'`).
 
     dp = alpha_mpi.torch.DataParallel(module, comm, slots=8)
     opt = torch.optim.Adam(module.parameters(), lr=1e-3)
     for X, y in batches:                       # the same global batch on every rank
-        loss = dp.step(X, y, loss_fn)          # loss_fn: declared to return the SUM over a slot
+        loss = dp.step(X, y, loss_fn)          # loss_fn: a declared SUM, a (sum, mass) pair,
+                                               # or ModuleLoss(mass=...) for a module's own mean
         opt.step(); opt.zero_grad()
     dp.save("ckpt", opt)                       # resume on any rank count: dp.restore("ckpt", opt)
 
@@ -30,15 +31,16 @@ from .data_parallel import (  # noqa: E402,F401
     parameter_digest,
     torch_contract,
 )
+from .losses import ModuleLoss, summed  # noqa: E402,F401
 from .same_module import architecture_digest  # noqa: E402,F401
 from .sampler import SlotSampler  # noqa: E402,F401
-from .slot_rules import summed  # noqa: E402,F401
 
 __all__ = [
     "BUFFER_RULES",
     "UNUSED_RULES",
     "DataParallel",
     "architecture_digest",
+    "ModuleLoss",
     "ModuleModel",
     "SlotSampler",
     "environment",

@@ -78,6 +78,7 @@ def torch_contract(
     dtype: torch.dtype,
     env: dict,
     buffers: str = "refuse",
+    precision: str = "no autocast",
     compute: ComputeIdentity | MachineIndependent | None = None,
 ) -> NumericalContract:
     """The NumericalContract of a DataParallel: combine order, normalise-once, the conversions.
@@ -85,13 +86,15 @@ def torch_contract(
     profile: binary64 (KeepFormat) for float64 modules; for float32 modules binary64 and binary32
     with `WidenBinary32@contribution`, and the operation `round-binary64-once-v1` naming the
     `RoundBinary64@gradient` site. operations: the combine's order id, `normalize-once`, the
-    round-once site (float32), the buffer rule (slot-mean), and `torch-slot-gradient-v3`: the
-    per-slot forward/backward (under the slot's generator, deterministic algorithms). compute:
-    what the slots' bits depend on (`torch_compute(env).spec`): the compute identity, whose torch
-    fields name the version, ATen capability, backends, threads and device (a GPU's kernels give
-    other bits, so ranks or checkpoints on another device differ in it), or the caller's promise.
-    `env` (fix_environment's settings) is read by `torch_compute`; v2 wrote it into the formula,
-    which made a promise of machine independence impossible to keep across torch builds.
+    round-once site (float32), the buffer rule (slot-mean), and `torch-slot-gradient-v4`: the
+    per-slot forward/backward (under the slot's generator, deterministic algorithms) with its
+    declared loss and mass and the forward's `precision` (Precision.name: no autocast, or the
+    autocast device and format). compute: what the slots' bits depend on
+    (`torch_compute(env).spec`): the compute identity, whose torch fields name the version, ATen
+    capability, backends, threads and device (a GPU's kernels give other bits, so ranks or
+    checkpoints on another device differ in it), or the caller's promise. `env`
+    (fix_environment's settings) is read by `torch_compute`; v2 wrote it into the formula, which
+    made a promise of machine independence impossible to keep across torch builds.
     """
     f32 = dtype == torch.float32
     profile = (
@@ -104,9 +107,11 @@ def torch_contract(
         ops.append(Formula("buffers-slot-mean-v1", BUFFER_SLOT_MEAN_V1))
     ops.append(
         Formula(
-            "torch-slot-gradient-v3",
-            "per slot: loss=loss_fn(module(X_s),y_s) (a sum); g_s=torch.autograd.grad(loss, params); "
-            f"both under torch.random.fork_rng with {SLOT_RNG_RULE}; no autocast; "
+            "torch-slot-gradient-v4",
+            "per slot: (loss, mass) declared: loss=loss_fn(module(X_s),y_s) a sum with mass len(y_s), "
+            "or a (sum, mass) pair; g_s=torch.autograd.grad(loss, params); or a ModuleLoss mean m over "
+            "mass M: loss=M*WidenBinary32(m), g_s=M*WidenBinary32(torch.autograd.grad(m, params)) in "
+            f"binary64; all under torch.random.fork_rng with {SLOT_RNG_RULE}; {precision}; "
             f"use_deterministic_algorithms(True); parameters {dtype_name(dtype)}; "
             "torch's version, threads, CPU capability, backends and device: the contract's compute identity",
         )

@@ -1,6 +1,7 @@
 """The two conversion sites between torch tensors and the binary64 payload, in one place.
 
-`into64`: WidenBinary32 (kernel.widen_binary32, exact) for float32, a copy for float64.
+`into64`: WidenBinary32 (kernel.widen_binary32, exact) for float32, a copy for float64 (and
+for an integer tensor, its values, exact below 2^53).
 `from64`: RoundBinary64 (kernel.round_binary64, nearest-even, refusing non-finite) for float32,
 a finiteness-checked copy for float64. A tensor on a device (CUDA) is copied to the host first
 (into64) or written through a host tensor (from64): the conversions run on the CPU, in the
@@ -13,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import kernel
-from ..refusals import KernelRefusal
+from ..refusals import KernelRefusal, Refusal
 
 __all__ = ["into64", "from64", "flat", "pack", "unpack"]
 
@@ -24,13 +25,21 @@ def flat(t) -> np.ndarray:
 
 
 def into64(out64: np.ndarray, t) -> None:
-    """out64 = t exactly: WidenBinary32 for float32, a copy for float64."""
+    """out64 = t exactly: WidenBinary32 for float32, a copy for float64, and for an integer or
+    boolean tensor (a counter buffer such as BatchNorm's num_batches_tracked) its values, exact
+    below 2^53 in magnitude (refused beyond)."""
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
     a = flat(t.contiguous())
     if a.dtype == np.float32:
         kernel.widen_binary32(out64, a)
+    elif a.dtype.kind in "iub":
+        if a.dtype.kind != "b" and a.size and int(np.abs(a).max()) > 2**53:
+            raise Refusal(
+                "torch-module-unsupported", f"an integer tensor holds {int(np.abs(a).max())}, beyond 2^53"
+            )
+        np.copyto(out64, a)
     else:
         np.copyto(out64, a)
 
@@ -45,6 +54,8 @@ def from64(t, x64: np.ndarray) -> None:
     a = flat(t)
     if a.dtype == np.float32:
         kernel.round_binary64(a, x64)
+    elif a.dtype.kind in "iub":  # a counter: the values are integers (exact, from into64)
+        np.copyto(a, x64.astype(a.dtype))
     else:
         if not np.all(np.isfinite(x64)):
             i = int(np.flatnonzero(~np.isfinite(x64))[0])

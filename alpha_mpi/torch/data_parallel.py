@@ -4,16 +4,19 @@ Protocol of one `step(X, y, loss_fn)` (every rank calls it, with the same global
 
 1. The batch is cut into `slots` contiguous windows (alpha_mpi.learning.slicing); this rank takes
    the slots it owns in the tree (`my_slots`).
-2. For each owned slot, separately, under torch's generators seeded from (seed, step, slot):
-   `loss = loss_fn(module(X_s), y_s)` (the SUM of the slot's per-sample losses, declared so),
-   then `torch.autograd.grad(loss, params)` (the slot's own backward into fresh tensors;
-   nothing accumulates across slots). Fixed intra-op threads and
-   deterministic algorithms (set at construction, checked every step, named in the contract), so
-   a slot's gradient has the same bits on whichever rank runs it.
+2. For each owned slot, separately, under torch's generators seeded from (seed, step, slot) and
+   the declared precision (autocast or none): the slot's declared loss and mass
+   (alpha_mpi.torch.losses: `loss_fn(module(X_s), y_s)` a sum over samples, a `(loss_sum, mass)`
+   pair, or a `ModuleLoss`, the module's own mean over its mass), then `torch.autograd.grad`
+   (the slot's own backward into fresh tensors; nothing accumulates across slots). Fixed
+   intra-op threads and deterministic algorithms (set at construction, checked every step, named
+   in the contract), so a slot's gradient has the same bits on whichever rank runs it.
 3. The slot's payload: its gradients (float32 widened exactly to binary64 by
-   `kernel.widen_binary32`, the `WidenBinary32@contribution` site; float64 copied as is), the
-   buffers in `slot-mean` mode, the sample count (mass) and the loss sum.
-4. One combine over the slot tree (alpha_mpi.execution.Allreducer; no MPI collective), then
+   `kernel.widen_binary32`, the `WidenBinary32@contribution` site; float64 copied as is; a
+   module's mean times its mass in binary64), the buffers in `slot-mean` mode, the sample count,
+   the mass and the loss sum, and the words the ranks must agree on (alpha_mpi.torch.step_agreement).
+4. One combine over the slot tree (alpha_mpi.execution.Allreducer; no MPI collective); every rank
+   checks the agreement words and the cut on the combined payload alike; then
    `g = numerator / mass` once in binary64, then for float32 one `kernel.round_binary64` into each
    parameter's `.grad` (the `RoundBinary64@gradient` site; added to the `.grad` held with
    `accumulate`; None for a parameter no slot used). Every rank holds the same `.grad`.
@@ -34,10 +37,12 @@ buffers keep their step-start values, so an `opt.step()` after a refusal changes
 
 This module holds the step; apart from it: what it checks about the module before building
 anything (module_check.py) and that every rank built the same one (same_module.py), one slot's
-pass and the payload layout (slot_pass.py), whether the ranks' slots are one global batch's cut
-(slot_cut.py), the rules around each slot (slot_rules.py), the buckets (overlap.py), a module on
-a device (devices.py), the contract and the parameter digest (contract_and_digest.py), the two
-conversion sites (convert.py), `.grad` (gradients.py), the checkpoint view (checkpointing.py).
+pass and the payload layout (slot_pass.py), the declared loss and mass (losses.py), what the
+ranks must agree on in a step (step_agreement.py), whether the ranks' slots are one global
+batch's cut (slot_cut.py), the rules around each slot (slot_rules.py: precision, generators),
+a GradScaler (scaling.py), the buckets (overlap.py), a module on a device (devices.py), the
+contract and the parameter digest (contract_and_digest.py), the two conversion sites
+(convert.py), `.grad` (gradients.py), the checkpoint view (checkpointing.py).
 """
 
 from __future__ import annotations
@@ -69,12 +74,15 @@ from .contract_and_digest import (
 from .convert import from64 as _from64
 from .devices import contract_environment
 from .gradients import UNUSED_RULES, GradientWriter
-from .module_check import BUFFER_RULES, check_module
+from .losses import loss_reduction
+from .module_check import BUFFER_RULES, check_module, check_parameters
 from .overlap import Buckets, check_bucket_mb
 from .same_module import check_same_module, take_rank0_values
-from .slot_cut import check_batch, check_cut, cut_rule
-from .slot_pass import SlotPasses
-from .slot_rules import check_precision, loss_reduction, step_rng
+from .scaling import loss_scale, mark_overflow
+from .slot_cut import check_batch, check_cut, given_share, given_slots, given_whole
+from .slot_pass import SlotCall, SlotPasses
+from .slot_rules import precision, step_rng
+from .step_agreement import FIELDS, MAX_SLOTS, WORDS, BatchNotes, check_combined, check_table, step_facts
 
 if TYPE_CHECKING:
     import torch
@@ -137,7 +145,14 @@ class DataParallel(CheckpointMethods, SlotPasses):
         audit_slots, audit_digests, fault_hook: as DataParallelLearner's (docs/audit.md): K slots
             a step recomputed on another rank before the combine (`sdc-detected`, `.grad` left
             None; `step_slots` batches hold `needed_slots`); every N steps, before the forward,
-            the parameters' and floating buffers' digests compared (`replica-diverged`).
+            the digests of the parameters and the buffers (floating and integer) compared
+            (`replica-diverged`).
+        bucket_mb: combine in buckets of about this many MiB while the last owned slot's
+            backward runs (alpha_mpi.torch.overlap); None: one combine after the slots.
+        autocast: the forward's precision, in the contract: None (float32/float64), or
+            torch.bfloat16 / torch.float16 (CPU and CUDA): the step runs each slot's forward and
+            loss under `torch.autocast(device, dtype)` (alpha_mpi.torch.slot_rules); an autocast
+            the caller enters around the step must be this one (`torch-autocast-refused`).
         machine_independent: the caller's promise that the slots' results do not depend on the
             compute identity (torch's version, ATen CPU capability, backends, threads, device;
             numpy's BLAS; alpha_mpi.model.compute), recorded in the contract. Without it ranks
@@ -148,7 +163,11 @@ class DataParallel(CheckpointMethods, SlotPasses):
 
     Construction checks that every rank holds the same architecture (`torch-module-mismatch`,
     alpha_mpi.torch.same_module) and computes alike (`compute-mismatch`), then copies rank 0's
-    parameters to every rank.
+    parameters and buffers (floating and integer) to every rank. A module compiled by
+    torch.compile is refused (`torch-compile-refused`, alpha_mpi.torch.module_check). Every step
+    then checks that the module's trainable parameters are still those it was built with
+    (`torch-module-changed`) and carries what the ranks must agree on in its payload (seed,
+    training flags, accumulate, the global batch: alpha_mpi.torch.step_agreement).
 
     Attributes: `my_slots`, `steps` (combined steps), `contract`, `layout_order_id`, `conversions`
     (the conversion sites: `WidenBinary32@contribution`, `RoundBinary64@gradient` for float32),
@@ -176,6 +195,7 @@ class DataParallel(CheckpointMethods, SlotPasses):
         audit_digests: int = 0,
         fault_hook: FaultHook | None = None,
         bucket_mb: float | None = None,
+        autocast: torch.dtype | str | None = None,
         machine_independent: bool = False,
     ) -> None:
         kernel.fpenv_check()
@@ -189,6 +209,8 @@ class DataParallel(CheckpointMethods, SlotPasses):
                 f"{slots!r} slots on {self.size} ranks leaves ranks without a contribution; "
                 "use slots >= ranks",
             )
+        if slots > MAX_SLOTS:  # the agreement words' sums stay exact below it (step_agreement.py)
+            raise Refusal("placement-invalid", f"{slots} slots; DataParallel takes at most {MAX_SLOTS}")
         slot_seed(seed, 0, 0)  # refuses a seed that is not an int >= 0, before any communication
         self.slots, self.seed, self.preemption = slots, int(seed), preemption
         self.topology = _default_topology() if topology is None else topology
@@ -196,6 +218,8 @@ class DataParallel(CheckpointMethods, SlotPasses):
         self.buffer_rule = buffers
         self.float_buffers, self.other_buffers = parts.float_buffers, parts.other_buffers
         self.device = self.params[0].device
+        self.precision = precision(autocast, self.device, self.dtype)
+        self.notes = BatchNotes()  # what a SlotSampler's batches belong to (step_agreement.py)
         if self.device.type == "cuda":  # deterministic cuBLAS needs it before its first call
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         self.env = fix_environment(threads)
@@ -211,7 +235,12 @@ class DataParallel(CheckpointMethods, SlotPasses):
         self.my_slots = self.plan.slots_of(self.rank)
         self.layout_order_id = self.plan.layout_order_id  # what the contract and the frames name
         self.contract = torch_contract(
-            self.layout_order_id, self.dtype, contract_environment(self), buffers, self.compute.spec
+            self.layout_order_id,
+            self.dtype,
+            contract_environment(self),
+            buffers,
+            self.precision.name,
+            self.compute.spec,
         )
         self.conversions = (
             (("WidenBinary32", "contribution"), ("RoundBinary64", "gradient"))
@@ -259,7 +288,13 @@ class DataParallel(CheckpointMethods, SlotPasses):
         self.fault_hook = fault_hook
         opts, cd = (audit_slots, audit_digests, "state"), self.contract.digest
         self.audit, self.replicas = build_checks(
-            comm, self.plan, opts, timeout=timeout, contract=cd, compute=self.compute
+            comm,
+            self.plan,
+            opts,
+            timeout=timeout,
+            contract=cd,
+            agree_words=len(FIELDS),
+            compute=self.compute,
         )
         self._audit_buf = np.zeros(self.layout.total) if self.audit is not None else None
 
@@ -272,7 +307,9 @@ class DataParallel(CheckpointMethods, SlotPasses):
 
     # ------------------------------------------------------------------------------------------
     def _state_tensors(self):
-        return [p.data for p in self.params] + [b for _, b in self.float_buffers]
+        """What every rank holds alike: the parameters, the floating buffers and the integer
+        ones (counters): taken from rank 0 at construction, compared by the replica digests."""
+        return [p.data for p in self.params] + [b for _, b in self.float_buffers + self.other_buffers]
 
     def step(
         self,
@@ -284,27 +321,38 @@ class DataParallel(CheckpointMethods, SlotPasses):
         reduction: str | None = None,
         accumulate: bool | None = None,
         stop: bool = False,
+        scaler: object | None = None,
     ) -> float:
         """Forward and backward for each owned slot of the global batch (X, y), one ordered
-        combine, `.grad = Σ g / Σ n` on every parameter of every rank. Returns the global
-        batch's mean loss Σ loss / Σ n (the same float on every rank).
+        combine, `.grad = Σ g / Σ mass` on every parameter of every rank. Returns the global
+        batch's mean loss Σ loss / Σ mass (the same float on every rank).
 
-        X, y: the same global batch on every rank (tensors or arrays sliceable on axis 0).
-        loss_fn(output, target): a scalar tensor, the SUM of the slot's per-sample losses,
-        declared so: a torch loss with reduction="sum", `alpha_mpi.torch.summed(fn)`, or any
-        callable with `reduction="sum"` here (`torch-loss-undeclared` otherwise). `sizes`: slot
+        X, y: the same global batch on every rank (tensors or arrays sliceable on axis 0; X may
+        be a mapping of them, a Hugging Face-style batch, with y None). Every rank's batch is
+        digested (CRC-32) and compared in the step's payload: ranks given different batches
+        are refused by name (`batch-mismatch`; another length: `slot-cut-mismatch`).
+        loss_fn (alpha_mpi.torch.losses): `loss_fn(output, target)` returning the SUM of the
+        slot's per-sample losses, declared so (a torch loss with reduction="sum",
+        `alpha_mpi.torch.summed(fn)`, or `reduction="sum"` here; `torch-loss-undeclared`
+        otherwise), its mass the slot's samples; or returning a pair `(loss_sum, mass)` (tokens,
+        say); or `alpha_mpi.torch.ModuleLoss(mass=...)` for a module computing its own mean
+        loss. A total mass of 0 is refused (`mass-zero`). `sizes`: slot
         sizes (default: the even cut of alpha_mpi.learning.slot_ranges). Each slot runs under
         torch's generators seeded from (seed, steps, slot) (alpha_mpi.torch.slot_rules).
         `accumulate`: add into `.grad` (see alpha_mpi.torch.gradients) instead of overwriting;
         None: True inside `no_sync()` and for the step right after it, else False. `stop`: this
         rank asks every rank to stop (also when the DataParallel's `preemption` was signalled);
-        afterwards `stop_agreed` is True on every rank when any rank asked.
+        afterwards `stop_agreed` is True on every rank when any rank asked. `scaler`: a
+        `torch.amp.GradScaler` (float16 autocast): each slot differentiates its loss times the
+        scale, and an overflow sets every `.grad` to inf so `scaler.step(opt)` skips
+        (alpha_mpi.torch.scaling).
         """
         from ..learning.slicing import slice_batch
 
         sizes = None if sizes is None else list(sizes)
         cut = lambda: slice_batch(X, y, self.slots, self.needed_slots, sizes)  # noqa: E731
-        return self._step(cut, loss_fn, reduction, accumulate, stop, cut_rule(sizes, self.slots))
+        given = lambda: given_whole(X, y, sizes, self.slots)  # noqa: E731
+        return self._step(cut, loss_fn, reduction, accumulate, stop, given, scaler)
 
     def step_local(
         self,
@@ -316,16 +364,21 @@ class DataParallel(CheckpointMethods, SlotPasses):
         reduction: str | None = None,
         accumulate: bool | None = None,
         stop: bool = False,
+        scaler: object | None = None,
     ) -> float:
         """`step` on this rank's share of a global batch: (X, y) hold exactly the samples of
         `my_slots` of one global batch, in slot order (what `alpha_mpi.torch.SlotSampler`
         yields through a DataLoader). The result is the bits `step` gives on the global batch,
         on any rank count, while each rank reads only its share.
 
-        The owned slots' sizes follow from len(y) under `step`'s even cut; `sizes` (one count
-        per slot of the global batch) gives another cut. With `audit_slots` a rank also needs
-        the slots it recomputes, which its share lacks: use `step` or `step_slots` there.
-        Returns the global batch's mean loss, as `step`.
+        Which global batch the share belongs to comes from the SlotSampler that yielded it (its
+        note: the data set length, the global batch's length, epoch, place in the epoch and a
+        digest of its sample indices, compared across ranks in the step's payload) or from
+        `sizes` (one count per slot of the global batch); with neither, the step is refused
+        (`slot-cut-mismatch`): a whole batch on every rank would train on duplicated data. The
+        owned slots' sizes follow from len(y) under `step`'s even cut, or from `sizes`. With
+        `audit_slots` a rank also needs the slots it recomputes, which its share lacks: use
+        `step` or `step_slots` there. Returns the global batch's mean loss, as `step`.
         """
         from ..learning.slicing import slice_local
 
@@ -340,7 +393,8 @@ class DataParallel(CheckpointMethods, SlotPasses):
                 )
             return slice_local(X, y, self.slots, self.my_slots, sizes)
 
-        return self._step(cut, loss_fn, reduction, accumulate, stop, cut_rule(sizes, self.slots))
+        given = lambda: given_share(self.notes, sizes, self.slots)  # noqa: E731
+        return self._step(cut, loss_fn, reduction, accumulate, stop, given, scaler)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -361,22 +415,23 @@ class DataParallel(CheckpointMethods, SlotPasses):
         reduction: str | None = None,
         accumulate: bool | None = None,
         stop: bool = False,
+        scaler: object | None = None,
     ) -> float:
         """`step` for a batch already cut: {slot: (X_s, y_s)} for exactly `needed_slots`."""
-        return self._step(lambda: batch, loss_fn, reduction, accumulate, stop, None)
+        return self._step(lambda: batch, loss_fn, reduction, accumulate, stop, given_slots, scaler)
 
-    def _step(self, cut, loss_fn, reduction, accumulate, stop, rule) -> float:
+    def _step(self, cut, loss_fn, reduction, accumulate, stop, given, scaler=None) -> float:
         """The step over `cut()` (the {slot: data} batch). What this rank refuses of its own
         inputs (the cut, the loss declaration, the environment, a slot's loss) travels as a
         flag in the step's exchange, so every rank refuses (`peer-refused` naming this rank)
-        instead of waiting for it; the next step works. `rule(total)`: the slot sizes a global
-        batch of `total` samples is cut into (None: any cut is the caller's)."""
+        instead of waiting for it; the next step works. `given()`: how the global batch was
+        given, a `Given` (what the ranks must agree on about it, and its cut)."""
         if accumulate is None:
             accumulate = self._no_sync > 0 or self._after_no_sync
         if self._no_sync == 0:
             self._after_no_sync = False
         asked = bool(stop) or bool(self.preemption is not None and self.preemption.requested)
-        n, failure = self.n, None
+        n, failure, facts, length, rule = self.n, None, None, 0, None
         start = (
             [b.detach().clone() for _, b in self.float_buffers + self.other_buffers]
             if self.buffer_rule == "slot-mean"
@@ -390,15 +445,35 @@ class DataParallel(CheckpointMethods, SlotPasses):
                 bk.begin(self.payloads, self.reduced)
             # The caller's generators are saved and restored once per step, not per slot.
             with step_rng() as devices, bk.walk() if bk is not None else contextlib.nullcontext():
-                refused, batch = None, None
+                refused, batch, call = None, None, None
                 try:
-                    loss_reduction(loss_fn, reduction)
-                    check_precision()
+                    g = given()  # first: step_local takes its sampler note whatever follows
+                    length, rule = g.length, g.rule
+                    scale = loss_scale(scaler, buckets=bk is not None)
+                    facts = step_facts(
+                        seed=self.seed,
+                        module=self.module,
+                        accumulate=accumulate,
+                        loss_scale=scale,
+                        source=g.source,
+                        sizes=g.sizes,
+                        note=g.note,
+                        length=g.length,
+                        digest=g.digest(),
+                    )
+                    declared = loss_reduction(loss_fn, reduction)
+                    self.precision.check_around()
                     check_environment(self.env)
+                    check_parameters(self.module, self.params)
                     batch = check_batch(cut(), self.needed_slots)
+                    words = np.empty(WORDS)
+                    facts.words(words)
+                    call = SlotCall(
+                        loss_fn, declared, start, devices, words, None if scale is None else scaler
+                    )
                     last = self.my_slots[-1] if bk is not None else None
                     for i, s in enumerate(self.my_slots):
-                        self._slot(s, batch[s], loss_fn, start, devices, armed=s == last)
+                        self._slot(s, batch[s], call, armed=s == last)
                         self.payloads[s][self.stop_at] = 1.0 if (asked and i == 0) else 0.0
                 except Refusal as e:
                     refused = e
@@ -406,12 +481,21 @@ class DataParallel(CheckpointMethods, SlotPasses):
                     refused = Refusal("torch-slot-failed", f"{type(e).__name__}: {str(e)[:300]}")
                     failure = e
                 if self.audit is not None:  # before the combine: a mismatch combines nothing
+                    # The settings are compared first: a rank that differs by them is named for
+                    # that, never as a faulty host (step_agreement.py).
+                    agree = (
+                        None
+                        if facts is None
+                        else (np.array(facts.values, float), lambda t: check_table(t, facts))
+                    )
                     self.audit.check(
                         self.steps,
                         self.payloads,
-                        lambda s, o: self._slot(s, batch[s], loss_fn, start, devices, o),
+                        lambda s, o: self._slot(s, batch[s], call, o),
                         self._audit_buf,
                         refused,
+                        words=self.stop_at,
+                        agree=agree,
                     )
             if bk is not None:
                 red = bk.finish(refused)
@@ -419,15 +503,27 @@ class DataParallel(CheckpointMethods, SlotPasses):
                 red = self.reducer.run(self.payloads, out=self.reduced)
             else:
                 red = self.reducer.executor.execute(None, self.reduced, local=refused)
-            np.divide(red[:n], red[self.mass_at], out=self._g)  # normalised once, after the combine
-            check_cut(red[self.sizes_at : self.mass_at], red[self.mass_at], rule)
-            self.grads.write(self._g, red[self.used_at : self.sizes_at] > 0, accumulate)
+            # Every check reads combined words only, so every rank gives the same verdict.
+            check_combined(red[self.agree_at :], self.slots, facts)
+            check_cut(red[self.sizes_at : self.mass_at], length, rule)
+            mass = red[self.mass_at]
+            if not mass > 0.0:
+                raise Refusal(
+                    "mass-zero",
+                    f"the step's slots declared a total mass of {mass!r} (every item ignored or "
+                    "padding?); there is nothing to divide the gradient by; nothing was applied",
+                )
+            if red[self.inf_at] > 0:  # a GradScaler's scaled gradient overflowed (scaling.py)
+                mark_overflow(self.params)
+            else:
+                np.divide(red[:n], mass, out=self._g)  # normalised once, after the combine
+                self.grads.write(self._g, red[self.used_at : self.sizes_at] > 0, accumulate)
             if self.nb:
                 np.divide(red[n : n + self.nb], float(self.slots), out=self._b)
                 with torch.no_grad():
                     for (_, t), (a, b) in zip(self.float_buffers, self.buffer_offsets):
                         _from64(t, self._b[a - n : b - n])
-            loss_mean = float(red[self.loss_at] / red[self.mass_at])
+            loss_mean = float(red[self.loss_at] / mass)
         except Exception as e:
             for p in self.params:
                 p.grad = None

@@ -6,7 +6,8 @@ first (the order a backward produces their gradients in, as DDP's buckets). Each
 combined by its own `Allreducer` over the same slot tree, so every coordinate is still the
 tree's sum in the declared order: the bits are those of one combine over the whole payload
 (the combine is coordinatewise; which words travel together changes nothing). The words after
-the gradients (buffers, used flags, slot sizes, mass, loss, stop) are the tail, combined last.
+the gradients (buffers, used flags, slot sizes, mass, loss, inf, stop, the agreement words) are
+the tail, combined last.
 
 Protocol of one step, on every rank:
 - `begin(payloads, out)` hands the worker thread the step; it walks the buckets in one fixed
@@ -128,6 +129,7 @@ class Buckets:
         self._pending: list[int] = []
         self._wrote: list[bool] = []
         self._buf: np.ndarray | None = None
+        self._scale = 1.0
         self._refused: Refusal | None = None
         self._error: BaseException | None = None
         self._job = None
@@ -151,10 +153,11 @@ class Buckets:
             self._job = (payloads, out)
             self._wake.notify()
 
-    def arm(self, buf: np.ndarray) -> None:
-        """The next backward is the last owned slot's: its hooks widen into `buf`."""
+    def arm(self, buf: np.ndarray, scale: float = 1.0) -> None:
+        """The next backward is the last owned slot's: its hooks widen into `buf`, times `scale`
+        (the loss's, alpha_mpi.torch.losses) in binary64."""
         self._wrote = [False] * len(self.params)
-        self._buf = buf
+        self._buf, self._scale = buf, scale
 
     def disarm(self, grads) -> None:
         """After the last slot's backward: write what no hook wrote, every bucket ready."""
@@ -165,7 +168,7 @@ class Buckets:
                 if g is None:
                     buf[a:b] = 0.0
                 else:
-                    into64(buf[a:b], g)
+                    self._widen(buf[a:b], g)
         for k in range(len(self.members)):
             self.ready[k].set()
 
@@ -211,13 +214,18 @@ class Buckets:
             r.free()
 
     # --- hooks (main thread, inside the backward) -------------------------------------------
+    def _widen(self, out: np.ndarray, g) -> None:
+        into64(out, g)
+        if self._scale != 1.0:
+            out *= self._scale
+
     def _hook_for(self, i: int):
         def hook(g):
             buf = self._buf
             if buf is None:  # not the last slot's backward (or the user's own backward)
                 return None
             a, b = self.offsets[i]
-            into64(buf[a:b], g)
+            self._widen(buf[a:b], g)
             self._wrote[i] = True
             k = self.bucket_of[i]
             self._pending[k] -= 1

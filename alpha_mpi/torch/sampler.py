@@ -19,6 +19,14 @@ the global batch, on any rank count. The index arithmetic is alpha_mpi.learning.
 
 The sampler is iterated in the main process (the DataLoader hands index lists to its workers),
 so `num_workers`, `pin_memory` and `persistent_workers` work as with any batch sampler.
+
+It also tells the step which global batch each share belongs to: for every batch it yields it
+leaves a note with `dp` (the data set length, the global batch's length, the epoch, the batch's
+place in the epoch and a CRC-32 of its sample indices), and `dp.step_local` takes the notes in
+order (the DataLoader returns batches in the order the sampler yields them) and carries them in
+the step's payload (alpha_mpi.torch.step_agreement): a rank whose sampler walks another epoch,
+another start, another data set or batch size is refused by name, not trained on. A new
+iteration drops the notes an epoch left early left behind.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from typing import TYPE_CHECKING
 from ..learning.epochs import check_epoch, epoch_order, epoch_windows, share
 from ..refusals import Refusal
 from ._env import require_torch
+from .step_agreement import BatchNote, indices_digest
 
 if TYPE_CHECKING:
     import torch
@@ -76,6 +85,7 @@ class SlotSampler(torch.utils.data.Sampler):
     ) -> None:
         self.n = len(dataset)
         self.slots, self.owned = dp.slots, list(dp.my_slots)
+        self.notes = dp.notes  # what each yielded batch belongs to, for dp.step_local
         self.batch_size = _count(batch_size, "batch_size", 1)
         self.seed = _count(seed, "seed", 0)
         self.shuffle, self.drop_last = bool(shuffle), bool(drop_last)
@@ -123,8 +133,11 @@ class SlotSampler(torch.utils.data.Sampler):
 
     def __iter__(self) -> Iterator[list[int]]:
         order = epoch_order(self.n, self.seed, self.epoch, self.shuffle)
-        for w in self.windows[self.start :]:
-            yield share(order, w, self.slots, self.owned)
+        self.notes.restart()
+        for i in range(self.start, len(self.windows)):
+            a, b = self.windows[i]
+            self.notes.push(BatchNote(self.n, b - a, self.epoch, i, indices_digest(order[a:b])))
+            yield share(order, (a, b), self.slots, self.owned)
 
     def global_batches(self, epoch: int | None = None) -> Iterator[list[int]]:
         """The whole global batches of an epoch (default: the current one), for checking that

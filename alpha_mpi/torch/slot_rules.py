@@ -1,19 +1,17 @@
-"""What runs around each slot's forward and backward in `DataParallel.step`: the loss must be a
-declared sum, no autocast, and torch's random-number generators seeded from (seed, step, slot).
+"""What runs around each slot's forward and backward in `DataParallel.step`: the declared
+precision (autocast or none), and torch's random-number generators seeded from (seed, step, slot).
 
 Apart from data_parallel.py because these are rules about the user's callables and torch's
 process-wide state, checked or set per slot; the step itself only calls them.
 
-- `loss_reduction(loss_fn, reduction)`: a slot's loss must be the SUM of its per-sample losses
-  (the combine adds sums and divides once by the global sample count). A torch loss says so
-  (`reduction="sum"`), `functools.partial(F.cross_entropy, reduction="sum")` says so, a function
-  wrapped by `summed` says so, and `step(..., reduction="sum")` declares it for any callable.
-  A callable that says nothing (a lambda, a plain function: they may well return a mean) is
-  refused by name (`torch-loss-undeclared`): a mean would train with a wrongly scaled gradient,
-  silently.
-- `check_precision()`: autocast (CPU or CUDA) changes which kernels and formats a forward uses;
-  it is refused by name (`torch-autocast-refused`) around the step, and so is a loss in a
-  reduced format (autocast entered inside the module).
+- `precision(autocast, device, dtype)`: the forward's precision DataParallel declares, in its
+  contract: no autocast, or autocast to bfloat16 / float16 on the module's device type (CPU
+  bfloat16 and float16, CUDA float16 and bfloat16) entered by the step around each slot's forward
+  and loss (the backward runs outside, as torch recommends). An autocast the caller enters
+  around the step is accepted when it is the declared one; another is refused by name
+  (`torch-autocast-refused`), and so is a slot loss in a reduced format that was not declared.
+  Autocast picks kernels and formats by op; on one device type they are the same on every rank,
+  so the bits are still the same on every rank count (tested on CPU bfloat16).
 - `step_rng()` around a step's slot loop and `seed_slot(seed, step, slot)` before each slot:
   the caller's generator states are saved once per step and restored after it (also after a
   refusal), and each slot seeds torch's CPU generator (and every CUDA device's, where CUDA is
@@ -28,9 +26,9 @@ process-wide state, checked or set per slot; the step itself only calls them.
 from __future__ import annotations
 
 import contextlib
-import functools
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..learning.rng import slot_seed
 from ..refusals import Refusal
@@ -42,9 +40,9 @@ else:
     torch = require_torch()
 
 __all__ = [
-    "summed",
-    "loss_reduction",
-    "check_precision",
+    "Precision",
+    "precision",
+    "AUTOCAST",
     "step_rng",
     "seed_slot",
     "slot_rng",
@@ -52,72 +50,97 @@ __all__ = [
 ]
 
 AUTOCAST_DEVICES = ("cpu", "cuda")
-"""The device types whose autocast state `check_precision` reads."""
+"""The device types whose autocast state `Precision.check_around` reads."""
 
 
-class summed:  # noqa: N801 - used like a function: summed(fn)
-    """Declare that `fn(output, target)` returns the SUM of the slot's per-sample losses:
-    `dp.step(X, y, alpha_mpi.torch.summed(my_loss))`. The declaration is the caller's word;
-    alpha_mpi cannot see inside `fn`."""
+@dataclass(frozen=True)
+class Precision:
+    """The forward's precision a DataParallel declares: float32/float64 (`dtype` None), or
+    autocast to `dtype` on `device` ("cpu" or "cuda") around each slot's forward and loss. Built
+    by `precision(...)`; `name` is what the contract says."""
 
-    reduction = "sum"
+    device: str
+    dtype: torch.dtype | None = None
 
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        if not callable(fn):
-            raise Refusal("usage", f"summed() needs a callable loss, got {type(fn).__name__}")
-        self.fn = fn
-        functools.update_wrapper(self, fn, updated=())
+    @property
+    def name(self) -> str:
+        """ "no autocast", or e.g. "autocast cpu bfloat16 around forward and loss"."""
+        if self.dtype is None:
+            return "no autocast"
+        return f"autocast {self.device} {str(self.dtype).replace('torch.', '')} around forward and loss"
 
-    def __call__(self, output: torch.Tensor, target: Any) -> torch.Tensor:
-        """fn(output, target)."""
-        return self.fn(output, target)
+    def forward(self) -> contextlib.AbstractContextManager:
+        """The context a slot's forward and loss run in (autocast, or nothing)."""
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device, dtype=self.dtype)
 
+    def backward(self) -> contextlib.AbstractContextManager:
+        """The context a slot's backward runs in: every autocast off (the backward's ops follow
+        their forward's formats), so an autocast the caller entered changes nothing there."""
+        on = [d for d in AUTOCAST_DEVICES if torch.is_autocast_enabled(d)]
+        if not on:
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        for d in on:
+            stack.enter_context(torch.autocast(d, enabled=False))
+        return stack
 
-def _said(loss_fn) -> object:
-    """The reduction `loss_fn` declares: its `reduction` attribute, a partial's keyword, or None."""
-    said = getattr(loss_fn, "reduction", None)
-    if said is None and isinstance(loss_fn, functools.partial):
-        said = loss_fn.keywords.get("reduction")
-    return said
-
-
-def loss_reduction(loss_fn: Callable[..., Any], reduction: str | None = None) -> None:
-    """Refuse unless `loss_fn` is declared to return a sum (see the module docstring)."""
-    name = getattr(loss_fn, "__name__", type(loss_fn).__name__)
-    if reduction is not None:
-        if reduction != "sum":
+    def check_around(self) -> None:
+        """Refuse (`torch-autocast-refused`) an autocast around the step other than the declared one."""
+        for d in AUTOCAST_DEVICES:
+            if not torch.is_autocast_enabled(d):
+                continue
+            got = torch.get_autocast_dtype(d)
+            if d == self.device and got == self.dtype:
+                continue  # the declared autocast, entered by the caller as well: the same forward
+            declared = "no autocast" if self.dtype is None else f"autocast {self.device} {_dt(self.dtype)}"
             raise Refusal(
-                "torch-loss-invalid",
-                f"step(reduction={reduction!r}); the slot loss must be a sum, declared as reduction='sum'",
+                "torch-autocast-refused",
+                f"torch.autocast({d!r}, dtype={_dt(got)}) is active around DataParallel.step, which "
+                f"declared {declared}; declare it with DataParallel(..., autocast=torch.{_dt(got)}) "
+                "so the contract names it",
             )
-        return
-    said = _said(loss_fn)
-    if said == "sum":
-        return
-    if said is not None:
-        raise Refusal("torch-loss-invalid", f"{name} has reduction={said!r}; the slot loss must be a sum")
-    raise Refusal(
-        "torch-loss-undeclared",
-        f"loss_fn {name} does not say whether it returns the sum or the mean of the slot's losses "
-        "(a lambda or function may return either, and a mean would scale the gradient wrongly)",
-    )
 
-
-def check_precision(loss: torch.Tensor | None = None) -> None:
-    """Refuse autocast around the step, or a slot loss in a reduced format (`torch-autocast-refused`)."""
-    on = [d for d in AUTOCAST_DEVICES if torch.is_autocast_enabled(d)]
-    if on:
+    def check_loss(self, loss: torch.Tensor) -> None:
+        """Refuse a slot loss in a reduced format the declaration does not allow."""
+        if loss.dtype in (torch.float32, torch.float64) or loss.dtype == self.dtype:
+            return
         raise Refusal(
             "torch-autocast-refused",
-            f"torch.autocast is active for {', '.join(on)} around DataParallel.step; "
-            "its kernel and format choices are not in the contract",
+            f"the slot loss is {_dt(loss.dtype)}; a forward in a reduced format (autocast or "
+            ".half() inside the module?) is not what the DataParallel declared "
+            f"({self.name}): declare it with DataParallel(..., autocast=...)",
         )
-    if loss is not None and loss.dtype not in (torch.float32, torch.float64):
+
+
+def _dt(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+AUTOCAST = {"cpu": ("bfloat16", "float16"), "cuda": ("float16", "bfloat16")}
+"""The autocast formats DataParallel accepts, per device type."""
+
+
+def precision(autocast: object, device, param_dtype) -> Precision:
+    """The Precision of `DataParallel(autocast=...)`: None, or a reduced float dtype (a
+    torch.dtype or its name) for the module's device type; `usage` for anything else."""
+    if autocast is None:
+        return Precision(device.type)
+    name = _dt(autocast) if isinstance(autocast, torch.dtype) else autocast
+    allowed = AUTOCAST.get(device.type, ())
+    if name not in allowed:
         raise Refusal(
-            "torch-autocast-refused",
-            f"the slot loss is {str(loss.dtype).replace('torch.', '')}; "
-            "a forward in a reduced format (autocast inside the module?) is not in the contract",
+            "usage",
+            f"autocast={autocast!r} on {device.type}: use None or one of "
+            f"{', '.join('torch.' + a for a in allowed)}",
         )
+    if param_dtype != torch.float32:
+        raise Refusal(
+            "usage",
+            f"autocast needs float32 parameters (autocast casts float32 ops); these are {_dt(param_dtype)}",
+        )
+    return Precision(device.type, getattr(torch, name))
 
 
 def _cuda_devices() -> list[int]:

@@ -110,7 +110,7 @@ def cmd(comm, argv) -> int:
     """Run the benchmark (every rank); rank 0 prints the table, the ratios and the digests."""
     torch = require_torch()
     from ...torch import DataParallel, SlotSampler, parameter_digest
-    from .torch_models import DATA, MODELS
+    from .torch_models import DATA, LOSSES, MODELS
 
     rank, size = comm.Get_rank(), comm.Get_size()
     a = _parser(rank).parse_args(argv)
@@ -128,7 +128,7 @@ def cmd(comm, argv) -> int:
     X, y = DATA[a.model]()
     ds = _Pairs(X, y)
     make = MODELS[a.model]
-    summed, mean = torch.nn.CrossEntropyLoss(reduction="sum"), torch.nn.CrossEntropyLoss()
+    summed, mean = LOSSES[a.model]  # declared sum (or (sum, tokens) pair), DDP's mean
     rows, models, steps = {}, {}, {}
 
     def fresh():
@@ -195,9 +195,9 @@ def cmd(comm, argv) -> int:
 
         def passes(k=k, b=b):
             for j in range(k):
-                torch.autograd.grad(
-                    summed(probe(Xp[j * b : (j + 1) * b]), yp[j * b : (j + 1) * b]), list(probe.parameters())
-                )
+                loss = summed(probe(Xp[j * b : (j + 1) * b]), yp[j * b : (j + 1) * b])
+                loss = loss[0] if isinstance(loss, tuple) else loss
+                torch.autograd.grad(loss, list(probe.parameters()))
             if a.device == "cuda":
                 torch.cuda.synchronize()
 
@@ -209,9 +209,40 @@ def cmd(comm, argv) -> int:
     digests = {name: parameter_digest(models[name]) for name in order if name in models}
     dist.destroy_process_group()
     mismatch = _bits_check(digests)
+    agreeing = _agreement_cost(dp, X[: a.batch], y[: a.batch])
     if rank == 0:
-        _report(a, size, torch, models, times, digests, mismatch, order)
+        _report(a, size, torch, models, times, digests, mismatch, order, agreeing)
     return 1 if mismatch else 0
+
+
+def _agreement_cost(dp, Xb, yb, repeat: int = 20) -> float:
+    """Seconds a step spends on what the ranks must agree on, besides its payload words: this
+    rank's facts (training flags, the CRC-32 of a `step` global batch) and the parameter check
+    (alpha_mpi.torch.step_agreement, module_check.check_parameters)."""
+    import time
+
+    import numpy as np
+
+    from ...torch.module_check import check_parameters
+    from ...torch.step_agreement import WORDS, content_digest, step_facts
+
+    words = np.empty(WORDS)
+    t0 = time.perf_counter()
+    for _ in range(repeat):
+        facts = step_facts(
+            seed=dp.seed,
+            module=dp.module,
+            accumulate=False,
+            loss_scale=None,
+            source="step",
+            sizes=None,
+            note=None,
+            length=len(yb),
+            digest=content_digest(Xb, yb),
+        )
+        facts.words(words)
+        check_parameters(dp.module, dp.params)
+    return (time.perf_counter() - t0) / repeat
 
 
 def _bits_check(digests: dict) -> list[str]:
@@ -223,7 +254,7 @@ def _bits_check(digests: dict) -> list[str]:
     return [k for k, ds in by_count.items() if len(ds) > 1]
 
 
-def _report(a, size, torch, models, times, digests, mismatch, order) -> None:
+def _report(a, size, torch, models, times, digests, mismatch, order, agreeing) -> None:
     n = sum(q.numel() for q in models[order[0]].parameters())
     med = {k: statistics.median(v) for k, v in times.items()}
     ref = med[order[0]]
@@ -250,6 +281,14 @@ def _report(a, size, torch, models, times, digests, mismatch, order) -> None:
                 + ("  (target <= 1.02)" if kind == "local" else "")
             )
     print("# (torch alone K x N: K forwards and backwards of N samples each, no combine, no optimizer)")
+    from ...torch.step_agreement import WORDS
+
+    if first:
+        print(
+            f"# agreement (what the ranks must share, alpha_mpi.torch.step_agreement): {WORDS} payload words "
+            f"per slot, and {1e6 * agreeing:.0f} us of work per step (facts, the global batch's CRC-32, "
+            f"the parameter check) = {agreeing / med[first]:.2%} of the {first} step"
+        )
     for k in digests:
         print(f"# digest {k} (params) after {len(times[k]) + a.warmup} steps: {digests[k]}")
     print("# (each slot count's rows end with the same bits on every rank count; DDP's depend on it)")

@@ -81,6 +81,7 @@ ADVICE: dict[str, str] = {
     "contribution-missing": "pass a payload for every slot this rank owns",
     "contribution-unexpected": "pass payloads only for the slots this rank owns in the tree",
     "contribution-shape": "each contribution must have the layout's element count",
+    "contributions-not-mapping": "pass a dict {slot: array} (e.g. {comm.rank: x}), or call alpha_mpi.allreduce(comm, x) with no tree for one contribution per rank",
     "peer-timeout": "a peer did not send within the bound; check the peer's log (it may have crashed) or raise ALPHA_MPI_TIMEOUT",
     "peer-failed": "MPI reported an error on a frame with a peer: that peer's process ended or the interconnect failed; look first for a traceback or a refusal in that rank's output (a rank that stopped on an error of its own and exited is the commonest cause: act on that error), and only when it printed none did it die (the launcher's output says how: a signal, out of memory)",
     "realization-inapplicable": "choose one of the realizations the message lists (tree, scatter and replicate apply to every tree), or realization='auto'",

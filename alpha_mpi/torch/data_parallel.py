@@ -1,49 +1,21 @@
 """`DataParallel`: a torch module's gradients combined over a declared slot tree.
 
-Protocol of one `step(X, y, loss_fn)` (every rank calls it, with the same global batch):
+Every rank calls `step(X, y, loss_fn)` with the same global batch (or `step_local` with its
+share): each owned slot's forward and backward alone, its gradient widened exactly to binary64,
+one combine over the slot tree, `.grad = Σ g / Σ mass` normalised once and rounded once, the same
+on every rank; the user's optimizer then runs on identical gradients (the protocol, stage by
+stage: alpha_mpi.torch.step). Buffers (BatchNorm's running statistics) are refused by name
+(`torch-buffers-refused`) unless `buffers="slot-mean"` (the rule: alpha_mpi.torch.buffers).
 
-1. The batch is cut into `slots` contiguous windows (alpha_mpi.learning.slicing); this rank takes
-   the slots it owns in the tree (`my_slots`).
-2. For each owned slot, separately, under torch's generators seeded from (seed, step, slot) and
-   the declared precision (autocast or none): the slot's declared loss and mass
-   (alpha_mpi.torch.losses: `loss_fn(module(X_s), y_s)` a sum over samples, a `(loss_sum, mass)`
-   pair, or a `ModuleLoss`, the module's own mean over its mass), then `torch.autograd.grad`
-   (the slot's own backward into fresh tensors; nothing accumulates across slots). Fixed
-   intra-op threads and deterministic algorithms (set at construction, checked every step, named
-   in the contract), so a slot's gradient has the same bits on whichever rank runs it.
-3. The slot's payload: its gradients (float32 widened exactly to binary64 by
-   `kernel.widen_binary32`, the `WidenBinary32@contribution` site; float64 copied as is; a
-   module's mean times its mass in binary64), the buffers in `slot-mean` mode, the sample count,
-   the mass and the loss sum, and the words the ranks must agree on (alpha_mpi.torch.step_agreement).
-4. One combine over the slot tree (alpha_mpi.execution.Allreducer; no MPI collective); every rank
-   checks the agreement words and the cut on the combined payload alike; then
-   `g = numerator / mass` once in binary64, then for float32 one `kernel.round_binary64` into each
-   parameter's `.grad` (the `RoundBinary64@gradient` site; added to the `.grad` held with
-   `accumulate`; None for a parameter no slot used). Every rank holds the same `.grad`.
-5. The user's optimizer (`opt.step()`) runs on identical gradients and identical state on every
-   rank, so the parameters stay identical.
-
-Buffers (e.g. BatchNorm's running_mean, running_var, num_batches_tracked): refused by name
-(`torch-buffers-refused`) unless `buffers="slot-mean"`, whose rule is: every slot's forward starts
-from the step's buffers; a floating buffer's new value is the mean over all slots of the values
-each slot's forward left, Σ_s b_s / S, the sum evaluated by the same slot tree in binary64 (float32
-widened exactly), one true division by S, then rounded once to the buffer's dtype; an integer
-buffer (a counter) takes the value the slot forwards left, which is the same for every slot.
-With `buffers="slot-mean"` the result does not depend on the rank count either (the rule is over
-slots), but it is not what one forward over the whole batch would give.
-
-A non-finite gradient, buffer or loss is refused on every rank; `.grad` is cleared (None) and the
-buffers keep their step-start values, so an `opt.step()` after a refusal changes nothing.
-
-This module holds the step, each stage a named call (`_step`), over objects built once with
-explicit data: the payload's layout (payload.py: `PayloadLayout`), one slot's pass (slot_pass.py:
-`SlotPass`), the combine (combine.py: `StepCombine`, one Allreducer or the buckets of
-overlap.py), the buffers' rule (buffers.py: `StepBuffers`), `.grad` (gradients.py:
-`GradientWriter`), the state checkpoints carry (state.py: `ModuleState`) and their view
-(checkpointing.py: `Checkpoints`, `TorchCheckpointView`). Apart from it too: what it checks about
-the module before building anything (module_check.py) and that every rank built the same one
-(same_module.py), the declared loss and mass (losses.py), what the ranks must agree on in a step
-(step_agreement.py), whether the ranks' slots are one global batch's cut (slot_cut.py), the
+This module builds the parts once, with explicit data, and holds the public API: the step's
+protocol (step.py: `TrainingStep`), the payload's layout (payload.py: `PayloadLayout`), one
+slot's pass (slot_pass.py: `SlotPass`), the combine (combine.py: `StepCombine`, one Allreducer
+or the buckets of overlap.py), the buffers' rule (buffers.py: `StepBuffers`), `.grad`
+(gradients.py: `GradientWriter`), the state checkpoints carry (state.py: `ModuleState`) and their
+view (checkpointing.py: `Checkpoints`, `TorchCheckpointView`). Apart from it too: what it checks
+about the module before building anything (module_check.py) and that every rank built the same
+one (same_module.py), the declared loss and mass (losses.py), what the ranks must agree on in a
+step (step_agreement.py), whether the ranks' slots are one global batch's cut (slot_cut.py), the
 rules around each slot (slot_rules.py: precision, generators), a GradScaler (scaling.py), a
 module on a device (devices.py), the contract and the parameter digest (contract_and_digest.py),
 the two conversion sites (convert.py), torch's environment (_env.py).
@@ -55,10 +27,7 @@ import contextlib
 import inspect
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
-
-import numpy as np
+from typing import TYPE_CHECKING, TypeVar
 
 from .. import kernel
 from ..learning.rng import slot_seed
@@ -66,7 +35,7 @@ from ..model import ReplicateAll, build
 from ..model.deprecation import deprecated_order_id
 from ..planning import plan
 from ..refusals import Refusal
-from ._env import check_environment, fix_environment, require_torch
+from ._env import fix_environment, require_torch
 from .buffers import StepBuffers
 from .checkpointing import CheckpointContext, Checkpoints
 from .combine import StepCombine
@@ -79,26 +48,16 @@ from .contract_and_digest import (
 )
 from .devices import contract_environment
 from .gradients import UNUSED_RULES, GradientWriter
-from .losses import loss_reduction
-from .module_check import BUFFER_RULES, check_module, check_parameters
+from .module_check import BUFFER_RULES, check_module
 from .overlap import check_bucket_mb
 from .payload import PayloadLayout
 from .same_module import check_same_module, take_rank0_values
-from .scaling import loss_scale, mark_overflow
-from .slot_cut import Given, check_batch, check_cut, given_share, given_slots, given_whole
-from .slot_pass import SlotCall, SlotPass
-from .slot_rules import precision, step_rng
+from .slot_cut import given_share, given_slots, given_whole
+from .slot_pass import SlotPass
+from .slot_rules import precision
 from .state import ModuleState
-from .step_agreement import (
-    FIELDS,
-    MAX_SLOTS,
-    WORDS,
-    BatchNotes,
-    StepFacts,
-    check_combined,
-    check_table,
-    step_facts,
-)
+from .step import StepRequest, TrainingStep
+from .step_agreement import FIELDS, MAX_SLOTS, BatchNotes
 
 if TYPE_CHECKING:
     import torch
@@ -132,38 +91,6 @@ def _default_topology() -> str:
     return inspect.signature(DataParallelLearner.__init__).parameters["topology"].default
 
 
-@dataclass(frozen=True)
-class StepRequest:
-    """One call of `step`, `step_local` or `step_slots`: `cut()` gives the {slot: data} batch
-    this rank needs, `given()` how the global batch was given (slot_cut.Given), then the loss
-    and the step's options as the caller passed them."""
-
-    cut: Callable[[], Mapping]
-    given: Callable[[], Given]
-    loss_fn: Any
-    reduction: str | None
-    accumulate: bool | None
-    stop: bool
-    scaler: Any
-
-
-@dataclass
-class SlotsDone:
-    """What the slot stage of one step leaves for the stages after it: how the batch was given
-    (`length`, `rule`: what the combined cut must match), the step's `facts` (what the ranks
-    compare), the cut `batch` and the slots' shared `call` (the audit recomputes with them), and
-    this rank's `refused` (flagged in the combine) with the user's own exception behind it
-    (`failure`, raised on this rank once every rank refused)."""
-
-    length: int = 0
-    rule: Any = None
-    facts: StepFacts | None = None
-    batch: Mapping | None = field(default=None, repr=False)
-    call: SlotCall | None = None
-    refused: Refusal | None = None
-    failure: Exception | None = None
-
-
 class DataParallel:
     """Data-parallel training of `module` over `comm` with a declared slot tree.
 
@@ -181,7 +108,7 @@ class DataParallel:
         topology: the slot tree (default: DataParallelLearner's default).
         threads: torch intra-op threads, set here with deterministic algorithms (default 1).
         buffers: "refuse" (default: a module with buffers is refused by name) or "slot-mean"
-            (the rule in the module docstring).
+            (the rule: alpha_mpi.torch.buffers).
         timeout: seconds a rank waits for a peer (default ALPHA_MPI_TIMEOUT).
         seed: the random-number seed of the slots: slot s of step t runs under torch's
             generators seeded from (seed, t, s), so dropout and every random op give the same
@@ -335,7 +262,20 @@ class DataParallel:
             agree_words=len(FIELDS),
             compute=self.compute,
         )
-        self._audit_buf = np.zeros(self.payload.total) if self.audit is not None else None
+        self.stepper = TrainingStep(
+            self.state,
+            env=self.env,
+            precision=self.precision,
+            payload=self.payload,
+            slot_pass=self.slot_pass,
+            combine=self.combine,
+            grads=self.grads,
+            buffers=self.buffers,
+            audit=self.audit,
+            replicas=self.replicas,
+            my_slots=self.my_slots,
+            slots=slots,
+        )
         context = CheckpointContext(
             comm, slots, timeout, self.layout_order_id, self.contract, self.compute_identity, shared=(self,)
         )
@@ -358,9 +298,7 @@ class DataParallel:
     @property
     def needed_slots(self) -> list[int]:
         """`my_slots`, then (audit_slots) the slots this rank recomputes this step."""
-        from ..learning.audit import needed_slots
-
-        return needed_slots(self.audit, self.my_slots, self.steps)
+        return self.stepper.needed_slots
 
     # the step's entries ---------------------------------------------------------------------
     def step(
@@ -474,35 +412,16 @@ class DataParallel:
             StepRequest(lambda: batch, given_slots, loss_fn, reduction, accumulate, stop, scaler)
         )
 
-    # the step, stage by stage -----------------------------------------------------------------
+    # the step (alpha_mpi.torch.step) ------------------------------------------------------------
     def _step(self, req: StepRequest) -> float:
-        """The step of `req`. What this rank refuses of its own inputs (the cut, the loss
-        declaration, the environment, a slot's loss) travels as a flag in the step's combine, so
-        every rank refuses (`peer-refused` naming this rank) instead of waiting for it; `.grad`
-        is cleared, the buffers keep their step-start values, and the next step works."""
+        """The step of `req` (alpha_mpi.torch.step), with `accumulate` and the stop request
+        resolved here and the stop flag agreed afterwards."""
         accumulate = self._accumulates(req.accumulate)
         asked = bool(req.stop) or bool(self.preemption is not None and self.preemption.requested)
-        start = self.buffers.snapshot()
-        done = None
-        try:
-            self._compare_replicas()
-            # The caller's generators are saved and restored once per step, not per slot.
-            with step_rng() as devices, self.combine.around_slots():
-                done = self._run_slots(req, accumulate, asked, start, devices)
-                self._audit_slots(done)  # before the combine: a mismatch combines nothing
-            red = self.combine.finish(done.refused)
-            loss = self._apply(red, done, accumulate)
-        except Exception as e:
-            self._undo(start)
-            if (
-                done is not None
-                and done.failure is not None
-                and getattr(e, "code", None) == "torch-slot-failed"
-            ):
-                raise done.failure from e  # this rank's own exception, once every rank has refused
-            raise
-        self._count(red, loss)
-        return loss
+        self.last_loss, self.stop_agreed = self.stepper.run(req, accumulate, asked)
+        if self.stop_agreed and self.preemption is not None:
+            self.preemption.agreed = True
+        return self.last_loss
 
     def _accumulates(self, accumulate: bool | None) -> bool:
         """`accumulate` as given, or (None) True inside `no_sync()` and for the step right after."""
@@ -511,107 +430,6 @@ class DataParallel:
         if self._no_sync == 0:
             self._after_no_sync = False
         return accumulate
-
-    def _compare_replicas(self) -> None:
-        """Every `audit_digests` steps, before the forward: the state's digests compared."""
-        if self.replicas is not None and self.replicas.due(self.steps):
-            self.replicas.check(self.steps, [t.detach().cpu().numpy() for t in self.state.tensors()])
-
-    def _run_slots(self, req: StepRequest, accumulate: bool, asked: bool, start, devices) -> SlotsDone:
-        """This rank's checks of its inputs, then each owned slot's pass into its payload (the
-        first also carries `asked`, this rank's stop). A refusal (or the user's exception) is
-        kept in the result, for the combine to flag."""
-        done = SlotsDone()
-        buckets = self.combine.buckets
-        try:
-            g = req.given()  # first: step_local takes its sampler note whatever follows
-            done.length, done.rule = g.length, g.rule
-            scale = loss_scale(req.scaler, buckets=buckets is not None)
-            done.facts = step_facts(
-                seed=self.seed,
-                module=self.module,
-                accumulate=accumulate,
-                loss_scale=scale,
-                source=g.source,
-                sizes=g.sizes,
-                note=g.note,
-                length=g.length,
-                digest=g.digest(),
-            )
-            declared = loss_reduction(req.loss_fn, req.reduction)
-            self.precision.check_around()
-            check_environment(self.env)
-            check_parameters(self.module, self.params)
-            done.batch = check_batch(req.cut(), self.needed_slots)
-            words = np.empty(WORDS)
-            done.facts.words(words)
-            scaler = None if scale is None else req.scaler
-            done.call = SlotCall(self.steps, req.loss_fn, declared, start, devices, words, scaler)
-            last = self.my_slots[-1] if buckets is not None else None
-            stop_at = self.payload.stop_at
-            for i, s in enumerate(self.my_slots):
-                buf = self.combine.payloads[s]
-                self.slot_pass.run(s, done.batch[s], done.call, buf, armed=s == last)
-                buf[stop_at] = 1.0 if (asked and i == 0) else 0.0
-        except Refusal as e:
-            done.refused = e
-        except Exception as e:  # the user's module, loss or data: flagged all the same
-            done.refused = Refusal("torch-slot-failed", f"{type(e).__name__}: {str(e)[:300]}")
-            done.failure = e
-        return done
-
-    def _audit_slots(self, done: SlotsDone) -> None:
-        """With audit_slots: the audited slots recomputed here and compared. The settings are
-        compared first: a rank that differs by them is named for that, never as a faulty host
-        (step_agreement.py)."""
-        if self.audit is None:
-            return
-        facts = done.facts
-        agree = None if facts is None else (np.array(facts.values, float), lambda t: check_table(t, facts))
-        self.audit.check(
-            self.steps,
-            self.combine.payloads,
-            lambda s, out: self.slot_pass.run(s, done.batch[s], done.call, out),
-            self._audit_buf,
-            done.refused,
-            words=self.payload.stop_at,
-            agree=agree,
-        )
-
-    def _apply(self, red: np.ndarray, done: SlotsDone, accumulate: bool) -> float:
-        """The combined payload's checks (the agreement words, the cut, the mass: combined words
-        only, so every rank gives the same verdict), then `.grad` and the buffers; returns the
-        global batch's mean loss."""
-        lay = self.payload
-        check_combined(lay.agreement(red), self.slots, done.facts)
-        check_cut(lay.sizes(red), done.length, done.rule)
-        mass = red[lay.mass_at]
-        if not mass > 0.0:
-            raise Refusal(
-                "mass-zero",
-                f"the step's slots declared a total mass of {mass!r} (every item ignored or "
-                "padding?); there is nothing to divide the gradient by; nothing was applied",
-            )
-        if red[lay.inf_at] > 0:  # a GradScaler's scaled gradient overflowed (scaling.py)
-            mark_overflow(self.params)
-        else:
-            self.grads.write_mean(lay.gradient(red), mass, lay.used(red), accumulate)
-        self.buffers.write_mean(lay.buffers(red))
-        return float(red[lay.loss_at] / mass)
-
-    def _undo(self, start) -> None:
-        """A refused step: `.grad` cleared (an `opt.step()` changes nothing), buffers as at its start."""
-        for p in self.params:
-            p.grad = None
-        self.buffers.restore(start)
-
-    def _count(self, red: np.ndarray, loss: float) -> None:
-        """A step done: counted, its loss kept, the stop flag agreed on every rank."""
-        self.steps += 1
-        self.last_loss = loss
-        self.stop_agreed = bool(red[self.payload.stop_at] > 0)
-        if self.stop_agreed and self.preemption is not None:
-            self.preemption.agreed = True
 
     # checkpoints (alpha_mpi.torch.checkpointing) --------------------------------------------------------
     def register(self, name: str, obj) -> None:

@@ -29,6 +29,12 @@ another one is refused (`compute-changed`) unless `accept_compute_change=True` (
 `DataParallel.state_digest(optimizer)` is the digest of what a checkpoint holds (every vector above,
 widened exactly, and the scalars) and the seed: the whole state a resume continues from
 (alpha_mpi.learning.digests).
+
+Objects: DataParallel's `save`, `restore` and `state_digest` call `Checkpoints`, which keeps one
+`TorchCheckpointView` per optimizer; a view is built from the DataParallel's `ModuleState`
+(alpha_mpi.torch.state) and a `CheckpointContext` (what the checkpoints are of), never from the
+DataParallel itself. The optimizer's part (what is a vector, what a scalar, what a restore must
+share) is alpha_mpi.torch.optimizer_state.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from ..refusals import CheckpointRefusal, Refusal
 from ._env import require_torch
 from .contract_and_digest import dtype_name
 from .convert import pack, unpack
+from .optimizer_state import check_optimizer, optimizer_scalars, optimizer_vectors, read_optimizer_scalars
 from .registered import class_name, decode_state, encode_state, load_all, try_load
 from .same_module import architecture_digest
 
@@ -52,51 +59,6 @@ if TYPE_CHECKING:
 torch = require_torch()
 
 __all__ = ["TorchCheckpointView", "CheckpointContext", "Checkpoints", "encode_state", "decode_state"]
-
-
-def _jsonable(v):
-    if isinstance(v, (bool, int, str)) or v is None:
-        return v
-    if isinstance(v, float):
-        return v
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, torch.Tensor) and v.numel() == 1:
-        return float(v)
-    return repr(v)
-
-
-def _is_vector(v, p) -> bool:
-    """Per-coordinate optimizer state: a tensor shaped like its parameter (at least 1-d); a
-    0-d tensor (Adam's `step`) is a scalar."""
-    return isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape == p.shape
-
-
-def _hyper(optimizer) -> list:
-    return [{k: _jsonable(v) for k, v in sorted(g.items()) if k != "params"} for g in optimizer.param_groups]
-
-
-_LR_KEYS = ("lr", "initial_lr")
-
-
-def _fixed(hyper: list) -> list:
-    """The hyperparameters a resume must share: all but the (scheduled) learning rates."""
-    return [{k: v for k, v in g.items() if k not in _LR_KEYS} for g in hyper]
-
-
-def _base_lrs(hyper: list) -> list:
-    """The configured learning rate of each group: `initial_lr` where a scheduler set it."""
-    return [g.get("initial_lr", g.get("lr")) for g in hyper]
-
-
-def _groups(optimizer, module) -> list:
-    """Each param group's parameters by their names in `module`, sorted: what the group's
-    hyperparameters apply to (frozen parameters included; one outside the module by its shape)."""
-    names = {id(p): k for k, p in module.named_parameters()}
-    return [
-        sorted(names.get(id(p), f"(outside the module: {list(p.shape)})") for p in g["params"])
-        for g in optimizer.param_groups
-    ]
 
 
 @dataclass(frozen=True)
@@ -155,16 +117,7 @@ class TorchCheckpointView:
         if dp.float_buffers:
             out["buffers"] = [b for _, b in dp.float_buffers]
         if self.optimizer is not None:
-            keys = sorted(
-                {k for p in dp.params for k, v in self.optimizer.state.get(p, {}).items() if _is_vector(v, p)}
-            )
-            for k in keys:
-                ts = [self.optimizer.state.get(p, {}).get(k) for p in dp.params]
-                if any(t is None for t in ts):
-                    raise Refusal(
-                        "torch-optimizer-state", f"optimizer state {k!r} exists for some parameters only"
-                    )
-                out[f"optimizer.{k}"] = ts
+            out.update(optimizer_vectors(self.optimizer, dp.params))
         return out
 
     def checkpoint_pieces(self) -> dict:
@@ -189,36 +142,8 @@ class TorchCheckpointView:
             "registered": {k: encode_state(o.state_dict(), k) for k, o in sorted(dp.registered.items())},
             "registered_classes": {k: class_name(o) for k, o in sorted(dp.registered.items())},
         }
-        opt = self.optimizer
-        if opt is not None:
-            sc["optimizer"] = type(opt).__name__
-            sc["optimizer_hyper"] = _hyper(opt)
-            sc["param_groups"] = _groups(opt, dp.module)
-            scalars = {}
-            for i, p in enumerate(dp.params):
-                for k, v in opt.state.get(p, {}).items():
-                    if _is_vector(v, p):
-                        continue  # a vector: saved as optimizer.<k>
-                    if isinstance(v, torch.Tensor):
-                        if v.numel() != 1:
-                            raise Refusal(
-                                "torch-optimizer-state",
-                                f"optimizer state {k!r} has shape {tuple(v.shape)}, "
-                                f"not the parameter's {tuple(p.shape)}",
-                            )
-                        entry = {
-                            "value": float(v),
-                            "dtype": dtype_name(v.dtype),
-                            "shape": list(v.shape),
-                        }
-                    elif v is None or isinstance(v, (int, float, bool)):
-                        entry = {"value": v, "dtype": None}
-                    else:
-                        raise Refusal(
-                            "torch-optimizer-state", f"optimizer state {k!r} is a {type(v).__name__}"
-                        )
-                    scalars.setdefault(k, [None] * len(dp.params))[i] = entry
-            sc["optimizer_scalars"] = scalars
+        if self.optimizer is not None:
+            sc.update(optimizer_scalars(self.optimizer, dp.params, dp.module))
         return sc
 
     def checkpoint_read(self, ck) -> dict:
@@ -239,33 +164,7 @@ class TorchCheckpointView:
                 "checkpoint-config-mismatch",
                 f"checkpoint has {ck.length('params')} parameters, this module {dp.n}",
             )
-        saved_opt = sc.get("optimizer")
-        if opt is not None and saved_opt not in (None, type(opt).__name__):
-            raise CheckpointRefusal(
-                "checkpoint-config-mismatch", f"checkpoint optimizer {saved_opt}, now {type(opt).__name__}"
-            )
-        saved_hyper = sc.get("optimizer_hyper") or []
-        if opt is not None and saved_opt is not None:
-            now = _hyper(opt)
-            if len(saved_hyper) != len(now) or _fixed(saved_hyper) != _fixed(now):
-                raise CheckpointRefusal(
-                    "checkpoint-config-mismatch",
-                    f"optimizer hyperparameters differ: saved {_fixed(saved_hyper)}, now {_fixed(now)}",
-                )
-            saved_groups, groups = sc.get("param_groups"), _groups(opt, dp.module)
-            if saved_groups is not None and saved_groups != groups:  # recorded since issue 36
-                raise CheckpointRefusal(
-                    "checkpoint-config-mismatch",
-                    f"the optimizer's param groups hold other parameters: saved {saved_groups}, "
-                    f"now {groups}; each group's hyperparameters and learning rate would apply "
-                    "to other parameters (build the optimizer's groups as at save time)",
-                )
-            if _base_lrs(saved_hyper) != _base_lrs(now) and not self.adopt_lr:
-                raise CheckpointRefusal(
-                    "checkpoint-config-mismatch",
-                    f"lr: saved {_base_lrs(saved_hyper)}, now {_base_lrs(now)}; restore with the saved "
-                    "learning rate, or pass adopt_lr=True to continue with this one",
-                )
+        lrs = check_optimizer(sc, opt, dp.module, self.adopt_lr) if opt is not None else None
         saved_reg, reg = sc.get("registered", {}), dp.registered
         if sorted(saved_reg) != sorted(reg):
             raise CheckpointRefusal(
@@ -302,11 +201,7 @@ class TorchCheckpointView:
                 "checkpoint-config-mismatch", f"the checkpoint's integer buffers do not fit this module: {e}"
             ) from None
         read["optimizer"] = self._read_optimizer(ck, sc) if opt is not None else None
-        read["lrs"] = (
-            [h["lr"] for h in saved_hyper]
-            if opt is not None and saved_opt is not None and not self.adopt_lr
-            else None
-        )
+        read["lrs"] = lrs
         read["registered"] = {k: decode_state(saved_reg[k]) for k in reg}
         for k, o in reg.items():
             try_load(k, o, read["registered"][k], shared=self._shared())
@@ -325,20 +220,7 @@ class TorchCheckpointView:
             self._read(ck, f"optimizer.{k}", ts)
             for d, t in zip(per, ts):
                 d[k] = t
-        try:
-            for k, entries in sc.get("optimizer_scalars", {}).items():
-                for d, e in zip(per, entries):
-                    if e is None:
-                        continue
-                    v = e["value"]
-                    if e["dtype"] is not None:
-                        v = torch.tensor(v, dtype=getattr(torch, e["dtype"])).reshape(e["shape"])
-                    d[k] = v
-        except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as e:
-            raise CheckpointRefusal(
-                "checkpoint-config-mismatch",
-                f"the checkpoint's optimizer scalars are not readable here: {e!r}",
-            ) from None
+        read_optimizer_scalars(sc, per)
         return per
 
     def _shared(self) -> dict:

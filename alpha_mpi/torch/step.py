@@ -58,6 +58,7 @@ from .step_agreement import WORDS, StepFacts, check_combined, check_table, step_
 
 if TYPE_CHECKING:
     from ..learning.audit import SlotAudit
+    from ..learning.replicas import ReplicaDigests
 
 __all__ = ["TrainingStep", "StepRequest", "SlotsDone"]
 
@@ -112,7 +113,7 @@ class TrainingStep:
         grads: GradientWriter,
         buffers: StepBuffers,
         audit: SlotAudit | None,
-        replicas: Any,
+        replicas: ReplicaDigests | None,
         my_slots: list[int],
         slots: int,
     ) -> None:

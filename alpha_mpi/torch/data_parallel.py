@@ -431,7 +431,7 @@ class DataParallel:
             self._after_no_sync = False
         return accumulate
 
-    # checkpoints (alpha_mpi.torch.checkpointing) --------------------------------------------------------
+    # checkpoints (alpha_mpi.torch.checkpointing) ------------------------------------------------
     def register(self, name: str, obj) -> None:
         """Carry `obj.state_dict()` in every checkpoint under `name` and `obj.load_state_dict`
         it on restore (an LR scheduler, a sampler, a gradient scaler ...)."""
@@ -465,9 +465,9 @@ class DataParallel:
         """Load a checkpoint saved on any rank count into the module, `optimizer` (built over
         the module's parameters with the saved hyperparameters) and the registered objects
         (`scheduler`: registered as "scheduler"); sets `steps`. `adopt_lr`: continue with the
-        optimizer's present learning rate (see alpha_mpi.torch.checkpointing). `accept_compute_change`:
-        restore although the checkpoint was computed under another compute identity
-        (`compute-changed` otherwise; recorded). Returns the step directory, or None with
+        optimizer's present learning rate (see alpha_mpi.torch.checkpointing).
+        `accept_compute_change`: restore although the checkpoint was computed under another
+        compute identity (`compute-changed` otherwise; recorded). Returns the step directory, or None with
         `missing_ok` when there is none. Collective."""
         return self.checkpoints.restore(
             directory,

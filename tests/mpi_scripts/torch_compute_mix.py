@@ -28,11 +28,10 @@ set_abort_at_exit(False)  # the cases refuse on purpose; the script reports and 
 
 world = MPI.COMM_WORLD
 size = world.Get_size()
-# The batch from numpy, not torch.randn: torch's normal sampler is vectorized by capability, so
-# ranks of different capabilities would draw different batches (`batch-mismatch`, before the
-# audit could find the promise false).
+# The data from numpy's generator (uniform from its bits): torch.randn's vectorized kernels give
+# other bits under another ATen capability, so each rank would hold another batch (batch-mismatch).
 rng = np.random.default_rng(1)
-X = torch.from_numpy(rng.standard_normal((32, 20), dtype=np.float32))
+X = torch.from_numpy(rng.random((32, 20), dtype=np.float32) * 2 - 1)
 Y = torch.from_numpy(rng.integers(0, 4, 32))
 
 

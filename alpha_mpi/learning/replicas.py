@@ -80,7 +80,7 @@ class ReplicaDigests:
         self.replicated = partition_mode(partition).replicated
         if self.replicated is None:
             raise Refusal(
-                "usage",
+                "options-conflict",
                 f"audit_digests with partition={partition!r}: every range of the parameters and optimizer "
                 "state is held by one rank only, so no replica can be compared; use partition "
                 "'none', 'state' or 'grads', or audit_slots",

@@ -377,7 +377,7 @@ class DataParallel:
         def cut():
             if self.audit is not None:
                 raise Refusal(
-                    "usage",
+                    "options-conflict",
                     "step_local takes this rank's own slots only; with audit_slots a rank also "
                     "recomputes other ranks' slots: use step() with the global batch or step_slots()",
                 )

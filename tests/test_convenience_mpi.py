@@ -3,7 +3,8 @@
 `alpha_mpi.allreduce(comm, x)` with no tree combines one contribution per rank over
 `pairwise(range(p), p)`, equal in bits to the oracle; a bare array where a {slot: array} mapping
 belongs is refused by name on that rank (`contributions-not-mapping`), `peer-refused` on the
-others, on a first (building) call and on a warm one, and the next call works.
+others, on a first (building) call and on a warm one, and the next call works; a first call
+whose sizes differ is `executor-identity-mismatch` on every rank, and the next call works.
 """
 
 import numpy as np
@@ -59,5 +60,21 @@ def test_a_bare_array_where_a_mapping_belongs_is_refused_by_name_on_every_rank(w
     expected = "contributions-not-mapping" if rank == bad else "peer-refused"
     agree(world, code == expected, f"rank {rank}: {code}, expected {expected}")
     got = alpha_mpi.allreduce(comm, tree, {rank: data[rank]}, timeout=TIMEOUT)  # the next call works
+    agree(world, np.array_equal(bits(got), bits(want)), "the call after the refusal")
+    comm.Free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_first_call_whose_sizes_differ_is_named_on_every_rank_and_the_next_call_works(world):
+    """Every rank takes part in the build and asks for another executor: nothing is left on the
+    channel, so the refusal does not break the communicator (no combiner-broken, no reset)."""
+    size, rank = world.Get_size(), world.Get_rank()
+    comm = world.Dup()  # a communicator no call used: the first call builds
+    data = slot_data(size, 9, seed=21)
+    want = _want(pairwise(range(size), size), data)
+    short = data[rank][:-1] if rank == size - 1 else data[rank]
+    code = _code(lambda: alpha_mpi.allreduce(comm, short, timeout=TIMEOUT))
+    agree(world, code == "executor-identity-mismatch", f"rank {rank}: {code}")
+    got = alpha_mpi.allreduce(comm, data[rank], timeout=TIMEOUT)
     agree(world, np.array_equal(bits(got), bits(want)), "the call after the refusal")
     comm.Free()

@@ -18,9 +18,11 @@ loop re-plans nothing. The cache is safe under one rank's mistake:
 - Each cached executor has its sequence, agreed when built and carried in every frame, so a
   frame of another executor (a rank that passed other arguments) is refused by name.
 - A call that failed in a way that may leave its messages on the stream's tags (a peer that
-  never came, ranks that built different executors) makes every later call refuse
-  `combiner-broken` until `reset(comm)` on every rank: a retry never reads a stale message,
-  never hangs.
+  never came, ranks out of step) makes every later call refuse `combiner-broken` until
+  `reset(comm)` on every rank: a retry never reads a stale message, never hangs. Ranks that
+  all took part in the build and asked for different executors (a first call whose sizes or
+  trees differ) are refused `executor-identity-mismatch` on every rank and leave nothing behind:
+  the next call works.
 """
 
 from __future__ import annotations
@@ -157,7 +159,9 @@ def _cached(comm, tree, contributions, delivery, layout, realization, mode, cove
                 _stream=st,
             )
         except Refusal as e:
-            if e.code in _LEAVES_MESSAGES:
+            # Ranks that all finished the build round and differ (a first call's sizes, say) left
+            # nothing on the channel: named on every rank, and the next call builds afresh.
+            if e.code in _LEAVES_MESSAGES and e.context.get("in_flight", True):
                 st.broken = e.code
             raise
     return st, a, key.layout is None and not isinstance(tree, Plan)

@@ -481,6 +481,7 @@ def _refuse_different(v: vd.Verdicts, what: str) -> None:
         "executor-identity-mismatch",
         f"the ranks build different {what}s: {part} ({shown}); no rank built it",
         ranks=tuple(sorted(r for _, rs in ordered[1:] for r in rs)),
+        in_flight=False,  # every rank finished the round: the channel holds nothing of it
     )
 
 

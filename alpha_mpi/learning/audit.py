@@ -180,7 +180,7 @@ class SlotAudit:
             raise Refusal("usage", f"audit_slots must be an int in 1..{slots} (the slot count), got {k!r}")
         if self.size < 2:
             raise Refusal(
-                "usage",
+                "options-conflict",
                 "audit_slots needs at least 2 ranks: a slot is recomputed by another rank "
                 f"than its owner, and this communicator has {self.size}",
             )

@@ -36,6 +36,7 @@ from ..planning import plan
 from ..planning.assembly import plan_assembly
 from ..planning.realize import realize
 from ..refusals import KernelRefusal, Refusal
+from .audit import check_options
 from .learner_checkpoint import LearnerCheckpoint
 from .optim import make_optimizer
 from .rng import slot_generator
@@ -140,59 +141,80 @@ class DataParallelLearner(LearnerCheckpoint):
         fault_hook: FaultHook | None = None,
         machine_independent: bool = False,
     ) -> None:
-        if partition not in MODES:
-            raise Refusal("usage", f"unknown partition {partition!r}; use one of {', '.join(MODES)}")
-        from .protocol import check_model, takes_rng
-
-        check_model(model)  # a model that breaks the protocol is refused by name, before any collective
-        # A model whose loss_and_grad_sum takes rng= gets each slot's own generator (seed, step, slot).
-        self.seed, self.takes_rng = seed, takes_rng(model)
-        kernel.fpenv_check()  # FTZ/DAZ or a non-nearest rounding mode would change the bits: refuse
-        self.comm, self.model = comm, model
-        self.size, self.rank = comm.Get_size(), comm.Get_rank()
-        if slots < self.size:
-            raise Refusal(
-                "placement-invalid",
-                f"{slots} slots on {self.size} ranks leaves ranks without a contribution; use --slots >= ranks",
-            )
-        self.partition, self.topology, self.optimizer_name = partition, topology, optimizer
-        self.slots = slots
-        n = self.n = model.n_params
-        self.tree = build(topology, slots, self.size)
-        # Plans and executors, built once. Their order ids are what the contract names.
-        self.full_plan = plan(self.tree, ReplicateAll(), _weighted(n), size=self.size)
-        self.my_slots = self.full_plan.slots_of(self.rank)
+        # Every check this rank makes alone (the arguments, the model's protocol, the plan, the
+        # optimizer, the audit's options) runs first; its outcome travels in the first agreement
+        # round (start_params), so a rank that refuses is named on every rank at once (its own
+        # code there, `peer-refused` elsewhere) and no rank is left waiting for it or pairs its
+        # next learner with this one (issue 36).
         from ..numerics import contract_for_plan
         from .compute_check import ComputeCheck
+        from .protocol import check_model, takes_rng
 
-        # What the slots' bits depend on: this rank's compute identity, unless the model declares
-        # (or the caller promises) machine independence; compared across ranks in the first round.
-        self.compute = ComputeCheck.for_model(model, machine_independent)
-        self.compute_identity = self.compute.identity
-        # The learner's numerical contract: the combine order, normalise-once, the optimizer
-        # formula, and the compute identity (or the machine-independence declaration).
-        self.contract = contract_for_plan(self.full_plan, optimizer=optimizer, compute=self.compute.spec)
-        cd = self.contract.digest
-        self.payloads = {s: np.zeros(n + 3) for s in self.my_slots}
-        # Coordinate ranges of the partitioned modes: the reduce-scatter chunks of the payload,
-        # clipped to the n parameters (the last chunk also holds the mass and loss words).
-        # The reduce-scatter realization (halving where the tree's top is rank-partitioned, at any
-        # p, else scatter) fixes the chunks, and so each rank's coordinate range in the partitioned
-        # modes; halving at p != 2^k leaves some ranks no chunk (they hold no piece, see _mine).
-        self.rs_realization, _ = choose_realization(self.full_plan, "auto", "reduce-scatter")
-        self.chunks = realize(self.full_plan, self.rs_realization, mode="reduce-scatter").chunks
-        self.ranges = [
-            (r, min(lo, n), min(hi, n)) for r, (lo, hi) in enumerate(self.chunks) if min(hi, n) > min(lo, n)
-        ]
-        a, b = self.own = next(((a, b) for r, a, b in self.ranges if r == self.rank), (0, 0))
+        local, compute = None, None
+        try:
+            if partition not in MODES:
+                raise Refusal("usage", f"unknown partition {partition!r}; use one of {', '.join(MODES)}")
+            check_model(model)  # a model that breaks the protocol is refused by name, before any collective
+            # A model whose loss_and_grad_sum takes rng= gets each slot's own generator (seed, step, slot).
+            self.seed, self.takes_rng = seed, takes_rng(model)
+            kernel.fpenv_check()  # FTZ/DAZ or a non-nearest rounding mode would change the bits: refuse
+            self.comm, self.model = comm, model
+            self.size, self.rank = comm.Get_size(), comm.Get_rank()
+            if slots < self.size:
+                raise Refusal(
+                    "placement-invalid",
+                    f"{slots} slots on {self.size} ranks leaves ranks without a contribution; use --slots >= ranks",
+                )
+            self.partition, self.topology, self.optimizer_name = partition, topology, optimizer
+            self.slots = slots
+            n = self.n = model.n_params
+            self.tree = build(topology, slots, self.size)
+            # Plans and executors, built once. Their order ids are what the contract names.
+            self.full_plan = plan(self.tree, ReplicateAll(), _weighted(n), size=self.size)
+            self.my_slots = self.full_plan.slots_of(self.rank)
+            # What the slots' bits depend on: this rank's compute identity, unless the model declares
+            # (or the caller promises) machine independence; compared across ranks in the first round.
+            self.compute = compute = ComputeCheck.for_model(model, machine_independent)
+            self.compute_identity = self.compute.identity
+            # The learner's numerical contract: the combine order, normalise-once, the optimizer
+            # formula, and the compute identity (or the machine-independence declaration).
+            self.contract = contract_for_plan(self.full_plan, optimizer=optimizer, compute=self.compute.spec)
+            cd = self.contract.digest
+            self.payloads = {s: np.zeros(n + 3) for s in self.my_slots}
+            # Coordinate ranges of the partitioned modes: the reduce-scatter chunks of the payload,
+            # clipped to the n parameters (the last chunk also holds the mass and loss words).
+            # The reduce-scatter realization (halving where the tree's top is rank-partitioned, at any
+            # p, else scatter) fixes the chunks, and so each rank's coordinate range in the partitioned
+            # modes; halving at p != 2^k leaves some ranks no chunk (they hold no piece, see _mine).
+            self.rs_realization, _ = choose_realization(self.full_plan, "auto", "reduce-scatter")
+            self.chunks = realize(self.full_plan, self.rs_realization, mode="reduce-scatter").chunks
+            self.ranges = [
+                (r, min(lo, n), min(hi, n))
+                for r, (lo, hi) in enumerate(self.chunks)
+                if min(hi, n) > min(lo, n)
+            ]
+            a, b = self.own = next(((a, b) for r, a, b in self.ranges if r == self.rank), (0, 0))
+            self.opt = make_optimizer(
+                optimizer, n if partition == "none" else b - a, lr=lr, momentum=momentum
+            )
+            check_options((audit_slots, audit_digests, partition), slots, self.size)
+        except Exception as e:  # it travels to every rank, then is re-raised here
+            local = e
         # Collective: every rank computes alike (or declares it need not) and holds the same start,
-        # or every rank refuses, naming the ranks (and the identity's field).
+        # or every rank refuses, naming the ranks (and the identity's field). A rank whose checks
+        # stopped before its ComputeCheck still says as many words (the fields come from the
+        # identity alone): a round's records have one width on every rank.
         full = start_params(
-            comm, model, seed=seed, init_params=init_params, timeout=timeout, compute=self.compute
+            comm,
+            model,
+            seed=seed,
+            init_params=init_params,
+            timeout=timeout,
+            compute=compute or ComputeCheck.for_model(model),
+            local=local,
         )
         self.params = full if partition != "params" else full[a:b].copy()
         self._p_next = np.empty(n if partition == "none" else b - a)
-        self.opt = make_optimizer(optimizer, n if partition == "none" else b - a, lr=lr, momentum=momentum)
         if partition in ("none", "state"):
             # Whole gradient to every rank; the realization (tree or scatter) is chosen by size.
             self.reducer = Allreducer(comm, self.full_plan, timeout=timeout, contract=cd)

@@ -57,6 +57,7 @@ import numpy as np
 
 from .. import kernel
 from ..execution import Allreducer
+from ..learning.audit import build_checks, check_options
 from ..learning.rng import slot_seed
 from ..model import ReplicateAll, build
 from ..model.deprecation import deprecated_order_id
@@ -198,50 +199,62 @@ class DataParallel(CheckpointMethods, SlotPasses):
         autocast: torch.dtype | str | None = None,
         machine_independent: bool = False,
     ) -> None:
-        kernel.fpenv_check()
-        check_bucket_mb(bucket_mb, audit_slots, fault_hook)
-        parts = check_module(module, buffers)
-        self.module, self.comm, self.timeout = module, comm, timeout
-        self.size, self.rank = comm.Get_size(), comm.Get_rank()
-        if isinstance(slots, bool) or not isinstance(slots, int) or slots < self.size:
-            raise Refusal(
-                "placement-invalid",
-                f"{slots!r} slots on {self.size} ranks leaves ranks without a contribution; "
-                "use slots >= ranks",
+        # Every check this rank makes alone (the arguments, the module, the plan, the contract,
+        # the audit's options) runs first; its outcome travels in the first agreement round
+        # (check_same_module), so a rank that refuses is named on every rank at once (its own
+        # code there, `peer-refused` elsewhere) and no rank is left waiting for it or pairs its
+        # next DataParallel with this one (issue 36).
+        local = None
+        try:
+            kernel.fpenv_check()
+            check_bucket_mb(bucket_mb, audit_slots, fault_hook)
+            parts = check_module(module, buffers)
+            self.module, self.comm, self.timeout = module, comm, timeout
+            self.size, self.rank = comm.Get_size(), comm.Get_rank()
+            if isinstance(slots, bool) or not isinstance(slots, int) or slots < self.size:
+                raise Refusal(
+                    "placement-invalid",
+                    f"{slots!r} slots on {self.size} ranks leaves ranks without a contribution; "
+                    "use slots >= ranks",
+                )
+            if slots > MAX_SLOTS:  # the agreement words' sums stay exact below it (step_agreement.py)
+                raise Refusal("placement-invalid", f"{slots} slots; DataParallel takes at most {MAX_SLOTS}")
+            slot_seed(seed, 0, 0)  # refuses a seed that is not an int >= 0
+            self.slots, self.seed, self.preemption = slots, int(seed), preemption
+            self.topology = _default_topology() if topology is None else topology
+            self.params, self.dtype = parts.params, parts.dtype
+            self.buffer_rule = buffers
+            self.float_buffers, self.other_buffers = parts.float_buffers, parts.other_buffers
+            self.device = self.params[0].device
+            self.precision = precision(autocast, self.device, self.dtype)
+            self.notes = BatchNotes()  # what a SlotSampler's batches belong to (step_agreement.py)
+            if self.device.type == "cuda":  # deterministic cuBLAS needs it before its first call
+                os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            self.env = fix_environment(threads)
+            self.compute = torch_compute(contract_environment(self), machine_independent)
+            self.compute_identity = self.compute.identity
+            # Sized by this rank's module: nothing travels before the architectures are compared.
+            self.layout = self._lay_out(slots)
+            self.tree = build(self.topology, slots, self.size)
+            self.plan = plan(self.tree, ReplicateAll(), self.layout, size=self.size)
+            self.my_slots = self.plan.slots_of(self.rank)
+            self.layout_order_id = self.plan.layout_order_id  # what the contract and the frames name
+            self.contract = torch_contract(
+                self.layout_order_id,
+                self.dtype,
+                contract_environment(self),
+                buffers,
+                self.precision.name,
+                self.compute.spec,
             )
-        if slots > MAX_SLOTS:  # the agreement words' sums stay exact below it (step_agreement.py)
-            raise Refusal("placement-invalid", f"{slots} slots; DataParallel takes at most {MAX_SLOTS}")
-        slot_seed(seed, 0, 0)  # refuses a seed that is not an int >= 0, before any communication
-        self.slots, self.seed, self.preemption = slots, int(seed), preemption
-        self.topology = _default_topology() if topology is None else topology
-        self.params, self.dtype = parts.params, parts.dtype
-        self.buffer_rule = buffers
-        self.float_buffers, self.other_buffers = parts.float_buffers, parts.other_buffers
-        self.device = self.params[0].device
-        self.precision = precision(autocast, self.device, self.dtype)
-        self.notes = BatchNotes()  # what a SlotSampler's batches belong to (step_agreement.py)
-        if self.device.type == "cuda":  # deterministic cuBLAS needs it before its first call
-            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        self.env = fix_environment(threads)
-        # Every rank must hold the same architecture before any payload is sized by it, and
+            self.grads = GradientWriter(self.params, self.offsets, self.dtype, unused)
+            check_options((audit_slots, audit_digests, "state"), slots, self.size)
+        except Exception as e:  # it travels to every rank, then is re-raised here
+            local = e
+        # Every rank must hold the same architecture before any payload sized by it travels, and
         # compute alike (or be promised not to need to): `compute-mismatch` on every rank.
-        check_same_module(module, comm, timeout)
-        self.compute = torch_compute(contract_environment(self), machine_independent)
+        check_same_module(module, comm, timeout, local)
         self.compute.agree(comm, what="building the DataParallel", timeout=timeout)
-        self.compute_identity = self.compute.identity
-        self.layout = self._lay_out(slots)
-        self.tree = build(self.topology, slots, self.size)
-        self.plan = plan(self.tree, ReplicateAll(), self.layout, size=self.size)
-        self.my_slots = self.plan.slots_of(self.rank)
-        self.layout_order_id = self.plan.layout_order_id  # what the contract and the frames name
-        self.contract = torch_contract(
-            self.layout_order_id,
-            self.dtype,
-            contract_environment(self),
-            buffers,
-            self.precision.name,
-            self.compute.spec,
-        )
         self.conversions = (
             (("WidenBinary32", "contribution"), ("RoundBinary64", "gradient"))
             if self.dtype == torch.float32
@@ -269,7 +282,6 @@ class DataParallel(CheckpointMethods, SlotPasses):
         self.payloads = {s: np.zeros(self.layout.total) for s in self.my_slots}
         self.reduced = np.empty(self.layout.total)
         self._g = np.empty(self.n)
-        self.grads = GradientWriter(self.params, self.offsets, self.dtype, unused)
         # A module on a device: each slot's gradients cross to the host in one copy, into this.
         self._host = (
             None if self.device.type == "cpu" else torch.empty(self.n, dtype=self.dtype, pin_memory=True)
@@ -283,8 +295,6 @@ class DataParallel(CheckpointMethods, SlotPasses):
         self.registered: dict[str, object] = {}  # name -> object with state_dict/load_state_dict
         # Every rank takes rank 0's values (same_module.py).
         take_rank0_values(comm, self._state_tensors(), timeout, self.contract.digest)
-        from ..learning.audit import build_checks
-
         self.fault_hook = fault_hook
         opts, cd = (audit_slots, audit_digests, "state"), self.contract.digest
         self.audit, self.replicas = build_checks(

@@ -242,11 +242,14 @@ class Endpoint:
         except Refusal:  # refused by the caller in its own round; this round still ends
             return self.waiter(DEFAULT_TIMEOUT)
 
-    def verdict(self, words, local: BaseException | None, what: str, *, timeout=None) -> vd.Verdicts:
+    def verdict(
+        self, words, local: BaseException | None, what: str, *, timeout=None, direct: bool = False
+    ) -> vd.Verdicts:
         """One verdict round on this communicator (collective, in the same order on every rank):
         this rank's `local` failure (or None) and `words` (uint64; the same count on every
         rank) to every rank. Returns the table (verdict.Verdicts); raises only when the round
-        itself fails (a peer that never comes: peer-timeout; a rank out of step)."""
+        itself fails (a peer that never comes: peer-timeout; a rank out of step). `direct`:
+        every record straight to every rank (verdict.exchange)."""
         number = self.rounds
         self.rounds += 1
         return vd.exchange(
@@ -258,6 +261,7 @@ class Endpoint:
             number=number,
             what=what,
             owner=self,
+            direct=direct,
         )
 
     def agree(self, local: BaseException | None, what: str, *, timeout=None) -> None:
@@ -292,7 +296,15 @@ class Endpoint:
         here, wrapped = self._free_run(base), self._free_run(TAG_BASE)
         key = _key(identity or "-", sequence, base)
         try:
-            v = self.verdict([*key, messages, here, wrapped], local, "building an executor", timeout=timeout)
+            # A stream's builds go direct: a peer still running a warm call of the stream finds
+            # this record first from this rank and answers the round (`answer_build`).
+            v = self.verdict(
+                [*key, messages, here, wrapped],
+                local,
+                "building an executor",
+                timeout=timeout,
+                direct=stream is not None,
+            )
             v.raise_failures(local, f"building the {what}")
             _refuse_different(v, what)
             need = int(v.words[:, 4].max())
@@ -309,10 +321,29 @@ class Endpoint:
         wire = self.lib if dup else self.user
         return Seat(self, sequence, block, wire, shared=not dup, owned=owned)
 
-    def refuse_build(self, local: Refusal, what: str, *, timeout=None) -> None:
+    def answer_build(self, identity: str, sequence: int, base: int, what: str, *, timeout=None) -> None:
+        """A rank whose warm call of a stream found a peer's build record where it waited for
+        that peer's frame (Engine, `peer_round="verdict"`): it answers that build round with the
+        key of the executor it was running (`identity`, `sequence`, `base`), so every rank sees
+        the keys differ and raises `executor-identity-mismatch` naming the ranks, at once (the
+        first call's refusal), where the builder used to wait for the bound. Always raises; the
+        executor numbering and the tag allocator are left as they were on every rank."""
+        key = _key(identity or "-", sequence, base)
+        v = self.verdict([*key, 0, 0, 0], None, "building an executor", timeout=timeout, direct=True)
+        v.raise_failures(None, f"building the {what}")
+        _refuse_different(v, what)
+        # Unreachable in practice (a peer's new executor has a later sequence than any running
+        # one), but never go on as if something was built.
+        raise Refusal(
+            "executor-identity-mismatch",
+            f"a peer built a {what} while this rank ran one of its calls; no rank built it",
+        )
+
+    def refuse_build(self, local: Refusal, what: str, *, timeout=None, stream: Stream | None = None) -> None:
         """Take part in the build agreement of the executor the peers are building, with this
-        rank's refusal `local` (step 3 of the protocol); always raises."""
-        self.open_seat("", local, 0, what, timeout=timeout)
+        rank's refusal `local` (step 3 of the protocol); always raises. `stream`: the stream the
+        peers build on (its builds go direct: open_seat)."""
+        self.open_seat("", local, 0, what, timeout=timeout, stream=stream)
         raise local  # pragma: no cover - open_seat raises `local` itself
 
     def stream(self, name: str, *, timeout=None) -> Stream:

@@ -36,9 +36,9 @@ order; `p` = comm size):
    naming the ranks; no room in the tag space → `tag-space-exhausted`; else every rank takes
    the same sequence and tag block, and the executor creates its persistent sends with them.
    After a refusal the sequence and the allocator are as before, so the next build pairs.
-3. A constructor that refuses before it has a program (a learner's checks, an Allreducer
-   whose planning refused) takes part in the same round with its refusal
-   (`refuse_build`), so its peers are not left waiting.
+3. A constructor that refuses before it has a program (an Allreducer whose planning refused)
+   takes part in the same round with its refusal (`refuse_build`), so its peers are not left
+   waiting. A learner's local checks travel in its first agreement round the same way.
 4. Learners, checkpoints, audits: `verdict(words, local, what)`: one round, every rank's
    status and words to every rank (verdict.py), then each caller decides from the same table.
 5. Runs: an executor's frames carry its sequence and use its tag block only; the payload
@@ -64,7 +64,13 @@ Streams. Calls that run one at a time in program order on every rank — the con
 (`allreduce`, `combine`, `reduce_scatter`) and the array reductions — share one block per kind
 (a `Stream`, agreed once when the first such call is made), as they share one failure state:
 their executors are told apart by the identity and sequence in every frame, so a rank that
-calls another operation than its peers meets them in the frames and is named there.
+calls another operation than its peers meets them in the frames and is named there. A rank
+that builds another executor of the stream (another realization, delivery, tree or layout)
+while its peers run a warm call is named at once, by the first call's refusal: a stream's build
+round is direct (every record straight to every rank, not Bruck's rounds), a stream's executor
+that waits for a peer's frame looks at that peer's first message (Engine, engine_walk), and a
+build record there makes it answer the round with the executor it runs (`answer_build`): every
+rank sees the keys differ, `executor-identity-mismatch` naming the ranks.
 """
 
 from __future__ import annotations

@@ -496,3 +496,26 @@ def test_one_rank_passing_another_agreed_argument_is_named_everywhere_then_reset
     got = allreduce(comm, tree, good, realization="tree", timeout=SHORT)
     agree(world, np.array_equal(got, want), "after reset")
     comm.Free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_peer_that_resets_during_a_warm_call_is_named_at_once(world):
+    """The last rank calls reset(comm) while the others make a warm call: a rank waiting for its
+    frame finds its reset marker first and refuses `executor-identity-mismatch` at once (not
+    `peer-timeout` after the bound; 30 s here), and so on down the ranks that wait for that
+    one once it resets too; after every rank's reset the call works."""
+    from alpha_mpi.execution import reset
+
+    size, rank = world.Get_size(), world.Get_rank()
+    comm = world.Dup()
+    tree = _sum_tree(size)
+    good = {rank: np.full(3, float(rank + 1))}
+    allreduce(comm, tree, good, realization="tree", timeout=30)
+    code = None
+    if rank != size - 1:
+        code = refusal_code(lambda: allreduce(comm, tree, good, realization="tree", timeout=30))
+    reset(comm, timeout=30)
+    agree(world, rank == size - 1 or code == "executor-identity-mismatch", f"rank {rank}: {code}")
+    got = allreduce(comm, tree, good, realization="tree", timeout=30)
+    agree(world, np.array_equal(got, np.full(3, float(size * (size + 1) // 2))), "after reset")
+    comm.Free()

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Docs stage: checks that the errors page is what tools/errors_page.py writes from the refusal
-# registry, then builds the manual and its API reference (mkdocs.yml, docs/) with
-# `mkdocs build --strict`, so a warning (a broken link or anchor, a docstring griffe cannot
+# registry and that the API reference renders every public name (tools/api_reference.py; its
+# index links each name to its entry, so the strict build fails on one not rendered), then
+# builds the manual and its API reference (mkdocs.yml, docs/) with `mkdocs build --strict`, so a warning (a broken link or anchor, a docstring griffe cannot
 # read) fails the build. Installs the `docs` extra's packages (pyproject.toml) in its own venv;
 # the package itself is read from the sources (mkdocstrings/griffe, no import; the errors page
 # generator reads them with ast), so neither the kernel nor MPI is needed.
@@ -30,6 +31,8 @@ PY
 fi
 echo "== errors page (tools/errors_page.py --check: every refusal code of the registry, current)"
 python3 tools/errors_page.py --check || { echo "== docs FAILED"; exit 1; }
+echo "== API reference (tools/api_reference.py --check: every public name has its entry, the index current)"
+python3 tools/api_reference.py --check || { echo "== docs FAILED"; exit 1; }
 echo "== mkdocs build --strict"
 if NO_MKDOCS_2_WARNING=1 "$VENV/bin/mkdocs" build --strict --site-dir "${DOCS_SITE:-site}"; then
   echo "== docs passed"

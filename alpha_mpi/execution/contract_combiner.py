@@ -24,8 +24,9 @@ import numpy as np
 
 from ..numerics.authorization import authorize
 from ..numerics.conversion import convert_contribution
-from ..refusals import KernelRefusal, Refusal
+from ..refusals import KernelRefusal
 from .allreducer import Combiner
+from .contributions import require_mapping
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -79,8 +80,7 @@ class ContractCombiner:
         """Convert this rank's contributions at the contract's site, then combine them."""
         if self.kinds == ("KeepFormat",):
             return self.combiner.run(contributions, out=out)
-        if not isinstance(contributions, dict):
-            raise Refusal("contribution-shape", "contributions must be a dict mapping slot -> payload")
+        require_mapping(contributions)
         converted, overflow = {}, {}
         for slot, value in contributions.items():
             x = self._flat(value)

@@ -20,13 +20,27 @@ from ..refusals import Refusal
 Contributions = Mapping[int, Union[np.ndarray, tuple[np.ndarray, ...]]]
 
 
+def require_mapping(contributions) -> None:
+    """Refuse anything but a dict slot -> payload by name; a bare array (the MPI habit of passing
+    the buffer itself) is told what belongs there (`contributions-not-mapping`)."""
+    if isinstance(contributions, dict):
+        return
+    if isinstance(contributions, (np.ndarray, list, tuple, float, int)):
+        raise Refusal(
+            "contributions-not-mapping",
+            f"contributions is a bare {type(contributions).__name__} where a {{slot: array}} mapping belongs: "
+            "pass {slot: x} for each slot this rank owns, or call alpha_mpi.allreduce(comm, x) with no tree "
+            "(one contribution per rank, slot = rank)",
+        )
+    raise Refusal("contribution-shape", "contributions must be a dict mapping slot -> payload")
+
+
 def check_contributions(contributions, slots, rank: int, count: int, layout_key: str) -> dict:
     """slot -> flat contiguous float64 payload of `count` elements, for exactly this rank's `slots`.
 
     A payload is a float64 array, or a tuple of parts (e.g. numerator, mass) concatenated in order.
     """
-    if not isinstance(contributions, dict):
-        raise Refusal("contribution-shape", "contributions must be a dict mapping slot -> payload")
+    require_mapping(contributions)
     if len(contributions) != len(slots) or any(s not in contributions for s in slots):
         extra = sorted(set(contributions) - set(slots))
         if extra:

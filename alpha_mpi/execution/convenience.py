@@ -11,14 +11,18 @@ loop re-plans nothing. The cache is safe under one rank's mistake:
   or a wrong length finds the same executor as its peers, and its mistake is refused inside the
   run, flagged to every rank (`contribution-shape` there, `peer-refused` elsewhere), where it
   once built an executor alone (a lone collective Dup: a timeout, then a hang).
-- Without layout= the payload size is inferred from the first call's contributions and kept for
-  the tree: pass layout= (every rank the same) to combine another size with the same tree.
+- Without layout= the payload size is inferred from the first call's contributions (a bare
+  array's size too, so that rank builds with its peers and is refused in the run by name) and
+  kept for the tree: pass layout= (every rank the same) to combine another size. Keying on each
+  call's size would send a rank whose size alone changed to build while its peers run.
 - Each cached executor has its sequence, agreed when built and carried in every frame, so a
   frame of another executor (a rank that passed other arguments) is refused by name.
 - A call that failed in a way that may leave its messages on the stream's tags (a peer that
-  never came, ranks that built different executors) makes every later call refuse
-  `combiner-broken` until `reset(comm)` on every rank: a retry never reads a stale message,
-  never hangs.
+  never came, ranks out of step) makes every later call refuse `combiner-broken` until
+  `reset(comm)` on every rank: a retry never reads a stale message, never hangs. Ranks that
+  all took part in the build and asked for different executors (a first call whose sizes or
+  trees differ) are refused `executor-identity-mismatch` on every rank and leave nothing behind:
+  the next call works.
 """
 
 from __future__ import annotations
@@ -102,6 +106,8 @@ def cached_executors(comm: MPI.Comm) -> dict[CacheKey, Allreducer]:
 def _infer_layout(contributions):
     from ..model import Layout
 
+    if isinstance(contributions, np.ndarray):  # a bare array: its size keys the call like its
+        return Layout.vector(int(contributions.size))  # peers', the run refuses it by name
     if isinstance(contributions, dict):
         for value in contributions.values():
             if isinstance(value, tuple):
@@ -154,7 +160,9 @@ def _cached(comm, tree, contributions, delivery, layout, realization, mode, cove
                 _stream=st,
             )
         except Refusal as e:
-            if e.code in _LEAVES_MESSAGES:
+            # Ranks that all finished the build round and differ (a first call's sizes, say) left
+            # nothing on the channel: named on every rank, and the next call builds afresh.
+            if e.code in _LEAVES_MESSAGES and e.context.get("in_flight", True):
                 st.broken = e.code
             raise
     return st, a, key.layout is None and not isinstance(tree, Plan)
@@ -179,10 +187,27 @@ def _run(cached, contributions, out, timeout, rs=False):
         raise
 
 
+_NO_TREE = object()
+
+
+def _bare_call(comm, tree, contributions):
+    """`allreduce(comm, x)`: (pairwise(range(p)), {rank: x}); other calls pass through.
+
+    Like MPI_Allreduce: one contribution per rank, combined over the pairwise tree of the p
+    ranks, so the bits are the same on every run and MPI at that p (slots, not ranks, give the
+    same bits across rank counts: docs/allreduce.md)."""
+    if contributions is not _NO_TREE:
+        return tree, contributions
+    from ..model import pairwise
+
+    p = comm.Get_size()
+    return pairwise(range(p), p), {comm.Get_rank(): tree}
+
+
 def allreduce(
     comm: MPI.Comm,
-    tree: Node | Plan,
-    contributions: Contributions,
+    tree: Node | Plan | np.ndarray,
+    contributions: Contributions = _NO_TREE,  # type: ignore[assignment]
     delivery: ReplicateAll | DeliverTo | None = None,
     *,
     layout: LayoutLike | None = None,
@@ -195,8 +220,12 @@ def allreduce(
 ) -> np.ndarray | None:
     """Combine `contributions` (slot -> float64 array, or (numerator, mass) tuple) by `tree`
     (a Node or a tree Plan) with the chosen realization. Returns the combined payload where
-    delivery reaches this rank, else None. Executors are cached (see the module docstring)."""
+    delivery reaches this rank, else None. Executors are cached (see the module docstring).
+
+    `allreduce(comm, x)` (no tree): every rank passes one float64 array, combined over
+    `pairwise(range(p))` with slot = rank (the same bits on every run and MPI at that p)."""
     warn_retired(retired)
+    tree, contributions = _bare_call(comm, tree, contributions)
     cached = _cached(
         comm, tree, contributions, delivery, layout, realization, "allreduce", coverage, segment, timeout
     )

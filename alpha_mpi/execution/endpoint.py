@@ -102,6 +102,7 @@ __all__ = [
 VERDICT_TAG = 1
 RESET_TAG = 2
 TAG_BASE = 100
+ANSWERING = 2**64 - 1  # the message-count word of a rank answering a build from a warm call (answer_build)
 STREAM_MESSAGES = 256  # messages per pair of ranks a stream's block holds (a call needing more gets its own)
 _KEY = []  # the MPI keyval of the endpoint attribute (created once per process)
 
@@ -335,7 +336,7 @@ class Endpoint:
         first call's refusal), where the builder used to wait for the bound. Always raises; the
         executor numbering and the tag allocator are left as they were on every rank."""
         key = _key(identity or "-", sequence, base)
-        v = self.verdict([*key, 0, 0, 0], None, "building an executor", timeout=timeout, direct=True)
+        v = self.verdict([*key, ANSWERING, 0, 0], None, "building an executor", timeout=timeout, direct=True)
         v.raise_failures(None, f"building the {what}")
         _refuse_different(v, what)
         # Unreachable in practice (a peer's new executor has a later sequence than any running
@@ -510,14 +511,25 @@ def _refuse_different(v: vd.Verdicts, what: str) -> None:
         groups.setdefault(tuple(int(x) for x in row[:4]), []).append(r)
     if len(groups) == 1:
         return
+    # A rank that answered from a warm call (answer_build) sent frames of that call that no
+    # peer will take: the channel holds them until a reset.
+    answered = [r for r, row in enumerate(v.words) if len(row) > 4 and int(row[4]) == ANSWERING]
     ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
     ref, other = ordered[0][0], ordered[1][0]
     part, fmt = next(_KEY_PARTS[i] for i in range(4) if ref[i] != other[i])
     shown = "; ".join(f"{vd.ranks_text(rs)}: {fmt(k)}" for k, rs in ordered)
     raise Refusal(
         "executor-identity-mismatch",
-        f"the ranks build different {what}s: {part} ({shown}); no rank built it",
+        f"the ranks build different {what}s: {part} ({shown}); no rank built it"
+        + (
+            f" ({vd.ranks_text(answered)} ran a call of the other meanwhile: reset before the next)"
+            if answered
+            else ""
+        ),
         ranks=tuple(sorted(r for _, rs in ordered[1:] for r in rs)),
+        # every rank finished the round: the channel holds nothing of it, unless a rank answered
+        # from a call whose frames are left
+        in_flight=bool(answered),
     )
 
 

@@ -30,6 +30,11 @@ alike after the exchange, from the numbers and purposes in the records
 (`executor-identity-mismatch`); only a message of another size (a round of another width) or
 not intact is refused where it lands, and its peers' waits end at the bound.
 
+Direct exchange (`direct=True`, the convenience calls' build rounds): each rank sends its one
+record straight to every other rank and receives every other rank's (p - 1 messages each way,
+one record each: the same header with count 1), so a peer that is not in the round, waiting
+for a frame of a warm call, finds this rank's record as the first message from it (engine_walk).
+
 Rounds are collective calls: every rank of the communicator runs the same rounds in the same
 order, one at a time on one tag (MPI keeps messages of one sender, tag and communicator in
 order, so consecutive rounds never mix).

@@ -17,7 +17,7 @@ import os
 import sys
 
 from . import __version__
-from .refusals import Refusal, cli_advice
+from .refusals import USAGE_CODES, Refusal, cli_advice
 from .tools._args import (
     EXIT_BROKEN_PIPE,
     EXIT_CODES,
@@ -104,10 +104,13 @@ def main(argv=None) -> int:
         module = importlib.import_module(COMMANDS[name][0])
         return int(module.run(rest) or 0)
     except Refusal as e:
-        # A library refusal coded `usage` is a usage error (2); every other code is a refusal (3).
-        status = EXIT_USAGE if e.code == "usage" else EXIT_REFUSAL
+        # A library refusal coded `usage` or `options-conflict` is a usage error (2); every other
+        # code is a refusal (3).
+        status = EXIT_USAGE if e.code in USAGE_CODES else EXIT_REFUSAL
+        formerly = f" (formerly [{e.former_code}])" if e.former_code else ""  # refusals.FORMERLY
         _say_whole(
-            f"alpha-mpi{_rank_prefix()}: error [{e.code}] {e.message}\n  what to do: {cli_advice(e.code, name)}"
+            f"alpha-mpi{_rank_prefix()}: error [{e.code}] {e.message}{formerly}\n"
+            f"  what to do: {cli_advice(e.code, name)}"
         )
         _abort_others(status)
         return status

@@ -2,9 +2,12 @@
 
 Every refusal says what was expected, what was found, and what to do. The codes are part of the
 public contract: scripts and job wrappers match on them, so a code is never renamed, only added
-(a code that covered several mistakes may be split; CHANGELOG.md lists which now raise what).
+(a code that covered several mistakes may be split; CHANGELOG.md lists which now raise what, and
+the old name stays an alias of the split-off code for one release: FORMERLY).
 `ADVICE` holds the "what to do" sentence for each code in one place, so the docs and the
-exceptions say the same thing. Where that sentence speaks the Python API, `CLI_ADVICE` holds the
+exceptions say the same thing. `FORMERLY` names, for each code split off an older code that
+meant several things, the code it was raised as before: the old name stays an alias of the new
+code for one release (`refusal.matches(old)`, and the refusal's text names it). Where that sentence speaks the Python API, `CLI_ADVICE` holds the
 same advice worded for the `alpha-mpi` command line (the options to change); `cli_advice(code)`
 is what the command line prints.
 """
@@ -14,6 +17,9 @@ from __future__ import annotations
 __all__ = [
     "ADVICE",
     "CLI_ADVICE",
+    "FORMERLY",
+    "ALIAS_UNTIL",
+    "USAGE_CODES",
     "cli_advice",
     "Refusal",
     "ModelRefusal",
@@ -46,6 +52,7 @@ ADVICE: dict[str, str] = {
     "plan-rank-mismatch": "plan for the communicator you execute on (plan(..., size=comm.size))",
     "step-parse-error": "a step string looks like 'R3<1e4', 'E2', 'S3>0e4' (see Step.__str__)",
     "plan-simulation-failed": "the plan is inconsistent; this is a planner bug, please report it",
+    "internal-error": "alpha_mpi found its own state inconsistent while running (a bug, not your input): report it with the message and the rank count; the call returned no result, so call it again only after a fix",
     "data-parallel-assembly-overlap": "give each coordinate to exactly one owner (ranges must not overlap)",
     "data-parallel-assembly-coverage": "the owners' ranges must cover 0..n-1 with no hole",
     "plan-size-invalid": "give the rank count as an int >= 1 (size=comm.size)",
@@ -72,7 +79,9 @@ ADVICE: dict[str, str] = {
     "frame-magic": "the peer is not an alpha_mpi peer of this format version; run the same alpha_mpi on every rank",
     "frame-version": "every rank must run the same alpha_mpi frame format version",
     "frame-checksum": "a frame header was corrupted in transit or by a peer; rerun and check the interconnect",
-    "frame-identity-mismatch": "every rank must execute the same plan (same tree, placement, delivery, layout)",
+    "frame-identity-mismatch": "every rank must execute the same plan (same tree, placement, delivery, layout, realization, rank count)",
+    "frame-contract-mismatch": "build every rank's executor under the same numerical contract (the same optimizer, alpha_mpi build and compute identity, or the same contract= digest); `alpha-mpi env` on each node shows what differs",
+    "frame-sequence-mismatch": "build and run the same executors in the same order on every rank of a communicator (no rank may skip or add one), and give each executor its own duplicate (leave dup=True)",
     "frame-order-mismatch": "every rank must combine with the same declared order (tree order id)",
     "frame-topology-mismatch": "every rank must use the same topology (star vs hierarchy are different contracts)",
     "frame-size-mismatch": "every rank must use the same payload layout and element count",
@@ -81,7 +90,8 @@ ADVICE: dict[str, str] = {
     "contribution-missing": "pass a payload for every slot this rank owns",
     "contribution-unexpected": "pass payloads only for the slots this rank owns in the tree",
     "contribution-shape": "each contribution must have the layout's element count",
-    "contributions-not-mapping": "pass a dict {slot: array} (e.g. {comm.rank: x}), or call alpha_mpi.allreduce(comm, x) with no tree for one contribution per rank",
+    "layout-missing": "pass layout= (a Layout, or each contribution's element count) on every rank when you give a tree; a Plan carries its own layout",
+    "contributions-not-mapping": "pass a dict {slot: array} (e.g. {comm.rank: x}), or call alpha_mpi.allreduce(comm, x) with no tree for one contribution per rank; an Assembler takes a dict {(start, stop): array} of the ranges this rank owns",
     "peer-timeout": "a peer did not send within the bound; check the peer's log (it may have crashed) or raise ALPHA_MPI_TIMEOUT",
     "peer-failed": "MPI reported an error on a frame with a peer: that peer's process ended or the interconnect failed; look first for a traceback or a refusal in that rank's output (a rank that stopped on an error of its own and exited is the commonest cause: act on that error), and only when it printed none did it die (the launcher's output says how: a signal, out of memory)",
     "realization-inapplicable": "choose one of the realizations the message lists (tree, scatter and replicate apply to every tree), or realization='auto'",
@@ -160,6 +170,7 @@ ADVICE: dict[str, str] = {
     "torch-state-unsupported": "register only objects whose state_dict() holds numbers, strings, booleans, None, lists, tuples and dicts with string keys (LR schedulers do); keep other state yourself",
     # tools
     "usage": "an argument is outside what the function accepts: the message names it and what it accepts (see help() of the function)",
+    "options-conflict": "two arguments that are each valid cannot go together (or one needs more ranks than the communicator has): the message names both; change one of them",
     "data-invalid": "give float features X of shape (n, d) and integer labels y of shape (n,)",
     "output-unwritable": "give the output option (--json, --plot) a path to a file in an existing, writable directory",
     "plot-unavailable": "install the plot extra, pip install 'alpha_mpi[plot]', or leave out --plot",
@@ -178,6 +189,8 @@ ADVICE: dict[str, str] = {
 #: ADVICE reads right on the command line already. `{command}` is the command that refused.
 CLI_ADVICE: dict[str, str] = {
     "usage": "see `alpha-mpi {command} --help` for the options and the values they take",
+    "options-conflict": "two options that are each valid cannot go together (or one needs more ranks than "
+    "mpiexec -n started): the message names both; change one of them (`alpha-mpi {command} --help`)",
     "placement-invalid": "run on at most --slots ranks: raise --slots to the rank count (mpiexec -n N) or more, "
     "or start fewer ranks",
     "slot-invalid": "give --slots an integer >= 1",
@@ -232,6 +245,27 @@ CLI_ADVICE: dict[str, str] = {
 }
 
 
+#: The release until which the old names in FORMERLY stay aliases (they go in the next one).
+ALIAS_UNTIL = "0.3.0"
+
+#: Codes split off an older code that meant several things (issue 37): new code -> the code it
+#: was raised as before 0.2.0. Until ALIAS_UNTIL the old name stays an alias of the new code:
+#: `refusal.matches(old)` is True and the refusal's text ends "(formerly [old])", so a script or
+#: a log search that matches the old name still finds it. The old names keep their own, narrower
+#: meaning (each is a code of ADVICE); docs/errors.md lists the aliases under both codes.
+FORMERLY: dict[str, str] = {
+    "layout-missing": "contribution-shape",
+    "contributions-not-mapping": "contribution-shape",
+    "internal-error": "plan-simulation-failed",
+    "frame-contract-mismatch": "frame-identity-mismatch",
+    "frame-sequence-mismatch": "frame-identity-mismatch",
+    "options-conflict": "usage",
+}
+
+#: Codes the command line reports as usage errors (exit status 2, docs/exit-codes.md).
+USAGE_CODES = frozenset({"usage", "options-conflict"})
+
+
 def cli_advice(code: str, command: str = "COMMAND") -> str:
     """What to do about refusal `code`, worded for the `alpha-mpi` command line: CLI_ADVICE where
     the Python advice would name Python API, else ADVICE. `command` names the refusing command."""
@@ -249,7 +283,18 @@ class Refusal(Exception):
         self.message = message
         self.advice = ADVICE[code]
         self.context = context
-        super().__init__(f"[{code}] {message} -- {self.advice}")
+        #: The code this refusal was raised as before it was split off (FORMERLY), or None.
+        self.former_code = FORMERLY.get(code)
+        formerly = f" (formerly [{self.former_code}])" if self.former_code else ""
+        super().__init__(f"[{code}] {message} -- {self.advice}{formerly}")
+
+    def matches(self, code: str) -> bool:
+        """Whether this refusal answers to `code`: its own, or the old name it was raised as
+        before its code was split off (an alias until ALIAS_UNTIL, see FORMERLY). Match on this
+        rather than on `.code ==` where a script must work across the split."""
+        if code not in ADVICE:
+            raise ValueError(f"unregistered refusal code {code!r}")
+        return code in (self.code, self.former_code)
 
 
 class ModelRefusal(Refusal):

@@ -136,7 +136,7 @@ def test_audit_needs_two_ranks_and_a_k_within_the_slots():
 
     with pytest.raises(Refusal) as e:
         learner(MPI.COMM_SELF, k=1)
-    assert e.value.code == "usage" and "at least 2 ranks" in str(e.value)
+    assert e.value.code == "options-conflict" and "at least 2 ranks" in str(e.value)
     for k in (-1, SLOTS + 1, 1.5):
         with pytest.raises(Refusal) as e:
             DataParallelLearner(MPI.COMM_SELF, MLP(6, 10, 3), slots=SLOTS, audit_slots=k)

@@ -58,7 +58,7 @@ def test_replica_digests_refuse_params_mode_and_bad_intervals():
 
     with pytest.raises(Refusal) as e:
         with_digests(MPI.COMM_SELF, "params", 1)
-    assert e.value.code == "usage" and "held by one rank only" in str(e.value)
+    assert e.value.code == "options-conflict" and "held by one rank only" in str(e.value)
     for every in (-1, 1.5):
         with pytest.raises(Refusal) as e:
             with_digests(MPI.COMM_SELF, "none", every)

@@ -72,3 +72,19 @@ def test_torch_replica_digests_name_a_changed_parameter(world):
     agree(world, e is not None and e.code == "replica-diverged" and t == 2, f"{e!r} at {t}")
     want = (size - 1,) if size >= 3 else (0, 1)
     agree(world, e.context["ranks"] == want, str(e))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_torch_step_local_with_audit_slots_is_options_conflict_and_step_works(world):
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(12, 3))
+    dp = DataParallel(net, world, slots=SLOTS, timeout=60, audit_slots=1)
+    code = None
+    try:
+        dp.step_local(X[:10], Y[:10], SUM, sizes=[10] * SLOTS)
+    except Refusal as e:
+        code = e.code
+    agree(world, code == "options-conflict", f"step_local with audit_slots: {code}")
+    dp.step(X, Y, SUM)  # the next step works
+    agree(world, all(p.grad is not None for p in dp.params), "the step after the refusal")

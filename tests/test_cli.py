@@ -314,7 +314,10 @@ def test_memory_per_rank_against_the_learners_arrays():
         mem = got[mode] = memory_per_rank(lr)
         assert mem["params"] == lr.params.nbytes == 8 * n  # the parameters once, not twice
         assert mem["optimizer_state"] == lr.opt.m.nbytes + lr.opt.v.nbytes == 16 * n
-        assert mem["gradients"] == sum(p.nbytes for p in lr.payloads.values()) + lr.reduced.nbytes
+        assert (
+            mem["gradients"]
+            == sum(p.nbytes for p in lr.payloads.values()) + lr.holder.gradient.reduced.nbytes
+        )
         assert mem["total"] == sum(v for k, v in mem.items() if k != "total")
         assert "params 0.00 MiB, optimizer state 0.00 MiB" in memory_line(mem)
     # `state` on one rank keeps the assembled full vector besides the proposed range: more update

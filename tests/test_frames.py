@@ -33,14 +33,14 @@ FIELDS = {
     "topology": (16, "8s", "frame-topology-mismatch"),
     "order": (24, "16s", "frame-order-mismatch"),
     "identity": (40, "16s", "frame-identity-mismatch"),
-    "contract": (56, "8s", "frame-identity-mismatch"),
+    "contract": (56, "8s", "frame-contract-mismatch"),
     "step": (64, "Q", "frame-step-mismatch"),
     "edge": (72, "I", "frame-routing-mismatch"),
     "sender": (76, "I", "frame-routing-mismatch"),
     "receiver": (80, "I", "frame-routing-mismatch"),
     "layout": (84, "8s", "frame-size-mismatch"),
     "count": (92, "Q", "frame-size-mismatch"),
-    "sequence": (112, "Q", "frame-identity-mismatch"),
+    "sequence": (112, "Q", "frame-sequence-mismatch"),
 }
 
 

@@ -186,6 +186,39 @@ def test_the_oracle_shares_no_code_with_the_planner_or_the_kernel():
     ]
 
 
+def _imports_torch(module: str) -> list:
+    """Lines where `module` imports the third-party torch (import torch, from torch... import)."""
+    path = SOURCES[module]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "torch" for a in node.names):
+            out.append(node.lineno)
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and not node.level
+            and (node.module or "").split(".")[0] == "torch"
+        ):
+            out.append(node.lineno)
+    return out
+
+
+def test_torch_code_lives_in_alpha_mpi_torch_and_learning_reaches_it_once():
+    """torch's environment code and ModuleModel are alpha_mpi.torch's (issue 37 item 2): no
+    learning module imports torch itself, and the one import of alpha_mpi.torch from the learning
+    layer is model_from_spec's, deferred (a factory's nn.Module wrapped when a learner is built;
+    never at import time or in a step)."""
+    learning = [m for m in PRODUCT if m == "alpha_mpi.learning" or m.startswith("alpha_mpi.learning.")]
+    torch_users = {m: lines for m in learning if (lines := _imports_torch(m))}
+    assert not torch_users, f"learning modules import torch (move the code to alpha_mpi.torch): {torch_users}"
+    back = sorted(
+        (m, n, deferred)
+        for m in learning
+        for n, _, deferred in imports_of(m)
+        if n == "alpha_mpi.torch" or n.startswith("alpha_mpi.torch.")
+    )
+    assert back == [("alpha_mpi.learning.protocol", "alpha_mpi.torch.module_model", True)], back
+
+
 def test_deferred_exceptions_are_still_needed_and_deferred():
     for (importer, imported), _reason in DEFERRED_UPWARD.items():
         found = [deferred for n, _, deferred in imports_of(importer) if n == imported]

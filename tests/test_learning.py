@@ -157,7 +157,7 @@ def test_refusals():
     assert e.value.code == "usage"
     with pytest.raises(Refusal) as e:
         SlotStream(10, 2, 3, 0)
-    assert e.value.code == "usage"
+    assert e.value.code == "options-conflict"  # a batch of 2 cannot fill 3 slots
 
 
 def test_learner_refuses_to_start_with_flush_to_zero_on():

@@ -159,10 +159,14 @@ def test_model_nondeterministic_names_the_global_generator_and_its_advice_works(
 def test_slot_ranges_cut_the_batch_contiguously_with_the_remainder_first():
     assert slot_ranges(10, 4) == [(0, 3), (3, 6), (6, 8), (8, 10)]
     assert slot_ranges(6, 3, sizes=[1, 2, 3]) == [(0, 1), (1, 3), (3, 6)]
-    for bad in ((3, 4, None), (6, 3, [1, 1, 1]), (6, 0, None)):
+    for bad, code in (
+        ((3, 4, None), "options-conflict"),
+        ((6, 3, [1, 1, 1]), "usage"),
+        ((6, 0, None), "usage"),
+    ):
         with pytest.raises(Refusal) as e:
             slot_ranges(*bad)
-        assert e.value.code == "usage"
+        assert e.value.code == code, bad
 
 
 def test_every_rank_count_gets_the_same_samples_in_each_slot():

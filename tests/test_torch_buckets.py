@@ -33,7 +33,8 @@ def test_bucket_mb_that_is_no_positive_size_is_refused(bad):
 def test_buckets_and_the_audit_are_refused_together():
     with pytest.raises(Refusal) as e:
         DataParallel(torch.nn.Linear(3, 2), comm(), slots=2, bucket_mb=1, audit_slots=1)
-    assert e.value.code == "usage" and "audit" in e.value.message
+    assert e.value.code == "options-conflict" and "audit" in e.value.message
+    assert e.value.matches("usage")  # the old name, an alias until 0.3.0
 
 
 def test_the_hooks_leave_the_users_own_backward_alone():

@@ -106,5 +106,5 @@ def test_a_data_parallel_duplicates_its_communicator_once(world, options):
     dp = DataParallel(net(), spy, slots=SLOTS, seed=3, timeout=60, **options)
     made = [c for c in spy.calls if c in ("Dup", "Idup", "Clone", "Create", "Split")]
     agree(world, made == ["Idup"], f"rank {world.Get_rank()}: {made}")
-    agree(world, dp.buckets is None or len(dp.buckets.reducers) > 2, "several buckets")
+    agree(world, dp.combine.buckets is None or len(dp.combine.buckets.reducers) > 2, "several buckets")
     dp.free()

@@ -233,7 +233,7 @@ def test_an_overflow_skips_the_update_and_backs_off_the_scale():
     opt.zero_grad()
     with pytest.raises(Refusal) as e:  # no scaler with buckets
         DataParallel(lm(), comm_self(), slots=4, bucket_mb=1).step(*batch(n=12), TOKENS, scaler=scaler)
-    assert e.value.code == "usage"
+    assert e.value.code == "options-conflict"
 
 
 def test_a_compiled_module_is_refused_by_name():

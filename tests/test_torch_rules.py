@@ -162,8 +162,8 @@ def test_accumulation_is_the_documented_formula_bit_for_bit():
         single.step(xp, yp, SUM)
         gs.append(
             [
-                torch.from_numpy(single._g[a:b].copy()).view(p.shape)
-                for p, (a, b) in zip(single.params, single.offsets)
+                torch.from_numpy(single.grads.g[a:b].copy()).view(p.shape)
+                for p, (a, b) in zip(single.params, single.payload.offsets)
             ]
         )
     want = [g.float() for g in gs[0]]

@@ -31,12 +31,12 @@ def test_alone_a_rank_reads_every_global_batch_whole_and_epochs_differ(dp):
 @pytest.mark.parametrize(
     "kwargs, code",
     [
-        ({"batch_size": 3}, "usage"),  # fewer than the 4 slots
+        ({"batch_size": 3}, "options-conflict"),  # fewer than the 4 slots
         ({"batch_size": 0}, "usage"),
         ({"batch_size": 8, "seed": -1}, "usage"),
         ({"batch_size": 8, "seed": 1.5}, "usage"),
         ({"batch_size": 64}, "data-invalid"),  # 50 samples hold no batch of 64
-        ({"batch_size": 8, "drop_last": False, "n": 51}, "usage"),  # a last batch of 3 < 4 slots
+        ({"batch_size": 8, "drop_last": False, "n": 51}, "options-conflict"),  # a last batch of 3 < 4 slots
     ],
 )
 def test_what_cannot_fill_the_slots_is_refused_by_name(dp, kwargs, code):

@@ -31,9 +31,11 @@ HEADER = """\
 Every refusal is an `alpha_mpi.Refusal` (a plain `Exception`) with a stable kebab-case `code`,
 a message that says what was expected and what was found, and `advice`: what to do. Codes are
 part of the public contract: scripts and job wrappers match on them, so a code is never renamed,
-only added. The command line prints `alpha-mpi: error [code] message` and `what to do: ...`
+only added; where one code meant several mistakes, a mistake split off gets its own code and the
+old name stays an alias of it for one release (`refusal.matches(old)` is true; listed below under
+both codes). The command line prints `alpha-mpi: error [code] message` and `what to do: ...`
 (the advice worded for the command line where it differs) and exits with status 3 (2 for
-`usage`; see [exit codes](exit-codes.md)).
+`usage` and `options-conflict`; see [exit codes](exit-codes.md)).
 
 A refusal on one rank travels to every rank as a flag in the round's frames: the refusing rank
 raises its own code, every other rank raises `peer-refused` (or `peer-failed`) naming it, nothing
@@ -47,12 +49,7 @@ time) and what to do.
 def registry() -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
     """(ADVICE, CLI_ADVICE, code -> group heading) read from the registry's source."""
     source = REGISTRY.read_text()
-    tree = ast.parse(source)
-    dicts: dict[str, dict[str, str]] = {}
-    for node in tree.body:
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            if node.target.id in ("ADVICE", "CLI_ADVICE"):
-                dicts[node.target.id] = ast.literal_eval(node.value)
+    dicts = _literals(source, ("ADVICE", "CLI_ADVICE"))
     # The groups are comments inside ADVICE's literal: the last `# ...` line above each key.
     groups: dict[str, str] = {}
     group = "other"
@@ -68,6 +65,44 @@ def registry() -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
         elif in_advice and stripped.startswith('"'):
             groups[stripped.split('"')[1]] = group
     return dicts["ADVICE"], dicts.get("CLI_ADVICE", {}), groups
+
+
+def _literals(source: str, names: tuple[str, ...]) -> dict:
+    """The registry's module-level literals named `names` (annotated or not), by name."""
+    found: dict = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.AnnAssign, ast.Assign)):
+            targets = [node.target] if isinstance(node, ast.AnnAssign) else node.targets
+            for target in targets:
+                if isinstance(target, ast.Name) and target.id in names:
+                    found[target.id] = ast.literal_eval(node.value)
+    return found
+
+
+def aliases() -> tuple[dict[str, str], str]:
+    """(FORMERLY: new code -> the old name it was raised as, ALIAS_UNTIL) from the registry."""
+    found = _literals(REGISTRY.read_text(), ("FORMERLY", "ALIAS_UNTIL"))
+    return found.get("FORMERLY", {}), found.get("ALIAS_UNTIL", "")
+
+
+def _alias_lines(code: str, formerly: dict[str, str], until: str) -> list[str]:
+    """What the page says of a code split off an old one, or of an old one split."""
+    lines = []
+    if code in formerly:
+        old = formerly[code]
+        lines.append(
+            f"Before 0.2.0 this mistake was raised as `{old}`. Until {until} the old name is an alias: "
+            f"`refusal.matches(\"{old}\")` is true and the refusal's text (and the command line's error "
+            f"line) ends `(formerly [{old}])`.\n"
+        )
+    moved = [new for new, old in formerly.items() if old == code]
+    if moved:
+        lines.append(
+            "Some mistakes this code covered before 0.2.0 now raise their own codes: "
+            + ", ".join(f"[`{new}`](#{new})" for new in moved)
+            + f" (each answers to `{code}` until {until}).\n"
+        )
+    return lines
 
 
 def _template(node: ast.expr) -> str | None:
@@ -141,6 +176,7 @@ def _cell(text: str) -> str:
 def render() -> str:
     """The whole page, deterministic for one registry and one source tree."""
     advice, cli, groups = registry()
+    formerly, until = aliases()
     sites = raise_sites(set(advice))
     out = [HEADER]
     order: list[str] = []
@@ -170,6 +206,7 @@ def render() -> str:
                 if len(messages) > MAX_MESSAGES:
                     out.append(f"- ... and {len(messages) - MAX_MESSAGES} more")
                 out.append("")
+            out.extend(_alias_lines(code, formerly, until))
             out.append(f"**What to do:** {_cell(advice[code])}\n")
             if code in cli:
                 wording = cli[code].replace("{command}", "COMMAND")

@@ -225,12 +225,12 @@ class Exchange:
             self.valid = tb
 
     def result(self, n: int, what: str) -> list:
-        """The root's values after rows that passed every check; plan-simulation-failed if the
-        merged state is not the root all the same (a bug, named)."""
+        """The root's values after rows that passed every check; internal-error if the merged
+        state is not the root all the same (a bug, named)."""
         values = self.root(n)
         if values is None:
             raise PlanRefusal(
-                "plan-simulation-failed",
+                "internal-error",
                 f"{what}: the blocks cover the array of {n} elements but the merged summary is "
                 f"{int(self.final[0])} records (flags {self.flags}), not the root",
             )

@@ -129,7 +129,7 @@ class Allreducer:
                 )
         elif layout is None:
             raise Refusal(
-                "contribution-shape", "Allreducer needs a layout (a Layout or an element count) with a tree"
+                "layout-missing", "Allreducer needs a layout (a Layout or an element count) with a tree"
             )
         tp = as_tree_plan(
             tree, ReplicateAll() if delivery is None else delivery, layout, size=size, coverage=coverage

@@ -119,7 +119,7 @@ class Assembler:
             return Refusal("usage", f"flags is a one-bit vote (0 or 1), got {flags!r}")
         if not isinstance(pieces, dict):
             return Refusal(
-                "contribution-shape",
+                "contributions-not-mapping",
                 f"pieces must be a dict (start, stop) -> array, got {type(pieces).__name__}",
             )
         missing = [r for r in self.own if r not in pieces]

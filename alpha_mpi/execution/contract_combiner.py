@@ -6,7 +6,7 @@ which made the numerics package straddle two layers; it lives with the executor 
 `ContractCombiner(comm, plan, contract)` authorizes the contract for the plan in this process
 (profile, live FP environment, order id, relation and evidence), then builds a Combiner whose
 every frame carries the contract digest, so a peer running another contract is refused
-(`frame-identity-mismatch`, naming the contract). Each run applies the contract's conversion
+(`frame-contract-mismatch`, naming the contract). Each run applies the contract's conversion
 site to the contributions (KeepFormat; WidenBinary32; or RoundBinary64 then WidenBinary32 in the
 kernel, into buffers allocated once) and combines the binary64 results by the declared tree.
 

@@ -14,7 +14,7 @@ import numpy as np
 from ..refusals import Refusal
 
 #: One rank's contributions: slot -> float64 payload, or a tuple of parts (numerator, mass).
-#: Pass a dict (anything else is refused, `contribution-shape`); the alias says Mapping because a
+#: Pass a dict (anything else is refused, `contributions-not-mapping`); the alias says Mapping because a
 #: dict is invariant in its values: `{s: np.zeros(n)}` held in a variable would not be a
 #: dict[int, ndarray | tuple] to a type checker.
 Contributions = Mapping[int, Union[np.ndarray, tuple[np.ndarray, ...]]]
@@ -32,7 +32,10 @@ def require_mapping(contributions) -> None:
             "pass {slot: x} for each slot this rank owns, or call alpha_mpi.allreduce(comm, x) with no tree "
             "(one contribution per rank, slot = rank)",
         )
-    raise Refusal("contribution-shape", "contributions must be a dict mapping slot -> payload")
+    raise Refusal(
+        "contributions-not-mapping",
+        f"contributions must be a dict mapping slot -> payload, got {type(contributions).__name__}",
+    )
 
 
 def check_contributions(contributions, slots, rank: int, count: int, layout_key: str) -> dict:

@@ -181,7 +181,7 @@ def finish(c, program, rank: int, step: int, st, local, leaves, outarr, out):
             chunk = target
         return chunk
     if res.buf != "out":  # pragma: no cover - allreduce results always land in `out`
-        raise PlanRefusal("plan-simulation-failed", "an allreduce result outside `out`")
+        raise PlanRefusal("internal-error", "an allreduce result outside `out`")
     if out is None:
         return outarr.copy() if outarr is c.internal_out else outarr
     if outarr is c.internal_out and not c.ex.delivered:  # (the payload check: after its flag round)

@@ -297,8 +297,9 @@ class FrameSpec:
             )
         if contract != self.contract:
             raise FrameRefusal(
-                "frame-identity-mismatch",
-                f"{where}: contract {contract.hex()}, expected {self.contract.hex()}",
+                "frame-contract-mismatch",
+                f"{where}: contract {contract.hex()}, expected {self.contract.hex()} (the peer runs this plan "
+                "under another numerical contract)",
                 **ctx,
             )
         if (phase, edge, sender, receiver) != (self.phase, self.edge, self.sender, self.receiver):
@@ -326,7 +327,7 @@ class FrameSpec:
         fseq = _U64.unpack_from(h, _SEQ_OFF)[0]
         if fseq != self.sequence:
             raise FrameRefusal(
-                "frame-identity-mismatch",
+                "frame-sequence-mismatch",
                 f"{where}: a frame of executor #{fseq} on this communicator, expected #{self.sequence} (the "
                 "peer runs another executor of the same plan: it skipped or repeated one, or dup=False lets "
                 "two executors share a communicator)",

@@ -163,7 +163,7 @@ def check_audit_slots(k: object, slots: int, size: int) -> None:
         raise Refusal("usage", f"audit_slots must be an int in 1..{slots} (the slot count), got {k!r}")
     if size < 2:
         raise Refusal(
-            "usage",
+            "options-conflict",
             "audit_slots needs at least 2 ranks: a slot is recomputed by another rank "
             f"than its owner, and this communicator has {size}",
         )

@@ -50,12 +50,10 @@ def compute_spec(
 
 
 def uses_torch(model: object) -> bool:
-    """Whether a numpy-protocol model computes its slots with torch (ModuleModel): then the
-    identity has torch's fields. Reads sys.modules only: never imports torch."""
-    import sys
-
-    tm = sys.modules.get("alpha_mpi.learning.torch_model")
-    return tm is not None and isinstance(model, tm.ModuleModel)
+    """Whether a numpy-protocol model computes its slots with torch, so that the identity has
+    torch's fields: the model says so with `uses_torch = True` (alpha_mpi.torch.ModuleModel
+    does). Imports neither torch nor alpha_mpi.torch."""
+    return getattr(model, "uses_torch", False) is True
 
 
 class RankIdentities:

@@ -133,7 +133,8 @@ class SlotStream:
     def __init__(self, n: int, batch: int, slots: int, seed: int, sizes: Iterable[int] | None = None) -> None:
         if batch < slots:
             raise Refusal(
-                "usage", f"--batch {batch} is smaller than --slots {slots}: every slot needs a sample"
+                "options-conflict",
+                f"--batch {batch} is smaller than --slots {slots}: every slot needs a sample",
             )
         self.n, self.batch, self.seed = n, batch, seed
         self.sizes = list(sizes) if sizes is not None else slot_sizes(batch, slots)

@@ -16,6 +16,10 @@ the same tree and the same kernel formula; only where it is computed and stored 
     params  as `grads`, and parameters themselves are sharded: the full vector is assembled for
             the forward pass and dropped after the step.
 
+The mode is read once, at construction, into a holder object (alpha_mpi.learning.partition) that
+keeps this rank's arrays and knows how the step combines, updates and gathers them; the step
+below asks it, never the mode's name.
+
 No rank commits an update another rank refused (FiniteOrRefuse), and a preemption signal stops
 every rank after the same step; see train_step for how both travel without an extra round.
 """
@@ -29,16 +33,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import kernel
-from ..execution import Allreducer, Assembler, choose_realization
-from ..model import Layout, ReplicateAll, build, pairwise
+from ..model import Layout, ReplicateAll, build
 from ..model.deprecation import deprecated_order_id
 from ..planning import plan
-from ..planning.assembly import plan_assembly
-from ..planning.realize import realize
 from ..refusals import KernelRefusal, Refusal
-from .audit import check_options
+from .audit import build_checks, check_options
 from .learner_checkpoint import LearnerCheckpoint
 from .optim import make_optimizer
+from .partition import MODES, Coordinates, partition_mode
 from .rng import slot_generator
 from .same_start import start_params
 
@@ -46,10 +48,11 @@ if TYPE_CHECKING:
     import numpy.typing as npt
     from mpi4py import MPI
 
+    from ..checkpoint.reader import Checkpoint
     from .audit import FaultHook
     from .protocol import Model
 
-MODES = ("none", "state", "grads", "params")
+__all__ = ["DataParallelLearner", "MODES"]
 
 
 def _weighted(n: int) -> Layout:
@@ -57,7 +60,7 @@ def _weighted(n: int) -> Layout:
     return Layout(("numerator", n), ("mass", 1), ("loss", 1), ("stop", 1))
 
 
-class DataParallelLearner(LearnerCheckpoint):
+class DataParallelLearner:
     """Data-parallel training of a `Model` (alpha_mpi.learning.protocol) with the same bits on
     every rank count that places the same slot tree.
 
@@ -110,7 +113,8 @@ class DataParallelLearner(LearnerCheckpoint):
             here on every rank (`compute-mismatch`, naming the ranks and the field), and a
             checkpoint of another identity is refused on restore (`compute-changed`).
 
-    Attributes: `my_slots` (this rank's slots, in order), `step` (steps applied), `contract`
+    Attributes: `my_slots` (this rank's slots, in order), `step` (steps applied), `partition`
+    (the mode's name), `holder` (what this rank holds in that mode: alpha_mpi.learning.partition), `contract`
     (the NumericalContract: combine order, normalise-once, optimizer formula, and `compute`:
     what the slots' bits depend on), `compute_identity` (this rank's, alpha_mpi.model.compute),
     `layout_order_id`, `times` (seconds in compute / combine / update), `realization` (tree or
@@ -142,7 +146,7 @@ class DataParallelLearner(LearnerCheckpoint):
         machine_independent: bool = False,
     ) -> None:
         # Every check this rank makes alone (the arguments, the model's protocol, the plan, the
-        # optimizer, the audit's options) runs first; its outcome travels in the first agreement
+        # contract, the audit's options) runs first; its outcome travels in the first agreement
         # round (start_params), so a rank that refuses is named on every rank at once (its own
         # code there, `peer-refused` elsewhere) and no rank is left waiting for it or pairs its
         # next learner with this one (issue 36).
@@ -152,8 +156,7 @@ class DataParallelLearner(LearnerCheckpoint):
 
         local, compute = None, None
         try:
-            if partition not in MODES:
-                raise Refusal("usage", f"unknown partition {partition!r}; use one of {', '.join(MODES)}")
+            mode = partition_mode(partition)  # the only look at the string: refused here if unknown
             check_model(model)  # a model that breaks the protocol is refused by name, before any collective
             # A model whose loss_and_grad_sum takes rng= gets each slot's own generator (seed, step, slot).
             self.seed, self.takes_rng = seed, takes_rng(model)
@@ -165,7 +168,7 @@ class DataParallelLearner(LearnerCheckpoint):
                     "placement-invalid",
                     f"{slots} slots on {self.size} ranks leaves ranks without a contribution; use --slots >= ranks",
                 )
-            self.partition, self.topology, self.optimizer_name = partition, topology, optimizer
+            self.topology, self.optimizer_name = topology, optimizer
             self.slots = slots
             n = self.n = model.n_params
             self.tree = build(topology, slots, self.size)
@@ -181,23 +184,11 @@ class DataParallelLearner(LearnerCheckpoint):
             self.contract = contract_for_plan(self.full_plan, optimizer=optimizer, compute=self.compute.spec)
             cd = self.contract.digest
             self.payloads = {s: np.zeros(n + 3) for s in self.my_slots}
-            # Coordinate ranges of the partitioned modes: the reduce-scatter chunks of the payload,
-            # clipped to the n parameters (the last chunk also holds the mass and loss words).
-            # The reduce-scatter realization (halving where the tree's top is rank-partitioned, at any
-            # p, else scatter) fixes the chunks, and so each rank's coordinate range in the partitioned
-            # modes; halving at p != 2^k leaves some ranks no chunk (they hold no piece, see _mine).
-            self.rs_realization, _ = choose_realization(self.full_plan, "auto", "reduce-scatter")
-            self.chunks = realize(self.full_plan, self.rs_realization, mode="reduce-scatter").chunks
-            self.ranges = [
-                (r, min(lo, n), min(hi, n))
-                for r, (lo, hi) in enumerate(self.chunks)
-                if min(hi, n) > min(lo, n)
-            ]
-            a, b = self.own = next(((a, b) for r, a, b in self.ranges if r == self.rank), (0, 0))
-            self.opt = make_optimizer(
-                optimizer, n if partition == "none" else b - a, lr=lr, momentum=momentum
-            )
-            check_options((audit_slots, audit_digests, partition), slots, self.size)
+            # Coordinate ranges of the partitioned modes (every mode writes its own range of a
+            # checkpoint): the reduce-scatter chunks of the payload, clipped to the n parameters.
+            coords = Coordinates.of(self.full_plan, n, self.rank)
+            self.ranges, self.own = coords.ranges, coords.own
+            check_options((audit_slots, audit_digests, mode.name), slots, self.size)
         except Exception as e:  # it travels to every rank, then is re-raised here
             local = e
         # Collective: every rank computes alike (or declares it need not) and holds the same start,
@@ -213,68 +204,38 @@ class DataParallelLearner(LearnerCheckpoint):
             compute=compute or ComputeCheck.for_model(model),
             local=local,
         )
-        self.params = full if partition != "params" else full[a:b].copy()
-        self._p_next = np.empty(n if partition == "none" else b - a)
-        if partition in ("none", "state"):
-            # Whole gradient to every rank; the realization (tree or scatter) is chosen by size.
-            self.reducer = Allreducer(comm, self.full_plan, timeout=timeout, contract=cd)
-            self.reduced = np.empty(n + 3)
-        else:
-            # Reduced gradients exist only at their owner: reduce-scatter, then the two scalar
-            # words (mass, loss) from the rank holding them to all (adding zeros is exact).
-            self.reducer = Allreducer(
-                comm,
-                self.full_plan,
-                realization=self.rs_realization,
-                mode="reduce-scatter",
-                timeout=timeout,
-                contract=cd,
-            )
-            lo, hi = self.chunks[self.rank]
-            self.reduced = np.empty(hi - lo)
-            # One rank holds each word and the others add zeros (exact), so any tree gives these bits.
-            self.scalars = Allreducer(
-                comm,
-                plan(pairwise(range(self.size), self.size), ReplicateAll(), 3, size=self.size),
-                timeout=timeout,
-                contract=cd,
-            )
-        self.assembler = None
-        if partition != "none":
-            self.assembler = Assembler(
-                comm, plan_assembly(self.ranges, n, self.size), timeout=timeout, contract=cd
-            )
-        self._full = None if partition == "params" else self.params
-        self._full_next = np.empty(n) if partition in ("state", "grads") else None
+        # What this rank holds and how the step combines, updates and gathers it (collective:
+        # the holder builds its executors).
+        self.holder = mode.build(comm, self.full_plan, coords, full, timeout=timeout, contract=cd)
+        lo, hi = self.holder.state_range
+        self.opt = make_optimizer(optimizer, hi - lo, lr=lr, momentum=momentum)
+        self.checkpoint_view = LearnerCheckpoint(self.holder, self.opt, optimizer, n, self.own)
         self.step = 0
         self.times = {"compute": 0.0, "combine": 0.0, "update": 0.0}
         self.layout_order_id = self.full_plan.layout_order_id  # what checkpoints and the contract name
         self.fault_hook = fault_hook
-        from .audit import build_checks
-
-        opts = (audit_slots, audit_digests, partition)
+        opts = (audit_slots, audit_digests, mode.name)
         self.audit, self.replicas = build_checks(
             comm, self.full_plan, opts, timeout=timeout, contract=cd, compute=self.compute
         )
         self._audit_buf = np.zeros(n + 3) if self.audit is not None else None
-        self.realization = self.reducer.realization + (
-            " (reduce-scatter)" if partition in ("grads", "params") else ""
-        )
+        self.realization = self.holder.gradient.realization
 
     # ------------------------------------------------------------------------------------------
-    def _mine(self, values: np.ndarray) -> dict:
-        """This rank's piece for the Assembler: none where the reduce-scatter left it no chunk
-        (halving on a rank count that is not a power of two, or fewer coordinates than ranks)."""
-        a, b = self.own
-        return {self.own: values} if b > a else {}
+    @property
+    def partition(self) -> str:
+        """The partition mode's name ("none", "state", "grads", "params")."""
+        return self.holder.name
+
+    @property
+    def params(self) -> np.ndarray:
+        """What this rank holds of the parameters: the whole vector, or its own range in `params`
+        mode (`full_params()` assembles the whole)."""
+        return self.holder.params
 
     def full_params(self) -> np.ndarray:
         """The whole parameter vector on this rank (assembled in `params` mode: every rank calls)."""
-        if self.partition != "params":
-            return self.params
-        if self._full is None:
-            self._full = self.assembler.run(self._mine(self.params), out=np.empty(self.n))
-        return self._full
+        return self.holder.full_params()
 
     @property
     def needed_slots(self) -> list[int]:
@@ -311,7 +272,7 @@ class DataParallelLearner(LearnerCheckpoint):
         alike; in the partitioned modes each rank's refusal travels as the refusal flag on its
         assembly frames, and no rank commits unless no rank refused.
         """
-        n, (a, b) = self.n, self.own
+        n, held = self.n, self.holder
         t0 = time.perf_counter()
         if self.audit is not None:  # refused before any exchange: every rank runs the same check
             missing = [s for s in self.needed_slots if s not in batch]
@@ -321,7 +282,7 @@ class DataParallelLearner(LearnerCheckpoint):
                     f"with audit_slots the batch must hold learner.needed_slots {self.needed_slots} "
                     f"at step {self.step}; it lacks {missing}",
                 )
-        self._params_now = self.full_params()
+        self._params_now = held.full_params()
         first = True
         for s in self.my_slots:
             buf = self.payloads[s]
@@ -333,23 +294,11 @@ class DataParallelLearner(LearnerCheckpoint):
                 self.step, self.payloads, lambda s, out: self._compute_slot(s, batch[s], out), self._audit_buf
             )
         self._params_now = None
-        if self.partition == "params":
-            self._full = None  # the assembled vector lives only for the forward/backward pass
+        held.forward_done()
         t1 = time.perf_counter()
         failure = None
-        try:
-            if self.partition in ("none", "state"):
-                self.reducer.run(self.payloads, out=self.reduced)
-                num = self.reduced[:n] if self.partition == "none" else self.reduced[a:b]
-                mass, loss, stops = self.reduced[n], self.reduced[n + 1], self.reduced[n + 2]
-            else:
-                lo, hi, chunk = self.reducer.reduce_scatter_run(self.payloads, out=self.reduced)
-                words = np.zeros(3)
-                for i in (n, n + 1, n + 2):  # mass, loss, stop: wherever the chunking put them
-                    if lo <= i < hi:
-                        words[i - n] = chunk[i - lo]
-                mass, loss, stops = self.scalars.run({self.rank: words})
-                num = chunk[: max(0, min(hi, n) - lo)]
+        try:  # the numerator over the coordinates this rank updates, and the scalar words
+            num, mass, loss, stops = held.gradient.run(self.payloads)
         except KernelRefusal as e:
             if not e.code.startswith("non-finite"):
                 raise
@@ -357,28 +306,12 @@ class DataParallelLearner(LearnerCheckpoint):
         t2 = time.perf_counter()
         if failure is None:
             g = num / mass  # normalised once, after the combine
-            p = self.params if self.partition in ("none", "params") else self.params[a:b]
             try:
-                self.opt.propose(p, g, self._p_next)
+                self.opt.propose(held.updating(), g, held.next)
             except KernelRefusal as e:
                 failure = e
-        if self.partition == "none":
-            if failure is not None:  # every rank proposed the same update from the same values
-                raise failure
-        else:
-            # Params mode assembles into a fresh vector that lives until the next forward pass.
-            target = np.empty(n) if self.partition == "params" else self._full_next
-            # A rank that refused its update sends no values: its refusal rides on its assembly
-            # frames (the engine's refusal flag, rank and code), so it raises its own and every
-            # other rank `peer-refused` naming it, and no rank applies the step.
-            full_next = self.assembler.run(self._mine(self._p_next), out=target, refused=failure)
-            if self.partition == "params":
-                self._full = full_next
-            else:
-                self.params, self._full_next = full_next, self.params
+        held.install(failure)  # raises this rank's refusal or a peer's before anything is applied
         self.opt.commit()
-        if self.partition in ("none", "params"):
-            self.params, self._p_next = self._p_next, self.params
         t3 = time.perf_counter()
         self.times["compute"] += t1 - t0
         self.times["combine"] += t2 - t1
@@ -390,9 +323,7 @@ class DataParallelLearner(LearnerCheckpoint):
 
     def _replicated(self) -> list[np.ndarray]:
         """The arrays every rank holds in full (what the replica digests compare)."""
-        if self.partition == "none":
-            return [self.params, *self.opt.state()["arrays"].values()]
-        return [self.params]
+        return self.holder.replicated(self.opt.state()["arrays"].values())
 
     def final_params(self) -> np.ndarray:
         """The full parameters on every rank (assembled in `params` mode: every rank calls)."""
@@ -408,11 +339,8 @@ class DataParallelLearner(LearnerCheckpoint):
 
         st = self.opt.state()
         arrays = {"params": self.full_params()}
-        for name, values in st["arrays"].items():
-            full = values
-            if self.partition != "none":  # this rank holds its range: assemble the whole vector
-                full = self.assembler.run(self._mine(values), out=np.empty(self.n))
-            arrays[f"optimizer.{name}"] = full
+        for name, values in st["arrays"].items():  # assembled where this rank holds its range only
+            arrays[f"optimizer.{name}"] = self.holder.whole(values)
         scalars = {"step": self.step, "seed": self.seed, "optimizer": self.optimizer_name, **st["scalars"]}
         return state_digest(arrays, scalars)
 
@@ -448,15 +376,33 @@ class DataParallelLearner(LearnerCheckpoint):
             accept_compute_change=accept_compute_change,
         )
 
+    # -- the CheckpointedLearner protocol (alpha_mpi.checkpoint.checkpointer): the checkpoint view
+    #    (learner_checkpoint.py) does the work; the learner hands it the step and takes it back.
+    def checkpoint_pieces(self) -> dict:
+        """name -> (length, [(start, stop, values)]) for the range this rank writes."""
+        return self.checkpoint_view.pieces()
+
+    def checkpoint_scalars(self) -> dict:
+        return self.checkpoint_view.scalars(self.step)
+
+    def checkpoint_read(self, ck: Checkpoint) -> dict:
+        """Read this rank's ranges of `ck` into fresh arrays, checking it is this learner's."""
+        return self.checkpoint_view.read(ck)
+
+    def checkpoint_apply(self, state: dict) -> None:
+        """Install what checkpoint_read returned (after every rank read its part)."""
+        self.step = self.checkpoint_view.apply(state)
+
+    def checkpoint_snapshot(self) -> dict:
+        """A copy of this rank's state in the form checkpoint_apply installs."""
+        return self.checkpoint_view.snapshot(self.step)
+
+    def load_checkpoint(self, ck: Checkpoint) -> None:
+        """Read this rank's ranges of `ck` and install them (checkpoint_read, then checkpoint_apply)."""
+        self.checkpoint_apply(self.checkpoint_read(ck))
+
     def memory(self) -> dict:
         """Bytes this rank holds per kind of state (frames and transport buffers excluded)."""
-        n = self.n
-        grads = sum(p.nbytes for p in self.payloads.values()) + self.reduced.nbytes
-        params = (
-            self.params.nbytes
-            + self._p_next.nbytes
-            + (0 if self._full_next is None else self._full_next.nbytes)
-        )
-        if self.partition == "params":
-            params += 8 * n  # the assembled vector, alive from one step's update to the next forward pass
-        return {"params": params, "optimizer": self.opt.nbytes, "gradients": grads}
+        held = self.holder
+        grads = sum(p.nbytes for p in self.payloads.values()) + held.gradient.reduced.nbytes
+        return {"params": held.nbytes, "optimizer": self.opt.nbytes, "gradients": grads}

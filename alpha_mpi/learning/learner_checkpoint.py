@@ -1,9 +1,16 @@
-"""The checkpoint side of DataParallelLearner (a mixin): what this rank writes, what it reads
-back on another rank count, and the checks that a checkpoint is this learner's.
+"""The checkpoint view of DataParallelLearner: what this rank writes, what it reads back on
+another rank count, and the checks that a checkpoint is this learner's.
 
 Apart from learner.py because it is the contract with alpha_mpi.checkpoint (the
 CheckpointedLearner protocol: checkpoint_pieces, checkpoint_scalars, load_checkpoint), read
-beside the checkpoint code rather than the training step.
+beside the checkpoint code rather than the training step. An object with explicit data (the
+learner's partition holder, optimizer and optimizer name), not a mixin: the learner's
+`checkpoint_*` methods hand it the step and take the step it read back.
+
+The partition holder says which coordinates this rank's parameters and optimizer arrays cover
+(`params_range`, `state_range`: the whole vector or this rank's own range); every rank writes
+exactly its own range `own` of each, whatever its mode, so a checkpoint is the same files in
+every mode and restores in any mode on any rank count.
 """
 
 from __future__ import annotations
@@ -14,21 +21,27 @@ import numpy as np
 
 if TYPE_CHECKING:
     from ..checkpoint.reader import Checkpoint
+    from .partition import Holder
 
 
 class LearnerCheckpoint:
-    """Mixin of DataParallelLearner: uses its n, own, partition, params, opt, optimizer_name,
-    step and _full."""
+    """The checkpoint side of one learner: `holder` (its partition holder: the parameters and
+    the ranges they and the optimizer state cover), `opt` and `optimizer_name`, `n` (the
+    parameters' count) and `own` (the range this rank writes)."""
 
-    def checkpoint_pieces(self) -> dict:
+    def __init__(self, holder: Holder, opt, optimizer_name: str, n: int, own: tuple[int, int]) -> None:
+        self.holder, self.opt, self.optimizer_name = holder, opt, optimizer_name
+        self.n, self.own = n, own
+
+    def pieces(self) -> dict:
         """name -> (length, [(start, stop, values)]) for the range this rank writes."""
-        n, (a, b) = self.n, self.own
+        (a, b), h = self.own, self.holder
         if b <= a:
             return {}
-        p = self.params if self.partition == "params" else self.params[a:b]
-        out = {"params": (n, [(a, b, p)])}
+        p0, s0 = h.params_range[0], h.state_range[0]
+        out = {"params": (self.n, [(a, b, h.params[a - p0 : b - p0])])}
         for name, arr in self.opt.state()["arrays"].items():
-            out[f"optimizer.{name}"] = (n, [(a, b, arr if self.partition != "none" else arr[a:b])])
+            out[f"optimizer.{name}"] = (self.n, [(a, b, arr[a - s0 : b - s0])])
         return out
 
     def _optimizer_hyper(self) -> dict:
@@ -37,21 +50,21 @@ class LearnerCheckpoint:
             return {"lr": o.lr, "b1": o.b1, "b2": o.b2, "eps": o.eps}
         return {"lr": o.lr, "momentum": o.momentum}
 
-    def checkpoint_scalars(self) -> dict:
+    def scalars(self, step: int) -> dict:
         return {
-            "step": self.step,
+            "step": step,
             "optimizer": self.optimizer_name,
             "optimizer_hyper": self._optimizer_hyper(),
             "optimizer_scalars": self.opt.state()["scalars"],
-            "partition_saved": self.partition,
+            "partition_saved": self.holder.name,
         }
 
-    def checkpoint_read(self, ck: Checkpoint) -> dict:
-        """Read exactly the ranges this rank now owns (whatever the rank count was at save time)
+    def read(self, ck: Checkpoint) -> dict:
+        """Read exactly the ranges this rank now holds (whatever the rank count was at save time)
         into fresh arrays, checking that the checkpoint is this learner's; nothing is installed."""
         from ..refusals import CheckpointRefusal
 
-        n, (a, b) = self.n, self.own
+        n = self.n
         sc = ck.manifest["scalars"]
         if not isinstance(sc, dict) or sc.get("optimizer") != self.optimizer_name:
             got = sc.get("optimizer") if isinstance(sc, dict) else None
@@ -83,36 +96,27 @@ class LearnerCheckpoint:
                     "checkpoint-config-mismatch",
                     f"checkpoint {name} has {ck.length(name)} values, this model {n} parameters",
                 )
-        params = (
-            ck.read_range("params", a, b) if self.partition == "params" else ck.read_range("params", 0, n)
-        )
-        lo, hi = (0, n) if self.partition == "none" else (a, b)
-        arrays = {k: ck.read_range(f"optimizer.{k}", lo, hi) for k in names}
+        params = ck.read_range("params", *self.holder.params_range)
+        arrays = {k: ck.read_range(f"optimizer.{k}", *self.holder.state_range) for k in names}
         for name, arr in [("params", params)] + [(f"optimizer.{k}", v) for k, v in arrays.items()]:
             if not np.all(np.isfinite(arr)):
                 raise CheckpointRefusal("checkpoint-corrupt", f"checkpoint {name} holds NaN or Inf")
         return {"params": params, "arrays": arrays, "scalars": sc["optimizer_scalars"], "step": sc["step"]}
 
-    def checkpoint_apply(self, state: dict) -> None:
-        """Install what checkpoint_read returned (after every rank read its part)."""
-        self.params[...] = state["params"]
+    def apply(self, state: dict) -> int:
+        """Install what `read` returned (after every rank read its part); returns its step."""
+        self.holder.load_params(state["params"])
         self.opt.load(state["arrays"], state["scalars"])
-        self.step = int(state["step"])
-        if self.partition == "params":
-            self._full = None  # assembled again from the restored shards at the next forward pass
+        return int(state["step"])
 
-    def checkpoint_snapshot(self) -> dict:
+    def snapshot(self, step: int) -> dict:
         """A copy of what this rank holds (parameters, optimizer arrays and scalars, step), in
-        the form checkpoint_apply installs: the state to go back to without reading files (the
-        trainer keeps a few after audited steps, alpha_mpi.learning.audit_recovery.KeptStates)."""
+        the form `apply` installs: the state to go back to without reading files (the trainer
+        keeps a few after audited steps, alpha_mpi.learning.audit_recovery.KeptStates)."""
         st = self.opt.state()
         return {
-            "params": self.params.copy(),
+            "params": self.holder.params.copy(),
             "arrays": {k: v.copy() for k, v in st["arrays"].items()},
             "scalars": dict(st["scalars"]),
-            "step": self.step,
+            "step": step,
         }
-
-    def load_checkpoint(self, ck: Checkpoint) -> None:
-        """Read this rank's ranges of `ck` and install them (checkpoint_read, then checkpoint_apply)."""
-        self.checkpoint_apply(self.checkpoint_read(ck))

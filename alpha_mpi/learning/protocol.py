@@ -18,7 +18,7 @@ slot twice and refuses a model whose gradient is not the same bits both times
 `model_from_spec("module:factory", inputs, classes)` is how `alpha-mpi train --model` finds a
 user's model: `module` is imported from the working directory or PYTHONPATH and
 `factory(inputs, classes)` returns a Model or a `torch.nn.Module` (wrapped in
-`alpha_mpi.learning.torch_model.ModuleModel`, trained in binary64 with summed cross-entropy).
+`alpha_mpi.torch.ModuleModel`, trained in binary64 with summed cross-entropy).
 """
 
 from __future__ import annotations
@@ -230,8 +230,8 @@ def model_from_spec(spec: str, inputs: int, classes: int) -> Model:
     `module` is imported with the working directory first on the path (then PYTHONPATH);
     `factory(inputs, classes)` must return a `Model` or a `torch.nn.Module` mapping a
     (batch, inputs) float tensor to (batch, classes) logits; a module is wrapped in
-    `ModuleModel` (alpha_mpi.learning.torch_model, re-exported by alpha_mpi.torch: binary64,
-    summed cross-entropy). Refuses with `model-factory` or `model-protocol`.
+    `alpha_mpi.torch.ModuleModel` (binary64, summed cross-entropy; the one place the learning
+    layer imports alpha_mpi.torch, deferred to this call). Refuses with `model-factory` or `model-protocol`.
     """
     if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
         raise Refusal("model-factory", f"--model {spec!r} is not of the form module:factory")
@@ -256,7 +256,7 @@ def model_from_spec(spec: str, inputs: int, classes: int) -> Model:
         pass
     model = factory(inputs, classes)
     if _is_torch_module(model):
-        from .torch_model import ModuleModel
+        from ..torch.module_model import ModuleModel
 
         return ModuleModel(model)
     return check_model(model)

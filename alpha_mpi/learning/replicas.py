@@ -59,13 +59,16 @@ def replicated_digest(arrays: Sequence[np.ndarray]) -> int:
 
 
 def check_audit_digests(every: object, partition: str) -> None:
-    """`usage` unless `every` (audit_digests) is an int >= 1 and `partition` replicates state (local)."""
+    """`usage` unless `every` (audit_digests) is an int >= 1; `options-conflict` unless the
+    `partition` mode replicates state (local)."""
     if isinstance(every, bool) or not isinstance(every, (int, np.integer)) or every < 1:
         raise Refusal("usage", f"audit_digests must be an int >= 1 (steps between checks), got {every!r}")
-    if partition == "params":
+    from .partition import partition_mode
+
+    if partition_mode(partition).replicated is None:
         raise Refusal(
-            "usage",
-            "audit_digests with partition='params': every range of the parameters and optimizer "
+            "options-conflict",
+            f"audit_digests with partition={partition!r}: every range of the parameters and optimizer "
             "state is held by one rank only, so no replica can be compared; use partition "
             "'none', 'state' or 'grads', or audit_slots",
         )
@@ -86,7 +89,11 @@ class ReplicaDigests:
         compute: ComputeCheck | None = None,
     ) -> None:
         check_audit_digests(every, partition)
-        self.every, self.partition = int(every), partition
+        from .partition import partition_mode
+
+        # What the ranks hold alike under this mode (the mode's name read once, here).
+        self.replicated = partition_mode(partition).replicated
+        self.every = int(every)
         self.compute = compute  # which ranks compute alike (None: all do)
         self.size, self.rank = comm.Get_size(), comm.Get_rank()
         self._table = WordTable(comm, 2, timeout=timeout, contract=contract, what="comparing replica digests")
@@ -104,7 +111,7 @@ class ReplicaDigests:
         if len(counts) == 1:
             self.checked += 1
             return
-        what = "parameters and optimizer state" if self.partition == "none" else "parameters"
+        what = self.replicated
         classes = self.compute.ranks.classes if self.compute is not None else (0,) * self.size
         within = [[r for r in range(self.size) if classes[r] == c] for c in sorted(set(classes))]
         if len(within) > 1 and all(len({words[r] for r in group}) == 1 for group in within):

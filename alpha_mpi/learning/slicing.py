@@ -89,7 +89,8 @@ def slot_ranges(batch: int, slots: int, sizes: Iterable[int] | None = None) -> l
         raise Refusal("usage", f"slots must be an int >= 1, got {slots!r}")
     if batch < slots:
         raise Refusal(
-            "usage", f"a batch of {batch} samples cannot fill {slots} slots: every slot needs a sample"
+            "options-conflict",
+            f"a batch of {batch} samples cannot fill {slots} slots: every slot needs a sample",
         )
     sizes = slot_sizes(batch, slots) if sizes is None else [int(k) for k in sizes]
     if len(sizes) != slots or sum(sizes) != batch or min(sizes) < 1:

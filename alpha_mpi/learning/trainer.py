@@ -149,10 +149,13 @@ def build(comm, cfg: TrainConfig, fault_hook=None):
     data = load_npz(cfg.data) if cfg.data else synthetic(cfg.seed)
     if cfg.batch < cfg.slots:  # before any tree over the slots is built
         raise Refusal(
-            "usage", f"--batch {cfg.batch} is smaller than --slots {cfg.slots}: every slot needs a sample"
+            "options-conflict",
+            f"--batch {cfg.batch} is smaller than --slots {cfg.slots}: every slot needs a sample",
         )
     if cfg.batch > len(data.y):  # a step reads each sample at most once (and allocates the batch)
-        raise Refusal("usage", f"--batch {cfg.batch} is more than the {len(data.y)} samples of {data.name}")
+        raise Refusal(
+            "options-conflict", f"--batch {cfg.batch} is more than the {len(data.y)} samples of {data.name}"
+        )
     if cfg.model:  # a user's model: a Model or an nn.Module (summed cross-entropy, binary64)
         from .protocol import model_from_spec
 

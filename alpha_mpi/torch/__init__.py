@@ -23,7 +23,6 @@ from ._env import environment, fix_environment, require_torch  # noqa: F401
 
 require_torch()
 
-from ..learning.torch_model import ModuleModel, summed_cross_entropy  # noqa: E402,F401
 from .data_parallel import (  # noqa: E402,F401
     BUFFER_RULES,
     UNUSED_RULES,
@@ -32,6 +31,7 @@ from .data_parallel import (  # noqa: E402,F401
     torch_contract,
 )
 from .losses import ModuleLoss, summed  # noqa: E402,F401
+from .module_model import ModuleModel, summed_cross_entropy  # noqa: E402,F401
 from .same_module import architecture_digest  # noqa: E402,F401
 from .sampler import SlotSampler  # noqa: E402,F401
 

@@ -29,83 +29,72 @@ another one is refused (`compute-changed`) unless `accept_compute_change=True` (
 `DataParallel.state_digest(optimizer)` is the digest of what a checkpoint holds (every vector above,
 widened exactly, and the scalars) and the seed: the whole state a resume continues from
 (alpha_mpi.learning.digests).
+
+Objects: DataParallel's `save`, `restore` and `state_digest` call `Checkpoints`, which keeps one
+`TorchCheckpointView` per optimizer; a view is built from the DataParallel's `ModuleState`
+(alpha_mpi.torch.state) and a `CheckpointContext` (what the checkpoints are of), never from the
+DataParallel itself. The optimizer's part (what is a vector, what a scalar, what a restore must
+share) is alpha_mpi.torch.optimizer_state.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..refusals import CheckpointRefusal, Refusal
 from ._env import require_torch
 from .contract_and_digest import dtype_name
 from .convert import pack, unpack
+from .optimizer_state import check_optimizer, optimizer_scalars, optimizer_vectors, read_optimizer_scalars
 from .registered import class_name, decode_state, encode_state, load_all, try_load
+from .same_module import architecture_digest
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+    from .state import ModuleState
 
 torch = require_torch()
 
-__all__ = ["TorchCheckpointView", "CheckpointMethods", "encode_state", "decode_state"]
+__all__ = ["TorchCheckpointView", "CheckpointContext", "Checkpoints", "encode_state", "decode_state"]
 
 
-def _jsonable(v):
-    if isinstance(v, (bool, int, str)) or v is None:
-        return v
-    if isinstance(v, float):
-        return v
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, torch.Tensor) and v.numel() == 1:
-        return float(v)
-    return repr(v)
+@dataclass(frozen=True)
+class CheckpointContext:
+    """What a DataParallel's checkpoints are of, fixed when it is built: its communicator, slot
+    count and timeout, the combine's order id and the numerical contract (stored in the
+    manifest, compared on restore), the compute identity (recorded, compared on restore), and
+    the objects a trial copy of a registered object shares instead of copying (`shared`: the
+    DataParallel itself, so an object that refers to it is not copied with it)."""
 
-
-def _is_vector(v, p) -> bool:
-    """Per-coordinate optimizer state: a tensor shaped like its parameter (at least 1-d); a
-    0-d tensor (Adam's `step`) is a scalar."""
-    return isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape == p.shape
-
-
-def _hyper(optimizer) -> list:
-    return [{k: _jsonable(v) for k, v in sorted(g.items()) if k != "params"} for g in optimizer.param_groups]
-
-
-_LR_KEYS = ("lr", "initial_lr")
-
-
-def _fixed(hyper: list) -> list:
-    """The hyperparameters a resume must share: all but the (scheduled) learning rates."""
-    return [{k: v for k, v in g.items() if k not in _LR_KEYS} for g in hyper]
-
-
-def _base_lrs(hyper: list) -> list:
-    """The configured learning rate of each group: `initial_lr` where a scheduler set it."""
-    return [g.get("initial_lr", g.get("lr")) for g in hyper]
-
-
-def _groups(optimizer, module) -> list:
-    """Each param group's parameters by their names in `module`, sorted: what the group's
-    hyperparameters apply to (frozen parameters included; one outside the module by its shape)."""
-    names = {id(p): k for k, p in module.named_parameters()}
-    return [
-        sorted(names.get(id(p), f"(outside the module: {list(p.shape)})") for p in g["params"])
-        for g in optimizer.param_groups
-    ]
+    comm: MPI.Comm
+    slots: int
+    timeout: float | None
+    layout_order_id: str
+    contract: object
+    compute_identity: object
+    shared: tuple = ()
 
 
 class TorchCheckpointView:
     """The checkpoint members `Checkpointer` reads (`step`, `layout_order_id`, `contract`, `slots`,
-    `comm`, `checkpoint_pieces`, `checkpoint_scalars`, `load_checkpoint`) over a DataParallel
-    and an optional torch optimizer."""
+    `comm`, `checkpoint_pieces`, `checkpoint_scalars`, `load_checkpoint`) over a DataParallel's
+    `state` (alpha_mpi.torch.state.ModuleState), its `context` and an optional torch optimizer."""
 
-    def __init__(self, dp, optimizer=None, adopt_lr: bool = False):
-        self.dp, self.optimizer, self.adopt_lr = dp, optimizer, adopt_lr
-        self.comm, self.slots, self.timeout = dp.comm, dp.slots, dp.timeout
-        #: The combine's order id and the DataParallel's numerical contract (stored in the
-        #: manifest, compared on restore); both are fixed when the DataParallel is built.
-        self.layout_order_id, self.contract = dp.layout_order_id, dp.contract
-        self.compute_identity = dp.compute_identity  # recorded in manifests, compared on restore
+    def __init__(
+        self, state: ModuleState, context: CheckpointContext, optimizer=None, adopt_lr: bool = False
+    ) -> None:
+        self.state, self.optimizer, self.adopt_lr = state, optimizer, adopt_lr
+        self.comm, self.slots, self.timeout = context.comm, context.slots, context.timeout
+        self.layout_order_id, self.contract = context.layout_order_id, context.contract
+        self.compute_identity = context.compute_identity
+        self.shared = context.shared
+        params = state.params
         if optimizer is not None:
             held = [p for g in optimizer.param_groups for p in g["params"]]
-            if {id(p) for p in held} != {id(p) for p in dp.params} or len(held) != len(dp.params):
+            if {id(p) for p in held} != {id(p) for p in params} or len(held) != len(params):
                 raise Refusal(
                     "torch-optimizer-state",
                     "the optimizer must hold exactly the module's trainable parameters",
@@ -115,29 +104,20 @@ class TorchCheckpointView:
     @property
     def step(self) -> int:
         """Combined steps so far (DataParallel.steps)."""
-        return self.dp.steps
+        return self.state.steps
 
     def _own(self, n: int):
-        p, r = self.dp.size, self.dp.rank
+        p, r = self.comm.Get_size(), self.comm.Get_rank()
         return r * n // p, (r + 1) * n // p
 
     def _vectors(self) -> dict:
         """name -> list of tensors (one per parameter / buffer), each flattened into the vector."""
-        dp = self.dp
+        dp = self.state
         out = {"params": [p.data for p in dp.params]}
         if dp.float_buffers:
             out["buffers"] = [b for _, b in dp.float_buffers]
         if self.optimizer is not None:
-            keys = sorted(
-                {k for p in dp.params for k, v in self.optimizer.state.get(p, {}).items() if _is_vector(v, p)}
-            )
-            for k in keys:
-                ts = [self.optimizer.state.get(p, {}).get(k) for p in dp.params]
-                if any(t is None for t in ts):
-                    raise Refusal(
-                        "torch-optimizer-state", f"optimizer state {k!r} exists for some parameters only"
-                    )
-                out[f"optimizer.{k}"] = ts
+            out.update(optimizer_vectors(self.optimizer, dp.params))
         return out
 
     def checkpoint_pieces(self) -> dict:
@@ -152,7 +132,7 @@ class TorchCheckpointView:
 
     def checkpoint_scalars(self) -> dict:
         """JSON scalars: step, optimizer class, hyperparameters and scalar state, int buffers."""
-        dp = self.dp
+        dp = self.state
         sc = {
             "step": dp.steps,
             "optimizer": None,
@@ -162,36 +142,8 @@ class TorchCheckpointView:
             "registered": {k: encode_state(o.state_dict(), k) for k, o in sorted(dp.registered.items())},
             "registered_classes": {k: class_name(o) for k, o in sorted(dp.registered.items())},
         }
-        opt = self.optimizer
-        if opt is not None:
-            sc["optimizer"] = type(opt).__name__
-            sc["optimizer_hyper"] = _hyper(opt)
-            sc["param_groups"] = _groups(opt, dp.module)
-            scalars = {}
-            for i, p in enumerate(dp.params):
-                for k, v in opt.state.get(p, {}).items():
-                    if _is_vector(v, p):
-                        continue  # a vector: saved as optimizer.<k>
-                    if isinstance(v, torch.Tensor):
-                        if v.numel() != 1:
-                            raise Refusal(
-                                "torch-optimizer-state",
-                                f"optimizer state {k!r} has shape {tuple(v.shape)}, "
-                                f"not the parameter's {tuple(p.shape)}",
-                            )
-                        entry = {
-                            "value": float(v),
-                            "dtype": dtype_name(v.dtype),
-                            "shape": list(v.shape),
-                        }
-                    elif v is None or isinstance(v, (int, float, bool)):
-                        entry = {"value": v, "dtype": None}
-                    else:
-                        raise Refusal(
-                            "torch-optimizer-state", f"optimizer state {k!r} is a {type(v).__name__}"
-                        )
-                    scalars.setdefault(k, [None] * len(dp.params))[i] = entry
-            sc["optimizer_scalars"] = scalars
+        if self.optimizer is not None:
+            sc.update(optimizer_scalars(self.optimizer, dp.params, dp.module))
         return sc
 
     def checkpoint_read(self, ck) -> dict:
@@ -200,7 +152,7 @@ class TorchCheckpointView:
         registered object's saved state is tried on a copy of the object: one whose
         `load_state_dict` raises is refused here by name (`checkpoint-config-mismatch`), so the
         Checkpointer's vote makes every rank refuse before any rank installs anything."""
-        dp, opt = self.dp, self.optimizer
+        dp, opt = self.state, self.optimizer
         sc = ck.manifest["scalars"]
         if sc.get("framework") != "torch":
             raise CheckpointRefusal(
@@ -212,33 +164,7 @@ class TorchCheckpointView:
                 "checkpoint-config-mismatch",
                 f"checkpoint has {ck.length('params')} parameters, this module {dp.n}",
             )
-        saved_opt = sc.get("optimizer")
-        if opt is not None and saved_opt not in (None, type(opt).__name__):
-            raise CheckpointRefusal(
-                "checkpoint-config-mismatch", f"checkpoint optimizer {saved_opt}, now {type(opt).__name__}"
-            )
-        saved_hyper = sc.get("optimizer_hyper") or []
-        if opt is not None and saved_opt is not None:
-            now = _hyper(opt)
-            if len(saved_hyper) != len(now) or _fixed(saved_hyper) != _fixed(now):
-                raise CheckpointRefusal(
-                    "checkpoint-config-mismatch",
-                    f"optimizer hyperparameters differ: saved {_fixed(saved_hyper)}, now {_fixed(now)}",
-                )
-            saved_groups, groups = sc.get("param_groups"), _groups(opt, dp.module)
-            if saved_groups is not None and saved_groups != groups:  # recorded since issue 36
-                raise CheckpointRefusal(
-                    "checkpoint-config-mismatch",
-                    f"the optimizer's param groups hold other parameters: saved {saved_groups}, "
-                    f"now {groups}; each group's hyperparameters and learning rate would apply "
-                    "to other parameters (build the optimizer's groups as at save time)",
-                )
-            if _base_lrs(saved_hyper) != _base_lrs(now) and not self.adopt_lr:
-                raise CheckpointRefusal(
-                    "checkpoint-config-mismatch",
-                    f"lr: saved {_base_lrs(saved_hyper)}, now {_base_lrs(now)}; restore with the saved "
-                    "learning rate, or pass adopt_lr=True to continue with this one",
-                )
+        lrs = check_optimizer(sc, opt, dp.module, self.adopt_lr) if opt is not None else None
         saved_reg, reg = sc.get("registered", {}), dp.registered
         if sorted(saved_reg) != sorted(reg):
             raise CheckpointRefusal(
@@ -260,35 +186,31 @@ class TorchCheckpointView:
                     f"registered objects of another class ({'; '.join(odd)}); their state would load "
                     "into an object that reads it otherwise",
                 )
-        state = {"params": [torch.empty_like(p.data) for p in dp.params]}
-        self._read(ck, "params", state["params"])
-        state["buffers"] = [torch.empty_like(b) for _, b in dp.float_buffers]
+        read = {"params": [torch.empty_like(p.data) for p in dp.params]}
+        self._read(ck, "params", read["params"])
+        read["buffers"] = [torch.empty_like(b) for _, b in dp.float_buffers]
         if dp.float_buffers:
-            self._read(ck, "buffers", state["buffers"])
+            self._read(ck, "buffers", read["buffers"])
         try:
             ints = sc["int_buffers"]
-            state["int_buffers"] = [
+            read["int_buffers"] = [
                 torch.tensor(ints[k], dtype=b.dtype).reshape(b.shape) for k, b in dp.other_buffers
             ]
         except (KeyError, TypeError, ValueError, RuntimeError) as e:
             raise CheckpointRefusal(
                 "checkpoint-config-mismatch", f"the checkpoint's integer buffers do not fit this module: {e}"
             ) from None
-        state["optimizer"] = self._read_optimizer(ck, sc) if opt is not None else None
-        state["lrs"] = (
-            [h["lr"] for h in saved_hyper]
-            if opt is not None and saved_opt is not None and not self.adopt_lr
-            else None
-        )
-        state["registered"] = {k: decode_state(saved_reg[k]) for k in reg}
+        read["optimizer"] = self._read_optimizer(ck, sc) if opt is not None else None
+        read["lrs"] = lrs
+        read["registered"] = {k: decode_state(saved_reg[k]) for k in reg}
         for k, o in reg.items():
-            try_load(k, o, state["registered"][k], shared=self._shared())
-        state["steps"] = int(sc["step"])
-        return state
+            try_load(k, o, read["registered"][k], shared=self._shared())
+        read["steps"] = int(sc["step"])
+        return read
 
     def _read_optimizer(self, ck, sc) -> list:
         """Per parameter (DataParallel.params order), the optimizer state dict the checkpoint holds."""
-        dp = self.dp
+        dp = self.state
         per = [{} for _ in dp.params]
         if sc.get("optimizer") is None:
             return per
@@ -298,28 +220,15 @@ class TorchCheckpointView:
             self._read(ck, f"optimizer.{k}", ts)
             for d, t in zip(per, ts):
                 d[k] = t
-        try:
-            for k, entries in sc.get("optimizer_scalars", {}).items():
-                for d, e in zip(per, entries):
-                    if e is None:
-                        continue
-                    v = e["value"]
-                    if e["dtype"] is not None:
-                        v = torch.tensor(v, dtype=getattr(torch, e["dtype"])).reshape(e["shape"])
-                    d[k] = v
-        except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as e:
-            raise CheckpointRefusal(
-                "checkpoint-config-mismatch",
-                f"the checkpoint's optimizer scalars are not readable here: {e!r}",
-            ) from None
+        read_optimizer_scalars(sc, per)
         return per
 
     def _shared(self) -> dict:
         """What a trial copy of a registered object shares with the original instead of copying
         (a deepcopy memo): the optimizer, the module and every tensor they hold. A scheduler's
         copy then costs a few dicts, not another model."""
-        dp, opt = self.dp, self.optimizer
-        keep = [dp, dp.module, *dp.params, *(b for _, b in dp.float_buffers + dp.other_buffers)]
+        dp, opt = self.state, self.optimizer
+        keep = [*self.shared, dp, dp.module, *dp.params, *(b for _, b in dp.float_buffers + dp.other_buffers)]
         if opt is not None:
             keep.append(opt)
             keep += [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
@@ -329,7 +238,7 @@ class TorchCheckpointView:
         """Install what checkpoint_read returned (after every rank read without refusing).
         Registered objects first, each from a state its copy already took: should one raise all
         the same, those already loaded are put back and it is refused before any tensor moves."""
-        dp, opt = self.dp, self.optimizer
+        dp, opt = self.state, self.optimizer
         load_all(dp.registered, state["registered"], keep_base_lrs=self.adopt_lr)
         with torch.no_grad():
             for p, t in zip(dp.params, state["params"]):
@@ -360,7 +269,7 @@ class TorchCheckpointView:
         from ..learning.digests import state_digest
 
         arrays = {name: pack(ts) for name, ts in self._vectors().items()}
-        return state_digest(arrays, {**self.checkpoint_scalars(), "seed": self.dp.seed})
+        return state_digest(arrays, {**self.checkpoint_scalars(), "seed": self.state.seed})
 
     @staticmethod
     def _read(ck, name, tensors) -> None:
@@ -373,94 +282,49 @@ class TorchCheckpointView:
         unpack(tensors, ck.read_range(name, 0, total))
 
 
-class CheckpointMethods:
-    """DataParallel's checkpoint methods: `register`, `save`, `restore` (a mixin: the step is
-    in data_parallel.py, the checkpoint view above)."""
+class Checkpoints:
+    """Checkpoints of one `state` in its `context`: `save`, `restore`, `state_digest`, each
+    through a `TorchCheckpointView` (one per optimizer and adopt_lr, kept)."""
 
-    registered: dict
+    def __init__(self, state: ModuleState, context: CheckpointContext) -> None:
+        self.state, self.context = state, context
+        self._views: dict[tuple[int, bool], TorchCheckpointView] = {}
 
-    def register(self, name: str, obj) -> None:
-        """Carry `obj.state_dict()` in every checkpoint under `name` and `obj.load_state_dict`
-        it on restore (an LR scheduler, a sampler, a gradient scaler ...)."""
-        if not isinstance(name, str) or not name:
-            raise Refusal("usage", f"register() needs a non-empty name, got {name!r}")
-        if not (
-            callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
-        ):
-            raise Refusal(
-                "usage", f"register({name!r}, ...) needs an object with state_dict() and load_state_dict()"
-            )
-        self.registered[name] = obj
+    def view(self, optimizer, adopt_lr: bool = False) -> TorchCheckpointView:
+        """The view over the state and `optimizer` (alpha_mpi.torch.checkpointing)."""
+        key = (id(optimizer), adopt_lr)
+        v = self._views.get(key)
+        if v is None:
+            v = self._views[key] = TorchCheckpointView(self.state, self.context, optimizer, adopt_lr)
+        return v
 
     def _with_scheduler(self, scheduler) -> None:
-        if scheduler is not None and self.registered.get("scheduler") is not scheduler:
-            self.register("scheduler", scheduler)
+        if scheduler is not None and self.state.registered.get("scheduler") is not scheduler:
+            self.state.register("scheduler", scheduler)
 
-    def _config(self, config):
+    def _config(self, config: Mapping[str, object] | None) -> dict:
         """The checkpoint config: the caller's (default: slots), with the architecture's digest
         as `model`, so a changed module is named as such on restore."""
-        from .same_module import architecture_digest
-
-        cfg = {"slots": self.slots} if config is None else dict(config)
-        cfg.setdefault("model", f"torch-architecture:{architecture_digest(self.module)[:16]}")
+        cfg = {"slots": self.context.slots} if config is None else dict(config)
+        cfg.setdefault("model", f"torch-architecture:{architecture_digest(self.state.module)[:16]}")
         return cfg
 
-    def save(
-        self,
-        directory: str,
-        optimizer: torch.optim.Optimizer | None = None,
-        *,
-        config: Mapping[str, object] | None = None,
-        scheduler: object | None = None,
-    ) -> str:
-        """Publish the parameters, buffers, `optimizer`'s state and every registered object's
-        state (`scheduler`: registered as "scheduler") at step `steps` under `directory`
-        (collective); the CLI's checkpoint format, restorable on any rank count."""
+    def save(self, directory: str, optimizer, *, config, scheduler) -> str:
+        """DataParallel.save."""
         from ..learning.checkpoints import save
 
         self._with_scheduler(scheduler)
-        return save(self._view(optimizer), directory, config=self._config(config))
+        return save(self.view(optimizer), directory, config=self._config(config))
 
     def restore(
-        self,
-        directory: str,
-        optimizer: torch.optim.Optimizer | None = None,
-        *,
-        config: Mapping[str, object] | None = None,
-        scheduler: object | None = None,
-        adopt_contract: bool = False,
-        adopt_lr: bool = False,
-        missing_ok: bool = False,
-        accept_compute_change: bool = False,
+        self, directory: str, optimizer, *, config, scheduler, adopt_lr: bool, **options
     ) -> str | None:
-        """Load a checkpoint saved on any rank count into the module, `optimizer` (built over
-        the module's parameters with the saved hyperparameters) and the registered objects
-        (`scheduler`: registered as "scheduler"); sets `steps`. `adopt_lr`: continue with the
-        optimizer's present learning rate (see the module docstring). `accept_compute_change`:
-        restore although the checkpoint was computed under another compute identity
-        (`compute-changed` otherwise; recorded). Returns the step directory, or None with
-        `missing_ok` when there is none. Collective."""
+        """DataParallel.restore (`options`: adopt_contract, missing_ok, accept_compute_change)."""
         from ..learning.checkpoints import restore
 
         self._with_scheduler(scheduler)
-        return restore(
-            self._view(optimizer, adopt_lr),
-            directory,
-            config=self._config(config),
-            adopt_contract=adopt_contract,
-            missing_ok=missing_ok,
-            accept_compute_change=accept_compute_change,
-        )
+        return restore(self.view(optimizer, adopt_lr), directory, config=self._config(config), **options)
 
-    def state_digest(self, optimizer: torch.optim.Optimizer | None = None) -> str:
-        """The digest of the whole state (STATE_COVERS, and the buffers): parameters, buffers,
-        `optimizer`'s state, the step, registered objects and the seed; `digest()` is the
-        parameters' alone. The same on every rank and rank count (every rank holds it all)."""
-        return self._view(optimizer).state_digest()
-
-    def _view(self, optimizer, adopt_lr: bool = False):
-        views = self.__dict__.setdefault("_views", {})
-        v = views.get((id(optimizer), adopt_lr))
-        if v is None:
-            v = views[(id(optimizer), adopt_lr)] = TorchCheckpointView(self, optimizer, adopt_lr)
-        return v
+    def state_digest(self, optimizer) -> str:
+        """DataParallel.state_digest."""
+        return self.view(optimizer).state_digest()

@@ -1,48 +1,24 @@
 """`DataParallel`: a torch module's gradients combined over a declared slot tree.
 
-Protocol of one `step(X, y, loss_fn)` (every rank calls it, with the same global batch):
+Every rank calls `step(X, y, loss_fn)` with the same global batch (or `step_local` with its
+share): each owned slot's forward and backward alone, its gradient widened exactly to binary64,
+one combine over the slot tree, `.grad = Σ g / Σ mass` normalised once and rounded once, the same
+on every rank; the user's optimizer then runs on identical gradients (the protocol, stage by
+stage: alpha_mpi.torch.step). Buffers (BatchNorm's running statistics) are refused by name
+(`torch-buffers-refused`) unless `buffers="slot-mean"` (the rule: alpha_mpi.torch.buffers).
 
-1. The batch is cut into `slots` contiguous windows (alpha_mpi.learning.slicing); this rank takes
-   the slots it owns in the tree (`my_slots`).
-2. For each owned slot, separately, under torch's generators seeded from (seed, step, slot) and
-   the declared precision (autocast or none): the slot's declared loss and mass
-   (alpha_mpi.torch.losses: `loss_fn(module(X_s), y_s)` a sum over samples, a `(loss_sum, mass)`
-   pair, or a `ModuleLoss`, the module's own mean over its mass), then `torch.autograd.grad`
-   (the slot's own backward into fresh tensors; nothing accumulates across slots). Fixed
-   intra-op threads and deterministic algorithms (set at construction, checked every step, named
-   in the contract), so a slot's gradient has the same bits on whichever rank runs it.
-3. The slot's payload: its gradients (float32 widened exactly to binary64 by
-   `kernel.widen_binary32`, the `WidenBinary32@contribution` site; float64 copied as is; a
-   module's mean times its mass in binary64), the buffers in `slot-mean` mode, the sample count,
-   the mass and the loss sum, and the words the ranks must agree on (alpha_mpi.torch.step_agreement).
-4. One combine over the slot tree (alpha_mpi.execution.Allreducer; no MPI collective); every rank
-   checks the agreement words and the cut on the combined payload alike; then
-   `g = numerator / mass` once in binary64, then for float32 one `kernel.round_binary64` into each
-   parameter's `.grad` (the `RoundBinary64@gradient` site; added to the `.grad` held with
-   `accumulate`; None for a parameter no slot used). Every rank holds the same `.grad`.
-5. The user's optimizer (`opt.step()`) runs on identical gradients and identical state on every
-   rank, so the parameters stay identical.
-
-Buffers (e.g. BatchNorm's running_mean, running_var, num_batches_tracked): refused by name
-(`torch-buffers-refused`) unless `buffers="slot-mean"`, whose rule is: every slot's forward starts
-from the step's buffers; a floating buffer's new value is the mean over all slots of the values
-each slot's forward left, Σ_s b_s / S, the sum evaluated by the same slot tree in binary64 (float32
-widened exactly), one true division by S, then rounded once to the buffer's dtype; an integer
-buffer (a counter) takes the value the slot forwards left, which is the same for every slot.
-With `buffers="slot-mean"` the result does not depend on the rank count either (the rule is over
-slots), but it is not what one forward over the whole batch would give.
-
-A non-finite gradient, buffer or loss is refused on every rank; `.grad` is cleared (None) and the
-buffers keep their step-start values, so an `opt.step()` after a refusal changes nothing.
-
-This module holds the step; apart from it: what it checks about the module before building
-anything (module_check.py) and that every rank built the same one (same_module.py), one slot's
-pass and the payload layout (slot_pass.py), the declared loss and mass (losses.py), what the
-ranks must agree on in a step (step_agreement.py), whether the ranks' slots are one global
-batch's cut (slot_cut.py), the rules around each slot (slot_rules.py: precision, generators),
-a GradScaler (scaling.py), the buckets (overlap.py), a module on a device (devices.py), the
-contract and the parameter digest (contract_and_digest.py), the two conversion sites
-(convert.py), `.grad` (gradients.py), the checkpoint view (checkpointing.py).
+This module builds the parts once, with explicit data, and holds the public API: the step's
+protocol (step.py: `TrainingStep`), the payload's layout (payload.py: `PayloadLayout`), one
+slot's pass (slot_pass.py: `SlotPass`), the combine (combine.py: `StepCombine`, one Allreducer
+or the buckets of overlap.py), the buffers' rule (buffers.py: `StepBuffers`), `.grad`
+(gradients.py: `GradientWriter`), the state checkpoints carry (state.py: `ModuleState`) and their
+view (checkpointing.py: `Checkpoints`, `TorchCheckpointView`). Apart from it too: what it checks
+about the module before building anything (module_check.py) and that every rank built the same
+one (same_module.py), the declared loss and mass (losses.py), what the ranks must agree on in a
+step (step_agreement.py), whether the ranks' slots are one global batch's cut (slot_cut.py), the
+rules around each slot (slot_rules.py: precision, generators), a GradScaler (scaling.py), a
+module on a device (devices.py), the contract and the parameter digest (contract_and_digest.py),
+the two conversion sites (convert.py), torch's environment (_env.py).
 """
 
 from __future__ import annotations
@@ -53,18 +29,17 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, TypeVar
 
-import numpy as np
-
 from .. import kernel
-from ..execution import Allreducer
 from ..learning.audit import build_checks, check_options
 from ..learning.rng import slot_seed
 from ..model import ReplicateAll, build
 from ..model.deprecation import deprecated_order_id
 from ..planning import plan
 from ..refusals import Refusal
-from ._env import check_environment, fix_environment, require_torch
-from .checkpointing import CheckpointMethods
+from ._env import fix_environment, require_torch
+from .buffers import StepBuffers
+from .checkpointing import CheckpointContext, Checkpoints
+from .combine import StepCombine
 from .contract_and_digest import (
     BUFFER_SLOT_MEAN_V1,
     ROUND_ONCE_V1,
@@ -72,18 +47,18 @@ from .contract_and_digest import (
     torch_compute,
     torch_contract,
 )
-from .convert import from64 as _from64
 from .devices import contract_environment
 from .gradients import UNUSED_RULES, GradientWriter
-from .losses import loss_reduction
-from .module_check import BUFFER_RULES, check_module, check_parameters
-from .overlap import Buckets, check_bucket_mb
+from .module_check import BUFFER_RULES, check_module
+from .overlap import check_bucket_mb
+from .payload import PayloadLayout
 from .same_module import check_same_module, take_rank0_values
-from .scaling import loss_scale, mark_overflow
-from .slot_cut import check_batch, check_cut, given_share, given_slots, given_whole
-from .slot_pass import SlotCall, SlotPasses
-from .slot_rules import precision, step_rng
-from .step_agreement import FIELDS, MAX_SLOTS, WORDS, BatchNotes, check_combined, check_table, step_facts
+from .slot_cut import given_share, given_slots, given_whole
+from .slot_pass import SlotPass
+from .slot_rules import precision
+from .state import ModuleState
+from .step import StepRequest, TrainingStep
+from .step_agreement import FIELDS, MAX_SLOTS, BatchNotes
 
 if TYPE_CHECKING:
     import torch
@@ -117,7 +92,7 @@ def _default_topology() -> str:
     return inspect.signature(DataParallelLearner.__init__).parameters["topology"].default
 
 
-class DataParallel(CheckpointMethods, SlotPasses):
+class DataParallel:
     """Data-parallel training of `module` over `comm` with a declared slot tree.
 
     Arguments:
@@ -134,7 +109,7 @@ class DataParallel(CheckpointMethods, SlotPasses):
         topology: the slot tree (default: DataParallelLearner's default).
         threads: torch intra-op threads, set here with deterministic algorithms (default 1).
         buffers: "refuse" (default: a module with buffers is refused by name) or "slot-mean"
-            (the rule in the module docstring).
+            (the rule: alpha_mpi.torch.buffers).
         timeout: seconds a rank waits for a peer (default ALPHA_MPI_TIMEOUT).
         seed: the random-number seed of the slots: slot s of step t runs under torch's
             generators seeded from (seed, t, s), so dropout and every random op give the same
@@ -223,31 +198,26 @@ class DataParallel(CheckpointMethods, SlotPasses):
             self.slots, self.seed, self.preemption = slots, int(seed), preemption
             self.topology = _default_topology() if topology is None else topology
             self.params, self.dtype = parts.params, parts.dtype
-            self.buffer_rule = buffers
-            self.float_buffers, self.other_buffers = parts.float_buffers, parts.other_buffers
             self.device = self.params[0].device
             self.precision = precision(autocast, self.device, self.dtype)
             self.notes = BatchNotes()  # what a SlotSampler's batches belong to (step_agreement.py)
             if self.device.type == "cuda":  # deterministic cuBLAS needs it before its first call
                 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             self.env = fix_environment(threads)
-            self.compute = torch_compute(contract_environment(self), machine_independent)
+            settings = contract_environment(self.env, self.device)
+            self.compute = torch_compute(settings, machine_independent)
             self.compute_identity = self.compute.identity
             # Sized by this rank's module: nothing travels before the architectures are compared.
-            self.layout = self._lay_out(slots)
+            self.payload = PayloadLayout.of(parts.params, parts.float_buffers, slots)
+            self.n = self.payload.n
             self.tree = build(self.topology, slots, self.size)
-            self.plan = plan(self.tree, ReplicateAll(), self.layout, size=self.size)
+            self.plan = plan(self.tree, ReplicateAll(), self.payload.layout, size=self.size)
             self.my_slots = self.plan.slots_of(self.rank)
             self.layout_order_id = self.plan.layout_order_id  # what the contract and the frames name
             self.contract = torch_contract(
-                self.layout_order_id,
-                self.dtype,
-                contract_environment(self),
-                buffers,
-                self.precision.name,
-                self.compute.spec,
+                self.layout_order_id, self.dtype, settings, buffers, self.precision.name, self.compute.spec
             )
-            self.grads = GradientWriter(self.params, self.offsets, self.dtype, unused)
+            self.grads = GradientWriter(self.params, list(self.payload.offsets), self.dtype, unused)
             check_options((audit_slots, audit_digests, "state"), slots, self.size)
         except Exception as e:  # it travels to every rank, then is re-raised here
             local = e
@@ -260,67 +230,87 @@ class DataParallel(CheckpointMethods, SlotPasses):
             if self.dtype == torch.float32
             else (("KeepFormat", "contribution"),)
         )
-        self.reducer, self.buckets = None, None
-        if bucket_mb is None:
-            self.reducer = Allreducer(
-                comm, self.plan, timeout=timeout, contract=self.contract.digest, realization=realization
-            )
-            self.realization = self.reducer.realization
-        else:
-            self.buckets = Buckets(
-                comm,
-                self.tree,
-                self.params,
-                self.offsets,
-                self.layout.total,
-                bucket_mb=bucket_mb,
-                timeout=timeout,
-                contract=self.contract.digest,
-                realization=realization,
-            )
-            self.realization = self.buckets.reducers[0].realization
-        self.payloads = {s: np.zeros(self.layout.total) for s in self.my_slots}
-        self.reduced = np.empty(self.layout.total)
-        self._g = np.empty(self.n)
-        # A module on a device: each slot's gradients cross to the host in one copy, into this.
-        self._host = (
-            None if self.device.type == "cpu" else torch.empty(self.n, dtype=self.dtype, pin_memory=True)
+        cd = self.contract.digest
+        self.combine = StepCombine(
+            comm,
+            self.tree,
+            self.plan,
+            self.payload,
+            self.params,
+            bucket_mb=bucket_mb,
+            timeout=timeout,
+            contract=cd,
+            realization=realization,
         )
-        self._b = np.empty(self.nb)
-        self.steps = 0
+        self.realization = self.combine.realization
+        self.state = ModuleState(module, parts, self.seed)
+        self.buffers = StepBuffers(parts.float_buffers, parts.other_buffers, buffers, slots)
+        self.slot_pass = SlotPass(
+            module,
+            self.params,
+            self.payload,
+            self.buffers,
+            self.precision,
+            device=self.device,
+            dtype=self.dtype,
+            seed=self.seed,
+            buckets=self.combine.buckets,
+            fault_hook=fault_hook,
+            rank=self.rank,
+        )
         self.last_loss = float("nan")
         self.stop_agreed = False
         self._no_sync = 0  # depth of no_sync() contexts; > 0: steps accumulate
         self._after_no_sync = False  # the step right after a no_sync() block accumulates too (DDP)
-        self.registered: dict[str, object] = {}  # name -> object with state_dict/load_state_dict
-        # Every rank takes rank 0's values (same_module.py).
-        take_rank0_values(comm, self._state_tensors(), timeout, self.contract.digest)
-        self.fault_hook = fault_hook
-        opts, cd = (audit_slots, audit_digests, "state"), self.contract.digest
+        take_rank0_values(comm, self.state.tensors(), timeout, cd)  # every rank takes rank 0's
         self.audit, self.replicas = build_checks(
             comm,
             self.plan,
-            opts,
+            (audit_slots, audit_digests, "state"),
             timeout=timeout,
             contract=cd,
             agree_words=len(FIELDS),
             compute=self.compute,
         )
-        self._audit_buf = np.zeros(self.layout.total) if self.audit is not None else None
+        self.stepper = TrainingStep(
+            self.state,
+            env=self.env,
+            precision=self.precision,
+            payload=self.payload,
+            slot_pass=self.slot_pass,
+            combine=self.combine,
+            grads=self.grads,
+            buffers=self.buffers,
+            audit=self.audit,
+            replicas=self.replicas,
+            my_slots=self.my_slots,
+            slots=slots,
+        )
+        context = CheckpointContext(
+            comm, slots, timeout, self.layout_order_id, self.contract, self.compute_identity, shared=(self,)
+        )
+        self.checkpoints = Checkpoints(self.state, context)
+
+    @property
+    def steps(self) -> int:
+        """Combined steps (a restore sets it)."""
+        return self.state.steps
+
+    @steps.setter
+    def steps(self, value: int) -> None:
+        self.state.steps = value
+
+    @property
+    def registered(self) -> dict[str, object]:
+        """The objects whose state checkpoints carry, by name (`register`, `scheduler=`)."""
+        return self.state.registered
 
     @property
     def needed_slots(self) -> list[int]:
         """`my_slots`, then (audit_slots) the slots this rank recomputes this step."""
-        from ..learning.audit import needed_slots
+        return self.stepper.needed_slots
 
-        return needed_slots(self.audit, self.my_slots, self.steps)
-
-    # ------------------------------------------------------------------------------------------
-    def _state_tensors(self):
-        """What every rank holds alike: the parameters, the floating buffers and the integer
-        ones (counters): taken from rank 0 at construction, compared by the replica digests."""
-        return [p.data for p in self.params] + [b for _, b in self.float_buffers + self.other_buffers]
-
+    # the step's entries ---------------------------------------------------------------------
     def step(
         self,
         X: Sliceable,
@@ -362,7 +352,7 @@ class DataParallel(CheckpointMethods, SlotPasses):
         sizes = None if sizes is None else list(sizes)
         cut = lambda: slice_batch(X, y, self.slots, self.needed_slots, sizes)  # noqa: E731
         given = lambda: given_whole(X, y, sizes, self.slots)  # noqa: E731
-        return self._step(cut, loss_fn, reduction, accumulate, stop, given, scaler)
+        return self._step(StepRequest(cut, given, loss_fn, reduction, accumulate, stop, scaler))
 
     def step_local(
         self,
@@ -397,14 +387,14 @@ class DataParallel(CheckpointMethods, SlotPasses):
         def cut():
             if self.audit is not None:
                 raise Refusal(
-                    "usage",
+                    "options-conflict",
                     "step_local takes this rank's own slots only; with audit_slots a rank also "
                     "recomputes other ranks' slots: use step() with the global batch or step_slots()",
                 )
             return slice_local(X, y, self.slots, self.my_slots, sizes)
 
         given = lambda: given_share(self.notes, sizes, self.slots)  # noqa: E731
-        return self._step(cut, loss_fn, reduction, accumulate, stop, given, scaler)
+        return self._step(StepRequest(cut, given, loss_fn, reduction, accumulate, stop, scaler))
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -428,125 +418,83 @@ class DataParallel(CheckpointMethods, SlotPasses):
         scaler: object | None = None,
     ) -> float:
         """`step` for a batch already cut: {slot: (X_s, y_s)} for exactly `needed_slots`."""
-        return self._step(lambda: batch, loss_fn, reduction, accumulate, stop, given_slots, scaler)
+        return self._step(
+            StepRequest(lambda: batch, given_slots, loss_fn, reduction, accumulate, stop, scaler)
+        )
 
-    def _step(self, cut, loss_fn, reduction, accumulate, stop, given, scaler=None) -> float:
-        """The step over `cut()` (the {slot: data} batch). What this rank refuses of its own
-        inputs (the cut, the loss declaration, the environment, a slot's loss) travels as a
-        flag in the step's exchange, so every rank refuses (`peer-refused` naming this rank)
-        instead of waiting for it; the next step works. `given()`: how the global batch was
-        given, a `Given` (what the ranks must agree on about it, and its cut)."""
+    # the step (alpha_mpi.torch.step) ------------------------------------------------------------
+    def _step(self, req: StepRequest) -> float:
+        """The step of `req` (alpha_mpi.torch.step), with `accumulate` and the stop request
+        resolved here and the stop flag agreed afterwards."""
+        accumulate = self._accumulates(req.accumulate)
+        asked = bool(req.stop) or bool(self.preemption is not None and self.preemption.requested)
+        self.last_loss, self.stop_agreed = self.stepper.run(req, accumulate, asked)
+        if self.stop_agreed and self.preemption is not None:
+            self.preemption.agreed = True
+        return self.last_loss
+
+    def _accumulates(self, accumulate: bool | None) -> bool:
+        """`accumulate` as given, or (None) True inside `no_sync()` and for the step right after."""
         if accumulate is None:
             accumulate = self._no_sync > 0 or self._after_no_sync
         if self._no_sync == 0:
             self._after_no_sync = False
-        asked = bool(stop) or bool(self.preemption is not None and self.preemption.requested)
-        n, failure, facts, length, rule = self.n, None, None, 0, None
-        start = (
-            [b.detach().clone() for _, b in self.float_buffers + self.other_buffers]
-            if self.buffer_rule == "slot-mean"
-            else None
+        return accumulate
+
+    # checkpoints (alpha_mpi.torch.checkpointing) ------------------------------------------------
+    def register(self, name: str, obj) -> None:
+        """Carry `obj.state_dict()` in every checkpoint under `name` and `obj.load_state_dict`
+        it on restore (an LR scheduler, a sampler, a gradient scaler ...)."""
+        self.state.register(name, obj)
+
+    def save(
+        self,
+        directory: str,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        config: Mapping[str, object] | None = None,
+        scheduler: object | None = None,
+    ) -> str:
+        """Publish the parameters, buffers, `optimizer`'s state and every registered object's
+        state (`scheduler`: registered as "scheduler") at step `steps` under `directory`
+        (collective); the CLI's checkpoint format, restorable on any rank count."""
+        return self.checkpoints.save(directory, optimizer, config=config, scheduler=scheduler)
+
+    def restore(
+        self,
+        directory: str,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        config: Mapping[str, object] | None = None,
+        scheduler: object | None = None,
+        adopt_contract: bool = False,
+        adopt_lr: bool = False,
+        missing_ok: bool = False,
+        accept_compute_change: bool = False,
+    ) -> str | None:
+        """Load a checkpoint saved on any rank count into the module, `optimizer` (built over
+        the module's parameters with the saved hyperparameters) and the registered objects
+        (`scheduler`: registered as "scheduler"); sets `steps`. `adopt_lr`: continue with the
+        optimizer's present learning rate (see alpha_mpi.torch.checkpointing).
+        `accept_compute_change`: restore although the checkpoint was computed under another
+        compute identity (`compute-changed` otherwise; recorded). Returns the step directory, or None with
+        `missing_ok` when there is none. Collective."""
+        return self.checkpoints.restore(
+            directory,
+            optimizer,
+            config=config,
+            scheduler=scheduler,
+            adopt_lr=adopt_lr,
+            adopt_contract=adopt_contract,
+            missing_ok=missing_ok,
+            accept_compute_change=accept_compute_change,
         )
-        bk = self.buckets
-        try:
-            if self.replicas is not None and self.replicas.due(self.steps):
-                self.replicas.check(self.steps, [t.detach().cpu().numpy() for t in self._state_tensors()])
-            if bk is not None:
-                bk.begin(self.payloads, self.reduced)
-            # The caller's generators are saved and restored once per step, not per slot.
-            with step_rng() as devices, bk.walk() if bk is not None else contextlib.nullcontext():
-                refused, batch, call = None, None, None
-                try:
-                    g = given()  # first: step_local takes its sampler note whatever follows
-                    length, rule = g.length, g.rule
-                    scale = loss_scale(scaler, buckets=bk is not None)
-                    facts = step_facts(
-                        seed=self.seed,
-                        module=self.module,
-                        accumulate=accumulate,
-                        loss_scale=scale,
-                        source=g.source,
-                        sizes=g.sizes,
-                        note=g.note,
-                        length=g.length,
-                        digest=g.digest(),
-                    )
-                    declared = loss_reduction(loss_fn, reduction)
-                    self.precision.check_around()
-                    check_environment(self.env)
-                    check_parameters(self.module, self.params)
-                    batch = check_batch(cut(), self.needed_slots)
-                    words = np.empty(WORDS)
-                    facts.words(words)
-                    call = SlotCall(
-                        loss_fn, declared, start, devices, words, None if scale is None else scaler
-                    )
-                    last = self.my_slots[-1] if bk is not None else None
-                    for i, s in enumerate(self.my_slots):
-                        self._slot(s, batch[s], call, armed=s == last)
-                        self.payloads[s][self.stop_at] = 1.0 if (asked and i == 0) else 0.0
-                except Refusal as e:
-                    refused = e
-                except Exception as e:  # the user's module, loss or data: flagged all the same
-                    refused = Refusal("torch-slot-failed", f"{type(e).__name__}: {str(e)[:300]}")
-                    failure = e
-                if self.audit is not None:  # before the combine: a mismatch combines nothing
-                    # The settings are compared first: a rank that differs by them is named for
-                    # that, never as a faulty host (step_agreement.py).
-                    agree = (
-                        None
-                        if facts is None
-                        else (np.array(facts.values, float), lambda t: check_table(t, facts))
-                    )
-                    self.audit.check(
-                        self.steps,
-                        self.payloads,
-                        lambda s, o: self._slot(s, batch[s], call, o),
-                        self._audit_buf,
-                        refused,
-                        words=self.stop_at,
-                        agree=agree,
-                    )
-            if bk is not None:
-                red = bk.finish(refused)
-            elif refused is None:
-                red = self.reducer.run(self.payloads, out=self.reduced)
-            else:
-                red = self.reducer.executor.execute(None, self.reduced, local=refused)
-            # Every check reads combined words only, so every rank gives the same verdict.
-            check_combined(red[self.agree_at :], self.slots, facts)
-            check_cut(red[self.sizes_at : self.mass_at], length, rule)
-            mass = red[self.mass_at]
-            if not mass > 0.0:
-                raise Refusal(
-                    "mass-zero",
-                    f"the step's slots declared a total mass of {mass!r} (every item ignored or "
-                    "padding?); there is nothing to divide the gradient by; nothing was applied",
-                )
-            if red[self.inf_at] > 0:  # a GradScaler's scaled gradient overflowed (scaling.py)
-                mark_overflow(self.params)
-            else:
-                np.divide(red[:n], mass, out=self._g)  # normalised once, after the combine
-                self.grads.write(self._g, red[self.used_at : self.sizes_at] > 0, accumulate)
-            if self.nb:
-                np.divide(red[n : n + self.nb], float(self.slots), out=self._b)
-                with torch.no_grad():
-                    for (_, t), (a, b) in zip(self.float_buffers, self.buffer_offsets):
-                        _from64(t, self._b[a - n : b - n])
-            loss_mean = float(red[self.loss_at] / mass)
-        except Exception as e:
-            for p in self.params:
-                p.grad = None
-            self._restore_buffers(start)
-            if failure is not None and getattr(e, "code", None) == "torch-slot-failed":
-                raise failure from e  # this rank's own exception, once every rank has refused
-            raise
-        self.steps += 1
-        self.last_loss = loss_mean
-        self.stop_agreed = bool(red[self.stop_at] > 0)
-        if self.stop_agreed and self.preemption is not None:
-            self.preemption.agreed = True
-        return loss_mean
+
+    def state_digest(self, optimizer: torch.optim.Optimizer | None = None) -> str:
+        """The digest of the whole state (STATE_COVERS, and the buffers): parameters, buffers,
+        `optimizer`'s state, the step, registered objects and the seed; `digest()` is the
+        parameters' alone. The same on every rank and rank count (every rank holds it all)."""
+        return self.checkpoints.state_digest(optimizer)
 
     def digest(self) -> str:
         """parameter_digest(module): sha256 of the parameters as binary64."""
@@ -554,7 +502,4 @@ class DataParallel(CheckpointMethods, SlotPasses):
 
     def free(self) -> None:
         """Free the combine's requests and give its tags back (local)."""
-        if self.reducer is not None:
-            self.reducer.free()
-        if self.buckets is not None:
-            self.buckets.free()
+        self.combine.free()

@@ -9,7 +9,7 @@ Apart from data_parallel.py because it is the one place the step touches device 
   device, cross to the host in one copy into the pinned tensor `host`, then widen exactly into
   the payload (WidenBinary32 on the CPU, in the kernel: the conversions and the combine never run
   on the device). A parameter without a gradient contributes zeros there (its `used` word says so).
-- `contract_environment(dp)`: the torch settings the contract names, with the device's name,
+- `contract_environment(env, device)`: the torch settings the contract names, with the device's name,
   capability and CUDA version where the module is not on the CPU: another GPU's kernels may give
   other bits, so ranks on other devices are another contract and refuse each other at build.
 """
@@ -59,11 +59,12 @@ def host_gradients(grads, params, host, out64: np.ndarray, scale: float = 1.0) -
         out64 *= scale
 
 
-def contract_environment(dp) -> dict:
-    """dp.env, plus `device` (name, capability, CUDA version) for a module off the CPU."""
-    env = dict(dp.env)
-    if dp.device.type == "cuda":
-        i = dp.device.index if dp.device.index is not None else torch.cuda.current_device()
+def contract_environment(settings: dict, device) -> dict:
+    """`settings` (fix_environment's), plus `device` (name, capability, CUDA version) for a
+    module off the CPU."""
+    env = dict(settings)
+    if device.type == "cuda":
+        i = device.index if device.index is not None else torch.cuda.current_device()
         major, minor = torch.cuda.get_device_capability(i)
         env["device"] = f"cuda {torch.cuda.get_device_name(i)} sm_{major}{minor} CUDA {torch.version.cuda}"
     return env

@@ -46,6 +46,12 @@ class GradientWriter:
         self.device_flat = self.flat if on_host else torch.empty(n, dtype=dtype, device=device)
         self.views = [self.device_flat[a:b].view(p.shape) for p, (a, b) in zip(params, offsets)]
         self._prev = np.empty(n)
+        self.g = np.empty(n)  # the step's binary64 gradient (write_mean)
+
+    def write_mean(self, numerator: np.ndarray, mass: float, used: np.ndarray, accumulate: bool) -> None:
+        """`.grad` from g = numerator / mass (`g`), normalised once in binary64 after the combine."""
+        np.divide(numerator, mass, out=self.g)
+        self.write(self.g, used, accumulate)
 
     def write(self, g64: np.ndarray, used: np.ndarray, accumulate: bool) -> None:
         """`.grad` from g64 (modified in place when accumulating) and the per-parameter `used` flags."""

@@ -56,7 +56,7 @@ def check_bucket_mb(bucket_mb: object, audit_slots: int, fault_hook: object) -> 
         raise Refusal("usage", f"bucket_mb must be None or a number of MiB > 0, got {bucket_mb!r}")
     if audit_slots or fault_hook is not None:
         raise Refusal(
-            "usage",
+            "options-conflict",
             "bucket_mb starts the combine during the last slot's backward, but audit_slots "
             "(and its fault_hook) compare digests before anything is combined: choose one",
         )

@@ -92,7 +92,7 @@ class SlotSampler(torch.utils.data.Sampler):
         self.epoch, self.start = 0, 0
         if self.batch_size < self.slots:
             raise Refusal(
-                "usage",
+                "options-conflict",
                 f"batch_size {batch_size} cannot fill {self.slots} slots: every slot needs a sample; "
                 f"use batch_size >= {self.slots}",
             )
@@ -106,7 +106,7 @@ class SlotSampler(torch.utils.data.Sampler):
         last = self.windows[-1][1] - self.windows[-1][0]
         if last < self.slots:
             raise Refusal(
-                "usage",
+                "options-conflict",
                 f"with drop_last=False the last batch of each epoch holds {last} samples, fewer "
                 f"than the {self.slots} slots; use drop_last=True or a batch_size that leaves "
                 f"0 or at least {self.slots} samples over",

@@ -49,7 +49,7 @@ def loss_scale(scaler, buckets: bool = False) -> float | None:
         return None
     if buckets:
         raise Refusal(
-            "usage",
+            "options-conflict",
             "scaler= with bucket_mb: the buckets are combined before the last slot's overflow is known; "
             "build DataParallel without bucket_mb",
         )

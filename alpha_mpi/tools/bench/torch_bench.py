@@ -29,7 +29,6 @@ from __future__ import annotations
 import socket
 import statistics
 
-from ...learning.torch_model import require_torch
 from ...refusals import Refusal
 from .._args import at_least, path
 from .baseline import init_gloo
@@ -108,8 +107,9 @@ def _batches(torch, ds, batches_of, workers):
 
 def cmd(comm, argv) -> int:
     """Run the benchmark (every rank); rank 0 prints the table, the ratios and the digests."""
+    from ...torch import DataParallel, SlotSampler, parameter_digest, require_torch
+
     torch = require_torch()
-    from ...torch import DataParallel, SlotSampler, parameter_digest
     from .torch_models import DATA, LOSSES, MODELS
 
     rank, size = comm.Get_rank(), comm.Get_size()

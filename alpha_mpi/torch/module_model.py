@@ -1,9 +1,10 @@
-"""`ModuleModel`: a torch module as an `alpha_mpi.learning.Model` (binary64, the C optimizers),
-and the torch settings a slot's bits depend on (threads, deterministic algorithms).
+"""`ModuleModel`: a torch module as an `alpha_mpi.learning.Model` (binary64, the C optimizers).
 
-Lives in the learning layer and imports only the third-party `torch`, so that
-`alpha_mpi.learning.model_from_spec` can wrap a module without importing `alpha_mpi.torch`
-(which builds on alpha_mpi.learning); `alpha_mpi.torch` re-exports it.
+Lives in alpha_mpi.torch with torch's environment code (alpha_mpi.torch._env); the learning
+layer reaches it in one place only, `alpha_mpi.learning.model_from_spec` wrapping a factory's
+`nn.Module` when a learner is built (a deferred import): alpha_mpi.torch builds on
+alpha_mpi.learning, and no learning module imports alpha_mpi.torch when it is imported or in a
+step.
 
     learner = DataParallelLearner(comm, ModuleModel(net), slots=8, optimizer="adam", partition="grads")
 
@@ -19,66 +20,14 @@ CLI's. This is what `alpha-mpi train --model module:factory` uses when the facto
 from __future__ import annotations
 
 from collections.abc import Callable
-from types import ModuleType
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..refusals import Refusal
+from ._env import check_environment, fix_environment, require_torch
 
-__all__ = [
-    "ModuleModel",
-    "summed_cross_entropy",
-    "require_torch",
-    "fix_environment",
-    "environment",
-    "check_environment",
-]
-
-
-def require_torch() -> ModuleType:
-    """The `torch` module, or a `torch-unavailable` refusal naming the extra to install."""
-    try:
-        import torch
-    except ImportError as e:
-        raise Refusal(
-            "torch-unavailable", f"alpha_mpi.torch needs PyTorch, which does not import here: {e}"
-        ) from None
-    return torch
-
-
-def fix_environment(threads: int) -> dict:
-    """Set torch's intra-op threads to `threads` and deterministic algorithms on; return the
-    settings, as the contract records them. A slot's forward and backward then compute the same
-    bits on whichever rank runs them (same shapes, same threads, same kernels)."""
-    torch = require_torch()
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise Refusal("usage", f"threads must be an int >= 1, got {threads!r}")
-    torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(True)
-    return environment()
-
-
-def environment() -> dict:
-    """torch's live settings that a slot's bits depend on."""
-    torch = require_torch()
-    return {
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "deterministic": bool(torch.are_deterministic_algorithms_enabled()),
-    }
-
-
-def check_environment(expected: dict) -> None:
-    """Refuse (`torch-environment-changed`) when the live settings differ from `expected`."""
-    live = environment()
-    diff = [f"{k}: contract {expected[k]!r}, now {live[k]!r}" for k in expected if live.get(k) != expected[k]]
-    if diff:
-        raise Refusal(
-            "torch-environment-changed",
-            "torch settings changed since DataParallel fixed them: " + "; ".join(diff),
-        )
-
+__all__ = ["ModuleModel", "summed_cross_entropy"]
 
 if TYPE_CHECKING:
     import torch
@@ -105,6 +54,10 @@ class ModuleModel:
     running statistics) are refused by name (`torch-buffers-refused`): the protocol carries
     parameters only; use `alpha_mpi.torch.DataParallel(buffers="slot-mean")` for them.
     """
+
+    #: Its slots compute with torch: the learner's compute identity then holds torch's fields
+    #: (alpha_mpi.learning.compute_check.uses_torch reads this, never importing alpha_mpi.torch).
+    uses_torch = True
 
     def __init__(
         self,

@@ -1,0 +1,169 @@
+"""A torch optimizer in a DataParallel checkpoint: what is a vector, what a scalar, and what a
+restore must share.
+
+Apart from the checkpoint view (checkpointing.py, which lays the DataParallel's state out for the
+Checkpointer) because these are rules about torch optimizers alone:
+
+- `optimizer_vectors`: each per-parameter state tensor shaped like its parameter (Adam's
+  `exp_avg`, `exp_avg_sq`, SGD's `momentum_buffer`), one vector `optimizer.<key>` over the
+  parameters; one present for some parameters only is refused (`torch-optimizer-state`).
+- `optimizer_scalars`: the optimizer's class, each param group's hyperparameters and the
+  parameters it holds (by name), and the scalar state per parameter (Adam's `step`) with dtype.
+- `check_optimizer`: on restore, the class, the hyperparameters but the learning rates, the
+  groups' parameters and (unless `adopt_lr`) the configured learning rates must be the saved
+  ones (`checkpoint-config-mismatch`); it returns the saved `lr` of each group to restore.
+- `read_optimizer_scalars`: the saved scalar state back into per-parameter dicts.
+"""
+
+from __future__ import annotations
+
+from ..refusals import CheckpointRefusal, Refusal
+from ._env import require_torch
+from .contract_and_digest import dtype_name
+
+torch = require_torch()
+
+__all__ = ["optimizer_vectors", "optimizer_scalars", "check_optimizer", "read_optimizer_scalars"]
+
+
+def _jsonable(v):
+    if isinstance(v, (bool, int, str)) or v is None:
+        return v
+    if isinstance(v, float):
+        return v
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, torch.Tensor) and v.numel() == 1:
+        return float(v)
+    return repr(v)
+
+
+def _is_vector(v, p) -> bool:
+    """Per-coordinate optimizer state: a tensor shaped like its parameter (at least 1-d); a
+    0-d tensor (Adam's `step`) is a scalar."""
+    return isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape == p.shape
+
+
+def _hyper(optimizer) -> list:
+    return [{k: _jsonable(v) for k, v in sorted(g.items()) if k != "params"} for g in optimizer.param_groups]
+
+
+_LR_KEYS = ("lr", "initial_lr")
+
+
+def _fixed(hyper: list) -> list:
+    """The hyperparameters a resume must share: all but the (scheduled) learning rates."""
+    return [{k: v for k, v in g.items() if k not in _LR_KEYS} for g in hyper]
+
+
+def _base_lrs(hyper: list) -> list:
+    """The configured learning rate of each group: `initial_lr` where a scheduler set it."""
+    return [g.get("initial_lr", g.get("lr")) for g in hyper]
+
+
+def _groups(optimizer, module) -> list:
+    """Each param group's parameters by their names in `module`, sorted: what the group's
+    hyperparameters apply to (frozen parameters included; one outside the module by its shape)."""
+    names = {id(p): k for k, p in module.named_parameters()}
+    return [
+        sorted(names.get(id(p), f"(outside the module: {list(p.shape)})") for p in g["params"])
+        for g in optimizer.param_groups
+    ]
+
+
+def optimizer_vectors(opt, params: list) -> dict:
+    """`optimizer.<key>` -> the per-parameter state tensors (one per parameter, in order)."""
+    out = {}
+    keys = sorted({k for p in params for k, v in opt.state.get(p, {}).items() if _is_vector(v, p)})
+    for k in keys:
+        ts = [opt.state.get(p, {}).get(k) for p in params]
+        if any(t is None for t in ts):
+            raise Refusal("torch-optimizer-state", f"optimizer state {k!r} exists for some parameters only")
+        out[f"optimizer.{k}"] = ts
+    return out
+
+
+def optimizer_scalars(opt, params: list, module) -> dict:
+    """The manifest's optimizer scalars: class, hyperparameters, groups, scalar state."""
+    sc = {
+        "optimizer": type(opt).__name__,
+        "optimizer_hyper": _hyper(opt),
+        "param_groups": _groups(opt, module),
+    }
+    scalars = {}
+    for i, p in enumerate(params):
+        for k, v in opt.state.get(p, {}).items():
+            if _is_vector(v, p):
+                continue  # a vector: saved as optimizer.<k>
+            if isinstance(v, torch.Tensor):
+                if v.numel() != 1:
+                    raise Refusal(
+                        "torch-optimizer-state",
+                        f"optimizer state {k!r} has shape {tuple(v.shape)}, "
+                        f"not the parameter's {tuple(p.shape)}",
+                    )
+                entry = {
+                    "value": float(v),
+                    "dtype": dtype_name(v.dtype),
+                    "shape": list(v.shape),
+                }
+            elif v is None or isinstance(v, (int, float, bool)):
+                entry = {"value": v, "dtype": None}
+            else:
+                raise Refusal("torch-optimizer-state", f"optimizer state {k!r} is a {type(v).__name__}")
+            scalars.setdefault(k, [None] * len(params))[i] = entry
+    sc["optimizer_scalars"] = scalars
+    return sc
+
+
+def check_optimizer(sc: dict, opt, module, adopt_lr: bool) -> list | None:
+    """Refuse a checkpoint whose optimizer state `opt` may not continue from (the module
+    docstring); return the saved `lr` of each group to restore (None: keep the present ones)."""
+    saved_opt = sc.get("optimizer")
+    if saved_opt not in (None, type(opt).__name__):
+        raise CheckpointRefusal(
+            "checkpoint-config-mismatch", f"checkpoint optimizer {saved_opt}, now {type(opt).__name__}"
+        )
+    if saved_opt is None:
+        return None
+    saved_hyper, now = sc.get("optimizer_hyper") or [], _hyper(opt)
+    if len(saved_hyper) != len(now) or _fixed(saved_hyper) != _fixed(now):
+        raise CheckpointRefusal(
+            "checkpoint-config-mismatch",
+            f"optimizer hyperparameters differ: saved {_fixed(saved_hyper)}, now {_fixed(now)}",
+        )
+    saved_groups, groups = sc.get("param_groups"), _groups(opt, module)
+    if saved_groups is not None and saved_groups != groups:  # recorded since issue 36
+        raise CheckpointRefusal(
+            "checkpoint-config-mismatch",
+            f"the optimizer's param groups hold other parameters: saved {saved_groups}, "
+            f"now {groups}; each group's hyperparameters and learning rate would apply "
+            "to other parameters (build the optimizer's groups as at save time)",
+        )
+    if adopt_lr:
+        return None
+    if _base_lrs(saved_hyper) != _base_lrs(now):
+        raise CheckpointRefusal(
+            "checkpoint-config-mismatch",
+            f"lr: saved {_base_lrs(saved_hyper)}, now {_base_lrs(now)}; restore with the saved "
+            "learning rate, or pass adopt_lr=True to continue with this one",
+        )
+    return [h["lr"] for h in saved_hyper]  # the scheduled rates at the saved step
+
+
+def read_optimizer_scalars(sc: dict, per: list) -> None:
+    """The saved scalar state (`optimizer_scalars`) into `per`, one state dict per parameter."""
+    try:
+        for k, entries in sc.get("optimizer_scalars", {}).items():
+            for d, e in zip(per, entries):
+                if e is None:
+                    continue
+                v = e["value"]
+                if e["dtype"] is not None:
+                    v = torch.tensor(v, dtype=getattr(torch, e["dtype"])).reshape(e["shape"])
+                d[k] = v
+    except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as e:
+        raise CheckpointRefusal(
+            "checkpoint-config-mismatch",
+            f"the checkpoint's optimizer scalars are not readable here: {e!r}",
+        ) from None

@@ -1,0 +1,253 @@
+"""One step of a `DataParallel`, stage by stage: `TrainingStep`.
+
+Protocol of one `step(X, y, loss_fn)` (every rank calls it, with the same global batch):
+
+1. The batch is cut into `slots` contiguous windows (alpha_mpi.learning.slicing); this rank takes
+   the slots it owns in the tree (`my_slots`).
+2. For each owned slot, separately, under torch's generators seeded from (seed, step, slot) and
+   the declared precision (autocast or none): the slot's declared loss and mass
+   (alpha_mpi.torch.losses: `loss_fn(module(X_s), y_s)` a sum over samples, a `(loss_sum, mass)`
+   pair, or a `ModuleLoss`, the module's own mean over its mass), then `torch.autograd.grad`
+   (the slot's own backward into fresh tensors; nothing accumulates across slots). Fixed
+   intra-op threads and deterministic algorithms (set at construction, checked every step, named
+   in the contract), so a slot's gradient has the same bits on whichever rank runs it.
+3. The slot's payload: its gradients (float32 widened exactly to binary64 by
+   `kernel.widen_binary32`, the `WidenBinary32@contribution` site; float64 copied as is; a
+   module's mean times its mass in binary64), the buffers in `slot-mean` mode, the sample count,
+   the mass and the loss sum, and the words the ranks must agree on (alpha_mpi.torch.step_agreement).
+4. One combine over the slot tree (alpha_mpi.execution.Allreducer; no MPI collective); every rank
+   checks the agreement words and the cut on the combined payload alike; then
+   `g = numerator / mass` once in binary64, then for float32 one `kernel.round_binary64` into each
+   parameter's `.grad` (the `RoundBinary64@gradient` site; added to the `.grad` held with
+   `accumulate`; None for a parameter no slot used). Every rank holds the same `.grad`.
+5. The user's optimizer (`opt.step()`) runs on identical gradients and identical state on every
+   rank, so the parameters stay identical.
+
+A non-finite gradient, buffer or loss is refused on every rank; `.grad` is cleared (None) and the
+buffers keep their step-start values, so an `opt.step()` after a refusal changes nothing.
+
+Apart from data_parallel.py (which builds the parts and holds the public API) because this is the
+step's protocol alone: `TrainingStep.run` reads top to bottom, each stage a named call, over
+parts passed to its constructor: the state (state.py), the payload layout (payload.py), the slot
+pass (slot_pass.py), the combine (combine.py), `.grad` (gradients.py), the buffers (buffers.py)
+and the audit's checks (alpha_mpi.learning.audit).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..refusals import Refusal
+from ._env import check_environment
+from .buffers import StepBuffers
+from .combine import StepCombine
+from .gradients import GradientWriter
+from .losses import loss_reduction
+from .module_check import check_parameters
+from .payload import PayloadLayout
+from .scaling import loss_scale, mark_overflow
+from .slot_cut import Given, check_batch, check_cut
+from .slot_pass import SlotCall, SlotPass
+from .slot_rules import Precision, step_rng
+from .state import ModuleState
+from .step_agreement import WORDS, StepFacts, check_combined, check_table, step_facts
+
+if TYPE_CHECKING:
+    from ..learning.audit import SlotAudit
+    from ..learning.replicas import ReplicaDigests
+
+__all__ = ["TrainingStep", "StepRequest", "SlotsDone"]
+
+
+@dataclass(frozen=True)
+class StepRequest:
+    """One call of `step`, `step_local` or `step_slots`: `cut()` gives the {slot: data} batch
+    this rank needs, `given()` how the global batch was given (slot_cut.Given), then the loss
+    and the step's options as the caller passed them."""
+
+    cut: Callable[[], Mapping]
+    given: Callable[[], Given]
+    loss_fn: Any
+    reduction: str | None
+    accumulate: bool | None
+    stop: bool
+    scaler: Any
+
+
+@dataclass
+class SlotsDone:
+    """What the slot stage of one step leaves for the stages after it: how the batch was given
+    (`length`, `rule`: what the combined cut must match), the step's `facts` (what the ranks
+    compare), the cut `batch` and the slots' shared `call` (the audit recomputes with them), and
+    this rank's `refused` (flagged in the combine) with the user's own exception behind it
+    (`failure`, raised on this rank once every rank refused)."""
+
+    length: int = 0
+    rule: Any = None
+    facts: StepFacts | None = None
+    batch: Mapping | None = field(default=None, repr=False)
+    call: SlotCall | None = None
+    refused: Refusal | None = None
+    failure: Exception | None = None
+
+
+class TrainingStep:
+    """The step of one DataParallel over its parts: the `state` (module, parameters, seed, steps),
+    torch's settings `env` (checked every step) and the declared `precision`, the `payload`
+    layout, the `slot_pass`, the `combine`, the `grads` writer, the `buffers`, the audit's
+    `audit` and `replicas` (None: not asked for), this rank's `my_slots` and the slot count."""
+
+    def __init__(
+        self,
+        state: ModuleState,
+        *,
+        env: dict,
+        precision: Precision,
+        payload: PayloadLayout,
+        slot_pass: SlotPass,
+        combine: StepCombine,
+        grads: GradientWriter,
+        buffers: StepBuffers,
+        audit: SlotAudit | None,
+        replicas: ReplicaDigests | None,
+        my_slots: list[int],
+        slots: int,
+    ) -> None:
+        self.state, self.env, self.precision, self.payload = state, env, precision, payload
+        self.slot_pass, self.combine, self.grads, self.buffers = slot_pass, combine, grads, buffers
+        self.audit, self.replicas = audit, replicas
+        self.my_slots, self.slots = my_slots, slots
+        self._audit_buf = np.zeros(payload.total) if audit is not None else None
+
+    @property
+    def needed_slots(self) -> list[int]:
+        """`my_slots`, then (audit_slots) the slots this rank recomputes this step."""
+        from ..learning.audit import needed_slots
+
+        return needed_slots(self.audit, self.my_slots, self.state.steps)
+
+    def run(self, req: StepRequest, accumulate: bool, asked: bool) -> tuple[float, bool]:
+        """The step of `req` (`accumulate`: add into `.grad`; `asked`: this rank asks every rank
+        to stop). Returns the global batch's mean loss and whether any rank asked to stop. What
+        this rank refuses of its own inputs (the cut, the loss declaration, the environment, a
+        slot's loss) travels as a flag in the step's combine, so every rank refuses
+        (`peer-refused` naming this rank) instead of waiting for it; `.grad` is cleared, the
+        buffers keep their step-start values, and the next step works."""
+        start = self.buffers.snapshot()
+        done = None
+        try:
+            self._compare_replicas()
+            # The caller's generators are saved and restored once per step, not per slot.
+            with step_rng() as devices, self.combine.around_slots():
+                done = self._run_slots(req, accumulate, asked, start, devices)
+                self._audit_slots(done)  # before the combine: a mismatch combines nothing
+            red = self.combine.finish(done.refused)
+            loss = self._apply(red, done, accumulate)
+        except Exception as e:
+            self._undo(start)
+            if (
+                done is not None
+                and done.failure is not None
+                and getattr(e, "code", None) == "torch-slot-failed"
+            ):
+                raise done.failure from e  # this rank's own exception, once every rank has refused
+            raise
+        self.state.steps += 1
+        return loss, bool(red[self.payload.stop_at] > 0)
+
+    def _compare_replicas(self) -> None:
+        """Every `audit_digests` steps, before the forward: the state's digests compared."""
+        if self.replicas is not None and self.replicas.due(self.state.steps):
+            self.replicas.check(self.state.steps, [t.detach().cpu().numpy() for t in self.state.tensors()])
+
+    def _run_slots(self, req: StepRequest, accumulate: bool, asked: bool, start, devices) -> SlotsDone:
+        """This rank's checks of its inputs, then each owned slot's pass into its payload (the
+        first also carries `asked`, this rank's stop). A refusal (or the user's exception) is
+        kept in the result, for the combine to flag."""
+        done = SlotsDone()
+        buckets = self.combine.buckets
+        try:
+            g = req.given()  # first: step_local takes its sampler note whatever follows
+            done.length, done.rule = g.length, g.rule
+            scale = loss_scale(req.scaler, buckets=buckets is not None)
+            done.facts = step_facts(
+                seed=self.state.seed,
+                module=self.state.module,
+                accumulate=accumulate,
+                loss_scale=scale,
+                source=g.source,
+                sizes=g.sizes,
+                note=g.note,
+                length=g.length,
+                digest=g.digest(),
+            )
+            declared = loss_reduction(req.loss_fn, req.reduction)
+            self.precision.check_around()
+            check_environment(self.env)
+            check_parameters(self.state.module, self.state.params)
+            done.batch = check_batch(req.cut(), self.needed_slots)
+            words = np.empty(WORDS)
+            done.facts.words(words)
+            scaler = None if scale is None else req.scaler
+            done.call = SlotCall(self.state.steps, req.loss_fn, declared, start, devices, words, scaler)
+            last = self.my_slots[-1] if buckets is not None else None
+            stop_at = self.payload.stop_at
+            for i, s in enumerate(self.my_slots):
+                buf = self.combine.payloads[s]
+                self.slot_pass.run(s, done.batch[s], done.call, buf, armed=s == last)
+                buf[stop_at] = 1.0 if (asked and i == 0) else 0.0
+        except Refusal as e:
+            done.refused = e
+        except Exception as e:  # the user's module, loss or data: flagged all the same
+            done.refused = Refusal("torch-slot-failed", f"{type(e).__name__}: {str(e)[:300]}")
+            done.failure = e
+        return done
+
+    def _audit_slots(self, done: SlotsDone) -> None:
+        """With audit_slots: the audited slots recomputed here and compared. The settings are
+        compared first: a rank that differs by them is named for that, never as a faulty host
+        (step_agreement.py)."""
+        if self.audit is None:
+            return
+        facts = done.facts
+        agree = None if facts is None else (np.array(facts.values, float), lambda t: check_table(t, facts))
+        self.audit.check(
+            self.state.steps,
+            self.combine.payloads,
+            lambda s, out: self.slot_pass.run(s, done.batch[s], done.call, out),
+            self._audit_buf,
+            done.refused,
+            words=self.payload.stop_at,
+            agree=agree,
+        )
+
+    def _apply(self, red: np.ndarray, done: SlotsDone, accumulate: bool) -> float:
+        """The combined payload's checks (the agreement words, the cut, the mass: combined words
+        only, so every rank gives the same verdict), then `.grad` and the buffers; returns the
+        global batch's mean loss."""
+        lay = self.payload
+        check_combined(lay.agreement(red), self.slots, done.facts)
+        check_cut(lay.sizes(red), done.length, done.rule)
+        mass = red[lay.mass_at]
+        if not mass > 0.0:
+            raise Refusal(
+                "mass-zero",
+                f"the step's slots declared a total mass of {mass!r} (every item ignored or "
+                "padding?); there is nothing to divide the gradient by; nothing was applied",
+            )
+        if red[lay.inf_at] > 0:  # a GradScaler's scaled gradient overflowed (scaling.py)
+            mark_overflow(self.state.params)
+        else:
+            self.grads.write_mean(lay.gradient(red), mass, lay.used(red), accumulate)
+        self.buffers.write_mean(lay.buffers(red))
+        return float(red[lay.loss_at] / mass)
+
+    def _undo(self, start) -> None:
+        """A refused step: `.grad` cleared (an `opt.step()` changes nothing), buffers as at its start."""
+        for p in self.state.params:
+            p.grad = None
+        self.buffers.restore(start)

@@ -92,3 +92,17 @@ def test_a_stopped_or_killed_peer_ends_the_job_by_itself(how):
         # the job first; either way it ends by itself, never with a frame-size complaint.
         assert "frame-size-mismatch" not in out
     assert elapsed < 100
+
+
+@pytest.mark.parametrize("n", [2, 5])
+def test_a_job_that_recovered_with_reset_exits_0(n):
+    """One rank passes another realization to a warm allreduce(); every rank refuses
+    `executor-identity-mismatch` at once (a bound of 60 s that is never reached), recovers with
+    reset() and the next call gives the sum; then the job ends cleanly, exit status 0 (not the
+    abort at exit, 70: the reset forgave the failure it drained)."""
+    r, _ = launch(n, "warm_mismatch_reset.py", "60", limit=50)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    for rank in range(n):
+        assert f"rank {rank}: executor-identity-mismatch" in r.stdout, out
+        assert f"rank {rank}: ok" in r.stdout, out

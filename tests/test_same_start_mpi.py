@@ -76,7 +76,8 @@ def refusal_on_every_rank(world, build):
     agree(world, False, "no refusal")
 
 
-def healthy_run_matches_alone(world, mode="none"):
+def healthy_run_matches_alone(world, mode="none", comm=None):
+    """A learner on `comm` (default `world`) trains to the bits of the same run alone."""
     from mpi4py import MPI
 
     def run(comm):
@@ -88,7 +89,7 @@ def healthy_run_matches_alone(world, mode="none"):
             )
         return digest(lr.final_params())
 
-    alone, here = run(MPI.COMM_SELF), run(world)
+    alone, here = run(MPI.COMM_SELF), run(world if comm is None else comm)
     agree(world, alone == here, f"after the refusal: {here[:12]} vs alone {alone[:12]}")
 
 
@@ -121,6 +122,52 @@ def test_init_params_differing_on_one_rank_are_refused_and_equal_ones_accepted(w
     )
     lr = DataParallelLearner(world, model, slots=world.Get_size(), init_params=same, timeout=30)
     agree(world, np.array_equal(lr.params.view(np.uint64), same.view(np.uint64)))
+
+
+# One rank's mistake in the constructor's own checks, each with the code that rank raises.
+MISTAKES = {
+    "slots": ({"slots": 1}, "placement-invalid"),
+    "topology": ({"topology": "no-such-topology"}, "topology-invalid"),
+    "partition": ({"partition": "rows"}, "usage"),
+    "optimizer": ({"optimizer": "adagrad"}, "numerical-contract-invalid"),
+    "audit_slots": ({"audit_slots": 99}, "usage"),
+    "audit_digests": ({"audit_digests": -2}, "usage"),
+    "machine_independent": ({"machine_independent": "yes"}, "usage"),
+}
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("channel", ["first object", "after a call"])
+@pytest.mark.parametrize("mistake", sorted(MISTAKES))
+def test_one_ranks_constructor_check_is_refused_on_every_rank_in_the_first_round(world, mistake, channel):
+    """Issue 36 item 1: the learner is the first alpha_mpi object on a fresh communicator (its
+    endpoint is made in the learner's first round), or a convenience call came first. One rank
+    refuses in its own checks; every rank refuses at once by name (no rank builds a learner
+    that waits for it, none blocks in the duplicate), and the next learner on the same
+    communicator pairs correctly: it trains to the bits of the run alone. Before the fix the
+    peers built their learner from that rank's next one (the audit's options: they returned a
+    learner), or timed out."""
+    from alpha_mpi import star
+    from alpha_mpi.execution import allreduce
+
+    rank, odd = world.Get_rank(), odd_rank(world)
+    comm = world.Dup()
+    if channel == "after a call":
+        allreduce(comm, star(range(comm.Get_size()), comm.Get_size()), {rank: np.ones(3)}, timeout=30)
+    kw, code = MISTAKES[mistake]
+    args = {"slots": 2 * world.Get_size(), "timeout": 30, **(kw if rank == odd else {})}
+    e = refusal_on_every_rank(world, lambda: DataParallelLearner(comm, MLP(6, 5, 3), **args))
+    if rank == odd:
+        ok = isinstance(e, Refusal) and e.code == code
+    else:
+        ok = (
+            isinstance(e, Refusal)
+            and e.code == "peer-refused"
+            and e.context == {"peer": odd, "peer_code": code}
+        )
+    agree(world, ok, f"rank {rank}: {e!r}")
+    healthy_run_matches_alone(world, comm=comm)
+    comm.Free()
 
 
 @pytest.mark.mpi(min_size=2)

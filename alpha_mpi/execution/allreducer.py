@@ -104,7 +104,7 @@ class Allreducer:
             local = e
         self.executor = None
         if local is not None:
-            Endpoint.of(comm, timeout).refuse_build(local, "Allreducer", timeout=timeout)
+            Endpoint.of(comm, timeout).refuse_build(local, "Allreducer", timeout=timeout, stream=_stream)
         self.executor = Engine(
             comm, self.plan, timeout=timeout, contract=contract, dup=dup, what="Allreducer", stream=_stream
         )

@@ -145,7 +145,7 @@ def _cached(comm, tree, contributions, delivery, layout, realization, mode, cove
                 try:
                     layout = _infer_layout(contributions)
                 except Refusal as e:  # still takes part in the build, so every rank refuses
-                    Endpoint.of(comm).refuse_build(e, "allreduce()", timeout=timeout)
+                    Endpoint.of(comm).refuse_build(e, "allreduce()", timeout=timeout, stream=st)
             a = st.state[key] = Allreducer(
                 comm,
                 tree,

@@ -36,9 +36,9 @@ order; `p` = comm size):
    naming the ranks; no room in the tag space → `tag-space-exhausted`; else every rank takes
    the same sequence and tag block, and the executor creates its persistent sends with them.
    After a refusal the sequence and the allocator are as before, so the next build pairs.
-3. A constructor that refuses before it has a program (a learner's checks, an Allreducer
-   whose planning refused) takes part in the same round with its refusal
-   (`refuse_build`), so its peers are not left waiting.
+3. A constructor that refuses before it has a program (an Allreducer whose planning refused)
+   takes part in the same round with its refusal (`refuse_build`), so its peers are not left
+   waiting. A learner's local checks travel in its first agreement round the same way.
 4. Learners, checkpoints, audits: `verdict(words, local, what)`: one round, every rank's
    status and words to every rank (verdict.py), then each caller decides from the same table.
 5. Runs: an executor's frames carry its sequence and use its tag block only; the payload
@@ -64,7 +64,13 @@ Streams. Calls that run one at a time in program order on every rank — the con
 (`allreduce`, `combine`, `reduce_scatter`) and the array reductions — share one block per kind
 (a `Stream`, agreed once when the first such call is made), as they share one failure state:
 their executors are told apart by the identity and sequence in every frame, so a rank that
-calls another operation than its peers meets them in the frames and is named there.
+calls another operation than its peers meets them in the frames and is named there. A rank
+that builds another executor of the stream (another realization, delivery, tree or layout)
+while its peers run a warm call is named at once, by the first call's refusal: a stream's build
+round is direct (every record straight to every rank, not Bruck's rounds), a stream's executor
+that waits for a peer's frame looks at that peer's first message (Engine, engine_walk), and a
+build record there makes it answer the round with the executor it runs (`answer_build`): every
+rank sees the keys differ, `executor-identity-mismatch` naming the ranks.
 """
 
 from __future__ import annotations
@@ -96,6 +102,7 @@ __all__ = [
 VERDICT_TAG = 1
 RESET_TAG = 2
 TAG_BASE = 100
+ANSWERING = 2**64 - 1  # the message-count word of a rank answering a build from a warm call (answer_build)
 STREAM_MESSAGES = 256  # messages per pair of ranks a stream's block holds (a call needing more gets its own)
 _KEY = []  # the MPI keyval of the endpoint attribute (created once per process)
 
@@ -242,11 +249,14 @@ class Endpoint:
         except Refusal:  # refused by the caller in its own round; this round still ends
             return self.waiter(DEFAULT_TIMEOUT)
 
-    def verdict(self, words, local: BaseException | None, what: str, *, timeout=None) -> vd.Verdicts:
+    def verdict(
+        self, words, local: BaseException | None, what: str, *, timeout=None, direct: bool = False
+    ) -> vd.Verdicts:
         """One verdict round on this communicator (collective, in the same order on every rank):
         this rank's `local` failure (or None) and `words` (uint64; the same count on every
         rank) to every rank. Returns the table (verdict.Verdicts); raises only when the round
-        itself fails (a peer that never comes: peer-timeout; a rank out of step)."""
+        itself fails (a peer that never comes: peer-timeout; a rank out of step). `direct`:
+        every record straight to every rank (verdict.exchange)."""
         number = self.rounds
         self.rounds += 1
         return vd.exchange(
@@ -258,6 +268,7 @@ class Endpoint:
             number=number,
             what=what,
             owner=self,
+            direct=direct,
         )
 
     def agree(self, local: BaseException | None, what: str, *, timeout=None) -> None:
@@ -292,7 +303,15 @@ class Endpoint:
         here, wrapped = self._free_run(base), self._free_run(TAG_BASE)
         key = _key(identity or "-", sequence, base)
         try:
-            v = self.verdict([*key, messages, here, wrapped], local, "building an executor", timeout=timeout)
+            # A stream's builds go direct: a peer still running a warm call of the stream finds
+            # this record first from this rank and answers the round (`answer_build`).
+            v = self.verdict(
+                [*key, messages, here, wrapped],
+                local,
+                "building an executor",
+                timeout=timeout,
+                direct=stream is not None,
+            )
             v.raise_failures(local, f"building the {what}")
             _refuse_different(v, what)
             need = int(v.words[:, 4].max())
@@ -309,10 +328,29 @@ class Endpoint:
         wire = self.lib if dup else self.user
         return Seat(self, sequence, block, wire, shared=not dup, owned=owned)
 
-    def refuse_build(self, local: Refusal, what: str, *, timeout=None) -> None:
+    def answer_build(self, identity: str, sequence: int, base: int, what: str, *, timeout=None) -> None:
+        """A rank whose warm call of a stream found a peer's build record where it waited for
+        that peer's frame (Engine, `peer_round="verdict"`): it answers that build round with the
+        key of the executor it was running (`identity`, `sequence`, `base`), so every rank sees
+        the keys differ and raises `executor-identity-mismatch` naming the ranks, at once (the
+        first call's refusal), where the builder used to wait for the bound. Always raises; the
+        executor numbering and the tag allocator are left as they were on every rank."""
+        key = _key(identity or "-", sequence, base)
+        v = self.verdict([*key, ANSWERING, 0, 0], None, "building an executor", timeout=timeout, direct=True)
+        v.raise_failures(None, f"building the {what}")
+        _refuse_different(v, what)
+        # Unreachable in practice (a peer's new executor has a later sequence than any running
+        # one), but never go on as if something was built.
+        raise Refusal(
+            "executor-identity-mismatch",
+            f"a peer built a {what} while this rank ran one of its calls; no rank built it",
+        )
+
+    def refuse_build(self, local: Refusal, what: str, *, timeout=None, stream: Stream | None = None) -> None:
         """Take part in the build agreement of the executor the peers are building, with this
-        rank's refusal `local` (step 3 of the protocol); always raises."""
-        self.open_seat("", local, 0, what, timeout=timeout)
+        rank's refusal `local` (step 3 of the protocol); always raises. `stream`: the stream the
+        peers build on (its builds go direct: open_seat)."""
+        self.open_seat("", local, 0, what, timeout=timeout, stream=stream)
         raise local  # pragma: no cover - open_seat raises `local` itself
 
     def stream(self, name: str, *, timeout=None) -> Stream:
@@ -473,15 +511,25 @@ def _refuse_different(v: vd.Verdicts, what: str) -> None:
         groups.setdefault(tuple(int(x) for x in row[:4]), []).append(r)
     if len(groups) == 1:
         return
+    # A rank that answered from a warm call (answer_build) sent frames of that call that no
+    # peer will take: the channel holds them until a reset.
+    answered = [r for r, row in enumerate(v.words) if len(row) > 4 and int(row[4]) == ANSWERING]
     ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
     ref, other = ordered[0][0], ordered[1][0]
     part, fmt = next(_KEY_PARTS[i] for i in range(4) if ref[i] != other[i])
     shown = "; ".join(f"{vd.ranks_text(rs)}: {fmt(k)}" for k, rs in ordered)
     raise Refusal(
         "executor-identity-mismatch",
-        f"the ranks build different {what}s: {part} ({shown}); no rank built it",
+        f"the ranks build different {what}s: {part} ({shown}); no rank built it"
+        + (
+            f" ({vd.ranks_text(answered)} ran a call of the other meanwhile: reset before the next)"
+            if answered
+            else ""
+        ),
         ranks=tuple(sorted(r for _, rs in ordered[1:] for r in rs)),
-        in_flight=False,  # every rank finished the round: the channel holds nothing of it
+        # every rank finished the round: the channel holds nothing of it, unless a rank answered
+        # from a call whose frames are left
+        in_flight=bool(answered),
     )
 
 

@@ -130,12 +130,16 @@ class Engine:
                 f"this program sends {self.compiled.messages_per_peer} messages to one peer; its stream's tag "
                 f"block holds {seat.block.messages}",
             )
-        self.seat = seat
+        self.seat, self.identity = seat, identity
         # Alone on its tags (a block of its own on the endpoint's duplicate) the executor posts
         # its receives at their planned size: nothing else can be sent there, and the agreement
         # fixed every size. Where user traffic (dup=False) or other executors (a stream's shared
         # block) can reach its tags, it matches every frame first (size-safe, csrc/native.h).
         self.probe = seat.shared or given_seat or not seat.owned
+        # A stream's executor on the duplicate looks, while it waits, at what the awaited peer
+        # sent first (engine_walk: a peer building another executor is named at once).
+        self._watch = self.probe and not seat.shared
+        self.what = what
         open_exec(self.compiled, self.comm, seat.block, self.probe)
 
     def _build(self, program: Program, contract: str) -> None:
@@ -307,12 +311,21 @@ class Engine:
                     c.ex, step, bound, st.flags, who[0], int.from_bytes(fr.code_tag(who[1]), "little")
                 )
             if rc:
-                walk.drive(c, st, rc, self._hook, bound, self.waiter, self.comm)
+                walk.drive(c, st, rc, self._hook, bound, self.waiter, self.comm, self._watch)
             flags = st.flags = c.ex.flags
             if flags & fr.FLAG_REFUSED:
                 walk.finish(c, st)
         except Refusal as e:
             self._fail(e)
+            if e.context.get("peer_round") == "verdict":
+                # the peer builds another executor: answer its build round, so that every rank
+                # names the mismatch at once (Endpoint.answer_build raises it)
+                try:
+                    self.endpoint.answer_build(
+                        self.identity, self.sequence, self.seat.block.base, self.what, timeout=timeout
+                    )
+                except Refusal as answered:
+                    raise self._hint(answered) from e
             if st.bad is not None and e is not st.bad:
                 # a bad frame came first and explains what followed (a peer running another
                 # program stops sending what this one waits for)

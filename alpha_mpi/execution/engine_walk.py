@@ -3,10 +3,16 @@
 engine.execute begins the run in C (an_run); on the good path it returns AN_DONE and nothing
 here runs. Otherwise `drive` answers each status the C loop returns until the run is done:
 
-- AN_AGAIN: a wait has lasted a slice (waits.SIGNAL_SLICE): nothing to do but go on. The
-  return itself is the point: the interpreter runs its signal handlers between the calls, so
-  KeyboardInterrupt and other signals reach a rank that waits for a peer (engine.py breaks the
-  executor on any exception, as on a timeout).
+- AN_AGAIN: a wait has lasted a slice (waits.SIGNAL_SLICE): go on. The return itself is the
+  point: the interpreter runs its signal handlers between the calls, so KeyboardInterrupt and
+  other signals reach a rank that waits for a peer (engine.py breaks the executor on any
+  exception, as on a timeout). An executor of a stream (`watch`: its frames are matched first,
+  on the endpoint's duplicate) also looks at the first message the peer it waits for has sent:
+  a verdict record or a reset marker there means that peer is not in this call (it builds
+  another executor: it passed another realization, delivery, tree or layout; or it reset), since
+  MPI keeps one sender's messages in order and the peer's frame would come first. The run then
+  ends at once, `executor-identity-mismatch` (`peer_round` "verdict" or "reset"), instead of
+  waiting for the bound; nothing of the peer's is taken.
 - AN_HOOK: a send's header is written and the send not started: the fault-injection hook
   (Engine.send_hook, for tests and alpha_mpi_verify) gets (message index, header memoryview).
 - AN_BAD_FRAME: a received frame failed its check. C has put zeros in place of its payload and
@@ -22,8 +28,9 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
-from ..refusals import KernelRefusal
+from ..refusals import KernelRefusal, Refusal
 from . import frames as fr
+from .endpoint import RESET_TAG, VERDICT_TAG
 from .inbound import name_bad_frame
 from .waits import mpi_failure, timeout_refusal
 
@@ -47,12 +54,16 @@ class RunState:
         self.local = local
 
 
-def drive(c, st: RunState, rc: int, hook, bound: float, waiter, comm) -> None:
-    """Answer the C run's statuses until it is done (the module docstring)."""
+def drive(c, st: RunState, rc: int, hook, bound: float, waiter, comm, watch: bool = False) -> None:
+    """Answer the C run's statuses until it is done (the module docstring). `watch`: look at
+    the awaited peer's first message on each AN_AGAIN (a stream's executor)."""
     lib, ex = c.native.lib, c.ex
     while rc:
-        if rc == lib.AN_AGAIN:
-            pass  # signal handlers run here, between the two calls
+        if rc == lib.AN_AGAIN:  # signal handlers run here, between the two calls
+            if watch:
+                e = _out_of_step(c, st, comm)
+                if e is not None:
+                    raise e
         elif rc == lib.AN_HOOK:
             x = c.by_pos[ex.at_msg]
             hook(x.m.index, x.hmv)
@@ -80,6 +91,29 @@ def _refuse_frame(c, st: RunState, x) -> None:
     if ex.refused < 0:
         ex.refused = st.rank
         c.native.ffi.memmove(ex.code, fr.code_tag(bad.code), 4)
+
+
+def _out_of_step(c, st: RunState, comm):
+    """`executor-identity-mismatch` when the peer this rank waits to receive from has sent a
+    verdict record or a reset marker before the frame (see the module docstring), else None.
+    Only receives: a send's completion can lag behind a peer that has moved on."""
+    x = c.by_pos[c.ex.at_msg]
+    if x.m.src == st.rank:
+        return None
+    status = MPI.Status()
+    if not comm.Iprobe(x.peer, MPI.ANY_TAG, status) or status.Get_tag() not in (VERDICT_TAG, RESET_TAG):
+        return None
+    building = status.Get_tag() == VERDICT_TAG
+    sent = "a verdict record (it builds another executor)" if building else "a reset marker (it called reset)"
+    return Refusal(
+        "executor-identity-mismatch",
+        f"rank {st.rank}: waiting for {x.what} from rank {x.peer} at step {st.step}, rank {x.peer} sent {sent} "
+        "instead: it is not in this call (it passed another realization, delivery, tree or layout, or "
+        "skipped, repeated or reordered a call)",
+        peer=x.peer,
+        step=st.step,
+        peer_round="verdict" if building else "reset",
+    )
 
 
 def _failure(c, st: RunState, rc: int, bound: float, waiter, comm):

@@ -65,6 +65,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SlotAudit",
+    "check_audit_slots",
+    "check_options",
     "FaultHook",
     "payload_digest",
     "AuditSchedule",
@@ -155,6 +157,31 @@ def _host_name(words: np.ndarray) -> str:
     return words.astype("<u4").tobytes().rstrip(b"\0").decode("utf-8", "replace")
 
 
+def check_audit_slots(k: object, slots: int, size: int) -> None:
+    """`usage` unless `k` (audit_slots) is an int in 1..slots and there are >= 2 ranks (local)."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 < k <= slots:
+        raise Refusal("usage", f"audit_slots must be an int in 1..{slots} (the slot count), got {k!r}")
+    if size < 2:
+        raise Refusal(
+            "options-conflict",
+            "audit_slots needs at least 2 ranks: a slot is recomputed by another rank "
+            f"than its owner, and this communicator has {size}",
+        )
+
+
+def check_options(options: tuple[int, int, str], slots: int, size: int) -> None:
+    """Refuse bad (audit_slots, audit_digests, partition) by name, locally, before anything is
+    built: a learner runs it among its constructor's local checks, whose outcome travels in its
+    first agreement round (so a rank that refuses them is named on every rank at once)."""
+    audit_slots, audit_digests, partition = options
+    if audit_slots:
+        check_audit_slots(audit_slots, slots, size)
+    if audit_digests:
+        from .replicas import check_audit_digests
+
+        check_audit_digests(audit_digests, partition)
+
+
 class SlotAudit:
     """The audit of one learner: rotation, roles, the two exchanges and the verdict.
 
@@ -176,14 +203,7 @@ class SlotAudit:
     ) -> None:
         self.size, self.rank = comm.Get_size(), comm.Get_rank()
         slots = len(owner_of)
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 < k <= slots:
-            raise Refusal("usage", f"audit_slots must be an int in 1..{slots} (the slot count), got {k!r}")
-        if self.size < 2:
-            raise Refusal(
-                "options-conflict",
-                "audit_slots needs at least 2 ranks: a slot is recomputed by another rank "
-                f"than its owner, and this communicator has {self.size}",
-            )
+        check_audit_slots(k, slots, self.size)
         self.k, self.slots, self.owner_of = int(k), slots, list(owner_of)
         self.schedule = AuditSchedule(self.k, self.owner_of, self.size)
         self.compute = compute  # which ranks compute alike (None: all do)

@@ -37,6 +37,7 @@ from ..model import Layout, ReplicateAll, build
 from ..model.deprecation import deprecated_order_id
 from ..planning import plan
 from ..refusals import KernelRefusal, Refusal
+from .audit import build_checks, check_options
 from .learner_checkpoint import LearnerCheckpoint
 from .optim import make_optimizer
 from .partition import MODES, Coordinates, partition_mode
@@ -144,47 +145,64 @@ class DataParallelLearner:
         fault_hook: FaultHook | None = None,
         machine_independent: bool = False,
     ) -> None:
-        mode = partition_mode(partition)  # the only look at the string: refused here if unknown
-        from .protocol import check_model, takes_rng
-
-        check_model(model)  # a model that breaks the protocol is refused by name, before any collective
-        # A model whose loss_and_grad_sum takes rng= gets each slot's own generator (seed, step, slot).
-        self.seed, self.takes_rng = seed, takes_rng(model)
-        kernel.fpenv_check()  # FTZ/DAZ or a non-nearest rounding mode would change the bits: refuse
-        self.comm, self.model = comm, model
-        self.size, self.rank = comm.Get_size(), comm.Get_rank()
-        if slots < self.size:
-            raise Refusal(
-                "placement-invalid",
-                f"{slots} slots on {self.size} ranks leaves ranks without a contribution; use --slots >= ranks",
-            )
-        self.topology, self.optimizer_name = topology, optimizer
-        self.slots = slots
-        n = self.n = model.n_params
-        self.tree = build(topology, slots, self.size)
-        # Plans and executors, built once. Their order ids are what the contract names.
-        self.full_plan = plan(self.tree, ReplicateAll(), _weighted(n), size=self.size)
-        self.my_slots = self.full_plan.slots_of(self.rank)
+        # Every check this rank makes alone (the arguments, the model's protocol, the plan, the
+        # contract, the audit's options) runs first; its outcome travels in the first agreement
+        # round (start_params), so a rank that refuses is named on every rank at once (its own
+        # code there, `peer-refused` elsewhere) and no rank is left waiting for it or pairs its
+        # next learner with this one (issue 36).
         from ..numerics import contract_for_plan
         from .compute_check import ComputeCheck
+        from .protocol import check_model, takes_rng
 
-        # What the slots' bits depend on: this rank's compute identity, unless the model declares
-        # (or the caller promises) machine independence; compared across ranks in the first round.
-        self.compute = ComputeCheck.for_model(model, machine_independent)
-        self.compute_identity = self.compute.identity
-        # The learner's numerical contract: the combine order, normalise-once, the optimizer
-        # formula, and the compute identity (or the machine-independence declaration).
-        self.contract = contract_for_plan(self.full_plan, optimizer=optimizer, compute=self.compute.spec)
-        cd = self.contract.digest
-        self.payloads = {s: np.zeros(n + 3) for s in self.my_slots}
-        # Coordinate ranges of the partitioned modes (every mode writes its own range of a
-        # checkpoint): the reduce-scatter chunks of the payload, clipped to the n parameters.
-        coords = Coordinates.of(self.full_plan, n, self.rank)
-        self.ranges, self.own = coords.ranges, coords.own
+        local, compute = None, None
+        try:
+            mode = partition_mode(partition)  # the only look at the string: refused here if unknown
+            check_model(model)  # a model that breaks the protocol is refused by name, before any collective
+            # A model whose loss_and_grad_sum takes rng= gets each slot's own generator (seed, step, slot).
+            self.seed, self.takes_rng = seed, takes_rng(model)
+            kernel.fpenv_check()  # FTZ/DAZ or a non-nearest rounding mode would change the bits: refuse
+            self.comm, self.model = comm, model
+            self.size, self.rank = comm.Get_size(), comm.Get_rank()
+            if slots < self.size:
+                raise Refusal(
+                    "placement-invalid",
+                    f"{slots} slots on {self.size} ranks leaves ranks without a contribution; use --slots >= ranks",
+                )
+            self.topology, self.optimizer_name = topology, optimizer
+            self.slots = slots
+            n = self.n = model.n_params
+            self.tree = build(topology, slots, self.size)
+            # Plans and executors, built once. Their order ids are what the contract names.
+            self.full_plan = plan(self.tree, ReplicateAll(), _weighted(n), size=self.size)
+            self.my_slots = self.full_plan.slots_of(self.rank)
+            # What the slots' bits depend on: this rank's compute identity, unless the model declares
+            # (or the caller promises) machine independence; compared across ranks in the first round.
+            self.compute = compute = ComputeCheck.for_model(model, machine_independent)
+            self.compute_identity = self.compute.identity
+            # The learner's numerical contract: the combine order, normalise-once, the optimizer
+            # formula, and the compute identity (or the machine-independence declaration).
+            self.contract = contract_for_plan(self.full_plan, optimizer=optimizer, compute=self.compute.spec)
+            cd = self.contract.digest
+            self.payloads = {s: np.zeros(n + 3) for s in self.my_slots}
+            # Coordinate ranges of the partitioned modes (every mode writes its own range of a
+            # checkpoint): the reduce-scatter chunks of the payload, clipped to the n parameters.
+            coords = Coordinates.of(self.full_plan, n, self.rank)
+            self.ranges, self.own = coords.ranges, coords.own
+            check_options((audit_slots, audit_digests, mode.name), slots, self.size)
+        except Exception as e:  # it travels to every rank, then is re-raised here
+            local = e
         # Collective: every rank computes alike (or declares it need not) and holds the same start,
-        # or every rank refuses, naming the ranks (and the identity's field).
+        # or every rank refuses, naming the ranks (and the identity's field). A rank whose checks
+        # stopped before its ComputeCheck still says as many words (the fields come from the
+        # identity alone): a round's records have one width on every rank.
         full = start_params(
-            comm, model, seed=seed, init_params=init_params, timeout=timeout, compute=self.compute
+            comm,
+            model,
+            seed=seed,
+            init_params=init_params,
+            timeout=timeout,
+            compute=compute or ComputeCheck.for_model(model),
+            local=local,
         )
         # What this rank holds and how the step combines, updates and gathers it (collective:
         # the holder builds its executors).
@@ -196,8 +214,6 @@ class DataParallelLearner:
         self.times = {"compute": 0.0, "combine": 0.0, "update": 0.0}
         self.layout_order_id = self.full_plan.layout_order_id  # what checkpoints and the contract name
         self.fault_hook = fault_hook
-        from .audit import build_checks
-
         opts = (audit_slots, audit_digests, mode.name)
         self.audit, self.replicas = build_checks(
             comm, self.full_plan, opts, timeout=timeout, contract=cd, compute=self.compute

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
     from .compute_check import ComputeCheck
 
-__all__ = ["ReplicaDigests", "replicated_digest"]
+__all__ = ["ReplicaDigests", "check_audit_digests", "replicated_digest"]
 
 
 def replicated_digest(arrays: Sequence[np.ndarray]) -> int:
@@ -56,6 +56,22 @@ def replicated_digest(arrays: Sequence[np.ndarray]) -> int:
         m = memoryview(np.ascontiguousarray(a, dtype=np.float64))
         crc, adler = zlib.crc32(m, crc), zlib.adler32(m, adler)
     return crc | (adler << 32)
+
+
+def check_audit_digests(every: object, partition: str) -> None:
+    """`usage` unless `every` (audit_digests) is an int >= 1; `options-conflict` unless the
+    `partition` mode replicates state (local)."""
+    if isinstance(every, bool) or not isinstance(every, (int, np.integer)) or every < 1:
+        raise Refusal("usage", f"audit_digests must be an int >= 1 (steps between checks), got {every!r}")
+    from .partition import partition_mode
+
+    if partition_mode(partition).replicated is None:
+        raise Refusal(
+            "options-conflict",
+            f"audit_digests with partition={partition!r}: every range of the parameters and optimizer "
+            "state is held by one rank only, so no replica can be compared; use partition "
+            "'none', 'state' or 'grads', or audit_slots",
+        )
 
 
 class ReplicaDigests:
@@ -72,19 +88,11 @@ class ReplicaDigests:
         contract: str,
         compute: ComputeCheck | None = None,
     ) -> None:
-        if isinstance(every, bool) or not isinstance(every, (int, np.integer)) or every < 1:
-            raise Refusal("usage", f"audit_digests must be an int >= 1 (steps between checks), got {every!r}")
+        check_audit_digests(every, partition)
         from .partition import partition_mode
 
         # What the ranks hold alike under this mode (the mode's name read once, here).
         self.replicated = partition_mode(partition).replicated
-        if self.replicated is None:
-            raise Refusal(
-                "options-conflict",
-                f"audit_digests with partition={partition!r}: every range of the parameters and optimizer "
-                "state is held by one rank only, so no replica can be compared; use partition "
-                "'none', 'state' or 'grads', or audit_slots",
-            )
         self.every = int(every)
         self.compute = compute  # which ranks compute alike (None: all do)
         self.size, self.rank = comm.Get_size(), comm.Get_rank()

@@ -234,17 +234,21 @@ def start_params(
     init_params=None,
     timeout: float | None = None,
     compute: Compared | None = None,
+    local: BaseException | None = None,
 ) -> np.ndarray:
     """Collective: the initial parameter vector (`init_params`, else `model.init(seed)`), checked
     on this rank (float64, shape (n_params,), finite: `model-protocol` / `usage`) and then equal
     on every rank (`initial-params-mismatch` naming the ranks that differ). With `compute` (the
     learner's ComputeCheck) the compute identities are compared first, in the same round
-    (`compute-mismatch`, or recorded into `compute.ranks`)."""
-    full, local = None, None
-    try:
-        full = _initial(model, seed, init_params)
-    except Exception as e:  # it travels to every rank, then is re-raised here
-        local = e
+    (`compute-mismatch`, or recorded into `compute.ranks`). `local`: this rank's failure in the
+    learner's own checks before this round: it travels in the round (every rank then raises:
+    this one its own, the others `peer-refused` naming it) and nothing is initialised."""
+    full = None
+    if local is None:
+        try:
+            full = _initial(model, seed, init_params)
+        except Exception as e:  # it travels to every rank, then is re-raised here
+            local = e
     first = compute.items() if compute is not None else []
     held = agree(
         comm,

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, TypeVar
 
 from .. import kernel
+from ..learning.audit import build_checks, check_options
 from ..learning.rng import slot_seed
 from ..model import ReplicateAll, build
 from ..model.deprecation import deprecated_order_id
@@ -173,45 +174,57 @@ class DataParallel:
         autocast: torch.dtype | str | None = None,
         machine_independent: bool = False,
     ) -> None:
-        kernel.fpenv_check()
-        check_bucket_mb(bucket_mb, audit_slots, fault_hook)
-        parts = check_module(module, buffers)
-        self.module, self.comm, self.timeout = module, comm, timeout
-        self.size, self.rank = comm.Get_size(), comm.Get_rank()
-        if isinstance(slots, bool) or not isinstance(slots, int) or slots < self.size:
-            raise Refusal(
-                "placement-invalid",
-                f"{slots!r} slots on {self.size} ranks leaves ranks without a contribution; "
-                "use slots >= ranks",
+        # Every check this rank makes alone (the arguments, the module, the plan, the contract,
+        # the audit's options) runs first; its outcome travels in the first agreement round
+        # (check_same_module), so a rank that refuses is named on every rank at once (its own
+        # code there, `peer-refused` elsewhere) and no rank is left waiting for it or pairs its
+        # next DataParallel with this one (issue 36).
+        local = None
+        try:
+            kernel.fpenv_check()
+            check_bucket_mb(bucket_mb, audit_slots, fault_hook)
+            parts = check_module(module, buffers)
+            self.module, self.comm, self.timeout = module, comm, timeout
+            self.size, self.rank = comm.Get_size(), comm.Get_rank()
+            if isinstance(slots, bool) or not isinstance(slots, int) or slots < self.size:
+                raise Refusal(
+                    "placement-invalid",
+                    f"{slots!r} slots on {self.size} ranks leaves ranks without a contribution; "
+                    "use slots >= ranks",
+                )
+            if slots > MAX_SLOTS:  # the agreement words' sums stay exact below it (step_agreement.py)
+                raise Refusal("placement-invalid", f"{slots} slots; DataParallel takes at most {MAX_SLOTS}")
+            slot_seed(seed, 0, 0)  # refuses a seed that is not an int >= 0
+            self.slots, self.seed, self.preemption = slots, int(seed), preemption
+            self.topology = _default_topology() if topology is None else topology
+            self.params, self.dtype = parts.params, parts.dtype
+            self.device = self.params[0].device
+            self.precision = precision(autocast, self.device, self.dtype)
+            self.notes = BatchNotes()  # what a SlotSampler's batches belong to (step_agreement.py)
+            if self.device.type == "cuda":  # deterministic cuBLAS needs it before its first call
+                os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            self.env = fix_environment(threads)
+            settings = contract_environment(self.env, self.device)
+            self.compute = torch_compute(settings, machine_independent)
+            self.compute_identity = self.compute.identity
+            # Sized by this rank's module: nothing travels before the architectures are compared.
+            self.payload = PayloadLayout.of(parts.params, parts.float_buffers, slots)
+            self.n = self.payload.n
+            self.tree = build(self.topology, slots, self.size)
+            self.plan = plan(self.tree, ReplicateAll(), self.payload.layout, size=self.size)
+            self.my_slots = self.plan.slots_of(self.rank)
+            self.layout_order_id = self.plan.layout_order_id  # what the contract and the frames name
+            self.contract = torch_contract(
+                self.layout_order_id, self.dtype, settings, buffers, self.precision.name, self.compute.spec
             )
-        if slots > MAX_SLOTS:  # the agreement words' sums stay exact below it (step_agreement.py)
-            raise Refusal("placement-invalid", f"{slots} slots; DataParallel takes at most {MAX_SLOTS}")
-        slot_seed(seed, 0, 0)  # refuses a seed that is not an int >= 0, before any communication
-        self.slots, self.seed, self.preemption = slots, int(seed), preemption
-        self.topology = _default_topology() if topology is None else topology
-        self.params, self.dtype = parts.params, parts.dtype
-        self.device = self.params[0].device
-        self.precision = precision(autocast, self.device, self.dtype)
-        self.notes = BatchNotes()  # what a SlotSampler's batches belong to (step_agreement.py)
-        if self.device.type == "cuda":  # deterministic cuBLAS needs it before its first call
-            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        self.env = fix_environment(threads)
-        # Every rank must hold the same architecture before any payload is sized by it, and
+            self.grads = GradientWriter(self.params, list(self.payload.offsets), self.dtype, unused)
+            check_options((audit_slots, audit_digests, "state"), slots, self.size)
+        except Exception as e:  # it travels to every rank, then is re-raised here
+            local = e
+        # Every rank must hold the same architecture before any payload sized by it travels, and
         # compute alike (or be promised not to need to): `compute-mismatch` on every rank.
-        check_same_module(module, comm, timeout)
-        settings = contract_environment(self.env, self.device)
-        self.compute = torch_compute(settings, machine_independent)
+        check_same_module(module, comm, timeout, local)
         self.compute.agree(comm, what="building the DataParallel", timeout=timeout)
-        self.compute_identity = self.compute.identity
-        self.payload = PayloadLayout.of(parts.params, parts.float_buffers, slots)
-        self.n = self.payload.n
-        self.tree = build(self.topology, slots, self.size)
-        self.plan = plan(self.tree, ReplicateAll(), self.payload.layout, size=self.size)
-        self.my_slots = self.plan.slots_of(self.rank)
-        self.layout_order_id = self.plan.layout_order_id  # what the contract and the frames name
-        self.contract = torch_contract(
-            self.layout_order_id, self.dtype, settings, buffers, self.precision.name, self.compute.spec
-        )
         self.conversions = (
             (("WidenBinary32", "contribution"), ("RoundBinary64", "gradient"))
             if self.dtype == torch.float32
@@ -245,14 +258,11 @@ class DataParallel:
             fault_hook=fault_hook,
             rank=self.rank,
         )
-        self.grads = GradientWriter(self.params, list(self.payload.offsets), self.dtype, unused)
         self.last_loss = float("nan")
         self.stop_agreed = False
         self._no_sync = 0  # depth of no_sync() contexts; > 0: steps accumulate
         self._after_no_sync = False  # the step right after a no_sync() block accumulates too (DDP)
         take_rank0_values(comm, self.state.tensors(), timeout, cd)  # every rank takes rank 0's
-        from ..learning.audit import build_checks
-
         self.audit, self.replicas = build_checks(
             comm,
             self.plan,

@@ -48,7 +48,8 @@ __all__ = ["Buckets", "bucket_ranges", "check_bucket_mb"]
 
 def check_bucket_mb(bucket_mb: object, audit_slots: int, fault_hook: object) -> None:
     """`bucket_mb`: None (one combine after the slots) or a number of MiB > 0; not with the
-    audit, whose digests must be compared before anything is combined."""
+    audit, whose digests must be compared before anything is combined; and MPI initialised with
+    a thread level that lets a second thread run the combine (`mpi-thread-level`)."""
     if bucket_mb is None:
         return
     if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)) or not bucket_mb > 0:
@@ -59,6 +60,7 @@ def check_bucket_mb(bucket_mb: object, audit_slots: int, fault_hook: object) -> 
             "bucket_mb starts the combine during the last slot's backward, but audit_slots "
             "(and its fault_hook) compare digests before anything is combined: choose one",
         )
+    _check_thread_level()
 
 
 def bucket_ranges(offsets: list[tuple[int, int]], bucket_words: int) -> list[list[int]]:
@@ -105,7 +107,6 @@ class Buckets:
         contract: str,
         realization: str,
     ) -> None:
-        _check_thread_level()
         n = offsets[-1][1] if offsets else 0
         words = max(1, int(bucket_mb * 2**20) // 8)
         self.members = bucket_ranges(offsets, words)

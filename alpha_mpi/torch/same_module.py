@@ -65,10 +65,11 @@ def _hex(words) -> str:
     return b"".join(int(w).to_bytes(8, "little") for w in words).hex()
 
 
-def check_same_module(module, comm, timeout: float | None = None, local: Refusal | None = None) -> None:
+def check_same_module(module, comm, timeout: float | None = None, local: BaseException | None = None) -> None:
     """Refuse on every rank (`torch-module-mismatch`) unless every rank's architecture digest
-    equals rank 0's. Collective over `comm` (one verdict round); `local`: this rank's refusal of
-    the constructor's arguments, which travels in the same round (every rank then raises: this
+    equals rank 0's. Collective over `comm` (one verdict round); `local`: this rank's failure in
+    the constructor's local checks (its arguments, the module, the plan), which travels in the
+    same round (every rank then raises: this
     one its own, the others `peer-refused` naming it)."""
     mine = architecture_digest(module) if local is None else "0" * 64
     if comm.Get_size() == 1:

@@ -16,7 +16,8 @@ def lazy_attributes(package: str, table: dict, namespace: dict, moved: dict | No
     """`(__getattr__, __dir__)` for the module `package` whose globals are `namespace`.
 
     `table` maps a name to the module (relative to `package`) that defines it; `__getattr__`
-    imports that module on first use and returns the name from it, and refuses any other name
+    imports that module on first use, returns the name from it and keeps it in `namespace`
+    (so it runs once per name), and refuses any other name
     with AttributeError; `__dir__` lists the module's globals and the lazy names together.
     `moved` maps a name the package no longer has to where it went: the AttributeError says so.
     """
@@ -28,7 +29,11 @@ def lazy_attributes(package: str, table: dict, namespace: dict, moved: dict | No
             raise AttributeError(f"{package}.{name} moved to {moved[name]}: import it from there")
         if target is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        return getattr(importlib.import_module(target, package), name)
+        value = getattr(importlib.import_module(target, package), name)
+        # Kept in the package's globals: later lookups find it there and never come back here
+        # (an import per `alpha_mpi.allreduce` call cost as much as the 8-byte round itself).
+        namespace[name] = value
+        return value
 
     def __dir__():
         return sorted(set(namespace) | set(table))

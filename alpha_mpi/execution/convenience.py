@@ -27,6 +27,7 @@ loop re-plans nothing. The cache is safe under one rank's mistake:
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -197,10 +198,17 @@ def _bare_call(comm, tree, contributions):
     same bits across rank counts: docs/allreduce.md)."""
     if contributions is not _NO_TREE:
         return tree, contributions
+    p = comm.Get_size()
+    return _rank_tree(p), {comm.Get_rank(): tree}
+
+
+@functools.lru_cache(maxsize=64)
+def _rank_tree(p: int):
+    """pairwise(range(p), p), made once per size (building it each call cost more than an
+    8-byte round); a tree is immutable, and the same object keys the same cached executor."""
     from ..model import pairwise
 
-    p = comm.Get_size()
-    return pairwise(range(p), p), {comm.Get_rank(): tree}
+    return pairwise(range(p), p)
 
 
 def allreduce(

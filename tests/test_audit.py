@@ -195,3 +195,18 @@ def test_sdc_report_with_fewer_audited_slots_names_the_clean_step_and_what_was_s
     assert "no state at or before it was kept: a resume in ck starts at step 0" in sdc_report(none, "ck", 3)
     full = Refusal("sdc-detected", "step 3: ...", step=3, clean_step=3, saved_step=3, hosts=("n",))
     assert "the state at step 3 (every slot of every step audited" in sdc_report(full, "ck", 3)
+
+
+def test_both_halves_of_the_digest_see_every_single_flipped_bit():
+    """Each 32-bit half is a CRC32C (straight, and read from the middle): each alone detects a
+    flipped bit, so a flip never leaves either half unchanged; one array's replicated digest
+    is its payload digest."""
+    x = np.random.default_rng(5).standard_normal(9)
+    d = payload_digest(x)
+    assert replicated_digest([x]) == d
+    for i in range(len(x)):
+        for b in range(64):
+            y = x.copy()
+            y.view(np.uint64)[i] ^= np.uint64(1) << np.uint64(b)
+            e = payload_digest(y)
+            assert (e & 0xFFFFFFFF) != (d & 0xFFFFFFFF) and (e >> 32) != (d >> 32), (i, b)

@@ -4,7 +4,7 @@
  * The executor's round (csrc/native.c) is built apart, by the MPI library's own mpicc, at first
  * use; it does no arithmetic of its own. It receives this table from the kernel module that
  * setup.py built with the fixed flags of alpha_mpi/kernel/build.py and calls the evaluation,
- * the finiteness check, the summary merge, CRC32C and the header patch/check through it: one
+ * the finiteness check, the summary and its merge, CRC32C and the header patch/check through it: one
  * kernel per process, so the bits never depend on which compiler built the executor.
  */
 #ifndef ALPHA_KERNEL_TABLE_H
@@ -25,6 +25,8 @@ typedef struct ak_table {
     void (*frame_patch)(uint8_t *h, const uint8_t *expect, uint64_t step, int32_t flags, int32_t refused,
                         const uint8_t *code, uint32_t payload_crc);
     int32_t (*frame_check)(const uint8_t *h, const uint8_t *expect, uint64_t step);
+    int64_t (*summary)(const double *const *xs, const double *const *ys, int32_t k, int64_t offset, int64_t len,
+                       int64_t n, int64_t *out, int64_t cap, int32_t *nonfinite);
 } ak_table;
 
 /* The table of this build (static storage; never freed). */

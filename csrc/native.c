@@ -484,6 +484,36 @@ int an_run(an_exec *e, uint64_t step, double timeout, int32_t flags, int32_t ref
 
 int an_resume(an_exec *e) { return an_loop(e); }
 
+int an_array_run(an_array *a, uint64_t step, double timeout) {
+    an_exec *e = a->e;
+    const ak_table *k = ((an_state *)e->state)->k;
+    a->nonfinite = 0;
+    int64_t m = k->summary(a->xs, a->ys, a->k, a->offset, a->length, a->n, a->local, a->capacity, &a->nonfinite);
+    if (m < 0 || a->nonfinite) return AN_ARRAY_LOCAL;
+    a->m = m;
+    a->row[0] = a->offset;
+    a->row[1] = a->length;
+    a->row[2] = a->n;
+    a->row[3] = 0;
+    *a->n_word = a->n;
+    a->head[0] = m;
+    a->head[1] = 0;
+    int rc = an_run(e, step, timeout, 0, -1, 0);
+    if (rc != AN_DONE) return rc;
+    if (e->flags || !a->valid[0] || memcmp(a->table, a->valid + 1, (size_t)(8 * a->table_words)))
+        return AN_ARRAY_CHECK;
+    const int64_t *f = a->final; /* record count, flags, then the first record: lo, hi, values */
+    if (f[1]) return AN_ARRAY_CHECK;
+    if (f[0] == 1 && f[2] == 0 && f[3] == a->n)
+        memcpy(a->values, f + 4, (size_t)(8 * a->k));
+    else if (a->n == 0 && f[0] == 0)
+        memset(a->values, 0, (size_t)(8 * a->k));
+    else
+        return AN_ARRAY_CHECK;
+    if (k->first_nonfinite(a->values, (size_t)a->k) >= 0) return AN_ARRAY_CHECK;
+    return AN_DONE;
+}
+
 static int an_active(MPI_Request *r) {
     if (*r == MPI_REQUEST_NULL) return 0;
     int flag = 0;

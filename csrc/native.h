@@ -166,6 +166,44 @@ typedef struct an_exec {
     void *state; /* C's own: the communicator, the requests, where the run is (native.c) */
 } an_exec;
 
+/* ------------------------------------------------------------------ the arrays' one call
+ * An array reduction whose arguments match an earlier call's (alpha_mpi/arrays/api.py checks
+ * that, and keeps one record per such call) runs in one C call, an_array_run: the summary of
+ * this rank's block (the kernel's ap_summary, through the table) straight into the round-0
+ * state, this rank's coverage row and the global length word, then the exchange (an_run), then,
+ * where the run was clean (no flag) and every rank's row is the table that passed every check
+ * last time (`valid`, its word 0 = 1 while it may be used), the root's values into `values`.
+ * Results besides an_run's:
+ *   AN_ARRAY_LOCAL  nothing was sent: the summary refused the block or met a NaN/Inf; Python
+ *                   takes the call its ordinary way, from the start;
+ *   AN_ARRAY_CHECK  the run is done (AN_DONE) but Python must look: flags, a table it has not
+ *                   checked, a merged state that is not the root [0, n), a non-finite root.
+ * Any other result is an_run's, and Python goes on with the run (engine.py) as after an_run. */
+#define AN_ARRAY_CHECK 16
+#define AN_ARRAY_LOCAL 17
+
+typedef struct an_array {
+    an_exec *e;
+    const double *const *xs; /* k pointers: the blocks */
+    const double *const *ys; /* k pointers (dot, norm2) or NULL (sum) */
+    int32_t k;
+    int64_t offset, length, n, capacity;
+    int64_t *local;  /* the round-0 state's records (ap_summary writes them) */
+    int64_t *head;   /* the round-0 state's record count and flags */
+    int64_t *row;    /* this rank's coverage row: offset, length, n, status */
+    int64_t *n_word; /* the global length the merges read */
+    const int64_t *table;
+    const int64_t *valid; /* word 0: 1 while usable; then table_words words */
+    int64_t table_words;
+    const int64_t *final; /* the merged state: count, flags, lo, hi, k values */
+    double *values;       /* out: the root's k values */
+    int64_t m;            /* out: the summary's record count */
+    int32_t nonfinite;    /* ap_summary's */
+} an_array;
+
+/* One array reduction (above): step and the per-wait bound as for an_run. */
+int an_array_run(an_array *a, uint64_t step, double timeout);
+
 /* A new executor calling the kernel through `kernel` (kernel_table.h ak_functions()). NULL when
  * out of memory. Python fills its records, then an_prepare. */
 an_exec *an_new(const void *kernel);

@@ -193,6 +193,9 @@ class Exchange:
         self.values = struct.Struct(f"<{k}d")  # the root's values, after its lo and hi
         self.valid = None  # the table bytes that last passed every check
         self.valid_order = None  # with them: None (rank order) or the sorted exchange order
+        # the same for the one call in C (fast.py): word 0 is 1 while `valid` may be used as it
+        # is (rank order), then the table's words
+        self.valid_words = np.zeros(1 + self.table.size, dtype=np.int64)
         self.valid_need = 0  # with them (tiles): the records the largest state may hold
         self.xs_ptrs = ffi.new("double *[]", k)  # kernel arguments, set per call
         self.ys_ptrs = ffi.new("double *[]", k)
@@ -205,21 +208,36 @@ class Exchange:
         """The merged state's flags word (pairwise.FLAG_OVERFLOW, FLAG_INVALID)."""
         return int(self.final[1])
 
-    def run(self, row, m: int, n: int, local: Refusal | None = None) -> None:
+    def run(self, row, m: int, n: int, local: Refusal | None = None, started: int | None = None) -> None:
         """Exchange (row, the m-record local summary already in place): afterwards `table` holds
         every rank's row and `final` the merged state. Raises this rank's `local` refusal, a
-        bad frame's refusal, or `peer-refused` naming another rank's, on every rank alike."""
+        bad frame's refusal, or `peer-refused` naming another rank's, on every rank alike.
+        `started`: the one call (fast.py, an_array_run) wrote the row and began the run, which
+        returned this an_run status; the run goes on from there."""
         ch = self.ch
-        self.table[0] = row
-        self.length[0] = n
-        self.head[0], self.head[1] = m, 0
+        if started is None:
+            self.table[0] = row
+            self.length[0] = n
+            self.head[0], self.head[1] = m, 0
         eng = self.engine
         eng.step = ch.step  # one step count per channel: every frame of a call names the call
         try:
-            eng.execute(None if local is not None else {}, local=local, timeout=ch.call_timeout)
+            eng.execute(
+                None if local is not None else {}, local=local, timeout=ch.call_timeout, _started=started
+            )
         finally:
             if eng.broken is not None:
                 ch.broken = eng.broken
+
+    def passed(self, tb: bytes, order) -> None:
+        """The table `tb` (every rank's rows, as bytes) passed every check and calls for the
+        exchange `order` (None: this one, rank order)."""
+        self.valid, self.valid_order = tb, order
+        w = self.valid_words
+        w[0] = 0
+        if order is None:
+            w[1:] = np.frombuffer(tb, dtype=np.int64)
+            w[0] = 1
 
     def root(self, n: int):
         """The root's k values if `final` is exactly the root node [0, n), else None."""

@@ -272,20 +272,25 @@ class Engine:
         timeout: float | None = None,
         vote: int = 0,
         _bound: bool = False,
+        _started: int | None = None,
     ) -> np.ndarray | None:
         """The one run of every front end (combine, assembly, arrays). `leaves`: slot -> checked
         contiguous float64 vector of its length, or None when `local` is this rank's refusal of
         its inputs (the program then runs on zeros, flagged, and `local` is raised at the end);
         `out`: the caller's (checked here); `vote` (0 or 1) rides on the frames, and afterwards
         `self.flags` holds the frame flags this rank saw (`frames.FLAG_VOTE`: any rank voted).
-        (`_bound`: run() found the very leaves and `out` of the last run, bound as they are.)"""
-        if self.broken is not None:
-            raise Refusal(
-                "combiner-broken",
-                f"an earlier run failed with [{self.broken}]; this executor is broken: build a new one on every rank",
-            )
-        if self._busy:
-            raise Refusal("executor-reentrant", "run() called while a run is in progress")
+        (`_bound`: run() found the very leaves and `out` of the last run, bound as they are.
+        `_started`: the run was begun by a C call of the caller's that ended in an_run and
+        returned this status, nothing bound (native.h an_array_run: the arrays' one call, which
+        set `_busy` and checked `broken` first); the run goes on here as after an_run.)"""
+        if _started is None:
+            if self.broken is not None:
+                raise Refusal(
+                    "combiner-broken",
+                    f"an earlier run failed with [{self.broken}]; this executor is broken: build a new one on every rank",
+                )
+            if self._busy:
+                raise Refusal("executor-reentrant", "run() called while a run is in progress")
         self._busy = True
         c, st, step = self.compiled, self._state, self.step
         if timeout is not None and timeout != self.timeout:  # checked before any communication
@@ -295,7 +300,9 @@ class Engine:
                 local, leaves, timeout = local or e, None, None
         st.begin(step, timeout, local, vote)
         try:
-            if _bound:
+            if _started is not None:
+                outarr = None
+            elif _bound:
                 outarr = self._rebind[2]
             elif self._unbound and leaves is not None and out is None:
                 outarr = None  # no contribution, no result buffer: nothing of the caller's to bind
@@ -304,7 +311,9 @@ class Engine:
                 local = st.local
             bound = self.timeout if timeout is None else timeout
             who = st.who
-            if who is None:
+            if _started is not None:
+                rc = _started
+            elif who is None:
                 rc = self._an_run(c.ex, step, bound, st.flags, -1, 0)
             else:
                 rc = self._an_run(

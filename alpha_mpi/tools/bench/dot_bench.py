@@ -7,7 +7,11 @@
 Part 1, per call (every rank): for each local length L (global n = p * L, even blocks), in one
 run and interleaved iteration by iteration (drift and other load hit both alike), each preceded
 by a Barrier:
-    alpha      arrays.dot(comm, x, y, offset, n): the pairwise tree over global indices
+    alpha      arrays.dot(comm, x, y, offset, n): the pairwise tree over global indices (the
+               same arguments every call: after the first, the one C call, arrays/fast.py)
+    checked    arrays.dot(..., timeout=the default bound): the same call the ordinary way, every
+               check in Python (a timeout= argument is never remembered): what `alpha` cost
+               before the one call
     alpha k=2  arrays.dots(comm, [(x, y), (y, y)], ...): two inner products in one exchange
     MPI        send[0] = np.dot(x, y); comm.Allreduce (alpha_mpi.tools.bench.baseline), the reference
 Per rank the statistic (--stat, min by default: robust on a shared machine) over iterations;
@@ -41,6 +45,7 @@ import numpy as np
 
 from ... import arrays
 from ...arrays import local, tiles
+from ...execution.waits import timeout_from_env
 from ...kernel import ffi, lib
 from .._args import at_least, path
 from .baseline import MpiAllreduce
@@ -150,11 +155,14 @@ def _mpi_dots(comm, pairs):
 
 
 def _calls(comm, pairs, lo: int, n: int) -> dict:
-    """The four calls timed per iteration, in this order: one inner product by alpha_mpi and by
-    MPI, then two in one exchange by alpha_mpi and by MPI."""
+    """The five calls timed per iteration, in this order: one inner product by alpha_mpi (the
+    one C call, then the ordinary path) and by MPI, then two in one exchange by alpha_mpi and by
+    MPI."""
     (x, y), two = pairs[0], pairs
+    bound = timeout_from_env(None)
     return {
         "t_alpha": lambda: arrays.dot(comm, x, y, lo, n),
+        "t_checked": lambda: arrays.dot(comm, x, y, lo, n, timeout=bound),
         "t_mpi": _mpi_dots(comm, pairs[:1]),
         "t_alpha_k2": lambda: arrays.dots(comm, two, lo, n),
         "t_mpi_k2": _mpi_dots(comm, two),
@@ -181,6 +189,7 @@ def per_call(comm, args) -> tuple:
                 if it >= args.warmup:
                     times[k].append(dt)
             same &= _bits(got["t_alpha"]) == _bits(first) and got["t_alpha_k2"] == first2
+            same &= _bits(got["t_checked"]) == _bits(first)
         mine = np.array([statistic(times[k], args.stat) for k in calls] + [float(same)])
         everyone = np.zeros((p, mine.size)) if r == 0 else None
         comm.Gather(mine, everyone, root=0)  # harness bookkeeping (timings), not reduced data
@@ -195,7 +204,9 @@ def per_call(comm, args) -> tuple:
             failed |= not ok
             row = {"L": L, "n": n, "iters": iters, **worst}
             row.update(
-                ratio=worst["t_alpha"] / worst["t_mpi"], ratio_k2=worst["t_alpha_k2"] / worst["t_mpi_k2"]
+                ratio=worst["t_alpha"] / worst["t_mpi"],
+                ratio_checked=worst["t_checked"] / worst["t_mpi"],
+                ratio_k2=worst["t_alpha_k2"] / worst["t_mpi_k2"],
             )
             row.update(bits="ok" if ok else "WRONG", tree_checked=oracle_ok is not None)
             rows.append(row)
@@ -268,7 +279,8 @@ def kernel(comm, args) -> list:
 #: The tables' columns: "HEADER" or "HEADER=KEY" of the row (KEY defaults to HEADER). A header
 #: ending in _us shows seconds as microseconds; floats show two decimals.
 CALL_COLUMNS = (
-    "L n iters alpha_us=t_alpha MPI_us=t_mpi ratio alpha_k2_us=t_alpha_k2 MPI_k2_us=t_mpi_k2 ratio_k2 bits"
+    "L n iters alpha_us=t_alpha checked_us=t_checked MPI_us=t_mpi ratio ratio_checked alpha_k2_us=t_alpha_k2 "
+    "MPI_k2_us=t_mpi_k2 ratio_k2 bits"
 )
 KERNEL_COLUMNS = (
     "L kernel_us=t_kernel npdot_us=t_npdot kernel_GB/s=gbs_kernel npdot_GB/s=gbs_npdot copy_GB/s=gbs_copy "

@@ -55,7 +55,22 @@ class Call:
     """One remembered call: (comm, x, y, offset, n) on channel `ch`, exchange `ex` (rank order,
     one value), and the C record of an_array_run that runs it."""
 
-    __slots__ = ("comm", "ch", "ex", "engine", "op", "x", "y", "offset", "n", "shape", "rec", "run", "values", "_held")
+    __slots__ = (
+        "comm",
+        "ch",
+        "ex",
+        "engine",
+        "op",
+        "x",
+        "y",
+        "offset",
+        "n",
+        "shape",
+        "rec",
+        "run",
+        "values",
+        "_held",
+    )
 
     def __init__(self, ch, ex, op: str, x: np.ndarray, y: np.ndarray | None, offset: int, n: int):
         self.comm, self.ch, self.ex, self.engine, self.op = ch.user, ch, ex, ex.engine, op
@@ -95,7 +110,9 @@ def lookup(comm, op: str, x, y, offset: int, n: int) -> Call | None:
                 x.dtype is _F64
                 and x.shape == c.shape
                 and x.strides == _STRIDES
-                and (y is None or y is x or (y.dtype is _F64 and y.shape == c.shape and y.strides == _STRIDES))
+                and (
+                    y is None or y is x or (y.dtype is _F64 and y.shape == c.shape and y.strides == _STRIDES)
+                )
                 and c.ch.broken is None
                 and not c.engine._busy
             ):
@@ -123,4 +140,3 @@ def remember(ch, ex, op: str, x, y, offset: int, n: int) -> None:
 def forget(ch) -> None:
     """Drop the records of channel `ch` (its reset, its communicator's Free)."""
     _CALLS[:] = [c for c in _CALLS if c.ch is not ch]
-

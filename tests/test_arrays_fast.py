@@ -1,0 +1,185 @@
+"""The arrays' one C call (alpha_mpi/arrays/fast.py, csrc/native.h an_array_run) on one rank.
+
+A call whose arguments are those of an earlier call that passed every check runs as one C call;
+these tests show, on COMM_SELF duplicates, that it gives the oracle's bits while the arrays'
+values change in place, that it is taken (the ordinary path is not entered again), and that
+everything that can change under a remembered call is checked again: dtype, shape and strides
+changed in place, a NaN, a root that overflows, reset, Free, the bound on what is remembered.
+The MPI suite (test_arrays_fast_mpi.py) shows the refusals that involve other ranks.
+"""
+
+import warnings
+
+import numpy as np
+import pytest
+from array_oracle import oracle_dot, oracle_norm2, oracle_sum, sequential_sum
+
+from alpha_mpi import arrays
+from alpha_mpi.arrays import api, fast
+from alpha_mpi.refusals import Refusal
+
+from conftest import order_sensitive
+
+
+def u64(v):
+    return int(np.float64(v).view(np.uint64))
+
+
+@pytest.fixture
+def comm():
+    from mpi4py import MPI
+
+    c = MPI.COMM_SELF.Dup()
+    yield c
+    arrays.reset(c)
+    c.Free()
+
+
+@pytest.fixture
+def ordinary(monkeypatch):
+    """Counts the calls that take the ordinary path (api._reduce)."""
+    seen = []
+    real = api._reduce
+
+    def counted(*args, **kwargs):
+        seen.append(args[1])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(api, "_reduce", counted)
+    return seen
+
+
+def refill(rng, *arrays_):
+    for a in arrays_:
+        a[:] = order_sensitive(rng, a.size)
+
+
+def test_a_repeated_call_is_one_c_call_with_the_oracle_bits(comm, ordinary):
+    rng = np.random.default_rng(5)
+    n = 1000
+    x, y = order_sensitive(rng, n), order_sensitive(rng, n)
+    # the data makes the order observable: a left-to-right sum has other bits
+    assert u64(oracle_sum(x.tolist())) != u64(sequential_sum(x.tolist()))
+    for i in range(6):
+        refill(rng, x, y)  # the same objects, new values: the record holds the arrays, not the values
+        got = (
+            arrays.dot(comm, x, y, 0, n),
+            arrays.dot(comm, x, x, 0, n),
+            arrays.norm2(comm, x, 0, n),
+            arrays.sum(comm, x, 0, n),
+        )
+        want = (oracle_dot(x.tolist(), y.tolist()), oracle_dot(x.tolist(), x.tolist()))
+        want += (oracle_norm2(x.tolist()), oracle_sum(x.tolist()))
+        assert [u64(v) for v in got] == [u64(v) for v in want], i
+    # the first round took the ordinary path (and was remembered), the five others the C call
+    assert ordinary == ["dot", "dot", "norm2", "sum"]
+    assert fast.lookup(comm, "dot", x, y, 0, n) is not None
+
+
+def test_a_call_with_other_arguments_is_not_taken_for_a_remembered_one(comm, ordinary):
+    rng = np.random.default_rng(6)
+    n = 64
+    x, y = order_sensitive(rng, n), order_sensitive(rng, n)
+    arrays.dot(comm, x, y, 0, n)
+    assert fast.lookup(comm, "dot", x, y, 0, n) is not None
+    assert fast.lookup(comm, "dot", y, x, 0, n) is None  # other arrays
+    assert fast.lookup(comm, "sum", x, None, 0, n) is None  # another operation
+    assert fast.lookup(comm, "dot", x, y, 0, n + 1) is None  # another n
+    with pytest.raises(Refusal) as e:
+        arrays.dot(comm, x, y, 0, n + 1)  # the ordinary path names it
+    assert e.value.code == "array-coverage-hole"
+    assert u64(arrays.dot(comm, x, y, 0, n)) == u64(oracle_dot(x.tolist(), y.tolist()))
+    # a timeout= argument takes the ordinary path and is never remembered
+    assert u64(arrays.dot(comm, x, y, 0, n, timeout=30.0)) == u64(oracle_dot(x.tolist(), y.tolist()))
+    assert ordinary == ["dot", "dot", "dot"]
+
+
+def test_dtype_shape_and_strides_changed_in_place_are_checked_again(comm):
+    rng = np.random.default_rng(7)
+    n = 100
+    base = order_sensitive(rng, 2 * n)
+    x, y = base[:n], order_sensitive(rng, n)
+    assert u64(arrays.dot(comm, x, y, 0, n)) == u64(oracle_dot(x.tolist(), y.tolist()))
+    x.dtype = np.int64  # the same memory read as integers: refused as the ordinary path refuses it
+    with pytest.raises(Refusal) as e:
+        arrays.dot(comm, x, y, 0, n)
+    assert e.value.code == "dtype-invalid"
+    x.dtype = np.float64
+    x.shape = (1, n)  # a 2-D block where 1-D offset and n are given
+    with pytest.raises(Refusal) as e:
+        arrays.dot(comm, x, y, 0, n)
+    assert e.value.code == "array-block-invalid"
+    x.shape = (n,)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # NumPy 2.4 deprecates it; it still works
+        x.strides = (16,)  # every other element of base: not the memory the record read
+    want = oracle_dot(base[::2].tolist(), y.tolist())
+    assert u64(arrays.dot(comm, x, y, 0, n)) == u64(want)
+    y.dtype = np.int64  # y is checked as x is
+    with pytest.raises(Refusal) as e:
+        arrays.dot(comm, x, y, 0, n)
+    assert e.value.code == "dtype-invalid"
+    y.dtype = np.float64
+    assert u64(arrays.dot(comm, x, y, 0, n)) == u64(want)
+
+
+def test_a_remembered_array_cannot_be_resized_under_the_record(comm):
+    x = np.arange(1.0, 11.0)
+    arrays.sum(comm, x, 0, 10)
+    with pytest.raises(ValueError):
+        x.resize(20)  # the record's buffer blocks it: the memory C reads stays x's
+    assert arrays.sum(comm, x, 0, 10) == 55.0
+
+
+def test_a_nan_in_place_is_refused_by_name_and_the_next_call_works(comm, ordinary):
+    rng = np.random.default_rng(8)
+    n = 300
+    x = order_sensitive(rng, n)
+    arrays.sum(comm, x, 0, n)
+    arrays.sum(comm, x, 0, n)
+    x[17] = np.nan
+    with pytest.raises(Refusal) as e:
+        arrays.sum(comm, x, 0, n)
+    assert e.value.code == "non-finite-contribution" and "x[17] = nan" in str(e.value)
+    x[17] = 1.0
+    assert u64(arrays.sum(comm, x, 0, n)) == u64(oracle_sum(x.tolist()))
+    assert ordinary == ["sum", "sum"]  # the first call; the NaN (nothing sent, the ordinary way)
+
+
+def test_a_root_that_overflows_is_refused_and_the_next_call_works(comm):
+    x = np.zeros(8)
+    arrays.sum(comm, x, 0, 8)
+    x[0] = x[7] = 1e308  # each finite, their sum not
+    with pytest.raises(Refusal) as e:
+        arrays.sum(comm, x, 0, 8)
+    assert e.value.code == "non-finite-combined"
+    x[7] = -1.0
+    assert arrays.sum(comm, x, 0, 8) == 1e308 - 1.0
+
+
+def test_reset_and_free_forget_the_records(ordinary):
+    from mpi4py import MPI
+
+    c = MPI.COMM_SELF.Dup()
+    x = np.arange(5.0)
+    assert arrays.sum(c, x, 0, 5) == 10.0
+    assert fast.lookup(c, "sum", x, None, 0, 5) is not None
+    arrays.reset(c)
+    assert fast.lookup(c, "sum", x, None, 0, 5) is None
+    assert arrays.sum(c, x, 0, 5) == 10.0  # a new channel, remembered again
+    assert fast.lookup(c, "sum", x, None, 0, 5) is not None
+    c.Free()
+    assert not [r for r in fast._CALLS if r.comm is c]
+    assert ordinary == ["sum", "sum"]
+
+
+def test_what_is_remembered_is_bounded(comm):
+    xs = [np.full(10, float(i)) for i in range(fast.RECORDS + 3)]
+    for i, x in enumerate(xs):
+        assert arrays.sum(comm, x, 0, 10) == 10.0 * i
+    assert len(fast._CALLS) <= fast.RECORDS
+    assert fast.lookup(comm, "sum", xs[0], None, 0, 10) is None  # the oldest went first
+    assert fast.lookup(comm, "sum", xs[-1], None, 0, 10) is not None
+    big = np.ones(fast.MAX_ELEMENTS + 1)
+    assert arrays.sum(comm, big, 0, big.size) == big.size
+    assert fast.lookup(comm, "sum", big, None, 0, big.size) is None  # its summary costs more than Python

@@ -48,7 +48,7 @@ for s in $STEPS; do
         --json "$OUT/dot-p2.json" | tee "$OUT/dot-p2.txt" ;;
     cg)
       for g in 90 362; do
-        run "$MPIEXEC" -n 2 "$PY" examples/cg.py --grid "$g" --time
+        run "$MPIEXEC" -n 2 "$PY" examples/cg.py --grid "$g" --time --repeat 5
       done | tee "$OUT/cg-p2.txt" ;;
     twonode)
       run "$TWO_NODE" 2gbit 2 2 -- "$PY" -m alpha_mpi bench allreduce --sizes 1M,16M \

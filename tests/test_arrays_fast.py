@@ -49,6 +49,12 @@ def ordinary(monkeypatch):
     return seen
 
 
+def warm(call):
+    """The call twice: it is remembered the second time (its arrays alive in between)."""
+    call()
+    return call()
+
+
 def refill(rng, *arrays_):
     for a in arrays_:
         a[:] = order_sensitive(rng, a.size)
@@ -71,8 +77,8 @@ def test_a_repeated_call_is_one_c_call_with_the_oracle_bits(comm, ordinary):
         want = (oracle_dot(x.tolist(), y.tolist()), oracle_dot(x.tolist(), x.tolist()))
         want += (oracle_norm2(x.tolist()), oracle_sum(x.tolist()))
         assert [u64(v) for v in got] == [u64(v) for v in want], i
-    # the first round took the ordinary path (and was remembered), the five others the C call
-    assert ordinary == ["dot", "dot", "norm2", "sum"]
+    # the first two rounds took the ordinary path (remembered the second time), the others the C call
+    assert ordinary == ["dot", "dot", "norm2", "sum"] * 2
     assert fast.lookup(comm, "dot", x, y, 0, n) is not None
 
 
@@ -80,7 +86,7 @@ def test_a_call_with_other_arguments_is_not_taken_for_a_remembered_one(comm, ord
     rng = np.random.default_rng(6)
     n = 64
     x, y = order_sensitive(rng, n), order_sensitive(rng, n)
-    arrays.dot(comm, x, y, 0, n)
+    warm(lambda: arrays.dot(comm, x, y, 0, n))
     assert fast.lookup(comm, "dot", x, y, 0, n) is not None
     assert fast.lookup(comm, "dot", y, x, 0, n) is None  # other arrays
     assert fast.lookup(comm, "sum", x, None, 0, n) is None  # another operation
@@ -91,7 +97,7 @@ def test_a_call_with_other_arguments_is_not_taken_for_a_remembered_one(comm, ord
     assert u64(arrays.dot(comm, x, y, 0, n)) == u64(oracle_dot(x.tolist(), y.tolist()))
     # a timeout= argument takes the ordinary path and is never remembered
     assert u64(arrays.dot(comm, x, y, 0, n, timeout=30.0)) == u64(oracle_dot(x.tolist(), y.tolist()))
-    assert ordinary == ["dot", "dot", "dot"]
+    assert ordinary == ["dot", "dot", "dot", "dot"]
 
 
 def test_dtype_shape_and_strides_changed_in_place_are_checked_again(comm):
@@ -99,6 +105,8 @@ def test_dtype_shape_and_strides_changed_in_place_are_checked_again(comm):
     n = 100
     base = order_sensitive(rng, 2 * n)
     x, y = base[:n], order_sensitive(rng, n)
+    warm(lambda: arrays.dot(comm, x, y, 0, n))
+    assert fast.lookup(comm, "dot", x, y, 0, n) is not None
     assert u64(arrays.dot(comm, x, y, 0, n)) == u64(oracle_dot(x.tolist(), y.tolist()))
     x.dtype = np.int64  # the same memory read as integers: refused as the ordinary path refuses it
     with pytest.raises(Refusal) as e:
@@ -125,7 +133,8 @@ def test_dtype_shape_and_strides_changed_in_place_are_checked_again(comm):
 
 def test_a_remembered_array_cannot_be_resized_under_the_record(comm):
     x = np.arange(1.0, 11.0)
-    arrays.sum(comm, x, 0, 10)
+    warm(lambda: arrays.sum(comm, x, 0, 10))
+    assert fast.lookup(comm, "sum", x, None, 0, 10) is not None
     with pytest.raises(ValueError):
         x.resize(20)  # the record's buffer blocks it: the memory C reads stays x's
     assert arrays.sum(comm, x, 0, 10) == 55.0
@@ -135,20 +144,21 @@ def test_a_nan_in_place_is_refused_by_name_and_the_next_call_works(comm, ordinar
     rng = np.random.default_rng(8)
     n = 300
     x = order_sensitive(rng, n)
-    arrays.sum(comm, x, 0, n)
-    arrays.sum(comm, x, 0, n)
+    warm(lambda: arrays.sum(comm, x, 0, n))
+    assert fast.lookup(comm, "sum", x, None, 0, n) is not None
     x[17] = np.nan
     with pytest.raises(Refusal) as e:
         arrays.sum(comm, x, 0, n)
     assert e.value.code == "non-finite-contribution" and "x[17] = nan" in str(e.value)
     x[17] = 1.0
     assert u64(arrays.sum(comm, x, 0, n)) == u64(oracle_sum(x.tolist()))
-    assert ordinary == ["sum", "sum"]  # the first call; the NaN (nothing sent, the ordinary way)
+    assert ordinary == ["sum"] * 3  # the first two calls; the NaN (nothing sent, the ordinary way)
 
 
 def test_a_root_that_overflows_is_refused_and_the_next_call_works(comm):
     x = np.zeros(8)
-    arrays.sum(comm, x, 0, 8)
+    warm(lambda: arrays.sum(comm, x, 0, 8))
+    assert fast.lookup(comm, "sum", x, None, 0, 8) is not None
     x[0] = x[7] = 1e308  # each finite, their sum not
     with pytest.raises(Refusal) as e:
         arrays.sum(comm, x, 0, 8)
@@ -162,24 +172,34 @@ def test_reset_and_free_forget_the_records(ordinary):
 
     c = MPI.COMM_SELF.Dup()
     x = np.arange(5.0)
-    assert arrays.sum(c, x, 0, 5) == 10.0
+    warm(lambda: arrays.sum(c, x, 0, 5))
     assert fast.lookup(c, "sum", x, None, 0, 5) is not None
     arrays.reset(c)
     assert fast.lookup(c, "sum", x, None, 0, 5) is None
-    assert arrays.sum(c, x, 0, 5) == 10.0  # a new channel, remembered again
+    warm(lambda: arrays.sum(c, x, 0, 5))  # a new channel, remembered again
     assert fast.lookup(c, "sum", x, None, 0, 5) is not None
     c.Free()
-    assert not [r for r in fast._CALLS if r.comm is c]
-    assert ordinary == ["sum", "sum"]
+    assert not [r for r in fast._CALLS if r.comm is c] and not [s for s in fast._SEEN if s[1] is c]
+    assert ordinary == ["sum"] * 4
 
 
 def test_what_is_remembered_is_bounded(comm):
     xs = [np.full(10, float(i)) for i in range(fast.RECORDS + 3)]
     for i, x in enumerate(xs):
         assert arrays.sum(comm, x, 0, 10) == 10.0 * i
-    assert len(fast._CALLS) <= fast.RECORDS
+        assert arrays.sum(comm, x, 0, 10) == 10.0 * i
+    assert len(fast._CALLS) <= fast.RECORDS and len(fast._SEEN) <= fast.RECORDS
     assert fast.lookup(comm, "sum", xs[0], None, 0, 10) is None  # the oldest went first
     assert fast.lookup(comm, "sum", xs[-1], None, 0, 10) is not None
     big = np.ones(fast.MAX_ELEMENTS + 1)
-    assert arrays.sum(comm, big, 0, big.size) == big.size
+    warm(lambda: arrays.sum(comm, big, 0, big.size))
     assert fast.lookup(comm, "sum", big, None, 0, big.size) is None  # its summary costs more than Python
+
+
+def test_arrays_made_anew_for_every_call_are_never_remembered(comm, ordinary):
+    x, y = np.arange(50.0), np.ones(50)
+    before = list(fast._CALLS)
+    for _ in range(5):
+        assert arrays.dot(comm, x * 1.0, y, 0, 50) == 1225.0  # a new x each call (often at the same address)
+    assert fast._CALLS == before  # no record made, no temporary kept alive
+    assert ordinary == ["dot"] * 5

@@ -1,6 +1,6 @@
 """The arrays' one C call (alpha_mpi/arrays/fast.py) over MPI: refusals in the steady state.
 
-Every case first makes the call twice with clean data on every rank (the second call is the
+Every case first makes the call three times with clean data on every rank (the third is the
 one C call everywhere, checked), then one or more ranks diverge: values changed in place (a
 NaN, a root that overflows), a dtype or shape changed in place, another block or length or
 operation on one rank, a late peer, the send hook of tests. The ranks still on the C call must
@@ -58,8 +58,9 @@ class Case:
             self.y, self.gy = self.x, self.gx
 
     def warm(self):
-        """The clean call twice on every rank (the second time: the C call)."""
-        for _ in range(2):
+        """The clean call three times on every rank (remembered the second time, the third is
+        the C call)."""
+        for _ in range(3):
             if self.name == "norm2-vs-dot":
                 arrays.norm2(self.comm, self.x, self.lo, N)
             self.clean()

@@ -5,8 +5,9 @@ A solver calls the same few reductions again and again: `dot(comm, r, r, off, n)
 `dot(comm, p, Ap, off, n)` with the very same arrays, offset and length every iteration. The
 ordinary path (api.py) checks the arguments, finds the channel and the exchange, evaluates the
 summary, writes the row, runs the engine and checks the table and the root, each a Python step
-(about 5 us in all around a 2 us round at p = 2). After such a call went through every check
-and ended in the root, a `Call` remembers what the checks decided, as the C record of
+(about 5 us in all around a 2 us round at p = 2). When such a call has gone through every
+check and ended in the root twice, with the same arrays alive in between, a `Call` remembers
+what the checks decided, as the C record of
 an_array_run: the arrays' pointers, offset, length, n, the exchange's buffers and the table that
 passed. A later call with the same arguments is then one C call: the summary straight into the
 round-0 frame, the row, the exchange (an_run), the comparison of every rank's rows with the
@@ -31,10 +32,14 @@ ordinary checks after the run). So every refusal is the ordinary path's, on ever
 
 At most RECORDS calls are remembered per process (a Krylov loop has two to five), and only
 blocks of at most MAX_ELEMENTS elements (beyond, the summary costs far more than the Python
-around it): the records hold their arrays alive, so this bounds what they can keep.
+around it): the records hold their arrays alive, so this bounds what they can keep. A call is
+remembered the second time it comes with its arrays alive in between (weak references between
+the two), so arrays made anew for every call are never kept, nor is a record made for them.
 """
 
 from __future__ import annotations
+
+import weakref
 
 import numpy as np
 
@@ -49,6 +54,9 @@ _STRIDES = (8,)  # a contiguous float64 block
 
 #: the remembered calls, oldest first (a list: a loop's few calls are found by identity at once)
 _CALLS: list = []
+#: calls that passed every check once, oldest first: (op, comm, offset, n, weak references to
+#: x and y); the second time, with the same arrays still alive, they are remembered
+_SEEN: list = []
 
 
 class Call:
@@ -122,7 +130,10 @@ def lookup(comm, op: str, x, y, offset: int, n: int) -> Call | None:
 
 
 def remember(ch, ex, op: str, x, y, offset: int, n: int) -> None:
-    """Remember a call that just passed every check with these very arguments (api.py)."""
+    """Remember a call that just passed every check with these very arguments (api.py), the
+    second time they come while the arrays stay alive in between. A loop that makes new
+    arrays every iteration (`dot(comm, b - A @ x, ...)`) is never remembered: making a record
+    costs more than the ordinary path, and would keep the temporaries alive."""
     if x.shape[0] > MAX_ELEMENTS or ex.valid_order is not None or ex.k != 1:
         return
     comm = ch.user
@@ -132,6 +143,16 @@ def remember(ch, ex, op: str, x, y, offset: int, n: int) -> None:
                 return  # known (this call took the ordinary path for a reason of its own)
             del _CALLS[i]  # of an earlier channel (before a reset)
             break
+    for i, (sop, scomm, soffset, sn, wx, wy) in enumerate(_SEEN):
+        if sop == op and scomm is comm and soffset == offset and sn == n and wx() is x:
+            if (y is None and wy is None) or (wy is not None and wy() is y):
+                del _SEEN[i]
+                break
+    else:  # the first time (a dead weak reference never matches: a new array at an old address)
+        if len(_SEEN) >= RECORDS:
+            del _SEEN[0]
+        _SEEN.append((op, comm, offset, n, weakref.ref(x), None if y is None else weakref.ref(y)))
+        return
     if len(_CALLS) >= RECORDS:
         del _CALLS[0]
     _CALLS.append(Call(ch, ex, op, x, y, offset, n))
@@ -140,3 +161,4 @@ def remember(ch, ex, op: str, x, y, offset: int, n: int) -> None:
 def forget(ch) -> None:
     """Drop the records of channel `ch` (its reset, its communicator's Free)."""
     _CALLS[:] = [c for c in _CALLS if c.ch is not ch]
+    _SEEN[:] = [s for s in _SEEN if s[1] is not ch.user]

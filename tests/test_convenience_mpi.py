@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import alpha_mpi
-from alpha_mpi import oracle, pairwise
+from alpha_mpi import oracle, pairwise, star
 from alpha_mpi.refusals import Refusal
 
 from conftest import agree, bits, slot_data
@@ -168,4 +168,32 @@ def test_another_refusal_in_a_resized_call_keeps_its_own_name(world):
     agree(world, code == expected, f"rank {rank}: {code}, expected {expected}")
     got = alpha_mpi.allreduce(comm, data[rank], timeout=TIMEOUT)
     agree(world, np.array_equal(bits(got), bits(_want(tree, data))), "the call after the refusal")
+    comm.Free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_the_steady_loop_fast_path_follows_every_form_of_the_call(world):
+    """A plain call finds the last plain call's executor by its tree alone: mixing the bare form,
+    the named tree, another realization, out=, a resize and a reset keeps every call's bits."""
+    from alpha_mpi.execution import reset
+
+    size, rank = world.Get_size(), world.Get_rank()
+    comm = world.Dup()
+    tree = pairwise(range(size), size)
+    other = star(range(size), size)  # another order over the same slots
+    calls = [
+        lambda x: alpha_mpi.allreduce(comm, x, timeout=None),
+        lambda x: alpha_mpi.allreduce(comm, tree, {rank: x}),
+        lambda x: alpha_mpi.allreduce(comm, tree, {rank: x}, realization="tree"),
+        lambda x: alpha_mpi.allreduce(comm, x, out=np.empty_like(x)),
+        lambda x: alpha_mpi.allreduce(comm, other, {rank: x}),
+    ]
+    for i in range(12):
+        data = slot_data(size, 5 if i < 6 else 3, seed=100 + i)
+        call = calls[i % len(calls)]
+        t = other if i % len(calls) == 4 else tree
+        got = call(data[rank])
+        agree(world, np.array_equal(bits(got), bits(_want(t, data))), f"call {i}")
+        if i == 7:
+            reset(comm)
     comm.Free()

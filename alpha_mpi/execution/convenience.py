@@ -98,6 +98,7 @@ def reset(comm: MPI.Comm, *, timeout: float | None = None) -> None:
     ep = Endpoint.of(comm, timeout)
     st = ep.streams.pop(STREAM, None)
     if st is not None:
+        st.last = None
         for a in st.state.values():
             a.free()
         st.state.clear()
@@ -228,6 +229,7 @@ def _run(call: _Call, contributions, out, rs=False):
     st, a = _cached(call, contributions)
     if call.plain:
         st.last = (call.tree, a, a.executor)
+        _MEMO[0] = (call.comm, st, a.executor.rank, call.comm.Get_size())
     try:
         return _run_on(st, a, contributions, out, call.timeout, rs)
     except Refusal as e:
@@ -281,6 +283,7 @@ def _run_on(st, a, contributions, out, timeout, rs):
 
 
 _NO_TREE = object()
+_MEMO = [(None, None, 0, 1)]  # (communicator object, its calls stream, rank, size) of the last plain call
 
 
 def _bare_call(comm, tree, contributions):
@@ -326,13 +329,16 @@ def allreduce(
     if delivery is layout is timeout is segment is coverage is None and realization == "auto":
         # The steady loop: the same plain call as the last one on this communicator finds its
         # executor by the tree's identity (what the key would say: every other part of it is
-        # at its default). Keying again cost ~2 us at 8 B, more than the round in C.
-        ep = Endpoint.existing(comm)
-        st = None if ep is None else ep.streams.get(STREAM)
+        # at its default). Keying again cost ~2 us at 8 B, more than the round in C. The
+        # communicator's stream is remembered for the very communicator object last used: a
+        # reset() or the communicator's freeing clears the stream's `last`, so a stale memo
+        # finds nothing to run and the call takes the full path.
+        memo = _MEMO[0]
+        st = memo[1] if memo[0] is comm else None
         last = None if st is None or st.broken is not None else st.last
         if last is not None:
             if contributions is _NO_TREE:
-                tree, contributions = _rank_tree(ep.size), {ep.rank: tree}
+                tree, contributions = _rank_tree(memo[3]), {memo[2]: tree}
             if last[0] is tree:
                 try:
                     return last[2].run(contributions, out)

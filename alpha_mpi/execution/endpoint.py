@@ -468,7 +468,10 @@ class Endpoint:
 def _deleted(comm, keyval, ep) -> None:
     """The user's communicator is being freed (MPI_Comm_free, or MPI_Finalize for the
     predefined ones): free the endpoint's duplicate with it, unless a failure may have left
-    frames of it in flight (then the job aborts at exit anyway)."""
+    frames of it in flight (then the job aborts at exit anyway). The streams' steady-loop
+    memos are dropped first: a call on the freed communicator must find nothing to run."""
+    for st in ep.streams.values():
+        st.last = None
     try:
         if ep.lib != MPI.COMM_NULL and not owns_failures(ep):
             ep.lib.Free()

@@ -323,6 +323,8 @@ def allreduce(
     """Combine `contributions` (slot -> float64 array, or (numerator, mass) tuple) by `tree`
     (a Node or a tree Plan) with the chosen realization. Returns the combined payload where
     delivery reaches this rank, else None. Executors are cached (see the module docstring).
+    Without `layout=` the payload size is each call's, alike on every rank (ranks that pass
+    different sizes to one call: `contribution-size-mismatch` on every rank).
 
     `allreduce(comm, x)` (no tree): every rank passes one float64 array, combined over
     `pairwise(range(p))` with slot = rank (the same bits on every run and MPI at that p)."""

@@ -113,22 +113,6 @@ def cached_executors(comm: MPI.Comm) -> dict[CacheKey, Allreducer]:
     return {} if st is None else dict(st.state)
 
 
-def _infer_layout(contributions):
-    from ..model import Layout
-
-    if isinstance(contributions, np.ndarray):  # a bare array: its size keys the call like its
-        return Layout.vector(int(contributions.size))  # peers', the run refuses it by name
-    if isinstance(contributions, dict):
-        for value in contributions.values():
-            if isinstance(value, tuple):
-                return Layout(*[(n, int(np.size(v))) for n, v in zip(("numerator", "mass"), value)])
-            return Layout.vector(int(np.size(value)))
-    raise Refusal(
-        "contribution-missing",
-        "this rank passed no contributions, so the payload size is unknown; pass layout= (every rank the same)",
-    )
-
-
 def _tree_key(tree):
     if isinstance(tree, Plan):
         return ("plan", tree.identity)
@@ -215,7 +199,7 @@ def _cached(call: _Call, contributions):
         layout = call.layout
         if not isinstance(call.tree, Plan) and layout is None:
             try:
-                layout = _infer_layout(contributions)
+                layout = Sizes.infer(contributions)
             except Refusal as e:  # still takes part in the build, so every rank refuses
                 Endpoint.of(call.comm).refuse_build(e, "allreduce()", timeout=call.timeout, stream=st)
         a = st.state[call.key()] = call.build(st, layout)

@@ -28,15 +28,35 @@ class Sizes:
     WHAT = "allreduce() payload sizes"
 
     @staticmethod
-    def of(contributions) -> tuple[int, int, int]:
+    def infer(contributions):
+        """The Layout a call's contributions give (the first slot's: the run checks the others).
+        A bare array gives its size too, so that its rank builds with its peers and the run
+        refuses it by name (`contributions-not-mapping`)."""
+        from ..model import Layout
+
+        if isinstance(contributions, np.ndarray):
+            return Layout.vector(int(contributions.size))
+        if isinstance(contributions, dict):
+            for value in contributions.values():
+                if isinstance(value, tuple):
+                    return Layout(*[(n, int(np.size(v))) for n, v in zip(("numerator", "mass"), value)])
+                return Layout.vector(int(np.size(value)))
+        raise Refusal(
+            "contribution-missing",
+            "this rank passed no contributions, so the payload size is unknown; pass layout= (every rank the same)",
+        )
+
+    @classmethod
+    def of(cls, contributions) -> tuple[int, int, int]:
+        """This call's words: (0, 0, 0) unless it passed a mapping of non-empty arrays (or
+        (numerator, mass) pairs of them)."""
         if not isinstance(contributions, dict) or not contributions:
             return (0, 0, 0)
         value = next(iter(contributions.values()))
-        if isinstance(value, tuple):
-            if len(value) != 2 or not all(isinstance(v, np.ndarray) for v in value):
-                return (0, 0, 0)
-            return (2, int(value[0].size), int(value[1].size))
-        return (1, int(value.size), 0) if isinstance(value, np.ndarray) and value.size else (0, 0, 0)
+        parts = value if isinstance(value, tuple) else (value,)
+        if len(parts) > 2 or not all(isinstance(v, np.ndarray) and v.size for v in parts):
+            return (0, 0, 0)
+        return cls.of_layout(cls.infer(contributions))
 
     @staticmethod
     def of_layout(layout) -> tuple[int, int, int]:

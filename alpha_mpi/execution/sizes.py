@@ -88,7 +88,7 @@ class Sizes:
         for r, row in enumerate(rows):
             groups.setdefault(row, []).append(r)
         said = "; ".join(
-            f"{'rank' if len(ranks) == 1 else 'ranks'} {ranks_text(ranks)}: {cls.text(row)}"
+            f"{ranks_text(ranks)}: {cls.text(row)}"
             for row, ranks in sorted(groups.items(), key=lambda kv: (len(kv[1]), kv[1][0]))
         )
         raise Refusal(

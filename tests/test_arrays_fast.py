@@ -203,3 +203,33 @@ def test_arrays_made_anew_for_every_call_are_never_remembered(comm, ordinary):
         assert arrays.dot(comm, x * 1.0, y, 0, 50) == 1225.0  # a new x each call (often at the same address)
     assert fast._CALLS == before  # no record made, no temporary kept alive
     assert ordinary == ["dot"] * 5
+
+
+def test_dots_of_the_same_pairs_is_one_c_call(comm, ordinary):
+    rng = np.random.default_rng(9)
+    n = 500
+    x, y = order_sensitive(rng, n), order_sensitive(rng, n)
+    for i in range(5):
+        refill(rng, x, y)
+        got = arrays.dots(comm, [(x, y), (y, y), [x, x]], 0, n)  # tuples or lists, new each call
+        want = [oracle_dot(a.tolist(), b.tolist()) for a, b in ((x, y), (y, y), (x, x))]
+        assert [u64(v) for v in got] == [u64(v) for v in want], i
+        assert type(got) is list
+    assert ordinary == ["dot", "dot"]
+    assert fast.lookup_pairs(comm, [(x, y), (y, y), (x, x)], 0, n) is not None
+    assert fast.lookup_pairs(comm, [(x, y), (y, y)], 0, n) is None  # another batch
+    assert fast.lookup_pairs(comm, [(x, y), (y, x), (x, x)], 0, n) is None  # another pair
+    y.dtype = np.int64  # one array of the batch changed in place: checked again
+    with pytest.raises(Refusal) as e:
+        arrays.dots(comm, [(x, y), (y, y), (x, x)], 0, n)
+    assert e.value.code == "dtype-invalid"
+    y.dtype = np.float64
+    y[3] = np.inf
+    with pytest.raises(Refusal) as e:
+        arrays.dots(comm, [(x, y), (y, y), (x, x)], 0, n)
+    assert e.value.code == "non-finite-contribution"
+    y[3] = 0.5
+    want = [oracle_dot(a.tolist(), b.tolist()) for a, b in ((x, y), (y, y), (x, x))]
+    assert [u64(v) for v in arrays.dots(comm, [(x, y), (y, y), (x, x)], 0, n)] == [u64(v) for v in want]
+    # a dots() of one pair and dot() share the exchange: either may take the other's record
+    assert u64(arrays.dot(comm, x, y, 0, n)) == u64(want[0])

@@ -56,6 +56,7 @@ class Case:
         self.op = "sum" if name in ("nan", "root-overflow", "length") else "dot"
         if name == "norm2-vs-dot":  # both remembered on every rank; rank 0 calls norm2, the others dot
             self.y, self.gy = self.x, self.gx
+        self.pairs = [(self.x, self.y), (self.y, self.y)]  # dots-inf
 
     def warm(self):
         """The clean call three times on every rank (remembered the second time, the third is
@@ -63,6 +64,8 @@ class Case:
         for _ in range(3):
             if self.name == "norm2-vs-dot":
                 arrays.norm2(self.comm, self.x, self.lo, N)
+            if self.name == "dots-inf":
+                arrays.dots(self.comm, self.pairs, self.lo, N)
             self.clean()
 
     def clean(self):
@@ -81,6 +84,8 @@ class Case:
         ok = fast.lookup(self.comm, self.op, self.x, y, self.lo, N) is not None
         if self.name == "norm2-vs-dot":
             ok &= fast.lookup(self.comm, "norm2", self.x, self.x, self.lo, N) is not None
+        if self.name == "dots-inf":
+            ok &= fast.lookup_pairs(self.comm, self.pairs, self.lo, N) is not None
         return ok
 
     def diverge(self):
@@ -116,6 +121,10 @@ class Case:
         if name == "norm2-vs-dot":  # both remembered calls, of different exchanges
             call = (lambda: arrays.norm2(c, self.x, lo, N)) if r == 0 else self.clean
             return call, {"frame-identity-mismatch", "frame-order-mismatch", "peer-refused"}
+        if name == "dots-inf":
+            if r == last:
+                self.y[0] = -np.inf
+            return (lambda: arrays.dots(c, self.pairs, lo, N)), {"non-finite-contribution"}
         if name == "late-peer":
             if r == 0:
                 time.sleep(0.05)  # the others' C call returns to Python every 5 ms meanwhile
@@ -140,6 +149,8 @@ class Case:
         raise KeyError(name)
 
     def restore(self):
+        if self.name == "dots-inf":
+            self.y[:] = self.gy[self.lo : self.hi]
         if self.name == "nan":
             self.x[:] = self.gx[self.lo : self.hi]
         if self.name == "root-overflow":
@@ -160,6 +171,7 @@ CASES = [
     "overlap",
     "length",
     "norm2-vs-dot",
+    "dots-inf",
     "late-peer",
     "hook",
     "bad-frame",
@@ -188,6 +200,10 @@ def test_a_remembered_call_refuses_by_name_on_every_rank_then_the_next_call_work
         named = w.allgather(outcome)  # test-side verdict
         agree(w, any(o.startswith("frame-") for o in named), f"bad-frame: nobody named the frame: {named}")
     case.restore()
+    if name == "dots-inf":
+        got2 = arrays.dots(comm, case.pairs, case.lo, N)
+        want2 = [case.want(), oracle_dot(case.gy.tolist(), case.gy.tolist())]
+        agree(w, [u64(v) for v in got2] == [u64(v) for v in want2], f"dots-inf: rank {case.r}: {got2}")
     got = case.clean()
     agree(w, u64(got) == u64(case.want()), f"{name}: rank {case.r}: the next call gave {got!r}")
     agree(w, case.remembered(), f"{name}: rank {case.r}: the next call is not the C call")

@@ -16,6 +16,7 @@ An N-d tile (offset and shape as tuples) reduces the flattened C-order array the
   exchange's schedule (`schedule`) and Program: alpha_mpi.planning.array_program
 - N-d tiles: their runs, verdicts and frame sizes (pure): .tiles; one tile call: .tile_call
 - the exchange over MPI (point-to-point frames, bounded waits): .exchange
+- a call whose arguments are those of earlier checked calls (a solver's loop): one C call, .fast
 """
 
 from ..planning.array_program import schedule  # noqa: F401

@@ -7,20 +7,20 @@ ordinary path (api.py) checks the arguments, finds the channel and the exchange,
 summary, writes the row, runs the engine and checks the table and the root, each a Python step
 (about 5 us in all around a 2 us round at p = 2). When such a call has gone through every
 check and ended in the root twice, with the same arrays alive in between, a `Call` remembers
-what the checks decided, as the C record of
-an_array_run: the arrays' pointers, offset, length, n, the exchange's buffers and the table that
-passed. A later call with the same arguments is then one C call: the summary straight into the
-round-0 frame, the row, the exchange (an_run), the comparison of every rank's rows with the
-table that passed, and the root's value. Same kernel, same frames, same order: the same bits.
+what the checks decided, as the C record of an_array_run: the arrays' pointers, offset, length,
+n, the exchange's buffers and the table that passed. A later call with the same arguments is
+then one C call: the summary straight into the round-0 frame, the row, the exchange (an_run),
+the comparison of every rank's rows with the table that passed, and the root's values. Same
+kernel, same frames, same order: the same bits.
 
 What a record is keyed by, and why nothing can change under it silently:
 - the communicator object, the arrays objects (the record holds them: the cffi buffer it
   keeps blocks `resize`, and the data of an ndarray cannot be replaced), offset and n (ints);
 - what can still change in place is checked on every call: each array's dtype object
   (`a.dtype = ...` reinterprets in place), shape (`a.shape = ...`) and strides;
-- the channel: a failed run or `reset` marks it broken, the communicator's Free deletes its
-  attribute (api.py's delete callback marks it too): a record of a broken channel is never
-  used, and the ordinary path then says why;
+- the channel: a failed run or `reset` marks it broken (a record of a broken channel is never
+  used, and the ordinary path then says why); `reset` and the communicator's Free delete its
+  attribute, and api.py's delete callback forgets its records;
 - what depends on other ranks is never cached: their rows travel on every call, and C falls
   back to Python's checks whenever they differ from the rows that passed.
 

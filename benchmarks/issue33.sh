@@ -12,8 +12,9 @@
 #              auto+crc (--payload-check): prints the issue-33 target lines (met / MISSED)
 #   calibrate  alpha-mpi bench calibrate: α0, α, α_msg, β, γ of the cost model on this machine
 #   cost       alpha-mpi plan --cost at p = 1024 (8 B, 64 KiB, 1 MiB, 16 MiB): the model's choice
-#   dot        alpha-mpi bench dot at 100 and 4,096 elements per rank (arrays.dot vs np.dot +
-#              MPI_Allreduce)
+#   dot        alpha-mpi bench dot at 100 and 4,096 elements per rank (arrays.dot, and the same
+#              call the ordinary way, vs np.dot + MPI_Allreduce), then the same in a loop
+#              (benchmarks/arrays_dot_loop.py: the call, its C call alone, the ordinary path)
 #   cg         examples/cg.py --time: the CG loop on arrays.dot against the same loop on
 #              MPI_Allreduce, about 4,096 (grid 90) and 65,536 (grid 362) unknowns per rank
 #   twonode    two emulated nodes x 2 ranks (../shared/notes/two-node-emulation.sh: shared
@@ -45,7 +46,10 @@ for s in $STEPS; do
       done | tee "$OUT/cost-p1024.txt" ;;
     dot)
       run "$MPIEXEC" -n 2 "$PY" -m alpha_mpi bench dot --lengths 1e2,4096 --iters 2000 --no-kernel \
-        --json "$OUT/dot-p2.json" | tee "$OUT/dot-p2.txt" ;;
+        --json "$OUT/dot-p2.json" | tee "$OUT/dot-p2.txt"
+      for L in 100 4096; do
+        run "$MPIEXEC" -n 2 "$PY" benchmarks/arrays_dot_loop.py "$L" 2000 7
+      done | tee "$OUT/dot-loop-p2.txt" ;;
     cg)
       for g in 90 362; do
         run "$MPIEXEC" -n 2 "$PY" examples/cg.py --grid "$g" --time --repeat 5

@@ -592,3 +592,5 @@ int an_error_string(int32_t code, char *buf, int32_t len, int32_t *cls) {
 }
 
 int32_t an_err_truncate(void) { return MPI_ERR_TRUNCATE; }
+
+int64_t an_kernel_table_size(void) { return (int64_t)sizeof(ak_table); }

@@ -234,6 +234,10 @@ int an_library_version(char *buf, int32_t len);
 /* MPI_Error_string and MPI_Error_class of an MPI error code. */
 int an_error_string(int32_t code, char *buf, int32_t len, int32_t *cls);
 
+/* sizeof(ak_table) as this module was built (kernel_table.h): load() compares it with the
+ * kernel module's, which an older build of the kernel would not match. */
+int64_t an_kernel_table_size(void);
+
 /* The values of MPI_ERR_TRUNCATE in this library (mpi_failure names truncation). */
 int32_t an_err_truncate(void);
 

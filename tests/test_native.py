@@ -32,6 +32,25 @@ def test_the_loaded_module_runs_on_the_mpi_mpi4py_loaded_and_another_is_refused(
     assert "Some MPI 9.9" in message and running in message and b.libmpi in message
 
 
+def test_a_kernel_older_than_the_round_is_refused_at_load():
+    """The round calls the kernel through its table of functions (kernel_table.h); a kernel
+    built from older sources hands over a shorter one, which load() refuses instead of letting
+    the round call past its end."""
+    mod = native.load()
+    native.check_kernel(mod)  # this build: the same table
+
+    class Older:
+        ffi = mod.ffi
+
+        class lib:
+            @staticmethod
+            def an_kernel_table_size():
+                return mod.lib.an_kernel_table_size() + 8  # the round expects one more entry
+
+    with pytest.raises(ImportError, match="older than csrc/kernel_table.h"):
+        native.check_kernel(Older)
+
+
 def test_the_cache_key_names_the_mpi_and_the_sources(monkeypatch, tmp_path):
     """Another MPI library (its version string or its file) or another compiler is another
     module file: the MPICH and the Open MPI venv of one source tree never share one."""

@@ -219,8 +219,21 @@ def load():
     except ImportError as e:
         raise _failed(f"the engine's C round at {path} does not load: {e}; delete it to rebuild")
     check_library(mod, b)
+    check_kernel(mod)
     _LOADED["module"] = mod
     return mod
+
+
+def check_kernel(mod) -> None:
+    """ImportError unless the kernel module hands over the table of functions this module was
+    built to call (kernel_table.h): a kernel built from older sources (no `pip install -e .`
+    since) would hand over a shorter table, and the round would call past its end."""
+    from ..kernel import ffi
+
+    if ffi.sizeof("ak_table") != mod.lib.an_kernel_table_size():
+        raise ImportError(
+            "alpha_mpi.kernel._alpha_kernel is older than csrc/kernel_table.h (rebuild: pip install -e .)"
+        )
 
 
 def check_library(mod, b: Build) -> None:
@@ -238,4 +251,13 @@ def check_library(mod, b: Build) -> None:
         )
 
 
-__all__ = ["Build", "build", "load", "check_library", "loaded_libmpi", "find_mpicc", "cache_dir"]
+__all__ = [
+    "Build",
+    "build",
+    "load",
+    "check_library",
+    "check_kernel",
+    "loaded_libmpi",
+    "find_mpicc",
+    "cache_dir",
+]

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from alpha_mpi.checkpoint.locate import rewind_plan
+from alpha_mpi.execution.frames import crc32c
 from alpha_mpi.learning.audit import AuditSchedule, payload_digest, sdc_report
 from alpha_mpi.learning.audit_recovery import KeptStates, clean_step
 from alpha_mpi.learning.replicas import replicated_digest
@@ -210,3 +211,15 @@ def test_both_halves_of_the_digest_see_every_single_flipped_bit():
             y.view(np.uint64)[i] ^= np.uint64(1) << np.uint64(b)
             e = payload_digest(y)
             assert (e & 0xFFFFFFFF) != (d & 0xFFFFFFFF) and (e >> 32) != (d >> 32), (i, b)
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 8, 9, 104, 4099])
+def test_the_one_pass_digest_is_the_two_pass_digest(n):
+    """payload_digest reads the buffer once and derives both CRCs by the register's shift over
+    zero bytes; the values are those of reading it straight and from its middle (as
+    replicated_digest, which reads twice, does), at even, odd and empty lengths."""
+    x = np.random.default_rng(n).standard_normal(n)
+    assert payload_digest(x) == replicated_digest([x])
+    m = memoryview(x).cast("B")
+    h = (m.nbytes // 16) * 8
+    assert payload_digest(x) == crc32c(m) | (crc32c(m[:h], crc32c(m[h:])) << 32)

@@ -67,6 +67,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SlotAudit",
+    "audit_words",
+    "slot_owners",
     "check_audit_slots",
     "check_options",
     "FaultHook",
@@ -214,12 +216,27 @@ def check_options(options: tuple[int, int, str], slots: int, size: int) -> None:
         check_audit_digests(audit_digests, partition)
 
 
-class SlotAudit:
-    """The audit of one learner: rotation, roles, the two exchanges and the verdict.
+def slot_owners(plan, size: int) -> list[int]:
+    """`owner_of`: the rank of each slot of a combine `plan` over `size` ranks."""
+    owner_of = {s: r for r in range(size) for s in plan.slots_of(r)}
+    return [owner_of[s] for s in range(len(owner_of))]
 
-    Build it on every rank (making it is local; its two tables are verdict rounds). `owner_of[s]` is the rank of
-    slot s; `compute(s, out)` fills `out` (n+3 words) with slot s's payload as this rank computes
-    it at the current step (the learner's own function, fault hook included).
+
+def audit_words(k: int, owner_of: list[int], size: int) -> int:
+    """The words a step's combine carries for the audit (2 per slot of a round; 0 without it):
+    what a learner sizes its payload by before its SlotAudit exists (pure)."""
+    return 2 * AuditSchedule(k, owner_of, size).per_round if k else 0
+
+
+class SlotAudit:
+    """The audit of one learner: rotation, roles, the digests and the verdict.
+
+    Build it on every rank (making it is local; its tables are verdict rounds, run only after a
+    mismatch, or by `check`). `owner_of[s]` is the rank of slot s. The step uses it in two
+    halves around its combine (the module docstring's Exchange): `contribute` before (this
+    rank's digests, and the signed words its payload carries), `settle` after, on the combined
+    words, before anything is applied. `check` is both halves over a round of its own (the torch
+    step, whose payload layout the contract names, uses it).
     """
 
     def __init__(
@@ -241,7 +258,7 @@ class SlotAudit:
         self.compute = compute  # which ranks compute alike (None: all do)
         self.window = self.schedule.met_within()  # W: every slot is audited in any W steps
         self.host = socket.gethostname()
-        w = 2 * self.schedule.per_round
+        self.words = w = 2 * self.schedule.per_round  # what the combine carries (audit_words)
         self.agree_words = agree_words
         self._table = WordTable(
             comm, w + agree_words, timeout=timeout, contract=contract, what="auditing slots"
@@ -249,13 +266,62 @@ class SlotAudit:
         self._referee = WordTable(
             comm, w + _HOST_WORDS, timeout=timeout, contract=contract, what="refereeing audited slots"
         )
-        self._mine = np.zeros(w + agree_words)
+        self._mine = np.zeros(w)  # this rank's digests of the round's slots (owner or auditor)
         self._mine_ref = np.zeros(w + _HOST_WORDS)
         self.checked = 0  # slot audits that passed (for reports)
 
     def data_slots(self, step: int) -> list[int]:
         """Slots other than its own whose data this rank may need at `step` (as auditor or referee)."""
         return [s for s, roles in self.schedule.round(step).items() if self.rank in roles]
+
+    def _digest_round(self, roles: dict, payloads: dict, compute, scratch, n2: int) -> None:
+        """This rank's row: at word pair j, the digest of audited slot j as this rank computed
+        it (its own payload as owner, a recomputation into `scratch` as auditor; zeros else)."""
+        mine = self._mine
+        mine[:] = 0.0
+        for j, s in enumerate(roles):
+            if self.owner_of[s] == self.rank:
+                mine[2 * j : 2 * j + 2] = halves(payload_digest(payloads[s][:n2]))
+            elif roles[s][0] == self.rank:
+                compute(s, scratch)
+                mine[2 * j : 2 * j + 2] = halves(payload_digest(scratch[:n2]))
+
+    def contribute(
+        self, step: int, payloads: dict, compute, scratch: np.ndarray, out: np.ndarray, *, words: int
+    ) -> None:
+        """Before the combine: digest this rank's audited slots (`payloads`: its own, computed;
+        `compute(s, out)` recomputes slot s into `scratch`; `words`: the payload words digested,
+        the stop word and what follows excluded) and write into `out` (`self.words` words of one
+        of its own payloads, zero in the others) the owner's digests, the auditor's digests
+        negated, zeros elsewhere: summed by the combine, word pair j is 0 exactly when slot j's
+        two digests agree (halves are integers below 2^32, and each word has at most two
+        non-zero terms, so the sum is exact in any order). Zeros between rounds."""
+        out[:] = 0.0
+        roles = self.schedule.round(step)
+        if not roles:
+            return
+        self._digest_round(roles, payloads, compute, scratch, words)
+        for j, s in enumerate(roles):
+            if self.owner_of[s] == self.rank:
+                out[2 * j : 2 * j + 2] = self._mine[2 * j : 2 * j + 2]
+            elif roles[s][0] == self.rank:
+                out[2 * j : 2 * j + 2] = -self._mine[2 * j : 2 * j + 2]
+
+    def settle(self, step: int, combined: np.ndarray, compute, scratch: np.ndarray, *, words: int) -> None:
+        """After the combine, before anything is applied: `combined` is the combine's sum of
+        every rank's `contribute` words, the same on every rank, so every rank decides alike.
+        All zero: the round passed. Else every rank raises `compute-mismatch` or, after the
+        referees' round, `sdc-detected` (naming the rank(s) and host(s)); nothing was applied.
+        `compute` and `words` as for `contribute` (a referee recomputes)."""
+        roles = self.schedule.round(step)
+        if not roles:
+            return
+        bad = [j for j in range(len(roles)) if combined[2 * j] != 0.0 or combined[2 * j + 1] != 0.0]
+        if not bad:
+            self.checked += len(roles)
+            return
+        self._environment(step, roles, bad)
+        self._refuse(step, roles, bad, compute, scratch, words)
 
     def check(
         self,
@@ -268,13 +334,11 @@ class SlotAudit:
         words: int | None = None,
         agree=None,
     ) -> None:
-        """Compare the audited slots' digests at `step`; raise `sdc-detected` on every rank on a
-        mismatch (before anything is combined or applied). `payloads`: this rank's own slots'
-        payloads, already computed; `compute(s, out)` recomputes a slot into `out`. `refused`:
-        this rank's refusal of its own slots (their payloads are not read): it travels in the
-        digest round, so it is raised here and every other rank raises `peer-refused`. Between
-        audit rounds there is no digest round: it returns, and the refusal travels in the
-        combine as it does without an audit.
+        """`contribute` and `settle` over a round of their own, before the combine: raise
+        `sdc-detected` on every rank on a mismatch. `refused`: this rank's refusal of its own
+        slots (their payloads are not read): it travels in the digest round, so it is raised
+        here and every other rank raises `peer-refused`. Between audit rounds there is no digest
+        round: it returns, and the refusal travels in the combine as it does without an audit.
         `words`: the payload words digested (default all but the last, the stop word).
         `agree`: (this rank's `agree_words` words, judge): what the ranks must have alike (a
         torch step's settings, alpha_mpi.torch.step_agreement) travels in the same round and
@@ -284,37 +348,25 @@ class SlotAudit:
         roles = self.schedule.round(step)
         if not roles:
             return
-        audited = list(roles)
-        mine = self._mine
         n2 = len(scratch) - 1 if words is None else words
-        mine[:] = 0.0
+        w = self.words
+        row = np.zeros(w + self.agree_words)
         if refused is not None:
-            self._table.run(mine, refused=refused)
+            self._table.run(row, refused=refused)
             raise refused  # not reached: the run raises it (kept for the reader and the type)
-        w = 2 * self.schedule.per_round
         if agree is not None:
-            mine[w:] = agree[0]
-        for j, s in enumerate(audited):
-            if self.owner_of[s] == self.rank:
-                mine[2 * j : 2 * j + 2] = halves(payload_digest(payloads[s][:n2]))
-            elif roles[s][0] == self.rank:
-                compute(s, scratch)
-                mine[2 * j : 2 * j + 2] = halves(payload_digest(scratch[:n2]))
-        table = self._table.run(mine)
+            row[w:] = agree[0]
+        self._digest_round(roles, payloads, compute, scratch, n2)
+        row[:w] = self._mine
+        table = self._table.run(row)
         if agree is not None:
             agree[1](table[:, w:])
-        bad = [
-            j
-            for j, s in enumerate(audited)
-            if not np.array_equal(
-                table[self.owner_of[s], 2 * j : 2 * j + 2], table[roles[s][0], 2 * j : 2 * j + 2]
+        diff = np.zeros(w)
+        for j, s in enumerate(roles):
+            diff[2 * j : 2 * j + 2] = (
+                table[self.owner_of[s], 2 * j : 2 * j + 2] - table[roles[s][0], 2 * j : 2 * j + 2]
             )
-        ]
-        if not bad:
-            self.checked += len(audited)
-            return
-        self._environment(step, roles, bad)
-        self._refuse(step, roles, bad, table, compute, scratch, n2)
+        self.settle(step, diff, compute, scratch, words=n2)
 
     def _alike(self, a: int, b: int) -> bool:
         return self.compute is None or self.compute.ranks.same(a, b)
@@ -335,11 +387,14 @@ class SlotAudit:
                 slots=(s,),
             )
 
-    def _refuse(self, step, roles, bad, table, compute, scratch, n2) -> None:
+    def _refuse(self, step, roles, bad, compute, scratch, n2) -> None:
+        """The referees' round (every rank, after a mismatch): each rank's row again (the owners'
+        and auditors' digests, which the combine carried only as differences), the referees'
+        recomputations of the slots that differ, and each rank's host name; then `sdc-detected`."""
         audited = list(roles)
-        w = 2 * self.schedule.per_round
+        w = self.words
         mine = self._mine_ref
-        mine[:] = 0.0
+        mine[:w] = self._mine
         mine[w:] = _host_words(self.host)
         for j in bad:
             s = audited[j]
@@ -353,8 +408,15 @@ class SlotAudit:
         for j in bad:
             s = audited[j]
             o, (a, r) = self.owner_of[s], roles[s]
-            od, ad = table[o, 2 * j : 2 * j + 2], table[a, 2 * j : 2 * j + 2]
-            if r is None:
+            od, ad = ref[o, 2 * j : 2 * j + 2], ref[a, 2 * j : 2 * j + 2]
+            if np.array_equal(od, ad):
+                named = [o, a]
+                notes.append(
+                    f"slot {s}: owner rank {o} and auditor rank {a} report the same digest, but their "
+                    "difference did not combine to zero (the audit's own words changed on the way), "
+                    "so both are named"
+                )
+            elif r is None:
                 named = [o, a]
                 notes.append(
                     f"slot {s}: owner rank {o} and auditor rank {a} disagree; with 2 ranks no third rank "
@@ -478,11 +540,10 @@ def build_checks(
     audit_slots, audit_digests, partition = options
     audit = replicas = None
     if audit_slots:
-        owner_of = {s: r for r in range(comm.Get_size()) for s in plan.slots_of(r)}
         audit = SlotAudit(
             comm,
             audit_slots,
-            [owner_of[s] for s in range(len(owner_of))],
+            slot_owners(plan, comm.Get_size()),
             timeout=timeout,
             contract=contract,
             agree_words=agree_words,

@@ -76,6 +76,29 @@ def test_auditing_never_changes_the_bits(world, mode):
             )
 
 
+class _NoRound:
+    """A WordTable stand-in that refuses to run: a healthy audited step must not need one."""
+
+    def run(self, *args, **kwargs):
+        raise AssertionError("a healthy audited step ran a verdict round of its own")
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("mode", ["none", "state", "grads", "params"])
+def test_a_healthy_audited_step_carries_its_digests_in_the_combine(world, mode):
+    """The audit's digests travel in the step's combine (two words per audited slot): with its
+    own rounds taken away, a healthy audited run still passes every audit and keeps the bits of
+    the unaudited run; and a fault afterwards still reaches the referees' round."""
+    plain = learner(world, mode, 0)
+    train(plain, 5)
+    lr = learner(world, mode, 1)
+    lr.audit._table = lr.audit._referee = _NoRound()
+    refusals = train(lr, 5, retry=False)
+    want_checked = sum(len(lr.audit.schedule.audited(t)) for t in range(5))
+    agree(world, not refusals and lr.audit.checked == want_checked > 0, f"{refusals} {lr.audit.checked}")
+    agree(world, digest(lr.final_params()) == digest(plain.final_params()), f"{mode}: audited bits differ")
+
+
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("mode", ["none", "state", "grads", "params"])
 @pytest.mark.parametrize("element,bit", [(0, 0), (60, 63), ("loss", 0)])

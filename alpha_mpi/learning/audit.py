@@ -231,12 +231,11 @@ def audit_words(k: int, owner_of: list[int], size: int) -> int:
 class SlotAudit:
     """The audit of one learner: rotation, roles, the digests and the verdict.
 
-    Build it on every rank (making it is local; its tables are verdict rounds, run only after a
-    mismatch, or by `check`). `owner_of[s]` is the rank of slot s. The step uses it in two
-    halves around its combine (the module docstring's Exchange): `contribute` before (this
-    rank's digests, and the signed words its payload carries), `settle` after, on the combined
-    words, before anything is applied. `check` is both halves over a round of its own (the torch
-    step, whose payload layout the contract names, uses it).
+    Build it on every rank (making it is local; its referees' table is a verdict round, run only
+    after a mismatch). `owner_of[s]` is the rank of slot s. A step uses it in two halves around
+    its combine (the module docstring's Exchange): `contribute` before (this rank's digests, and
+    the signed words its payload carries), `settle` after, on the combined words, before
+    anything is applied.
     """
 
     def __init__(
@@ -247,7 +246,6 @@ class SlotAudit:
         *,
         timeout: float | None,
         contract: str,
-        agree_words: int = 0,
         compute: ComputeCheck | None = None,
     ) -> None:
         self.size, self.rank = comm.Get_size(), comm.Get_rank()
@@ -259,10 +257,6 @@ class SlotAudit:
         self.window = self.schedule.met_within()  # W: every slot is audited in any W steps
         self.host = socket.gethostname()
         self.words = w = 2 * self.schedule.per_round  # what the combine carries (audit_words)
-        self.agree_words = agree_words
-        self._table = WordTable(
-            comm, w + agree_words, timeout=timeout, contract=contract, what="auditing slots"
-        )
         self._referee = WordTable(
             comm, w + _HOST_WORDS, timeout=timeout, contract=contract, what="refereeing audited slots"
         )
@@ -322,51 +316,6 @@ class SlotAudit:
             return
         self._environment(step, roles, bad)
         self._refuse(step, roles, bad, compute, scratch, words)
-
-    def check(
-        self,
-        step: int,
-        payloads: dict,
-        compute,
-        scratch: np.ndarray,
-        refused=None,
-        *,
-        words: int | None = None,
-        agree=None,
-    ) -> None:
-        """`contribute` and `settle` over a round of their own, before the combine: raise
-        `sdc-detected` on every rank on a mismatch. `refused`: this rank's refusal of its own
-        slots (their payloads are not read): it travels in the digest round, so it is raised
-        here and every other rank raises `peer-refused`. Between audit rounds there is no digest
-        round: it returns, and the refusal travels in the combine as it does without an audit.
-        `words`: the payload words digested (default all but the last, the stop word).
-        `agree`: (this rank's `agree_words` words, judge): what the ranks must have alike (a
-        torch step's settings, alpha_mpi.torch.step_agreement) travels in the same round and
-        `judge(table)` (p x agree_words) may refuse it by name before any digest is compared,
-        so a rank that differs by its settings is never called a faulty host (between audit
-        rounds the same words are judged in the combine)."""
-        roles = self.schedule.round(step)
-        if not roles:
-            return
-        n2 = len(scratch) - 1 if words is None else words
-        w = self.words
-        row = np.zeros(w + self.agree_words)
-        if refused is not None:
-            self._table.run(row, refused=refused)
-            raise refused  # not reached: the run raises it (kept for the reader and the type)
-        if agree is not None:
-            row[w:] = agree[0]
-        self._digest_round(roles, payloads, compute, scratch, n2)
-        row[:w] = self._mine
-        table = self._table.run(row)
-        if agree is not None:
-            agree[1](table[:, w:])
-        diff = np.zeros(w)
-        for j, s in enumerate(roles):
-            diff[2 * j : 2 * j + 2] = (
-                table[self.owner_of[s], 2 * j : 2 * j + 2] - table[roles[s][0], 2 * j : 2 * j + 2]
-            )
-        self.settle(step, diff, compute, scratch, words=n2)
 
     def _alike(self, a: int, b: int) -> bool:
         return self.compute is None or self.compute.ranks.same(a, b)
@@ -529,14 +478,13 @@ def build_checks(
     *,
     timeout,
     contract: str,
-    agree_words: int = 0,
     compute: ComputeCheck | None = None,
 ) -> tuple[SlotAudit | None, object | None]:
     """A learner's (SlotAudit or None, ReplicaDigests or None) from its options (audit_slots,
     audit_digests, partition); collective when either is asked for. `plan`: the learner's
-    combine plan (its `slots_of(rank)` places the slots); `agree_words`: SlotAudit's; `compute`:
-    its ComputeCheck after the first agreement (which ranks compute alike), so neither calls an
-    environment difference a fault."""
+    combine plan (its `slots_of(rank)` places the slots); `compute`: its ComputeCheck after the
+    first agreement (which ranks compute alike), so neither calls an environment difference a
+    fault."""
     audit_slots, audit_digests, partition = options
     audit = replicas = None
     if audit_slots:
@@ -546,7 +494,6 @@ def build_checks(
             slot_owners(plan, comm.Get_size()),
             timeout=timeout,
             contract=contract,
-            agree_words=agree_words,
             compute=compute,
         )
     if audit_digests:

@@ -50,6 +50,29 @@ def test_torch_auditing_keeps_the_bits(world):
 
 
 @pytest.mark.mpi(min_size=2)
+def test_torch_audit_words_ride_in_the_combine(world):
+    """A healthy audited run needs no round of the audit's own (its referees' table taken away)
+    and keeps the unaudited bits; every audit passed."""
+    from mpi4py import MPI
+
+    class NoRound:
+        def run(self, *args, **kwargs):
+            raise AssertionError("a healthy audited step ran a verdict round of its own")
+
+    want, *_ = run(MPI.COMM_SELF, 4)
+    audits = []
+
+    def edit(dp):
+        dp.audit._referee = NoRound()
+        audits.append(dp.audit)
+
+    d, e, _, _ = run(world, 4, k=1, edit=edit)
+    checked = sum(len(audits[0].schedule.audited(t)) for t in range(2, 4))
+    agree(world, e is None and d == want, f"{e}")
+    agree(world, audits[0].checked >= checked > 0, f"{audits[0].checked} audits passed")
+
+
+@pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("element,bit", [(0, 0), (40, 62)])
 def test_torch_flipped_bit_caught_before_grad_and_named(world, element, bit):
     size = world.Get_size()

@@ -2,8 +2,8 @@
 
 A slot's payload (Σ gradients, Σ samples, Σ loss) is a pure function of (params, data, slot
 seed), so it has the same bits on whichever rank computes it. K slots per step, on average, are
-computed a second time by another rank, and the digests of the two payloads are compared BEFORE
-the gradient combine, so a mismatch applies nothing. Which slots, which rank recomputes each and
+computed a second time by another rank, and the digests of the two payloads are compared in the
+step's combine, BEFORE the optimizer applies anything, so a mismatch applies nothing. Which slots, which rank recomputes each and
 at which steps is `AuditSchedule`, a pure function of (step, K, the owners, p):
 
     rounds          every m = ceil(p / K) steps (every step when K >= p), at steps t with t mod m = 0,
@@ -21,13 +21,23 @@ at which steps is `AuditSchedule`, a pure function of (step, K, the owners, p):
                     recomputes s only after a mismatch, to say which of the two was wrong; with
                     p = 2 there is no third rank and both are named
 
-Exchange (the communicator's verdict round, no collective: learning/verdicts.py WordTable):
-p rows of 2A words in a round; rank r's row holds, at word pair j, the digest of audited slot j
-as r computed it (the two 32-bit halves of a 64-bit digest, each an exact float64; zeros where r
-did not compute it). Every rank reads the same table, so every rank decides alike. After a mismatch a second round (p rows of
-2A + 16 words) carries the referees' digests and each rank's host name, and every rank raises
-`sdc-detected` naming the faulty rank(s) and host(s). Nothing else is changed: a healthy run has
-the bits of a run without auditing.
+Exchange: the step's own combine, no round of the audit's own. A slot payload has 2A more words
+after its stop word (`audit_words`): at word pair j each rank's first payload carries the digest
+of audited slot j as it computed it, its two 32-bit halves (each an exact float64) added where
+the rank owns slot j and subtracted where it audits it, zeros elsewhere (`SlotAudit.contribute`).
+The halves are integers below 2^32 and each word has at most two non-zero terms, so the combine's
+tree sums them exactly in any order and association: the combined pair j is 0 exactly when the
+owner's and the auditor's digests agree. Every rank reads the same combined words (in `grads` and
+`params`, where a rank receives only its chunk of the payload, they come with the mass, loss and
+stop words, learning/partition.py) and decides alike, after the combine and before the
+optimizer applies anything (`SlotAudit.settle`). After a mismatch, and only then, one verdict
+round (p rows of 2A + 16 words, learning/verdicts.py WordTable) carries each rank's digests again
+(the combine carried only differences), the referees' and each rank's host name, and every rank
+raises `sdc-detected` naming the faulty rank(s) and host(s). Nothing else is changed: the words
+are payload words of their own, each coordinate is combined by the same tree, so a healthy run
+has the bits of a run without auditing; the learners' contracts name the payload without them.
+The combine's finiteness check comes first: a fault that makes a payload non-finite is refused
+as `non-finite-*` / `peer-refused` (nothing applied) and names no rank.
 
 Compute identities before bits: a slot has the same bits on every rank only where the ranks
 compute alike. Ranks of different compute identities train together only under a contract that
@@ -41,8 +51,9 @@ After a detection the steps before may hold a fault's unaudited work unless ever
 audited every step: `clean_step` (learning/audit_recovery.py) says which state is known clean.
 
 Digest: `payload_digest`, two CRC32Cs (the kernel's, over the buffer without a copy: straight and
-read from its middle) of the payload's words except the stop word (which only the owner sets).
-CRC32C always detects one flipped bit or a burst of up to 32; it runs at memory speed here, which
+read from its middle, both from one pass) of the payload's words before the stop word (which
+only the owner sets; the audit's words and, in torch, the agreement words follow it). CRC32C
+always detects one flipped bit or a burst of up to 32; it runs at memory speed here, which
 matters because every audited slot is digested twice per round.
 """
 

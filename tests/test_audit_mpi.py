@@ -87,8 +87,8 @@ class _NoRound:
 @pytest.mark.parametrize("mode", ["none", "state", "grads", "params"])
 def test_a_healthy_audited_step_carries_its_digests_in_the_combine(world, mode):
     """The audit's digests travel in the step's combine (two words per audited slot): with its
-    own rounds taken away, a healthy audited run still passes every audit and keeps the bits of
-    the unaudited run; and a fault afterwards still reaches the referees' round."""
+    own rounds taken away, a healthy audited run still passes every audit and keeps the bits and
+    the contract of the unaudited run."""
     plain = learner(world, mode, 0)
     train(plain, 5)
     lr = learner(world, mode, 1)
@@ -97,6 +97,8 @@ def test_a_healthy_audited_step_carries_its_digests_in_the_combine(world, mode):
     want_checked = sum(len(lr.audit.schedule.audited(t)) for t in range(5))
     agree(world, not refusals and lr.audit.checked == want_checked > 0, f"{refusals} {lr.audit.checked}")
     agree(world, digest(lr.final_params()) == digest(plain.final_params()), f"{mode}: audited bits differ")
+    same = lr.contract.digest == plain.contract.digest and lr.layout_order_id == plain.layout_order_id
+    agree(world, same, f"{mode}: the audit's words changed the contract")
 
 
 @pytest.mark.mpi(min_size=2)

@@ -90,6 +90,7 @@ ADVICE: dict[str, str] = {
     "contribution-missing": "pass a payload for every slot this rank owns",
     "contribution-unexpected": "pass payloads only for the slots this rank owns in the tree",
     "contribution-shape": "each contribution must have the layout's element count",
+    "contribution-size-mismatch": "pass payloads of one size on every rank in one call (the message says which rank passed which size); the sizes may change from call to call, alike on every rank",
     "layout-missing": "pass layout= (a Layout, or each contribution's element count) on every rank when you give a tree; a Plan carries its own layout",
     "contributions-not-mapping": "pass a dict {slot: array} (e.g. {comm.rank: x}), or call alpha_mpi.allreduce(comm, x) with no tree for one contribution per rank; an Assembler takes a dict {(start, stop): array} of the ranges this rank owns",
     "peer-timeout": "a peer did not send within the bound; check the peer's log (it may have crashed) or raise ALPHA_MPI_TIMEOUT",

@@ -11,10 +11,16 @@ loop re-plans nothing. The cache is safe under one rank's mistake:
   or a wrong length finds the same executor as its peers, and its mistake is refused inside the
   run, flagged to every rank (`contribution-shape` there, `peer-refused` elsewhere), where it
   once built an executor alone (a lone collective Dup: a timeout, then a hang).
-- Without layout= the payload size is inferred from the first call's contributions (a bare
-  array's size too, so that rank builds with its peers and is refused in the run by name) and
-  kept for the tree: pass layout= (every rank the same) to combine another size. Keying on each
-  call's size would send a rank whose size alone changed to build while its peers run.
+- Without layout= the payload size is each call's. The executor is built for the first call's
+  size (a bare array's size too, so that rank builds with its peers and is refused in the run
+  by name) and a call of another size runs it once, refused on that rank and flagged to every
+  rank, never written past a buffer. Every rank of such a run then says the size of its call in
+  one verdict round (Sizes): all the same → every rank builds (or takes back) the executor of
+  that size and runs the call again; different → every rank refuses `contribution-size-mismatch`
+  naming who passed what, and the next call works (every rank completed both rounds). A change
+  of size costs that refused run, the round and, the first time, a build; a steady size costs
+  nothing (the executor's own size check). Keying executors on each call's size instead would
+  send a rank whose size alone changed to build while its peers ran.
 - Each cached executor has its sequence, agreed when built and carried in every frame, so a
   frame of another executor (a rank that passed other arguments) is refused by name.
 - A call that failed in a way that may leave its messages on the stream's tags (a peer that
@@ -32,6 +38,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from ..model.delivery import ReplicateAll
 from ..planning import Plan
 from ..planning.program import Program
 from ..planning.realize import REDUCE_SCATTER, as_tree_plan
@@ -39,12 +46,14 @@ from ..refusals import PlanRefusal, Refusal
 from .allreducer import Allreducer
 from .endpoint import Endpoint, Stream
 from .engine_bind import Chunk
+from .frames import FLAG_REFUSED
+from .sizes import Sizes
 
 if TYPE_CHECKING:
     from mpi4py import MPI
 
     from ..model.coverage import Coverage
-    from ..model.delivery import DeliverTo, ReplicateAll
+    from ..model.delivery import DeliverTo
     from ..model.layout import LayoutLike
     from ..model.tree import Node
     from .contributions import Contributions
@@ -89,6 +98,7 @@ def reset(comm: MPI.Comm, *, timeout: float | None = None) -> None:
     ep = Endpoint.of(comm, timeout)
     st = ep.streams.pop(STREAM, None)
     if st is not None:
+        st.last = None
         for a in st.state.values():
             a.free()
         st.state.clear()
@@ -103,22 +113,6 @@ def cached_executors(comm: MPI.Comm) -> dict[CacheKey, Allreducer]:
     return {} if st is None else dict(st.state)
 
 
-def _infer_layout(contributions):
-    from ..model import Layout
-
-    if isinstance(contributions, np.ndarray):  # a bare array: its size keys the call like its
-        return Layout.vector(int(contributions.size))  # peers', the run refuses it by name
-    if isinstance(contributions, dict):
-        for value in contributions.values():
-            if isinstance(value, tuple):
-                return Layout(*[(n, int(np.size(v))) for n, v in zip(("numerator", "mass"), value)])
-            return Layout.vector(int(np.size(value)))
-    raise Refusal(
-        "contribution-missing",
-        "this rank passed no contributions, so the payload size is unknown; pass layout= (every rank the same)",
-    )
-
-
 def _tree_key(tree):
     if isinstance(tree, Plan):
         return ("plan", tree.identity)
@@ -126,37 +120,67 @@ def _tree_key(tree):
     return ("tree", placed) if placed is not None else ("object", id(tree))
 
 
-def _cached(comm, tree, contributions, delivery, layout, realization, mode, coverage, segment, timeout):
-    """(the cached Allreducer for these arguments, built collectively on first use; whether its
-    layout was inferred from the first call's contributions)."""
-    key = CacheKey(
-        _tree_key(tree),
-        None if layout is None else (layout.key() if hasattr(layout, "key") else layout),
-        delivery,
-        realization,
-        mode,
-        None if coverage is None else coverage.key(),
-        segment,
-    )
-    st = _stream(comm, timeout)
-    a = st.state.get(key)
-    if a is None:
+class _Call(NamedTuple):
+    """What one convenience call builds its executor from (all but the contributions)."""
+
+    comm: object
+    tree: object
+    delivery: object
+    layout: object
+    realization: str
+    mode: str
+    coverage: object
+    segment: int | None
+    timeout: float | None
+
+    def key(self) -> CacheKey:
+        layout = self.layout
+        return CacheKey(
+            _tree_key(self.tree),
+            None if layout is None else (layout.key() if hasattr(layout, "key") else layout),
+            self.delivery,
+            self.realization,
+            self.mode,
+            None if self.coverage is None else self.coverage.key(),
+            self.segment,
+        )
+
+    @property
+    def plain(self) -> bool:
+        """Every option at its default (allreduce(comm, x), allreduce(comm, tree, contributions)):
+        the steady loop's fast path may find this call's executor by its tree alone."""
+        return (
+            self.mode == "allreduce"
+            and self.realization == "auto"
+            and self.delivery is self.layout is self.coverage is self.segment is self.timeout is None
+        )
+
+    @property
+    def sized_per_call(self) -> bool:
+        """Whether the payload size comes from each call: no layout= and no Plan (which carries
+        its own), and a run whose refusal flag reaches every rank (every rank's result depends
+        on every contribution), so that every rank enters the Sizes round after it alike."""
+        return (
+            self.layout is None
+            and not isinstance(self.tree, Plan)
+            and self.coverage is None
+            and (self.delivery is None or isinstance(self.delivery, ReplicateAll))
+        )
+
+    def build(self, st: Stream, layout) -> Allreducer:
+        """Build this call's executor for `layout` (collective); a failure that may leave
+        messages on the stream's tags breaks the stream."""
         try:
-            if not isinstance(tree, Plan) and layout is None:
-                try:
-                    layout = _infer_layout(contributions)
-                except Refusal as e:  # still takes part in the build, so every rank refuses
-                    Endpoint.of(comm).refuse_build(e, "allreduce()", timeout=timeout, stream=st)
-            a = st.state[key] = Allreducer(
-                comm,
-                tree,
+            return Allreducer(
+                self.comm,
+                self.tree,
                 layout,
-                delivery,
-                realization,
-                timeout=timeout,
-                segment=segment,
-                coverage=coverage,
-                mode=mode,
+                self.delivery,
+                self.realization,
+                timeout=self.timeout,
+                segment=self.segment,
+                coverage=self.coverage,
+                mode=self.mode,
                 _stream=st,
             )
         except Refusal as e:
@@ -165,29 +189,85 @@ def _cached(comm, tree, contributions, delivery, layout, realization, mode, cove
             if e.code in _LEAVES_MESSAGES and e.context.get("in_flight", True):
                 st.broken = e.code
             raise
-    return st, a, key.layout is None and not isinstance(tree, Plan)
 
 
-def _run(cached, contributions, out, timeout, rs=False):
-    st, a, inferred = cached
+def _cached(call: _Call, contributions):
+    """(the stream, the cached Allreducer for these arguments, built collectively on first use)."""
+    st = _stream(call.comm, call.timeout)
+    a = st.state.get(call.key())
+    if a is None:
+        layout = call.layout
+        if not isinstance(call.tree, Plan) and layout is None:
+            try:
+                layout = Sizes.infer(contributions)
+            except Refusal as e:  # still takes part in the build, so every rank refuses
+                Endpoint.of(call.comm).refuse_build(e, "allreduce()", timeout=call.timeout, stream=st)
+        a = st.state[call.key()] = call.build(st, layout)
+    return st, a
+
+
+_PARKED = 8  # executors of other sizes kept per call site (a loop over a few sizes builds once)
+
+
+def _run(call: _Call, contributions, out, rs=False):
+    st, a = _cached(call, contributions)
+    if call.plain:
+        st.last = (call.tree, a, a.executor)
+        _MEMO[0] = (call.comm, st, a.executor.rank, call.comm.Get_size())
+    try:
+        return _run_on(st, a, contributions, out, call.timeout, rs)
+    except Refusal as e:
+        return _after_refusal(call, st, a, e, contributions, out, rs)
+
+
+def _after_refusal(call: _Call, st: Stream, a: Allreducer, e: Refusal, contributions, out, rs):
+    """A run refused: raise it, or (every rank's call of one new size) run the call again on the
+    executor of that size."""
+    if a.broken is not None or not a.executor.flags & FLAG_REFUSED:
+        raise e
+    if not call.sized_per_call:
+        if e.code == "contribution-shape" and call.layout is None and not isinstance(call.tree, Plan):
+            raise Refusal(
+                e.code,
+                f"{e.message} (with delivery to some ranks or a coverage, a convenience call keeps the "
+                "payload size of its first call with this tree; pass layout= on every rank to combine "
+                "another size)",
+                **e.context,
+            ) from None
+        raise e
+    layout = Sizes.agree(call.comm, contributions, Sizes.of_layout(a.tree_plan.layout), call.timeout)
+    if layout is None:
+        raise e from None
+    # Every rank asks for `layout`: park the executor of the old size and run the call again on
+    # the one of the new size (built by every rank together the first time).
+    key = call.key()
+    parked = st.state.pop(key)
+    st.state[key._replace(layout=("parked", parked.tree_plan.layout.key()))] = parked
+    again = st.state.pop(key._replace(layout=("parked", layout.key())), None)
+    if again is None:
+        again = call.build(st, layout)
+        old = [k for k in st.state if isinstance(k.layout, tuple) and k._replace(layout=None) == key]
+        for k in old[: max(0, len(old) - _PARKED)]:
+            st.state.pop(k).free()
+    st.state[key] = again
+    if call.plain:
+        st.last = (call.tree, again, again.executor)
+    return _run_on(st, again, contributions, out, call.timeout, rs)
+
+
+def _run_on(st, a, contributions, out, timeout, rs):
     try:
         if rs:
             return a.reduce_scatter_run(contributions, out=out, timeout=timeout)
         return a.run(contributions, out=out, timeout=timeout)
-    except Refusal as e:
+    except Refusal:
         if a.broken is not None:
             st.broken = a.broken
-        if e.code == "contribution-shape" and inferred:
-            raise Refusal(
-                e.code,
-                f"{e.message} (the convenience calls keep the payload size of their first call with this "
-                "tree; pass layout= on every rank to combine another size)",
-                **e.context,
-            ) from None
         raise
 
 
 _NO_TREE = object()
+_MEMO = [(None, None, 0, 1)]  # (communicator object, its calls stream, rank, size) of the last plain call
 
 
 def _bare_call(comm, tree, contributions):
@@ -227,14 +307,35 @@ def allreduce(
     """Combine `contributions` (slot -> float64 array, or (numerator, mass) tuple) by `tree`
     (a Node or a tree Plan) with the chosen realization. Returns the combined payload where
     delivery reaches this rank, else None. Executors are cached (see the module docstring).
+    Without `layout=` the payload size is each call's, alike on every rank (ranks that pass
+    different sizes to one call: `contribution-size-mismatch` on every rank).
 
     `allreduce(comm, x)` (no tree): every rank passes one float64 array, combined over
     `pairwise(range(p))` with slot = rank (the same bits on every run and MPI at that p)."""
+    if delivery is layout is timeout is segment is coverage is None and realization == "auto":
+        # The steady loop: the same plain call as the last one on this communicator finds its
+        # executor by the tree's identity (what the key would say: every other part of it is
+        # at its default). Keying again cost ~2 us at 8 B, more than the round in C. The
+        # communicator's stream is remembered for the very communicator object last used: a
+        # reset() or the communicator's freeing clears the stream's `last`, so a stale memo
+        # finds nothing to run and the call takes the full path.
+        memo = _MEMO[0]
+        st = memo[1] if memo[0] is comm else None
+        last = None if st is None or st.broken is not None else st.last
+        if last is not None:
+            if contributions is _NO_TREE:
+                tree, contributions = _rank_tree(memo[3]), {memo[2]: tree}
+            if last[0] is tree:
+                try:
+                    return last[2].run(contributions, out)
+                except Refusal as e:
+                    if last[1].broken is not None:
+                        st.broken = last[1].broken
+                    call = _Call(comm, tree, None, None, "auto", "allreduce", None, None, None)
+                    return _after_refusal(call, st, last[1], e, contributions, out, False)
     tree, contributions = _bare_call(comm, tree, contributions)
-    cached = _cached(
-        comm, tree, contributions, delivery, layout, realization, "allreduce", coverage, segment, timeout
-    )
-    return _run(cached, contributions, out, timeout)
+    call = _Call(comm, tree, delivery, layout, realization, "allreduce", coverage, segment, timeout)
+    return _run(call, contributions, out)
 
 
 def combine(
@@ -248,8 +349,8 @@ def combine(
     timeout: float | None = None,
 ) -> np.ndarray | None:
     """Combine by the tree realization exactly as placed (see `allreduce` for the others)."""
-    cached = _cached(comm, tree, contributions, delivery, layout, "tree", "allreduce", None, None, timeout)
-    return _run(cached, contributions, out, timeout)
+    call = _Call(comm, tree, delivery, layout, "tree", "allreduce", None, None, timeout)
+    return _run(call, contributions, out)
 
 
 def reduce_scatter(
@@ -279,10 +380,8 @@ def reduce_scatter(
         raise Refusal(
             "usage", f"reduce_scatter realizations are auto, {', '.join(REDUCE_SCATTER)}; got {realization!r}"
         )
-    cached = _cached(
-        comm, tree, contributions, None, layout, realization, "reduce-scatter", coverage, segment, timeout
-    )
-    return _run(cached, contributions, out, timeout, rs=True)
+    call = _Call(comm, tree, None, layout, realization, "reduce-scatter", coverage, segment, timeout)
+    return _run(call, contributions, out, rs=True)
 
 
 __all__ = ["allreduce", "combine", "reduce_scatter", "reset", "cached_executors", "CacheKey"]

@@ -107,10 +107,11 @@ class FunctionalVariant(AlphaVariant):
         super().__init__(comm, tree, n, "auto", args, mine)
         self.a.free()
         self.name = self.requested = "allreduce()"
-        # layout= names the size: the cache keeps one executor per tree and given layout
-        self._call = lambda: allreduce(comm, tree, self.mine, layout=n, out=self.out)
-        self._call()  # builds and caches the executor outside the timed region
-        self.a = _cache_entry(comm, tree, n)
+        # The call as users write it (the size is each call's): the first call of a size builds
+        # (or takes back) that size's executor outside the timed region
+        self._call = lambda: allreduce(comm, tree, self.mine, out=self.out)
+        self._call()
+        self.a = _cache_entry(comm, tree)
 
     def run(self):
         return self._call()
@@ -119,11 +120,12 @@ class FunctionalVariant(AlphaVariant):
         pass  # the cached executor stays for the next size of the same tree
 
 
-def _cache_entry(comm, tree, n):
+def _cache_entry(comm, tree):
+    """The executor the plain call of `tree` runs now (its key's layout is None: each call's)."""
     return next(
         a
         for k, a in cached_executors(comm).items()
-        if k.tree == ("tree", tree._placed) and k.layout == n and k.mode == "allreduce"
+        if k.tree == ("tree", tree._placed) and k.layout is None and k.mode == "allreduce"
     )
 
 

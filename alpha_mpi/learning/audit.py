@@ -279,18 +279,6 @@ class SlotAudit:
         """Slots other than its own whose data this rank may need at `step` (as auditor or referee)."""
         return [s for s, roles in self.schedule.round(step).items() if self.rank in roles]
 
-    def _digest_round(self, roles: dict, payloads: dict, compute, scratch, n2: int) -> None:
-        """This rank's row: at word pair j, the digest of audited slot j as this rank computed
-        it (its own payload as owner, a recomputation into `scratch` as auditor; zeros else)."""
-        mine = self._mine
-        mine[:] = 0.0
-        for j, s in enumerate(roles):
-            if self.owner_of[s] == self.rank:
-                mine[2 * j : 2 * j + 2] = halves(payload_digest(payloads[s][:n2]))
-            elif roles[s][0] == self.rank:
-                compute(s, scratch)
-                mine[2 * j : 2 * j + 2] = halves(payload_digest(scratch[:n2]))
-
     def contribute(
         self, step: int, payloads: dict, compute, scratch: np.ndarray, out: np.ndarray, *, words: int
     ) -> None:
@@ -300,17 +288,19 @@ class SlotAudit:
         of its own payloads, zero in the others) the owner's digests, the auditor's digests
         negated, zeros elsewhere: summed by the combine, word pair j is 0 exactly when slot j's
         two digests agree (halves are integers below 2^32, and each word has at most two
-        non-zero terms, so the sum is exact in any order). Zeros between rounds."""
+        non-zero terms, so the sum is exact in any order). Zeros between rounds. This rank's
+        digests are kept (`_mine`) for the referees' round, should the combined words differ."""
+        mine = self._mine
+        mine[:] = 0.0
         out[:] = 0.0
-        roles = self.schedule.round(step)
-        if not roles:
-            return
-        self._digest_round(roles, payloads, compute, scratch, words)
-        for j, s in enumerate(roles):
+        for j, (s, (auditor, _)) in enumerate(self.schedule.round(step).items()):
             if self.owner_of[s] == self.rank:
-                out[2 * j : 2 * j + 2] = self._mine[2 * j : 2 * j + 2]
-            elif roles[s][0] == self.rank:
-                out[2 * j : 2 * j + 2] = -self._mine[2 * j : 2 * j + 2]
+                mine[2 * j : 2 * j + 2] = halves(payload_digest(payloads[s][:words]))
+                out[2 * j : 2 * j + 2] = mine[2 * j : 2 * j + 2]
+            elif auditor == self.rank:
+                compute(s, scratch)
+                mine[2 * j : 2 * j + 2] = halves(payload_digest(scratch[:words]))
+                out[2 * j : 2 * j + 2] = -mine[2 * j : 2 * j + 2]
 
     def settle(self, step: int, combined: np.ndarray, compute, scratch: np.ndarray, *, words: int) -> None:
         """After the combine, before anything is applied: `combined` is the combine's sum of

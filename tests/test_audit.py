@@ -3,14 +3,18 @@ rotation meets every slot within ceil(S/K) steps, the fault hook flips exactly w
 the exit-98 report says how to resume without the node."""
 
 import math
+import threading
+import types
 
 import numpy as np
 import pytest
 
 from alpha_mpi.checkpoint.locate import rewind_plan
-from alpha_mpi.learning.audit import AuditSchedule, payload_digest, sdc_report
+from alpha_mpi.execution.frames import crc32c
+from alpha_mpi.learning.audit import AuditSchedule, SlotAudit, payload_digest, sdc_report
 from alpha_mpi.learning.audit_recovery import KeptStates, clean_step
 from alpha_mpi.learning.replicas import replicated_digest
+from alpha_mpi.learning.verdicts import halves
 from alpha_mpi.refusals import Refusal
 from alpha_mpi_verify.faults import BitFlip
 
@@ -210,3 +214,143 @@ def test_both_halves_of_the_digest_see_every_single_flipped_bit():
             y.view(np.uint64)[i] ^= np.uint64(1) << np.uint64(b)
             e = payload_digest(y)
             assert (e & 0xFFFFFFFF) != (d & 0xFFFFFFFF) and (e >> 32) != (d >> 32), (i, b)
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 8, 9, 104, 4099])
+def test_the_one_pass_digest_is_the_two_pass_digest(n):
+    """payload_digest reads the buffer once and derives both CRCs by the register's shift over
+    zero bytes; the values are those of reading it straight and from its middle (as
+    replicated_digest, which reads twice, does), at even, odd and empty lengths."""
+    x = np.random.default_rng(n).standard_normal(n)
+    assert payload_digest(x) == replicated_digest([x])
+    m = memoryview(x).cast("B")
+    h = (m.nbytes // 16) * 8
+    assert payload_digest(x) == crc32c(m) | (crc32c(m[:h], crc32c(m[h:])) << 32)
+
+
+# -- the audit's words in the combine: owner +digest, auditor -digest, summed by the tree --------
+
+
+def test_digest_halves_sum_to_zero_exactly_iff_equal_in_any_order():
+    """A digest's halves are integers below 2^32: the owner's added, the auditor's subtracted
+    and any number of zeros sum exactly in binary64 in every order and association, so the
+    combined word is 0 exactly when the two halves agree (a difference of one in the top bit or
+    the bottom bit included)."""
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        d = int(rng.integers(0, 2**63)) | (int(rng.integers(0, 2)) << 63)
+        for other in (d, d ^ 1, d ^ (1 << 31), d ^ (1 << 32), d ^ (1 << 63)):
+            for w in range(2):
+                terms = [halves(d)[w], -halves(other)[w]] + [0.0] * int(rng.integers(0, 6))
+                rng.shuffle(terms)
+                while len(terms) > 1:  # a random association of the shuffled terms
+                    i = int(rng.integers(0, len(terms) - 1))
+                    terms[i : i + 2] = [terms[i] + terms[i + 1]]
+                assert terms[0] == halves(d)[w] - halves(other)[w]
+                assert (terms[0] == 0.0) == (halves(d)[w] == halves(other)[w])
+
+
+class _Round:
+    """p simulated ranks' verdict round, one thread per rank meeting at a barrier (the audit's
+    referee round, in one process); `count` counts the rounds run."""
+
+    def __init__(self, p):
+        self.rows, self.barrier, self.count = [None] * p, threading.Barrier(p, timeout=30), 0
+
+    def endpoint(self, rank):
+        def verdict(words, local, what, timeout=None):
+            self.rows[rank] = np.array(words, dtype=np.uint64)
+            self.barrier.wait()
+            table = np.stack(self.rows)
+            if self.barrier.wait() == 0:
+                self.count += 1
+            return types.SimpleNamespace(words=table, raise_failures=lambda *a: None)
+
+        return types.SimpleNamespace(verdict=verdict)
+
+
+def _comm(p, rank, ep):
+    return types.SimpleNamespace(Get_size=lambda: p, Get_rank=lambda: rank, Get_attr=lambda key: ep)
+
+
+def _audited_step(p, k, slots, step, fault=None):
+    """Every simulated rank's contribute, the words summed as a combine sums them (a shuffled
+    order), then every rank's settle: (the round count, each rank's refusal or None, the audit)."""
+    n = 5
+    owner_of = [s * p // slots for s in range(slots)]
+    rnd = _Round(p)
+    audits = [
+        SlotAudit(_comm(p, r, rnd.endpoint(r)), k, owner_of, timeout=None, contract="c") for r in range(p)
+    ]
+    w = audits[0].words
+
+    def compute(rank):
+        def run(s, out):
+            out[:] = 0.0
+            out[: n + 2] = np.arange(n + 2) * (s + 1) + 0.25
+            if fault is not None and fault[0] == rank:
+                out.view(np.uint64)[fault[1]] ^= np.uint64(1) << np.uint64(fault[2])
+
+        return run
+
+    carried = []
+    for r, a in enumerate(audits):
+        own = {s: np.zeros(n + 3 + w) for s in range(slots) if owner_of[s] == r}
+        for s, buf in own.items():
+            compute(r)(s, buf)
+            buf[n + 2] = 1.0 if r == 0 else 0.0  # a stop word: never digested
+        carrier = own[min(own)]
+        a.contribute(step, own, compute(r), np.zeros(n + 3 + w), carrier[n + 3 :], words=n + 2)
+        carried += [buf[n + 3 :].copy() for buf in own.values()]
+    rng = np.random.default_rng(step)
+    order = rng.permutation(len(carried))
+    combined = np.zeros(w)
+    for i in order:
+        combined += carried[i]
+    got = [None] * p
+
+    def settle(r):
+        try:
+            audits[r].settle(step, combined.copy(), compute(r), np.zeros(n + 3 + w), words=n + 2)
+        except Refusal as e:
+            got[r] = e
+
+    threads = [threading.Thread(target=settle, args=(r,)) for r in range(p)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return rnd.count, got, audits[0]
+
+
+@pytest.mark.parametrize("p,k,slots", [(2, 1, 8), (3, 1, 6), (4, 2, 8), (5, 5, 5)])
+def test_a_healthy_audited_step_runs_no_round_of_its_own(p, k, slots):
+    for step in range(2 * p):
+        count, got, audit = _audited_step(p, k, slots, step)
+        assert count == 0 and got == [None] * p, (step, got)
+        assert audit.checked == len(audit.schedule.audited(step))
+
+
+@pytest.mark.parametrize("p,k,slots", [(2, 1, 8), (3, 1, 6), (4, 2, 8), (5, 5, 5)])
+@pytest.mark.parametrize("element,bit", [(0, 0), (3, 63), (6, 31)])
+def test_a_flipped_bit_makes_the_combined_words_nonzero_and_every_rank_names_the_rank(
+    p, k, slots, element, bit
+):
+    """One rank's computations carry a flipped bit (its own slots and those it recomputes): at
+    a round where it owns or audits a slot, every rank runs the referees' round once and raises
+    `sdc-detected` naming that rank (p >= 3) or both (p = 2); a flip in the stop word is not
+    digested, so nothing is refused."""
+    bad = p - 1
+    count, got, audit = _audited_step(p, k, slots, 0, fault=(bad, element, bit))
+    roles = audit.schedule.round(0)
+    touched = any(audit.owner_of[s] == bad or a == bad for s, (a, _) in roles.items())
+    if not touched:
+        assert count == 0 and got == [None] * p
+        return
+    assert count == 1 and all(e is not None and e.code == "sdc-detected" for e in got), got
+    want = {bad} if p >= 3 else {0, 1}
+    assert all(set(e.context["ranks"]) >= want for e in got), [e.context["ranks"] for e in got]
+    if p >= 3:
+        assert all(e.context["ranks"] == (bad,) for e in got), [e.context["ranks"] for e in got]
+    count, got, _ = _audited_step(p, k, slots, 0, fault=(bad, 7, bit))  # the stop word (n + 2)
+    assert count == 0 and got == [None] * p

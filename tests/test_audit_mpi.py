@@ -76,6 +76,36 @@ def test_auditing_never_changes_the_bits(world, mode):
             )
 
 
+class _NoRound:
+    """A WordTable stand-in that refuses to run: a healthy audited step must not need one."""
+
+    def run(self, *args, **kwargs):
+        raise AssertionError("a healthy audited step ran a verdict round of its own")
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("mode", ["none", "state", "grads", "params"])
+def test_a_healthy_audited_step_carries_its_digests_in_the_combine(world, mode):
+    """The audit's digests travel in the step's combine (two words per audited slot): the healthy
+    steps run no verdict round on the communicator (its referees' table taken away too), and a
+    healthy audited run still passes every audit and keeps the bits and
+    the contract of the unaudited run."""
+    from alpha_mpi.execution import Endpoint
+
+    plain = learner(world, mode, 0)
+    train(plain, 5)
+    lr = learner(world, mode, 1)
+    lr.audit._referee = _NoRound()
+    rounds = Endpoint.existing(world).rounds
+    refusals = train(lr, 5, retry=False)
+    agree(world, Endpoint.existing(world).rounds == rounds, "the healthy steps ran verdict rounds")
+    want_checked = sum(len(lr.audit.schedule.audited(t)) for t in range(5))
+    agree(world, not refusals and lr.audit.checked == want_checked > 0, f"{refusals} {lr.audit.checked}")
+    agree(world, digest(lr.final_params()) == digest(plain.final_params()), f"{mode}: audited bits differ")
+    same = lr.contract.digest == plain.contract.digest and lr.layout_order_id == plain.layout_order_id
+    agree(world, same, f"{mode}: the audit's words changed the contract")
+
+
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("mode", ["none", "state", "grads", "params"])
 @pytest.mark.parametrize("element,bit", [(0, 0), (60, 63), ("loss", 0)])

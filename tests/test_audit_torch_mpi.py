@@ -50,6 +50,33 @@ def test_torch_auditing_keeps_the_bits(world):
 
 
 @pytest.mark.mpi(min_size=2)
+def test_torch_audit_words_ride_in_the_combine(world):
+    """A healthy audited run runs no verdict round on the communicator (its referees' table
+    taken away too) and keeps the unaudited bits; every audit passed."""
+    from mpi4py import MPI
+
+    from alpha_mpi.execution import Endpoint
+
+    class NoRound:
+        def run(self, *args, **kwargs):
+            raise AssertionError("a healthy audited step ran a verdict round of its own")
+
+    want, *_ = run(MPI.COMM_SELF, 8)
+    audits, rounds = [], []
+
+    def edit(dp):
+        dp.audit._referee = NoRound()
+        audits.append(dp.audit)
+        rounds.append(Endpoint.existing(world).rounds)
+
+    d, e, _, _ = run(world, 8, k=1, edit=edit)  # from step 2 on: a round at a step m = p (<= 6)
+    checked = sum(len(audits[0].schedule.audited(t)) for t in range(2, 8))
+    agree(world, e is None and d == want, f"{e}")
+    agree(world, Endpoint.existing(world).rounds == rounds[0], "the healthy steps ran verdict rounds")
+    agree(world, audits[0].checked >= checked > 0, f"{audits[0].checked} audits passed")
+
+
+@pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("element,bit", [(0, 0), (40, 62)])
 def test_torch_flipped_bit_caught_before_grad_and_named(world, element, bit):
     size = world.Get_size()

@@ -17,7 +17,6 @@ from alpha_mpi.torch.step_agreement import (  # noqa: E402
     StepFacts,
     _device_checksum,
     check_combined,
-    check_table,
     content_digest,
 )
 
@@ -79,15 +78,6 @@ def test_the_largest_values_at_many_slots_stay_exact():
     got = combined([top] * (slots - 1) + [facts(batch_digest=0xFFFFFFFE)])
     with pytest.raises(Refusal):
         check_combined(got, slots, top)
-
-
-def test_the_audit_table_names_the_ranks_that_differ_from_rank_0():
-    rows = np.array([facts(seed=1).values, facts(seed=1).values, facts(seed=1, training=5).values], float)
-    with pytest.raises(Refusal) as e:
-        check_table(rows, facts(seed=1))
-    assert e.value.code == "step-mismatch" and e.value.context["field"] == "training"
-    assert "ranks [2]" in e.value.message
-    check_table(rows[:2], facts(seed=1))
 
 
 def test_content_digests_see_contents_shapes_types_and_keys():

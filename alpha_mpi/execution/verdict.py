@@ -1,7 +1,7 @@
 """The verdict round: every rank learns every rank's word, by point-to-point only (layer 4).
 
 Whenever the ranks must come to the same decision — an executor's build, a learner's start, a
-checkpoint vote, an audit's digest table, the flag round after a checked run — each rank says
+checkpoint vote, an audit's referees after a mismatch, the flag round after a checked run — each rank says
 one fixed-size record and every rank receives every rank's record, so every rank decides from
 the same facts and raises the same error (as torch DCP's `_DistWrapper` gathers each rank's
 result so that every rank fails alike). Nothing is merged on the way: what each rank said

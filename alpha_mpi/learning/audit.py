@@ -2,8 +2,8 @@
 
 A slot's payload (Σ gradients, Σ samples, Σ loss) is a pure function of (params, data, slot
 seed), so it has the same bits on whichever rank computes it. K slots per step, on average, are
-computed a second time by another rank, and the digests of the two payloads are compared BEFORE
-the gradient combine, so a mismatch applies nothing. Which slots, which rank recomputes each and
+computed a second time by another rank, and the digests of the two payloads are compared in the
+step's combine, BEFORE the optimizer applies anything, so a mismatch applies nothing. Which slots, which rank recomputes each and
 at which steps is `AuditSchedule`, a pure function of (step, K, the owners, p):
 
     rounds          every m = ceil(p / K) steps (every step when K >= p), at steps t with t mod m = 0,
@@ -21,13 +21,23 @@ at which steps is `AuditSchedule`, a pure function of (step, K, the owners, p):
                     recomputes s only after a mismatch, to say which of the two was wrong; with
                     p = 2 there is no third rank and both are named
 
-Exchange (the communicator's verdict round, no collective: learning/verdicts.py WordTable):
-p rows of 2A words in a round; rank r's row holds, at word pair j, the digest of audited slot j
-as r computed it (the two 32-bit halves of a 64-bit digest, each an exact float64; zeros where r
-did not compute it). Every rank reads the same table, so every rank decides alike. After a mismatch a second round (p rows of
-2A + 16 words) carries the referees' digests and each rank's host name, and every rank raises
-`sdc-detected` naming the faulty rank(s) and host(s). Nothing else is changed: a healthy run has
-the bits of a run without auditing.
+Exchange: the step's own combine, no round of the audit's own. A slot payload has 2A more words
+after its stop word (`audit_words`): at word pair j each rank's first payload carries the digest
+of audited slot j as it computed it, its two 32-bit halves (each an exact float64) added where
+the rank owns slot j and subtracted where it audits it, zeros elsewhere (`SlotAudit.contribute`).
+The halves are integers below 2^32 and each word has at most two non-zero terms, so the combine's
+tree sums them exactly in any order and association: the combined pair j is 0 exactly when the
+owner's and the auditor's digests agree. Every rank reads the same combined words (in `grads` and
+`params`, where a rank receives only its chunk of the payload, they come with the mass, loss and
+stop words, learning/partition.py) and decides alike, after the combine and before the
+optimizer applies anything (`SlotAudit.settle`). After a mismatch, and only then, one verdict
+round (p rows of 2A + 16 words, learning/verdicts.py WordTable) carries each rank's digests again
+(the combine carried only differences), the referees' and each rank's host name, and every rank
+raises `sdc-detected` naming the faulty rank(s) and host(s). Nothing else is changed: the words
+are payload words of their own, each coordinate is combined by the same tree, so a healthy run
+has the bits of a run without auditing; the learners' contracts name the payload without them.
+The combine's finiteness check comes first: a fault that makes a payload non-finite is refused
+as `non-finite-*` / `peer-refused` (nothing applied) and names no rank.
 
 Compute identities before bits: a slot has the same bits on every rank only where the ranks
 compute alike. Ranks of different compute identities train together only under a contract that
@@ -41,14 +51,17 @@ After a detection the steps before may hold a fault's unaudited work unless ever
 audited every step: `clean_step` (learning/audit_recovery.py) says which state is known clean.
 
 Digest: `payload_digest`, two CRC32Cs (the kernel's, over the buffer without a copy: straight and
-read from its middle) of the payload's words except the stop word (which only the owner sets).
-CRC32C always detects one flipped bit or a burst of up to 32; it runs at memory speed here, which
+read from its middle, both from one pass) of the payload's words before the stop word (which
+only the owner sets; the audit's words and, in torch, the agreement words follow it). CRC32C
+always detects one flipped bit or a burst of up to 32; it runs at memory speed here, which
 matters because every audited slot is digested twice per round.
 """
 
 from __future__ import annotations
 
+import functools
 import socket
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -65,6 +78,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SlotAudit",
+    "audit_words",
+    "slot_owners",
     "check_audit_slots",
     "check_options",
     "FaultHook",
@@ -90,16 +105,41 @@ _HOST_WORDS = 16  # 64 bytes of host name, 4 bytes per word
 
 def payload_digest(words: np.ndarray) -> int:
     """A 64-bit digest of a float64 array's bits: in the low half the CRC32C of the buffer, in
-    the high half the CRC32C of the buffer read from its middle (second half, then first), over
-    the buffer without a copy. CRC32C always detects a single flipped bit and any burst of up
-    to 32 bits, which is the fault a mercurial core makes; the rotated read makes another
-    error polynomial, so other changes escape both halves together only by chance. The
-    kernel's CRC32C (the CPU's instruction on x86-64 and AArch64, a table elsewhere, the same
-    value) is ~10x faster than zlib's CRC-32 and Adler-32 together, which matters because the
-    audit's digests are most of its cost beyond the recomputation."""
+    the high half the CRC32C of the buffer read from its middle (second half, then first). CRC32C
+    always detects a single flipped bit and any burst of up to 32 bits, which is the fault a
+    mercurial core makes; the rotated read makes another error polynomial, so other changes
+    escape both halves together only by chance. The kernel's CRC32C (the CPU's instruction on
+    x86-64 and AArch64, a table elsewhere, the same value) is ~10x faster than zlib's CRC-32 and
+    Adler-32 together, which matters because the audit's digests are most of its cost beyond the
+    recomputation.
+
+    One pass over the buffer, not two: the kernel reads each half once (A, then B, each from a
+    zero register), and both digests follow from the two values because a CRC is linear in its
+    register: crc(A || B) = crc(B) ^ shift_|B|(crc(A)) and crc(B || A) = crc(A) ^ shift_|A|(crc(B)),
+    where shift_L is the register's advance over L zero bytes (`_shift`, tables made once per length).
+    The values are those of reading the buffer twice (tests/test_audit.py holds them equal)."""
     m = memoryview(np.ascontiguousarray(words)).cast("B")
     h = (m.nbytes // 16) * 8  # the middle, on a word boundary
-    return crc32c(m) | (crc32c(m[:h], crc32c(m[h:])) << 32)
+    ca, cb = crc32c(m[:h]), crc32c(m[h:])
+    straight = cb ^ _shift(m.nbytes - h)(ca)
+    rotated = ca ^ _shift(h)(cb)
+    return straight | (rotated << 32)
+
+
+@functools.lru_cache(maxsize=64)  # a learner digests one payload length over and over
+def _shift(length: int) -> Callable[[int], int]:
+    """The CRC32C register's advance over `length` zero bytes: a linear map on 32 bits, applied
+    by four byte tables. Built from the kernel itself: crc(c, d) ^ crc(0, d) is the advance of c
+    over len(d) bytes, so the 32 basis images cost 33 kernel passes over zeros, once per length."""
+    zeros = bytes(length)
+    base = crc32c(zeros)
+    image = [crc32c(zeros, 1 << i) ^ base for i in range(32)]
+    t0, t1, t2, t3 = tables = [[0] * 256 for _ in range(4)]
+    for k, t in enumerate(tables):
+        for b in range(1, 256):
+            low = b & -b
+            t[b] = t[b ^ low] ^ image[8 * k + low.bit_length() - 1]
+    return lambda c: t0[c & 0xFF] ^ t1[(c >> 8) & 0xFF] ^ t2[(c >> 16) & 0xFF] ^ t3[c >> 24]
 
 
 class AuditSchedule:
@@ -187,12 +227,26 @@ def check_options(options: tuple[int, int, str], slots: int, size: int) -> None:
         check_audit_digests(audit_digests, partition)
 
 
-class SlotAudit:
-    """The audit of one learner: rotation, roles, the two exchanges and the verdict.
+def slot_owners(plan, size: int) -> list[int]:
+    """`owner_of`: the rank of each slot of a combine `plan` over `size` ranks."""
+    owner_of = {s: r for r in range(size) for s in plan.slots_of(r)}
+    return [owner_of[s] for s in range(len(owner_of))]
 
-    Build it on every rank (making it is local; its two tables are verdict rounds). `owner_of[s]` is the rank of
-    slot s; `compute(s, out)` fills `out` (n+3 words) with slot s's payload as this rank computes
-    it at the current step (the learner's own function, fault hook included).
+
+def audit_words(k: int, owner_of: list[int], size: int) -> int:
+    """The words a step's combine carries for the audit (2 per slot of a round; 0 without it):
+    what a learner sizes its payload by before its SlotAudit exists (pure)."""
+    return 2 * AuditSchedule(k, owner_of, size).per_round if k else 0
+
+
+class SlotAudit:
+    """The audit of one learner: rotation, roles, the digests and the verdict.
+
+    Build it on every rank (making it is local; its referees' table is a verdict round, run only
+    after a mismatch). `owner_of[s]` is the rank of slot s. A step uses it in two halves around
+    its combine (the module docstring's Exchange): `contribute` before (this rank's digests, and
+    the signed words its payload carries), `settle` after, on the combined words, before
+    anything is applied.
     """
 
     def __init__(
@@ -203,7 +257,6 @@ class SlotAudit:
         *,
         timeout: float | None,
         contract: str,
-        agree_words: int = 0,
         compute: ComputeCheck | None = None,
     ) -> None:
         self.size, self.rank = comm.Get_size(), comm.Get_rank()
@@ -214,15 +267,11 @@ class SlotAudit:
         self.compute = compute  # which ranks compute alike (None: all do)
         self.window = self.schedule.met_within()  # W: every slot is audited in any W steps
         self.host = socket.gethostname()
-        w = 2 * self.schedule.per_round
-        self.agree_words = agree_words
-        self._table = WordTable(
-            comm, w + agree_words, timeout=timeout, contract=contract, what="auditing slots"
-        )
+        self.words = w = 2 * self.schedule.per_round  # what the combine carries (audit_words)
         self._referee = WordTable(
             comm, w + _HOST_WORDS, timeout=timeout, contract=contract, what="refereeing audited slots"
         )
-        self._mine = np.zeros(w + agree_words)
+        self._mine = np.zeros(w)  # this rank's digests of the round's slots (owner or auditor)
         self._mine_ref = np.zeros(w + _HOST_WORDS)
         self.checked = 0  # slot audits that passed (for reports)
 
@@ -230,64 +279,44 @@ class SlotAudit:
         """Slots other than its own whose data this rank may need at `step` (as auditor or referee)."""
         return [s for s, roles in self.schedule.round(step).items() if self.rank in roles]
 
-    def check(
-        self,
-        step: int,
-        payloads: dict,
-        compute,
-        scratch: np.ndarray,
-        refused=None,
-        *,
-        words: int | None = None,
-        agree=None,
+    def contribute(
+        self, step: int, payloads: dict, compute, scratch: np.ndarray, out: np.ndarray, *, words: int
     ) -> None:
-        """Compare the audited slots' digests at `step`; raise `sdc-detected` on every rank on a
-        mismatch (before anything is combined or applied). `payloads`: this rank's own slots'
-        payloads, already computed; `compute(s, out)` recomputes a slot into `out`. `refused`:
-        this rank's refusal of its own slots (their payloads are not read): it travels in the
-        digest round, so it is raised here and every other rank raises `peer-refused`. Between
-        audit rounds there is no digest round: it returns, and the refusal travels in the
-        combine as it does without an audit.
-        `words`: the payload words digested (default all but the last, the stop word).
-        `agree`: (this rank's `agree_words` words, judge): what the ranks must have alike (a
-        torch step's settings, alpha_mpi.torch.step_agreement) travels in the same round and
-        `judge(table)` (p x agree_words) may refuse it by name before any digest is compared,
-        so a rank that differs by its settings is never called a faulty host (between audit
-        rounds the same words are judged in the combine)."""
+        """Before the combine: digest this rank's audited slots (`payloads`: its own, computed;
+        `compute(s, out)` recomputes slot s into `scratch`; `words`: the payload words digested,
+        the stop word and what follows excluded) and write into `out` (`self.words` words of one
+        of its own payloads, zero in the others) the owner's digests, the auditor's digests
+        negated, zeros elsewhere: summed by the combine, word pair j is 0 exactly when slot j's
+        two digests agree (halves are integers below 2^32, and each word has at most two
+        non-zero terms, so the sum is exact in any order). Zeros between rounds. This rank's
+        digests are kept (`_mine`) for the referees' round, should the combined words differ."""
+        mine = self._mine
+        mine[:] = 0.0
+        out[:] = 0.0
+        for j, (s, (auditor, _)) in enumerate(self.schedule.round(step).items()):
+            if self.owner_of[s] == self.rank:
+                mine[2 * j : 2 * j + 2] = halves(payload_digest(payloads[s][:words]))
+                out[2 * j : 2 * j + 2] = mine[2 * j : 2 * j + 2]
+            elif auditor == self.rank:
+                compute(s, scratch)
+                mine[2 * j : 2 * j + 2] = halves(payload_digest(scratch[:words]))
+                out[2 * j : 2 * j + 2] = -mine[2 * j : 2 * j + 2]
+
+    def settle(self, step: int, combined: np.ndarray, compute, scratch: np.ndarray, *, words: int) -> None:
+        """After the combine, before anything is applied: `combined` is the combine's sum of
+        every rank's `contribute` words, the same on every rank, so every rank decides alike.
+        All zero: the round passed. Else every rank raises `compute-mismatch` or, after the
+        referees' round, `sdc-detected` (naming the rank(s) and host(s)); nothing was applied.
+        `compute` and `words` as for `contribute` (a referee recomputes)."""
         roles = self.schedule.round(step)
         if not roles:
             return
-        audited = list(roles)
-        mine = self._mine
-        n2 = len(scratch) - 1 if words is None else words
-        mine[:] = 0.0
-        if refused is not None:
-            self._table.run(mine, refused=refused)
-            raise refused  # not reached: the run raises it (kept for the reader and the type)
-        w = 2 * self.schedule.per_round
-        if agree is not None:
-            mine[w:] = agree[0]
-        for j, s in enumerate(audited):
-            if self.owner_of[s] == self.rank:
-                mine[2 * j : 2 * j + 2] = halves(payload_digest(payloads[s][:n2]))
-            elif roles[s][0] == self.rank:
-                compute(s, scratch)
-                mine[2 * j : 2 * j + 2] = halves(payload_digest(scratch[:n2]))
-        table = self._table.run(mine)
-        if agree is not None:
-            agree[1](table[:, w:])
-        bad = [
-            j
-            for j, s in enumerate(audited)
-            if not np.array_equal(
-                table[self.owner_of[s], 2 * j : 2 * j + 2], table[roles[s][0], 2 * j : 2 * j + 2]
-            )
-        ]
+        bad = [j for j in range(len(roles)) if combined[2 * j] != 0.0 or combined[2 * j + 1] != 0.0]
         if not bad:
-            self.checked += len(audited)
+            self.checked += len(roles)
             return
         self._environment(step, roles, bad)
-        self._refuse(step, roles, bad, table, compute, scratch, n2)
+        self._refuse(step, roles, bad, compute, scratch, words)
 
     def _alike(self, a: int, b: int) -> bool:
         return self.compute is None or self.compute.ranks.same(a, b)
@@ -308,11 +337,14 @@ class SlotAudit:
                 slots=(s,),
             )
 
-    def _refuse(self, step, roles, bad, table, compute, scratch, n2) -> None:
+    def _refuse(self, step, roles, bad, compute, scratch, n2) -> None:
+        """The referees' round (every rank, after a mismatch): each rank's row again (the owners'
+        and auditors' digests, which the combine carried only as differences), the referees'
+        recomputations of the slots that differ, and each rank's host name; then `sdc-detected`."""
         audited = list(roles)
-        w = 2 * self.schedule.per_round
+        w = self.words
         mine = self._mine_ref
-        mine[:] = 0.0
+        mine[:w] = self._mine
         mine[w:] = _host_words(self.host)
         for j in bad:
             s = audited[j]
@@ -326,8 +358,15 @@ class SlotAudit:
         for j in bad:
             s = audited[j]
             o, (a, r) = self.owner_of[s], roles[s]
-            od, ad = table[o, 2 * j : 2 * j + 2], table[a, 2 * j : 2 * j + 2]
-            if r is None:
+            od, ad = ref[o, 2 * j : 2 * j + 2], ref[a, 2 * j : 2 * j + 2]
+            if np.array_equal(od, ad):
+                named = [o, a]
+                notes.append(
+                    f"slot {s}: owner rank {o} and auditor rank {a} report the same digest, but their "
+                    "difference did not combine to zero (the audit's own words changed on the way), "
+                    "so both are named"
+                )
+            elif r is None:
                 named = [o, a]
                 notes.append(
                     f"slot {s}: owner rank {o} and auditor rank {a} disagree; with 2 ranks no third rank "
@@ -440,25 +479,22 @@ def build_checks(
     *,
     timeout,
     contract: str,
-    agree_words: int = 0,
     compute: ComputeCheck | None = None,
 ) -> tuple[SlotAudit | None, object | None]:
     """A learner's (SlotAudit or None, ReplicaDigests or None) from its options (audit_slots,
     audit_digests, partition); collective when either is asked for. `plan`: the learner's
-    combine plan (its `slots_of(rank)` places the slots); `agree_words`: SlotAudit's; `compute`:
-    its ComputeCheck after the first agreement (which ranks compute alike), so neither calls an
-    environment difference a fault."""
+    combine plan (its `slots_of(rank)` places the slots); `compute`: its ComputeCheck after the
+    first agreement (which ranks compute alike), so neither calls an environment difference a
+    fault."""
     audit_slots, audit_digests, partition = options
     audit = replicas = None
     if audit_slots:
-        owner_of = {s: r for r in range(comm.Get_size()) for s in plan.slots_of(r)}
         audit = SlotAudit(
             comm,
             audit_slots,
-            [owner_of[s] for s in range(len(owner_of))],
+            slot_owners(plan, comm.Get_size()),
             timeout=timeout,
             contract=contract,
-            agree_words=agree_words,
             compute=compute,
         )
     if audit_digests:

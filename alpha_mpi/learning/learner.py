@@ -37,7 +37,7 @@ from ..model import Layout, ReplicateAll, build
 from ..model.deprecation import deprecated_order_id
 from ..planning import plan
 from ..refusals import KernelRefusal, Refusal
-from .audit import build_checks, check_options
+from .audit import audit_words, build_checks, check_options, slot_owners
 from .learner_checkpoint import LearnerCheckpoint
 from .optim import make_optimizer
 from .partition import MODES, Coordinates, partition_mode
@@ -55,9 +55,12 @@ if TYPE_CHECKING:
 __all__ = ["DataParallelLearner", "MODES"]
 
 
-def _weighted(n: int) -> Layout:
-    """Each slot's payload: Σ gradients, Σ samples, Σ loss, and a stop request word."""
-    return Layout(("numerator", n), ("mass", 1), ("loss", 1), ("stop", 1))
+def _weighted(n: int, audit: int = 0) -> Layout:
+    """Each slot's payload: Σ gradients, Σ samples, Σ loss, a stop request word, and (`audit`
+    > 0) the audit's words (alpha_mpi.learning.audit: a digest difference per audited slot)."""
+    return Layout(
+        ("numerator", n), ("mass", 1), ("loss", 1), ("stop", 1), *([("audit", audit)] if audit else [])
+    )
 
 
 class DataParallelLearner:
@@ -183,12 +186,23 @@ class DataParallelLearner:
             # formula, and the compute identity (or the machine-independence declaration).
             self.contract = contract_for_plan(self.full_plan, optimizer=optimizer, compute=self.compute.spec)
             cd = self.contract.digest
-            self.payloads = {s: np.zeros(n + 3) for s in self.my_slots}
+            check_options((audit_slots, audit_digests, mode.name), slots, self.size)
+            # With audit_slots the combine carries the audit's words after the stop word (its
+            # digests' differences, audit.py): the same tree over a longer payload, so every
+            # coordinate keeps its bits; the contract names the payload without them, so an
+            # audited run and an unaudited one are one contract (checkpoints move between them).
+            words = audit_words(audit_slots, slot_owners(self.full_plan, self.size), self.size)
+            self._audit_at = n + 3
+            combine_plan = (
+                plan(self.tree, ReplicateAll(), _weighted(n, words), size=self.size)
+                if words
+                else self.full_plan
+            )
+            self.payloads = {s: np.zeros(n + 3 + words) for s in self.my_slots}
             # Coordinate ranges of the partitioned modes (every mode writes its own range of a
             # checkpoint): the reduce-scatter chunks of the payload, clipped to the n parameters.
-            coords = Coordinates.of(self.full_plan, n, self.rank)
+            coords = Coordinates.of(combine_plan, n, self.rank)
             self.ranges, self.own = coords.ranges, coords.own
-            check_options((audit_slots, audit_digests, mode.name), slots, self.size)
         except Exception as e:  # it travels to every rank, then is re-raised here
             local = e
         # Collective: every rank computes alike (or declares it need not) and holds the same start,
@@ -206,7 +220,7 @@ class DataParallelLearner:
         )
         # What this rank holds and how the step combines, updates and gathers it (collective:
         # the holder builds its executors).
-        self.holder = mode.build(comm, self.full_plan, coords, full, timeout=timeout, contract=cd)
+        self.holder = mode.build(comm, combine_plan, coords, full, timeout=timeout, contract=cd)
         lo, hi = self.holder.state_range
         self.opt = make_optimizer(optimizer, hi - lo, lr=lr, momentum=momentum)
         self.checkpoint_view = LearnerCheckpoint(self.holder, self.opt, optimizer, n, self.own)
@@ -218,7 +232,7 @@ class DataParallelLearner:
         self.audit, self.replicas = build_checks(
             comm, self.full_plan, opts, timeout=timeout, contract=cd, compute=self.compute
         )
-        self._audit_buf = np.zeros(n + 3) if self.audit is not None else None
+        self._audit_buf = np.zeros(n + 3 + words) if self.audit is not None else None
         self.realization = self.holder.gradient.realization
 
     # ------------------------------------------------------------------------------------------
@@ -251,8 +265,21 @@ class DataParallelLearner:
         extra = {"rng": slot_generator(self.seed, self.step, s)} if self.takes_rng else {}
         buf[n + 1] = self.model.loss_and_grad_sum(self._params_now, X, y, buf[:n], **extra)
         buf[n] = float(len(y))
-        if self.fault_hook is not None:
-            self.fault_hook(self.rank, self.step, s, buf)
+        if self.fault_hook is not None:  # the slot's words, not the audit's after them
+            self.fault_hook(self.rank, self.step, s, buf[: n + 3])
+
+    def _settle(self, recompute) -> None:
+        """The audit's verdict on the combined words, on every rank alike. After a mismatch the
+        referees recompute from the step's parameters (assembled again in `params` mode: every
+        rank is here, since every rank read the same words)."""
+        words = self.holder.gradient.extra
+        if words.any():
+            self._params_now = self.holder.full_params()
+        try:
+            self.audit.settle(self.step, words, recompute, self._audit_buf, words=self.n + 2)
+        finally:
+            self._params_now = None
+            self.holder.forward_done()
 
     def train_step(
         self, batch: Mapping[int, tuple[np.ndarray, np.ndarray]], stop: bool = False
@@ -289,9 +316,14 @@ class DataParallelLearner:
             self._compute_slot(s, batch[s], buf)
             buf[n + 2] = 1.0 if (stop and first) else 0.0
             first = False
-        if self.audit is not None:  # before the combine: a mismatch applies nothing, on every rank
-            self.audit.check(
-                self.step, self.payloads, lambda s, out: self._compute_slot(s, batch[s], out), self._audit_buf
+
+        def recompute(s: int, out: np.ndarray) -> None:  # what the audit's auditors and referees run
+            self._compute_slot(s, batch[s], out)
+
+        if self.audit is not None:  # this rank's digests, carried by the combine (audit.py)
+            carrier = self.payloads[self.my_slots[0]]  # the words ride in its first slot's payload
+            self.audit.contribute(
+                self.step, self.payloads, recompute, self._audit_buf, carrier[self._audit_at :], words=n + 2
             )
         self._params_now = None
         held.forward_done()
@@ -304,6 +336,8 @@ class DataParallelLearner:
                 raise
             failure = e
         t2 = time.perf_counter()
+        if self.audit is not None and failure is None:  # before the update: a mismatch applies nothing
+            self._settle(recompute)
         if failure is None:
             g = num / mass  # normalised once, after the combine
             try:

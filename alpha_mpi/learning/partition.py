@@ -98,14 +98,16 @@ class Coordinates:
 class WholeGradient:
     """The whole payload combined to every rank (`none`, `state`); the realization (tree or
     scatter) is chosen by size. `run` answers the numerator over `used` (the coordinates this
-    rank updates: all of them, or its own range) and the mass, loss and stop words."""
+    rank updates: all of them, or its own range) and the mass, loss and stop words; `extra`,
+    the combined words after stop (the audit's, where it runs: alpha_mpi.learning.audit)."""
 
     def __init__(
         self, comm: MPI.Comm, combine_plan: Plan, n: int, used: Range, *, timeout: float | None, contract: str
     ) -> None:
         self.n, self.used = n, used
         self.reducer = Allreducer(comm, combine_plan, timeout=timeout, contract=contract)
-        self.reduced = np.empty(n + 3)
+        self.reduced = np.empty(combine_plan.layout.total)
+        self.extra = self.reduced[n + 3 :]
         self.realization = self.reducer.realization
 
     def run(self, payloads: Mapping[int, np.ndarray]) -> tuple[np.ndarray, float, float, float]:
@@ -116,9 +118,10 @@ class WholeGradient:
 
 class ScatteredGradient:
     """Reduced gradients exist only at their owner (`grads`, `params`): the reduce-scatter
-    realization of the same tree without its gather, then the three scalar words (mass, loss,
-    stop) from the rank whose chunk holds them to all: one rank holds each word and the others
-    add zeros (exact), so any tree gives these bits."""
+    realization of the same tree without its gather, then the words after the numerator (mass,
+    loss, stop, and the audit's where it runs: `extra` after `run`) from the rank whose chunk
+    holds them to all: one rank holds each word and the others add zeros (exact), so any tree
+    gives these bits."""
 
     def __init__(
         self, comm: MPI.Comm, combine_plan: Plan, coords: Coordinates, *, timeout: float | None, contract: str
@@ -135,22 +138,26 @@ class ScatteredGradient:
         lo, hi = coords.chunk
         self.reduced = np.empty(hi - lo)
         size = coords.size
+        self.tail = combine_plan.layout.total - self.n  # mass, loss, stop, then the audit's words
         self.scalars = Allreducer(
             comm,
-            plan(pairwise(range(size), size), ReplicateAll(), 3, size=size),
+            plan(pairwise(range(size), size), ReplicateAll(), self.tail, size=size),
             timeout=timeout,
             contract=contract,
         )
+        self.extra = np.zeros(self.tail - 3)
         self.realization = self.reducer.realization + " (reduce-scatter)"
 
     def run(self, payloads: Mapping[int, np.ndarray]) -> tuple[np.ndarray, float, float, float]:
         n = self.n
         lo, hi, chunk = self.reducer.reduce_scatter_run(payloads, out=self.reduced)
-        words = np.zeros(3)
-        for i in (n, n + 1, n + 2):  # mass, loss, stop: wherever the chunking put them
+        words = np.zeros(self.tail)
+        for i in range(n, n + self.tail):  # mass, loss, stop, ...: wherever the chunking put them
             if lo <= i < hi:
                 words[i - n] = chunk[i - lo]
-        mass, loss, stops = self.scalars.run({self.rank: words})
+        tail = self.scalars.run({self.rank: words})
+        mass, loss, stops = tail[:3]
+        self.extra = tail[3:]
         return chunk[: max(0, min(hi, n) - lo)], mass, loss, stops
 
 

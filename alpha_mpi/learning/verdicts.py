@@ -1,6 +1,6 @@
 """A few words from every rank to every rank: the communicator's verdict round (layer 5).
 
-The audit's digest tables, the referees' verdicts, the replica digests and the replay's first
+The audit's referees' verdicts (after a mismatch), the replica digests and the replay's first
 difference all have one shape: rank r contributes W float64 words (row r of a p x W table) and
 every rank receives the whole table, so every rank decides from the same facts. That is the
 endpoint's verdict round (alpha_mpi.execution.Endpoint.verdict): point to point, size-safe and

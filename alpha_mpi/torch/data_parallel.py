@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, TypeVar
 
 from .. import kernel
-from ..learning.audit import build_checks, check_options
+from ..learning.audit import audit_words, build_checks, check_options, slot_owners
 from ..learning.rng import slot_seed
 from ..model import ReplicateAll, build
 from ..model.deprecation import deprecated_order_id
@@ -58,7 +58,7 @@ from .slot_pass import SlotPass
 from .slot_rules import precision
 from .state import ModuleState
 from .step import StepRequest, TrainingStep
-from .step_agreement import FIELDS, MAX_SLOTS, BatchNotes
+from .step_agreement import MAX_SLOTS, BatchNotes
 
 if TYPE_CHECKING:
     import torch
@@ -219,6 +219,15 @@ class DataParallel:
             )
             self.grads = GradientWriter(self.params, list(self.payload.offsets), self.dtype, unused)
             check_options((audit_slots, audit_digests, "state"), slots, self.size)
+            # With audit_slots the combine carries the audit's words after the agreement words
+            # (learning/audit.py): the same tree over a longer payload, every coordinate's bits
+            # as before; the contract names the layout without them (an audited run and an
+            # unaudited one are one contract, and their checkpoints one kind).
+            words = audit_words(audit_slots, slot_owners(self.plan, self.size), self.size)
+            combine_plan = self.plan
+            if words:
+                self.payload = PayloadLayout.of(parts.params, parts.float_buffers, slots, audit=words)
+                combine_plan = plan(self.tree, ReplicateAll(), self.payload.layout, size=self.size)
         except Exception as e:  # it travels to every rank, then is re-raised here
             local = e
         # Every rank must hold the same architecture before any payload sized by it travels, and
@@ -234,7 +243,7 @@ class DataParallel:
         self.combine = StepCombine(
             comm,
             self.tree,
-            self.plan,
+            combine_plan,
             self.payload,
             self.params,
             bucket_mb=bucket_mb,
@@ -269,7 +278,6 @@ class DataParallel:
             (audit_slots, audit_digests, "state"),
             timeout=timeout,
             contract=cd,
-            agree_words=len(FIELDS),
             compute=self.compute,
         )
         self.stepper = TrainingStep(

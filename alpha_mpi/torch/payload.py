@@ -17,6 +17,9 @@ The payload, in order (`layout`: the named components the combine plans over):
     stop        1 where a rank asked to stop (the first owned slot's payload)
     agree       the step's agreement words (alpha_mpi.torch.step_agreement); after stop, so the
                 audit digests the words before it
+    audit       with audit_slots only: the audit's words (alpha_mpi.learning.audit: per audited
+                slot the owner's digest minus the auditor's, two words); absent from the
+                layout the contract names (`of` without `audit`), so auditing is not a contract
 """
 
 from __future__ import annotations
@@ -52,15 +55,16 @@ class PayloadLayout:
     layout: Layout
 
     @classmethod
-    def of(cls, params: list, float_buffers: list, slots: int) -> PayloadLayout:
-        """The layout of `params` (tensors), `float_buffers` ((name, tensor)) and `slots`."""
+    def of(cls, params: list, float_buffers: list, slots: int, audit: int = 0) -> PayloadLayout:
+        """The layout of `params` (tensors), `float_buffers` ((name, tensor)) and `slots`, with
+        `audit` words at its end (alpha_mpi.learning.audit.audit_words; 0: none)."""
         offsets = _ranges([p.numel() for p in params], 0)
         n = offsets[-1][1] if offsets else 0
         buffer_offsets = _ranges([b.numel() for _, b in float_buffers], n)
         nb = (buffer_offsets[-1][1] if buffer_offsets else n) - n
         comps = [("numerator", n)] + ([("buffers", nb)] if nb else [])
         comps += [("used", len(params)), ("sizes", slots), ("mass", 1), ("loss", 1), ("inf", 1), ("stop", 1)]
-        comps += [("agree", WORDS)]
+        comps += [("agree", WORDS)] + ([("audit", audit)] if audit else [])
         return cls(offsets, buffer_offsets, n, nb, slots, Layout(*comps))
 
     # where the words after the buffers lie
@@ -93,6 +97,10 @@ class PayloadLayout:
         return self.mass_at + 4
 
     @property
+    def audit_at(self) -> int:
+        return self.agree_at + WORDS
+
+    @property
     def total(self) -> int:
         return self.layout.total
 
@@ -115,4 +123,8 @@ class PayloadLayout:
 
     def agreement(self, red: np.ndarray) -> np.ndarray:
         """The step's agreement words, summed over the slots (a view)."""
-        return red[self.agree_at :]
+        return red[self.agree_at : self.audit_at]
+
+    def audit(self, red: np.ndarray) -> np.ndarray:
+        """The audit's words, summed over the slots (a view; empty without the audit)."""
+        return red[self.audit_at :]

@@ -136,6 +136,6 @@ class SlotPass:
         buf[lay.sizes_at + s] = float(count)
         buf[lay.mass_at] = loss.mass
         buf[lay.loss_at] = loss.value
-        buf[lay.agree_at :] = call.words
-        if self.fault_hook is not None:
-            self.fault_hook(self.rank, call.step, s, buf)
+        buf[lay.agree_at : lay.audit_at] = call.words
+        if self.fault_hook is not None:  # the slot's words, not the audit's after them
+            self.fault_hook(self.rank, call.step, s, buf[: lay.audit_at])

@@ -16,7 +16,8 @@ Protocol of one `step(X, y, loss_fn)` (every rank calls it, with the same global
    module's mean times its mass in binary64), the buffers in `slot-mean` mode, the sample count,
    the mass and the loss sum, and the words the ranks must agree on (alpha_mpi.torch.step_agreement).
 4. One combine over the slot tree (alpha_mpi.execution.Allreducer; no MPI collective); every rank
-   checks the agreement words and the cut on the combined payload alike; then
+   checks the agreement words, the cut and (audit_slots) the audit's words on the combined
+   payload alike; then
    `g = numerator / mass` once in binary64, then for float32 one `kernel.round_binary64` into each
    parameter's `.grad` (the `RoundBinary64@gradient` site; added to the `.grad` held with
    `accumulate`; None for a parameter no slot used). Every rank holds the same `.grad`.
@@ -35,6 +36,7 @@ and the audit's checks (alpha_mpi.learning.audit).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -54,7 +56,7 @@ from .slot_cut import Given, check_batch, check_cut
 from .slot_pass import SlotCall, SlotPass
 from .slot_rules import Precision, step_rng
 from .state import ModuleState
-from .step_agreement import WORDS, StepFacts, check_combined, check_table, step_facts
+from .step_agreement import WORDS, StepFacts, check_combined, step_facts
 
 if TYPE_CHECKING:
     from ..learning.audit import SlotAudit
@@ -144,7 +146,7 @@ class TrainingStep:
             # The caller's generators are saved and restored once per step, not per slot.
             with step_rng() as devices, self.combine.around_slots():
                 done = self._run_slots(req, accumulate, asked, start, devices)
-                self._audit_slots(done)  # before the combine: a mismatch combines nothing
+                self._audit_slots(done)  # this rank's digests, carried by the combine
             red = self.combine.finish(done.refused)
             loss = self._apply(red, done, accumulate)
         except Exception as e:
@@ -208,30 +210,41 @@ class TrainingStep:
         return done
 
     def _audit_slots(self, done: SlotsDone) -> None:
-        """With audit_slots: the audited slots recomputed here and compared. The settings are
-        compared first: a rank that differs by them is named for that, never as a faulty host
-        (step_agreement.py)."""
-        if self.audit is None:
+        """With audit_slots: the audited slots this rank owns digested, those it audits
+        recomputed and digested, the words written into its first slot's payload for the
+        combine (alpha_mpi.learning.audit). Not when this rank refused its slots: the combine
+        flags that refusal and every rank raises it instead."""
+        if self.audit is None or done.refused is not None:
             return
-        facts = done.facts
-        agree = None if facts is None else (np.array(facts.values, float), lambda t: check_table(t, facts))
-        self.audit.check(
+        carrier = self.combine.payloads[self.my_slots[0]]
+        self.audit.contribute(
             self.state.steps,
             self.combine.payloads,
-            lambda s, out: self.slot_pass.run(s, done.batch[s], done.call, out),
+            self._recompute(done),
             self._audit_buf,
-            done.refused,
+            carrier[self.payload.audit_at :],
             words=self.payload.stop_at,
-            agree=agree,
         )
 
+    def _recompute(self, done: SlotsDone):
+        """What the audit's auditors and referees run: slot s's pass into `out`."""
+        return lambda s, out: self.slot_pass.run(s, done.batch[s], done.call, out)
+
     def _apply(self, red: np.ndarray, done: SlotsDone, accumulate: bool) -> float:
-        """The combined payload's checks (the agreement words, the cut, the mass: combined words
-        only, so every rank gives the same verdict), then `.grad` and the buffers; returns the
+        """The combined payload's checks (the agreement words, the cut, the audit's words, the
+        mass: combined words only, so every rank gives the same verdict), then `.grad` and the buffers; returns the
         global batch's mean loss."""
         lay = self.payload
         check_combined(lay.agreement(red), self.slots, done.facts)
         check_cut(lay.sizes(red), done.length, done.rule)
+        if self.audit is not None:  # after the settings (a rank that differs by them is never
+            # called a faulty host, step_agreement.py), before anything is written; a mismatch's
+            # referees recompute under the step's generators, the caller's restored after
+            words = lay.audit(red)
+            with step_rng() if words.any() else contextlib.nullcontext():
+                self.audit.settle(
+                    self.state.steps, words, self._recompute(done), self._audit_buf, words=lay.stop_at
+                )
         mass = red[lay.mass_at]
         if not mass > 0.0:
             raise Refusal(

@@ -35,9 +35,9 @@ the same value: every rank decides from the same combined words, so every rank r
 names the same field. Cost: 3 words per field, 33 words per slot payload, and nothing else (no
 extra round).
 
-With `audit_slots` the audit compares slot digests before the combine, so the same values also
-travel in the audit's digest table (one word per field and rank) and are compared first: a rank
-that differs by its settings is refused by name, never called a faulty host (`sdc-detected`).
+With `audit_slots` the audit's digest differences travel in the same combine (after these
+words, alpha_mpi.learning.audit) and the step compares these words first: a rank that differs by
+its settings is refused by the field, never called a faulty host (`sdc-detected`).
 
 `BatchNotes`: how a SlotSampler tells the step which global batch a rank's share belongs to. The
 sampler pushes one `BatchNote` per batch it yields (the DataLoader iterates it in the main
@@ -69,7 +69,6 @@ __all__ = [
     "content_digest",
     "step_facts",
     "check_combined",
-    "check_table",
 ]
 
 
@@ -275,11 +274,11 @@ def step_facts(
     return StepFacts(values, shown)
 
 
-def _refuse(k: int, mine: StepFacts, whom: str) -> Refusal:
+def _refuse(k: int, mine: StepFacts) -> Refusal:
     f = FIELDS[k]
     return Refusal(
         f.code,
-        f"the ranks disagree on the step's {f.name} ({f.what}){whom}; this rank: {mine.shown[k]}; "
+        f"the ranks disagree on the step's {f.name} ({f.what}); this rank: {mine.shown[k]}; "
         "nothing was applied",
         field=f.name,
     )
@@ -291,13 +290,4 @@ def check_combined(words: np.ndarray, slots: int, mine: StepFacts) -> None:
     for k in range(len(FIELDS)):
         a, b, q = (int(x) for x in words[3 * k : 3 * k + 3])
         if slots * q != a * a + b * b:
-            raise _refuse(k, mine, "")
-
-
-def check_table(table: np.ndarray, mine: StepFacts) -> None:
-    """Refuse by the first field on which some rank's row of `table` (p x len(FIELDS) values,
-    the audit's exchange) differs from rank 0's, naming those ranks."""
-    for k in range(len(FIELDS)):
-        other = [r for r in range(table.shape[0]) if table[r, k] != table[0, k]]
-        if other:
-            raise _refuse(k, mine, f": ranks {other} differ from rank 0")
+            raise _refuse(k, mine)

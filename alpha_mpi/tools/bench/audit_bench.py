@@ -5,7 +5,8 @@ Every learner is the one `alpha-mpi train` builds (same model, data order and op
 `audit_slots` / `audit_digests` differ, so the bits of all four are the same (checked at the end:
 a difference prints BITS MISMATCH and exits 1). The overhead of each against K = 0 is printed
 with its target: K = 1 of S slots <= 1/S + 3 % of the step (p slots recomputed every p steps,
-one per rank, plus one small digest exchange per round); K = S is dual execution (about 2x
+one per rank, two digests per rank, and the digests' differences carried by the step's own
+combine, no exchange of their own); K = S is dual execution (about 2x
 compute); digests every 10 steps <= 1 %. Needs >= 2 ranks (an auditor is another rank).
 
 The overhead is of the MEAN step time: audit rounds come every m = ceil(p / K) steps, so step

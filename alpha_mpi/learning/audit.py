@@ -3,23 +3,9 @@
 A slot's payload (Σ gradients, Σ samples, Σ loss) is a pure function of (params, data, slot
 seed), so it has the same bits on whichever rank computes it. K slots per step, on average, are
 computed a second time by another rank, and the digests of the two payloads are compared in the
-step's combine, BEFORE the optimizer applies anything, so a mismatch applies nothing. Which slots, which rank recomputes each and
-at which steps is `AuditSchedule`, a pure function of (step, K, the owners, p):
-
-    rounds          every m = ceil(p / K) steps (every step when K >= p), at steps t with t mod m = 0,
-                    A = min(K*m, S) slots are audited together. Why batch: one recomputation per
-                    step lands on one rank and every other rank waits for it at the combine (K = 1
-                    of 8 slots cost +20 % of the step at p = 2, +44 % at p = 4); A slots at once
-                    give each rank about one, so the step costs about 1/S more on average
-    slots           round i audits Q[(i*A + j) mod S], j < A, where Q interleaves the owners' slots
-                    (the first slot of each owner, then the second, ...), so a round's slots are
-                    spread over the owners and every slot is met within m * ceil(S / A) steps
-    auditor(s)      the rank with the least work in the round (its own slots plus recomputations
-                    given so far), not the owner; ties: a rank not yet in the round, then the
-                    nearest after the owner
-    referee(s)      (p >= 3) the first rank after the owner that is neither owner nor auditor:
-                    recomputes s only after a mismatch, to say which of the two was wrong; with
-                    p = 2 there is no third rank and both are named
+step's combine, BEFORE the optimizer applies anything, so a mismatch applies nothing. Which
+slots, which rank recomputes each and at which steps: `AuditSchedule` (learning/audit_schedule.py,
+pure); what `alpha-mpi train` prints after a detection: `sdc_report` (learning/audit_report.py).
 
 Exchange: the step's own combine, no round of the audit's own. A slot payload has 2A more words
 after its stop word (`audit_words`): at word pair j each rank's first payload carries the digest
@@ -69,6 +55,8 @@ import numpy as np
 from ..execution.frames import crc32c
 from ..refusals import Refusal
 from .audit_recovery import clean_step
+from .audit_report import sdc_report
+from .audit_schedule import AuditSchedule, audit_words, check_audit_slots, check_options, slot_owners
 from .verdicts import WordTable, halves
 
 if TYPE_CHECKING:
@@ -142,57 +130,6 @@ def _shift(length: int) -> Callable[[int], int]:
     return lambda c: t0[c & 0xFF] ^ t1[(c >> 8) & 0xFF] ^ t2[(c >> 16) & 0xFF] ^ t3[c >> 24]
 
 
-class AuditSchedule:
-    """Which slots are audited at which step, and by whom (the module docstring says why).
-
-    Pure: every rank builds the same schedule from (k, owner_of, size) and reads the same rounds
-    from it, so the roles need no exchange. `owner_of[s]` is the rank of slot s."""
-
-    def __init__(self, k: int, owner_of: list[int], size: int) -> None:
-        slots = len(owner_of)
-        self.k, self.size, self.owner_of = k, size, list(owner_of)
-        self.every = max(1, -(-size // k))  # m: steps per round
-        self.per_round = min(k * self.every, slots)  # A: slots audited in a round
-        own: dict[int, list[int]] = {}
-        for s, r in enumerate(owner_of):
-            own.setdefault(r, []).append(s)
-        self.order = [  # Q: the owners' first slots, then their second slots, ...
-            lst[i] for i in range(max(map(len, own.values()))) for lst in own.values() if i < len(lst)
-        ]
-        self.load = [len(own.get(r, ())) for r in range(size)]  # a rank's own slots per step
-        self._cache: tuple[int, dict] = (-1, {})
-
-    def round(self, step: int) -> dict[int, tuple[int, int | None]]:
-        """{slot: (auditor, referee)} of the slots audited at `step`, in audit order; {} between rounds."""
-        if step % self.every:
-            return {}
-        i = step // self.every
-        if self._cache[0] == i:
-            return self._cache[1]
-        p, slots = self.size, len(self.order)
-        load, busy, roles = list(self.load), set(), {}
-        for j in range(self.per_round):
-            s = self.order[(i * self.per_round + j) % slots]
-            o = self.owner_of[s]
-            busy.add(o)
-            others = [(o + d) % p for d in range(1, p)]
-            a = min(others, key=lambda r: (load[r], r in busy, others.index(r)))
-            load[a] += 1
-            busy.add(a)
-            ref = next((r for r in others if r != a), None)
-            roles[s] = (a, ref)
-        self._cache = (i, roles)
-        return roles
-
-    def audited(self, step: int) -> list[int]:
-        """The slots audited at `step` (empty between rounds)."""
-        return list(self.round(step))
-
-    def met_within(self) -> int:
-        """Steps within which every slot is audited, from any step: m * ceil(S / A)."""
-        return self.every * -(-len(self.order) // self.per_round)
-
-
 def _host_words(name: str) -> np.ndarray:
     raw = name.encode("utf-8", "replace")[: 4 * _HOST_WORDS].ljust(4 * _HOST_WORDS, b"\0")
     return np.frombuffer(raw, dtype="<u4").astype(np.float64)
@@ -200,43 +137,6 @@ def _host_words(name: str) -> np.ndarray:
 
 def _host_name(words: np.ndarray) -> str:
     return words.astype("<u4").tobytes().rstrip(b"\0").decode("utf-8", "replace")
-
-
-def check_audit_slots(k: object, slots: int, size: int) -> None:
-    """`usage` unless `k` (audit_slots) is an int in 1..slots and there are >= 2 ranks (local)."""
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 < k <= slots:
-        raise Refusal("usage", f"audit_slots must be an int in 1..{slots} (the slot count), got {k!r}")
-    if size < 2:
-        raise Refusal(
-            "options-conflict",
-            "audit_slots needs at least 2 ranks: a slot is recomputed by another rank "
-            f"than its owner, and this communicator has {size}",
-        )
-
-
-def check_options(options: tuple[int, int, str], slots: int, size: int) -> None:
-    """Refuse bad (audit_slots, audit_digests, partition) by name, locally, before anything is
-    built: a learner runs it among its constructor's local checks, whose outcome travels in its
-    first agreement round (so a rank that refuses them is named on every rank at once)."""
-    audit_slots, audit_digests, partition = options
-    if audit_slots:
-        check_audit_slots(audit_slots, slots, size)
-    if audit_digests:
-        from .replicas import check_audit_digests
-
-        check_audit_digests(audit_digests, partition)
-
-
-def slot_owners(plan, size: int) -> list[int]:
-    """`owner_of`: the rank of each slot of a combine `plan` over `size` ranks."""
-    owner_of = {s: r for r in range(size) for s in plan.slots_of(r)}
-    return [owner_of[s] for s in range(len(owner_of))]
-
-
-def audit_words(k: int, owner_of: list[int], size: int) -> int:
-    """The words a step's combine carries for the audit (2 per slot of a round; 0 without it):
-    what a learner sizes its payload by before its SlotAudit exists (pure)."""
-    return 2 * AuditSchedule(k, owner_of, size).per_round if k else 0
 
 
 class SlotAudit:
@@ -414,62 +314,6 @@ class SlotAudit:
             slots=tuple(audited[j] for j in bad),
             clean_step=clean,
         )
-
-
-def sdc_report(e: Refusal, checkpoint_dir: str | None, size: int) -> str:
-    """What `alpha-mpi train` prints after `sdc-detected`: the refusal, where the last state every
-    audit passed is saved, and how to resume without the named ranks' nodes."""
-    hosts = sorted(set(e.context.get("hosts", ()))) or ["(the nodes of the ranks named)"]
-    ranks = ", ".join(map(str, e.context.get("ranks", ())))
-    lines = [f"alpha-mpi: error [{e.code}] {e.message}"]
-    if checkpoint_dir and e.code == "replica-diverged":
-        lines.append(
-            f"  what to do: resume from the newest step in {checkpoint_dir} at or before the last replica "
-            f"check that passed (step {e.context.get('step')} minus --audit-digests), on nodes other than "
-            f"those of rank(s) {ranks}: `alpha-mpi train ... --checkpoint-dir DIR2 --resume-from "
-            f"{checkpoint_dir}/step-NNNNNNNN`"
-        )
-    elif checkpoint_dir:
-        lines.append(_saved_line(e, checkpoint_dir))
-        lines.append(
-            f"  what to do: resume without the suspected node(s) {', '.join(hosts)} (rank(s) {ranks}): "
-            f"e.g. `sbatch --exclude={','.join(hosts)} jobs/train.sbatch`, or "
-            f"`mpiexec -n P --hosts <other nodes> alpha-mpi train ... --checkpoint-dir {checkpoint_dir} --resume` "
-            f"on any P <= --slots (the bits do not depend on P); this run had {size} ranks"
-        )
-    else:
-        lines.append(
-            f"  what to do: rerun without the suspected node(s) {', '.join(hosts)} (rank(s) {ranks}); "
-            "with --checkpoint-dir the last audited state is saved and a resume continues from it"
-        )
-    return "\n".join(lines)
-
-
-def _saved_line(e: Refusal, checkpoint_dir: str) -> str:
-    """What the exit-98 report says was saved (rewind_after's record in `e.context`)."""
-    step, clean = e.context.get("step"), e.context.get("clean_step", e.context.get("step"))
-    saved = e.context.get("saved_step", clean)
-    folder, aside = e.context.get("folder"), e.context.get("set_aside") or ()
-    moved = (
-        f"; the later steps ({', '.join(str(k) for k in aside)}) may hold the fault's work and are set aside "
-        f"in {folder}"
-        if folder
-        else ""
-    )
-    if clean == step:
-        return (
-            f"  the state at step {step} (every slot of every step audited; the refused step was not "
-            f"applied) is saved in {checkpoint_dir}, and `latest` names it{moved}"
-        )
-    if saved is None:
-        return (
-            f"  the last state known clean is at step {clean}, and no state at or before it was kept: "
-            f"a resume in {checkpoint_dir} starts at step 0{moved}"
-        )
-    return (
-        f"  the last state known clean is at step {clean} (the steps since were audited in part); the "
-        f"newest kept at or before it, step {saved}, is saved in {checkpoint_dir}, and `latest` names it{moved}"
-    )
 
 
 def build_checks(

@@ -48,12 +48,12 @@ def test_blocks_follow_the_build_order_and_give_each_message_two_tags(comm):
     assert (ba.size, block_size(3), TagBlock(10, 7).flag_tag, TagBlock(10, 7).messages) == (1, 7, 16, 3)
     assert (a.executor.sequence, b.executor.sequence) == (0, 1) and ep.next_sequence == 2
     a.free()
-    assert TAG_BASE not in ep._live and bb.base in ep._live
+    assert TAG_BASE not in ep.tags.live and bb.base in ep.tags.live
 
 
 def test_a_full_tag_space_refuses_by_name_and_wraps_once_freed(comm):
     ep = Endpoint.of(comm)
-    ep.tag_ub = TAG_BASE + 1  # two tags: two one-tag blocks
+    ep.tags.ub = TAG_BASE + 1  # two tags: two one-tag blocks
     a, b = Allreducer(comm, Leaf(0, 0), 4), Allreducer(comm, Leaf(0, 0), 4)
     with pytest.raises(Refusal) as e:
         Allreducer(comm, Leaf(0, 0), 4)
@@ -70,4 +70,4 @@ def test_a_broken_executor_keeps_its_block(comm):
     a = Allreducer(comm, Leaf(0, 0), 4)
     a.executor.broken = "peer-timeout"
     a.free()
-    assert a.executor.seat.block.base in Endpoint.of(comm)._live
+    assert a.executor.seat.block.base in Endpoint.of(comm).tags.live

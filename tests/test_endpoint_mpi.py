@@ -113,7 +113,7 @@ def test_the_tag_space_running_out_is_refused_on_every_rank_and_freeing_makes_ro
     p = plan(tree, ReplicateAll(), 3, size=size)
     first = Allreducer(comm, p, timeout=SHORT)
     size_of = first.executor.seat.block.size
-    ep.tag_ub = first.executor.seat.block.base + 3 * size_of - 1  # room for two more blocks
+    ep.tags.ub = first.executor.seat.block.base + 3 * size_of - 1  # room for two more blocks
     kept = [first] + [Allreducer(comm, p, timeout=SHORT) for _ in range(2)]
     bases = [a.executor.seat.block.base for a in kept]
     sequence = ep.next_sequence

@@ -44,21 +44,9 @@ order; `p` = comm size):
 5. Runs: an executor's frames carry its sequence and use its tag block only; the payload
    check's flag round after a run uses the block's last tag (Engine).
 
-Tags. Executors that share `lib` must never match each other's frames, also when they run at
-the same time from two threads (torch's buckets run on a worker thread). So each executor owns
-a block of tags, [base, base + size): message k from one rank to another in a run uses
-base + 2k (its header) and base + 2k + 1 (its payload), and base + size - 1 is its run's flag
-round; size = 2 * (the Program's largest message count per pair of ranks) + 1, agreed in the
-build round (the maximum over the ranks of each rank's own count). Blocks are handed out in
-build order from TAG_BASE upwards — a pure function of the agreed sequence of builds, so every
-rank computes the same base — and wrap to TAG_BASE once the next would pass MPI_TAG_UB (read
-from the communicator: 2^29 - 1 under MPICH, 2^31 - 1 under Open MPI, as low as 32767
-elsewhere). A block is never handed out while an executor holding a tag in it is alive: the
-round carries each rank's free run at the allocator's position and at TAG_BASE, and a block
-that fits nowhere is `tag-space-exhausted` on every rank (free executors you no longer use).
-Tags below TAG_BASE are the endpoint's own: VERDICT_TAG carries its verdict rounds. The
-receiver of a frame knows its size and tag from the agreement, so a receive can be posted
-before the frame arrives (no probe needed where user traffic cannot reach the channel).
+Tags: each executor's frames use a block of tags of their own, handed out in build order by
+the endpoint's TagSpace (tags.py says how); tags below TAG_BASE are the endpoint's own
+(VERDICT_TAG carries its verdict rounds, RESET_TAG a reset's markers).
 
 Streams. Calls that run one at a time in program order on every rank — the convenience calls
 (`allreduce`, `combine`, `reduce_scatter`) and the array reductions — share one block per kind
@@ -86,6 +74,7 @@ from ..refusals import Refusal
 from . import frames as fr
 from . import verdict as vd
 from .abort import forgive, mark_broken, owns_failures
+from .tags import TAG_BASE, TagBlock, TagSpace, block_size
 from .waits import DEFAULT_TIMEOUT, POLLS_BEFORE_YIELD, Waiter, timeout_from_env
 
 __all__ = [
@@ -101,36 +90,9 @@ __all__ = [
 
 VERDICT_TAG = 1
 RESET_TAG = 2
-TAG_BASE = 100
 ANSWERING = 2**64 - 1  # the message-count word of a rank answering a build from a warm call (answer_build)
 STREAM_MESSAGES = 256  # messages per pair of ranks a stream's block holds (a call needing more gets its own)
 _KEY = []  # the MPI keyval of the endpoint attribute (created once per process)
-
-
-@dataclass(frozen=True)
-class TagBlock:
-    """Tags [base, base + size): message k of a run uses base + 2k (header) and base + 2k + 1
-    (payload); `flag_tag`, the block's last, the run's flag round."""
-
-    base: int
-    size: int
-
-    @property
-    def flag_tag(self) -> int:
-        return self.base + self.size - 1
-
-    @property
-    def messages(self) -> int:
-        """Messages per pair of ranks the block holds."""
-        return (self.size - 1) // 2
-
-    def overlaps(self, base: int, size: int) -> bool:
-        return self.base < base + size and base < self.base + self.size
-
-
-def block_size(messages: int) -> int:
-    """Tags a block for `messages` messages per pair of ranks takes (two each, and a flag tag)."""
-    return 2 * messages + 1
 
 
 @dataclass(eq=False)
@@ -150,7 +112,7 @@ class Seat:
         """Give the block back (the executor was freed); a broken executor's stays held."""
         if self.owned:
             self.owned = False
-            self.endpoint._live.pop(self.block.base, None)
+            self.endpoint.tags.release(self.block.base)
 
     def hint(self, e: Refusal) -> Refusal:
         """`e`, with the dup=False hint where user traffic can reach this seat's frames."""
@@ -184,12 +146,10 @@ class Endpoint:
         "rank",
         "size",
         "before_yield",
-        "tag_ub",
+        "tags",
         "rounds",
         "streams",
         "_sequence",
-        "_next_tag",
-        "_live",
     )
 
     @classmethod
@@ -233,12 +193,10 @@ class Endpoint:
             local.Free()
         self.before_yield = 1 if crowded else POLLS_BEFORE_YIELD
         ub = lib.Get_attr(MPI.TAG_UB)
-        self.tag_ub = int(ub) if ub else 32767
+        self.tags = TagSpace(int(ub) if ub else 32767)
         self.rounds = 0
         self.streams: dict[str, Stream] = {}
         self._sequence = 0
-        self._next_tag = TAG_BASE
-        self._live: dict[int, tuple] = {}  # base -> (TagBlock, sequence of its holder)
 
     # -- waits and rounds ----------------------------------------------------------------------
     def waiter(self, timeout=None) -> Waiter:
@@ -301,9 +259,8 @@ class Endpoint:
         ("plan|rest"); `local`: this rank's refusal so far; `messages`: this rank's largest
         message count per peer in the program; `stream`: share that stream's block when it is
         large enough (else the executor gets its own)."""
-        sequence, base = self._sequence, self._next_tag
+        sequence, (base, here, wrapped) = self._sequence, self.tags.offer()
         self._sequence += 1
-        here, wrapped = self._free_run(base), self._free_run(TAG_BASE)
         key = _key(identity or "-", sequence, base)
         try:
             # A stream's builds go direct: a peer still running a warm call of the stream finds
@@ -321,13 +278,12 @@ class Endpoint:
             if stream is not None and need <= stream.seat.block.messages:
                 block, owned = stream.seat.block, False
             else:
-                block, owned = self._place(block_size(need), v, what), True
+                block, owned = self.tags.place(block_size(need), v.words, what), True
         except Refusal:
             self._sequence = sequence  # nothing was built: the next build reuses the number
             raise
         if owned:
-            self._live[block.base] = (block, sequence)
-            self._next_tag = block.base + block.size
+            self.tags.hold(block, sequence)
         wire = self.lib if dup else self.user
         return Seat(self, sequence, block, wire, shared=not dup, owned=owned)
 
@@ -368,30 +324,6 @@ class Endpoint:
             st = self.streams[name] = Stream(name, seat)
         return st
 
-    def _free_run(self, start: int) -> int:
-        """Free tags from `start` on (to MPI_TAG_UB or the first live block)."""
-        end = self.tag_ub + 1
-        for b, _ in self._live.values():
-            if b.base + b.size > start:
-                end = min(end, max(start, b.base))
-        return max(0, end - start)
-
-    def _place(self, size: int, v: vd.Verdicts, what: str) -> TagBlock:
-        """The block every rank takes: at the allocator's position if it fits on every rank,
-        else at TAG_BASE (wrapped) if it fits there, else tag-space-exhausted on every rank."""
-        base = int(v.words[0, 3])
-        if size <= int(v.words[:, 5].min()):
-            return TagBlock(base, size)
-        if size <= int(v.words[:, 6].min()):
-            return TagBlock(TAG_BASE, size)
-        raise Refusal(
-            "tag-space-exhausted",
-            f"the {what} needs {size} MPI tags for its frames, and no run of {size} free tags is left below "
-            f"MPI_TAG_UB = {self.tag_ub} on every rank (executors alive on this communicator hold them); "
-            "nothing was built",
-            tags=size,
-        )
-
     # -- recovery ------------------------------------------------------------------------------
     def recover(self, *, timeout=None) -> int:
         """Bring this endpoint back to a clean state after a failed call (collective: every rank,
@@ -425,7 +357,7 @@ class Endpoint:
                 dropped += 1
         for req in sent:
             waiter.wait(req, None, -1, "a reset marker", 0)
-        words = [self.rounds, self._sequence, self._next_tag]
+        words = [self.rounds, self._sequence, self.tags.next]
         v = vd.exchange(self.lib, waiter, VERDICT_TAG, None, words, number=0, what="resetting the endpoint")
         if len({(int(w[1]), int(w[2])) for w in v.words}) > 1:
             shown = "; ".join(
@@ -456,9 +388,9 @@ class Endpoint:
         for st in self.streams.values():
             if st.seat.block.base <= t < st.seat.block.base + st.seat.block.size:
                 what = f"a frame of the {st.name} stream (another call of that kind)"
-        for base, (b, seq) in self._live.items():
-            if base <= t < base + b.size:
-                what = f"a frame of executor #{seq} of this communicator"
+        seq = self.tags.holder(t)
+        if seq is not None:
+            what = f"a frame of executor #{seq} of this communicator"
         return (
             f"meanwhile rank {peer} sent {what}: the ranks are out of step (a rank skipped, repeated or "
             "reordered a call, or passed other arguments)"

@@ -4,7 +4,7 @@ numpy's `@` calls BLAS, whose summation order (and fused multiply-adds) depend o
 picks for the CPU (`OPENBLAS_CORETYPE`, MKL's code path) and the thread count; `np.exp` and
 `np.log` pick SIMD code by CPU too. A model computed with them gives other bits on another node
 type, and a data-parallel run whose ranks differ trains to a third result. The functions here
-compute the same values with alpha_mpi's fixed-order kernels (csrc/dense.h): each output's sum
+compute the same values with alpha_mpi's fixed-order kernels (csrc/kernel/dense.h): each output's sum
 in one declared order (ascending, from +0.0, every product rounded before it is added, no fused
 multiply-add), vectorized only across independent outputs, exp and log by one fixed algorithm
 of alpha_mpi's. So the bits are the same on AVX-512, AVX2, SSE2, AArch64 and at any thread

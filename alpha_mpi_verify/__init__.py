@@ -6,8 +6,8 @@ harness (`tests/`): the product never imports it; tests and the conformance jobs
 - `mutants`: executed mutants, wrong realizations of a declared plan that run their
   communication to completion and must be refused by the independent oracle;
 - `isa`: the instruction-set conformance drivers built for x86-64 and AArch64 (qemu-user) and
-  compared bit for bit (needs a source checkout): csrc/conformance_driver.c, the kernel's
-  functions on generated data, and csrc/train_driver.c, whole training steps of the embedded
+  compared bit for bit (needs a source checkout): csrc/verify/conformance_driver.c, the kernel's
+  functions on generated data, and csrc/verify/train_driver.c, whole training steps of the embedded
   model from a case the product's learner trained on x86-64;
 - `faults`: `BitFlip`, the fault hook a learner accepts (`fault_hook=`) to flip one bit of one
   rank's slot payload, for the audit's tests (issue 24);

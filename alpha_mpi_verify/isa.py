@@ -1,5 +1,5 @@
-"""Instruction sets: build, run and compare the ISA drivers (csrc/conformance_driver.c,
-csrc/train_driver.c).
+"""Instruction sets: build, run and compare the ISA drivers (csrc/verify/conformance_driver.c,
+csrc/verify/train_driver.c).
 
 Used by tests/test_isa_conformance.py; also usable on its own from a source checkout (it
 builds csrc/ of the repository this package sits in):
@@ -56,11 +56,11 @@ __all__ = [
 
 ROOT = Path(__file__).resolve().parents[1]
 CSRC = ROOT / "csrc"
-DRIVER = CSRC / "conformance_driver.c"
-TRAIN_DRIVER = CSRC / "train_driver.c"
-KERNEL = CSRC / "alpha_kernel.c"
-DENSE = CSRC / "dense.c"
-FRAME = CSRC / "frame.c"  # CRC32C and the header patch (the instruction paths differ by ISA)
+DRIVER = CSRC / "verify" / "conformance_driver.c"
+TRAIN_DRIVER = CSRC / "verify" / "train_driver.c"
+KERNEL = CSRC / "kernel" / "alpha_kernel.c"
+DENSE = CSRC / "kernel" / "dense.c"
+FRAME = CSRC / "kernel" / "frame.c"  # CRC32C and the header patch (the instruction paths differ by ISA)
 MAGIC = b"AKCONF01"
 N_DEFAULT = 1 << 20  # >= 1e6 elements per function
 
@@ -109,7 +109,7 @@ def build_commands(tools, workdir, flags, driver=DRIVER, prefix=""):
     driver with prefix "train_"). The same sources and flags everywhere; the negative
     controls change exactly one thing each."""
     src = [str(driver), str(KERNEL), str(DENSE), str(FRAME)]
-    inc = [f"-I{CSRC}"]
+    inc = [f"-I{CSRC / 'kernel'}", f"-I{CSRC / 'verify'}"]
     w = Path(workdir)
     return {
         "x86_64": [tools["cc"], *flags, *inc, *src, "-o", str(w / "drv_x86_64"), "-lm"],

@@ -1,4 +1,4 @@
-"""Independent oracle for the dense kernels (csrc/dense.h): the declared orders in plain Python
+"""Independent oracle for the dense kernels (csrc/kernel/dense.h): the declared orders in plain Python
 floats. It imports nothing from alpha_mpi and shares no code with the kernel; it follows the
 header's text and nothing else. Every `+`, `-`, `*`, `/` on two Python floats is one correctly
 rounded binary64 operation (no fused multiply-add), so evaluating the declared order here gives

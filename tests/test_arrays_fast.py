@@ -1,4 +1,4 @@
-"""The arrays' one C call (alpha_mpi/arrays/fast.py, csrc/native.h an_array_run) on one rank.
+"""The arrays' one C call (alpha_mpi/arrays/fast.py, csrc/round/native.h an_array_run) on one rank.
 
 A call whose arguments are those of an earlier call that passed every check runs as one C call;
 these tests show, on COMM_SELF duplicates, that it gives the oracle's bits while the arrays'

@@ -200,7 +200,7 @@ def test_malformed_contract_dicts_are_refused(mutate):
 
 
 def test_formulas_are_the_kernel_headers_text():
-    header = open(os.path.join(ROOT, "csrc", "alpha_kernel.h")).read()
+    header = open(os.path.join(ROOT, "csrc", "kernel", "alpha_kernel.h")).read()
 
     def squash(s):
         return re.sub(r"\s+", "", s)

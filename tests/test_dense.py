@@ -1,4 +1,4 @@
-"""The fixed-order dense kernels (csrc/dense.h) against the independent oracle, bit for bit, on
+"""The fixed-order dense kernels (csrc/kernel/dense.h) against the independent oracle, bit for bit, on
 every ISA path this CPU runs; exp and log against exact values; the refusals; alpha_mpi.ops; and
 the embedded MLP computed by them (single process, fast).
 

@@ -144,7 +144,7 @@ def test_an_older_format_version_is_named_as_such(version, crc_at):
     assert e.value.code == "frame-version"
 
 
-# -- CRC32C (csrc/frame.h) -------------------------------------------------------------------------
+# -- CRC32C (csrc/kernel/frame.h) -------------------------------------------------------------------------
 # RFC 3720 (iSCSI) B.4 and the usual check value: (bytes, CRC32C)
 CRC32C_VECTORS = [
     (b"123456789", 0xE3069283),

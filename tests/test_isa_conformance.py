@@ -23,7 +23,7 @@ from alpha_mpi_verify import isa as conf
 
 pytestmark = pytest.mark.cross
 
-# status / which codes from csrc/alpha_kernel.h
+# status / which codes from csrc/kernel/alpha_kernel.h
 AK_ERR_NONFINITE_INPUT, AK_ERR_NONFINITE_OUTPUT = 3, 4
 AK_W_P, AK_W_G, AK_W_INTERMEDIATE = 0, 3, 6
 

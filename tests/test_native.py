@@ -1,4 +1,4 @@
-"""The engine's C round (csrc/native.c): built by the MPI's own mpicc at first use, cached under a
+"""The engine's C round (csrc/round/native.c): built by the MPI's own mpicc at first use, cached under a
 key of the sources and the MPI, built once by concurrent first users, checked at load against
 the MPI library mpi4py loaded, and refused by name when it cannot be built or loaded."""
 
@@ -47,7 +47,7 @@ def test_a_kernel_older_than_the_round_is_refused_at_load():
             def an_kernel_table_size():
                 return mod.lib.an_kernel_table_size() + 8  # the round expects one more entry
 
-    with pytest.raises(ImportError, match="older than csrc/kernel_table.h"):
+    with pytest.raises(ImportError, match="older than csrc/kernel/kernel_table.h"):
         native.check_kernel(Older)
 
 

@@ -5,7 +5,7 @@
 
 `x_local` is this rank's contiguous block [offset, offset + len) of a global vector of length
 n; blocks are disjoint and cover [0, n), any sizes, any order, empty blocks allowed. The result
-is the pairwise binary tree over the global indices (csrc/pairwise.h), so its bits depend on
+is the pairwise binary tree over the global indices (csrc/kernel/pairwise.h), so its bits depend on
 the data and n only: 1, 2, 3 or 1000 ranks, even or uneven blocks, all give the same bits.
 An N-d tile (offset and shape as tuples) reduces the flattened C-order array the same way:
 

@@ -313,7 +313,7 @@ def _exchange(ch, ex, op, k, m, row, n, detail, err=None, started=None):
 
 
 def _one_call(c: fast.Call):
-    """A remembered call (fast.py) in one C call (csrc/native.h an_array_run): its k values
+    """A remembered call (fast.py) in one C call (csrc/round/native.h an_array_run): its k values
     (indexable); whatever is not the clean steady state goes on in Python from where it
     happened."""
     ch, eng = c.ch, c.engine

@@ -1,4 +1,4 @@
-"""The steady-state call of sum, dot, norm2 and dots on 1-D blocks: one C call (csrc/native.h
+"""The steady-state call of sum, dot, norm2 and dots on 1-D blocks: one C call (csrc/round/native.h
 an_array_run) where the arguments are those of an earlier call that passed every check.
 
 A solver calls the same few reductions again and again: `dot(comm, r, r, off, n)` and
@@ -59,7 +59,7 @@ __all__ = [
 RECORDS = 6
 MAX_ELEMENTS = 1 << 17
 MAX_PAIRS = 8  # dots() batches remembered (each pair's arrays are held)
-CHECK, LOCAL = 16, 17  # csrc/native.h AN_ARRAY_CHECK, AN_ARRAY_LOCAL (checked when a record is made)
+CHECK, LOCAL = 16, 17  # csrc/round/native.h AN_ARRAY_CHECK, AN_ARRAY_LOCAL (checked when a record is made)
 
 _F64 = np.dtype(np.float64)
 _STRIDES = (8,)  # a contiguous float64 block

@@ -4,7 +4,7 @@ Nothing here needs MPI, numpy or the kernel. The exchange's schedule and Program
 planning's (planning/array_program.py: every rank computes them from the communicator size
 alone), and `simulate` runs that Program in planning's one simulator (planning/check.py).
 
-The tree (written down once, in csrc/pairwise.h): node [lo, hi) splits at
+The tree (written down once, in csrc/kernel/pairwise.h): node [lo, hi) splits at
 lo + 2^floor(log2(hi - lo - 1)); the root is [0, n). A rank's block [offset, offset + len)
 becomes a *summary*: the maximal nodes inside the block, each with its value. Summaries of
 adjacent blocks merge by joining sibling nodes, so any way of cutting [0, n) into blocks ends
@@ -59,9 +59,9 @@ __all__ = [
     "sorted_order",
 ]
 
-CAPACITY = 132  # records per summary; csrc/pairwise.h AP_CAPACITY (checked when the kernel loads)
+CAPACITY = 132  # records per summary; csrc/kernel/pairwise.h AP_CAPACITY (checked when the kernel loads)
 ROW_WORDS = 4  # a coverage row: offset, len, n, status (int64 each)
-MAX_BATCH = 4096  # csrc/pairwise.h AP_MAX_K
+MAX_BATCH = 4096  # csrc/kernel/pairwise.h AP_MAX_K
 
 # Row status. A rank that refuses its own inputs still takes part in the exchange with a
 # refused row, so that no peer waits for it and every rank can name it.

@@ -43,7 +43,7 @@ __all__ = [
     "Capacity",
 ]
 
-MAX_NDIM = 4  # csrc/pairwise.h AP_MAX_NDIM (checked when the exchange module loads)
+MAX_NDIM = 4  # csrc/kernel/pairwise.h AP_MAX_NDIM (checked when the exchange module loads)
 # A row: status, records, room, ndim, then shape, offset and extent, MAX_NDIM words each.
 ROW_WORDS = 4 + 3 * MAX_NDIM
 

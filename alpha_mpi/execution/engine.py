@@ -7,7 +7,7 @@ every frame), with the same tag block, or every rank refuses by name. No communi
 duplicated here (the endpoint holds alpha_mpi's one duplicate of each user communicator). Work
 buffers, frame headers, the MPI requests and the C records of every op are built once
 (engine_build.py; the requests once the agreement gave the tags); a run binds the caller's contributions
-and `out` (engine_bind.py) and is then ONE call into C (csrc/native.c, built by the MPI's own
+and `out` (engine_bind.py) and is then ONE call into C (csrc/round/native.c, built by the MPI's own
 mpicc: native.py) that interprets the rank's ops: P posts a receive, S writes a header (the
 flags seen so far) and starts a send, W waits for a frame and checks it (one comparison of its
 header; the field-by-field naming only on a mismatch, back in Python), D completes a send, E is
@@ -134,7 +134,7 @@ class Engine:
         # Alone on its tags (a block of its own on the endpoint's duplicate) the executor posts
         # its receives at their planned size: nothing else can be sent there, and the agreement
         # fixed every size. Where user traffic (dup=False) or other executors (a stream's shared
-        # block) can reach its tags, it matches every frame first (size-safe, csrc/native.h).
+        # block) can reach its tags, it matches every frame first (size-safe, csrc/round/native.h).
         self.probe = seat.shared or given_seat or not seat.owned
         # A stream's executor on the duplicate looks, while it waits, at what the awaited peer
         # sent first (engine_walk: a peer building another executor is named at once).

@@ -1,7 +1,7 @@
 """Compiling a rank's Program once into the records the C round runs (construction only).
 
 `compile_program` allocates the work buffers (numpy), writes every frame's expected header
-(frames.FrameSpec), and fills the C records of csrc/native.h: one op per planned op, one
+(frames.FrameSpec), and fills the C records of csrc/round/native.h: one op per planned op, one
 message record per frame, one evaluation, copy, check or merge record per op of those kinds,
 each region a (buffer number, element offset) pair. Buffer numbers: 0 is `out`, 1.. the
 contributions in the rank's slot order (the caller's memory: bound per run by writing their
@@ -35,7 +35,7 @@ from .native import load as load_native
 from .waits import mpi_failure
 
 _INT_MAX = 2**31 - 1  # the largest count of one MPI message (int)
-OP_CODE = {"P": 1, "S": 2, "W": 3, "D": 4, "E": 5, "C": 6, "F": 7, "M": 8}  # csrc/native.h AN_OP_*
+OP_CODE = {"P": 1, "S": 2, "W": 3, "D": 4, "E": 5, "C": 6, "F": 7, "M": 8}  # csrc/round/native.h AN_OP_*
 
 
 def payload_check_from_env() -> bool:

@@ -1,4 +1,4 @@
-"""One run of a compiled program: the C round (csrc/native.c) and what it hands back to Python.
+"""One run of a compiled program: the C round (csrc/round/native.c) and what it hands back to Python.
 
 engine.execute begins the run in C (an_run); on the good path it returns AN_DONE and nothing
 here runs. Otherwise `drive` answers each status the C loop returns until the run is done:

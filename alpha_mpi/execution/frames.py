@@ -29,13 +29,13 @@ place (no copy of user data); see planning/program.py. Header (128 bytes, format
     124    4 CRC32C of bytes 0..123
 
 Version 3 (0.3) made both checksums CRC32C (Castagnoli: the SSE4.2 / ARMv8 instruction; the
-kernel's `ak_crc32c`, csrc/frame.h); version 2 had zlib's CRC-32 there. A frame of version 1 or
+kernel's `ak_crc32c`, csrc/kernel/frame.h); version 2 had zlib's CRC-32 there. A frame of version 1 or
 2 is refused `frame-version`.
 
 A check is one bytes comparison with the expected header (step patched; flags, refusal and
 payload crc free) plus the CRC (`ak_frame_check`: the C round does it for every frame); only
 when it differs does `FrameSpec.check` name the field. The offsets C uses are its own #defines
-(csrc/frame.h); this module checks at import that they are the ones of the table above.
+(csrc/kernel/frame.h); this module checks at import that they are the ones of the table above.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ _FLAGS_OFF, _STEP_OFF, _REFUSED_OFF, _CODE_OFF, _PCRC_OFF, _SEQ_OFF, _RESERVED_O
     120,
     124,
 )
-# The C round reads the same offsets from csrc/frame.h: they must be the table's.
+# The C round reads the same offsets from csrc/kernel/frame.h: they must be the table's.
 _C_LAYOUT = {
     "AK_FRAME_HEADER": HEADER,
     "AK_FRAME_VERSION": VERSION,
@@ -105,12 +105,12 @@ _C_LAYOUT = {
 }
 _C_DIFFERS = {k: (getattr(_klib, k, None), v) for k, v in _C_LAYOUT.items() if getattr(_klib, k, None) != v}
 if _C_DIFFERS:  # pragma: no cover - a stale kernel build or an edit on one side only
-    raise ImportError(f"csrc/frame.h and alpha_mpi/execution/frames.py disagree on the header: {_C_DIFFERS}")
+    raise ImportError(f"csrc/kernel/frame.h and alpha_mpi/execution/frames.py disagree on the header: {_C_DIFFERS}")
 
 
 def crc32c(data, crc: int = 0) -> int:
     """CRC32C of a buffer (bytes, memoryview, numpy array), continuing from `crc`: the kernel's
-    (the CPU's instruction where it has one; csrc/frame.h)."""
+    (the CPU's instruction where it has one; csrc/kernel/frame.h)."""
     mv = memoryview(data).cast("B")
     return _klib.ak_crc32c(crc, _kffi.from_buffer("uint8_t[]", mv), mv.nbytes)
 

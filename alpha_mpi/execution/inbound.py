@@ -1,6 +1,6 @@
 """Naming a frame the C round refused (the bad path of a W op; layer 4).
 
-The C round (csrc/native.c) receives every frame size-safely: where others can send on the
+The C round (csrc/round/native.c) receives every frame size-safely: where others can send on the
 channel it matches the frame first (MPI_Improbe), compares its size with the plan's and receives
 it into the planned buffer only when they agree, else whole into scratch, keeping its first
 bytes; where the executor owns its tag block the receive is posted at exactly the

@@ -1,4 +1,4 @@
-"""The engine's run in C (csrc/native.c): built by the MPI library's own mpicc at first use.
+"""The engine's run in C (csrc/round/native.c): built by the MPI library's own mpicc at first use.
 
 The round is C calling MPI point-to-point on the communicator mpi4py made, as mpi4jax calls
 MPI from its compiled extension (docs/design.md "The round in C" has the measurement that chose
@@ -40,11 +40,13 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-from ..kernel.build import CSRC, header_cdef
+from ..kernel.build import CSRC, KERNEL_DIR, header_cdef
 from ..refusals import Refusal
 
-SOURCES = ("native.c",)
-HEADERS = ("native.h", "frame.h", "kernel_table.h")
+ROUND_DIR = CSRC / "round"
+SOURCES = ("native.c",)  # in ROUND_DIR
+# (the directory, the header): the round's own, and the kernel's it includes
+HEADERS = ((ROUND_DIR, "native.h"), (KERNEL_DIR, "frame.h"), (KERNEL_DIR, "kernel_table.h"))
 MODULE = "_alpha_native"
 # The compile line (the extension has no floating-point arithmetic: the kernel does that).
 CFLAGS = ["-O2", "-fPIC", "-shared", "-std=gnu11"]
@@ -60,10 +62,10 @@ class Build:
     def __init__(self) -> None:
         from mpi4py import MPI
 
-        missing = [n for n in SOURCES + HEADERS if not (CSRC / n).is_file()]
+        missing = [str(p) for p in _files() if not p.is_file()]
         if missing:
             raise _failed(
-                f"the C sources of the engine's round ({', '.join(missing)}) are not in {CSRC}: install "
+                f"the C sources of the engine's round are missing ({', '.join(missing)}): install "
                 "alpha_mpi from its source tree (pip install -e .), which keeps csrc/ beside the package"
             )
         self.version = MPI.Get_library_version().replace("\x00", "").strip()  # Open MPI ends it with NUL
@@ -127,8 +129,8 @@ def cache_dir() -> Path:
 
 def _key(version: str, libmpi: str | None, mpicc: str | None) -> str:
     h = hashlib.sha256()
-    for name in SOURCES + HEADERS:
-        h.update(name.encode() + b"\0" + (CSRC / name).read_bytes() + b"\0")
+    for p in _files():
+        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
     h.update(" ".join(CFLAGS).encode() + b"\0" + version.encode() + b"\0")
     for f in (libmpi, mpicc):
         st = os.stat(f) if f and os.path.exists(f) else None
@@ -136,6 +138,11 @@ def _key(version: str, libmpi: str | None, mpicc: str | None) -> str:
     h.update((sysconfig.get_config_var("EXT_SUFFIX") or "").encode())
     h.update(sys.version.encode())
     return h.hexdigest()[:24]
+
+
+def _files() -> list:
+    """Every file the extension is built from (sources, then headers)."""
+    return [ROUND_DIR / s for s in SOURCES] + [d / h for d, h in HEADERS]
 
 
 def _failed(message: str, **context) -> Refusal:
@@ -173,7 +180,7 @@ def _compile(b: Build) -> None:
     import cffi
 
     ffi = cffi.FFI()
-    ffi.cdef(header_cdef((CSRC / "native.h").read_text()))
+    ffi.cdef(header_cdef((ROUND_DIR / "native.h").read_text()))
     ffi.set_source(MODULE, '#include "native.h"\n')
     with tempfile.TemporaryDirectory(dir=b.path.parent, prefix=".build-") as tmp:
         gen = Path(tmp) / f"{MODULE}.c"
@@ -186,9 +193,10 @@ def _compile(b: Build) -> None:
             b.mpicc,
             *CFLAGS,
             *(f"-I{i}" for i in sorted(includes)),
-            f"-I{CSRC}",
+            f"-I{ROUND_DIR}",
+            f"-I{KERNEL_DIR}",
             str(gen),
-            *(str(CSRC / s) for s in SOURCES),
+            *(str(ROUND_DIR / s) for s in SOURCES),
             "-o",
             str(out),
         ]
@@ -232,7 +240,7 @@ def check_kernel(mod) -> None:
 
     if ffi.sizeof("ak_table") != mod.lib.an_kernel_table_size():
         raise ImportError(
-            "alpha_mpi.kernel._alpha_kernel is older than csrc/kernel_table.h (rebuild: pip install -e .)"
+            "alpha_mpi.kernel._alpha_kernel is older than csrc/kernel/kernel_table.h (rebuild: pip install -e .)"
         )
 
 

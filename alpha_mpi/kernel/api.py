@@ -14,7 +14,7 @@ buffers), checks dtype / contiguity / writeability / length, wraps the buffers w
     fp-environment-off-profile  FTZ/DAZ on or rounding not to nearest
     kernel-unavailable    the compiled module is missing
 
-Evaluation orders (Adam, SGD, tree programs) are documented once, in csrc/alpha_kernel.h.
+Evaluation orders (Adam, SGD, tree programs) are documented once, in csrc/kernel/alpha_kernel.h.
 This module holds the combines (add, tree programs, fold) and the conversion sites; the package
 (`alpha_mpi.kernel`) is what a caller imports, and re-exports the rest, split by concern: the
 optimizer updates in updates.py, the buffer checks both wrap their C calls with in buffers.py,

@@ -76,7 +76,8 @@ FORBIDDEN_PREFIXES = ("-mlow-precision-", "-mrecip=", "-ffp-contract=fast", "-ff
 
 _HERE = Path(__file__).resolve().parent  # alpha_mpi/kernel
 ROOT = _HERE.parents[1]  # the repository (or sdist) root, which holds csrc/
-CSRC = ROOT / "csrc"
+CSRC = ROOT / "csrc"  # kernel/ (this build), round/ (the engine's round: execution/native.py), verify/
+KERNEL_DIR = CSRC / "kernel"
 KERNEL_SOURCES = ("alpha_kernel.c", "pairwise.c", "dense.c", "frame.c", "kernel_table.c")
 KERNEL_HEADERS = ("alpha_kernel.h", "pairwise.h", "dense.h", "frame.h", "kernel_table.h")
 # Included by a source, declaring nothing for Python (dense.c includes it once per ISA path).
@@ -133,7 +134,7 @@ def build_id(flags) -> str:
     h = hashlib.sha256()
     for name in sorted(KERNEL_SOURCES + KERNEL_HEADERS + KERNEL_INCLUDES):
         h.update(name.encode() + b"\0")
-        h.update((CSRC / name).read_bytes())
+        h.update((KERNEL_DIR / name).read_bytes())
         h.update(b"\0")
     h.update("\0".join(flags).encode())
     return h.hexdigest()
@@ -146,7 +147,7 @@ def _c_string(s: str) -> str:
 def _source_path(name: str) -> str:
     """Relative to the current directory when building from the repository root (what
     pip and setuptools expect), absolute otherwise."""
-    p = CSRC / name
+    p = KERNEL_DIR / name
     rel = os.path.relpath(p)
     return rel if not rel.startswith("..") else str(p)
 
@@ -179,7 +180,7 @@ def header_cdef(text: str) -> str:
 
 def cdef() -> str:
     """The cdef of every kernel header, plus the build-identity functions."""
-    return "".join(header_cdef((CSRC / h).read_text()) for h in KERNEL_HEADERS) + _BUILD_CDEF
+    return "".join(header_cdef((KERNEL_DIR / h).read_text()) for h in KERNEL_HEADERS) + _BUILD_CDEF
 
 
 def make_ffi(flags=None):

@@ -1,7 +1,7 @@
-"""The fixed-order dense kernels (csrc/dense.h) on numpy arrays: products, column sums, ReLU,
+"""The fixed-order dense kernels (csrc/kernel/dense.h) on numpy arrays: products, column sums, ReLU,
 softmax cross-entropy, exp and log, with the same bits on every machine (layer 3).
 
-Each output has one declared evaluation order (written down once, in csrc/dense.h): a product's
+Each output has one declared evaluation order (written down once, in csrc/kernel/dense.h): a product's
 sum runs over ascending l from +0.0, a product rounded before it is added (no fused
 multiply-add), the bias added once after the whole sum; exp and log are one fixed algorithm of
 alpha_mpi's (no libm, no numpy SIMD). The vector paths (AVX-512, AVX2, SSE2, NEON, generic C)
@@ -51,7 +51,7 @@ __all__ = [
 
 ISA_ENV = "ALPHA_MPI_ISA"
 _I64 = np.dtype(np.int64)
-_PATHS = ("generic", "sse2", "avx2", "avx512", "neon")  # index = AK_ISA_* of csrc/dense.h
+_PATHS = ("generic", "sse2", "avx2", "avx512", "neon")  # index = AK_ISA_* of csrc/kernel/dense.h
 _env_read = False  # ALPHA_MPI_ISA is read once, on the first product (or isa_path())
 
 
@@ -151,7 +151,7 @@ def matmul(out: np.ndarray, a: np.ndarray, b: np.ndarray, bias: np.ndarray | Non
     """out (m, n) = a (m, k) @ b (k, n), plus bias (n,) once after each output's whole sum.
 
     Each out[i, j] is +0.0 + a[i,0]*b[0,j] + a[i,1]*b[1,j] + ... in ascending l, each product
-    rounded, then + bias[j] (csrc/dense.h PRODUCTS). out must not overlap an input."""
+    rounded, then + bias[j] (csrc/kernel/dense.h PRODUCTS). out must not overlap an input."""
     return _product("matmul", lib.ak_matmul, out, a, b, bias, False, False)
 
 
@@ -209,7 +209,7 @@ def relu_backward(out: np.ndarray, g: np.ndarray, z: np.ndarray) -> np.ndarray:
 
 def exp(out: np.ndarray, x: np.ndarray) -> np.ndarray:
     """out = exp(x) by alpha_mpi's one algorithm (fdlibm's reduction and polynomial, below 1 ulp;
-    csrc/dense.h EXP); out may be x."""
+    csrc/kernel/dense.h EXP); out may be x."""
     po, (px,) = _elementwise("exp", out, (("x", x),))
     if lib.ak_exp(po, px, out.size):
         bad_argument("exp", "out partially overlaps x")
@@ -217,7 +217,7 @@ def exp(out: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 
 def log(out: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """out = log(x) by alpha_mpi's one algorithm (csrc/dense.h LOG): NaN for x < 0, -Inf at 0;
+    """out = log(x) by alpha_mpi's one algorithm (csrc/kernel/dense.h LOG): NaN for x < 0, -Inf at 0;
     out may be x."""
     po, (px,) = _elementwise("log", out, (("x", x),))
     if lib.ak_log(po, px, out.size):
@@ -228,7 +228,7 @@ def log(out: np.ndarray, x: np.ndarray) -> np.ndarray:
 def softmax_xent(grad_out: np.ndarray, logits: np.ndarray, labels: np.ndarray) -> float:
     """Softmax cross-entropy of m rows of logits (m, c) against integer labels (m,) in [0, c):
     writes the gradient probabilities - onehot into grad_out (m, c) and returns the sum of the
-    rows' losses log(sum_j exp(z_j - max)) - (z_y - max), in the order of csrc/dense.h SOFTMAX
+    rows' losses log(sum_j exp(z_j - max)) - (z_y - max), in the order of csrc/kernel/dense.h SOFTMAX
     CROSS-ENTROPY. grad_out may be logits. A label outside [0, c) is refused before anything is
     written."""
     fn = "softmax_xent"

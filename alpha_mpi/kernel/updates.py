@@ -3,7 +3,7 @@
 Apart from api.py because an update is a different kind of call from a combine: it reads
 and writes the whole optimizer state, takes hyperparameter scalars, and on a non-finite value
 explains which input, scalar, intermediate or output it was (`_update_refusal`). Evaluation
-orders are in csrc/alpha_kernel.h; `alpha_mpi.kernel` re-exports the public names.
+orders are in csrc/kernel/alpha_kernel.h; `alpha_mpi.kernel` re-exports the public names.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def adam_step(
     b2t: float,
     allow_inplace: bool = False,
 ) -> None:
-    """One Adam step (order in csrc/alpha_kernel.h) from (p, m, v) into (p_out, m_out, v_out).
+    """One Adam step (order in csrc/kernel/alpha_kernel.h) from (p, m, v) into (p_out, m_out, v_out).
 
     b1t, b2t are the carried bias-correction powers b1**t, b2**t for this step (multiply
     them by b1, b2 once per step; never pow). FiniteOrRefuse: on any non-finite input,

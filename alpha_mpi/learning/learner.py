@@ -87,7 +87,7 @@ class DataParallelLearner:
             alpha_mpi.model.build accepts). Part of the numerical contract: two topologies are
             two contracts, and a checkpoint saved under one is refused under the other.
         optimizer: "adam" (adam-v1) or "sgd" (sgd-momentum-v1), the C kernel formulas whose
-            evaluation order the contract names (csrc/alpha_kernel.h); FiniteOrRefuse.
+            evaluation order the contract names (csrc/kernel/alpha_kernel.h); FiniteOrRefuse.
         lr, momentum: learning rate; SGD momentum (0 = plain SGD; ignored by Adam).
         partition: "none" | "state" | "grads" | "params" (see the module docstring): where
             optimizer state, reduced gradients and parameters live. Every mode gives the bits of

@@ -95,7 +95,7 @@ class MLP:
         """Write Σ_i ∇loss_i into grad_out (a sum over the slot's samples, not a mean); return Σ loss_i.
 
         The sums over samples (the weight and bias gradients, the loss) run over the slot's
-        rows in ascending order, each product sum over ascending inner index (csrc/dense.h)."""
+        rows in ascending order, each product sum over ascending inner index (csrc/kernel/dense.h)."""
         v, g = self.views(params), self.views(grad_out)
         X = np.ascontiguousarray(X, dtype=np.float64)  # exact (float32, integers below 2**53)
         y = np.asarray(y)

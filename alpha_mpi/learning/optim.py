@@ -14,7 +14,7 @@ from .. import kernel
 
 
 class Adam:
-    """Adam over n coordinates, formula `adam-v1` (csrc/alpha_kernel.h ADAM EVALUATION ORDER);
+    """Adam over n coordinates, formula `adam-v1` (csrc/kernel/alpha_kernel.h ADAM EVALUATION ORDER);
     the bias powers b1^t, b2^t are carried and multiplied once per step."""
 
     name = "adam"
@@ -68,7 +68,7 @@ class Adam:
 
 
 class SGD:
-    """SGD with momentum over n coordinates, formula `sgd-momentum-v1` (csrc/alpha_kernel.h)."""
+    """SGD with momentum over n coordinates, formula `sgd-momentum-v1` (csrc/kernel/alpha_kernel.h)."""
 
     name = "sgd"
 

@@ -1,6 +1,6 @@
 """Formula ids and their exact evaluation orders, as numerical contracts name them.
 
-The Adam and SGD orders are written down once, in csrc/alpha_kernel.h ("ADAM EVALUATION ORDER",
+The Adam and SGD orders are written down once, in csrc/kernel/alpha_kernel.h ("ADAM EVALUATION ORDER",
 "SGD WITH MOMENTUM"); the strings here are that text with the blanks removed, one assignment per
 `;`, each operation one correctly rounded binary64 operation, parenthesised as evaluated.
 tests/test_contracts.py reads the header and checks that every assignment below is written there,

@@ -105,7 +105,7 @@ class Eval:
 
 @dataclass(frozen=True)
 class Merge:
-    """Join two summaries of pairwise-tree nodes into a third (csrc/pairwise.h ap_merge).
+    """Join two summaries of pairwise-tree nodes into a third (csrc/kernel/pairwise.h ap_merge).
 
     Each of `a`, `b`, `out` is a (head, nodes) pair of Regions: the head is two int64 words
     (record count, flags), the nodes `capacity` records of 2 + k words. `n` is a one-word

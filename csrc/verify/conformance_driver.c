@@ -2,7 +2,7 @@
  * conformance_driver.c -- instruction-set conformance driver for the alpha_mpi kernel
  * (DESIGN.md "Instruction sets").
  *
- * Built from the very same csrc/alpha_kernel.c, csrc/dense.c and csrc/frame.c with the very
+ * Built from the very same csrc/kernel/alpha_kernel.c, csrc/kernel/dense.c and csrc/kernel/frame.c with the very
  * same flags as the Python extension (alpha_mpi/_kernel_build.py BASE_CFLAGS), once for x86-64 and once for
  * AArch64 (run under qemu-user). It generates its inputs itself from a fixed portable
  * PRNG (splitmix64) by bit manipulation only -- no libm, no multiply-add shaped

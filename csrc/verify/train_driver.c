@@ -15,7 +15,7 @@
  *   the payloads combined by the pairwise tree over slots ([lo, hi) split at
  *     lo + 2^floor(log2(hi - lo - 1)), left operand first; ak_add, element by element);
  *   g = numerator / samples (one division per element);
- *   Adam (ak_adam, csrc/alpha_kernel.h's order) with b1t, b2t carried: b1t = b1 at step 1,
+ *   Adam (ak_adam, csrc/kernel/alpha_kernel.h's order) with b1t, b2t carried: b1t = b1 at step 1,
  *     then b1t *= b1 after each step (optim.py).
  * The steps run once per ISA path this CPU offers (ak_isa_select); every path must give the
  * first path's bits (the output counts the paths that do not).

@@ -1,7 +1,7 @@
 /*
  * kernel_table.h -- the kernel's functions that the MPI executor calls (layer 3 -> 4).
  *
- * The executor's round (csrc/native.c) is built apart, by the MPI library's own mpicc, at first
+ * The executor's round (csrc/round/native.c) is built apart, by the MPI library's own mpicc, at first
  * use; it does no arithmetic of its own. It receives this table from the kernel module that
  * setup.py built with the fixed flags of alpha_mpi/kernel/build.py and calls the evaluation,
  * the finiteness check, the summary and its merge, CRC32C and the header patch/check through it: one

@@ -133,18 +133,23 @@ def write_output(path: str, text: str, flag: str = "--json") -> None:
         raise Refusal("output-unwritable", f"{flag} {path}: cannot write it: {e.strerror or e}")
 
 
-def check_output(path: str, flag: str = "--json") -> None:
+def check_output(path: str, flag: str = "--json", make_folder: bool = False) -> None:
     """Refuse, before any work, an output path no result could be written to: a directory, a
-    FIFO or socket (a write would wait for a reader), a missing or read-only folder."""
+    FIFO or socket (a write would wait for a reader), a missing or read-only folder. With
+    `make_folder` (the writer creates missing folders, as the benchmarks' JSON does) a missing
+    folder is fine when its nearest existing ancestor is a writable directory."""
     folder = os.path.dirname(os.path.abspath(path))
     try:
         mode = os.stat(path).st_mode
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         mode = None
     except OSError as e:
         raise Refusal("output-unwritable", f"{flag} {path}: {e.strerror}")
     if mode is not None and (stat.S_ISDIR(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
         raise Refusal("output-unwritable", f"{flag} {path}: a directory, FIFO or socket, not a file")
+    if make_folder:
+        while not os.path.lexists(folder) and os.path.dirname(folder) != folder:
+            folder = os.path.dirname(folder)
     if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
         raise Refusal("output-unwritable", f"{flag} {path}: the folder {folder} must exist and be writable")
     if mode is not None and not os.access(path, os.W_OK):

@@ -23,7 +23,8 @@ from mpi4py import MPI
 from ... import kernel
 from ...execution import Allreducer
 from ...model import pairwise
-from .harness import RankParser, slowest, statistic, timed
+from .._args import path
+from .harness import RankParser, check_outputs, slowest, statistic, timed
 from .results import write_json
 
 
@@ -36,7 +37,7 @@ def cmd(comm, argv) -> int:
     rank, p = comm.Get_rank(), comm.Get_size()
     parser = RankParser(rank, prog="alpha-mpi bench calibrate", description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--out", required=True, metavar="FILE", help="write the calibration JSON here (rank 0)"
+        "--out", type=path, required=True, metavar="FILE", help="write the calibration JSON here (rank 0)"
     )
     parser.add_argument("--iters", type=int, default=200, help="runs per figure (default 200)")
     parser.add_argument("--mib", type=int, default=8, help="MiB moved / added for β and γ (default 8)")
@@ -44,6 +45,7 @@ def cmd(comm, argv) -> int:
         a = parser.parse_args(argv)
     except SystemExit as e:
         return int(e.code or 0)
+    check_outputs(comm, [("--out", a.out, True)])
     if p < 2:
         if rank == 0:
             print("alpha-mpi bench calibrate: run it under mpiexec -n 2 or more (it measures messages)")
@@ -89,7 +91,7 @@ def cmd(comm, argv) -> int:
         "measured_with": f"butterfly ({few.plan.rounds} rounds) and tree ({many.plan.rounds} rounds)",
     }
     if rank == 0:
-        write_json(a.out, doc)
+        write_json(a.out, doc, "--out")
         print(
             f"alpha0 {alpha0 * 1e6:.2f} us/run   alpha {alpha * 1e6:.2f} us/round   alpha_msg {alpha_msg * 1e6:.2f} us/message   "
             f"beta {beta * 1e9:.3f} ns/B   gamma {gamma * 1e9:.3f} ns/B  -> {a.out}"

@@ -50,7 +50,7 @@ from ...kernel import ffi, lib
 from .._args import at_least, path
 from .baseline import MpiAllreduce
 from .dot_tiles import TILE_COLUMNS, tile_calls
-from .harness import RankParser, machine_info, statistic, timed
+from .harness import RankParser, check_outputs, machine_info, statistic, timed
 from .results import write_json
 
 DEFAULT_LENGTHS = [10**e for e in range(2, 8)]
@@ -309,6 +309,7 @@ def _table(rows, columns: str) -> None:
 def cmd(comm, argv=None) -> int:
     rank = comm.Get_rank()
     args = make_parser(rank).parse_args(argv)
+    check_outputs(comm, [("--json", args.json, True)])
     info = machine_info(comm)
     # One BLAS thread per rank in both columns: p ranks each running np.dot with every core's
     # threads oversubscribe the machine and time scheduling, not the dot (issue 21).

@@ -50,6 +50,33 @@ def memory_refusal(nbytes: int, what: str):
     )
 
 
+def check_outputs(comm, outputs, root: int = 0) -> None:
+    """Refuse on every rank, before any work, an output path `root` (the rank that writes the
+    outputs) could not write: `outputs` is [(flag, path or None, the writer makes missing
+    folders)]. The verdict and its message travel from `root` to every rank by buffer
+    broadcasts, so the whole job refuses by name (`output-unwritable`) instead of one rank
+    raising while the others wait for it in the benchmark's first collective."""
+    from ...refusals import Refusal
+    from .._args import check_output
+
+    message = b""
+    if comm.Get_rank() == root:
+        try:
+            for flag, path, make_folder in outputs:
+                if path is not None:
+                    check_output(path, flag, make_folder=make_folder)
+        except Refusal as e:
+            message = e.message.encode()
+    size = np.array([len(message)], dtype=np.int64)
+    comm.Bcast(size, root=root)  # harness bookkeeping through buffers, never pickles
+    if size[0] == 0:
+        return
+    text = np.frombuffer(message, dtype=np.uint8).copy() if message else np.empty(size[0], dtype=np.uint8)
+    comm.Bcast(text, root=root)
+    said = text.tobytes().decode(errors="replace")
+    raise Refusal("output-unwritable", said if comm.Get_rank() == root else f"{said} (rank {root} writes it)")
+
+
 STATISTICS = {"mean": np.mean, "median": np.median, "min": np.min}
 
 

@@ -39,7 +39,7 @@ import numpy as np
 from ... import kernel
 from ...refusals import Refusal
 from .._args import path
-from .harness import RankParser, memory_refusal
+from .harness import RankParser, check_outputs, memory_refusal
 from .results import write_json
 
 MAX_KS = 64  # inputs of one fused add
@@ -284,6 +284,7 @@ def cmd(comm, argv) -> int:
     """Run the kernel benchmark on rank 0; every rank returns its exit status."""
     rank = comm.Get_rank()
     a = make_parser(rank).parse_args(argv)
+    check_outputs(comm, [("--json", a.json, True)])
     _check_memory(a.sizes, a.ks)
     status = np.zeros(1, dtype=np.int32)
     if rank == 0:

@@ -31,15 +31,16 @@ def to_json(obj, level: int = 0) -> str:
     return "[\n" + ",\n".join(pad + to_json(v, level + 1) for v in obj) + "\n" + end + "]"
 
 
-def write_json(path: str, doc) -> None:
+def write_json(path: str, doc, flag: str = "--json") -> None:
     """Write `doc` to `path` (creating its folder) as `to_json` lays it out; a path that cannot
-    be written (a full disk, /dev/full, a directory) is refused as `output-unwritable`."""
+    be written (a full disk, /dev/full, a directory) is refused as `output-unwritable`, naming
+    the option (`flag`) that gave it."""
     text = to_json(doc) + "\n"
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     except OSError as e:
-        raise Refusal("output-unwritable", f"--json {path}: cannot make its folder: {e.strerror or e}")
-    write_output(path, text)
+        raise Refusal("output-unwritable", f"{flag} {path}: cannot make its folder: {e.strerror or e}")
+    write_output(path, text, flag)
 
 
 def read_json(path: str):

@@ -30,6 +30,7 @@ import sys
 from collections import defaultdict
 
 from ...refusals import Refusal
+from .._args import check_output
 from .._args import path as path_arg
 from .allreduce_report import human
 from .results import read_json, write_json
@@ -206,7 +207,7 @@ def _merge_into(target: str, paths) -> int:
     except ValueError as e:
         print(f"alpha-mpi bench summary: error: --merge: {e}", file=sys.stderr)
         return EXIT_USAGE
-    write_json(target, doc)
+    write_json(target, doc, "--merge")
     print(f"{target}: p={doc['p']}, runs {', '.join(doc['runs'])}")
     return 0
 
@@ -232,6 +233,7 @@ def main(argv=None) -> int:
     except SystemExit as e:
         return int(e.code or 0)
     if a.merge:
+        check_output(a.merge, "--merge", make_folder=True)
         return _merge_into(a.merge, a.files)
     runs = load_runs(a.files)
     if not runs:

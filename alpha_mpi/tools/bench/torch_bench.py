@@ -32,7 +32,7 @@ import statistics
 from ...refusals import Refusal
 from .._args import at_least, path
 from .baseline import init_gloo
-from .harness import RankParser, interleaved_steps
+from .harness import RankParser, check_outputs, interleaved_steps
 from .results import write_json
 
 PATHS = ("step", "local", "buckets")
@@ -114,6 +114,7 @@ def cmd(comm, argv) -> int:
 
     rank, size = comm.Get_rank(), comm.Get_size()
     a = _parser(rank).parse_args(argv)
+    check_outputs(comm, [("--json", a.json, True)])
     counts = slot_counts(a.slots, size)
     paths = [w.strip() for w in a.paths.split(",")]
     if not set(paths) <= set(PATHS) or not paths:

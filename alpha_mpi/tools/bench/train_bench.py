@@ -32,7 +32,7 @@ from ...learning.slicing import stream_batch
 from ...learning.trainer import TrainConfig, build
 from .._args import at_least, path
 from . import baseline
-from .harness import RankParser, interleaved_steps, report_step_times
+from .harness import RankParser, check_outputs, interleaved_steps, report_step_times
 from .results import write_json
 
 BLAS_LABEL = "numpy/BLAS model"
@@ -94,6 +94,7 @@ def _parser(rank):
 def cmd(comm, argv) -> int:
     rank, size = comm.Get_rank(), comm.Get_size()
     a = _parser(rank).parse_args(argv)
+    check_outputs(comm, [("--json", a.json, True)])
     lr = 2e-3 if a.optimizer == "adam" else 0.05
     cfg = TrainConfig(
         slots=a.slots,

@@ -35,7 +35,7 @@ for s in $STEPS; do
   case $s in
     allreduce)
       run "$MPIEXEC" -n 2 "$PY" -m alpha_mpi bench allreduce --sizes 8,1K,64K,1M,16M,64M \
-        --realizations auto,butterfly,halving --functional --payload-check --stat median \
+        --realizations auto,butterfly,halving --functional --payload-check --stat median --targets \
         --json "$OUT/allreduce-p2.json" | tee "$OUT/allreduce-p2.txt" ;;
     calibrate)
       run "$MPIEXEC" -n 2 "$PY" -m alpha_mpi bench calibrate --out "$OUT/calibration-p2.json" ;;

@@ -47,6 +47,8 @@ def test_allreduce_table_and_json(tmp_path):
         "busbw[GB/s]",
         "ratio",
         "/floor",
+        "iters",
+        "warmup",
         "bits",
     ):
         assert col in header
@@ -64,13 +66,15 @@ def test_allreduce_table_and_json(tmp_path):
     assert names.count("gloo") == 2 * gloo
     assert "auto(butterfly)" in names
     for row in rows:
+        assert row[-3:-1] == ["3", "3"], row  # --iters 3, the default 3 warm-up iterations
         if row[1] == "MPI_Allreduce":
-            assert float(row[-3]) == 1.0
+            assert float(row[-5]) == 1.0
         elif row[1] == "floor":
-            assert float(row[-2]) == 1.0 and row[-1] == "-"  # timed, its bits never used
+            assert float(row[-4]) == 1.0 and row[-1] == "-"  # timed, its bits never used
         elif row[1] != "gloo":
             assert row[-1] == "ok", row
     assert doc["machine"]["p"] == 2 and doc["bits_ok"] is True and doc["benchmark"] == "allreduce"
+    assert not any(line.startswith("# target") for line in lines) and "targets" not in doc  # no --targets
     assert doc["config"]["realizations"] == ["auto", "butterfly", "halving", "replicate", "tree", "scatter"]
     res = doc["results"]
     assert len(res) == 2 * per_size
@@ -82,6 +86,7 @@ def test_allreduce_table_and_json(tmp_path):
         # the spread of single iterations holds every rank's mean
         assert r_["t_iter_min_us"] <= r_["t_min_us"] and r_["t_max_us"] <= r_["t_iter_max_us"]
         assert r_["busbw_GBs"] == pytest.approx(r_["algbw_GBs"])  # 2(p-1)/p = 1 at p = 2
+        assert (r_["iters"], r_["warmup"]) == (3, 3)
     assert {r_["chosen"] for r_ in res if r_["requested"] == "auto"} <= {"butterfly", "halving"}
     # only rank 0 prints the table
     assert r.stdout.count("# machine:") == 1
@@ -89,6 +94,53 @@ def test_allreduce_table_and_json(tmp_path):
         assert f"# plot written to {png}" in r.stdout and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     else:
         assert "# plot skipped: matplotlib is not installed" in r.stdout and not png.exists()
+
+
+SMALL = ["allreduce", "--sizes", "8,2M", "--iters", "4", "--min-iters", "2", "--warmup", "1"]
+SMALL += ["--realizations", "auto,tree", "--no-gloo"]
+
+
+@needs_mpiexec
+def test_allreduce_csv_has_a_header_line_and_a_row_per_variant_and_size(tmp_path):
+    """`--format csv`: stdout is CSV as it is (no '#' lines), with the JSON rows' fields as
+    columns, the iterations (fewer above 1 MiB) and the warm-up among them; no targets."""
+    import csv
+
+    out = tmp_path / "out.json"
+    r = launch(*SMALL, "--format", "csv", "--json", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "#" not in r.stdout and "target" not in r.stdout + r.stderr, r.stdout
+    rows = list(csv.DictReader(r.stdout.splitlines()))
+    doc = json.loads(out.read_text())
+    assert len(rows) == len(doc["results"]) == 2 * 4  # MPI_Allreduce, floor, auto, tree per size
+    for row, want in zip(rows, doc["results"]):
+        assert row["realization"] == want["realization"] and int(row["bytes"]) == want["bytes"]
+        assert float(row["t_max_us"]) == want["t_max_us"] and float(row["ratio_floor"]) == want["ratio_floor"]
+        # 8 B: --iters; 2 MiB: iters * 1 MiB / size = 2 (at least --min-iters)
+        assert (int(row["iters"]), int(row["warmup"])) == ((4, 1) if want["bytes"] == 8 else (2, 1)), row
+        assert row["bits_ok"] == ("True" if want["chosen"] else "")
+    for size in ("8", str(2 << 20)):
+        names = sorted(row["realization"] for row in rows if row["bytes"] == size)
+        assert len(names) == 4, names
+        assert {"MPI_Allreduce", "floor", "tree"} <= set(names) and sum(
+            n.startswith("auto(") for n in names
+        ) == 1
+
+
+@needs_mpiexec
+def test_allreduce_json_on_stdout_and_targets_only_when_asked():
+    """`--format json`: stdout is the document --json writes, nothing else; `--targets` adds the
+    development targets (to the document, and as '#' notes on stderr)."""
+    r = launch(*SMALL, "--format", "json", "--targets")
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["benchmark"] == "allreduce" and doc["bits_ok"] is True and doc["config"]["warmup"] == 1
+    assert {(row["bytes"], row["iters"], row["warmup"]) for row in doc["results"]} == {
+        (8, 4, 1),
+        (2 << 20, 2, 1),
+    }
+    assert doc["targets"] and all(t.startswith("# target ") for t in doc["targets"]), doc.get("targets")
+    assert r.stderr.count("# target ") == len(doc["targets"])
 
 
 @needs_mpiexec

@@ -107,8 +107,48 @@ def test_table_line_is_formatted_from_the_json_row():
     rows = synthetic_doc()["results"]
     mpi, auto = table_line(rows[0]).split(), table_line(rows[1]).split()
     # the column after `ratio` (the ratio to the floor) is nan for a document recorded before it
-    assert mpi[:2] == ["8", "MPI_Allreduce"] and mpi[-3:] == ["1.00", "nan", "=tree"] and len(mpi) == 10
+    # and its warm-up count is "-" (recorded before the column existed)
+    assert (
+        mpi[:2] == ["8", "MPI_Allreduce"]
+        and mpi[-5:] == ["1.00", "nan", "3", "-", "=tree"]
+        and len(mpi) == 12
+    )
     assert auto[1] == "auto(butterfly)" and auto[4] == f"{rows[1]['t_max_us']:.2f}" and auto[-1] == "ok"
+    rows[1]["warmup"] = 5
+    assert table_line(rows[1]).split()[-3:] == ["3", "5", "ok"]
+
+
+@pytest.mark.parametrize("fmt", ["table", "csv", "json"])
+def test_each_format_prints_every_row_and_only_its_own_kind_of_text(fmt, capsys):
+    """The output objects of --format: the table's '#' preamble and notes; CSV with a header
+    line and the notes on stderr; JSON the whole document, the notes on stderr."""
+    import csv
+
+    from alpha_mpi.tools.bench.allreduce_report import FORMATS, csv_columns, header
+
+    doc = synthetic_doc()
+    for r in doc["results"]:
+        r["warmup"] = 2
+    said = []
+    out = FORMATS[fmt]("allreduce", said.append)
+    out.begin(["# a preamble line", header()])
+    for r in doc["results"]:
+        out.row(r)
+    out.note("# a note")
+    out.end(doc)
+    err = capsys.readouterr().err
+    if fmt == "table":
+        assert said[:2] == ["# a preamble line", header()] and said[-1] == "# a note" and not err
+        assert [line.split()[1] for line in said[2:-1]] == [r["realization"] for r in doc["results"]]
+    elif fmt == "csv":
+        got = list(csv.DictReader(said))
+        assert list(got[0]) == csv_columns("allreduce") and len(got) == len(doc["results"])
+        for row, r in zip(got, doc["results"]):
+            assert float(row["t_max_us"]) == r["t_max_us"] and (row["iters"], row["warmup"]) == ("3", "2")
+            assert row["chosen"] == (r["chosen"] or "") and row["ratio_floor"] == ""  # absent: empty
+        assert err == "# a note\n"
+    else:
+        assert len(said) == 1 and json.loads(said[0]) == doc and err == "# a note\n"
 
 
 def test_summary_of_the_recorded_sweeps_is_the_recorded_summary(capsys):

@@ -140,6 +140,19 @@ def make_parser(rank: int) -> argparse.ArgumentParser:
     )
     for flag, text in SWITCHES:
         add(flag, action="store_true", help=text)
+    add(
+        "--format",
+        choices=("table", "csv", "json"),
+        default="table",
+        help="what stdout carries (rank 0): the '#'-headed table (default), CSV (a header line, then one "
+        "line a row; notes go to stderr) or the JSON document --json writes",
+    )
+    add(
+        "--targets",
+        action="store_true",
+        help="also print the project's development targets (docs/performance.md) and whether this run met "
+        "them; they were set for p = 2 on the development machine",
+    )
     add("--json", metavar="PATH", type=path, help="write the results as JSON (rank 0)")
     add(
         "--plot",

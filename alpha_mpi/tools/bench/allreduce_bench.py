@@ -2,7 +2,7 @@
 
     mpiexec -n 2 python -m alpha_mpi.tools.bench allreduce [--sizes 8,1K,1M,64M] [--iters 100]
         [--warmup 3] [--realizations auto,butterfly,halving,...] [--topology pairwise|star|hierarchy:K]
-        [--json out.json] [--plot out.png]
+        [--format table|csv|json] [--targets] [--json out.json] [--plot out.png]
 
 For each size, in one run and interleaved iteration by iteration (so that drift and other load
 on a shared machine hit every variant alike): MPI_Allreduce (the reference; baseline.py), torch
@@ -12,9 +12,11 @@ is skipped with a note). Every iteration is preceded by a Barrier; the timed reg
 the combine call alone. Per rank the statistic (mean by default, --stat median on a noisy
 machine) of the iterations is taken; t_min / t_avg / t_max are the minimum / mean / maximum of
 that over ranks, algbw = bytes / t_max, busbw = algbw * 2(p-1)/p, ratio = t_max / t_max of
-MPI_Allreduce (< 1: faster). The JSON rows also hold the fastest and the slowest single
-iteration of any rank (t_iter_min_us, t_iter_max_us): the spread that --plot shades above its
-panel of ratios to MPI_Allreduce.
+MPI_Allreduce (< 1: faster); iters and warmup the timed and untimed iterations at that size.
+--format csv prints the rows as CSV and --format json the whole document instead of the table
+(notes then go to stderr); --targets adds the project's development targets. The JSON rows
+also hold the fastest and the slowest single iteration of any rank (t_iter_min_us,
+t_iter_max_us): the spread that --plot shades above its panel of ratios to MPI_Allreduce.
 
 The options are in allreduce_args.py, the variants timed in allreduce_variants.py, the table,
 JSON rows and plot in allreduce_report.py; this module holds the measurement loop.
@@ -49,7 +51,7 @@ from ...planning.validate import MAX_NODES
 from ...refusals import Refusal
 from . import baseline
 from .allreduce_args import DEFAULT_REALIZATIONS, DEFAULT_REDUCE_SCATTER, iterations, make_parser
-from .allreduce_report import finish_model, plot, preamble, result_row, table_line, targets
+from .allreduce_report import FORMATS, finish_model, plot, preamble, result_row, targets
 from .allreduce_variants import (
     AlphaVariant,
     BaselineVariant,
@@ -60,7 +62,7 @@ from .allreduce_variants import (
     slot_values,
 )
 from .floor import Floor
-from .harness import machine_info, memory_refusal, statistic, timed
+from .harness import check_outputs, machine_info, memory_refusal, statistic, timed
 from .results import write_json
 
 
@@ -217,11 +219,12 @@ def _all_agree(comm, ok: bool) -> bool:
 def cmd(comm, argv) -> int:
     rank, p = comm.Get_rank(), comm.Get_size()
     args, tree, reals, config = _configure(comm, argv)
+    check_outputs(comm, [("--json", args.json, True), ("--plot", args.plot, False)])
     out = sys.stdout
     say = (lambda s="": (print(s, file=out), out.flush())) if rank == 0 else (lambda s="": None)
+    report = FORMATS[args.format](config["mode"], say)
     info = machine_info(comm)
-    for line in preamble(info, config, args):
-        say(line)
+    report.begin(preamble(info, config, args))
 
     slots = p * args.slots_per_rank
     nmax = max(args.sizes) // 8
@@ -254,27 +257,38 @@ def cmd(comm, argv) -> int:
             t_ref, t_second = max(gathered[0][0]), max(gathered[1][0])
             for v, (ts, spread) in zip(variants, gathered):
                 row = result_row(
-                    v, size, p, ts, spread, (t_ref, t_second), iters, size_ok, mpi_same, config["mode"]
+                    v,
+                    size,
+                    p,
+                    ts,
+                    spread,
+                    (t_ref, t_second),
+                    (iters, args.warmup),
+                    size_ok,
+                    mpi_same,
+                    config["mode"],
                 )
                 results.append(row)
-                say(table_line(row))
+                report.row(row)
     if model is not None and rank == 0:
         line = finish_model(model, results, p)
         if line:
-            say(line)
-    if rank == 0 and config["mode"] == "allreduce":
-        lines = targets(results)
-        if lines and p != 2:
-            say(f"# issue 33 set these targets for p = 2; at p = {p} they only indicate")
-        for line in lines:
-            say(line)
-    if not all_ok:
-        say("# BITS MISMATCH: an alpha_mpi realization disagreed with another or with the oracle")
+            report.note(line)
+    goals = targets(results) if args.targets and rank == 0 and config["mode"] == "allreduce" else []
+    if goals and p != 2:
+        report.note(f"# issue 33 set these targets for p = 2; at p = {p} they only indicate")
+    for line in goals:
+        report.note(line)
+    if not all_ok and rank == 0:
+        report.note("# BITS MISMATCH: an alpha_mpi realization disagreed with another or with the oracle")
     if rank == 0:
         doc = {"benchmark": config["mode"], "machine": info, "config": config, "results": results}
         doc.update(model=model, bits_ok=all_ok)
+        if args.targets:
+            doc["targets"] = goals
         if args.json:
             write_json(args.json, doc)
+        report.end(doc)
         if args.plot:
-            say(plot(doc, args.plot))
+            report.note(plot(doc, args.plot))
     return 0 if all_ok else 1

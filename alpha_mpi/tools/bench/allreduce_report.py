@@ -1,11 +1,18 @@
 """The report of `alpha-mpi bench allreduce`: the '#'-headed table (OSU/IMB style), the rows of
-the JSON document, the memory-bandwidth model line and the plot. No MPI here: the summary of a
-sweep (summary.py) and the plot read documents with it.
+the JSON document, the CSV, the memory-bandwidth model line, the development targets and the
+plot. No MPI here: the summary of a sweep (summary.py) and the plot read documents with it.
 
-Every printed row is formatted from its JSON row, so the table and the JSON always agree.
+Every printed row is formatted from its JSON row, so the table, the CSV and the JSON always
+agree. `--format` chooses one output object (FORMATS) once; the loop hands it the preamble, each
+row and each note, and it alone decides what stdout carries.
 """
 
 from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
 
 TITLE = "# alpha_mpi allreduce benchmark: declared-order binary64 sum vs MPI_Allreduce (OSU/IMB style)"
 RS_TITLE = (
@@ -40,7 +47,8 @@ TARGETS = (
 
 def targets(results: list) -> list:
     """'#' lines: each target of TARGETS the rows measured (sizes not run are left out), its
-    ratio and whether it is met (t_max against t_max, one interleaved run)."""
+    ratio and whether it is met (t_max against t_max, one interleaved run). The project's
+    development targets, not a verdict on a user's machine: printed only with --targets."""
     by = {}
     for r in results:
         name = r["realization"]
@@ -69,7 +77,7 @@ def header(mode: str = "allreduce") -> str:
     second = SECOND_COLUMN[REFERENCES[mode][2]]
     return (
         f"#{'bytes':>11s}  {'realization':<25s}{'t_min[us]':>11s}{'t_avg[us]':>11s}{'t_max[us]':>11s}"
-        f"{'algbw[GB/s]':>13s}{'busbw[GB/s]':>13s}{'ratio':>8s}{second:>8s}  bits"
+        f"{'algbw[GB/s]':>13s}{'busbw[GB/s]':>13s}{'ratio':>8s}{second:>8s}{'iters':>7s}{'warmup':>7s}  bits"
     )
 
 
@@ -108,7 +116,8 @@ def preamble(info: dict, config: dict, args) -> list:
         "# t_* = min/avg/max over ranks of each rank's per-iteration "
         + args.stat
         + f"; algbw = bytes/t_max; busbw = algbw*2(p-1)/p; ratio = t_max / t_max({ref}); "
-        + f"{SECOND_COLUMN[REFERENCES[mode][2]]} = t_max / t_max({second})"
+        + f"{SECOND_COLUMN[REFERENCES[mode][2]]} = t_max / t_max({second}); "
+        + "iters / warmup = timed / untimed iterations of each variant at that size"
     )
     if mode == "allreduce":
         lines.append(
@@ -126,14 +135,16 @@ def result_row(
     ts,
     spread,
     t_refs,
-    iters: int,
+    counts: tuple,
     size_ok: bool,
     mpi_same: bool,
     mode: str = "allreduce",
 ):
     """The JSON row of one variant at one size. `ts`: each rank's statistic; `spread`: the
     fastest and the slowest single iteration over all ranks; `t_refs`: the t_max of the
-    reference and of the second baseline of `mode` (REFERENCES)."""
+    reference and of the second baseline of `mode` (REFERENCES); `counts`: the timed and the
+    untimed (warm-up) iterations at this size."""
+    iters, warmup = counts
     ref, _, second_key = REFERENCES[mode]
     t_ref, t_second = t_refs
     tmin, tavg, tmax = min(ts), sum(ts) / len(ts), max(ts)
@@ -154,6 +165,7 @@ def result_row(
         "ratio": tmax / t_ref,
         second_key: tmax / t_second,
         "iters": iters,
+        "warmup": warmup,
         "bits_ok": size_ok if alpha else None,
         "bits_equal_declared": mpi_same if v.name == ref else None,
     }
@@ -166,11 +178,96 @@ def table_line(r: dict) -> str:
     else:
         bits = "=tree" if r.get("bits_equal_declared") else "-"
     second = next((r[k] for k in SECOND_COLUMN if k in r), float("nan"))  # older documents lack it
+    counts = "".join(f"{r.get(k, '-')!s:>7s}" for k in ("iters", "warmup"))  # older: no warmup
     return (
         f"{r['bytes']:>12d}  {r['realization']:<25s}{r['t_min_us']:>11.2f}{r['t_avg_us']:>11.2f}"
         f"{r['t_max_us']:>11.2f}{r['algbw_GBs']:>13.3f}{r['busbw_GBs']:>13.3f}{r['ratio']:>8.2f}"
-        f"{second:>8.2f}  {bits}"
+        f"{second:>8.2f}{counts}  {bits}"
     )
+
+
+#: The CSV's columns, in order: the JSON row's fields (the second ratio's name depends on the mode).
+CSV_COLUMNS = (
+    "bytes",
+    "realization",
+    "requested",
+    "chosen",
+    "iters",
+    "warmup",
+    "t_min_us",
+    "t_avg_us",
+    "t_max_us",
+    "t_iter_min_us",
+    "t_iter_max_us",
+    "algbw_GBs",
+    "busbw_GBs",
+    "ratio",
+    "{second}",
+    "bits_ok",
+    "bits_equal_declared",
+)
+
+
+def csv_columns(mode: str = "allreduce") -> list:
+    return [c.replace("{second}", REFERENCES[mode][2]) for c in CSV_COLUMNS]
+
+
+class TableOutput:
+    """`--format table` (the default): the '#' preamble, one line a row as each size ends, and
+    the notes ('#' lines) in the table."""
+
+    def __init__(self, mode: str, say):
+        self.mode, self.say = mode, say
+
+    def begin(self, preamble_lines):
+        for line in preamble_lines:
+            self.say(line)
+
+    def row(self, r: dict):
+        self.say(table_line(r))
+
+    def note(self, line: str):
+        self.say(line)
+
+    def end(self, doc: dict):
+        pass
+
+
+class CsvOutput(TableOutput):
+    """`--format csv`: a header line of column names (CSV_COLUMNS), then one line a row; nothing
+    else on stdout (the notes go to stderr), so the output reads as CSV as it is."""
+
+    def begin(self, preamble_lines):
+        self.say(self._line(csv_columns(self.mode)))
+
+    def row(self, r: dict):
+        self.say(self._line(["" if r.get(c) is None else r[c] for c in csv_columns(self.mode)]))
+
+    def note(self, line: str):
+        print(line, file=sys.stderr, flush=True)
+
+    @staticmethod
+    def _line(values) -> str:
+        out = io.StringIO()
+        csv.writer(out, lineterminator="").writerow(values)
+        return out.getvalue()
+
+
+class JsonOutput(CsvOutput):
+    """`--format json`: the whole document (as --json writes it) on stdout at the end; the notes
+    go to stderr."""
+
+    def begin(self, preamble_lines):
+        pass
+
+    def row(self, r: dict):
+        pass
+
+    def end(self, doc: dict):
+        self.say(json.dumps(doc, indent=1))
+
+
+FORMATS = {"table": TableOutput, "csv": CsvOutput, "json": JsonOutput}
 
 
 def finish_model(model: dict, results: list, p: int) -> str:
@@ -245,5 +342,10 @@ def plot(doc: dict, path: str) -> str:
         fig = figure(doc)
     except ImportError:
         return f"# plot skipped: matplotlib is not installed (pip install 'alpha_mpi[plot]'); wanted {path}"
-    fig.savefig(path, dpi=120)
+    try:
+        fig.savefig(path, dpi=120, format="png")
+    except OSError as e:  # checked before the run; a disk that filled since is still named
+        from ...refusals import Refusal
+
+        raise Refusal("output-unwritable", f"--plot {path}: cannot write it: {e.strerror or e}")
     return f"# plot written to {path}"

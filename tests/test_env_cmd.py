@@ -58,3 +58,93 @@ def test_train_names_the_compute_identity_at_start():
     assert r.returncode == 0, r.stderr
     line = next(x for x in r.stdout.splitlines() if x.startswith("# compute identity "))
     assert "(every rank matches it)" in line and "blas.kernel " in line
+
+
+# ------------------------------------------- can this CPU run the BLAS kernel? (issue 45 item 8)
+# Flags as /proc/cpuinfo lists them: an AVX2-only x86-64 (AMD EPYC Zen 2) and an AVX-512 Xeon.
+AVX2_ONLY = "fpu sse sse2 pni ssse3 fma sse4_1 sse4_2 avx avx2 bmi1 bmi2 sse4a".split()
+AVX512 = AVX2_ONLY + "avx512f avx512dq avx512cd avx512bw avx512vl".split()
+
+
+def cpuinfo_file(tmp_path, flags, key="flags"):
+    """A /proc/cpuinfo of two processors, the first with `flags` under `key`."""
+    path = tmp_path / "cpuinfo"
+    one = f"processor\t: 0\nmodel name\t: a CPU\n{key}\t\t: {' '.join(flags)}\n\n"
+    path.write_text(one + one.replace("processor\t: 0", "processor\t: 1"))
+    return path
+
+
+def test_a_kernel_needing_instructions_the_cpu_lacks_is_named_with_what_it_lacks():
+    from alpha_mpi.tools.cpu_support import kernel_check
+
+    bad = kernel_check("SkylakeX", frozenset(AVX2_ONLY))
+    assert bad["verdict"] == "missing"
+    assert bad["missing"] == ["avx512bw", "avx512cd", "avx512dq", "avx512f", "avx512vl"]
+    assert kernel_check("SkylakeX", frozenset(AVX512))["verdict"] == "ok"
+    assert kernel_check("Haswell", frozenset(AVX2_ONLY)) == {
+        "kernel": "Haswell",
+        "needs": ["avx2", "fma"],
+        "missing": [],
+        "verdict": "ok",
+    }
+    assert kernel_check("Sandybridge", frozenset(AVX2_ONLY))["verdict"] == "ok"
+    assert kernel_check("Haswell", frozenset("sse2 avx".split()))["missing"] == ["avx2", "fma"]
+    assert kernel_check("Cooperlake", frozenset(AVX512))["missing"] == ["avx512_bf16"]
+    # two BLAS libraries: both must run
+    assert kernel_check("Haswell + SkylakeX", frozenset(AVX2_ONLY))["verdict"] == "missing"
+    assert kernel_check("NEOVERSEV1", frozenset("fp asimd".split()))["missing"] == ["sve"]
+    # what the table does not know, or no flags, is said to be unchecked, never "ok"
+    assert kernel_check("SomeFutureCore", frozenset(AVX512))["verdict"] == "unchecked"
+    assert kernel_check("SkylakeX", None)["verdict"] == "unchecked"
+    assert kernel_check("none", frozenset(AVX512))["verdict"] == "unchecked"
+
+
+def test_cpu_flags_are_read_from_a_cpuinfo_file(tmp_path):
+    from alpha_mpi.tools.cpu_support import cpu_flags
+
+    assert cpu_flags(str(cpuinfo_file(tmp_path, AVX2_ONLY))) == frozenset(AVX2_ONLY)
+    arm = tmp_path / "arm"
+    arm.mkdir()
+    assert cpu_flags(str(cpuinfo_file(arm, ["fp", "asimd", "sve"], key="Features"))) == {"fp", "asimd", "sve"}
+    assert cpu_flags(str(tmp_path / "absent")) is None and cpu_flags(str(tmp_path)) is None
+    os.mkfifo(tmp_path / "fifo")
+    assert cpu_flags(str(tmp_path / "fifo")) is None  # not opened: it would wait for a writer
+
+
+def test_environment_checks_the_kernel_in_use_against_the_cpuinfo_it_is_given(tmp_path):
+    kernel_name = alpha_mpi.environment(torch=False)["compute"]["fields"]["blas.kernel"]
+    if kernel_name.lower() not in ("haswell", "zen", "skylakex", "sandybridge", "cooperlake"):
+        import pytest
+
+        pytest.skip(f"numpy's BLAS kernel here is {kernel_name!r}, not one of OpenBLAS's x86-64 kernels")
+    none = cpuinfo_file(tmp_path, ["fpu", "sse", "sse2"])  # a CPU that runs none of them
+    got = alpha_mpi.environment(torch=False, cpuinfo=str(none))["cpu_check"]
+    assert got["cpuinfo"] == str(none) and got["blas"]["kernel"] == kernel_name
+    assert got["blas"]["verdict"] == "missing" and "avx" in " ".join(got["blas"]["missing"])
+
+
+def test_env_says_when_a_forced_kernel_needs_instructions_the_cpu_lacks(tmp_path):
+    """OPENBLAS_CORETYPE=SkylakeX imports fine on any x86-64 CPU and the identity reads
+    'kernel SkylakeX'; the first matrix product on an AVX2-only CPU dies of SIGILL. `env` names
+    it, whatever CPU runs the test: the CPU is a /proc/cpuinfo copy given with --cpuinfo."""
+    import platform
+
+    import pytest
+
+    if platform.machine() != "x86_64":
+        pytest.skip("OpenBLAS's SkylakeX and Haswell kernels are x86-64's")
+    avx2 = cpuinfo_file(tmp_path, AVX2_ONLY)
+    forced = dict(os.environ, OPENBLAS_CORETYPE="SkylakeX")
+    r = alpha_command("env", "--no-torch", "--cpuinfo", str(avx2), env=forced, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.startswith("blas check"))
+    assert "WARNING: kernel SkylakeX needs avx512bw, avx512cd, avx512dq, avx512f, avx512vl" in line, line
+    assert f"which the CPU of {avx2} lacks" in line and "Illegal instruction" in line, line
+    r = alpha_command("env", "--json", "--no-torch", "--cpuinfo", str(avx2), env=forced, cwd=ROOT)
+    assert json.loads(r.stdout)["cpu_check"]["blas"]["verdict"] == "missing"
+    r = alpha_command(
+        "env", "--no-torch", "--cpuinfo", str(avx2), env=dict(forced, OPENBLAS_CORETYPE="Haswell"), cwd=ROOT
+    )
+    assert "blas check         kernel Haswell runs on the CPU of" in r.stdout, r.stdout
+    r = alpha_command("env", "--no-torch", "--cpuinfo", str(tmp_path / "absent"), cwd=ROOT)
+    assert r.returncode == 2 and "--cpuinfo" in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 
-from ._args import subparser
+from ._args import path, subparser
 
 EXAMPLES = (
     "alpha-mpi env                      # this process: MPI, numpy and its BLAS, torch, kernel, calibration",
     "alpha-mpi env --json               # the same as JSON (alpha_mpi.environment())",
     "mpiexec -n 4 alpha-mpi env         # also: do the ranks compute alike? (which field differs, where)",
     "alpha-mpi env --no-torch           # leave torch out (it is imported only when installed)",
+    "alpha-mpi env --cpuinfo node.txt   # can the CPU of that /proc/cpuinfo run this BLAS kernel?",
 )
 
 
@@ -23,12 +24,26 @@ def run(argv) -> int:
         "capability and backends when torch is installed; the processor), alpha_mpi's kernel and the "
         "cost-model calibration. Under mpiexec every rank's compute identity is compared and rank 0 "
         "says which ranks differ in which field: ranks that differ compute a BLAS or torch model's "
-        "slots with other bits (compute-mismatch).",
+        "slots with other bits (compute-mismatch). The `blas check` line says whether the CPU has the "
+        "instructions the BLAS kernel in use needs (OPENBLAS_CORETYPE can force one it lacks: Illegal "
+        "instruction at the first matrix product).",
         EXAMPLES,
     )
     p.add_argument("--json", action="store_true", help="print the environment as JSON (rank 0)")
     p.add_argument("--no-torch", action="store_true", help="do not import torch, even where it is installed")
+    p.add_argument(
+        "--cpuinfo",
+        type=path,
+        default="/proc/cpuinfo",
+        metavar="FILE",
+        help="check the BLAS kernel against this /proc/cpuinfo (e.g. a compute node's, saved) "
+        "instead of this machine's (default /proc/cpuinfo)",
+    )
     a = p.parse_args(argv)
+    from .cpu_support import cpu_flags
+
+    if a.cpuinfo != "/proc/cpuinfo" and cpu_flags(a.cpuinfo) is None:
+        p.error(f"--cpuinfo {a.cpuinfo}: not a readable /proc/cpuinfo copy with a flags (or Features) line")
     from mpi4py import MPI
 
     from ..learning.compute_check import ComputeCheck
@@ -36,7 +51,7 @@ def run(argv) -> int:
     from .environment import environment
 
     comm = MPI.COMM_WORLD
-    env = environment(torch=False if a.no_torch else None)
+    env = environment(torch=False if a.no_torch else None, cpuinfo=a.cpuinfo)
     identity = ComputeIdentity.of(env["compute"]["fields"])
     # Every rank's identity, compared field by field (recorded, never refused) in one round.
     ranks = ComputeCheck(identity, MachineIndependent("caller")).agree(comm, what="alpha-mpi env")
@@ -62,6 +77,7 @@ def lines(env: dict) -> list:
         ("machine", f"{f.get('machine')}; {f.get('cpu')}"),
         ("numpy", f"{f.get('numpy.version')}; SIMD {f.get('numpy.simd')}"),
         ("blas", f"{f.get('blas.library')}; kernel {f.get('blas.kernel')}; threads {f.get('blas.threads')}"),
+        ("blas check", _blas_check(env["cpu_check"])),
     ]
     if "torch.version" in f:
         rows.append(
@@ -91,3 +107,11 @@ def lines(env: dict) -> list:
         same = "all compute alike" if not r["differing"] else f"they differ: {r['differing']}"
         rows.append(("ranks", f"{r['size']}: {same}"))
     return rows
+
+
+def _blas_check(check: dict) -> str:
+    from .cpu_support import describe
+
+    where = "this CPU" if check["cpuinfo"] == "/proc/cpuinfo" else f"the CPU of {check['cpuinfo']}"
+    line = describe(check["blas"], where)
+    return ("WARNING: " + line) if check["blas"]["verdict"] == "missing" else line

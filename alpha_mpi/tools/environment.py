@@ -12,7 +12,10 @@ One dict, JSON-able, with:
   fields those are (`compared`; the rest are only recorded);
 - `kernel`: alpha_mpi's compiled kernel (build id, compiler, flags, ISA path);
 - `calibration`: the α-β-γ cost model `auto` chooses realizations by (ALPHA_MPI_CALIBRATION or
-  the built-in defaults; tools/bench/calibrate.py measures one).
+  the built-in defaults; tools/bench/calibrate.py measures one);
+- `cpu_check`: whether the CPU whose /proc/cpuinfo is read (`cpuinfo`) has the instructions the
+  BLAS kernel in use needs (tools/cpu_support.py): `blas` is kernel_check()'s verdict, "missing"
+  where a BLAS call would die of SIGILL (`OPENBLAS_CORETYPE=SkylakeX` on an AVX2-only CPU).
 
 torch is imported only when it is installed (importlib.util.find_spec); `torch=False` leaves it
 out. Under MPI, `alpha-mpi env` also compares the ranks' identities (ranks_differing).
@@ -27,15 +30,18 @@ from .. import __version__
 __all__ = ["environment"]
 
 
-def environment(torch: bool | None = None) -> dict:
+def environment(torch: bool | None = None, cpuinfo: str = "/proc/cpuinfo") -> dict:
     """This process's environment (see the module docstring). `torch`: report torch's fields
-    (None: when torch is installed; never imported otherwise)."""
+    (None: when torch is installed; never imported otherwise). `cpuinfo`: the /proc/cpuinfo
+    file the BLAS kernel is checked against (another node's, saved, to ask whether it can run
+    the kernel chosen here)."""
     from mpi4py import MPI
     from mpi4py import __version__ as mpi4py_version
 
     from .. import kernel
     from ..model.compute import COMPARED
     from ..planning.cost import load_calibration
+    from .cpu_support import cpu_flags, kernel_check
 
     if torch is None:
         torch = importlib.util.find_spec("torch") is not None
@@ -66,4 +72,8 @@ def environment(torch: bool | None = None) -> dict:
             "flags": build["flags"],
         },
         "calibration": calibration,
+        "cpu_check": {
+            "cpuinfo": cpuinfo,
+            "blas": kernel_check(identity.get("blas.kernel") or "none", cpu_flags(cpuinfo)),
+        },
     }

@@ -23,6 +23,9 @@
 #   ALPHA_VENV           a virtual environment to activate []
 #   ALPHA_SETUP          a shell snippet to eval first, e.g. "module load openmpi/4.1" []
 set -uo pipefail
+# Possibly-empty arrays are expanded as ${A[@]+"${A[@]}"}: bash before 4.4 (RHEL/CentOS 7's
+# 4.2) calls "${A[@]}" of an empty array an unbound variable under set -u
+# (tests/test_job_scripts.py checks every such expansion).
 
 log() { echo "[mpirun-train.sh $(date +%H:%M:%S)] $*"; }
 
@@ -43,7 +46,7 @@ TRAIN+=(--steps "$STEPS" --checkpoint-dir "$CKPT_DIR" --checkpoint-every "$CKPT_
 [ -n "${ALPHA_TOPOLOGY:-}" ] && TRAIN+=(--topology "$ALPHA_TOPOLOGY")
 [ -n "${ALPHA_SEED:-}" ] && TRAIN+=(--seed "$ALPHA_SEED")
 read -r -a EXTRA <<< "${ALPHA_TRAIN_ARGS:-}"
-TRAIN+=("${EXTRA[@]}")
+TRAIN+=(${EXTRA[@]+"${EXTRA[@]}"})
 read -r -a L <<< "${ALPHA_MPIEXEC:-mpiexec} -n $NP"
 
 mkdir -p "$CKPT_DIR"

@@ -18,17 +18,22 @@ ARGS = "--slots 6 --batch 48 --hidden 16 --log-every 0 --seed 3 --audit-slots 6"
 SCONTROL = """#!/bin/sh
 echo "$@" >> "{log}"
 case "$1" in show) echo "JobId=4242 ExcNodeList={old}" ;; esac
+{refuse}
 exit 0
 """
+#: What Slurm answers a user who may not change a running job's excluded nodes.
+REFUSE_UPDATE = (
+    """case "$1" in update) echo "slurm_update error: Access/permission denied" >&2; exit 1 ;; esac"""
+)
 
 
-def run_job(tmp_path, old, limit, **env):
+def run_job(tmp_path, old, limit, refuse="", **env):
     """jobs/train.sbatch run as Slurm's batch shell would, the stand-in `scontrol` (whose calls
     go to the returned log) first on PATH and the job's ALPHA_* settings in `env`."""
     bin_ = tmp_path / "bin"
     bin_.mkdir()
     log = tmp_path / "scontrol.log"
-    (bin_ / "scontrol").write_text(SCONTROL.format(log=log, old=old))
+    (bin_ / "scontrol").write_text(SCONTROL.format(log=log, old=old, refuse=refuse))
     (bin_ / "scontrol").chmod(0o755)
     env = dict(
         os.environ,
@@ -86,3 +91,37 @@ def test_sdc_exit_without_a_named_node_does_not_requeue(tmp_path):
     assert r.returncode == 98, r.stdout + r.stderr
     assert "not requeueing" in r.stdout
     assert not log.exists() or "requeue" not in log.read_text()
+
+
+@needs_mpiexec
+def test_sdc_exit_when_slurm_refuses_to_exclude_the_node_ends_98_and_says_how_to_resume(tmp_path):
+    """`scontrol update JobId=... ExcNodeList=...` on a running job is refused where users may
+    not change it: the job is not requeued (it could land on the suspect node again), it ends
+    with 98, and the log gives the sbatch line that resumes from the checkpoint without it."""
+    fake = tmp_path / "fake98.sh"
+    fake.write_text("#!/bin/sh\necho 'alpha-mpi: error [sdc-detected] ... --exclude=node7' >&2\nexit 98\n")
+    fake.chmod(0o755)
+    r, log = run_job(
+        tmp_path,
+        "(null)",
+        100,
+        refuse=REFUSE_UPDATE,
+        SLURM_JOB_ID="4244",
+        ALPHA_NP="1",
+        ALPHA_TRAIN_CMD=str(fake),
+    )
+    out = r.stdout + r.stderr
+    assert r.returncode == 98, out
+    assert (
+        "Access/permission denied" in r.stderr
+        and "scontrol update ExcNodeList=node7 failed; not requeueing" in out
+    )
+    ck = tmp_path / "run" / "ckpt"
+    assert (
+        f"resume excluding the node: sbatch --exclude=node7 --export=ALL,ALPHA_CKPT_DIR={ck} jobs/train.sbatch"
+        in out
+    )
+    calls = log.read_text().splitlines()
+    assert "update JobId=4244 ExcNodeList=node7" in calls and not any(
+        c.startswith("requeue") for c in calls
+    ), calls

@@ -175,6 +175,21 @@ def test_unknown_command_exits_2_on_every_rank():
 
 
 @needs_mpiexec
+@pytest.mark.parametrize(
+    "flag,value", [("--plot", "/nonexistent/x.png"), ("--json", "."), ("--plot", "x.txt/y.png")]
+)
+def test_an_output_path_rank_0_cannot_write_is_refused_on_every_rank_before_the_run(tmp_path, flag, value):
+    """Checked on rank 0 (which writes the outputs) before anything is timed; the verdict travels
+    to every rank, so each refuses by name and the job ends 3 (never a traceback after the run)."""
+    (tmp_path / "x.txt").write_text("a file, not a folder")
+    r = launch(*SMALL, flag, value, "--format", "csv", cwd=tmp_path, limit=90)
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and "t_max_us" not in r.stdout, r.stdout + r.stderr
+    assert "(rank 0): error [output-unwritable] " + flag in r.stderr, r.stderr
+    assert "(rank 1): error [output-unwritable] " + flag in r.stderr and "(rank 0 writes it)" in r.stderr
+
+
+@needs_mpiexec
 def test_bad_option_exits_2():
     r = launch("allreduce", "--sizes", "12", limit=60)
     assert r.returncode == 2, r.stdout + r.stderr

@@ -339,6 +339,9 @@ LISTED = [
     (TRAIN_BASE + ["--plot", "/nonexistent/x.png"], 3, "[output-unwritable]"),
     (["bench", "kernel", "--sizes", "1000", "--json", "/dev/full"], 3, "[output-unwritable]"),
     (["bench", "summary", "rows.json", "--merge", "fifo"], 3, "[output-unwritable]"),
+    (["bench", "dot", "--lengths", "100", "--json", "."], 3, "[output-unwritable]"),
+    (["bench", "calibrate", "--out", "fifo"], 3, "[output-unwritable]"),
+    (["bench", "train", "--steps", "1", "--json", "plain.txt/x.json"], 3, "[output-unwritable]"),
 ]
 
 

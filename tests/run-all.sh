@@ -8,6 +8,8 @@
 #   STAGES=all tests/run-all.sh              every stage below (what CI runs, .ci/run)
 #   STAGES="single mpi2" tests/run-all.sh    a subset
 #   PYTEST_ARGS="-x" tests/run-all.sh        extra pytest arguments for every stage
+#   HYPOTHESIS_PROFILE=random tests/run-all.sh   property tests draw anew (default: derandomized,
+#                                            no example database; tests/conftest.py)
 # The kinds of test (tests/kinds.py): `single` runs the pure ones (one process, no launch) but the
 # `slow` ones; `long` runs the rest of the single-process tests: the slow ones and the launchers
 # (tests that start their own mpiexec jobs, commands or interpreters).

@@ -8,7 +8,7 @@ import os
 import alpha_mpi
 from alpha_mpi import kernel
 
-from conftest import ROOT, alpha_command
+from conftest import ROOT, alpha_command, needs_mpiexec
 
 
 def test_environment_reports_mpi_the_compute_identity_the_kernel_and_the_calibration(tmp_path, monkeypatch):
@@ -148,3 +148,24 @@ def test_env_says_when_a_forced_kernel_needs_instructions_the_cpu_lacks(tmp_path
     assert "blas check         kernel Haswell runs on the CPU of" in r.stdout, r.stdout
     r = alpha_command("env", "--no-torch", "--cpuinfo", str(tmp_path / "absent"), cwd=ROOT)
     assert r.returncode == 2 and "--cpuinfo" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+@needs_mpiexec
+def test_under_mpiexec_every_rank_whose_cpu_cannot_run_its_kernel_says_so():
+    """Rank 0 prints the table; a rank on another node has its own CPU, so it warns itself."""
+    import platform
+
+    import pytest
+
+    if platform.machine() != "x86_64":
+        pytest.skip("OpenBLAS's SkylakeX kernel is x86-64's")
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        avx2 = cpuinfo_file(Path(d), AVX2_ONLY)
+        forced = dict(os.environ, OPENBLAS_CORETYPE="SkylakeX", OPENBLAS_NUM_THREADS="1")
+        r = alpha_command("env", "--no-torch", "--cpuinfo", str(avx2), n=2, env=forced, cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("blas check         WARNING: kernel SkylakeX needs") == 1, r.stdout
+    assert r.stderr.count("alpha-mpi env (rank 1): WARNING: kernel SkylakeX needs avx512bw") == 1, r.stderr

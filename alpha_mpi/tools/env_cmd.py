@@ -4,6 +4,7 @@ compute alike. The Python form is `alpha_mpi.environment()` (tools/environment.p
 from __future__ import annotations
 
 import json
+import sys
 
 from ._args import path, subparser
 
@@ -58,6 +59,8 @@ def run(argv) -> int:
     differ = ranks.explain(range(comm.Get_size()))
     env["ranks"] = {"size": comm.Get_size(), "classes": list(ranks.classes), "differing": differ}
     if comm.Get_rank() != 0:
+        if env["cpu_check"]["blas"]["verdict"] == "missing":  # its own CPU, which rank 0 does not see
+            print(f"alpha-mpi env (rank {comm.Get_rank()}): {_blas_check(env['cpu_check'])}", file=sys.stderr)
         return 0
     if a.json:
         print(json.dumps(env, indent=2))

@@ -29,7 +29,9 @@ __all__ = ["BitFlip", "CarriedFlip", "Faults"]
 @dataclass
 class BitFlip:
     """Flip bit `bit` (0 = lowest mantissa bit, 63 = sign) of word `element` of the payloads
-    computed on `rank` at `step` (from `step` on if `persistent`; only slot `slot` if given)."""
+    computed on `rank` at `step` (from `step` on if `persistent`; only slot `slot` if given).
+    `once`: only the first time each (step, slot) is computed, so a retry of the refused step
+    no longer meets it (a transient fault; without it a retried step is flipped again)."""
 
     rank: int
     step: int
@@ -37,6 +39,7 @@ class BitFlip:
     bit: int
     slot: int | None = None
     persistent: bool = False
+    once: bool = False
     hits: list[tuple[int, int]] = field(default_factory=list)  # (step, slot) of each flip done
 
     def __call__(self, rank: int, step: int, slot: int, payload: np.ndarray) -> None:
@@ -44,6 +47,8 @@ class BitFlip:
         if rank != self.rank or (step != self.step and not (self.persistent and step > self.step)):
             return
         if self.slot is not None and slot != self.slot:
+            return
+        if self.once and (step, slot) in self.hits:
             return
         payload.view(np.uint64)[self.element] ^= np.uint64(1) << np.uint64(self.bit)
         self.hits.append((step, slot))

@@ -177,6 +177,7 @@ ADVICE: dict[str, str] = {
     "plot-unavailable": "install the plot extra, pip install 'alpha_mpi[plot]', or leave out --plot",
     # audit: silent data corruption (issue 24)
     "sdc-detected": "a recomputed slot payload differs from the original: silent data corruption on the named rank(s); nothing was applied; resume on other nodes (exclude the named host) from the last state known clean: the one `alpha-mpi train` saved, or a checkpoint at or before the refusal's clean_step (with audit_slots < slots the steps before were audited in part)",
+    "sdc-undetermined": "the audit's words differ but no rank is shown wrong (the words changed on the way, two faults at once, or no third rank to say which of two is wrong): nothing was applied and no rank or host is named; retry the step (`alpha-mpi train` retries it once); if it recurs, run with 3 or more ranks (4 or more against two faults at once) so that referees can name the rank",
     "replica-diverged": "replicas that must hold the same parameters and optimizer state do not; the named rank(s) differ from the majority; resume from the last checkpoint every audit passed on other nodes (exclude the named host)",
     "replay-mismatch": "the recomputed state differs from the stored step: the stored run (or this replay's hardware) met silent data corruption; the message names the first component and coordinate that differ",
     # the compute identity (issue 32): the same bits on every machine, or the product says where not

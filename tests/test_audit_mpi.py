@@ -1,6 +1,8 @@
 """Audited slots (issue 24) under MPI: healthy bits unchanged, a flipped bit caught in its step
-before anything is applied, the faulty rank named (p >= 3) or both ranks (p = 2), the next call
-works, and a persistent fault met within the schedule's bound. Written to hold at any size >= 2."""
+before anything is applied, the faulty rank named (p >= 3; none at p = 2, where no referee can
+say which of the two is wrong), the next call works, and a persistent fault met within the
+schedule's bound. Written to hold at any size >= 2. Whom the audit names when its own words or
+two ranks are wrong (issue 45): tests/test_audit_names_mpi.py."""
 
 import numpy as np
 import pytest
@@ -126,16 +128,18 @@ def test_a_flipped_bit_is_caught_in_its_step_and_the_rank_named(world, mode, ele
     except Refusal as e:
         got = e
     after = state(lr)
-    ok = got is not None and got.code == "sdc-detected" and lr.step == 2
+    code = "sdc-detected" if size >= 3 else "sdc-undetermined"
+    ok = got is not None and got.code == code and lr.step == 2
     agree(world, ok, f"rank {rank}: {got!r} at step {lr.step}")
     agree(world, np.array_equal(before[0], after[0]), "a refused step applied something")
-    want = (bad_rank,) if size >= 3 else (0, 1)
+    # With 2 ranks no referee can say which of the two is wrong: no rank is named (issue 45).
+    want = (bad_rank,) if size >= 3 else ()
     agree(
         world,
         tuple(sorted(got.context["ranks"])) == want,
         f"named {got.context['ranks']}, want {want}: {got}",
     )
-    agree(world, ("both are named" in str(got)) == (size == 2), str(got))
+    agree(world, ("no referee" in str(got)) == (size == 2), str(got))
     agree(world, "host" in str(got) and all(h for h in got.context["hosts"]), str(got))
     # A transient fault: without it, the retried step and the rest give the healthy bits.
     lr.fault_hook = None
@@ -151,14 +155,13 @@ def test_a_persistent_fault_is_met_within_slots_over_k_steps(world, mode):
         hook = BitFlip(rank=bad_rank, step=1, element=3, bit=2, persistent=True)
         lr = learner(world, mode, 1, hook)
         refusals = train(lr, 1 + 2 * SLOTS, retry=False)
-        agree(world, len(refusals) == 1 and refusals[0][1].code == "sdc-detected", f"{refusals}")
+        code = "sdc-detected" if size >= 3 else "sdc-undetermined"
+        agree(world, len(refusals) == 1 and refusals[0][1].code == code, f"{refusals}")
         t, e = refusals[0]
         bound = lr.audit.schedule.met_within()
         agree(world, 1 <= t < 1 + bound, f"caught at step {t}, bound {bound}")
-        if size >= 3:
-            agree(world, e.context["ranks"] == (bad_rank,), f"named {e.context['ranks']} for {bad_rank}")
-        else:
-            agree(world, bad_rank in e.context["ranks"], str(e))
+        want = (bad_rank,) if size >= 3 else ()  # 2 ranks: no referee, no rank named
+        agree(world, e.context["ranks"] == want, f"named {e.context['ranks']} for {bad_rank}")
 
 
 def test_audit_needs_two_ranks_and_a_k_within_the_slots():

@@ -125,3 +125,30 @@ def test_sdc_exit_when_slurm_refuses_to_exclude_the_node_ends_98_and_says_how_to
     assert "update JobId=4244 ExcNodeList=node7" in calls and not any(
         c.startswith("requeue") for c in calls
     ), calls
+
+
+@needs_mpiexec
+def test_an_undetermined_fault_at_two_ranks_excludes_no_node(tmp_path):
+    """Issue 45 item 5, end to end: at 2 ranks no referee can say which rank is wrong. A fault
+    that persists makes the retried step refuse again; the exit-98 report names no rank and no
+    `--exclude=`, so the job script excludes no (healthy or faulty) node and does not requeue;
+    the last state known clean is saved all the same."""
+    r, log = run_job(
+        tmp_path,
+        "(null)",
+        300,
+        SLURM_JOB_ID="4244",
+        ALPHA_NP="2",
+        ALPHA_STEPS="6",
+        ALPHA_TRAIN_CMD=f"{sys.executable} {SCRIPT} 1:3:5:0:persistent",
+        ALPHA_TRAIN_ARGS=ARGS,
+        ALPHA_MPI_TIMEOUT="120",
+        OMP_NUM_THREADS="1",
+    )
+    out = r.stdout + r.stderr
+    assert r.returncode == 98, out
+    assert "[sdc-undetermined] step 3" in out and "--exclude=" not in out, out
+    assert "suspect node(s): unknown" in out and "not requeueing" in out, out
+    calls = log.read_text().splitlines() if log.exists() else []
+    assert not [c for c in calls if c.startswith(("update", "requeue"))], calls
+    assert (tmp_path / "run" / "ckpt" / "step-00000003").is_dir()

@@ -17,9 +17,11 @@ owner's and the auditor's digests agree. Every rank reads the same combined word
 `params`, where a rank receives only its chunk of the payload, they come with the mass, loss and
 stop words, learning/partition.py) and decides alike, after the combine and before the
 optimizer applies anything (`SlotAudit.settle`). After a mismatch, and only then, one verdict
-round (p rows of 2A + 16 words, learning/verdicts.py WordTable) carries each rank's digests again
-(the combine carried only differences), the referees' and each rank's host name, and every rank
-raises `sdc-detected` naming the faulty rank(s) and host(s). Nothing else is changed: the words
+round (p rows of 4A + 16 words, learning/verdicts.py WordTable) carries each rank's digests again
+(the combine carried only differences), the referees', the words each rank carried and its host
+name, and every rank raises `sdc-detected` naming the rank(s) shown wrong and their host(s), or
+`sdc-undetermined` naming none (learning/audit_verdict.py: the audit never names a rank that
+computed right). Nothing else is changed: the words
 are payload words of their own, each coordinate is combined by the same tree, so a healthy run
 has the bits of a run without auditing; the learners' contracts name the payload without them.
 The combine's finiteness check comes first: a fault that makes a payload non-finite is refused
@@ -31,7 +33,7 @@ says machine-independent (learning/compute_check.py); when an owner and its audi
 identities disagree, that declaration does not hold, which is an environment difference, not a
 fault: every rank raises `compute-mismatch` naming the identities' fields and blames no rank or
 host. A referee whose identity differs from the owner's and the auditor's breaks no tie (its
-bits would differ anyway): both are named, as with 2 ranks.
+bits would differ anyway): with no referee left, no rank is named, as with 2 ranks.
 
 After a detection the steps before may hold a fault's unaudited work unless every slot is
 audited every step: `clean_step` (learning/audit_recovery.py) says which state is known clean.
@@ -57,6 +59,7 @@ from ..refusals import Refusal
 from .audit_recovery import clean_step
 from .audit_report import sdc_report
 from .audit_schedule import AuditSchedule, audit_words, check_audit_slots, check_options, slot_owners
+from .audit_verdict import judge
 from .verdicts import WordTable, halves
 
 if TYPE_CHECKING:
@@ -169,18 +172,30 @@ class SlotAudit:
         self.host = socket.gethostname()
         self.words = w = 2 * self.schedule.per_round  # what the combine carries (audit_words)
         self._referee = WordTable(
-            comm, w + _HOST_WORDS, timeout=timeout, contract=contract, what="refereeing audited slots"
+            comm, 2 * w + _HOST_WORDS, timeout=timeout, contract=contract, what="refereeing audited slots"
         )
         self._mine = np.zeros(w)  # this rank's digests of the round's slots (owner or auditor)
-        self._mine_ref = np.zeros(w + _HOST_WORDS)
+        self._mine_ref = np.zeros(2 * w + _HOST_WORDS)
+        self._given: tuple = (-1, {}, None, None)  # (step, payloads, out, at) of the last contribute
         self.checked = 0  # slot audits that passed (for reports)
 
     def data_slots(self, step: int) -> list[int]:
         """Slots other than its own whose data this rank may need at `step` (as auditor or referee)."""
-        return [s for s, roles in self.schedule.round(step).items() if self.rank in roles]
+        return [
+            s for s, (a, refs) in self.schedule.round(step).items() if self.rank == a or self.rank in refs
+        ]
 
     def contribute(
-        self, step: int, payloads: dict, compute, scratch: np.ndarray, out: np.ndarray, *, words: int
+        self,
+        step: int,
+        payloads: dict,
+        compute,
+        scratch: np.ndarray,
+        out: np.ndarray,
+        *,
+        words: int,
+        at: int | None = None,
+        tamper: Callable[[int, int, np.ndarray], None] | None = None,
     ) -> None:
         """Before the combine: digest this rank's audited slots (`payloads`: its own, computed;
         `compute(s, out)` recomputes slot s into `scratch`; `words`: the payload words digested,
@@ -189,7 +204,11 @@ class SlotAudit:
         negated, zeros elsewhere: summed by the combine, word pair j is 0 exactly when slot j's
         two digests agree (halves are integers below 2^32, and each word has at most two
         non-zero terms, so the sum is exact in any order). Zeros between rounds. This rank's
-        digests are kept (`_mine`) for the referees' round, should the combined words differ."""
+        digests are kept (`_mine`) for the referees' round, should the combined words differ, and
+        so are `payloads` and `at` (where the audit's words start in each payload; None: `out`
+        alone), to read back the words carried. `tamper`: verification only
+        (alpha_mpi_verify.faults), called as tamper(rank, step, out) once `out` is written."""
+        self._given = (step, payloads, out, at)
         mine = self._mine
         mine[:] = 0.0
         out[:] = 0.0
@@ -201,6 +220,8 @@ class SlotAudit:
                 compute(s, scratch)
                 mine[2 * j : 2 * j + 2] = halves(payload_digest(scratch[:words]))
                 out[2 * j : 2 * j + 2] = -mine[2 * j : 2 * j + 2]
+        if tamper is not None:
+            tamper(self.rank, step, out)
 
     def settle(self, step: int, combined: np.ndarray, compute, scratch: np.ndarray, *, words: int) -> None:
         """After the combine, before anything is applied: `combined` is the combine's sum of
@@ -240,63 +261,38 @@ class SlotAudit:
     def _refuse(self, step, roles, bad, compute, scratch, n2) -> None:
         """The referees' round (every rank, after a mismatch): each rank's row again (the owners'
         and auditors' digests, which the combine carried only as differences), the referees'
-        recomputations of the slots that differ, and each rank's host name; then `sdc-detected`."""
+        recomputations of the slots that differ, the words each rank carried in the combine and
+        its host name; then `sdc-detected` naming the ranks shown wrong, or `sdc-undetermined`
+        naming none (learning/audit_verdict.py: who is shown wrong)."""
         audited = list(roles)
         w = self.words
         mine = self._mine_ref
         mine[:w] = self._mine
-        mine[w:] = _host_words(self.host)
+        mine[w : 2 * w] = self._carried(step)
+        mine[2 * w :] = _host_words(self.host)
         for j in bad:
             s = audited[j]
-            if roles[s][1] == self.rank:
+            if self.rank in roles[s][1]:
                 compute(s, scratch)
                 mine[2 * j : 2 * j + 2] = halves(payload_digest(scratch[:n2]))
         ref = self._referee.run(mine)
-        hosts = [_host_name(ref[r, w:]) for r in range(self.size)]
-        faulty: list[int] = []
-        notes = []
+        hosts = [_host_name(ref[r, 2 * w :]) for r in range(self.size)]
+        verdicts = []
         for j in bad:
             s = audited[j]
-            o, (a, r) = self.owner_of[s], roles[s]
-            od, ad = ref[o, 2 * j : 2 * j + 2], ref[a, 2 * j : 2 * j + 2]
-            if np.array_equal(od, ad):
-                named = [o, a]
-                notes.append(
-                    f"slot {s}: owner rank {o} and auditor rank {a} report the same digest, but their "
-                    "difference did not combine to zero (the audit's own words changed on the way), "
-                    "so both are named"
-                )
-            elif r is None:
-                named = [o, a]
-                notes.append(
-                    f"slot {s}: owner rank {o} and auditor rank {a} disagree; with 2 ranks no third rank "
-                    "can say which is wrong, so both are named"
-                )
-            elif not self._alike(r, o):
-                named = [o, a]
-                notes.append(
-                    f"slot {s}: owner rank {o} and auditor rank {a} disagree; referee rank {r} computes "
-                    "under another compute identity and cannot say which is wrong, so both are named"
-                )
-            else:
-                rd = ref[r, 2 * j : 2 * j + 2]
-                if np.array_equal(rd, ad):
-                    named = [o]
-                    notes.append(
-                        f"slot {s}: owner rank {o} differs from auditor rank {a} and referee rank {r}"
-                    )
-                elif np.array_equal(rd, od):
-                    named = [a]
-                    notes.append(
-                        f"slot {s}: auditor rank {a} differs from owner rank {o} and referee rank {r}"
-                    )
-                else:
-                    named = [o, a, r]
-                    notes.append(
-                        f"slot {s}: owner rank {o}, auditor rank {a} and referee rank {r} all disagree"
-                    )
-            faulty += [x for x in named if x not in faulty]
-        who = ", ".join(f"rank {x} on host {hosts[x]}" for x in faulty)
+            o, (a, refs) = self.owner_of[s], roles[s]
+            alike = tuple(r for r in refs if self._alike(r, o))
+            why = (
+                "with 2 ranks there is no referee"
+                if not refs
+                else f"referee {', '.join(map(str, refs))} computes under another compute identity and is no referee"
+            )
+            cols = slice(2 * j, 2 * j + 2)
+            verdicts.append(judge(s, o, a, alike, ref[:, cols], ref[:, w:][:, cols], why_none=why))
+        faulty: list[int] = []
+        for v in verdicts:
+            faulty += [x for x in v.named if x not in faulty]
+        notes = "; ".join(v.note for v in verdicts)
         clean = clean_step(step, self.window)
         before = (
             ""
@@ -304,16 +300,41 @@ class SlotAudit:
             else f"; the steps before were audited in part (every slot once in {self.window} steps: "
             f"{self.k} of {self.slots} a step on average), so the last state known clean is at step {clean}"
         )
+        context = {"step": step, "slots": tuple(audited[j] for j in bad), "clean_step": clean}
+        if not faulty:
+            raise Refusal(
+                "sdc-undetermined",
+                f"step {step}: the audit's words differ but no rank is shown wrong ({notes}); no rank is "
+                f"named; nothing was applied, so the step may be retried{before}",
+                ranks=(),
+                hosts=(),
+                **context,
+            )
+        who = ", ".join(f"rank {x} on host {hosts[x]}" for x in faulty)
         raise Refusal(
             "sdc-detected",
-            f"step {step}: recomputed slot payloads differ ({'; '.join(notes)}); suspected: {who}; "
+            f"step {step}: recomputed slot payloads differ ({notes}); suspected: {who}; "
             f"nothing was applied{before}",
-            step=step,
             ranks=tuple(faulty),
             hosts=tuple(hosts[x] for x in faulty),
-            slots=tuple(audited[j] for j in bad),
-            clean_step=clean,
+            **context,
         )
+
+    def _carried(self, step: int) -> np.ndarray:
+        """The audit's words this rank's payloads carried into the combine at `step`, read back
+        from its buffers (the combine does not write its inputs): what `contribute` wrote, unless
+        they changed before the combine read them. Summed over the payloads (the others carry
+        zeros); without `at` (a front end that does not say where the words are), the
+        carrier's words only."""
+        if self._given[0] != step:
+            return np.zeros(self.words)
+        _, payloads, out, at = self._given
+        if at is None:
+            return np.array(out, dtype=np.float64)
+        total = np.zeros(self.words)
+        for buf in payloads.values():
+            total += buf[at : at + self.words]
+        return total
 
 
 def build_checks(

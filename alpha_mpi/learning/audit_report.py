@@ -10,7 +10,9 @@ __all__ = ["sdc_report"]
 
 def sdc_report(e: Refusal, checkpoint_dir: str | None, size: int) -> str:
     """What `alpha-mpi train` prints after `sdc-detected`: the refusal, where the last state every
-    audit passed is saved, and how to resume without the named ranks' nodes."""
+    audit passed is saved, and how to resume without the named ranks' nodes. After
+    `sdc-undetermined` no node is named and no `--exclude=` is advised: only a rank shown wrong
+    is ever offered for exclusion (jobs/train.sbatch excludes what the advice names)."""
     hosts = sorted(set(e.context.get("hosts", ()))) or ["(the nodes of the ranks named)"]
     ranks = ", ".join(map(str, e.context.get("ranks", ())))
     lines = [f"alpha-mpi: error [{e.code}] {e.message}"]
@@ -20,6 +22,21 @@ def sdc_report(e: Refusal, checkpoint_dir: str | None, size: int) -> str:
             f"check that passed (step {e.context.get('step')} minus --audit-digests), on nodes other than "
             f"those of rank(s) {ranks}: `alpha-mpi train ... --checkpoint-dir DIR2 --resume-from "
             f"{checkpoint_dir}/step-NNNNNNNN`"
+        )
+    elif e.code == "sdc-undetermined" or not e.context.get("ranks"):
+        # No rank was shown wrong: advise no exclusion, so a job script excludes no healthy node.
+        if checkpoint_dir:
+            lines.append(_saved_line(e, checkpoint_dir))
+        lines.append(
+            "  what to do: no rank was shown wrong, so no node is named; the step was retried once and "
+            "failed again: rerun"
+            + (
+                f" (`alpha-mpi train ... --checkpoint-dir {checkpoint_dir} --resume`)"
+                if checkpoint_dir
+                else ""
+            )
+            + f" on 3 or more ranks (4 or more against two faults at once) so that referees can name the "
+            f"rank; this run had {size} ranks"
         )
     elif checkpoint_dir:
         lines.append(_saved_line(e, checkpoint_dir))

@@ -15,9 +15,11 @@ is done with them):
     auditor(s)      the rank with the least work in the round (its own slots plus recomputations
                     given so far), not the owner; ties: a rank not yet in the round, then the
                     nearest after the owner
-    referee(s)      (p >= 3) the first rank after the owner that is neither owner nor auditor:
-                    recomputes s only after a mismatch, to say which of the two was wrong; with
-                    p = 2 there is no third rank and both are named
+    referees(s)     the first two ranks after the owner that are neither owner nor auditor (one
+                    at p = 3, none at p = 2): they recompute s only after a mismatch, to say
+                    which of the two was wrong (learning/audit_verdict.py: a rank is named only
+                    when more than half of the opinions agree on another digest; two referees
+                    make four opinions, so two ranks wrong alike never outvote a healthy one)
 
 Beside it, what a learner checks and sizes before its audit exists: the options (`check_options`,
 `check_audit_slots`), the slots' owners (`slot_owners`) and the payload words the audit adds to
@@ -53,8 +55,9 @@ class AuditSchedule:
         self.load = [len(own.get(r, ())) for r in range(size)]  # a rank's own slots per step
         self._cache: tuple[int, dict] = (-1, {})
 
-    def round(self, step: int) -> dict[int, tuple[int, int | None]]:
-        """{slot: (auditor, referee)} of the slots audited at `step`, in audit order; {} between rounds."""
+    def round(self, step: int) -> dict[int, tuple[int, tuple[int, ...]]]:
+        """{slot: (auditor, referees)} of the slots audited at `step`, in audit order ({} between
+        rounds); `referees`: up to two ranks, neither owner nor auditor (none at p = 2)."""
         if step % self.every:
             return {}
         i = step // self.every
@@ -70,8 +73,7 @@ class AuditSchedule:
             a = min(others, key=lambda r: (load[r], r in busy, others.index(r)))
             load[a] += 1
             busy.add(a)
-            ref = next((r for r in others if r != a), None)
-            roles[s] = (a, ref)
+            roles[s] = (a, tuple(r for r in others if r != a)[:2])
         self._cache = (i, roles)
         return roles
 

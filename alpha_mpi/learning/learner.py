@@ -323,7 +323,14 @@ class DataParallelLearner:
         if self.audit is not None:  # this rank's digests, carried by the combine (audit.py)
             carrier = self.payloads[self.my_slots[0]]  # the words ride in its first slot's payload
             self.audit.contribute(
-                self.step, self.payloads, recompute, self._audit_buf, carrier[self._audit_at :], words=n + 2
+                self.step,
+                self.payloads,
+                recompute,
+                self._audit_buf,
+                carrier[self._audit_at :],
+                words=n + 2,
+                at=self._audit_at,
+                tamper=getattr(self.fault_hook, "carried", None),  # a hook that flips the carried words
             )
         self._params_now = None
         held.forward_done()

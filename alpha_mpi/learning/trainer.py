@@ -198,9 +198,10 @@ def train(
 ) -> dict:
     """Run `cfg.steps` steps (continuing from a checkpoint with `resume`). Rank 0 prints.
     `fault_hook`: the learner's verification hook (alpha_mpi_verify.faults); None in production.
-    An `sdc-detected` refusal first saves the newest state known clean (audit_recovery.rewind_after: the
-    state at the refused step with --audit-slots = --slots, an earlier one with fewer) and makes
-    `latest` name it, then propagates."""
+    An `sdc-undetermined` refusal (no rank shown wrong, nothing applied) retries the step once;
+    an `sdc-detected` refusal, or `sdc-undetermined` again, first saves the newest state known
+    clean (audit_recovery.rewind_after: the state at the refused step with --audit-slots =
+    --slots, an earlier one with fewer) and makes `latest` name it, then propagates."""
     rank = comm.Get_rank()
     say = out if rank == 0 else (lambda *a, **k: None)
     data, model, learner, stream = build(comm, cfg, fault_hook)
@@ -255,6 +256,7 @@ def train(
     progress = Progress(learner, cfg, t_start)
     loss = float("nan")
     history = []  # every step's loss: the same float on every rank (the global batch mean)
+    retried = -1  # the step retried after sdc-undetermined (once per step)
     try:
         while learner.step < cfg.steps:
             t = learner.step
@@ -267,7 +269,13 @@ def train(
             try:
                 loss, stop_now = learner.train_step(batch, stop=stop.requested)
             except Refusal as e:
-                if e.code == "sdc-detected" and ckpt:  # nothing was applied; save the last state known clean
+                if e.code == "sdc-undetermined" and retried != t:  # no rank shown wrong: once more
+                    retried = t
+                    say(
+                        f"# step {t}: [sdc-undetermined] no rank shown wrong, nothing applied; retrying the step"
+                    )
+                    continue
+                if e.code in ("sdc-detected", "sdc-undetermined") and ckpt:  # save the last state known clean
                     from .audit_recovery import rewind_after
 
                     e.context["checkpoint"] = rewind_after(e, learner, ckpt, kept)

@@ -16,7 +16,8 @@ Exit codes, the same for every command (docs/exit-codes.md lists them):
          flight): alpha_mpi aborted the job (alpha_mpi.execution.abort.ABORT_STATUS)
     98   `train --audit-slots` detected silent data corruption (`sdc-detected`): nothing was applied,
          the last state known clean is saved with --checkpoint-dir (`latest` names it); resume
-         without the named rank's node (jobs/train.sbatch requeues excluding it)
+         without the named rank's node (jobs/train.sbatch requeues excluding it); also after
+         `sdc-undetermined` recurs on the retried step (no rank shown wrong: no node is named)
     99   `train` stopped on SIGUSR1/SIGTERM after saving a checkpoint (requeue and --resume;
          alpha_mpi.learning.PREEMPTED)
     130  interrupted (Ctrl-C)

@@ -246,7 +246,7 @@ def run(argv, fault_hook=None) -> int:
     try:
         result = train(comm, cfg, out=lambda s: print(s, flush=True), fault_hook=fault_hook)
     except Refusal as e:
-        if e.code not in ("sdc-detected", "replica-diverged"):
+        if e.code not in ("sdc-detected", "sdc-undetermined", "replica-diverged"):
             raise
         from ..learning.audit import sdc_report
 

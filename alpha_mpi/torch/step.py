@@ -224,6 +224,8 @@ class TrainingStep:
             self._audit_buf,
             carrier[self.payload.audit_at :],
             words=self.payload.stop_at,
+            at=self.payload.audit_at,  # where the carried words are read back after a mismatch
+            tamper=getattr(self.slot_pass.fault_hook, "carried", None),
         )
 
     def _recompute(self, done: SlotsDone):

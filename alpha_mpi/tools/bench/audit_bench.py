@@ -12,6 +12,9 @@ compute); digests every 10 steps <= 1 %. Needs >= 2 ranks (an auditor is another
 The overhead is of the MEAN step time: audit rounds come every m = ceil(p / K) steps, so step
 times are bimodal and a median would hide the rounds. Blocks and step counts default to
 multiples of 8, so every learner runs whole periods at p = 2, 4 and 8.
+
+`--inject N` runs no timing: N random bit flips against the audit, reporting whom it named
+(alpha_mpi/tools/bench/audit_inject.py).
 """
 
 from __future__ import annotations
@@ -40,6 +43,18 @@ def _parser(rank):
     p.add_argument("--hidden", type=int, default=700)
     p.add_argument("--partition", choices=("none", "state", "grads"), default="none")
     p.add_argument("--json", default=None)
+    p.add_argument(
+        "--inject",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead of timing: N random bit flips against the audit, and whom it names (audit_inject.py)",
+    )
+    p.add_argument("--inject-seed", type=int, default=0, help="the faults' generator seed (default 0)")
+    p.add_argument("--inject-steps", type=int, default=4, help="faults start at steps 0..N-1 (default 4)")
+    p.add_argument(
+        "--audit-slots", type=int, default=0, help="with --inject: K (default: --slots, every slot)"
+    )
     return p
 
 
@@ -51,6 +66,10 @@ def cmd(comm, argv) -> int:
         if rank == 0:
             print("alpha-mpi bench audit: error [usage] needs >= 2 ranks (run under mpiexec -n P, P >= 2)")
         return 2
+    if a.inject:
+        from .audit_inject import inject
+
+        return inject(comm, a, print)
     variants = {"K=0": (0, 0), "K=1": (1, 0), f"K={a.slots}": (a.slots, 0), "digests/10": (0, 10)}
     learners, data, stream, n_params = {}, None, None, 0
     for name, (k, every) in variants.items():

@@ -214,12 +214,12 @@ def validate_root(m: dict, dir_step, where: str) -> None:
         digest(h["from"], f"{where}.from")
         digest(h["to"], f"{where}.to")
     for where, h in history(m, "resume_history", ("at_step", "field", "from", "to"), step):
-        field = text(h["field"], f"{where}.field", choices=("lr", "steps"))
+        field = text(h["field"], f"{where}.field", choices=("lr", "weight_decay", "steps"))
         for end in ("from", "to"):
-            if field == "lr":
-                number(h[end], f"{where}.{end}", positive=True)
-            else:
+            if field == "steps":
                 integer(h[end], f"{where}.{end}")
+            elif number(h[end], f"{where}.{end}", positive=field == "lr") < 0:
+                raise bad(f"{where}.{end} must be a weight decay >= 0, found {h[end]!r}")
     _compute(m, step)
     if "scalars" in m:
         _scalars(m["scalars"], step, config)

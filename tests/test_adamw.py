@@ -261,3 +261,56 @@ def test_adamw_state_is_adams_arrays_and_carried_powers():
         "b2t": 0.999,
         "steps": 0,
     }
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def _saved_adamw(root, cfg):
+    from alpha_mpi.checkpoint import Checkpointer
+
+    learner = DataParallelLearner(
+        comm_self(), MLP(6, 5, 3), slots=2, optimizer="adamw", lr=1e-2, weight_decay=WD
+    )
+    data = synthetic(3, n=64, n_eval=8, inputs=6, classes=3)
+    stream = SlotStream(len(data.y), 9, 2, 3)
+    for t in range(2):
+        learner.train_step({s: (data.X[stream.indices(t, s)], data.y[stream.indices(t, s)]) for s in (0, 1)})
+    with Checkpointer(comm_self(), root, learner, cfg) as ck:
+        ck.save()
+
+
+@pytest.mark.parametrize(
+    "edit,needle",
+    [
+        (  # the config says the same: only the derivation check sees it
+            lambda m: [d.update(weight_decay=-0.1) for d in (m["config"], m["scalars"]["optimizer_hyper"])],
+            "weight_decay -0.1 is negative",
+        ),
+        (lambda m: m["scalars"]["optimizer_hyper"].pop("weight_decay"), "missing ['weight_decay']"),
+        (
+            lambda m: m["scalars"]["optimizer_hyper"].update(weight_decay=0.2),
+            "config.weight_decay 0.1 differs",
+        ),
+        (lambda m: m["scalars"]["optimizer_scalars"].update(b1t=0.9), "b1t 0.9 is not b1^(t+1)"),
+        (
+            lambda m: m.setdefault("resume_history", []).append(
+                {"at_step": 1, "field": "weight_decay", "from": 0.1, "to": -1.0}
+            ),
+            "must be a weight decay >= 0",
+        ),
+    ],
+)
+def test_a_forged_adamw_manifest_is_refused_by_name(tmp_path, edit, needle):
+    from ckpt_tools import edit_root
+
+    from alpha_mpi.checkpoint import open_checkpoint
+
+    root = str(tmp_path / "ck")
+    cfg = {"slots": 2, "optimizer": "adamw", "lr": 1e-2, "weight_decay": WD}
+    _saved_adamw(root, cfg)
+    assert open_checkpoint(root).manifest["scalars"]["optimizer_hyper"]["weight_decay"] == WD
+    edit_root(root, edit)
+    with pytest.raises(Refusal) as e:
+        open_checkpoint(root)
+    assert e.value.code == "checkpoint-manifest" and needle in e.value.message, e.value.message

@@ -34,6 +34,7 @@ __all__ = [
     "chain",
     "evaluate",
     "adam",
+    "adamw",
     "sgd",
     "widen",
     "narrow",
@@ -189,6 +190,76 @@ def adam(
         num = lr * mhat
         p1 = pi - _div(num, den)
         for name, x in (
+            ("m_out", m1),
+            ("intermediate", gg),
+            ("v_out", v1),
+            ("intermediate", mhat),
+            ("intermediate", vhat),
+            ("intermediate", den),
+            ("intermediate", num),
+            ("p_out", p1),
+        ):
+            if not _isfinite(x):
+                raise OracleRefusal("non-finite-output", name, i)
+        po[i], mo[i], vo[i] = p1, m1, v1
+    return po, mo, vo
+
+
+def adamw(
+    p: Iterable[float],
+    m: Iterable[float],
+    v: Iterable[float],
+    g: Iterable[float],
+    lr: float,
+    b1: float,
+    b2: float,
+    eps: float,
+    b1t: float,
+    b2t: float,
+    wd: float,
+) -> tuple[list[float], list[float], list[float]]:
+    """One AdamW step (decoupled weight decay, torch.optim.AdamW's order: decay, then Adam on
+    the decayed parameter) in the kernel's declared order; returns (p', m', v') or raises
+    OracleRefusal.
+
+        c1 = 1 - b1; c2 = 1 - b2; bc1 = 1 - b1t; bc2 = 1 - b2t; dec = 1 - lr*wd     (once)
+        pd = p*dec
+        m' = b1*m + c1*g
+        v' = b2*v + c2*(g*g)
+        mhat = m'/bc1;  vhat = v'/bc2
+        p' = pd - (lr*mhat)/(sqrt(vhat) + eps)
+    """
+    scalars = (("lr", lr), ("b1", b1), ("b2", b2), ("eps", eps), ("b1t", b1t), ("b2t", b2t), ("wd", wd))
+    for name, s in scalars:
+        if not _isfinite(s):
+            raise OracleRefusal("non-finite-input", name, None)
+    p, m, v, g = to_list(p), to_list(m), to_list(v), to_list(g)
+    n = len(p)
+    if not (len(m) == len(v) == len(g) == n):
+        raise ValueError("length mismatch")
+    lr, b1, b2, eps, wd = float(lr), float(b1), float(b2), float(eps), float(wd)
+    c1 = 1.0 - b1
+    c2 = 1.0 - b2
+    bc1 = 1.0 - float(b1t)
+    bc2 = 1.0 - float(b2t)
+    dec = 1.0 - lr * wd
+    po, mo, vo = [0.0] * n, [0.0] * n, [0.0] * n
+    for i in range(n):
+        pi, mi, vi, gi = p[i], m[i], v[i], g[i]
+        for name, x in (("p", pi), ("m", mi), ("v", vi), ("g", gi)):
+            if not _isfinite(x):
+                raise OracleRefusal("non-finite-input", name, i)
+        pd = pi * dec
+        m1 = b1 * mi + c1 * gi
+        gg = gi * gi
+        v1 = b2 * vi + c2 * gg
+        mhat = _div(m1, bc1)
+        vhat = _div(v1, bc2)
+        den = _sqrt(vhat) + eps
+        num = lr * mhat
+        p1 = pd - _div(num, den)
+        for name, x in (
+            ("intermediate", pd),
             ("m_out", m1),
             ("intermediate", gg),
             ("v_out", v1),

@@ -125,7 +125,8 @@ def build_commands(tools, workdir, flags, driver=DRIVER, prefix=""):
             str(w / "drv_aarch64_fma"),
             "-lm",
         ],
-        # negative control 2: reciprocal-square-root route for Adam (driver-only macro)
+        # negative control 2: reciprocal-square-root route for Adam, decay after the step for
+        # AdamW (driver-only macro)
         "x86_64_rsqrt": [
             tools["cc"],
             *flags,
@@ -225,6 +226,9 @@ FLOAT_SECTIONS = {
     "adam_p",
     "adam_m",
     "adam_v",
+    "adamw_p",
+    "adamw_m",
+    "adamw_v",
     "sgd_p",
     "sgd_buf",
     "sgd0_p",

@@ -8,7 +8,8 @@ state on AArch64 as the product's learner reached on x86-64 (issue 32).
 Negative controls prove that the comparison can see a difference:
   - the AArch64 driver built with -ffp-contract=fast (fused multiply-add) differs, in the
     kernel's functions and after the training steps;
-  - a reciprocal-square-root Adam (driver-only macro) differs from the baseline.
+  - a reciprocal-square-root Adam (driver-only macro) differs from the baseline, and so does an
+    AdamW that decays after the Adam step instead of before it (torch.optim.AdamW's order).
 
 Needs: gcc-aarch64-linux-gnu, libc6-dev-arm64-cross, qemu-user (Debian/Ubuntu names);
 skipped with the reason where they are absent. About 1-2 minutes on two cores.
@@ -25,7 +26,8 @@ pytestmark = pytest.mark.cross
 
 # status / which codes from csrc/kernel/alpha_kernel.h
 AK_ERR_NONFINITE_INPUT, AK_ERR_NONFINITE_OUTPUT = 3, 4
-AK_W_P, AK_W_G, AK_W_INTERMEDIATE = 0, 3, 6
+AK_W_P, AK_W_G, AK_W_SCALAR, AK_W_INTERMEDIATE = 0, 3, 5, 6
+AK_SCALAR_WD = 6
 
 
 @pytest.fixture(scope="module")
@@ -61,13 +63,14 @@ def test_refusals_agree_and_say_what_they_should(report):
     assert r[6:8] == [AK_ERR_NONFINITE_OUTPUT, n // 3]  # rounds beyond binary32
     assert r[8:11] == [AK_ERR_NONFINITE_INPUT, n - 1, AK_W_P]  # -Inf in p
     assert r[11] == n - 1
+    assert r[12:15] == [AK_ERR_NONFINITE_INPUT, AK_SCALAR_WD, AK_W_SCALAR]  # AdamW's wd is NaN
     assert report["targets"]["aarch64"]["refusals"]["differ"] == 0
 
 
 def test_negative_control_fma_contraction_is_seen(report):
     res = report["targets"]["aarch64_fma"]
     # b1*m + (1-b1)*g contracts into one fused multiply-add: other bits, often
-    for name in ("adam_m", "adam_v", "adam_p"):
+    for name in ("adam_m", "adam_v", "adam_p", "adamw_m", "adamw_v", "adamw_p"):
         assert res[name]["differ"] > 1000, (name, res[name])
     # so do a product's s + a*b and exp's polynomial (there the last rounding mostly absorbs
     # the change: about one result in ten thousand differs; log's, on this data, never)
@@ -83,6 +86,31 @@ def test_negative_control_rsqrt_is_seen(report):
     res = report["targets"]["x86_64_rsqrt"]
     assert res["adam_p"]["differ"] > 1000, res["adam_p"]
     assert res["adam_m"]["differ"] == 0 and res["adam_v"]["differ"] == 0
+    # AdamW decayed after the step instead of before it: other parameters, the same moments
+    assert res["adamw_p"]["differ"] > 1000, res["adamw_p"]
+    assert res["adamw_m"]["differ"] == 0 and res["adamw_v"]["differ"] == 0
+
+
+def test_adam_and_adamw_in_the_conformance_run_are_the_oracles(report):
+    """The driver's Adam and AdamW (x86-64, equal to AArch64 above) are the independent oracle's
+    on the driver's generated state (written out as state_*), on every 16th element; AdamW's
+    moments are Adam's (the decay never enters them), its parameters differ by the decay."""
+    from alpha_mpi import oracle
+
+    outs = report["outputs"]["x86_64"]
+    st = {k: outs[f"state_{k}"].view("<f8")[::16] for k in "pmvg"}
+    b1t, b2t = 1.0, 1.0
+    for _ in range(10):  # the driver's step t = 10, bias powers by repeated multiplication
+        b1t, b2t = b1t * 0.9, b2t * 0.999
+    hp = dict(b1=0.9, b2=0.999, eps=1e-8, b1t=b1t, b2t=b2t)
+    want = oracle.adam(st["p"], st["m"], st["v"], st["g"], lr=1e-3, **hp)
+    for name, w in zip(("adam_p", "adam_m", "adam_v"), want):
+        assert (outs[name][::16] == np.array(w).view("<u8")).all(), name
+    want = oracle.adamw(st["p"], st["m"], st["v"], st["g"], lr=0.03, wd=0.1, **hp)
+    for name, w in zip(("adamw_p", "adamw_m", "adamw_v"), want):
+        assert (outs[name][::16] == np.array(w).view("<u8")).all(), name
+    assert (outs["adamw_m"] == outs["adam_m"]).all() and (outs["adamw_v"] == outs["adam_v"]).all()
+    assert (outs["adamw_p"] != outs["adam_p"]).sum() > report["n"] // 2
 
 
 def test_evidence_names_the_built_kernel(report):

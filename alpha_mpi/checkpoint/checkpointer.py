@@ -44,6 +44,7 @@ from .compatibility import (
     check_compute,
     compare_config,
     compare_data,
+    compare_weight_decay,
     learner_contract,
 )
 from .locate import Resumed, Rewind, locate, rewind_plan
@@ -121,6 +122,7 @@ class Checkpointer:
             manifest; on resume the keys in SAME_ON_RESUME are compared.
         adopt_contract: resume from a checkpoint of another numerical contract (recorded).
         adopt_lr: resume with another learning rate (recorded in `resume_history`).
+        adopt_weight_decay: resume with another weight decay (AdamW; recorded the same way).
         accept_compute_change: resume a checkpoint computed under another compute identity
             (`compute-changed` otherwise; recorded in `compute_history`).
         data: the data's fingerprint (`alpha_mpi.learning.data.fingerprint`), compared on resume.
@@ -142,6 +144,7 @@ class Checkpointer:
         adopt_lr: bool = False,
         accept_compute_change: bool = False,
         data: dict | None = None,
+        adopt_weight_decay: bool = False,
         timeout: float | None = None,
         lock_now: bool = True,
     ) -> None:
@@ -150,6 +153,7 @@ class Checkpointer:
         cfg = asdict(cfg) if cfg is not None and not isinstance(cfg, dict) else dict(cfg or {})
         self.cfg = cfg
         self.adopt_contract, self.adopt_lr = adopt_contract, adopt_lr
+        self.adopt_weight_decay = adopt_weight_decay
         self.accept_compute_change = accept_compute_change
         self.data = dict(data or {})
         self.history, self.resume_history, self.compute_history = [], [], []
@@ -384,6 +388,7 @@ class Checkpointer:
             # The config first: a changed model or --slots is named as such, not as the
             # numerical-order mismatch it also causes.
             changes = compare_config(m, self.cfg, self.data, self.learner, self.adopt_lr)
+            changes += compare_weight_decay(m, self.learner, self.adopt_weight_decay)
             # Then the compute identity: a slot computed by other kernels is named as such, not as
             # the contract difference it also makes.
             computed = check_compute(m, self.learner, self.accept_compute_change)

@@ -4,8 +4,8 @@ compute identity.
 Apart from checkpointer.py because these are rules about two records (the saved manifest and
 this run), not steps of the collective protocol: each function reads a manifest and the run's
 side, and either refuses by name or returns what changed by consent (`adopt_contract`,
-`adopt_lr`, `accept_compute_change`) for the manifest's history. `Checkpointer` applies them on every rank before it
-installs anything.
+`adopt_lr`, `adopt_weight_decay`, `accept_compute_change`) for the manifest's history.
+`Checkpointer` applies them on every rank before it installs anything.
 """
 
 from __future__ import annotations
@@ -21,18 +21,21 @@ __all__ = [
     "check_compatible",
     "check_compute",
     "compare_config",
+    "compare_weight_decay",
     "compare_data",
 ]
 
 SAME_ON_RESUME = ("slots", "batch", "seed", "hidden", "data", "model", "optimizer", "lr", "momentum")
 """Config fields a resume must share with the saved run (others, like --steps or --partition, may
-change). `lr` may change with adopt_lr; `momentum` matters to SGD only."""
+change). `lr` may change with adopt_lr; `momentum` matters to SGD only. AdamW's weight decay is
+compared apart (compare_weight_decay: the live optimizer's against the saved one, adopt_weight_decay)."""
 NOT_SAVED = (
     "checkpoint_dir",
     "resume",
     "resume_from",
     "adopt_contract",
     "adopt_lr",
+    "adopt_weight_decay",
     "accept_compute_change",
     "json",
 )
@@ -117,7 +120,7 @@ def compare_config(m: dict, now: dict, data: dict, learner, adopt_lr: bool = Fal
             continue
         if k not in saved or k not in now or saved[k] == now[k]:
             continue
-        if k == "momentum" and optimizer != "sgd":
+        if k == "momentum" and k not in _hyper_of(optimizer):
             continue
         if k == "data" and "sha256" in m.get("data", {}) and "sha256" in data:
             continue  # the data's content is compared (compare_data), not the path it was read from
@@ -144,6 +147,37 @@ def compare_config(m: dict, now: dict, data: dict, learner, adopt_lr: bool = Fal
     if "steps" in saved and "steps" in now and saved["steps"] != now["steps"]:
         changes.append({"at_step": m["step"], "field": "steps", "from": saved["steps"], "to": now["steps"]})
     return changes
+
+
+def _hyper_of(optimizer) -> tuple:
+    """The hyperparameters the numpy learner's optimizer of that name records (none for another
+    learner's, e.g. alpha_mpi.torch's)."""
+    from ..learning.optim import OPTIMIZERS
+
+    kind = OPTIMIZERS.get(optimizer) if isinstance(optimizer, str) else None
+    return kind.hyper if kind is not None else ()
+
+
+def compare_weight_decay(m: dict, learner, adopt: bool = False) -> list:
+    """Refuse (`checkpoint-config-mismatch`, naming weight_decay) a resume whose optimizer decays
+    weights by another amount than the manifest `m` saved, unless `adopt`; return the recorded
+    change for the manifest's `resume_history` (empty: none). A learner or checkpoint without a
+    weight decay (Adam, SGD, another learner's optimizer) is not compared here (another optimizer
+    is refused by name on read)."""
+    hyper = m.get("scalars", {}).get("optimizer_hyper")
+    live = getattr(getattr(learner, "opt", None), "weight_decay", None)
+    if not isinstance(hyper, dict) or "weight_decay" not in hyper or live is None:
+        return []
+    saved = hyper["weight_decay"]
+    if saved == live:
+        return []
+    if not adopt:
+        raise CheckpointRefusal(
+            "checkpoint-config-mismatch",
+            f"weight_decay: saved {saved!r}, now {live!r}; resume with the saved weight decay, or pass "
+            "adopt_weight_decay=True (--adopt-weight-decay) to continue with the new one",
+        )
+    return [{"at_step": m["step"], "field": "weight_decay", "from": saved, "to": live}]
 
 
 def compare_data(m: dict, data: dict) -> None:

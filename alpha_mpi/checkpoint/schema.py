@@ -50,10 +50,6 @@ ROOT_OPTIONAL = {
 LEARNER_FIELDS = ("layout_order_id", "contract", "contract_digest", "config", "scalars", "data")
 LEGACY_ORDER_KEY = "order_id"  # layout_order_id as manifests of early 0.2 (contract format 1) name it
 CONTRACT_VERSION_OF_KEY = {"layout_order_id": 2, LEGACY_ORDER_KEY: 1}
-OPTIMIZERS = {
-    "adam": {"hyper": ("lr", "b1", "b2", "eps"), "scalars": ("b1t", "b2t", "steps")},
-    "sgd": {"hyper": ("lr", "momentum"), "scalars": ("steps",)},
-}
 PARTITIONS = ("none", "state", "grads", "params")
 STREAMS = ("permutation-v1",)
 
@@ -218,12 +214,12 @@ def validate_root(m: dict, dir_step, where: str) -> None:
         digest(h["from"], f"{where}.from")
         digest(h["to"], f"{where}.to")
     for where, h in history(m, "resume_history", ("at_step", "field", "from", "to"), step):
-        field = text(h["field"], f"{where}.field", choices=("lr", "steps"))
+        field = text(h["field"], f"{where}.field", choices=("lr", "weight_decay", "steps"))
         for end in ("from", "to"):
-            if field == "lr":
-                number(h[end], f"{where}.{end}", positive=True)
-            else:
+            if field == "steps":
                 integer(h[end], f"{where}.{end}")
+            elif number(h[end], f"{where}.{end}", positive=field == "lr") < 0:
+                raise bad(f"{where}.{end} must be a weight decay >= 0, found {h[end]!r}")
     _compute(m, step)
     if "scalars" in m:
         _scalars(m["scalars"], step, config)
@@ -334,42 +330,35 @@ def _scalars(sc, step: int, config: dict) -> None:
         raise bad("scalars must be an object")
     if "step" in sc and integer(sc["step"], "scalars.step") != step:
         raise bad(f"scalars.step {sc['step']} differs from the manifest step {step}")
+    from ..learning.optim import OPTIMIZERS  # each optimizer's class says what it records
+
     opt = sc.get("optimizer")
     if opt not in OPTIMIZERS or "optimizer_hyper" not in sc:
         # Another learner (e.g. alpha_mpi.torch): its own load validates its scalars; here only JSON.
         return
-    spec = OPTIMIZERS[opt]
+    kind = OPTIMIZERS[opt]
     keys(sc, "scalars", ("step", "optimizer", "optimizer_hyper", "optimizer_scalars", "partition_saved"))
     text(sc["partition_saved"], "scalars.partition_saved", choices=PARTITIONS)
     if "optimizer" in config and config["optimizer"] != opt:
         raise bad(f"scalars.optimizer {opt!r} differs from config.optimizer {_show(config['optimizer'])}")
-    hyper = keys(sc["optimizer_hyper"], "scalars.optimizer_hyper", spec["hyper"])
-    for k in spec["hyper"]:
-        number(hyper[k], f"scalars.optimizer_hyper.{k}", positive=(k != "momentum"))
+    hyper = keys(sc["optimizer_hyper"], "scalars.optimizer_hyper", kind.hyper)
+    for k in kind.hyper:  # momentum and weight decay may be 0 (the class checks their ranges)
+        number(hyper[k], f"scalars.optimizer_hyper.{k}", positive=k not in ("momentum", "weight_decay"))
     if "lr" in config and config["lr"] != hyper["lr"]:
         raise bad(f"config.lr {_show(config['lr'])} differs from scalars.optimizer_hyper.lr {hyper['lr']!r}")
-    s = keys(sc["optimizer_scalars"], "scalars.optimizer_scalars", spec["scalars"])
+    wd = config.get("weight_decay")  # None: the optimizer's default
+    if wd is not None and "weight_decay" in hyper and wd != hyper["weight_decay"]:
+        raise bad(
+            f"config.weight_decay {_show(wd)} differs from scalars.optimizer_hyper.weight_decay {hyper['weight_decay']!r}"
+        )
+    s = keys(sc["optimizer_scalars"], "scalars.optimizer_scalars", kind.carried)
     if integer(s["steps"], "scalars.optimizer_scalars.steps") != step:
         raise bad(f"scalars.optimizer_scalars.steps {s['steps']} differs from the manifest step {step}")
-    if opt == "adam":
-        for k, base in (("b1t", "b1"), ("b2t", "b2")):
-            want = bias_power(hyper[base], step)
-            got = number(s[k], f"scalars.optimizer_scalars.{k}")
-            if type(s[k]) is not float or got != want:
-                raise bad(
-                    f"scalars.optimizer_scalars.{k} {got!r} is not {base}^(t+1) = {want!r} at step {step} "
-                    f"(carried by repeated multiplication)"
-                )
-    elif not 0 <= hyper["momentum"] < 1:
-        raise bad(f"scalars.optimizer_hyper.momentum {hyper['momentum']!r} is outside [0, 1)")
-
-
-def bias_power(b: float, steps: int) -> float:
-    """b^(steps+1) as Adam carries it: b, then multiplied by b once per step (never pow())."""
-    x = b
-    for _ in range(steps):
-        x *= b
-    return x
+    for k in kind.carried:
+        number(s[k], f"scalars.optimizer_scalars.{k}")
+    problem = kind.saved_problem(hyper, s, step)  # e.g. Adam's bias powers, by their derivation
+    if problem:
+        raise bad(problem)
 
 
 def _data(d, step: int, config: dict) -> None:

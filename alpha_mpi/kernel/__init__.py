@@ -22,6 +22,7 @@ from .api import (  # noqa: F401 -- the package's names are api.py's
     OP_ADD,
     adam_step,
     adam_step_inplace_checked,
+    adamw_step,
     add,
     build_info,
     check_program,

@@ -34,7 +34,7 @@ from .buffers import F32, FARR, I32, IARR, ND, bad_argument, f64_buffer, same_si
 from .compiled import ffi, lib
 from .env import build_info, fpenv_check, fpenv_state
 from .identity import compute_identity
-from .updates import adam_step, adam_step_inplace_checked, sgd_step
+from .updates import adam_step, adam_step_inplace_checked, adamw_step, sgd_step
 
 __all__ = [
     "add",
@@ -44,6 +44,7 @@ __all__ = [
     "first_nonfinite",
     "adam_step",
     "adam_step_inplace_checked",
+    "adamw_step",
     "sgd_step",
     "widen_binary32",
     "round_binary64",

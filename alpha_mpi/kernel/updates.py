@@ -1,4 +1,4 @@
-"""The optimizer updates of the C kernel (layer 3): Adam and SGD steps, FiniteOrRefuse.
+"""The optimizer updates of the C kernel (layer 3): Adam, AdamW and SGD steps, FiniteOrRefuse.
 
 Apart from api.py because an update is a different kind of call from a combine: it reads
 and writes the whole optimizer state, takes hyperparameter scalars, and on a non-finite value
@@ -18,9 +18,10 @@ from .compiled import ffi, lib
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["adam_step", "adam_step_inplace_checked", "sgd_step"]
+__all__ = ["adam_step", "adam_step_inplace_checked", "adamw_step", "sgd_step"]
 
 _ADAM_SCALARS = ("lr", "b1", "b2", "eps", "b1t", "b2t")
+_ADAMW_SCALARS = (*_ADAM_SCALARS, "wd")  # AK_SCALAR_WD = 6
 _SGD_SCALARS = ("lr", "momentum")
 # AK_W_* -> (input name, output name)
 _ADAM_WHICH = {0: ("p", "p_out"), 1: ("m", "m_out"), 2: ("v", "v_out"), 3: ("g", "g")}
@@ -28,6 +29,14 @@ _SGD_WHICH = {0: ("p", "p_out"), 3: ("g", "g"), 4: ("buf", "buf_out")}
 _ADAM_INPLACE_WHICH = {0: ("p", "p"), 1: ("m", "m"), 2: ("v", "v"), 3: ("g", "g")}
 _W_SCALAR = 5
 _W_INTERMEDIATE = 6
+# what AK_W_INTERMEDIATE names, per update (csrc/kernel/alpha_kernel.h FiniteOrRefuse)
+_ADAM_INTERMEDIATES = "intermediate (g*g, mhat, vhat, sqrt(vhat)+eps or lr*mhat)"
+_INTERMEDIATES = {
+    "adam_step": _ADAM_INTERMEDIATES,
+    "adam_step_inplace_checked": _ADAM_INTERMEDIATES,
+    "adamw_step": "intermediate (p*(1-lr*wd), g*g, mhat, vhat, sqrt(vhat)+eps or lr*mhat)",
+    "sgd_step": "intermediate (lr*step)",
+}
 
 
 def _update_refusal(
@@ -53,11 +62,7 @@ def _update_refusal(
             index=None,
         )
     if which == _W_INTERMEDIATE:
-        name = (
-            "intermediate (g*g, mhat, vhat, sqrt(vhat)+eps or lr*mhat)"
-            if fn.startswith("adam")
-            else "intermediate (lr*step)"
-        )
+        name = _INTERMEDIATES[fn]
         raise KernelRefusal(
             code,
             f"{fn}: {name} at element {idx} is not finite (bias corrections 1-b1t/1-b2t zero? "
@@ -134,6 +139,47 @@ def adam_step(
         arrays = {"p": p, "m": m, "v": v, "g": g, "p_out": p_out, "m_out": m_out, "v_out": v_out}
         scalars = (lr, b1, b2, eps, b1t, b2t)
         _update_refusal(fn, st, idx[0], which[0], scalars, _ADAM_WHICH, arrays, _ADAM_SCALARS)
+
+
+def adamw_step(
+    p: np.ndarray,
+    m: np.ndarray,
+    v: np.ndarray,
+    g: np.ndarray,
+    p_out: np.ndarray,
+    m_out: np.ndarray,
+    v_out: np.ndarray,
+    *,
+    lr: float,
+    b1: float,
+    b2: float,
+    eps: float,
+    b1t: float,
+    b2t: float,
+    wd: float,
+    allow_inplace: bool = False,
+) -> None:
+    """One AdamW step (decoupled weight decay `wd`, torch.optim.AdamW's order, csrc/kernel/
+    alpha_kernel.h ADAMW EVALUATION ORDER): p is multiplied by (1 - lr*wd) first, then Adam's
+    step runs on it; m and v never see wd. At wd = 0 the bits are adam_step's. Arguments,
+    FiniteOrRefuse and the out-of-place rule as adam_step (a non-finite wd is refused as the
+    scalar `wd`)."""
+    fn = "adamw_step"
+    n = p.size
+    bufs = [f64_buffer(a, name, fn) for a, name in ((p, "p"), (m, "m"), (v, "v"), (g, "g"))]
+    outs = [
+        f64_buffer(a, name, fn, True) for a, name in ((p_out, "p_out"), (m_out, "m_out"), (v_out, "v_out"))
+    ]
+    others = (("m", m), ("v", v), ("g", g), ("p_out", p_out), ("m_out", m_out), ("v_out", v_out))
+    if any(a.size != n for _, a in others):
+        same_size(fn, n, others)
+    idx = ffi.new("int64_t *")
+    which = ffi.new("int *")
+    st = lib.ak_adamw(*bufs, *outs, n, lr, b1, b2, eps, b1t, b2t, wd, 1 if allow_inplace else 0, idx, which)
+    if st:
+        arrays = {"p": p, "m": m, "v": v, "g": g, "p_out": p_out, "m_out": m_out, "v_out": v_out}
+        scalars = (lr, b1, b2, eps, b1t, b2t, wd)
+        _update_refusal(fn, st, idx[0], which[0], scalars, _ADAM_WHICH, arrays, _ADAMW_SCALARS)
 
 
 def adam_step_inplace_checked(

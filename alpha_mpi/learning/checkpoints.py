@@ -24,7 +24,9 @@ optimizer formula, another torch build) is refused (`numerical-order-mismatch` /
 identity (alpha_mpi.model.compute: numpy's BLAS kernel and threads, torch's capability ...) is
 refused (`compute-changed`, naming the old and the new) unless `accept_compute_change=True`, or
 unless the learner's contract says machine-independent; either change is recorded in the
-manifests saved afterwards (`compute_history`).
+manifests saved afterwards (`compute_history`). AdamW's weight decay must be the saved one
+(`checkpoint-config-mismatch` naming weight_decay) unless `adopt_weight_decay=True` (recorded in
+`resume_history`).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ def checkpointer(
     config: Mapping[str, object] | None = None,
     adopt_contract: bool = False,
     accept_compute_change: bool = False,
+    adopt_weight_decay: bool = False,
     timeout: float | None = None,
 ) -> Checkpointer:
     """The `Checkpointer` for (learner, directory), built once (collectively) and reused. One per
@@ -68,6 +71,7 @@ def checkpointer(
     ck = cache.get(key)
     if ck is not None:
         ck.adopt_contract, ck.accept_compute_change = adopt_contract, accept_compute_change
+        ck.adopt_weight_decay = adopt_weight_decay
     else:
         # The lock is taken at the first save: a restore only reads (published steps are immutable).
         ck = cache[key] = Checkpointer(
@@ -77,6 +81,7 @@ def checkpointer(
             cfg,
             adopt_contract=adopt_contract,
             accept_compute_change=accept_compute_change,
+            adopt_weight_decay=adopt_weight_decay,
             timeout=timeout if timeout is not None else getattr(learner, "timeout", None),
             lock_now=False,
         )
@@ -105,16 +110,18 @@ def restore(
     missing_ok: bool = False,
     timeout: float | None = None,
     accept_compute_change: bool = False,
+    adopt_weight_decay: bool = False,
 ) -> str | None:
     """Load the checkpoint at `directory` into the learner, whatever the rank count was at save
-    time; returns the step directory read. `directory`: one step directory, or a checkpoint
-    directory, read as `alpha-mpi train --resume` reads it (the step `latest` names; a complete
-    step newer than it; without `latest`, the newest step that verifies, refusing by name when
-    newer ones do not). With `missing_ok`, a directory without any step returns None (start
-    from scratch) instead of refusing with `checkpoint-missing`. Writes nothing and takes no
-    lock: a read-only checkpoint restores. `accept_compute_change`: resume although the checkpoint
-    was computed under another compute identity (recorded). Collective; a refusal leaves every
-    learner as it was."""
+        time; returns the step directory read. `directory`: one step directory, or a checkpoint
+        directory, read as `alpha-mpi train --resume` reads it (the step `latest` names; a complete
+        step newer than it; without `latest`, the newest step that verifies, refusing by name when
+        newer ones do not). With `missing_ok`, a directory without any step returns None (start
+        from scratch) instead of refusing with `checkpoint-missing`. Writes nothing and takes no
+        lock: a read-only checkpoint restores. `accept_compute_change`: resume although the checkpoint
+        was computed under another compute identity (recorded); `adopt_weight_decay`: with another
+    weight decay than the saved one (recorded). Collective; a refusal leaves every
+        learner as it was."""
     from ..checkpoint.paths import LATEST
     from ..checkpoint.reader import is_step_dir
 
@@ -124,6 +131,7 @@ def restore(
         config=config,
         adopt_contract=adopt_contract,
         accept_compute_change=accept_compute_change,
+        adopt_weight_decay=adopt_weight_decay,
         timeout=timeout,
     )
     if is_step_dir(directory):

@@ -39,7 +39,7 @@ from ..planning import plan
 from ..refusals import KernelRefusal, Refusal
 from .audit import audit_words, build_checks, check_options, slot_owners
 from .learner_checkpoint import LearnerCheckpoint
-from .optim import make_optimizer
+from .optim import optimizer_class
 from .partition import MODES, Coordinates, partition_mode
 from .rng import slot_generator
 from .same_start import start_params
@@ -86,9 +86,12 @@ class DataParallelLearner:
             butterfly/halving algorithms on 2^k ranks), "star", "star:HUB", "hierarchy:K" (and whatever
             alpha_mpi.model.build accepts). Part of the numerical contract: two topologies are
             two contracts, and a checkpoint saved under one is refused under the other.
-        optimizer: "adam" (adam-v1) or "sgd" (sgd-momentum-v1), the C kernel formulas whose
-            evaluation order the contract names (csrc/kernel/alpha_kernel.h); FiniteOrRefuse.
+        optimizer: "adam" (adam-v1), "adamw" (adamw-v1) or "sgd" (sgd-momentum-v1), the C kernel
+            formulas whose evaluation order the contract names (csrc/kernel/alpha_kernel.h);
+            FiniteOrRefuse. alpha_mpi.learning.optim holds one class per optimizer.
         lr, momentum: learning rate; SGD momentum (0 = plain SGD; ignored by Adam).
+        weight_decay: AdamW's decoupled weight decay (torch.optim.AdamW's order: p * (1 - lr*wd),
+            then the Adam step); default torch's 0.01; `usage` with another optimizer.
         partition: "none" | "state" | "grads" | "params" (see the module docstring): where
             optimizer state, reduced gradients and parameters live. Every mode gives the bits of
             "none"; they differ only in memory per rank and traffic.
@@ -139,6 +142,7 @@ class DataParallelLearner:
         optimizer: str = "adam",
         lr: float = 1e-3,
         momentum: float = 0.9,
+        weight_decay: float | None = None,
         partition: str = "none",
         seed: int = 0,
         timeout: float | None = None,
@@ -160,6 +164,8 @@ class DataParallelLearner:
         local, compute = None, None
         try:
             mode = partition_mode(partition)  # the only look at the string: refused here if unknown
+            kind = optimizer_class(optimizer)  # the same for the optimizer (and its options)
+            opt_options = kind.options(lr=lr, momentum=momentum, weight_decay=weight_decay)
             check_model(model)  # a model that breaks the protocol is refused by name, before any collective
             # A model whose loss_and_grad_sum takes rng= gets each slot's own generator (seed, step, slot).
             self.seed, self.takes_rng = seed, takes_rng(model)
@@ -184,7 +190,9 @@ class DataParallelLearner:
             self.compute_identity = self.compute.identity
             # The learner's numerical contract: the combine order, normalise-once, the optimizer
             # formula, and the compute identity (or the machine-independence declaration).
-            self.contract = contract_for_plan(self.full_plan, optimizer=optimizer, compute=self.compute.spec)
+            self.contract = contract_for_plan(
+                self.full_plan, optimizer=kind.formula, compute=self.compute.spec
+            )
             cd = self.contract.digest
             check_options((audit_slots, audit_digests, mode.name), slots, self.size)
             # With audit_slots the combine carries the audit's words after the stop word (its
@@ -222,8 +230,8 @@ class DataParallelLearner:
         # the holder builds its executors).
         self.holder = mode.build(comm, combine_plan, coords, full, timeout=timeout, contract=cd)
         lo, hi = self.holder.state_range
-        self.opt = make_optimizer(optimizer, hi - lo, lr=lr, momentum=momentum)
-        self.checkpoint_view = LearnerCheckpoint(self.holder, self.opt, optimizer, n, self.own)
+        self.opt = kind(hi - lo, **opt_options)
+        self.checkpoint_view = LearnerCheckpoint(self.holder, self.opt, n, self.own)
         self.step = 0
         self.times = {"compute": 0.0, "combine": 0.0, "update": 0.0}
         self.layout_order_id = self.full_plan.layout_order_id  # what checkpoints and the contract name
@@ -401,21 +409,18 @@ class DataParallelLearner:
         adopt_contract: bool = False,
         missing_ok: bool = False,
         accept_compute_change: bool = False,
+        adopt_weight_decay: bool = False,
     ) -> str | None:
         """Load the latest checkpoint in `directory` (or that step directory) saved on any rank
         count (collective); returns the step directory. `accept_compute_change`: resume although
-        it was computed under another compute identity (`compute-changed` otherwise; recorded).
-        See alpha_mpi.learning.checkpoints.restore."""
+        it was computed under another compute identity (`compute-changed` otherwise; recorded);
+        `adopt_weight_decay`: with another weight decay (recorded). See
+        alpha_mpi.learning.checkpoints.restore."""
         from .checkpoints import restore
 
-        return restore(
-            self,
-            directory,
-            config=config,
-            adopt_contract=adopt_contract,
-            missing_ok=missing_ok,
-            accept_compute_change=accept_compute_change,
-        )
+        consents = {"adopt_contract": adopt_contract, "accept_compute_change": accept_compute_change}
+        consents["adopt_weight_decay"] = adopt_weight_decay
+        return restore(self, directory, config=config, missing_ok=missing_ok, **consents)
 
     # -- the CheckpointedLearner protocol (alpha_mpi.checkpoint.checkpointer): the checkpoint view
     #    (learner_checkpoint.py) does the work; the learner hands it the step and takes it back.

@@ -4,7 +4,8 @@ another rank count, and the checks that a checkpoint is this learner's.
 Apart from learner.py because it is the contract with alpha_mpi.checkpoint (the
 CheckpointedLearner protocol: checkpoint_pieces, checkpoint_scalars, load_checkpoint), read
 beside the checkpoint code rather than the training step. An object with explicit data (the
-learner's partition holder, optimizer and optimizer name), not a mixin: the learner's
+learner's partition holder and optimizer, whose class says what a checkpoint records of it:
+alpha_mpi.learning.optim), not a mixin: the learner's
 `checkpoint_*` methods hand it the step and take the step it read back.
 
 The partition holder says which coordinates this rank's parameters and optimizer arrays cover
@@ -26,11 +27,12 @@ if TYPE_CHECKING:
 
 class LearnerCheckpoint:
     """The checkpoint side of one learner: `holder` (its partition holder: the parameters and
-    the ranges they and the optimizer state cover), `opt` and `optimizer_name`, `n` (the
+    the ranges they and the optimizer state cover), `opt` (an optimizer of
+    alpha_mpi.learning.optim: its `name`, `hyper_values()`, `adoptable` and state), `n` (the
     parameters' count) and `own` (the range this rank writes)."""
 
-    def __init__(self, holder: Holder, opt, optimizer_name: str, n: int, own: tuple[int, int]) -> None:
-        self.holder, self.opt, self.optimizer_name = holder, opt, optimizer_name
+    def __init__(self, holder: Holder, opt, n: int, own: tuple[int, int]) -> None:
+        self.holder, self.opt, self.optimizer_name = holder, opt, opt.name
         self.n, self.own = n, own
 
     def pieces(self) -> dict:
@@ -44,17 +46,11 @@ class LearnerCheckpoint:
             out[f"optimizer.{name}"] = (self.n, [(a, b, arr[a - s0 : b - s0])])
         return out
 
-    def _optimizer_hyper(self) -> dict:
-        o = self.opt
-        if self.optimizer_name == "adam":
-            return {"lr": o.lr, "b1": o.b1, "b2": o.b2, "eps": o.eps}
-        return {"lr": o.lr, "momentum": o.momentum}
-
     def scalars(self, step: int) -> dict:
         return {
             "step": step,
             "optimizer": self.optimizer_name,
-            "optimizer_hyper": self._optimizer_hyper(),
+            "optimizer_hyper": self.opt.hyper_values(),
             "optimizer_scalars": self.opt.state()["scalars"],
             "partition_saved": self.holder.name,
         }
@@ -73,12 +69,12 @@ class LearnerCheckpoint:
             )
         if "optimizer_hyper" not in sc:
             raise CheckpointRefusal("checkpoint-manifest", "the checkpoint's scalars lack optimizer_hyper")
-        live = self._optimizer_hyper()
+        live = self.opt.hyper_values()
         diffs = [
             f"{k}: saved {sc['optimizer_hyper'][k]!r}, now {v!r}"
             for k, v in live.items()
-            if k != "lr" and sc["optimizer_hyper"][k] != v
-        ]  # lr: the Checkpointer compares it (adopt_lr)
+            if k not in self.opt.adoptable and sc["optimizer_hyper"][k] != v
+        ]  # the adoptable ones (lr, weight_decay): the Checkpointer compares them (adopt_lr, ...)
         if diffs:
             raise CheckpointRefusal(
                 "checkpoint-config-mismatch", f"optimizer hyperparameters differ: {'; '.join(diffs)}"

@@ -37,6 +37,7 @@ class TrainConfig:
     optimizer: str = "adam"
     lr: float = 2e-3
     momentum: float = 0.9
+    weight_decay: float | None = None  # AdamW's decoupled weight decay; None: its default (0.01)
     topology: str = "pairwise"
     partition: str = "none"
     seed: int = 0
@@ -50,6 +51,7 @@ class TrainConfig:
     adopt_contract: bool = False
     resume_from: str | None = None
     adopt_lr: bool = False
+    adopt_weight_decay: bool = False  # resume AdamW with another weight decay (recorded)
     accept_compute_change: bool = False  # resume under another compute identity (recorded)
     model: str | None = None  # "module:factory" (alpha_mpi.learning.model_from_spec); None: the built-in MLP
     audit_slots: int = 0  # slots per step recomputed on another rank (alpha_mpi.learning.audit)
@@ -179,6 +181,7 @@ def build(comm, cfg: TrainConfig, fault_hook=None):
         optimizer=cfg.optimizer,
         lr=cfg.lr,
         momentum=cfg.momentum,
+        weight_decay=cfg.weight_decay,
         partition=cfg.partition,
         seed=cfg.seed,
         timeout=cfg.timeout,
@@ -218,6 +221,7 @@ def train(
             cfg,
             adopt_contract=cfg.adopt_contract,
             adopt_lr=cfg.adopt_lr,
+            adopt_weight_decay=cfg.adopt_weight_decay,
             accept_compute_change=cfg.accept_compute_change,
             data=fingerprint(data),
             timeout=cfg.timeout,
@@ -230,9 +234,11 @@ def train(
                 raise
             for line in resumed.lines:
                 say(line)
+    wd = getattr(learner.opt, "weight_decay", None)  # AdamW's, said only where it decays
     say(
         f"# alpha-mpi train: {data.name}, {model.n_params} parameters, {cfg.slots} slots on {comm.Get_size()} ranks, "
-        f"batch {cfg.batch}, {cfg.optimizer} lr {cfg.lr:g}, topology {cfg.topology}, partition {cfg.partition}"
+        f"batch {cfg.batch}, {cfg.optimizer} lr {cfg.lr:g}{'' if wd is None else f' weight decay {wd:g}'}, "
+        f"topology {cfg.topology}, partition {cfg.partition}"
     )
     say(compute_line(learner))
     say(f"# layout order id {learner.layout_order_id}")

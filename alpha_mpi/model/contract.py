@@ -295,8 +295,8 @@ def contract_for_plan(
     the tree as binary64 (`KeepFormat`), or with `contributions="binary32"` through an explicit
     `RoundBinary64` then `WidenBinary32` site (a BoundedDifference operation).
     operations: the plan's layout order id; then `normalize-once` (default: when the layout has a
-    `mass` component); then the optimizer formula (`"adam-v1"`, `"sgd-momentum-v1"`, aliases
-    `"adam"`, `"sgd"`, or a Formula). relation: BitIdentical unless given. compute: what the
+    `mass` component); then the optimizer formula (`"adam-v1"`, `"adamw-v1"`, `"sgd-momentum-v1"`,
+    aliases `"adam"`, `"adamw"`, `"sgd"`, or a Formula). relation: BitIdentical unless given. compute: what the
     slots' bits depend on (a learner's; see alpha_mpi.model.compute), None for a bare combine.
     Takes any plan or learner (with a `layout_order_id`; optionally a `layout`); refuses anything
     else (a tree's `order_id` is not bound to a payload layout).

@@ -1,7 +1,7 @@
 """Formula ids and their exact evaluation orders, as numerical contracts name them.
 
-The Adam and SGD orders are written down once, in csrc/kernel/alpha_kernel.h ("ADAM EVALUATION ORDER",
-"SGD WITH MOMENTUM"); the strings here are that text with the blanks removed, one assignment per
+The Adam, AdamW and SGD orders are written down once, in csrc/kernel/alpha_kernel.h ("ADAM EVALUATION
+ORDER", "ADAMW EVALUATION ORDER", "SGD WITH MOMENTUM"); the strings here are that text with the blanks removed, one assignment per
 `;`, each operation one correctly rounded binary64 operation, parenthesised as evaluated.
 tests/test_contracts.py reads the header and checks that every assignment below is written there,
 in this order, so the two cannot drift apart. A contract names a formula by id *and* text: a
@@ -10,7 +10,7 @@ peer or checkpoint whose text differs is a different order (`numerical-order-mis
 
 from __future__ import annotations
 
-__all__ = ["ADAM_V1", "SGD_MOMENTUM_V1", "NORMALIZE_ONCE", "FORMULAS", "ALIASES", "assignments"]
+__all__ = ["ADAM_V1", "ADAMW_V1", "SGD_MOMENTUM_V1", "NORMALIZE_ONCE", "FORMULAS", "ALIASES", "assignments"]
 
 #: Adam (kernel ak_adam). Scalars once per call; per element the five lines; then the caller
 #: multiplies the carried bias-correction powers once per step (never pow): b1t, b2t enter step
@@ -19,6 +19,15 @@ ADAM_V1 = (
     "c1=1-b1; c2=1-b2; bc1=1-b1t; bc2=1-b2t; "
     "m'=(b1*m)+(c1*g); v'=(b2*v)+(c2*(g*g)); mhat=m'/bc1; vhat=v'/bc2; "
     "p'=p-((lr*mhat)/(sqrt(vhat)+eps)); "
+    "b1t*=b1; b2t*=b2"
+)
+
+#: AdamW (kernel ak_adamw): decoupled weight decay wd in torch.optim.AdamW's order, the parameter
+#: decayed first and Adam's step run on the decayed value; the bias powers carried as for Adam.
+ADAMW_V1 = (
+    "c1=1-b1; c2=1-b2; bc1=1-b1t; bc2=1-b2t; dec=1-(lr*wd); "
+    "pd=p*dec; m'=(b1*m)+(c1*g); v'=(b2*v)+(c2*(g*g)); mhat=m'/bc1; vhat=v'/bc2; "
+    "p'=pd-((lr*mhat)/(sqrt(vhat)+eps)); "
     "b1t*=b1; b2t*=b2"
 )
 
@@ -31,12 +40,18 @@ NORMALIZE_ONCE = "g=numerator/mass"
 
 FORMULAS: dict = {
     "adam-v1": ADAM_V1,
+    "adamw-v1": ADAMW_V1,
     "sgd-momentum-v1": SGD_MOMENTUM_V1,
     "normalize-once": NORMALIZE_ONCE,
 }
 
 #: Short names a learner may pass to contract_for_plan(plan, optimizer=...).
-ALIASES: dict = {"adam": "adam-v1", "sgd": "sgd-momentum-v1", "sgd-momentum": "sgd-momentum-v1"}
+ALIASES: dict = {
+    "adam": "adam-v1",
+    "adamw": "adamw-v1",
+    "sgd": "sgd-momentum-v1",
+    "sgd-momentum": "sgd-momentum-v1",
+}
 
 
 def assignments(text: str) -> list:

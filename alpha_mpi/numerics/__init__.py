@@ -22,7 +22,7 @@ neither numpy, the compiled kernel nor MPI; the others load on first use.
 
 from .._lazy import lazy_attributes as _lazy_attributes
 from ..model.contract import Contract, NumericalContract, contract_for_plan, numerical_compatibility
-from ..model.formulas import ADAM_V1, FORMULAS, NORMALIZE_ONCE, SGD_MOMENTUM_V1
+from ..model.formulas import ADAM_V1, ADAMW_V1, FORMULAS, NORMALIZE_ONCE, SGD_MOMENTUM_V1
 from ..model.operations import CombineOrder, Formula
 from ..model.profile import ContractRefusal, Conversion, KeepFormat, Profile, RoundBinary64, WidenBinary32
 from ..model.relation import (
@@ -67,6 +67,7 @@ __all__ = [
     "ContractRefusal",
     "DEFAULT_SUITE",
     "ADAM_V1",
+    "ADAMW_V1",
     "SGD_MOMENTUM_V1",
     "NORMALIZE_ONCE",
     "FORMULAS",

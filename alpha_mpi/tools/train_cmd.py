@@ -33,9 +33,17 @@ def parser():
         "logical micro-batch shards per step; the tree is over these, and at most this many ranks",
     )
     int_option(p, "--batch", 256, "samples per step, cut into slots")
-    p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam", help="(default adam)")
+    from ..learning.optim import OPTIMIZERS  # one class per optimizer: its name, its default lr
+
+    p.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default="adam", help="(default adam)")
+    lrs = ", ".join(f"{cls.default_lr:g} for {name}" for name, cls in OPTIMIZERS.items())
+    p.add_argument("--lr", type=real(0.0), default=None, help=f"learning rate (default {lrs})")
     p.add_argument(
-        "--lr", type=real(0.0), default=None, help="learning rate (default 2e-3 for adam, 0.05 for sgd)"
+        "--weight-decay",
+        type=real(0.0, lo_open=False),
+        default=None,
+        help="AdamW's decoupled weight decay, torch.optim.AdamW's order: p*(1-lr*wd), then the Adam "
+        "step (default 0.01, torch's; adamw only)",
     )
     p.add_argument(
         "--momentum",
@@ -116,6 +124,11 @@ def parser():
         "--adopt-lr",
         action="store_true",
         help="resume with this --lr although the checkpoint was saved with another; recorded in later checkpoints",
+    )
+    p.add_argument(
+        "--adopt-weight-decay",
+        action="store_true",
+        help="resume with this --weight-decay although the checkpoint was saved with another; recorded",
     )
     p.add_argument(
         "--adopt-contract",
@@ -216,6 +229,12 @@ def run(argv, fault_hook=None) -> int:
             p.error(f"--replay: expected A:B with integers 0 <= A < B, got {a.replay!r}")
     if a.batch < a.slots:
         p.error(f"--batch {a.batch} is smaller than --slots {a.slots}: every slot needs a sample")
+    from ..learning.optim import OPTIMIZERS
+
+    if a.weight_decay is not None and "weight_decay" not in OPTIMIZERS[a.optimizer].hyper:
+        p.error(
+            f"--weight-decay is AdamW's decoupled weight decay; --optimizer {a.optimizer} takes none (use adamw)"
+        )
     import sys
     from dataclasses import fields
 
@@ -234,7 +253,7 @@ def run(argv, fault_hook=None) -> int:
             if getattr(a, flag):
                 check_output(getattr(a, flag), "--" + flag)
     if a.lr is None:
-        a.lr = 2e-3 if a.optimizer == "adam" else 0.05
+        a.lr = OPTIMIZERS[a.optimizer].default_lr
     # Every TrainConfig field is the option of the same name.
     cfg = TrainConfig(**{f.name: getattr(a, f.name) for f in fields(TrainConfig) if hasattr(a, f.name)})
     comm = MPI.COMM_WORLD

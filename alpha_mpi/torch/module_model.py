@@ -49,7 +49,8 @@ class ModuleModel:
     `init(seed)`: with torch's RNG forked and seeded by `seed`, every submodule's
     `reset_parameters()` runs, and the parameters are returned as one vector (the same on every
     rank). `loss_and_grad_sum(params, X, y, grad_out)`: the params are copied into the module, one
-    forward (X as float64, y as int64) and one backward of the summed loss, the gradients written
+    forward (X as float64, or as int64 where X holds integers: token ids for `nn.Embedding`; y as
+    int64) and one backward of the summed loss, the gradients written
     into grad_out. `predict(params, X)`: argmax of the logits. Modules with buffers (BatchNorm
     running statistics) are refused by name (`torch-buffers-refused`): the protocol carries
     parameters only; use `alpha_mpi.torch.DataParallel(buffers="slot-mean")` for them.
@@ -92,6 +93,14 @@ class ModuleModel:
         self.loss_fn = summed_cross_entropy if loss_fn is None else loss_fn
         self.env = fix_environment(threads)
 
+    @staticmethod
+    def _inputs(X: np.ndarray) -> torch.Tensor:
+        """X as the module takes it: integers stay integers (int64, what nn.Embedding indexes
+        with), anything else binary64 like the parameters."""
+        X = np.asarray(X)
+        kind = np.int64 if X.dtype.kind in "iu" else np.float64
+        return torch.from_numpy(np.ascontiguousarray(X, dtype=kind))
+
     def _load(self, params: np.ndarray) -> None:
         with torch.no_grad():
             for p, (a, b) in zip(self.params, self.offsets):
@@ -127,7 +136,7 @@ class ModuleModel:
         self._load(params)
         for p in self.params:
             p.grad = None
-        Xt = torch.from_numpy(np.ascontiguousarray(X, dtype=np.float64))
+        Xt = self._inputs(X)
         yt = torch.from_numpy(np.ascontiguousarray(y, dtype=np.int64))
         with torch.random.fork_rng(devices=[]):
             if rng is not None:
@@ -145,6 +154,4 @@ class ModuleModel:
         """Labels: argmax of the module's logits."""
         self._load(params)
         with torch.no_grad():
-            return (
-                self.module(torch.from_numpy(np.ascontiguousarray(X, dtype=np.float64))).argmax(dim=1).numpy()
-            )
+            return self.module(self._inputs(X)).argmax(dim=1).numpy()

@@ -372,14 +372,16 @@ int64_t ak_first_nonfinite(const double *x, size_t n) {
 /* ------------------------------------------------------------------ Adam */
 
 typedef struct {
-    double lr, b1, b2, eps, c1, c2, bc1, bc2;
+    double lr, b1, b2, eps, c1, c2, bc1, bc2, dec;
 } ak_adam_k;
 
-/* THE Adam element formula (order documented in alpha_kernel.h). Every path below
+/* THE Adam/AdamW element formula (orders documented in alpha_kernel.h). Every path below
  * calls this one function, so the single-pass, the locate and the two-pass variants
- * cannot disagree. *acc collects the non-finite marks of outputs and intermediates. */
+ * cannot disagree. *acc collects the non-finite marks of outputs and intermediates.
+ * Adam is AdamW at wd = 0: dec = 1 exactly, and pd = p * 1 = p for every finite p. */
 static inline void ak_adam_elem(const ak_adam_k *K, double p, double m, double v, double g,
                                 double *po, double *mo, double *vo, uint64_t *acc) {
+    double pd = p * K->dec;
     double m1 = K->b1 * m + K->c1 * g;
     double gg = g * g;
     double v1 = K->b2 * v + K->c2 * gg;
@@ -387,9 +389,9 @@ static inline void ak_adam_elem(const ak_adam_k *K, double p, double m, double v
     double vhat = v1 / K->bc2;
     double den = sqrt(vhat) + K->eps;
     double num = K->lr * mhat;
-    double p1 = p - num / den;
-    *acc |= ak_nf(m1) | ak_nf(gg) | ak_nf(v1) | ak_nf(mhat) | ak_nf(vhat) | ak_nf(den) |
-            ak_nf(num) | ak_nf(p1);
+    double p1 = pd - num / den;
+    *acc |= ak_nf(pd) | ak_nf(m1) | ak_nf(gg) | ak_nf(v1) | ak_nf(mhat) | ak_nf(vhat) |
+            ak_nf(den) | ak_nf(num) | ak_nf(p1);
     *po = p1;
     *mo = m1;
     *vo = v1;
@@ -422,9 +424,10 @@ AK_CLONES static uint64_t ak_adam_block_check(const ak_adam_k *K, const double *
 }
 
 static int ak_adam_scalars(ak_adam_k *K, double lr, double b1, double b2, double eps,
-                           double b1t, double b2t, int64_t *bad_index, int *bad_which) {
-    const double s[6] = {lr, b1, b2, eps, b1t, b2t};
-    for (int j = 0; j < 6; j++)
+                           double b1t, double b2t, double wd, int64_t *bad_index,
+                           int *bad_which) {
+    const double s[7] = {lr, b1, b2, eps, b1t, b2t, wd};
+    for (int j = 0; j < 7; j++)
         if (ak_bad(s[j])) {
             *bad_index = j;
             *bad_which = AK_W_SCALAR;
@@ -438,6 +441,7 @@ static int ak_adam_scalars(ak_adam_k *K, double lr, double b1, double b2, double
     K->c2 = 1.0 - b2;
     K->bc1 = 1.0 - b1t;
     K->bc2 = 1.0 - b2t;
+    K->dec = 1.0 - lr * wd;
     return AK_OK;
 }
 
@@ -455,6 +459,7 @@ static int ak_adam_locate(const ak_adam_k *K, const double *p, const double *m, 
                 *bad_which = win[j];
                 return AK_ERR_NONFINITE_INPUT;
             }
+        double pd = p[i] * K->dec;
         double m1 = K->b1 * m[i] + K->c1 * g[i];
         double gg = g[i] * g[i];
         double v1 = K->b2 * v[i] + K->c2 * gg;
@@ -462,12 +467,12 @@ static int ak_adam_locate(const ak_adam_k *K, const double *p, const double *m, 
         double vhat = v1 / K->bc2;
         double den = sqrt(vhat) + K->eps;
         double num = K->lr * mhat;
-        double p1 = p[i] - num / den;
-        const double outv[8] = {m1, gg, v1, mhat, vhat, den, num, p1};
-        static const int wout[8] = {AK_W_M, AK_W_INTERMEDIATE, AK_W_V, AK_W_INTERMEDIATE,
+        double p1 = pd - num / den;
+        const double outv[9] = {pd, m1, gg, v1, mhat, vhat, den, num, p1};
+        static const int wout[9] = {AK_W_INTERMEDIATE, AK_W_M, AK_W_INTERMEDIATE, AK_W_V,
                                     AK_W_INTERMEDIATE, AK_W_INTERMEDIATE, AK_W_INTERMEDIATE,
-                                    AK_W_P};
-        for (int j = 0; j < 8; j++)
+                                    AK_W_INTERMEDIATE, AK_W_P};
+        for (int j = 0; j < 9; j++)
             if (ak_bad(outv[j])) {
                 *bad_index = (int64_t)i;
                 *bad_which = wout[j];
@@ -517,10 +522,11 @@ typedef struct {
 } ak_adam_call;
 
 static int ak_adam_begin(ak_adam_call *c, double lr, double b1, double b2, double eps, double b1t,
-                         double b2t, int64_t **bad_index, int **bad_which, double *const *outs,
-                         const double *const *ins, int nin, size_t n, int allow_inplace) {
+                         double b2t, double wd, int64_t **bad_index, int **bad_which,
+                         double *const *outs, const double *const *ins, int nin, size_t n,
+                         int allow_inplace) {
     ak_report_init(bad_index, bad_which, &c->local);
-    int st = ak_adam_scalars(&c->K, lr, b1, b2, eps, b1t, b2t, *bad_index, *bad_which);
+    int st = ak_adam_scalars(&c->K, lr, b1, b2, eps, b1t, b2t, wd, *bad_index, *bad_which);
     if (st != AK_OK || n == 0) return st;
     return ak_outputs_ok(outs, 3, ins, nin, n, allow_inplace) ? AK_OK : AK_ERR_BAD_ARGUMENT;
 }
@@ -537,10 +543,19 @@ int ak_adam(const double *p, const double *m, const double *v, const double *g,
             double *p_out, double *m_out, double *v_out, size_t n,
             double lr, double b1, double b2, double eps, double b1t, double b2t,
             int allow_inplace, int64_t *bad_index, int *bad_which) {
+    return ak_adamw(p, m, v, g, p_out, m_out, v_out, n, lr, b1, b2, eps, b1t, b2t, 0.0,
+                    allow_inplace, bad_index, bad_which);
+}
+
+int ak_adamw(const double *p, const double *m, const double *v, const double *g,
+             double *p_out, double *m_out, double *v_out, size_t n,
+             double lr, double b1, double b2, double eps, double b1t, double b2t, double wd,
+             int allow_inplace, int64_t *bad_index, int *bad_which) {
     double *const outs[3] = {p_out, m_out, v_out};
     const double *const ins[4] = {p, m, v, g};
     ak_adam_call c;
-    int st = ak_adam_begin(&c, lr, b1, b2, eps, b1t, b2t, &bad_index, &bad_which, outs, ins, 4, n, allow_inplace);
+    int st = ak_adam_begin(&c, lr, b1, b2, eps, b1t, b2t, wd, &bad_index, &bad_which, outs, ins, 4,
+                           n, allow_inplace);
     if (st != AK_OK || n == 0) return st;
 
     for (size_t b0 = 0; b0 < n; b0 += AK_BLOCK) {
@@ -566,7 +581,7 @@ int ak_adam_inplace_checked(double *p, double *m, double *v, const double *g, si
     double *const outs[3] = {p, m, v};
     const double *const ins[1] = {g};
     ak_adam_call c;
-    int st = ak_adam_begin(&c, lr, b1, b2, eps, b1t, b2t, &bad_index, &bad_which, outs, ins, 1, n, 0);
+    int st = ak_adam_begin(&c, lr, b1, b2, eps, b1t, b2t, 0.0, &bad_index, &bad_which, outs, ins, 1, n, 0);
     if (st != AK_OK || n == 0) return st;
     /* pass 1: compute and check, store nothing */
     for (size_t b0 = 0; b0 < n; b0 += AK_BLOCK) {

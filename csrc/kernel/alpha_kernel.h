@@ -30,14 +30,33 @@
  *   A square root, then an add, then a true divide: a reciprocal square root
  *   (rsqrt, or 1/sqrt then multiply) rounds twice and is not this formula.
  *
+ * ------------------------------------------------------------------------------
+ * ADAMW EVALUATION ORDER (decoupled weight decay wd, torch.optim.AdamW's order:
+ * the parameter is decayed first, then the Adam step above runs on the decayed value)
+ * ------------------------------------------------------------------------------
+ *   scalars, computed once per call in binary64 (b1t, b2t carried as for Adam):
+ *       c1  = 1 - b1          c2  = 1 - b2
+ *       bc1 = 1 - b1t         bc2 = 1 - b2t
+ *       dec = 1 - (lr * wd)
+ *   per element i, each line one rounding per operation, left to right:
+ *       pd   = p * dec
+ *       m'   = (b1 * m) + (c1 * g)
+ *       v'   = (b2 * v) + (c2 * (g * g))
+ *       mhat = m' / bc1
+ *       vhat = v' / bc2
+ *       p'   = pd - ((lr * mhat) / (sqrt(vhat) + eps))
+ *   torch: param.mul_(1 - lr * weight_decay), then the Adam step on param. Adam is this
+ *   formula at wd = 0 bit for bit (dec = 1 exactly and p * 1 = p), so ak_adam runs it.
+ *   Not an L2 penalty: wd never enters g, m or v.
+ *
  * SGD WITH MOMENTUM (PyTorch convention, no dampening, no Nesterov):
  *   mu != 0:  buf' = (mu * buf) + g ;  p' = p - (lr * buf')
  *   mu == 0:  p'   = p - (lr * g)       (buf is neither read nor written)
  *
- * FiniteOrRefuse (Adam, SGD, round_binary64): the scalars, every input element and
+ * FiniteOrRefuse (Adam, AdamW, SGD, round_binary64): the scalars, every input element and
  * every output element (for Adam also the intermediates g*g, mhat, vhat,
  * sqrt(vhat)+eps and lr*mhat, because e.g. vhat = +Inf yields a finite p' = p that
- * silently drops the update) must be finite. Otherwise the call returns
+ * silently drops the update; for AdamW also pd, computed first) must be finite. Otherwise the call returns
  * AK_ERR_NONFINITE_INPUT or AK_ERR_NONFINITE_OUTPUT with
  *   *bad_index = the first element index i at which anything is non-finite
  *                (for a scalar: its position in the argument list, see AK_SCALAR_*),
@@ -84,7 +103,7 @@
 #define AK_W_G 3            /* g */
 #define AK_W_BUF 4          /* SGD momentum buffer buf or buf_out */
 #define AK_W_SCALAR 5       /* a scalar argument; *bad_index = AK_SCALAR_* */
-#define AK_W_INTERMEDIATE 6 /* Adam g*g, mhat, vhat, sqrt(vhat)+eps or lr*mhat */
+#define AK_W_INTERMEDIATE 6 /* Adam g*g, mhat, vhat, sqrt(vhat)+eps or lr*mhat; AdamW pd */
 #define AK_W_X 7            /* the single input/output of a conversion */
 
 /* scalar positions reported in *bad_index when *bad_which == AK_W_SCALAR */
@@ -94,6 +113,7 @@
 #define AK_SCALAR_EPS 3
 #define AK_SCALAR_B1T 4
 #define AK_SCALAR_B2T 5
+#define AK_SCALAR_WD 6      /* AdamW's weight decay */
 
 /* ak_fpenv_check flags */
 #define AK_FPENV_ROUNDING 1 /* rounding mode is not round-to-nearest-even */
@@ -129,6 +149,13 @@ int ak_adam(const double *p, const double *m, const double *v, const double *g,
             double *p_out, double *m_out, double *v_out, size_t n,
             double lr, double b1, double b2, double eps, double b1t, double b2t,
             int allow_inplace, int64_t *bad_index, int *bad_which);
+
+/* One AdamW step, out-of-place (see ADAMW EVALUATION ORDER above); the arguments and the
+ * refusals are ak_adam's, with wd after b2t (a non-finite wd: *bad_index = AK_SCALAR_WD). */
+int ak_adamw(const double *p, const double *m, const double *v, const double *g,
+             double *p_out, double *m_out, double *v_out, size_t n,
+             double lr, double b1, double b2, double eps, double b1t, double b2t, double wd,
+             int allow_inplace, int64_t *bad_index, int *bad_which);
 
 /* The same step in place, keeping the refusal guarantee by checking first
  * (pass 1 computes and checks everything, stores nothing; pass 2 commits). */

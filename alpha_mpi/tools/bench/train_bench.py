@@ -27,7 +27,7 @@ import numpy as np
 from ...kernel import isa_path
 from ...learning.learner import DataParallelLearner
 from ...learning.mlp import BlasMLP
-from ...learning.optim import make_optimizer
+from ...learning.optim import OPTIMIZERS, make_optimizer
 from ...learning.slicing import stream_batch
 from ...learning.trainer import TrainConfig, build
 from .._args import at_least, path
@@ -84,7 +84,7 @@ def _parser(rank):
     p.add_argument("--slots", type=at_least(1), default=8)
     p.add_argument("--batch", type=at_least(1), default=256)
     p.add_argument("--hidden", type=at_least(1), default=700)
-    p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
+    p.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default="adam")
     p.add_argument("--topology", default="pairwise", help="slot tree (default pairwise, as the learners)")
     p.add_argument("--partition", choices=("none", "state", "grads", "params"), default="none")
     p.add_argument("--json", type=path, default=None)
@@ -95,7 +95,7 @@ def cmd(comm, argv) -> int:
     rank, size = comm.Get_rank(), comm.Get_size()
     a = _parser(rank).parse_args(argv)
     check_outputs(comm, [("--json", a.json, True)])
-    lr = 2e-3 if a.optimizer == "adam" else 0.05
+    lr = OPTIMIZERS[a.optimizer].default_lr
     cfg = TrainConfig(
         slots=a.slots,
         batch=a.batch,

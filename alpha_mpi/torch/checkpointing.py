@@ -21,7 +21,8 @@ that sets `param_group["lr"]` itself records none: nothing is compared. The save
 group is restored and printed by rank 0 (a wrong base rate is visible in the log's first line).
 With `adopt_lr=True` the optimizer keeps its present `lr`/`initial_lr` and a scheduler its
 `base_lrs`; the schedule's position (last_epoch) is restored. `dp.updates` (the optimizer
-updates) is saved beside `dp.steps` (the combined calls).
+updates) is saved beside `dp.steps` (the combined calls) where it differs from it (no_sync()),
+so a run without accumulation keeps the checkpoints and state digests it had.
 
 Rank r writes coordinates [r*n/p, (r+1)*n/p) of every vector; every rank reads all of them back,
 whatever the rank count was at save time.
@@ -138,7 +139,6 @@ class TorchCheckpointView:
         dp = self.state
         sc = {
             "step": dp.steps,
-            "updates": dp.updates,
             "optimizer": None,
             "framework": "torch",
             "dtype": dtype_name(dp.dtype),
@@ -146,6 +146,8 @@ class TorchCheckpointView:
             "registered": {k: encode_state(o.state_dict(), k) for k, o in sorted(dp.registered.items())},
             "registered_classes": {k: class_name(o) for k, o in sorted(dp.registered.items())},
         }
+        if dp.updates != dp.steps:  # absent: as many updates as steps (no no_sync(); before issue 44)
+            sc["updates"] = dp.updates
         if self.optimizer is not None:
             sc.update(optimizer_scalars(self.optimizer, dp.params, dp.module))
         return sc
@@ -210,7 +212,7 @@ class TorchCheckpointView:
         for k, o in reg.items():
             try_load(k, o, read["registered"][k], shared=self._shared())
         read["steps"] = int(sc["step"])
-        read["updates"] = int(sc.get("updates", sc["step"]))  # before issue 44: one per call
+        read["updates"] = int(sc.get("updates", sc["step"]))  # absent: one per step
         return read
 
     def _read_optimizer(self, ck, sc) -> list:

@@ -298,7 +298,8 @@ class DataParallel:
         torch's generators seeded from (seed, steps, slot) (alpha_mpi.torch.slot_rules).
         `accumulate`: add this call's mean into `.grad` (alpha_mpi.torch.gradients) instead of
         overwriting; None: True for the step right after a `no_sync()` block (the update, which
-        divides the block's carried sums with its own: alpha_mpi.torch.accumulation), else False. `stop`: this
+        divides the block's carried sums with its own: alpha_mpi.torch.accumulation), else
+        False; inside the block every step carries, whatever `accumulate` says. `stop`: this
         rank asks every rank to stop (also when the DataParallel's `preemption` was signalled);
         afterwards `stop_agreed` is True on every rank when any rank asked. `scaler`: a
         `torch.amp.GradScaler` (float16 autocast): each slot differentiates its loss times the

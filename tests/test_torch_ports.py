@@ -304,3 +304,29 @@ def test_a_repeated_epoch_warns_naming_set_epoch():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         list(sampler)
+
+
+def test_an_overflow_in_a_micro_step_skips_the_whole_update():
+    """float16 autocast with a GradScaler: a carried micro-step that overflowed makes the update
+    an overflow (every .grad inf, scaler.step skips, the scale backs off) although the update's
+    own micro-batch is finite (its scale lowered by hand between the two, for the test)."""
+    model = lm(dropout=0.0)
+    dp = DataParallel(model, comm_self(), slots=SLOTS, autocast=torch.float16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**24, backoff_factor=0.5, growth_interval=100)
+    before = [p.detach().clone() for p in model.parameters()]
+    with dp.no_sync():
+        dp.step(*batch(0, 8), token_pair, scaler=scaler)
+    assert all(p.grad is None for p in model.parameters())
+    alone = DataParallel(lm(dropout=0.0), comm_self(), slots=SLOTS, autocast=torch.float16)
+    alone.module.load_state_dict(model.state_dict())
+    alone.steps = 1
+    scaler._scale.fill_(2.0**12)
+    alone.step(*batch(8, 8), token_pair, scaler=scaler)  # the update's batch alone: finite
+    assert all(torch.isfinite(p.grad).all() for p in alone.params)
+    dp.step(*batch(8, 8), token_pair, scaler=scaler)
+    assert all(torch.isinf(p.grad).all() for p in model.parameters())
+    scaler.step(opt)
+    scaler.update()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert scaler.get_scale() == 2.0**11 and dp.updates == 1

@@ -8,15 +8,16 @@ stage: alpha_mpi.torch.step). Buffers (BatchNorm's running statistics) are refus
 (`torch-buffers-refused`) unless `buffers="slot-mean"` (the rule: alpha_mpi.torch.buffers).
 
 This module builds the parts once, with explicit data, and holds the public API. The parts:
-what the steps are planned over (step_plan.py: `StepPlan`, pure), the step's protocol (step.py:
-`TrainingStep`, with its slot pass, slot_pass.py, and combine, combine.py), the payload's layout
-(payload.py), accumulation under no_sync() (accumulation.py), clipping (clipping.py), the step's
-value (step_value.py), the buffers' rule (buffers.py), `.grad` (gradients.py), the state
-checkpoints carry (state.py) and their view (checkpointing.py). Apart from it too: the module's
-checks (module_check.py, same_module.py), the declared loss and mass (losses.py), what the ranks
-must agree on in a step (step_agreement.py, slot_cut.py), the rules around each slot
-(slot_rules.py), a GradScaler (scaling.py), a device (devices.py), the contract and the digest
-(contract_and_digest.py), the conversion sites (convert.py), torch's environment (_env.py).
+what the steps are planned over (step_plan.py: `StepPlan`, on this rank alone), the step's
+protocol (step.py: `TrainingStep`, with its slot pass, slot_pass.py, and combine, combine.py),
+the payload's layout (payload.py), accumulation under no_sync() (accumulation.py), clipping
+(clipping.py), the step's value (step_value.py), the buffers' rule (buffers.py), `.grad`
+(gradients.py), the state checkpoints carry (state.py) and their view (checkpointing.py). Apart
+from it too: the module's checks (module_check.py, same_module.py), the declared loss and mass
+(losses.py), what the ranks must agree on in a step (step_agreement.py, slot_cut.py), the rules
+around each slot (slot_rules.py), a GradScaler (scaling.py), a device (devices.py), the contract
+and the digest (contract_and_digest.py), the conversion sites (convert.py), torch's environment
+(_env.py).
 """
 
 from __future__ import annotations

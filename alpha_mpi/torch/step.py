@@ -31,9 +31,10 @@ buffers keep their step-start values, so an `opt.step()` after a refusal changes
 
 Apart from data_parallel.py (which builds the parts and holds the public API) because this is the
 step's protocol alone: `TrainingStep.run` reads top to bottom, each stage a named call, over
-parts passed to its constructor: the state (state.py), the payload layout (payload.py), the slot
-pass (slot_pass.py), the combine (combine.py), `.grad` (gradients.py), the buffers (buffers.py),
-the accumulation (accumulation.py) and the audit's checks (alpha_mpi.learning.audit).
+parts passed to its constructor (the state, state.py; the step's plan, step_plan.py; `.grad`,
+gradients.py; the buffers, buffers.py; the accumulation, accumulation.py) and the parts it builds
+from them: the slot pass (slot_pass.py), the combine (combine.py) and the audit's checks
+(alpha_mpi.learning.audit).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..learning.audit import build_checks
 from ..refusals import Refusal
 from ._env import check_environment
 from .accumulation import CARRY, OVERWRITE, Accumulation
@@ -126,8 +128,6 @@ class TrainingStep:
         realization: str,
         fault_hook: FaultHook | None,
     ) -> None:
-        from ..learning.audit import build_checks
-
         self.state, self.env, self.precision, self.payload = state, plan.env, plan.precision, plan.payload
         self.grads, self.buffers, self.accumulation = grads, buffers, accumulation
         self.my_slots, self.slots = plan.my_slots, plan.slots

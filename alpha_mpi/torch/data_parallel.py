@@ -61,15 +61,8 @@ _Y = TypeVar("_Y", bound="Sliceable")  # the targets: loss_fn gets slices of y, 
 
 # torch_contract, parameter_digest and the rule texts are defined in contract_and_digest.py,
 # BUFFER_RULES in module_check.py; re-exported here, where they were first.
-__all__ = [
-    "DataParallel",
-    "torch_contract",
-    "parameter_digest",
-    "BUFFER_RULES",
-    "UNUSED_RULES",
-    "ROUND_ONCE_V1",
-    "BUFFER_SLOT_MEAN_V1",
-]
+__all__ = ["DataParallel", "torch_contract", "parameter_digest", "BUFFER_RULES", "UNUSED_RULES"]
+__all__ += ["ROUND_ONCE_V1", "BUFFER_SLOT_MEAN_V1"]
 
 
 class DataParallel:
@@ -396,7 +389,8 @@ class DataParallel:
     ) -> str:
         """Publish the parameters, buffers, `optimizer`'s state and every registered object's
         state (`scheduler`: registered as "scheduler") at step `steps` under `directory`
-        (collective); the CLI's checkpoint format, restorable on any rank count."""
+        (collective); the CLI's checkpoint format, restorable on any rank count. Refused inside
+        no_sync() and before its update (`accumulation-pending`)."""
         self.accumulation.refuse_pending("save")
         return self.checkpoints.save(directory, optimizer, config=config, scheduler=scheduler)
 
@@ -414,8 +408,10 @@ class DataParallel:
     ) -> str | None:
         """Load a checkpoint saved on any rank count into the module, `optimizer` (built over
         the module's parameters with the saved hyperparameters) and the registered objects
-        (`scheduler`: registered as "scheduler"); sets `steps`. `adopt_lr`: continue with the
-        optimizer's present learning rate (see alpha_mpi.torch.checkpointing).
+        (`scheduler`: registered as "scheduler"); sets `steps` and `updates`, restores each
+        group's saved `lr` and prints it (rank 0). `adopt_lr`: continue with the optimizer's
+        present rate where a scheduler's `initial_lr` differs (a hand-set rate needs none; see
+        alpha_mpi.torch.checkpointing). Refused inside no_sync() (`accumulation-pending`).
         `accept_compute_change`: restore although the checkpoint was computed under another
         compute identity (`compute-changed` otherwise; recorded). Returns the step directory, or None with
         `missing_ok` when there is none. Collective."""

@@ -168,6 +168,8 @@ ADVICE: dict[str, str] = {
     "torch-slot-failed": "a slot's forward, loss or backward raised an exception on the rank named (its own traceback says what); fix the module, loss or data there: every rank refused the step and the next step works",
     "torch-autocast-refused": "declare the forward's precision when building DataParallel (autocast=torch.bfloat16 or torch.float16, which the step then enters itself and the contract names), and enter no other autocast around DataParallel.step",
     "torch-module-mismatch": "build the same module (architecture, parameter names, shapes and dtypes) on every rank; print alpha_mpi.torch.architecture_digest(module) on each to find the odd one",
+    "accumulation-pending": "save or restore after the update: the step after the no_sync() block divides the carried sums into .grad (docs/pytorch.md, gradient accumulation)",
+    "torch-backward-refused": "delete loss.backward(): dp.step already ran each slot's backward and wrote .grad; call opt.step() next (the step's value is the loss, a number for logging)",
     "torch-state-unsupported": "register only objects whose state_dict() holds numbers, strings, booleans, None, lists, tuples and dicts with string keys (LR schedulers do); keep other state yourself",
     # tools
     "usage": "an argument is outside what the function accepts: the message names it and what it accepts (see help() of the function)",

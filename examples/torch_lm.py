@@ -1,13 +1,15 @@
 """A small causal transformer language model on a character corpus made of this repository's own
 docs, trained as language models are trained, ported from a DDP script (docs/pytorch.md,
 "Porting a DDP script"): padded sequences and a mean over the real tokens, AdamW, a cosine
-schedule, a SlotSampler DataLoader, checkpoint and resume on another rank count.
+schedule, gradient accumulation (`--accum`), gradient clipping (`--clip`), a SlotSampler
+DataLoader, checkpoint and resume on another rank count.
 
     mpiexec -n 1 python -m mpi4py examples/torch_lm.py            # one `digest:` on 1, 2 and 4 ranks
     mpiexec -n 4 python -m mpi4py examples/torch_lm.py
     mpiexec -n 4 python -m mpi4py examples/torch_lm.py --stop-after 10 --checkpoint-dir /tmp/lm
     mpiexec -n 2 python -m mpi4py examples/torch_lm.py --resume --checkpoint-dir /tmp/lm   # same digest
     mpiexec -n 2 python -m mpi4py examples/torch_lm.py --autocast bfloat16    # CPU bf16: one digest too
+    mpiexec -n 2 python -m mpi4py examples/torch_lm.py --accum 2             # DDP's no_sync, ported
     mpiexec -n 8 python -m mpi4py examples/torch_lm.py --device cuda          # one GPU per rank
 
 The model computes its own loss, nanoGPT-style: `logits, loss = model(x, y)` with
@@ -17,6 +19,11 @@ adds mass x gradient and divides once by the global batch's real tokens: the gra
 token mean over the whole global batch, whatever the rank count, whatever the padding (a DDP
 script averages the ranks' means instead, which weighs a rank's tokens by its padding).
 `--loss pair` does the same with a loss function returning `(loss_sum, tokens)`.
+
+`--accum k` runs DDP's accumulation: k − 1 batches under `dp.no_sync()`, then the update, whose
+`.grad` is the token mean over all k batches (no `/ accum`: the step divides once). `--steps`
+counts updates (`dp.updates`: what the schedule follows); `dp.steps` counts batches (what
+`set_epoch` follows). `dp.clip_grad_norm_(--clip)` clips after the step, before `opt.step()`.
 
 Nothing is downloaded: the corpus is docs/*.md of this checkout, read in sorted order.
 """
@@ -132,7 +139,9 @@ def summed_tokens(out, y):
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=24)
+    p.add_argument("--steps", type=int, default=24, help="optimizer updates")
+    p.add_argument("--accum", type=int, default=1, help="batches per update (no_sync for all but the last)")
+    p.add_argument("--clip", type=float, default=1.0, help="max gradient norm (0: no clipping)")
     p.add_argument("--slots", type=int, default=8, help="the slot tree (>= the largest rank count)")
     p.add_argument("--batch", type=int, default=32, help="global batch, sequences")
     p.add_argument("--block", type=int, default=32, help="characters per sequence")
@@ -187,26 +196,32 @@ def main(argv=None) -> str:
     if a.resume and a.checkpoint_dir:
         where = dp.restore(a.checkpoint_dir, opt, scheduler=sched, missing_ok=True)
         if where:
-            say(f"# resumed from {where} at step {dp.steps}")
+            say(f"# resumed from {where} at step {dp.updates} ({dp.steps} batches)")
     say(
         f"# {dp.n} parameters, vocabulary {len(ds.vocab)}, {a.slots} slots on {comm.Get_size()} ranks, "
-        f"batch {a.batch} x {a.block} characters, autocast {a.autocast}, on {device}"
+        f"batch {a.batch} x {a.block} characters x {a.accum} per update, autocast {a.autocast}, on {device}"
     )
-    while dp.steps < a.steps:
+    while dp.updates < a.steps:
         # The epoch and the batch to go on from: the same on every rank count, after a resume too.
         sampler.set_epoch(*divmod(dp.steps, sampler.steps_per_epoch))
         for x, y in loader:
-            loss = dp.step_local(x, y, loss_fn)  # the token mean over the global batch
+            if (dp.steps + 1) % a.accum:  # not the last batch of the update: carry its sums
+                with dp.no_sync():
+                    dp.step_local(x, y, loss_fn)
+                continue
+            loss = dp.step_local(x, y, loss_fn)  # the token mean over the update's batches
+            if a.clip:
+                dp.clip_grad_norm_(a.clip)  # after the step: it wrote .grad
             opt.step()
             opt.zero_grad()
             sched.step()
-            if dp.steps % a.log_every == 0:
-                say(f"step {dp.steps:4d}  loss {loss:.5f}  ({loss / math.log(2):.3f} bits/char)")
-            if a.stop_after and dp.steps == a.stop_after and a.checkpoint_dir:
+            if dp.updates % a.log_every == 0:
+                say(f"step {dp.updates:4d}  loss {loss:.5f}  ({loss / math.log(2):.3f} bits/char)")
+            if a.stop_after and dp.updates == a.stop_after and a.checkpoint_dir:
                 dp.save(a.checkpoint_dir, opt, scheduler=sched)
-                say(f"# stopped after step {dp.steps}, checkpoint saved in {a.checkpoint_dir}")
+                say(f"# stopped after step {dp.updates}, checkpoint saved in {a.checkpoint_dir}")
                 return parameter_digest(model)
-            if dp.steps == a.steps:
+            if dp.updates == a.steps:
                 break
     digest = parameter_digest(model)
     say(f"digest: {digest}")

@@ -203,9 +203,14 @@ def test_save_restore_in_one_process_continues_with_the_same_bits(tmp_path, make
     assert parameter_digest(fresh) == parameter_digest(straight)
     other = mlp()
     dpo = DataParallel(other, comm_self(), slots=4)
-    with pytest.raises(Refusal) as e:
-        dpo.restore(str(tmp_path / "ck"), torch.optim.Adam(other.parameters(), lr=0.5))
+    with pytest.raises(Refusal) as e:  # another optimizer class (Adam's after SGD) or momentum
+        dpo.restore(str(tmp_path / "ck"), torch.optim.Adam(other.parameters(), lr=0.5, betas=(0.8, 0.9)))
     assert e.value.code == "checkpoint-config-mismatch"
+    # another hand-set rate (no scheduler records one): restored to the saved rate, not refused
+    hand = make_opt(other.parameters())
+    hand.param_groups[0]["lr"] = 0.5
+    dpo.restore(str(tmp_path / "ck"), hand)
+    assert hand.param_groups[0]["lr"] == optf.param_groups[0]["lr"]
 
 
 def test_a_parameter_the_loss_does_not_use_keeps_none_or_gets_zeros_when_asked():

@@ -79,10 +79,11 @@ def test_dataloader_example_one_digest_on_1_and_2_ranks_each_reading_its_half():
 
 def test_lm_example_one_digest_on_1_2_4_ranks_and_across_a_resume_4_to_2(tmp_path):
     """examples/torch_lm.py as docs/pytorch.md runs it: padded character sequences, the model's
-    own token-mean loss with its token mass, AdamW, a cosine schedule, SlotSampler: one digest
-    on 1 and 2 ranks, and a run stopped at 4 ranks and resumed at 2 ends with it too (four
-    launches: torch's start-up is most of the time)."""
-    args = ["torch_lm.py", "--steps", "8", "--sequences", "256", "--log-every", "4"]
+    own token-mean loss with its token mass, AdamW, a cosine schedule, accumulation over 2
+    batches under no_sync, clipping, SlotSampler: one digest on 1 and 2 ranks, and a run stopped
+    at 4 ranks and resumed at 2 ends with it too (four launches: torch's start-up is most of
+    the time)."""
+    args = ["torch_lm.py", "--steps", "8", "--accum", "2", "--sequences", "256", "--log-every", "4"]
     one, two = _digest(_run(1, args)), _digest(_run(2, args))
     assert one == two
     ck = str(tmp_path / "ck")

@@ -157,7 +157,7 @@ def test_accumulation_is_the_documented_formula_bit_for_bit():
     X, y = batch(36)
     parts = [(X[i::3], y[i::3]) for i in range(3)]
     single = DataParallel(mlp(), comm_self(), slots=3)
-    gs = []
+    gs, sums = [], []
     for xp, yp in parts:  # each call's binary64 gradient Σg/Σn alone (the same steps, generators)
         single.step(xp, yp, SUM)
         gs.append(
@@ -166,11 +166,19 @@ def test_accumulation_is_the_documented_formula_bit_for_bit():
                 for p, (a, b) in zip(single.params, single.payload.offsets)
             ]
         )
-    want = [g.float() for g in gs[0]]
+        red = single.combine.reduced
+        sums.append((red[: single.n].copy(), red[single.payload.mass_at]))
+    flag = [g.float() for g in gs[0]]
     for g in gs[1:]:
-        want = [(w.double() + gi).float() for w, gi in zip(want, g)]  # RoundBinary64(Widen(held) + g)
-    assert not all(np.array_equal(u32(w), u32(sum(g).float())) for w, g in zip(want, zip(*gs)))
-    for style in ("flag", "no_sync"):
+        flag = [(w.double() + gi).float() for w, gi in zip(flag, g)]  # RoundBinary64(Widen(held) + g)
+    assert not all(np.array_equal(u32(w), u32(sum(g).float())) for w, g in zip(flag, zip(*gs)))
+    # no_sync (v2): the micro-steps' sums carried, divided once: (N_1 + N_2 + N_3) / (M_1 + M_2 + M_3)
+    g64 = ((sums[0][0] + sums[1][0]) + sums[2][0]) / ((sums[0][1] + sums[1][1]) + sums[2][1])
+    carried = [
+        torch.from_numpy(g64[a:b]).view(p.shape).float()
+        for p, (a, b) in zip(single.params, single.payload.offsets)
+    ]
+    for style, want in (("flag", flag), ("no_sync", carried)):
         dp = DataParallel(mlp(), comm_self(), slots=3)
         if style == "flag":
             for k, (xp, yp) in enumerate(parts):
@@ -179,7 +187,7 @@ def test_accumulation_is_the_documented_formula_bit_for_bit():
             with dp.no_sync():
                 dp.step(*parts[0], SUM)
                 dp.step(*parts[1], SUM)
-            dp.step(*parts[2], SUM)  # the first step after no_sync adds too, as with DDP
+            dp.step(*parts[2], SUM)  # the update: the carried sums and its own, divided once
         for p, w in zip(dp.params, want):
             assert np.array_equal(u32(p.grad), u32(w)), style
         dp.step(*parts[0], SUM)  # no longer accumulating: overwrites (step 3: another generator)

@@ -22,8 +22,9 @@ def test_alone_a_rank_reads_every_global_batch_whole_and_epochs_differ(dp):
     first = list(s)
     assert len(s) == len(first) == 6 and first == list(s.global_batches())
     s.set_epoch(1)
-    again = sum(list(s), [])
-    assert list(s) != first and len(set(again)) == len(again) == 48 and set(again) <= set(range(50))
+    walked = list(s)
+    again = sum(walked, [])
+    assert walked != first and len(set(again)) == len(again) == 48 and set(again) <= set(range(50))
     kept = SlotSampler(range(52), dp, batch_size=8, drop_last=False, shuffle=False)
     assert len(kept) == 7 and list(kept)[-1] == [48, 49, 50, 51]
 

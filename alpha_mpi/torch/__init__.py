@@ -33,7 +33,8 @@ from .data_parallel import (  # noqa: E402,F401
 from .losses import ModuleLoss, summed  # noqa: E402,F401
 from .module_model import ModuleModel, summed_cross_entropy  # noqa: E402,F401
 from .same_module import architecture_digest  # noqa: E402,F401
-from .sampler import SlotSampler  # noqa: E402,F401
+from .sampler import RepeatedEpochWarning, SlotSampler  # noqa: E402,F401
+from .step_value import StepValue  # noqa: E402,F401
 
 __all__ = [
     "BUFFER_RULES",
@@ -42,7 +43,9 @@ __all__ = [
     "architecture_digest",
     "ModuleLoss",
     "ModuleModel",
+    "RepeatedEpochWarning",
     "SlotSampler",
+    "StepValue",
     "environment",
     "fix_environment",
     "parameter_digest",

@@ -15,10 +15,14 @@ scalars. A `TorchCheckpointView` presents a DataParallel and an optimizer that w
   same names must be registered and each gets `load_state_dict(saved)`.
 
 Learning rates: a scheduler changes each param group's `lr`, so `lr` is state, not config. The
-configured rate is `initial_lr` (set by a scheduler) or else `lr`; that is compared on restore
-(`checkpoint-config-mismatch`, unless `adopt_lr=True`), and the saved `lr` of each group is
-restored. With `adopt_lr=True` the optimizer keeps its present `lr`/`initial_lr` and a scheduler
-its `base_lrs`; the schedule's position (last_epoch) is restored.
+configured rate is `initial_lr`, which a scheduler records; where it is recorded at save time
+and now it is compared on restore (`checkpoint-config-mismatch`, unless `adopt_lr=True`). A loop
+that sets `param_group["lr"]` itself records none: nothing is compared. The saved `lr` of each
+group is restored and printed by rank 0 (a wrong base rate is visible in the log's first line).
+With `adopt_lr=True` the optimizer keeps its present `lr`/`initial_lr` and a scheduler its
+`base_lrs`; the schedule's position (last_epoch) is restored. `dp.updates` (the optimizer
+updates) is saved beside `dp.steps` (the combined calls) where it differs from it (no_sync()),
+so a run without accumulation keeps the checkpoints and state digests it had.
 
 Rank r writes coordinates [r*n/p, (r+1)*n/p) of every vector; every rank reads all of them back,
 whatever the rank count was at save time.
@@ -142,6 +146,8 @@ class TorchCheckpointView:
             "registered": {k: encode_state(o.state_dict(), k) for k, o in sorted(dp.registered.items())},
             "registered_classes": {k: class_name(o) for k, o in sorted(dp.registered.items())},
         }
+        if dp.updates != dp.steps:  # absent: as many updates as steps (no no_sync(); before issue 44)
+            sc["updates"] = dp.updates
         if self.optimizer is not None:
             sc.update(optimizer_scalars(self.optimizer, dp.params, dp.module))
         return sc
@@ -206,6 +212,7 @@ class TorchCheckpointView:
         for k, o in reg.items():
             try_load(k, o, read["registered"][k], shared=self._shared())
         read["steps"] = int(sc["step"])
+        read["updates"] = int(sc.get("updates", sc["step"]))  # absent: one per step
         return read
 
     def _read_optimizer(self, ck, sc) -> list:
@@ -255,7 +262,11 @@ class TorchCheckpointView:
             if state["lrs"] is not None:
                 for g, lr in zip(opt.param_groups, state["lrs"]):
                     g["lr"] = lr  # the scheduled rate at the saved step
-        dp.steps = state["steps"]
+        dp.steps, dp.updates = state["steps"], state["updates"]
+        if self.comm.Get_rank() == 0:  # a wrong base rate shows in the first line of the log
+            lrs = [g["lr"] for g in opt.param_groups] if opt is not None else None
+            kept = " (adopt_lr: the present rates kept)" if self.adopt_lr else ""
+            print(f"alpha_mpi: restored step {dp.steps}, {dp.updates} updates; lr {lrs}{kept}", flush=True)
 
     def load_checkpoint(self, ck) -> None:
         """Read every vector whole (any rank count at save time) and install it (read, then apply)."""

@@ -27,6 +27,7 @@ from ..learning.rng import SLOT_RNG_RULE
 from ..model.compute import ComputeIdentity, MachineIndependent
 from ..numerics import BitIdentical, CombineOrder, Formula, NumericalContract, Profile, WidenBinary32
 from ._env import require_torch
+from .accumulation import NO_SYNC_V2
 
 if TYPE_CHECKING:
     import torch
@@ -86,7 +87,9 @@ def torch_contract(
     profile: binary64 (KeepFormat) for float64 modules; for float32 modules binary64 and binary32
     with `WidenBinary32@contribution`, and the operation `round-binary64-once-v1` naming the
     `RoundBinary64@gradient` site. operations: the combine's order id, `normalize-once`, the
-    round-once site (float32), the buffer rule (slot-mean), and `torch-slot-gradient-v4`: the
+    round-once site (float32), the accumulation rule under no_sync() (`no-sync-accumulation-v2`:
+    the micro-steps' sums carried to one division, alpha_mpi.torch.accumulation; v1, unnamed,
+    added each call's mean), the buffer rule (slot-mean), and `torch-slot-gradient-v4`: the
     per-slot forward/backward (under the slot's generator, deterministic algorithms) with its
     declared loss and mass and the forward's `precision` (Precision.name: no autocast, or the
     autocast device and format). compute: what the slots' bits depend on
@@ -103,6 +106,7 @@ def torch_contract(
     ops = [CombineOrder(layout_order_id), Formula.named("normalize-once")]
     if f32:
         ops.append(Formula("round-binary64-once-v1", ROUND_ONCE_V1))
+    ops.append(Formula("no-sync-accumulation-v2", NO_SYNC_V2))
     if buffers == "slot-mean":
         ops.append(Formula("buffers-slot-mean-v1", BUFFER_SLOT_MEAN_V1))
     ops.append(

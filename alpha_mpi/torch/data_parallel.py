@@ -7,58 +7,45 @@ on every rank; the user's optimizer then runs on identical gradients (the protoc
 stage: alpha_mpi.torch.step). Buffers (BatchNorm's running statistics) are refused by name
 (`torch-buffers-refused`) unless `buffers="slot-mean"` (the rule: alpha_mpi.torch.buffers).
 
-This module builds the parts once, with explicit data, and holds the public API: the step's
-protocol (step.py: `TrainingStep`), the payload's layout (payload.py: `PayloadLayout`), one
-slot's pass (slot_pass.py: `SlotPass`), the combine (combine.py: `StepCombine`, one Allreducer
-or the buckets of overlap.py), the buffers' rule (buffers.py: `StepBuffers`), `.grad`
-(gradients.py: `GradientWriter`), the state checkpoints carry (state.py: `ModuleState`) and their
-view (checkpointing.py: `Checkpoints`, `TorchCheckpointView`). Apart from it too: what it checks
-about the module before building anything (module_check.py) and that every rank built the same
-one (same_module.py), the declared loss and mass (losses.py), what the ranks must agree on in a
-step (step_agreement.py), whether the ranks' slots are one global batch's cut (slot_cut.py), the
-rules around each slot (slot_rules.py: precision, generators), a GradScaler (scaling.py), a
-module on a device (devices.py), the contract and the parameter digest (contract_and_digest.py),
-the two conversion sites (convert.py), torch's environment (_env.py).
+This module builds the parts once, with explicit data, and holds the public API. The parts:
+what the steps are planned over (step_plan.py: `StepPlan`, on this rank alone), the step's
+protocol (step.py: `TrainingStep`, with its slot pass, slot_pass.py, and combine, combine.py),
+the payload's layout (payload.py), accumulation under no_sync() (accumulation.py), clipping
+(clipping.py), the step's value (step_value.py), the buffers' rule (buffers.py), `.grad`
+(gradients.py), the state checkpoints carry (state.py) and their view (checkpointing.py). Apart
+from it too: the module's checks (module_check.py, same_module.py), the declared loss and mass
+(losses.py), what the ranks must agree on in a step (step_agreement.py, slot_cut.py), the rules
+around each slot (slot_rules.py), a GradScaler (scaling.py), a device (devices.py), the contract
+and the digest (contract_and_digest.py), the conversion sites (convert.py), torch's environment
+(_env.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
-import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, TypeVar
 
 from .. import kernel
-from ..learning.audit import audit_words, build_checks, check_options, slot_owners
+from ..learning.audit import check_options
 from ..learning.rng import slot_seed
-from ..model import ReplicateAll, build
 from ..model.deprecation import deprecated_order_id
-from ..planning import plan
-from ..refusals import Refusal
-from ._env import fix_environment, require_torch
+from ._env import require_torch
+from .accumulation import Accumulation
 from .buffers import StepBuffers
 from .checkpointing import CheckpointContext, Checkpoints
-from .combine import StepCombine
-from .contract_and_digest import (
-    BUFFER_SLOT_MEAN_V1,
-    ROUND_ONCE_V1,
-    parameter_digest,
-    torch_compute,
-    torch_contract,
-)
-from .devices import contract_environment
+from .clipping import clip_grad_norm
+from .contract_and_digest import BUFFER_SLOT_MEAN_V1, ROUND_ONCE_V1, parameter_digest, torch_contract
 from .gradients import UNUSED_RULES, GradientWriter
 from .module_check import BUFFER_RULES, check_module
 from .overlap import check_bucket_mb
-from .payload import PayloadLayout
 from .same_module import check_same_module, take_rank0_values
-from .slot_cut import given_share, given_slots, given_whole
-from .slot_pass import SlotPass
-from .slot_rules import precision
+from .slot_cut import given_share, given_slots, given_whole, local_cut
 from .state import ModuleState
 from .step import StepRequest, TrainingStep
-from .step_agreement import MAX_SLOTS, BatchNotes
+from .step_agreement import BatchNotes
+from .step_plan import StepPlan, replica_digests
+from .step_value import StepValue
 
 if TYPE_CHECKING:
     import torch
@@ -74,22 +61,8 @@ _Y = TypeVar("_Y", bound="Sliceable")  # the targets: loss_fn gets slices of y, 
 
 # torch_contract, parameter_digest and the rule texts are defined in contract_and_digest.py,
 # BUFFER_RULES in module_check.py; re-exported here, where they were first.
-__all__ = [
-    "DataParallel",
-    "torch_contract",
-    "parameter_digest",
-    "BUFFER_RULES",
-    "UNUSED_RULES",
-    "ROUND_ONCE_V1",
-    "BUFFER_SLOT_MEAN_V1",
-]
-
-
-def _default_topology() -> str:
-    """The learners' default topology (DataParallelLearner's), so both follow one default."""
-    from ..learning.learner import DataParallelLearner
-
-    return inspect.signature(DataParallelLearner.__init__).parameters["topology"].default
+__all__ = ["DataParallel", "torch_contract", "parameter_digest", "BUFFER_RULES", "UNUSED_RULES"]
+__all__ += ["ROUND_ONCE_V1", "BUFFER_SLOT_MEAN_V1"]
 
 
 class DataParallel:
@@ -122,7 +95,8 @@ class DataParallel:
             a step recomputed on another rank before the combine (`sdc-detected`, `.grad` left
             None; `step_slots` batches hold `needed_slots`); every N steps, before the forward,
             the digests of the parameters and the buffers (floating and integer) compared
-            (`replica-diverged`).
+            (`replica-diverged`): by default (None) every 100 steps on more than one rank
+            (alpha_mpi.torch.step_plan.DIGESTS_EVERY), 0 turns it off.
         bucket_mb: combine in buckets of about this many MiB while the last owned slot's
             backward runs (alpha_mpi.torch.overlap); None: one combine after the slots.
         autocast: the forward's precision, in the contract: None (float32/float64), or
@@ -145,7 +119,7 @@ class DataParallel:
     (`torch-module-changed`) and carries what the ranks must agree on in its payload (seed,
     training flags, accumulate, the global batch: alpha_mpi.torch.step_agreement).
 
-    Attributes: `my_slots`, `steps` (combined steps), `contract`, `layout_order_id`, `conversions`
+    Attributes: `my_slots`, `steps` (combined calls), `updates` (optimizer updates), `contract`, `layout_order_id`, `conversions`
     (the conversion sites: `WidenBinary32@contribution`, `RoundBinary64@gradient` for float32),
     `params` (the trainable parameters in order), `n` (their element count), `stop_agreed`,
     `registered` (the objects whose state checkpoints carry: `register`, `scheduler=`).
@@ -168,7 +142,7 @@ class DataParallel:
         unused: str = "none",
         preemption: Preemption | None = None,
         audit_slots: int = 0,
-        audit_digests: int = 0,
+        audit_digests: int | None = None,
         fault_hook: FaultHook | None = None,
         bucket_mb: float | None = None,
         autocast: torch.dtype | str | None = None,
@@ -186,114 +160,62 @@ class DataParallel:
             parts = check_module(module, buffers)
             self.module, self.comm, self.timeout = module, comm, timeout
             self.size, self.rank = comm.Get_size(), comm.Get_rank()
-            if isinstance(slots, bool) or not isinstance(slots, int) or slots < self.size:
-                raise Refusal(
-                    "placement-invalid",
-                    f"{slots!r} slots on {self.size} ranks leaves ranks without a contribution; "
-                    "use slots >= ranks",
-                )
-            if slots > MAX_SLOTS:  # the agreement words' sums stay exact below it (step_agreement.py)
-                raise Refusal("placement-invalid", f"{slots} slots; DataParallel takes at most {MAX_SLOTS}")
             slot_seed(seed, 0, 0)  # refuses a seed that is not an int >= 0
-            self.slots, self.seed, self.preemption = slots, int(seed), preemption
-            self.topology = _default_topology() if topology is None else topology
+            self.seed, self.preemption = int(seed), preemption
             self.params, self.dtype = parts.params, parts.dtype
             self.device = self.params[0].device
-            self.precision = precision(autocast, self.device, self.dtype)
             self.notes = BatchNotes()  # what a SlotSampler's batches belong to (step_agreement.py)
-            if self.device.type == "cuda":  # deterministic cuBLAS needs it before its first call
-                os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-            self.env = fix_environment(threads)
-            settings = contract_environment(self.env, self.device)
-            self.compute = torch_compute(settings, machine_independent)
-            self.compute_identity = self.compute.identity
             # Sized by this rank's module: nothing travels before the architectures are compared.
-            self.payload = PayloadLayout.of(parts.params, parts.float_buffers, slots)
-            self.n = self.payload.n
-            self.tree = build(self.topology, slots, self.size)
-            self.plan = plan(self.tree, ReplicateAll(), self.payload.layout, size=self.size)
-            self.my_slots = self.plan.slots_of(self.rank)
-            self.layout_order_id = self.plan.layout_order_id  # what the contract and the frames name
-            self.contract = torch_contract(
-                self.layout_order_id, self.dtype, settings, buffers, self.precision.name, self.compute.spec
+            sp = StepPlan.of(
+                parts,
+                self.size,
+                self.rank,
+                slots=slots,
+                topology=topology,
+                threads=threads,
+                autocast=autocast,
+                machine_independent=machine_independent,
+                buffers=buffers,
+                audit_slots=audit_slots,
             )
+            self.precision, self.env, self.compute = sp.precision, sp.env, sp.compute
+            self.compute_identity = self.compute.identity
+            self.slots, self.topology, self.tree, self.plan = sp.slots, sp.topology, sp.tree, sp.plan
+            self.payload, self.n, self.my_slots = sp.payload, sp.payload.n, sp.my_slots
+            self.layout_order_id, self.contract = sp.layout_order_id, sp.contract
+            self.conversions = sp.conversions
             self.grads = GradientWriter(self.params, list(self.payload.offsets), self.dtype, unused)
+            self.accumulation = Accumulation(self.n, len(self.params))
+            audit_digests = replica_digests(audit_digests, self.size)
             check_options((audit_slots, audit_digests, "state"), slots, self.size)
-            # With audit_slots the combine carries the audit's words after the agreement words
-            # (learning/audit.py): the same tree over a longer payload, every coordinate's bits
-            # as before; the contract names the layout without them (an audited run and an
-            # unaudited one are one contract, and their checkpoints one kind).
-            words = audit_words(audit_slots, slot_owners(self.plan, self.size), self.size)
-            combine_plan = self.plan
-            if words:
-                self.payload = PayloadLayout.of(parts.params, parts.float_buffers, slots, audit=words)
-                combine_plan = plan(self.tree, ReplicateAll(), self.payload.layout, size=self.size)
         except Exception as e:  # it travels to every rank, then is re-raised here
             local = e
         # Every rank must hold the same architecture before any payload sized by it travels, and
         # compute alike (or be promised not to need to): `compute-mismatch` on every rank.
         check_same_module(module, comm, timeout, local)
         self.compute.agree(comm, what="building the DataParallel", timeout=timeout)
-        self.conversions = (
-            (("WidenBinary32", "contribution"), ("RoundBinary64", "gradient"))
-            if self.dtype == torch.float32
-            else (("KeepFormat", "contribution"),)
-        )
         cd = self.contract.digest
-        self.combine = StepCombine(
-            comm,
-            self.tree,
-            combine_plan,
-            self.payload,
-            self.params,
-            bucket_mb=bucket_mb,
-            timeout=timeout,
-            contract=cd,
-            realization=realization,
-        )
-        self.realization = self.combine.realization
         self.state = ModuleState(module, parts, self.seed)
         self.buffers = StepBuffers(parts.float_buffers, parts.other_buffers, buffers, slots)
-        self.slot_pass = SlotPass(
-            module,
-            self.params,
-            self.payload,
-            self.buffers,
-            self.precision,
-            device=self.device,
-            dtype=self.dtype,
-            seed=self.seed,
-            buckets=self.combine.buckets,
-            fault_hook=fault_hook,
-            rank=self.rank,
-        )
-        self.last_loss = float("nan")
+        self.last_loss = StepValue(float("nan"))
         self.stop_agreed = False
-        self._no_sync = 0  # depth of no_sync() contexts; > 0: steps accumulate
-        self._after_no_sync = False  # the step right after a no_sync() block accumulates too (DDP)
         take_rank0_values(comm, self.state.tensors(), timeout, cd)  # every rank takes rank 0's
-        self.audit, self.replicas = build_checks(
-            comm,
-            self.plan,
-            (audit_slots, audit_digests, "state"),
-            timeout=timeout,
-            contract=cd,
-            compute=self.compute,
-        )
         self.stepper = TrainingStep(
             self.state,
-            env=self.env,
-            precision=self.precision,
-            payload=self.payload,
-            slot_pass=self.slot_pass,
-            combine=self.combine,
+            sp,
+            comm,
             grads=self.grads,
             buffers=self.buffers,
-            audit=self.audit,
-            replicas=self.replicas,
-            my_slots=self.my_slots,
-            slots=slots,
+            accumulation=self.accumulation,
+            checks=(audit_slots, audit_digests),
+            bucket_mb=bucket_mb,
+            timeout=timeout,
+            realization=realization,
+            fault_hook=fault_hook,
         )
+        self.audit, self.replicas = self.stepper.audit, self.stepper.replicas
+        self.combine, self.slot_pass = self.stepper.combine, self.stepper.slot_pass
+        self.realization = self.combine.realization
         context = CheckpointContext(
             comm, slots, timeout, self.layout_order_id, self.contract, self.compute_identity, shared=(self,)
         )
@@ -301,12 +223,32 @@ class DataParallel:
 
     @property
     def steps(self) -> int:
-        """Combined steps (a restore sets it)."""
+        """Combined calls, micro-steps included (a restore sets it): what `set_epoch` and the
+        slots' generator seeds follow, one batch per call."""
         return self.state.steps
 
     @steps.setter
     def steps(self, value: int) -> None:
         self.state.steps = value
+
+    @property
+    def updates(self) -> int:
+        """Optimizer updates, the combined calls outside `no_sync()` (saved and restored): what
+        an LR schedule and the loop's end follow. Without no_sync() it equals `steps`."""
+        return self.state.updates
+
+    @updates.setter
+    def updates(self, value: int) -> None:
+        self.state.updates = value
+
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """torch's `clip_grad_norm_(params, max_norm)` after the step, before `opt.step()`: the
+        global L2 norm of `.grad` in binary64 over a fixed block grid, torch's coefficient in
+        float32 (alpha_mpi.torch.clipping), the same bits on every rank count; returns the norm.
+        Before the step it clips nothing (the step writes `.grad`); inside no_sync() it is
+        refused (`accumulation-pending`: the update writes `.grad`)."""
+        self.accumulation.refuse_pending("clip_grad_norm_")
+        return clip_grad_norm(self.params, self.payload.offsets, max_norm, self.n)
 
     @property
     def registered(self) -> dict[str, object]:
@@ -330,10 +272,11 @@ class DataParallel:
         accumulate: bool | None = None,
         stop: bool = False,
         scaler: object | None = None,
-    ) -> float:
+    ) -> StepValue:
         """Forward and backward for each owned slot of the global batch (X, y), one ordered
         combine, `.grad = Σ g / Σ mass` on every parameter of every rank. Returns the global
-        batch's mean loss Σ loss / Σ mass (the same float on every rank).
+        batch's mean loss Σ loss / Σ mass, the same on every rank: a float with `.item()`
+        (alpha_mpi.torch.step_value; its `.backward()` is refused: the step ran it).
 
         X, y: the same global batch on every rank (tensors or arrays sliceable on axis 0; X may
         be a mapping of them, a Hugging Face-style batch, with y None). Every rank's batch is
@@ -347,8 +290,10 @@ class DataParallel:
         loss. A total mass of 0 is refused (`mass-zero`). `sizes`: slot
         sizes (default: the even cut of alpha_mpi.learning.slot_ranges). Each slot runs under
         torch's generators seeded from (seed, steps, slot) (alpha_mpi.torch.slot_rules).
-        `accumulate`: add into `.grad` (see alpha_mpi.torch.gradients) instead of overwriting;
-        None: True inside `no_sync()` and for the step right after it, else False. `stop`: this
+        `accumulate`: add this call's mean into `.grad` (alpha_mpi.torch.gradients) instead of
+        overwriting; None: True for the step right after a `no_sync()` block (the update, which
+        divides the block's carried sums with its own: alpha_mpi.torch.accumulation), else
+        False; inside the block every step carries, whatever `accumulate` says. `stop`: this
         rank asks every rank to stop (also when the DataParallel's `preemption` was signalled);
         afterwards `stop_agreed` is True on every rank when any rank asked. `scaler`: a
         `torch.amp.GradScaler` (float16 autocast): each slot differentiates its loss times the
@@ -373,7 +318,7 @@ class DataParallel:
         accumulate: bool | None = None,
         stop: bool = False,
         scaler: object | None = None,
-    ) -> float:
+    ) -> StepValue:
         """`step` on this rank's share of a global batch: (X, y) hold exactly the samples of
         `my_slots` of one global batch, in slot order (what `alpha_mpi.torch.SlotSampler`
         yields through a DataLoader). The result is the bits `step` gives on the global batch,
@@ -388,32 +333,17 @@ class DataParallel:
         `audit_slots` a rank also needs the slots it recomputes, which its share lacks: use
         `step` or `step_slots` there. Returns the global batch's mean loss, as `step`.
         """
-        from ..learning.slicing import slice_local
-
         sizes = None if sizes is None else list(sizes)
-
-        def cut():
-            if self.audit is not None:
-                raise Refusal(
-                    "options-conflict",
-                    "step_local takes this rank's own slots only; with audit_slots a rank also "
-                    "recomputes other ranks' slots: use step() with the global batch or step_slots()",
-                )
-            return slice_local(X, y, self.slots, self.my_slots, sizes)
-
+        cut = lambda: local_cut(X, y, self.slots, self.my_slots, sizes, self.audit)  # noqa: E731
         given = lambda: given_share(self.notes, sizes, self.slots)  # noqa: E731
         return self._step(StepRequest(cut, given, loss_fn, reduction, accumulate, stop, scaler))
 
-    @contextlib.contextmanager
-    def no_sync(self) -> Iterator[None]:
-        """Steps inside (and the first step after) add into `.grad`, as DDP's no_sync pattern
-        expects; each step still combines over the slot tree (that is what keeps the bits)."""
-        self._no_sync += 1
-        try:
-            yield
-        finally:
-            self._no_sync -= 1
-            self._after_no_sync = self._no_sync == 0
+    def no_sync(self) -> contextlib.AbstractContextManager[None]:
+        """DDP's accumulation pattern: the steps inside carry their combined sums (each still
+        combines over the slot tree: that keeps the bits) and write no `.grad`; the first step
+        after the block is the update, `.grad = Σ gradients / Σ mass` over every micro-step's
+        batch (the exact token mean; alpha_mpi.torch.accumulation)."""
+        return self.accumulation.no_sync()
 
     def step_slots(
         self,
@@ -424,30 +354,24 @@ class DataParallel:
         accumulate: bool | None = None,
         stop: bool = False,
         scaler: object | None = None,
-    ) -> float:
+    ) -> StepValue:
         """`step` for a batch already cut: {slot: (X_s, y_s)} for exactly `needed_slots`."""
         return self._step(
             StepRequest(lambda: batch, given_slots, loss_fn, reduction, accumulate, stop, scaler)
         )
 
     # the step (alpha_mpi.torch.step) ------------------------------------------------------------
-    def _step(self, req: StepRequest) -> float:
-        """The step of `req` (alpha_mpi.torch.step), with `accumulate` and the stop request
-        resolved here and the stop flag agreed afterwards."""
-        accumulate = self._accumulates(req.accumulate)
+    def _step(self, req: StepRequest) -> StepValue:
+        """The step of `req` (alpha_mpi.torch.step), with what it does with `.grad` (overwrite,
+        add, carry: alpha_mpi.torch.accumulation) and the stop request resolved here and the
+        stop flag agreed afterwards."""
+        mode = self.accumulation.mode(req.accumulate)
         asked = bool(req.stop) or bool(self.preemption is not None and self.preemption.requested)
-        self.last_loss, self.stop_agreed = self.stepper.run(req, accumulate, asked)
+        loss, self.stop_agreed = self.stepper.run(req, mode, asked)
         if self.stop_agreed and self.preemption is not None:
             self.preemption.agreed = True
+        self.last_loss = StepValue(loss)
         return self.last_loss
-
-    def _accumulates(self, accumulate: bool | None) -> bool:
-        """`accumulate` as given, or (None) True inside `no_sync()` and for the step right after."""
-        if accumulate is None:
-            accumulate = self._no_sync > 0 or self._after_no_sync
-        if self._no_sync == 0:
-            self._after_no_sync = False
-        return accumulate
 
     # checkpoints (alpha_mpi.torch.checkpointing) ------------------------------------------------
     def register(self, name: str, obj) -> None:
@@ -465,7 +389,9 @@ class DataParallel:
     ) -> str:
         """Publish the parameters, buffers, `optimizer`'s state and every registered object's
         state (`scheduler`: registered as "scheduler") at step `steps` under `directory`
-        (collective); the CLI's checkpoint format, restorable on any rank count."""
+        (collective); the CLI's checkpoint format, restorable on any rank count. Refused inside
+        no_sync() and before its update (`accumulation-pending`)."""
+        self.accumulation.refuse_pending("save")
         return self.checkpoints.save(directory, optimizer, config=config, scheduler=scheduler)
 
     def restore(
@@ -482,11 +408,14 @@ class DataParallel:
     ) -> str | None:
         """Load a checkpoint saved on any rank count into the module, `optimizer` (built over
         the module's parameters with the saved hyperparameters) and the registered objects
-        (`scheduler`: registered as "scheduler"); sets `steps`. `adopt_lr`: continue with the
-        optimizer's present learning rate (see alpha_mpi.torch.checkpointing).
+        (`scheduler`: registered as "scheduler"); sets `steps` and `updates`, restores each
+        group's saved `lr` and prints it (rank 0). `adopt_lr`: continue with the optimizer's
+        present rate where a scheduler's `initial_lr` differs (a hand-set rate needs none; see
+        alpha_mpi.torch.checkpointing). Refused inside no_sync() (`accumulation-pending`).
         `accept_compute_change`: restore although the checkpoint was computed under another
         compute identity (`compute-changed` otherwise; recorded). Returns the step directory, or None with
         `missing_ok` when there is none. Collective."""
+        self.accumulation.refuse_pending("restore")
         return self.checkpoints.restore(
             directory,
             optimizer,

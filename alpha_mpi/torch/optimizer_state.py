@@ -10,8 +10,11 @@ Checkpointer) because these are rules about torch optimizers alone:
 - `optimizer_scalars`: the optimizer's class, each param group's hyperparameters and the
   parameters it holds (by name), and the scalar state per parameter (Adam's `step`) with dtype.
 - `check_optimizer`: on restore, the class, the hyperparameters but the learning rates, the
-  groups' parameters and (unless `adopt_lr`) the configured learning rates must be the saved
-  ones (`checkpoint-config-mismatch`); it returns the saved `lr` of each group to restore.
+  groups' parameters and (unless `adopt_lr`) the configured learning rates where a scheduler
+  records them (`initial_lr`, saved and now) must be the saved ones
+  (`checkpoint-config-mismatch`); it returns the saved `lr` of each group to restore. A loop
+  that sets `param_group["lr"]` itself (nanoGPT, minGPT) records no configured rate: its saved
+  rate is restored and printed (checkpointing.py), nothing compared.
 - `read_optimizer_scalars`: the saved scalar state back into per-parameter dicts.
 """
 
@@ -56,9 +59,12 @@ def _fixed(hyper: list) -> list:
     return [{k: v for k, v in g.items() if k not in _LR_KEYS} for g in hyper]
 
 
-def _base_lrs(hyper: list) -> list:
-    """The configured learning rate of each group: `initial_lr` where a scheduler set it."""
-    return [g.get("initial_lr", g.get("lr")) for g in hyper]
+def _configured(saved: list, now: list) -> tuple[list, list]:
+    """The configured rates a resume must share: each group's `initial_lr` where a scheduler
+    recorded it both at save time and now (a hand-set `lr` is the loop's state, not config)."""
+    pairs = [(a.get("initial_lr"), b.get("initial_lr")) for a, b in zip(saved, now)]
+    pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
+    return [a for a, _ in pairs], [b for _, b in pairs]
 
 
 def _groups(optimizer, module) -> list:
@@ -142,11 +148,12 @@ def check_optimizer(sc: dict, opt, module, adopt_lr: bool) -> list | None:
         )
     if adopt_lr:
         return None
-    if _base_lrs(saved_hyper) != _base_lrs(now):
+    was, is_ = _configured(saved_hyper, now)
+    if was != is_:
         raise CheckpointRefusal(
             "checkpoint-config-mismatch",
-            f"lr: saved {_base_lrs(saved_hyper)}, now {_base_lrs(now)}; restore with the saved "
-            "learning rate, or pass adopt_lr=True to continue with this one",
+            f"initial_lr (the scheduler's configured rate): saved {was}, now {is_}; build the "
+            "optimizer with the saved rate, or pass adopt_lr=True to continue with this one",
         )
     return [h["lr"] for h in saved_hyper]  # the scheduled rates at the saved step
 

@@ -31,6 +31,7 @@ iteration drops the notes an epoch left early left behind.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Sized
 from typing import TYPE_CHECKING
 
@@ -46,7 +47,11 @@ if TYPE_CHECKING:
 else:
     torch = require_torch()
 
-__all__ = ["SlotSampler"]
+__all__ = ["SlotSampler", "RepeatedEpochWarning"]
+
+
+class RepeatedEpochWarning(UserWarning):
+    """A SlotSampler walked the same (epoch, start) twice with no `set_epoch` between."""
 
 
 def _count(x: object, what: str, least: int) -> int:
@@ -71,6 +76,9 @@ class SlotSampler(torch.utils.data.Sampler):
     `len(sampler)` is the number of steps of an epoch (the same on every rank);
     `set_epoch(e)` selects the epoch the next iteration walks (DistributedSampler's name);
     `set_epoch(e, start)` from its batch `start` on, to resume mid-epoch after `dp.restore`.
+    Walking the same (epoch, start) again with no `set_epoch` between warns
+    (`RepeatedEpochWarning`, naming set_epoch): a forgotten `set_epoch` on every rank alike
+    repeats the epoch's order, which no comparison between ranks can see.
     """
 
     def __init__(
@@ -90,6 +98,7 @@ class SlotSampler(torch.utils.data.Sampler):
         self.seed = _count(seed, "seed", 0)
         self.shuffle, self.drop_last = bool(shuffle), bool(drop_last)
         self.epoch, self.start = 0, 0
+        self._walked: tuple[int, int] | None = None  # (epoch, start) last walked since set_epoch
         if self.batch_size < self.slots:
             raise Refusal(
                 "options-conflict",
@@ -120,7 +129,7 @@ class SlotSampler(torch.utils.data.Sampler):
             raise Refusal(
                 "usage", f"start must be a batch of the epoch, 0..{len(self.windows) - 1}; got {start!r}"
             )
-        self.start = start
+        self.start, self._walked = start, None
 
     @property
     def steps_per_epoch(self) -> int:
@@ -132,6 +141,16 @@ class SlotSampler(torch.utils.data.Sampler):
         return len(self.windows) - self.start
 
     def __iter__(self) -> Iterator[list[int]]:
+        walk = (self.epoch, self.start)
+        if self._walked == walk:  # every rank forgot alike: no step can tell, so say it here
+            warnings.warn(
+                f"SlotSampler walks epoch {self.epoch} from batch {self.start} again with no "
+                "set_epoch() since: the same order as the last walk; call "
+                "sampler.set_epoch(epoch) before each epoch (DistributedSampler's habit)",
+                RepeatedEpochWarning,
+                stacklevel=2,
+            )
+        self._walked = walk
         order = epoch_order(self.n, self.seed, self.epoch, self.shuffle)
         self.notes.restart()
         for i in range(self.start, len(self.windows)):

@@ -70,6 +70,20 @@ def given_share(notes: BatchNotes, sizes: list[int] | None, slots: int) -> Given
     return Given("step_local (sizes=)", sizes, None, sum(sizes), cut_rule(sizes, slots), lambda: 0)
 
 
+def local_cut(X: Any, y: Any, slots: int, my_slots: list[int], sizes: list[int] | None, audit) -> Mapping:
+    """`step_local`'s {slot: data}: this rank's share cut into its own slots; refused with the
+    audit (`audit`: not None), whose auditors also need other ranks' slots."""
+    from ..learning.slicing import slice_local
+
+    if audit is not None:
+        raise Refusal(
+            "options-conflict",
+            "step_local takes this rank's own slots only; with audit_slots a rank also "
+            "recomputes other ranks' slots: use step() with the global batch or step_slots()",
+        )
+    return slice_local(X, y, slots, my_slots, sizes)
+
+
 def given_slots() -> Given:
     """`step_slots`: a batch already cut; its cut is the caller's."""
     return Given("step_slots", None, None, 0, None, lambda: 0)

@@ -6,6 +6,7 @@ objects registered with the DataParallel (an LR scheduler, a sampler, a loss sca
 step reads and advances it; the checkpoint view (alpha_mpi.torch.checkpointing) reads and
 installs it (saving, restoring and digesting it: checkpointing.Checkpoints); the replica
 digests compare its tensors.
+
 """
 
 from __future__ import annotations
@@ -17,15 +18,16 @@ __all__ = ["ModuleState"]
 
 
 class ModuleState:
-    """The module, its checked `parts`, the slots' `seed`, the combined `steps` and the
-    `registered` objects (name -> object with state_dict/load_state_dict)."""
+    """The module, its checked `parts`, the slots' `seed`, the combined `steps`, the `updates`
+    and the `registered` objects (name -> object with state_dict/load_state_dict)."""
 
     def __init__(self, module, parts: ModuleParts, seed: int) -> None:
         self.module, self.parts, self.seed = module, parts, seed
         self.params, self.dtype = parts.params, parts.dtype
         self.float_buffers, self.other_buffers = parts.float_buffers, parts.other_buffers
         self.n = sum(p.numel() for p in self.params)
-        self.steps = 0
+        self.steps = 0  # combined calls (batches, the slots' generator seeds)
+        self.updates = 0  # of them, the updates: every call outside no_sync() (accumulation.py)
         self.registered: dict[str, object] = {}
 
     def tensors(self) -> list:

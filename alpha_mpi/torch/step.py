@@ -20,7 +20,9 @@ Protocol of one `step(X, y, loss_fn)` (every rank calls it, with the same global
    payload alike; then
    `g = numerator / mass` once in binary64, then for float32 one `kernel.round_binary64` into each
    parameter's `.grad` (the `RoundBinary64@gradient` site; added to the `.grad` held with
-   `accumulate`; None for a parameter no slot used). Every rank holds the same `.grad`.
+   `accumulate`; None for a parameter no slot used). Every rank holds the same `.grad`. Inside
+   `no_sync()` nothing is written: the numerator and mass are carried to the update, the step
+   after the block, which divides their sums once (alpha_mpi.torch.accumulation).
 5. The user's optimizer (`opt.step()`) runs on identical gradients and identical state on every
    rank, so the parameters stay identical.
 
@@ -29,9 +31,10 @@ buffers keep their step-start values, so an `opt.step()` after a refusal changes
 
 Apart from data_parallel.py (which builds the parts and holds the public API) because this is the
 step's protocol alone: `TrainingStep.run` reads top to bottom, each stage a named call, over
-parts passed to its constructor: the state (state.py), the payload layout (payload.py), the slot
-pass (slot_pass.py), the combine (combine.py), `.grad` (gradients.py), the buffers (buffers.py)
-and the audit's checks (alpha_mpi.learning.audit).
+parts passed to its constructor (the state, state.py; the step's plan, step_plan.py; `.grad`,
+gradients.py; the buffers, buffers.py; the accumulation, accumulation.py) and the parts it builds
+from them: the slot pass (slot_pass.py), the combine (combine.py) and the audit's checks
+(alpha_mpi.learning.audit).
 """
 
 from __future__ import annotations
@@ -43,24 +46,28 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..learning.audit import build_checks
 from ..refusals import Refusal
 from ._env import check_environment
+from .accumulation import CARRY, OVERWRITE, Accumulation
 from .buffers import StepBuffers
 from .combine import StepCombine
 from .gradients import GradientWriter
 from .losses import loss_reduction
 from .module_check import check_parameters
-from .payload import PayloadLayout
 from .scaling import loss_scale, mark_overflow
 from .slot_cut import Given, check_batch, check_cut
 from .slot_pass import SlotCall, SlotPass
-from .slot_rules import Precision, step_rng
+from .slot_rules import step_rng
 from .state import ModuleState
 from .step_agreement import WORDS, StepFacts, check_combined, step_facts
 
 if TYPE_CHECKING:
-    from ..learning.audit import SlotAudit
+    from mpi4py import MPI
+
+    from ..learning.audit import FaultHook, SlotAudit
     from ..learning.replicas import ReplicaDigests
+    from .step_plan import StepPlan
 
 __all__ = ["TrainingStep", "StepRequest", "SlotsDone"]
 
@@ -99,31 +106,66 @@ class SlotsDone:
 
 class TrainingStep:
     """The step of one DataParallel over its parts: the `state` (module, parameters, seed, steps),
-    torch's settings `env` (checked every step) and the declared `precision`, the `payload`
-    layout, the `slot_pass`, the `combine`, the `grads` writer, the `buffers`, the audit's
-    `audit` and `replicas` (None: not asked for), this rank's `my_slots` and the slot count."""
+    the step's `plan` (StepPlan: torch's settings `env`, checked every step, the declared
+    `precision`, the `payload` layout, the tree, this rank's `my_slots`, the slot count, the
+    contract and the compute check), the `grads` writer, the `buffers` and the `accumulation`
+    (no_sync()). It builds, collectively over `comm`, the audit's `audit` and `replicas` from
+    `checks` (audit_slots, audit_digests; None where not asked for), its `combine` (with
+    `bucket_mb`, `timeout`, `realization`) and its `slot_pass` (with the audit's `fault_hook`)."""
 
     def __init__(
         self,
         state: ModuleState,
+        plan: StepPlan,
+        comm: MPI.Comm,
         *,
-        env: dict,
-        precision: Precision,
-        payload: PayloadLayout,
-        slot_pass: SlotPass,
-        combine: StepCombine,
         grads: GradientWriter,
         buffers: StepBuffers,
-        audit: SlotAudit | None,
-        replicas: ReplicaDigests | None,
-        my_slots: list[int],
-        slots: int,
+        accumulation: Accumulation,
+        checks: tuple[int, int],
+        bucket_mb: float | None,
+        timeout: float | None,
+        realization: str,
+        fault_hook: FaultHook | None,
     ) -> None:
-        self.state, self.env, self.precision, self.payload = state, env, precision, payload
-        self.slot_pass, self.combine, self.grads, self.buffers = slot_pass, combine, grads, buffers
-        self.audit, self.replicas = audit, replicas
-        self.my_slots, self.slots = my_slots, slots
-        self._audit_buf = np.zeros(payload.total) if audit is not None else None
+        self.state, self.env, self.precision, self.payload = state, plan.env, plan.precision, plan.payload
+        self.grads, self.buffers, self.accumulation = grads, buffers, accumulation
+        self.my_slots, self.slots = plan.my_slots, plan.slots
+        audit, replicas = build_checks(
+            comm,
+            plan.plan,
+            (*checks, "state"),
+            timeout=timeout,
+            contract=plan.contract.digest,
+            compute=plan.compute,
+        )
+        self.audit: SlotAudit | None = audit
+        self.replicas: ReplicaDigests | None = replicas  # type: ignore[assignment]
+        self._audit_buf = np.zeros(plan.payload.total) if audit is not None else None
+        self.combine = StepCombine(
+            comm,
+            plan.tree,
+            plan.combine_plan,
+            plan.payload,
+            state.params,
+            bucket_mb=bucket_mb,
+            timeout=timeout,
+            contract=plan.contract.digest,
+            realization=realization,
+        )
+        self.slot_pass = SlotPass(
+            state.module,
+            state.params,
+            plan.payload,
+            buffers,
+            plan.precision,
+            device=state.params[0].device,
+            dtype=state.dtype,
+            seed=state.seed,
+            buckets=self.combine.buckets,
+            fault_hook=fault_hook,
+            rank=comm.Get_rank(),
+        )
 
     @property
     def needed_slots(self) -> list[int]:
@@ -132,23 +174,24 @@ class TrainingStep:
 
         return needed_slots(self.audit, self.my_slots, self.state.steps)
 
-    def run(self, req: StepRequest, accumulate: bool, asked: bool) -> tuple[float, bool]:
-        """The step of `req` (`accumulate`: add into `.grad`; `asked`: this rank asks every rank
-        to stop). Returns the global batch's mean loss and whether any rank asked to stop. What
-        this rank refuses of its own inputs (the cut, the loss declaration, the environment, a
-        slot's loss) travels as a flag in the step's combine, so every rank refuses
-        (`peer-refused` naming this rank) instead of waiting for it; `.grad` is cleared, the
-        buffers keep their step-start values, and the next step works."""
+    def run(self, req: StepRequest, mode: int, asked: bool) -> tuple[float, bool]:
+        """The step of `req` (`mode`: overwrite `.grad`, add into it, or carry the sums to the
+        update, alpha_mpi.torch.accumulation; `asked`: this rank asks every rank to stop).
+        Returns the global batch's mean loss and whether any rank asked to stop. What this
+        rank refuses of its own inputs (the cut, the loss declaration, the environment, a slot's
+        loss) travels as a flag in the step's combine, so every rank refuses (`peer-refused`
+        naming this rank) instead of waiting for it; `.grad` is cleared, the buffers keep their
+        step-start values, and the next step works."""
         start = self.buffers.snapshot()
         done = None
         try:
             self._compare_replicas()
             # The caller's generators are saved and restored once per step, not per slot.
             with step_rng() as devices, self.combine.around_slots():
-                done = self._run_slots(req, accumulate, asked, start, devices)
+                done = self._run_slots(req, mode, asked, start, devices)
                 self._audit_slots(done)  # this rank's digests, carried by the combine
             red = self.combine.finish(done.refused)
-            loss = self._apply(red, done, accumulate)
+            loss = self._apply(red, done, mode)
         except Exception as e:
             self._undo(start)
             if (
@@ -166,7 +209,7 @@ class TrainingStep:
         if self.replicas is not None and self.replicas.due(self.state.steps):
             self.replicas.check(self.state.steps, [t.detach().cpu().numpy() for t in self.state.tensors()])
 
-    def _run_slots(self, req: StepRequest, accumulate: bool, asked: bool, start, devices) -> SlotsDone:
+    def _run_slots(self, req: StepRequest, mode: int, asked: bool, start, devices) -> SlotsDone:
         """This rank's checks of its inputs, then each owned slot's pass into its payload (the
         first also carries `asked`, this rank's stop). A refusal (or the user's exception) is
         kept in the result, for the combine to flag."""
@@ -179,7 +222,7 @@ class TrainingStep:
             done.facts = step_facts(
                 seed=self.state.seed,
                 module=self.state.module,
-                accumulate=accumulate,
+                accumulate=mode,
                 loss_scale=scale,
                 source=g.source,
                 sizes=g.sizes,
@@ -232,7 +275,7 @@ class TrainingStep:
         """What the audit's auditors and referees run: slot s's pass into `out`."""
         return lambda s, out: self.slot_pass.run(s, done.batch[s], done.call, out)
 
-    def _apply(self, red: np.ndarray, done: SlotsDone, accumulate: bool) -> float:
+    def _apply(self, red: np.ndarray, done: SlotsDone, mode: int) -> float:
         """The combined payload's checks (the agreement words, the cut, the audit's words, the
         mass: combined words only, so every rank gives the same verdict), then `.grad` and the buffers; returns the
         global batch's mean loss."""
@@ -254,10 +297,16 @@ class TrainingStep:
                 f"the step's slots declared a total mass of {mass!r} (every item ignored or "
                 "padding?); there is nothing to divide the gradient by; nothing was applied",
             )
-        if red[lay.inf_at] > 0:  # a GradScaler's scaled gradient overflowed (scaling.py)
-            mark_overflow(self.state.params)
+        sums = (lay.gradient(red), mass, lay.used(red), bool(red[lay.inf_at] > 0))
+        if mode == CARRY:  # inside no_sync(): nothing into .grad until the update
+            self.accumulation.carry(*sums)
         else:
-            self.grads.write_mean(lay.gradient(red), mass, lay.used(red), accumulate)
+            numerator, total, used, inf = self.accumulation.settle(*sums)
+            if inf:  # a GradScaler's scaled gradient overflowed (scaling.py)
+                mark_overflow(self.state.params)
+            else:
+                self.grads.write_mean(numerator, total, used, mode != OVERWRITE)
+            self.state.updates += 1
         self.buffers.write_mean(lay.buffers(red))
         return float(red[lay.loss_at] / mass)
 

@@ -16,7 +16,7 @@ The fields (FIELDS, in the order they are named; each a 32-bit value on every ra
 |---|---|---|
 | seed | step-mismatch | `DataParallel(seed=)` |
 | training | step-mismatch | digest of `m.training` over `module.modules()` |
-| accumulate | step-mismatch | 1 when the step adds into `.grad` (`no_sync()`, `accumulate=True`) |
+| accumulate | step-mismatch | 0 overwrite `.grad`, 1 add (`accumulate=True`), 2 carry (`no_sync()`) |
 | loss scale | step-mismatch | CRC-32 of the GradScaler's scale (`scaler=`; 0 without) |
 | batch source | batch-mismatch | `step`, `step_local` (a SlotSampler's batch, or `sizes=`), `step_slots` |
 | cut | slot-cut-mismatch | digest of `sizes=` (0: the even cut) |
@@ -84,7 +84,7 @@ class Field:
 FIELDS = (
     Field("seed", "step-mismatch", "DataParallel(seed=)"),
     Field("training", "step-mismatch", "the modules' training flags (module.train() / module.eval())"),
-    Field("accumulate", "step-mismatch", "whether the step adds into .grad (no_sync(), accumulate=)"),
+    Field("accumulate", "step-mismatch", "what the step does with .grad (no_sync(), accumulate=)"),
     Field("loss scale", "step-mismatch", "the GradScaler's scale (step(..., scaler=))"),
     Field("batch source", "batch-mismatch", "how the batch was given (step, step_local, step_slots)"),
     Field("cut", "slot-cut-mismatch", "the slot sizes given with sizes="),
@@ -233,7 +233,7 @@ def step_facts(
     *,
     seed: int,
     module,
-    accumulate: bool,
+    accumulate: int,
     loss_scale: float | None,
     source: str,
     sizes: list[int] | None,
@@ -241,14 +241,15 @@ def step_facts(
     length: int,
     digest: int,
 ) -> StepFacts:
-    """This rank's StepFacts (`length`: the global batch's samples, 0 where unknown)."""
+    """This rank's StepFacts (`length`: the global batch's samples, 0 where unknown;
+    `accumulate`: alpha_mpi.torch.accumulation's OVERWRITE, ADD or CARRY)."""
     flags = [m.training for m in module.modules()]
     cut = 0 if sizes is None else indices_digest(np.asarray(sizes))
     n, epoch, index = (note.n, note.epoch, note.index) if note is not None else (0, 0, 0)
     values = (
         word32(seed),
         zlib.crc32(bytes(flags)),
-        int(bool(accumulate)),
+        int(accumulate),
         0 if loss_scale is None else zlib.crc32(repr(float(loss_scale)).encode()),
         SOURCES[source],
         cut,
@@ -261,7 +262,7 @@ def step_facts(
     shown = (
         str(seed),
         f"{sum(flags)} of {len(flags)} modules in training mode",
-        "adds into .grad" if accumulate else "overwrites .grad",
+        ("overwrites .grad", "adds into .grad", "carries its sums (inside no_sync())")[int(accumulate)],
         "no GradScaler" if loss_scale is None else repr(loss_scale),
         source,
         "the even cut" if sizes is None else f"sizes {list(sizes)[:8]}{' ...' if len(sizes) > 8 else ''}",

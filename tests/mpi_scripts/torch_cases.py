@@ -120,7 +120,7 @@ def case_accumulate(style):
         if style == "flag":
             for k, (x, y) in enumerate(thirds):
                 dp.step(x, y, SUM, accumulate=k > 0)
-        else:  # DDP's pattern: no_sync for all but the last micro-batch, which still adds
+        else:  # DDP's pattern: no_sync for all but the last micro-batch, the update
             with dp.no_sync():
                 for x, y in thirds[:2]:
                     dp.step(x, y, SUM)

@@ -40,7 +40,9 @@ mkdir -p "$SRC"
 
 if [ ! -x "$WORK/mpich/bin/python" ]; then
   log "MPICH venv (pip install -e .[test], sanitized kernel)"
-  python3 -m venv "$WORK/mpich" && "$WORK/mpich/bin/pip" install -q -e "$SRC[test]" >"$WORK/mpich.log" 2>&1 \
+  # setuptools new enough to read pyproject.toml's license (the in-place kernel build below)
+  python3 -m venv "$WORK/mpich" && "$WORK/mpich/bin/pip" install -q -U "setuptools>=77" >"$WORK/mpich.log" 2>&1 \
+    && "$WORK/mpich/bin/pip" install -q -e "$SRC[test]" >>"$WORK/mpich.log" 2>&1 \
     || { tail -n 30 "$WORK/mpich.log"; fail "the MPICH venv failed"; }
 fi
 if [ ! -x "$WORK/ompi/bin/python" ]; then
@@ -82,7 +84,7 @@ for mpi in mpich ompi; do
   VENV=$WORK/$mpi
   if [ $mpi = mpich ]; then LAUNCH=("$VENV/bin/mpiexec"); else
     LAUNCH=("$VENV/bin/mpirun" --oversubscribe); [ "$(id -u)" = 0 ] && LAUNCH+=(--allow-run-as-root); fi
-  "$VENV/bin/python" -m alpha_mpi native --build >"$LOGS/$mpi-native.out" 2>&1 \
+  "${RANK_ENV[@]}" "$VENV/bin/python" -m alpha_mpi native --build >"$LOGS/$mpi-native.out" 2>&1 \
     || { tail -n 20 "$LOGS/$mpi-native.out"; fail "the sanitized round does not build under $mpi"; }
   run "$mpi-single" "${RANK_ENV[@]}" "$VENV/bin/python" "${PYTEST[@]}" $SINGLE
   run "$mpi-mpi2" "${LAUNCH[@]}" -n 2 "${RANK_ENV[@]}" "$VENV/bin/python" "${PYTEST[@]}" --with-mpi -m mpi $MPI_TESTS

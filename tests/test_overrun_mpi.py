@@ -41,7 +41,7 @@ def _rogue_first(c, extra):
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("n, extra", [(600, 8192), (600, 8), (20000, 8192), (20000, 64)])
+@pytest.mark.parametrize("n, extra", [(7, 8192), (600, 8192), (600, 8), (20000, 8192), (20000, 64)])
 def test_a_longer_frame_on_the_executors_own_tags_is_refused_on_every_rank(world, n, extra):
     """A star over ranks 0 and 1 (ReplicateAll, dup=True: the executor's own tag block of the
     library's duplicate). Each rank sends, before each frame of its own, a rogue copy `extra`

@@ -224,6 +224,8 @@ def tile_inputs(op: str, xs, ys, offset, shape, cache: dict | None = None) -> Ti
             and type(y) is _ND
             and x.dtype is _F64
             and y.dtype is _F64
+            and x.flags.aligned  # else copied below: the kernel reads `double *`
+            and y.flags.aligned
             and x.shape == y.shape
             and all(type(v) is int for v in offset)
             and all(type(v) is int for v in shape)

@@ -9,8 +9,8 @@ whole message past the end of the buffer before it reports the truncation). It c
 with one comparison (ak_frame_check) and a payload's CRC32C when the frame carries one. What it
 cannot do is say what is wrong: that is here, from the bytes it kept, by the one owner of the
 format (frames.FrameSpec.check): what the header says when it arrived intact (another plan,
-topology, order, step, executor), else `frame-size-mismatch` with both sizes, or `frame-payload-
-corrupt`.
+topology, order, step, executor), else `frame-size-mismatch` with both sizes, or
+`frame-payload-corrupt`.
 """
 
 from __future__ import annotations

@@ -56,8 +56,8 @@ _F64 = np.dtype(np.float64)
 
 
 def _f64(x, name: str, fn: str) -> np.ndarray:
-    """x as a C-contiguous float64 ndarray (a copy only when its layout is not); other dtypes
-    are refused rather than converted behind the caller's back."""
+    """x as a C-contiguous, aligned float64 ndarray (a copy only when its layout is not); other
+    dtypes are refused rather than converted behind the caller's back."""
     a = np.asarray(x)
     if a.dtype != _F64:
         raise KernelRefusal(
@@ -65,7 +65,7 @@ def _f64(x, name: str, fn: str) -> np.ndarray:
             f"ops.{fn}: {name} must be float64, got {a.dtype} (convert it explicitly, e.g. x.astype(np.float64))",
             argument=name,
         )
-    return np.ascontiguousarray(a)
+    return np.require(a, requirements=("C", "A"))
 
 
 def _out(out, shape, fn: str) -> np.ndarray:

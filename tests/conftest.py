@@ -113,6 +113,16 @@ def bits(a):
     return np.ascontiguousarray(a, dtype=np.float64).view(np.uint64)
 
 
+def misaligned(a, offset=1):
+    """A writeable copy of `a` whose elements start `offset` bytes past an aligned address."""
+    a = np.asarray(a)
+    raw = np.zeros(a.nbytes + 16, dtype=np.uint8)
+    v = np.frombuffer(raw, dtype=a.dtype, count=a.size, offset=offset).reshape(a.shape)
+    v[...] = a
+    assert not v.flags.aligned and v.flags.writeable and v.flags.c_contiguous
+    return v
+
+
 @pytest.fixture
 def self_comm():
     """MPI.COMM_SELF: the API's real code path on one rank, without mpiexec."""

@@ -179,7 +179,8 @@ def _channel(comm) -> Exchanges:
 
 def _block(a, what: str, op: str):
     if type(a) is np.ndarray and a.dtype == _F64 and a.ndim == 1:
-        return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+        # copied where C could not read it as `double *`: strided, or off its 8-byte alignment
+        return a if a.flags.c_contiguous and a.flags.aligned else np.array(a, order="C")
     check_float64(a, what, op)
     raise Refusal(
         "array-block-invalid",
@@ -192,7 +193,7 @@ def _inputs(op, xs, ys, offset, n):
     """Checked (xs, ys, length, offset, n); raises the rank's own refusal."""
     if len(xs) == 1 and type(offset) is int and type(n) is int:  # the common case, no formatting
         x = xs[0]
-        if type(x) is _ND and x.dtype is _F64 and x.ndim == 1 and x.flags.c_contiguous:
+        if type(x) is _ND and x.dtype is _F64 and x.ndim == 1 and x.flags.c_contiguous and x.flags.aligned:
             length = x.shape[0]
             if ys is not None and op != "norm2":
                 y = ys[0]
@@ -201,6 +202,7 @@ def _inputs(op, xs, ys, offset, n):
                     and y.dtype is _F64
                     and y.ndim == 1
                     and y.flags.c_contiguous
+                    and y.flags.aligned
                     and y.shape[0] == length
                 )
             else:

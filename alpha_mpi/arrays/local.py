@@ -18,6 +18,7 @@ from . import pairwise
 __all__ = ["Summary", "summary", "merge", "tree_value", "tile_summary", "tile_records"]
 
 _DARR = ffi.typeof("double[]")
+_CA = ("C", "A")  # C-contiguous and 8-byte aligned: the kernel reads `double *`
 
 
 class Summary:
@@ -64,12 +65,12 @@ def summary(xs, ys, offset: int, n: int, capacity: int = pairwise.CAPACITY) -> S
     """The summary of the block [offset, offset + len(xs[0])): k = len(xs) values per record,
     sums of xs[j] (ys None) or dots of xs[j] with ys[j]."""
     k = len(xs)
-    xs = [np.ascontiguousarray(a, dtype=np.float64) for a in xs]
+    xs = [np.require(a, np.float64, _CA) for a in xs]
     held = [ffi.from_buffer(_DARR, a) for a in xs]
     px = ffi.new("double *[]", held)
     py = ffi.NULL
     if ys is not None:
-        ys = [np.ascontiguousarray(a, dtype=np.float64) for a in ys]
+        ys = [np.require(a, np.float64, _CA) for a in ys]
         held_y = [ffi.from_buffer(_DARR, a) for a in ys]
         py = ffi.new("double *[]", held_y)
     words = np.zeros(capacity * (2 + k), dtype=np.int64)
@@ -99,12 +100,12 @@ def merge(a: Summary, b: Summary, n: int, capacity: int = pairwise.CAPACITY) -> 
 
 def tree_value(x, y=None, n=None) -> float:
     """The whole tree over one array (one rank holding everything): the local kernel alone."""
-    x = np.ascontiguousarray(x, dtype=np.float64)
+    x = np.require(x, np.float64, _CA)
     n = x.shape[0] if n is None else n
     if n == 0:
         return 0.0
     v = ffi.new("double *")
-    py = ffi.from_buffer(_DARR, np.ascontiguousarray(y, dtype=np.float64)) if y is not None else ffi.NULL
+    py = ffi.from_buffer(_DARR, np.require(y, np.float64, _CA)) if y is not None else ffi.NULL
     _check(lib.ap_node_value(ffi.from_buffer(_DARR, x), py, 0, n, n, v), "tree_value")
     return v[0]
 

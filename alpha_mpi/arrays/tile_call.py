@@ -182,8 +182,8 @@ def check_float64(a, what: str, op: str) -> None:
 
 def _tile_array(a, what: str, op: str, ndim: int):
     """a, checked: a float64 numpy array of ndim dimensions (copied only where its elements
-    are not 8-byte steps along the last dimension)."""
-    if type(a) is np.ndarray and a.dtype is _F64 and a.ndim == ndim:
+    are not 8-byte steps along the last dimension, or not 8-byte aligned)."""
+    if type(a) is np.ndarray and a.dtype is _F64 and a.ndim == ndim and a.flags.aligned:
         st = a.strides
         if st[-1] == 8 and not any(s & 7 for s in st):
             return a
@@ -194,8 +194,10 @@ def _tile_array(a, what: str, op: str, ndim: int):
             f"{op}: {what} has {a.ndim} dimensions (shape {a.shape}), the global shape has {ndim}; "
             "pass this rank's tile with one dimension per global dimension",
         )
-    if any(s % 8 for s in a.strides) or (a.shape[-1] > 1 and a.strides[-1] != 8):
-        return np.ascontiguousarray(a)  # rows must be contiguous for the kernel; rare (x[:, ::2])
+    if any(s % 8 for s in a.strides) or (a.shape[-1] > 1 and a.strides[-1] != 8) or not a.flags.aligned:
+        # rows must be contiguous for the kernel (rare: x[:, ::2]) and elements on their 8-byte
+        # alignment (np.frombuffer(b, offset=1) is read through `double *` otherwise)
+        return np.array(a, order="C")
     return a
 
 
@@ -222,6 +224,8 @@ def tile_inputs(op: str, xs, ys, offset, shape, cache: dict | None = None) -> Ti
             and type(y) is _ND
             and x.dtype is _F64
             and y.dtype is _F64
+            and x.flags.aligned  # else copied below: the kernel reads `double *`
+            and y.flags.aligned
             and x.shape == y.shape
             and all(type(v) is int for v in offset)
             and all(type(v) is int for v in shape)

@@ -91,7 +91,9 @@ class Assembler:
         local = refused if refused is not None else self._refusal_of(pieces, out, flags)
         leaves = None
         if local is None:
-            leaves = {self._slot[r]: np.ascontiguousarray(v) for r, v in pieces.items()}
+            leaves = {
+                self._slot[r]: np.require(v, requirements="CA") for r, v in pieces.items()
+            }  # C reads double *
         elif not self._out_ok(out):
             out = None
         self.flags = 0
@@ -108,13 +110,16 @@ class Assembler:
             and out.shape == (self.plan.n,)
             and out.flags.writeable
             and out.flags.c_contiguous
+            and out.flags.aligned
         )
 
     def _refusal_of(self, pieces, out, flags):
         """The Refusal this rank's arguments earn (None when they are what it owns, an `out` it
         can write the whole vector to, and a one-bit vote)."""
         if not self._out_ok(out):
-            return Refusal("out-invalid", f"out must be a writeable float64 vector of {self.plan.n} elements")
+            return Refusal(
+                "out-invalid", f"out must be a writeable, aligned float64 vector of {self.plan.n} elements"
+            )
         if flags not in (0, 1):
             return Refusal("usage", f"flags is a one-bit vote (0 or 1), got {flags!r}")
         if not isinstance(pieces, dict):

@@ -81,7 +81,10 @@ def check_contributions(contributions, slots, rank: int, count: int, layout_key:
                 "contribution-shape",
                 f"slot {slot}: {arr.size} elements, the layout {layout_key} needs {count}",
             )
-        out[slot] = arr.reshape(-1) if arr.flags.c_contiguous else np.ascontiguousarray(arr).reshape(-1)
+        # A copy where the C round could not read the array as `double *` (another layout, or
+        # float64 elements off their 8-byte alignment, e.g. np.frombuffer(b, offset=1)).
+        ok = arr.flags.c_contiguous and arr.flags.aligned
+        out[slot] = arr.reshape(-1) if ok else np.array(arr, order="C").reshape(-1)
     return out
 
 

@@ -61,6 +61,7 @@ from .engine_bind import Chunk
 from .engine_build import compile_program, open_exec, payload_check_from_env
 from .engine_walk import RunState
 from .log import debug_enabled
+from .receives import matched_first
 from .waits import DEFAULT_TIMEOUT, SIGNAL_SLICE, SLEEP_AFTER, timeout_from_env
 
 if TYPE_CHECKING:
@@ -131,14 +132,13 @@ class Engine:
                 f"block holds {seat.block.messages}",
             )
         self.seat, self.identity = seat, identity
-        # Alone on its tags (a block of its own on the endpoint's duplicate) the executor posts
-        # its receives at their planned size: nothing else can be sent there, and the agreement
-        # fixed every size. Where user traffic (dup=False) or other executors (a stream's shared
-        # block) can reach its tags, it matches every frame first (size-safe, csrc/round/native.h).
-        self.probe = seat.shared or given_seat or not seat.owned
+        # Every frame is matched first (size-safe, csrc/round/native.h): any rank may send
+        # anything on the duplicate too (receives.py, the threat model).
+        shared_channel = seat.shared or given_seat or not seat.owned
+        self.probe = matched_first(shared_channel)
         # A stream's executor on the duplicate looks, while it waits, at what the awaited peer
         # sent first (engine_walk: a peer building another executor is named at once).
-        self._watch = self.probe and not seat.shared
+        self._watch = shared_channel and not seat.shared
         self.what = what
         open_exec(self.compiled, self.comm, seat.block, self.probe)
 

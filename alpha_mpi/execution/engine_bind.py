@@ -38,7 +38,13 @@ def check_leaves(c, contributions, rank: int, layout, bound: list) -> dict:
             last = bound[b]
             if last is not None and last[0] is v and v.dtype is last[2]:
                 continue
-            if not (type(v) is np.ndarray and v.dtype == _F64 and v.size == n and v.flags.c_contiguous):
+            if not (
+                type(v) is np.ndarray
+                and v.dtype == _F64
+                and v.size == n
+                and v.flags.c_contiguous
+                and v.flags.aligned
+            ):
                 break
             if v.ndim != 1:
                 same = False
@@ -90,13 +96,15 @@ def _check_out(c, out, mode: str) -> None:
         or out.dtype != _F64
         or not out.flags.c_contiguous
         or not out.flags.writeable
+        or not out.flags.aligned
     ):
         raise Refusal(
             "out-invalid",
-            f"out must be a writeable C-contiguous float64 array, got "
+            f"out must be a writeable C-contiguous aligned float64 array, got "
             f"{type(out).__name__ if not isinstance(out, np.ndarray) else out.dtype} "
             f"{'' if not isinstance(out, np.ndarray) else ('C-contiguous' if out.flags.c_contiguous else 'not C-contiguous')}"
-            f"{'' if not isinstance(out, np.ndarray) or out.flags.writeable else ' read-only'}",
+            f"{'' if not isinstance(out, np.ndarray) or out.flags.writeable else ' read-only'}"
+            f"{'' if not isinstance(out, np.ndarray) or out.flags.aligned else ' misaligned'}",
         )
     n = c.n
     if mode == "reduce-scatter":

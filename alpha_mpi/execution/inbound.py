@@ -1,17 +1,16 @@
 """Naming a frame the C round refused (the bad path of a W op; layer 4).
 
-The C round (csrc/round/native.c) receives every frame size-safely: where others can send on the
-channel it matches the frame first (MPI_Improbe), compares its size with the plan's and receives
-it into the planned buffer only when they agree, else whole into scratch, keeping its first
-bytes; where the executor owns its tag block the receive is posted at exactly the
-planned size, and nothing of another size can come. (A posted receive that relies on
-MPI_ERR_TRUNCATE is not safe where others can send: Open MPI 5's single-copy (CMA) path for
-local messages above a few KiB copies the whole message past the end of the buffer before it
-reports the truncation.) It checks the header with one comparison (ak_frame_check) and a
-payload's CRC32C when the frame carries one. What it cannot do is say what is wrong: that is
-here, from the bytes it kept, by the one owner of the format (frames.FrameSpec.check): what the
-header says when it arrived intact (another plan, topology, order, step, executor), else
-`frame-size-mismatch` with both sizes, or `frame-payload-corrupt`.
+The C round (csrc/round/native.c) receives every frame size-safely: it matches the frame first
+(MPI_Improbe), compares its size with the plan's and receives it into the planned buffer only
+when they agree, else whole into scratch, keeping its first bytes (receives.py: on every
+channel, since any rank may send anything; a posted receive that relies on MPI_ERR_TRUNCATE is
+not safe: Open MPI 5's single-copy (CMA) path for local messages above a few KiB copies the
+whole message past the end of the buffer before it reports the truncation). It checks the header
+with one comparison (ak_frame_check) and a payload's CRC32C when the frame carries one. What it
+cannot do is say what is wrong: that is here, from the bytes it kept, by the one owner of the
+format (frames.FrameSpec.check): what the header says when it arrived intact (another plan,
+topology, order, step, executor), else `frame-size-mismatch` with both sizes, or
+`frame-payload-corrupt`.
 """
 
 from __future__ import annotations

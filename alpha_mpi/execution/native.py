@@ -40,7 +40,7 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-from ..kernel.build import CSRC, KERNEL_DIR, header_cdef
+from ..kernel.build import CSRC, KERNEL_DIR, header_cdef, sanitize_flags
 from ..refusals import Refusal
 
 ROUND_DIR = CSRC / "round"
@@ -131,7 +131,7 @@ def _key(version: str, libmpi: str | None, mpicc: str | None) -> str:
     h = hashlib.sha256()
     for p in _files():
         h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
-    h.update(" ".join(CFLAGS).encode() + b"\0" + version.encode() + b"\0")
+    h.update(" ".join(CFLAGS + sanitize_flags()).encode() + b"\0" + version.encode() + b"\0")
     for f in (libmpi, mpicc):
         st = os.stat(f) if f and os.path.exists(f) else None
         h.update(f"{f}:{st.st_size if st else 0}:{st.st_mtime_ns if st else 0}\0".encode())
@@ -192,6 +192,7 @@ def _compile(b: Build) -> None:
         cmd = [
             b.mpicc,
             *CFLAGS,
+            *sanitize_flags(),  # ALPHA_MPI_SANITIZE=1 (kernel/build.py): its own cache key
             *(f"-I{i}" for i in sorted(includes)),
             f"-I{ROUND_DIR}",
             f"-I{KERNEL_DIR}",

@@ -77,7 +77,8 @@ def add(out: np.ndarray, left: np.ndarray, right: np.ndarray) -> np.ndarray:
 
 
 def _program(program: np.ndarray | Sequence[int]) -> np.ndarray:
-    if type(program) is ND and program.dtype == I32 and program.ndim == 1 and program.flags.c_contiguous:
+    p = program
+    if type(p) is ND and p.dtype == I32 and p.ndim == 1 and p.flags.c_contiguous and p.flags.aligned:
         return program
     try:
         arr = np.asarray(program)
@@ -95,7 +96,7 @@ def _program(program: np.ndarray | Sequence[int]) -> np.ndarray:
         raise KernelRefusal(
             "kernel-bad-program", f"tree program values must lie in -1 .. 2**31-1, got {program!r}"
         )
-    return np.ascontiguousarray(arr, dtype=I32)
+    return np.require(arr, I32, ("C", "A"))  # C reads `int32_t *`
 
 
 def check_program(program: np.ndarray | Sequence[int], k: int) -> int:
@@ -200,6 +201,8 @@ def widen_binary32(out: np.ndarray, x32: np.ndarray) -> np.ndarray:
         )
     if not x32.flags.c_contiguous:
         raise KernelRefusal("kernel-bad-argument", f"{fn}: x32 must be C-contiguous")
+    if not x32.flags.aligned:  # C reads `float *`: a copy on its 4-byte alignment
+        x32 = np.array(x32)
     if x32.size != out.size:
         same_size(fn, out.size, (("x32", x32),))
     if lib.ak_widen_binary32(o, ffi.from_buffer(FARR, x32), out.size):
@@ -217,8 +220,8 @@ def round_binary64(out32: np.ndarray, x64: np.ndarray) -> np.ndarray:
             "dtype-invalid",
             f"{fn}: out32 must be a native float32 array, got {getattr(out32, 'dtype', type(out32))}",
         )
-    if not out32.flags.c_contiguous or not out32.flags.writeable:
-        raise KernelRefusal("kernel-bad-argument", f"{fn}: out32 must be C-contiguous and writeable")
+    if not out32.flags.c_contiguous or not out32.flags.writeable or not out32.flags.aligned:
+        raise KernelRefusal("kernel-bad-argument", f"{fn}: out32 must be C-contiguous, aligned and writeable")
     x = f64_buffer(x64, "x64", fn)
     if x64.size != out32.size:
         same_size(fn, out32.size, (("x64", x64),))

@@ -42,7 +42,9 @@ def f64_buffer(a: np.ndarray, name: str, fn: str, writable: bool = False) -> FFI
     try:
         dt = a.dtype
         if dt is F64 or dt == F64:
-            return ffi.from_buffer(DARR, a, writable)
+            if a.flags.aligned:
+                return ffi.from_buffer(DARR, a, writable)
+            return _misaligned(a, name, fn, writable)
     except AttributeError:
         pass
     except (ValueError, BufferError, TypeError):
@@ -62,6 +64,26 @@ def f64_buffer(a: np.ndarray, name: str, fn: str, writable: bool = False) -> FFI
             argument=name,
         )
     raise KernelRefusal("dtype-invalid", f"{fn}: {name} must be native float64, got {a.dtype}", argument=name)
+
+
+def _misaligned(a: np.ndarray, name: str, fn: str, writable: bool) -> FFI.CData:
+    """A float64 array off its 8-byte alignment (np.frombuffer(b, offset=1)): C reading it as
+    `double *` is undefined behaviour (a fault on strict-alignment CPUs). An input is copied
+    (the cdata holds the copy); an output cannot be, and is refused."""
+    if writable:
+        raise KernelRefusal(
+            "kernel-bad-argument",
+            f"{fn}: output {name} is not 8-byte aligned (a float64 view at an odd byte offset); "
+            "pass an aligned array (np.empty, or a copy)",
+            argument=name,
+        )
+    if not a.flags.c_contiguous:
+        raise KernelRefusal(
+            "kernel-bad-argument",
+            f"{fn}: {name} must be a C-contiguous array (got strides {a.strides})",
+            argument=name,
+        )
+    return ffi.from_buffer(DARR, np.array(a, order="C"))
 
 
 def same_size(fn: str, n: int, pairs: Iterable[tuple[str, np.ndarray]]) -> None:

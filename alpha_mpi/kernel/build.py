@@ -25,6 +25,12 @@ Environment knob:
                        the same check applies to $CFLAGS, which setuptools passes too.
                        -march=native is allowed: it may enable FMA instructions, but
                        -ffp-contract=off still forbids contracting a*b + c into one.
+    ALPHA_MPI_SANITIZE=1   a sanitizer build (SANITIZE_FLAGS: AddressSanitizer and
+                       UndefinedBehaviorSanitizer) of this kernel and of the engine's round
+                       (execution/native.py, cached under its own key). The interpreter is not
+                       built with ASan: run with the runtime preloaded, as .ci/sanitize.sh does
+                       (LD_PRELOAD=$(gcc -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0).
+                       The flags change no floating-point result and enter build_id.
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ BASE_CFLAGS = [
 ]
 
 ENV_CFLAGS = "ALPHA_MPI_CFLAGS"
+ENV_SANITIZE = "ALPHA_MPI_SANITIZE"
+SANITIZE_FLAGS = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-g"]
 
 # Refused extra flags (they would break bit reproducibility): exact spellings, and
 # prefixes (a flag refused if it starts with one of these).
@@ -119,13 +127,19 @@ def validate_extra_cflags(text: str | None, variable: str = ENV_CFLAGS) -> list:
     return extra
 
 
+def sanitize_flags(env=None) -> list:
+    """SANITIZE_FLAGS when ALPHA_MPI_SANITIZE is set (not "" or "0"), else none."""
+    env = os.environ if env is None else env
+    return list(SANITIZE_FLAGS) if env.get(ENV_SANITIZE, "") not in ("", "0") else []
+
+
 def cflags(env=None) -> list:
-    """BASE_CFLAGS plus validated extra flags from ALPHA_MPI_CFLAGS."""
+    """BASE_CFLAGS plus validated extra flags from ALPHA_MPI_CFLAGS (and ALPHA_MPI_SANITIZE's)."""
     env = os.environ if env is None else env
     # setuptools also passes $CFLAGS to the compiler (before ours, which mostly override
     # it, but "mostly" is not a contract): refuse the same flags there.
     validate_extra_cflags(env.get("CFLAGS"), "CFLAGS")
-    return BASE_CFLAGS + validate_extra_cflags(env.get(ENV_CFLAGS))
+    return BASE_CFLAGS + validate_extra_cflags(env.get(ENV_CFLAGS)) + sanitize_flags(env)
 
 
 def build_id(flags) -> str:
@@ -204,6 +218,7 @@ def make_ffi(flags=None):
         ],  # rebuild on header change; sdist
         include_dirs=[_source_path(".")],
         extra_compile_args=flags,
+        extra_link_args=[f for f in flags if f.startswith("-fsanitize")],  # the sanitizers' runtimes
         libraries=["m"],
     )
     return ffi

@@ -249,8 +249,8 @@ def softmax_xent(grad_out: np.ndarray, logits: np.ndarray, labels: np.ndarray) -
             )
     if labels.shape != (m,):
         raise _shape_refusal(fn, f"labels must have shape ({m},), one per row", logits=logits, labels=labels)
-    if not labels.flags.c_contiguous:
-        labels = np.ascontiguousarray(labels)
+    if not (labels.flags.c_contiguous and labels.flags.aligned):
+        labels = np.array(labels, order="C")
     loss = ffi.new("double *")
     bad = ffi.new("int64_t *", -1)
     st = lib.ak_softmax_xent(pg, loss, pz, ffi.from_buffer("int64_t[]", labels), m, c, bad)

@@ -23,10 +23,11 @@
  * (buf, element offset). The caller's arrays (contributions, `out`) are bound per run by
  * writing their bases; the engine's own buffers are bound once.
  *
- * Receives. With `probe` == 0 (the executor owns its tag block: nobody else can send
- * on its tags) every receive is a persistent receive of exactly the planned size, started at
- * its post op; a frame of another size cannot come. With `probe` != 0 (user traffic or other
- * executors can reach the channel) nothing is posted: the wait matches the frame first
+ * Receives. With `probe` == 0 (ALPHA_MPI_RECEIVES=posted, for measuring only: execution/
+ * receives.py) every receive is a persistent receive of exactly the planned size, started at
+ * its post op; a longer frame from a buggy or hostile rank is then the MPI's to truncate, which
+ * Open MPI 5 does only after writing past the buffer. With `probe` != 0 (the default, on
+ * every channel) nothing is posted: the wait matches the frame first
  * (MPI_Improbe), compares its size with the plan's and receives it (MPI_Mrecv) into the planned
  * buffer only when they agree, else whole into a scratch buffer whose header bytes are kept
  * in bad_header: no MPI ever writes past a buffer (Open MPI 5's single-copy path overruns a

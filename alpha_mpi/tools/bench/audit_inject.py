@@ -55,7 +55,7 @@ class _Injector:
 
 def _draw(rng, size: int, n_words: int, audit_words: int, own: dict, steps: int):
     """One fault (the module docstring's where / which / how long) and its description."""
-    from alpha_mpi_verify.faults import BitFlip, CarriedFlip
+    from .faults import BitFlip, CarriedFlip
 
     rank, t0, bit = int(rng.integers(size)), int(rng.integers(steps)), int(rng.integers(64))
     persistent = bool(rng.integers(2))

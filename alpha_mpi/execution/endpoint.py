@@ -124,15 +124,12 @@ class Stream:
     """A tag block shared by the executors of calls that run one at a time (see the module
     docstring), with the state they share: `seat` (its sequence and block, agreed once), what
     the calls keep (`state`: the convenience cache, the arrays' exchanges) and `broken` (the
-    refusal code after which messages of a failed call may still be on the block) and `last`
-    (the convenience calls' steady loop: the tree and executor of the last call that passed
-    every option at its default)."""
+    refusal code after which messages of a failed call may still be on the block)."""
 
     name: str
     seat: Seat
     state: dict = field(default_factory=dict)
     broken: str | None = None
-    last: tuple | None = None
 
 
 class Endpoint:
@@ -400,10 +397,7 @@ class Endpoint:
 def _deleted(comm, keyval, ep) -> None:
     """The user's communicator is being freed (MPI_Comm_free, or MPI_Finalize for the
     predefined ones): free the endpoint's duplicate with it, unless a failure may have left
-    frames of it in flight (then the job aborts at exit anyway). The streams' steady-loop
-    memos are dropped first: a call on the freed communicator must find nothing to run."""
-    for st in ep.streams.values():
-        st.last = None
+    frames of it in flight (then the job aborts at exit anyway)."""
     try:
         if ep.lib != MPI.COMM_NULL and not owns_failures(ep):
             ep.lib.Free()

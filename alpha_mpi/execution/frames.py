@@ -105,7 +105,9 @@ _C_LAYOUT = {
 }
 _C_DIFFERS = {k: (getattr(_klib, k, None), v) for k, v in _C_LAYOUT.items() if getattr(_klib, k, None) != v}
 if _C_DIFFERS:  # pragma: no cover - a stale kernel build or an edit on one side only
-    raise ImportError(f"csrc/kernel/frame.h and alpha_mpi/execution/frames.py disagree on the header: {_C_DIFFERS}")
+    raise ImportError(
+        f"csrc/kernel/frame.h and alpha_mpi/execution/frames.py disagree on the header: {_C_DIFFERS}"
+    )
 
 
 def crc32c(data, crc: int = 0) -> int:

@@ -74,7 +74,7 @@ class PreparedRun:
         "flags",
         "busy",
         "_state",
-        "_bound",
+        "_binding",
         "_slots",
         "_zeros",
         "_unbound",
@@ -91,7 +91,7 @@ class PreparedRun:
         self.flags = 0
         self.busy = False
         self._state = RunState(engine.rank)
-        self._bound = bind.Bound(c)
+        self._binding = bind.Bound(c)
         # (slot, buffer number) of the contributions; None for programs whose leaves are pieces
         # of other lengths (the assembly binds through run_checked)
         self._slots = tuple(c.slot_base.items()) if not c.rp.inputs else None
@@ -150,7 +150,7 @@ class PreparedRun:
             f = out.flags
             if not (f.c_contiguous and f.aligned and f.writeable):
                 return _MISS
-        bound = self._bound
+        bound = self._binding
         held = bound.held
         eng = self.engine
         if eng.broken is not None or self.busy:
@@ -352,7 +352,7 @@ class PreparedRun:
             st.local = local = local or e
             st.begin(st.step, st.timeout, local, vote)
             outarr, deliver = bind.internal_result(c), None
-        self._bound.bind(leaves, outarr, deliver)
+        self._binding.bind(leaves, outarr, deliver)
         return outarr, deliver is not None
 
     def _out(self, c, out, leaves):
@@ -374,7 +374,7 @@ class PreparedRun:
 
     def release(self) -> None:
         """Drop what the last run bound (the executor is freed)."""
-        self._bound.clear()
+        self._binding.clear()
 
 
 __all__ = ["PreparedRun"]

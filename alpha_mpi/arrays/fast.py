@@ -45,6 +45,9 @@ import weakref
 
 import numpy as np
 
+from ..kernel import abi
+from . import pairwise
+
 __all__ = [
     "Call",
     "RECORDS",
@@ -61,7 +64,17 @@ __all__ = [
 RECORDS = 6
 MAX_ELEMENTS = 1 << 17
 MAX_PAIRS = 8  # dots() batches remembered
-CHECK, LOCAL = 16, 17  # csrc/round/native.h AN_ARRAY_CHECK, AN_ARRAY_LOCAL (checked when a record is made)
+CHECK, LOCAL = 16, 17  # csrc/kernel/abi.h AN_ARRAY_CHECK, AN_ARRAY_LOCAL (checked at import)
+
+abi.check(
+    {
+        "AN_ARRAY_CHECK": CHECK,
+        "AN_ARRAY_LOCAL": LOCAL,
+        "AN_MERGE_OVERFLOW": pairwise.FLAG_OVERFLOW,
+        "AN_MERGE_INVALID": pairwise.FLAG_INVALID,
+    },
+    "alpha_mpi/arrays/fast.py and arrays/pairwise.py",
+)
 
 _F64 = np.dtype(np.float64)
 _ND = np.ndarray
@@ -101,8 +114,6 @@ class Call:
         self.bound: list = [None] * (2 * k)  # (array, pointer, weak reference) per block pointer
         compiled = ex.engine.compiled
         nat = compiled.native
-        if (nat.lib.AN_ARRAY_CHECK, nat.lib.AN_ARRAY_LOCAL) != (CHECK, LOCAL):  # pragma: no cover - stale
-            raise ImportError("alpha_mpi's C round is older than alpha_mpi/arrays/fast.py (delete its cache)")
         ffi = nat.ffi
         self.fb = ffi.from_buffer
         rec = ffi.new("an_array *")

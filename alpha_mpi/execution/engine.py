@@ -264,11 +264,12 @@ class Engine:
             return
         self.broken = code
         c = self.compiled
-        c.native.lib.an_cancel_receives(c.ex)
+        rc = c.native.lib.an_cancel_receives(c.ex)
         mark_broken(self.rank, code, [_PendingSends(c)], self.endpoint)
+        also = f"  r{self.rank}: cancelling its receives failed in MPI too: {_mpi_error(rc)}\n" if rc else ""
         sys.stderr.write(
             f"r{self.rank} | {self.realization} step {self.step} refused [{code}]: {getattr(e, 'message', e)}\n"
-            f"  r{self.rank}: {self.rp.text()}  <-- ERROR HERE\n"
+            f"  r{self.rank}: {self.rp.text()}  <-- ERROR HERE\n{also}"
         )
         sys.stderr.flush()
 
@@ -276,20 +277,25 @@ class Engine:
         """Free the requests and give the tag block back (a broken executor's stays held: frames
         of it may still be in flight). A send still in flight completes in the background;
         receives still posted are cancelled first. Local: no communication."""
-        c = self.compiled
+        c, rc = self.compiled, 0
         if c is not None and c.keep:
             lib = c.native.lib
             if self.broken is not None and lib.an_pending_sends(c.ex):
                 # A send of a broken executor still in flight: its requests, records and
                 # buffers stay, and the caller's arrays it may read (abort.py tests them at exit;
                 # a reset's drain completes them).
-                lib.an_cancel_receives(c.ex)
+                rc = lib.an_cancel_receives(c.ex)
             else:
-                lib.an_free(c.ex)
+                rc = lib.an_free(c.ex)
                 c.keep.clear()  # the records; the buffers stay with `c`
                 self.prepare().release()
         if self.seat is not None and self.broken is None:
             self.seat.release()
+        if rc:  # freed all the same; MPI said something is wrong with the channel
+            raise Refusal(
+                "peer-failed",
+                f"rank {self.rank}: freeing the {self.what}'s requests failed in MPI: {_mpi_error(rc)}",
+            )
 
 
 class _PendingSends:
@@ -304,6 +310,13 @@ class _PendingSends:
         if not c.keep:  # freed: Engine.free frees a broken executor only once its sends completed
             return True
         return c.native.lib.an_pending_sends(c.ex) == 0
+
+
+def _mpi_error(rc: int) -> str:
+    """The MPI library's words for error code `rc`."""
+    from mpi4py import MPI
+
+    return MPI.Exception(rc).Get_error_string().strip()
 
 
 def _check_size(program: Program, comm) -> None:

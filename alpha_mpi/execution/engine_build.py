@@ -27,6 +27,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import kernel
+from ..kernel import abi
 from ..planning.builder import is_split
 from ..planning.program import FLAG_SEQ, Program, RankProgram
 from ..refusals import KernelRefusal
@@ -35,7 +36,7 @@ from .native import load as load_native
 from .waits import mpi_failure
 
 _INT_MAX = 2**31 - 1  # the largest count of one MPI message (int)
-OP_CODE = {"P": 1, "S": 2, "W": 3, "D": 4, "E": 5, "C": 6, "F": 7, "M": 8}  # csrc/round/native.h AN_OP_*
+OP_CODE = abi.OP_CODE  # csrc/kernel/abi.h AN_OP_*, checked at import (kernel/abi.py)
 
 
 def payload_check_from_env() -> bool:

@@ -355,7 +355,7 @@ def reduce_scatter(
     of the chunk's length or of the whole payload (the chunk is then written at out[start:stop]).
     Realizations: halving (pairwise trees on 2^k ranks) or scatter (any tree)."""
     if isinstance(tree, Program):  # a reduce-scatter program from plan_scatter / realize
-        if tree.mode != "reduce-scatter":
+        if not tree.mode.scatters:
             raise PlanRefusal(
                 "plan-delivery-mismatch", "reduce_scatter() needs a program made with ReduceScatter()"
             )

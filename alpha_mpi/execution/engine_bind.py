@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..planning.program import Mode
 from ..refusals import PlanRefusal, Refusal
 from . import frames as fr
 from .contributions import check_contributions, refuse_nonfinite
@@ -119,7 +120,7 @@ def internal_result(c):
     return np.empty(c.n) if c.rp.result is not None else None
 
 
-def bind_out(c, out, mode: str, leaves: dict, checked: bool):
+def bind_out(c, out, mode: Mode, leaves: dict, checked: bool):
     """(the array the `out` buffer is bound to, the caller's array the C round copies the
     result into at the end of a clean run, or None). The caller's `out` is checked here unless
     it is `checked` (the object that passed last time, same dtype object). Small results, and
@@ -134,14 +135,14 @@ def bind_out(c, out, mode: str, leaves: dict, checked: bool):
         return (np.empty(c.n) if c.is_receiver and not c.small else internal), None
     if not checked:
         _check_out(c, out, mode)
-    if mode == "reduce-scatter" or not c.is_receiver:
+    if mode.scatters or not c.is_receiver:
         return internal, None
     if c.small or aliased(out, leaves):
         return internal, out
     return out.reshape(-1), None
 
 
-def _check_out(c, out, mode: str) -> None:
+def _check_out(c, out, mode: Mode) -> None:
     if (
         not isinstance(out, np.ndarray)
         or out.dtype != _F64
@@ -158,7 +159,7 @@ def _check_out(c, out, mode: str) -> None:
             f"{'' if not isinstance(out, np.ndarray) or out.flags.aligned else ' misaligned'}",
         )
     n = c.n
-    if mode == "reduce-scatter":
+    if mode.scatters:
         if out.size not in (n, result_len(c)):
             raise Refusal(
                 "out-invalid",
@@ -197,7 +198,7 @@ def finish(c, program, rank: int, step: int, st, local, leaves, outarr, out):
     res = rp.result
     if res is None:
         return None
-    if program.mode == "reduce-scatter":
+    if program.mode.scatters:
         chunk = (
             c.bufs[res.buf][res.offset : res.offset + res.count]
             if res.buf != "out"

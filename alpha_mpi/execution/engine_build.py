@@ -208,7 +208,7 @@ def compile_program(program: Program, rank: int, contract: str, sequence: int = 
     ex.evals, ex.copies, ex.checks, ex.merges = evals, copies, checks, merges
     ex.bases, ex.nbases, ex.first_static = bases, len(bases), first_static
     res = rp.result
-    if res is not None and res.buf == "out" and program.mode == "allreduce":  # engine_bind.bind_out
+    if res is not None and res.buf == "out" and program.mode.whole:  # engine_bind.bind_out
         ex.deliver_from.buf, ex.deliver_from.off, ex.deliver_count = 0, res.offset, res.count
     return Compiled(
         rp=rp,
@@ -226,7 +226,7 @@ def compile_program(program: Program, rank: int, contract: str, sequence: int = 
         # more land in place (no copy), and `out` is unspecified after a refusal.
         internal_out=internal_out,
         small=not is_split(n),
-        is_receiver=rp.result is not None and program.mode == "allreduce",
+        is_receiver=rp.result is not None and program.mode.whole,
         keep=keep,
     )
 

@@ -101,10 +101,7 @@ class PreparedRun:
         self._unbound = not c.rp.slots and c.internal_out is None and c.rp.result is None
         # run() has a shorter path for a small allreduce whose result C delivers (_run_steady)
         self._steady = (
-            self._slots is not None
-            and c.small
-            and c.internal_out is not None
-            and engine.program.mode == "allreduce"
+            self._slots is not None and c.small and c.internal_out is not None and engine.program.mode.whole
         )
         self._lib, self._ffi = c.native.lib, c.native.ffi
         self._an_run = self._lib.an_run
@@ -196,7 +193,7 @@ class PreparedRun:
         self, contributions: Contributions, out: np.ndarray | None = None, *, timeout: float | None = None
     ) -> Chunk:
         """Reduce-scatter programs only: run once and return Chunk(start, stop, values)."""
-        if self.engine.program.mode != "reduce-scatter":
+        if not self.engine.program.mode.scatters:
             raise PlanRefusal(
                 "plan-delivery-mismatch",
                 "this executor delivers the whole result; build it with mode='reduce-scatter'",
@@ -365,7 +362,7 @@ class PreparedRun:
             and out.dtype is _F64
             and out.ndim == 1
             and len(out) == c.n
-            and mode == "allreduce"
+            and mode.whole
         ):
             f = out.flags
             if f.c_contiguous and f.aligned and f.writeable:

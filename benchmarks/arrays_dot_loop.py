@@ -4,8 +4,8 @@
 
 Per round, the four variants take turns, each `calls` calls back to back after a Barrier:
     dot        arrays.dot(comm, x, y, offset, n), the same arguments every call (the one C call)
-    C call     its C call alone: an_array_run on the same record (arrays/fast.py), no Python
-               around it but the loop (a run that returns to Python goes on the ordinary way)
+    C call     its C call alone: an_array_run on the same record through the exchange's
+               prepared run (arrays/fast.py), no Python around it but the loop
     ordinary   arrays.dot(..., timeout=300.0): the ordinary path, every check in Python
     mpi        send[0] = np.dot(x, y); comm.Allreduce(send, recv)
 Prints, on rank 0, the best round of each (µs per call, max over ranks) and the ratios to mpi.
@@ -42,16 +42,8 @@ def t_dot():
 
 
 def t_c():
-    run, rec, eng = c.run, c.rec, c.engine
     for _ in range(N):
-        step = ch.step
-        eng._busy = True
-        rc = run(rec, step, ch.timeout)
-        if rc:  # a wait slice under load (or anything else): the ordinary way from there
-            api._resume(c, rc)
-        else:
-            eng._busy = False
-            ch.step = step + 1
+        api._one_call(c, (x,), (y,))
 
 
 def t_ordinary():

@@ -1,10 +1,12 @@
 """The arrays' one C call (alpha_mpi/arrays/fast.py, csrc/round/native.h an_array_run) on one rank.
 
-A call whose arguments are those of an earlier call that passed every check runs as one C call;
-these tests show, on COMM_SELF duplicates, that it gives the oracle's bits while the arrays'
-values change in place, that it is taken (the ordinary path is not entered again), and that
-everything that can change under a remembered call is checked again: dtype, shape and strides
-changed in place, a NaN, a root that overflows, reset, Free, the bound on what is remembered.
+A call whose geometry (operation, offset, n, block length) is that of an earlier call that
+passed every check runs as one C call, with the same arrays or new ones; these tests show, on
+COMM_SELF duplicates, that it gives the oracle's bits while the arrays' values change in place
+and when the arrays are new every call, that it is taken (the ordinary path is not entered
+again), and that everything that can change under a remembered geometry is checked on every
+call: dtype, shape and strides changed in place, data moved by resize, a NaN, a root that
+overflows, reset, Free, the bound on what is remembered, no array kept after the call.
 The MPI suite (test_arrays_fast_mpi.py) shows the refusals that involve other ranks.
 """
 
@@ -50,7 +52,7 @@ def ordinary(monkeypatch):
 
 
 def warm(call):
-    """The call twice: it is remembered the second time (its arrays alive in between)."""
+    """The call twice: its geometry is remembered after the first, the second is the C call."""
     call()
     return call()
 
@@ -67,7 +69,7 @@ def test_a_repeated_call_is_one_c_call_with_the_oracle_bits(comm, ordinary):
     # the data makes the order observable: a left-to-right sum has other bits
     assert u64(oracle_sum(x.tolist())) != u64(sequential_sum(x.tolist()))
     for i in range(6):
-        refill(rng, x, y)  # the same objects, new values: the record holds the arrays, not the values
+        refill(rng, x, y)  # the same objects, new values: the record binds the arrays every call
         got = (
             arrays.dot(comm, x, y, 0, n),
             arrays.dot(comm, x, x, 0, n),
@@ -77,8 +79,9 @@ def test_a_repeated_call_is_one_c_call_with_the_oracle_bits(comm, ordinary):
         want = (oracle_dot(x.tolist(), y.tolist()), oracle_dot(x.tolist(), x.tolist()))
         want += (oracle_norm2(x.tolist()), oracle_sum(x.tolist()))
         assert [u64(v) for v in got] == [u64(v) for v in want], i
-    # the first two rounds took the ordinary path (remembered the second time), the others the C call
-    assert ordinary == ["dot", "dot", "norm2", "sum"] * 2
+    # the first round's dot, norm2 and sum took the ordinary path (dot(x, x) has the geometry
+    # of dot(x, y)), every other call the C call
+    assert ordinary == ["dot", "norm2", "sum"]
     assert fast.lookup(comm, "dot", x, y, 0, n) is not None
 
 
@@ -88,7 +91,8 @@ def test_a_call_with_other_arguments_is_not_taken_for_a_remembered_one(comm, ord
     x, y = order_sensitive(rng, n), order_sensitive(rng, n)
     warm(lambda: arrays.dot(comm, x, y, 0, n))
     assert fast.lookup(comm, "dot", x, y, 0, n) is not None
-    assert fast.lookup(comm, "dot", y, x, 0, n) is None  # other arrays
+    assert fast.lookup(comm, "dot", y, x, 0, n) is not None  # other arrays of the same geometry
+    assert fast.lookup(comm, "dot", x[1:], x[1:], 0, n) is None  # another length
     assert fast.lookup(comm, "sum", x, None, 0, n) is None  # another operation
     assert fast.lookup(comm, "dot", x, y, 0, n + 1) is None  # another n
     with pytest.raises(Refusal) as e:
@@ -97,7 +101,7 @@ def test_a_call_with_other_arguments_is_not_taken_for_a_remembered_one(comm, ord
     assert u64(arrays.dot(comm, x, y, 0, n)) == u64(oracle_dot(x.tolist(), y.tolist()))
     # a timeout= argument takes the ordinary path and is never remembered
     assert u64(arrays.dot(comm, x, y, 0, n, timeout=30.0)) == u64(oracle_dot(x.tolist(), y.tolist()))
-    assert ordinary == ["dot", "dot", "dot", "dot"]
+    assert ordinary == ["dot", "dot", "dot"]
 
 
 def test_dtype_shape_and_strides_changed_in_place_are_checked_again(comm):
@@ -131,13 +135,20 @@ def test_dtype_shape_and_strides_changed_in_place_are_checked_again(comm):
     assert u64(arrays.dot(comm, x, y, 0, n)) == u64(want)
 
 
-def test_a_remembered_array_cannot_be_resized_under_the_record(comm):
-    x = np.arange(1.0, 11.0)
+def test_a_bound_array_cannot_be_resized_and_once_unbound_is_read_where_its_data_is(comm):
+    x, other = np.arange(1.0, 11.0), np.ones(10)
     warm(lambda: arrays.sum(comm, x, 0, 10))
     assert fast.lookup(comm, "sum", x, None, 0, 10) is not None
     with pytest.raises(ValueError):
-        x.resize(20)  # the record's buffer blocks it: the memory C reads stays x's
-    assert arrays.sum(comm, x, 0, 10) == 55.0
+        x.resize(20, refcheck=False)  # pinned while bound: its data cannot move under the record
+    assert arrays.sum(comm, other, 0, 10) == 10.0  # binds another array: x is free again
+    x.resize(20, refcheck=False)  # the data moves under the same object: 20 elements now
+    with pytest.raises(Refusal) as e:
+        arrays.sum(comm, x, 0, 10)  # another length: the ordinary path refuses it
+    assert e.value.code == "array-block-invalid"
+    x.resize(10, refcheck=False)  # the remembered geometry again; its data may have moved again
+    x[:] = np.arange(2.0, 12.0)
+    assert arrays.sum(comm, x, 0, 10) == 65.0  # read where the data is now
 
 
 def test_a_nan_in_place_is_refused_by_name_and_the_next_call_works(comm, ordinary):
@@ -152,7 +163,7 @@ def test_a_nan_in_place_is_refused_by_name_and_the_next_call_works(comm, ordinar
     assert e.value.code == "non-finite-contribution" and "x[17] = nan" in str(e.value)
     x[17] = 1.0
     assert u64(arrays.sum(comm, x, 0, n)) == u64(oracle_sum(x.tolist()))
-    assert ordinary == ["sum"] * 3  # the first two calls; the NaN (nothing sent, the ordinary way)
+    assert ordinary == ["sum"] * 2  # the first call; the NaN (nothing sent, the ordinary way)
 
 
 def test_a_root_that_overflows_is_refused_and_the_next_call_works(comm):
@@ -179,30 +190,40 @@ def test_reset_and_free_forget_the_records(ordinary):
     warm(lambda: arrays.sum(c, x, 0, 5))  # a new channel, remembered again
     assert fast.lookup(c, "sum", x, None, 0, 5) is not None
     c.Free()
-    assert not [r for r in fast._CALLS if r.comm is c] and not [s for s in fast._SEEN if s[1] is c]
-    assert ordinary == ["sum"] * 4
+    assert not [r for r in fast._CALLS if r.comm is c]
+    assert ordinary == ["sum"] * 2
 
 
 def test_what_is_remembered_is_bounded(comm):
-    xs = [np.full(10, float(i)) for i in range(fast.RECORDS + 3)]
+    xs = [np.full(10 + i, float(i)) for i in range(fast.RECORDS + 3)]  # a geometry each
     for i, x in enumerate(xs):
-        assert arrays.sum(comm, x, 0, 10) == 10.0 * i
-        assert arrays.sum(comm, x, 0, 10) == 10.0 * i
-    assert len(fast._CALLS) <= fast.RECORDS and len(fast._SEEN) <= fast.RECORDS
-    assert fast.lookup(comm, "sum", xs[0], None, 0, 10) is None  # the oldest went first
-    assert fast.lookup(comm, "sum", xs[-1], None, 0, 10) is not None
+        assert arrays.sum(comm, x, 0, x.size) == x.size * float(i)
+        assert arrays.sum(comm, x, 0, x.size) == x.size * float(i)
+    assert len(fast._CALLS) <= fast.RECORDS
+    assert fast.lookup(comm, "sum", xs[0], None, 0, xs[0].size) is None  # the oldest went first
+    assert fast.lookup(comm, "sum", xs[-1], None, 0, xs[-1].size) is not None
     big = np.ones(fast.MAX_ELEMENTS + 1)
     warm(lambda: arrays.sum(comm, big, 0, big.size))
     assert fast.lookup(comm, "sum", big, None, 0, big.size) is None  # its summary costs more than Python
 
 
-def test_arrays_made_anew_for_every_call_are_never_remembered(comm, ordinary):
-    x, y = np.arange(50.0), np.ones(50)
-    before = list(fast._CALLS)
-    for _ in range(5):
-        assert arrays.dot(comm, x * 1.0, y, 0, 50) == 1225.0  # a new x each call (often at the same address)
-    assert fast._CALLS == before  # no record made, no temporary kept alive
-    assert ordinary == ["dot"] * 5
+def test_arrays_made_anew_for_every_call_take_the_one_call_and_only_the_last_is_held(comm, ordinary):
+    import gc
+    import weakref
+
+    rng = np.random.default_rng(10)
+    y = order_sensitive(rng, 50)
+    kept = []
+    for i in range(5):
+        x = order_sensitive(rng, 50) * 1.0  # a new x each call (often at the same address)
+        got = arrays.dot(comm, x, y, 0, 50)
+        assert u64(got) == u64(oracle_dot(x.tolist(), y.tolist())), i
+        kept.append(weakref.ref(x))
+    del x
+    gc.collect()
+    # the record holds the last call's arrays (bound, until a later call binds others), no more
+    assert [r() is None for r in kept] == [True] * 4 + [False]
+    assert ordinary == ["dot"]  # the first call; the others found its geometry
 
 
 def test_dots_of_the_same_pairs_is_one_c_call(comm, ordinary):
@@ -215,10 +236,11 @@ def test_dots_of_the_same_pairs_is_one_c_call(comm, ordinary):
         want = [oracle_dot(a.tolist(), b.tolist()) for a, b in ((x, y), (y, y), (x, x))]
         assert [u64(v) for v in got] == [u64(v) for v in want], i
         assert type(got) is list
-    assert ordinary == ["dot", "dot"]
+    assert ordinary == ["dot"]
     assert fast.lookup_pairs(comm, [(x, y), (y, y), (x, x)], 0, n) is not None
     assert fast.lookup_pairs(comm, [(x, y), (y, y)], 0, n) is None  # another batch
-    assert fast.lookup_pairs(comm, [(x, y), (y, x), (x, x)], 0, n) is None  # another pair
+    assert fast.lookup_pairs(comm, [(x, y), (y, x), (x, x)], 0, n) is not None  # other arrays, same geometry
+    assert fast.lookup_pairs(comm, [(x, y), (y, x[1:]), (x, x)], 0, n) is None  # another length
     y.dtype = np.int64  # one array of the batch changed in place: checked again
     with pytest.raises(Refusal) as e:
         arrays.dots(comm, [(x, y), (y, y), (x, x)], 0, n)

@@ -19,10 +19,10 @@ SCRIPT = textwrap.dedent(
     from alpha_mpi.arrays import fast
     from alpha_mpi.refusals import Refusal
 
-    # "timeout": one call, then calls with timeout=1.0 (never the C call: the ordinary path);
-    # "remembered": the call three times (remembered the second time, arrays/fast.py; the
-    # third is the one C call), then the C call again, waiting under the default bound
-    # (ALPHA_MPI_TIMEOUT=1.0 in the environment)
+    # "timeout": one call (its geometry remembered, arrays/fast.py), then calls with
+    # timeout=1.0 (never the C call: the ordinary path); "remembered": the call three times
+    # (the second and third are the one C call), then the C call again, waiting under the
+    # default bound (ALPHA_MPI_TIMEOUT=1.0 in the environment)
     remembered = sys.argv[1] == "remembered"
     w = MPI.COMM_WORLD
     r, n = w.Get_rank(), 10
@@ -56,8 +56,7 @@ def test_a_missing_peer_is_a_named_timeout_then_a_broken_channel(tmp_path, how):
         env["ALPHA_MPI_TIMEOUT"] = "1.0"
     r, _ = run_mpi(2, script, how, limit=60, env=env)
     out = r.stdout + r.stderr
-    known = how == "remembered"
-    assert f"r0 first 45.0 remembered {known}" in out and f"r1 first 45.0 remembered {known}" in out, out
+    assert "r0 first 45.0 remembered True" in out and "r1 first 45.0 remembered True" in out, out
     assert "r0 refused [peer-timeout]" in out, out
     assert "r0 refused [combiner-broken]" in out, out
     assert r.returncode == 70, out  # alpha_mpi aborts the job at exit (ABORT_STATUS) rather than hang

@@ -140,3 +140,29 @@ def test_c_reads_the_header_offsets_frames_py_owns(field):
     from alpha_mpi.kernel import lib
 
     assert getattr(lib, field) == fr._C_LAYOUT[field]
+
+
+def test_the_shared_constants_are_written_once_and_checked_at_import():
+    """csrc/kernel/abi.h is the one C place of every constant both languages read: the kernel
+    and the engine's round carry the same values, Python's names for them match (checked at
+    import), and a disagreement is an ImportError naming the constant."""
+    from alpha_mpi.execution import native
+    from alpha_mpi.execution.engine_build import OP_CODE
+    from alpha_mpi.kernel import abi
+    from alpha_mpi.kernel import lib as klib
+    from alpha_mpi.planning.program import OP_KINDS
+
+    shared = [k for k in dir(klib) if k.startswith(("AN_", "AK_FRAME_", "AK_FLAG_"))]
+    assert {
+        "AN_OP_MERGE",
+        "AN_DONE",
+        "AN_BAD_CRC",
+        "AN_ARRAY_CHECK",
+        "AN_MERGE_INVALID",
+        "AK_FLAG_VOTE",
+    } <= set(shared)
+    rnd = native.load().lib
+    assert {k: getattr(rnd, k) for k in shared} == {k: getattr(klib, k) for k in shared}
+    assert set(OP_CODE) == set(OP_KINDS) and all(getattr(klib, k) == v for k, v in abi.ROUND.items())
+    with pytest.raises(ImportError, match="AN_OP_POST"):
+        abi.check({"AN_OP_POST": OP_CODE["P"] + 1}, "a test")

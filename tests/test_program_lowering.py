@@ -87,3 +87,19 @@ def test_array_exchange_program_matches_the_schedule(size):
         lands = sorted(b.offset for a, b in rp.copies if b.buf == TABLE)
         assert lands == [T.ROW_WORDS << rd.index for rd in own]
     assert prog.details["foreign_frames_pair"]
+
+
+def test_a_programs_mode_is_an_object_tested_by_what_it_says():
+    from alpha_mpi import pairwise, plan
+    from alpha_mpi.planning.program import Mode
+    from alpha_mpi.planning.realize import realize
+
+    tp = plan(pairwise(range(4), 4), layout=8, size=4)
+    whole, parts = realize(tp, "tree"), realize(tp, "scatter", mode="reduce-scatter")
+    assert type(whole.mode) is Mode and whole.mode.whole and not whole.mode.scatters
+    assert type(parts.mode) is Mode and parts.mode.scatters and not parts.mode.whole
+    # the same words as before wherever it is printed or compared (identities, JSON, describe)
+    assert parts.mode == "reduce-scatter" and f"{whole.mode}" == "allreduce"
+    assert parts.to_dict()["mode"] == "reduce-scatter"
+    with pytest.raises(ValueError):
+        Mode("allgather")

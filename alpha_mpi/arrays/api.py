@@ -60,9 +60,9 @@ def sum(  # noqa: A001 - the natural name
         timeout: seconds to wait for a peer (default: ALPHA_MPI_TIMEOUT).
     """
     if timeout is None and type(offset) is int and type(shape) is int:
-        c = fast.lookup(comm, "sum", x, None, offset, shape)
+        c = fast.lookup(comm, "sum", x, None, offset, shape)  # the record of this geometry, bound to x
         if c is not None:
-            return _one_call(c)[0]
+            return _one_call(c, (x,), None)[0]
     return _reduce(comm, "sum", (x,), None, offset, shape, timeout)[0]
 
 
@@ -81,7 +81,7 @@ def dot(
     if timeout is None and type(offset) is int and type(shape) is int:
         c = fast.lookup(comm, "dot", x, y, offset, shape)
         if c is not None:
-            return _one_call(c)[0]
+            return _one_call(c, (x,), (y,))[0]
     return _reduce(comm, "dot", (x,), (y,), offset, shape, timeout)[0]
 
 
@@ -94,7 +94,7 @@ def norm2(
     if timeout is None and type(offset) is int and type(shape) is int:
         c = fast.lookup(comm, "norm2", x, x, offset, shape)
         if c is not None:
-            return math.sqrt(_one_call(c)[0])
+            return math.sqrt(_one_call(c, (x,), (x,))[0])
     return math.sqrt(_reduce(comm, "norm2", (x,), (x,), offset, shape, timeout)[0])
 
 
@@ -112,7 +112,7 @@ def dots(
     if timeout is None and type(offset) is int and type(shape) is int and type(pairs) is list:
         c = fast.lookup_pairs(comm, pairs, offset, shape)
         if c is not None:
-            return list(_one_call(c))
+            return list(_one_call(c, tuple(q[0] for q in pairs), tuple(q[1] for q in pairs)))
     try:
         pairs = list(pairs)
         if not 1 <= len(pairs) <= pairwise.MAX_BATCH or not all(
@@ -297,11 +297,12 @@ def _reduce(comm, op, xs, ys, offset, n, timeout, bad_batch=None):
     return values
 
 
-def _exchange(ch, ex, op, k, m, row, n, detail, err=None, started=None):
-    """Run the exchange (or go on with the one the one call `started`: fast.py) and return the
+def _exchange(ch, ex, op, k, m, row, n, detail, err=None, ran=False):
+    """Run the exchange (unless the one call `ran` it to its end: fast.py) and return the
     root's values; refusals by name on every rank."""
     try:
-        ex.run(row, m, n, local=err, started=started)  # raises this rank's refusal, a bad frame's or a peer's
+        if not ran:
+            ex.run(row, m, n, local=err)  # raises this rank's refusal, a bad frame's or a peer's
         if ex.valid_order is None and ex.table.tobytes() == ex.valid:
             values = ex.root(n)  # the table that passed every check last time: nothing to re-check
             if values is None:
@@ -314,29 +315,25 @@ def _exchange(ch, ex, op, k, m, row, n, detail, err=None, started=None):
     return values
 
 
-def _one_call(c: fast.Call):
-    """A remembered call (fast.py) in one C call (csrc/round/native.h an_array_run): its k values
-    (indexable); whatever is not the clean steady state goes on in Python from where it
-    happened."""
-    ch, eng = c.ch, c.engine
+def _one_call(c: fast.Call, xs: tuple, ys: tuple | None):
+    """A call of a remembered geometry (fast.py) in one C call (csrc/round/native.h
+    an_array_run, through the exchange's prepared run): its k values (indexable); whatever is
+    not the clean steady state goes on in Python from where it happened."""
+    ch, ex = c.ch, c.ex
     step = ch.step
-    eng._busy = True  # the engine's run, begun in C (execute() goes on with it)
-    rc = c.run(c.rec, step, ch.timeout)
+    ch.call_timeout = ch.timeout
+    try:
+        rc = ex.run_one(c.rec, step)
+    except BaseException:
+        ch.step = step + 1
+        raise
     if rc == 0:
-        eng._busy = False
         ch.step = step + 1
         return c.values
-    return _resume(c, rc)
-
-
-def _resume(c: fast.Call, rc: int) -> list:
-    ch, ex, eng = c.ch, c.ex, c.engine
     if rc == fast.LOCAL:  # nothing was sent: the ordinary path, from the start
-        eng._busy = False
-        return _reduce(c.comm, c.op, c.xs, c.ys, c.offset, c.n, None)
-    ch.call_timeout = ch.timeout
+        return _reduce(c.comm, c.op, xs, ys, c.offset, c.n, None)
     row = (c.offset, c.rec.length, c.n, pairwise.STATUS_OK)
-    return _exchange(ch, ex, c.op, c.k, c.rec.m, row, c.n, "", started=0 if rc == fast.CHECK else rc)
+    return _exchange(ch, ex, c.op, c.k, c.rec.m, row, c.n, "", ran=True)
 
 
 def _verdict(ch, ex, op, k, m_local, row, n, detail):

@@ -172,6 +172,7 @@ class Exchange:
             edge0=0 if order is None else _FALLBACK_EDGES,
         )
         self.engine = Engine(ch.user, program, seat=ch.stream.seat, what="array exchange")
+        self.prepared = self.engine.prepare()  # every run of the exchange goes through it
         self.rounds = self.engine.rp.merges
         bufs = self.engine.bufs
 
@@ -208,26 +209,32 @@ class Exchange:
         """The merged state's flags word (pairwise.FLAG_OVERFLOW, FLAG_INVALID)."""
         return int(self.final[1])
 
-    def run(self, row, m: int, n: int, local: Refusal | None = None, started: int | None = None) -> None:
+    def run(self, row, m: int, n: int, local: Refusal | None = None) -> None:
         """Exchange (row, the m-record local summary already in place): afterwards `table` holds
         every rank's row and `final` the merged state. Raises this rank's `local` refusal, a
-        bad frame's refusal, or `peer-refused` naming another rank's, on every rank alike.
-        `started`: the one call (fast.py, an_array_run) wrote the row and began the run, which
-        returned this an_run status; the run goes on from there."""
+        bad frame's refusal, or `peer-refused` naming another rank's, on every rank alike."""
         ch = self.ch
-        if started is None:
-            self.table[0] = row
-            self.length[0] = n
-            self.head[0], self.head[1] = m, 0
-        eng = self.engine
-        eng.step = ch.step  # one step count per channel: every frame of a call names the call
+        self.table[0] = row
+        self.length[0] = n
+        self.head[0], self.head[1] = m, 0
         try:
-            eng.execute(
-                None if local is not None else {}, local=local, timeout=ch.call_timeout, _started=started
+            # one step count per channel: every frame of a call names the call
+            self.prepared.run_checked(
+                None if local is not None else {}, refused=local, timeout=ch.call_timeout, step=ch.step
             )
         finally:
-            if eng.broken is not None:
-                ch.broken = eng.broken
+            if self.engine.broken is not None:
+                ch.broken = self.engine.broken
+
+    def run_one(self, rec, step: int) -> int:
+        """The one call of a remembered geometry (fast.py: `rec`, its an_array_run record) at
+        frame step `step`: PreparedRun.run_array's result (0: clean, the values in the record;
+        fast.LOCAL: nothing sent; fast.CHECK: the run ended, its table is to be checked)."""
+        try:
+            return self.prepared.run_array(rec, step, self.ch.timeout)
+        finally:
+            if self.engine.broken is not None:
+                self.ch.broken = self.engine.broken
 
     def passed(self, tb: bytes, order) -> None:
         """The table `tb` (every rank's rows, as bytes) passed every check and calls for the

@@ -110,6 +110,8 @@ class Allreducer:
         )
         self.comm = self.executor.comm
         self.slots = self.executor.slots
+        #: the executor's prepared run: every run of this Allreducer goes through it
+        self.prepared = self.executor.prepare()
 
     def _plan(self, comm, tree, layout, delivery, realization, segment, coverage, mode, calibration) -> None:
         size = comm.Get_size()
@@ -149,14 +151,14 @@ class Allreducer:
 
     @property
     def step(self) -> int:
-        return self.executor.step
+        return self.prepared.step
 
     def run(
         self, contributions: Contributions, out: np.ndarray | None = None, *, timeout: float | None = None
     ) -> np.ndarray | None:
         """Combine this rank's contributions once (see Engine.run): the combined payload where
         delivery reaches this rank, else None; in reduce-scatter mode this rank's chunk."""
-        return self.executor.run(contributions, out=out, timeout=timeout)
+        return self.prepared.run(contributions, out, timeout=timeout)
 
     __call__ = run
 
@@ -164,7 +166,7 @@ class Allreducer:
         self, contributions: Contributions, out: np.ndarray | None = None, *, timeout: float | None = None
     ) -> Chunk:
         """Reduce-scatter mode only: Chunk(start, stop, values of coordinates start..stop-1)."""
-        return self.executor.reduce_scatter_run(contributions, out=out, timeout=timeout)
+        return self.prepared.reduce_scatter_run(contributions, out, timeout=timeout)
 
     def describe(self) -> str:
         est = ", ".join(

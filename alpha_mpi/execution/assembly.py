@@ -42,6 +42,7 @@ class Assembler:
         )
         self.rank = rank = self.engine.rank
         self.comm = self.engine.comm
+        self.prepared = self.engine.prepare()  # every run goes through it
         self.timeout = self.engine.timeout  # seconds one wait may take (as before: the Waiter's)
         # (start, stop) -> the program's slot (the piece's index in the plan)
         self._slot = {(a, b): i for i, (o, a, b) in enumerate(aplan.pieces) if o == rank}
@@ -51,7 +52,7 @@ class Assembler:
     @property
     def step(self) -> int:
         """Runs so far (the frames' step)."""
-        return self.engine.step
+        return self.prepared.step
 
     @property
     def send_hook(self):
@@ -91,16 +92,18 @@ class Assembler:
         local = refused if refused is not None else self._refusal_of(pieces, out, flags)
         leaves = None
         if local is None:
+            # C reads a piece through `double *`: a misaligned or non-contiguous one is copied
             leaves = {
-                self._slot[r]: np.require(v, requirements="CA") for r, v in pieces.items()
-            }  # C reads double *
+                self._slot[r]: v if v.flags.c_contiguous and v.flags.aligned else np.array(v, order="C")
+                for r, v in pieces.items()
+            }
         elif not self._out_ok(out):
             out = None
         self.flags = 0
         try:
-            got = self.engine.execute(leaves, out, local=local, vote=flags if local is None else 0)
+            got = self.prepared.run_checked(leaves, out, refused=local, vote=flags if local is None else 0)
         finally:
-            self.flags = 1 if self.engine.flags & FLAG_VOTE else 0
+            self.flags = 1 if self.prepared.flags & FLAG_VOTE else 0
         return got
 
     def _out_ok(self, out) -> bool:
@@ -110,16 +113,13 @@ class Assembler:
             and out.shape == (self.plan.n,)
             and out.flags.writeable
             and out.flags.c_contiguous
-            and out.flags.aligned
         )
 
     def _refusal_of(self, pieces, out, flags):
         """The Refusal this rank's arguments earn (None when they are what it owns, an `out` it
         can write the whole vector to, and a one-bit vote)."""
         if not self._out_ok(out):
-            return Refusal(
-                "out-invalid", f"out must be a writeable, aligned float64 vector of {self.plan.n} elements"
-            )
+            return Refusal("out-invalid", f"out must be a writeable float64 vector of {self.plan.n} elements")
         if flags not in (0, 1):
             return Refusal("usage", f"flags is a one-bit vote (0 or 1), got {flags!r}")
         if not isinstance(pieces, dict):

@@ -81,10 +81,12 @@ def check_contributions(contributions, slots, rank: int, count: int, layout_key:
                 "contribution-shape",
                 f"slot {slot}: {arr.size} elements, the layout {layout_key} needs {count}",
             )
-        # A copy where the C round could not read the array as `double *` (another layout, or
-        # float64 elements off their 8-byte alignment, e.g. np.frombuffer(b, offset=1)).
-        ok = arr.flags.c_contiguous and arr.flags.aligned
-        out[slot] = arr.reshape(-1) if ok else np.array(arr, order="C").reshape(-1)
+        # C reads a payload through `double *`: a non-contiguous or misaligned one is copied
+        # (np.array allocates aligned memory), never read in place
+        flags = arr.flags
+        out[slot] = (
+            arr.reshape(-1) if flags.c_contiguous and flags.aligned else np.array(arr, order="C").reshape(-1)
+        )
     return out
 
 

@@ -98,7 +98,6 @@ def reset(comm: MPI.Comm, *, timeout: float | None = None) -> None:
     ep = Endpoint.of(comm, timeout)
     st = ep.streams.pop(STREAM, None)
     if st is not None:
-        st.last = None
         for a in st.state.values():
             a.free()
         st.state.clear()
@@ -143,16 +142,6 @@ class _Call(NamedTuple):
             self.mode,
             None if self.coverage is None else self.coverage.key(),
             self.segment,
-        )
-
-    @property
-    def plain(self) -> bool:
-        """Every option at its default (allreduce(comm, x), allreduce(comm, tree, contributions)):
-        the steady loop's fast path may find this call's executor by its tree alone."""
-        return (
-            self.mode == "allreduce"
-            and self.realization == "auto"
-            and self.delivery is self.layout is self.coverage is self.segment is self.timeout is None
         )
 
     @property
@@ -211,9 +200,6 @@ _PARKED = 8  # executors of other sizes kept per call site (a loop over a few si
 
 def _run(call: _Call, contributions, out, rs=False):
     st, a = _cached(call, contributions)
-    if call.plain:
-        st.last = (call.tree, a, a.executor)
-        _MEMO[0] = (call.comm, st, a.executor.rank, call.comm.Get_size())
     try:
         return _run_on(st, a, contributions, out, call.timeout, rs)
     except Refusal as e:
@@ -250,8 +236,6 @@ def _after_refusal(call: _Call, st: Stream, a: Allreducer, e: Refusal, contribut
         for k in old[: max(0, len(old) - _PARKED)]:
             st.state.pop(k).free()
     st.state[key] = again
-    if call.plain:
-        st.last = (call.tree, again, again.executor)
     return _run_on(st, again, contributions, out, call.timeout, rs)
 
 
@@ -267,7 +251,11 @@ def _run_on(st, a, contributions, out, timeout, rs):
 
 
 _NO_TREE = object()
-_MEMO = [(None, None, 0, 1)]  # (communicator object, its calls stream, rank, size) of the last plain call
+
+
+def _plain_key(tree) -> CacheKey:
+    """The key of a call with every option at its default (what _Call.key says for it)."""
+    return CacheKey(_tree_key(tree), None, None, "auto", "allreduce", None, None)
 
 
 def _bare_call(comm, tree, contributions):
@@ -313,26 +301,23 @@ def allreduce(
     `allreduce(comm, x)` (no tree): every rank passes one float64 array, combined over
     `pairwise(range(p))` with slot = rank (the same bits on every run and MPI at that p)."""
     if delivery is layout is timeout is segment is coverage is None and realization == "auto":
-        # The steady loop: the same plain call as the last one on this communicator finds its
-        # executor by the tree's identity (what the key would say: every other part of it is
-        # at its default). Keying again cost ~2 us at 8 B, more than the round in C. The
-        # communicator's stream is remembered for the very communicator object last used: a
-        # reset() or the communicator's freeing clears the stream's `last`, so a stale memo
-        # finds nothing to run and the call takes the full path.
-        memo = _MEMO[0]
-        st = memo[1] if memo[0] is comm else None
-        last = None if st is None or st.broken is not None else st.last
-        if last is not None:
+        # The steady loop: a plain call finds its Allreducer in the cache by the key its
+        # arguments make (the tree's placement; every other part at its default) and runs its
+        # prepared run; the arrays are bound by their geometry there, whatever objects they are.
+        ep = Endpoint.existing(comm)
+        st = None if ep is None else ep.streams.get(STREAM)
+        if st is not None and st.broken is None:
             if contributions is _NO_TREE:
-                tree, contributions = _rank_tree(memo[3]), {memo[2]: tree}
-            if last[0] is tree:
+                tree, contributions = _rank_tree(ep.size), {ep.rank: tree}
+            a = st.state.get(_plain_key(tree))
+            if a is not None:
                 try:
-                    return last[2].run(contributions, out)
+                    return a.run(contributions, out)
                 except Refusal as e:
-                    if last[1].broken is not None:
-                        st.broken = last[1].broken
+                    if a.broken is not None:
+                        st.broken = a.broken
                     call = _Call(comm, tree, None, None, "auto", "allreduce", None, None, None)
-                    return _after_refusal(call, st, last[1], e, contributions, out, False)
+                    return _after_refusal(call, st, a, e, contributions, out, False)
     tree, contributions = _bare_call(comm, tree, contributions)
     call = _Call(comm, tree, delivery, layout, realization, "allreduce", coverage, segment, timeout)
     return _run(call, contributions, out)
@@ -370,7 +355,7 @@ def reduce_scatter(
     of the chunk's length or of the whole payload (the chunk is then written at out[start:stop]).
     Realizations: halving (pairwise trees on 2^k ranks) or scatter (any tree)."""
     if isinstance(tree, Program):  # a reduce-scatter program from plan_scatter / realize
-        if tree.mode != "reduce-scatter":
+        if not tree.mode.scatters:
             raise PlanRefusal(
                 "plan-delivery-mismatch", "reduce_scatter() needs a program made with ReduceScatter()"
             )

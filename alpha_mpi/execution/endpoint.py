@@ -64,16 +64,15 @@ rank sees the keys differ, `executor-identity-mismatch` naming the ranks.
 from __future__ import annotations
 
 import os
-import struct
 from dataclasses import dataclass, field
 
 import numpy as np
 from mpi4py import MPI
 
 from ..refusals import Refusal
-from . import frames as fr
 from . import verdict as vd
 from .abort import forgive, mark_broken, owns_failures
+from .build_key import ANSWERING, build_key, refuse_different
 from .tags import TAG_BASE, TagBlock, TagSpace, block_size
 from .waits import DEFAULT_TIMEOUT, POLLS_BEFORE_YIELD, Waiter, timeout_from_env
 
@@ -90,7 +89,6 @@ __all__ = [
 
 VERDICT_TAG = 1
 RESET_TAG = 2
-ANSWERING = 2**64 - 1  # the message-count word of a rank answering a build from a warm call (answer_build)
 STREAM_MESSAGES = 256  # messages per pair of ranks a stream's block holds (a call needing more gets its own)
 _KEY = []  # the MPI keyval of the endpoint attribute (created once per process)
 
@@ -124,15 +122,12 @@ class Stream:
     """A tag block shared by the executors of calls that run one at a time (see the module
     docstring), with the state they share: `seat` (its sequence and block, agreed once), what
     the calls keep (`state`: the convenience cache, the arrays' exchanges) and `broken` (the
-    refusal code after which messages of a failed call may still be on the block) and `last`
-    (the convenience calls' steady loop: the tree and executor of the last call that passed
-    every option at its default)."""
+    refusal code after which messages of a failed call may still be on the block)."""
 
     name: str
     seat: Seat
     state: dict = field(default_factory=dict)
     broken: str | None = None
-    last: tuple | None = None
 
 
 class Endpoint:
@@ -261,7 +256,7 @@ class Endpoint:
         large enough (else the executor gets its own)."""
         sequence, (base, here, wrapped) = self._sequence, self.tags.offer()
         self._sequence += 1
-        key = _key(identity or "-", sequence, base)
+        key = build_key(identity or "-", sequence, base)
         try:
             # A stream's builds go direct: a peer still running a warm call of the stream finds
             # this record first from this rank and answers the round (`answer_build`).
@@ -273,7 +268,7 @@ class Endpoint:
                 direct=stream is not None,
             )
             v.raise_failures(local, f"building the {what}")
-            _refuse_different(v, what)
+            refuse_different(v, what)
             need = int(v.words[:, 4].max())
             if stream is not None and need <= stream.seat.block.messages:
                 block, owned = stream.seat.block, False
@@ -294,10 +289,10 @@ class Endpoint:
         the keys differ and raises `executor-identity-mismatch` naming the ranks, at once (the
         first call's refusal), where the builder used to wait for the bound. Always raises; the
         executor numbering and the tag allocator are left as they were on every rank."""
-        key = _key(identity or "-", sequence, base)
+        key = build_key(identity or "-", sequence, base)
         v = self.verdict([*key, ANSWERING, 0, 0], None, "building an executor", timeout=timeout, direct=True)
         v.raise_failures(None, f"building the {what}")
-        _refuse_different(v, what)
+        refuse_different(v, what)
         # Unreachable in practice (a peer's new executor has a later sequence than any running
         # one), but never go on as if something was built.
         raise Refusal(
@@ -400,75 +395,12 @@ class Endpoint:
 def _deleted(comm, keyval, ep) -> None:
     """The user's communicator is being freed (MPI_Comm_free, or MPI_Finalize for the
     predefined ones): free the endpoint's duplicate with it, unless a failure may have left
-    frames of it in flight (then the job aborts at exit anyway). The streams' steady-loop
-    memos are dropped first: a call on the freed communicator must find nothing to run."""
-    for st in ep.streams.values():
-        st.last = None
+    frames of it in flight (then the job aborts at exit anyway)."""
     try:
         if ep.lib != MPI.COMM_NULL and not owns_failures(ep):
             ep.lib.Free()
     except Exception:  # never raise out of an MPI callback
         pass
-
-
-def _key(identity: str, sequence: int, base: int) -> list[int]:
-    """The words every rank must say alike: digests of the identity's plan part (before the
-    first "|") and of the rest (contract, payload check), the sequence, the allocator's
-    position."""
-    plan, _, rest = identity.partition("|")
-    return [
-        struct.unpack("<Q", fr.short_digest(plan, 8))[0],
-        struct.unpack("<Q", fr.short_digest(rest, 8))[0],
-        sequence,
-        base,
-    ]
-
-
-# The parts of a build key, in the order they are compared: what differs, and how a group of
-# ranks that said `k` is shown.
-_KEY_PARTS = (
-    ("another plan (tree, placement, delivery, layout, realization, kind)", lambda k: f"plan {k[0]:016x}"),
-    ("the same plan under another contract or ALPHA_MPI_PAYLOAD_CHECK setting", lambda k: f"{k[1]:016x}"),
-    (
-        "another executor number on this communicator (a rank built one more or one fewer executor)",
-        lambda k: f"executor #{k[2]}",
-    ),
-    (
-        "another position of the tag allocator (a rank freed an executor the others keep, or the reverse)",
-        lambda k: f"tag {k[3]}",
-    ),
-)
-
-
-def _refuse_different(v: vd.Verdicts, what: str) -> None:
-    """executor-identity-mismatch on every rank unless every rank said the same key: the
-    first differing part, every group of ranks and what it said (the largest group first;
-    ties: the group of the lowest rank), the ranks outside the largest group in `ranks`."""
-    groups: dict = {}
-    for r, row in enumerate(v.words):
-        groups.setdefault(tuple(int(x) for x in row[:4]), []).append(r)
-    if len(groups) == 1:
-        return
-    # A rank that answered from a warm call (answer_build) sent frames of that call that no
-    # peer will take: the channel holds them until a reset.
-    answered = [r for r, row in enumerate(v.words) if len(row) > 4 and int(row[4]) == ANSWERING]
-    ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
-    ref, other = ordered[0][0], ordered[1][0]
-    part, fmt = next(_KEY_PARTS[i] for i in range(4) if ref[i] != other[i])
-    shown = "; ".join(f"{vd.ranks_text(rs)}: {fmt(k)}" for k, rs in ordered)
-    raise Refusal(
-        "executor-identity-mismatch",
-        f"the ranks build different {what}s: {part} ({shown}); no rank built it"
-        + (
-            f" ({vd.ranks_text(answered)} ran a call of the other meanwhile: reset before the next)"
-            if answered
-            else ""
-        ),
-        ranks=tuple(sorted(r for _, rs in ordered[1:] for r in rs)),
-        # every rank finished the round: the channel holds nothing of it, unless a rank answered
-        # from a call whose frames are left
-        in_flight=bool(answered),
-    )
 
 
 def dup_false_hint(e: Refusal) -> Refusal:

@@ -6,9 +6,10 @@ built the same executor, as the same executor of its communicator (its sequence,
 every frame), with the same tag block, or every rank refuses by name. No communicator is
 duplicated here (the endpoint holds alpha_mpi's one duplicate of each user communicator). Work
 buffers, frame headers, the MPI requests and the C records of every op are built once
-(engine_build.py; the requests once the agreement gave the tags); a run binds the caller's contributions
-and `out` (engine_bind.py) and is then ONE call into C (csrc/round/native.c, built by the MPI's own
-mpicc: native.py) that interprets the rank's ops: P posts a receive, S writes a header (the
+(engine_build.py; the requests once the agreement gave the tags); a run binds the caller's
+contributions and `out` (its PreparedRun, prepared.py: the one door of every front end) and is
+then ONE call into C (csrc/round/native.c, built by the MPI's own mpicc: native.py) that
+interprets the rank's ops: P posts a receive, S writes a header (the
 flags seen so far) and starts a send, W waits for a frame and checks it (one comparison of its
 header; the field-by-field naming only on a mismatch, back in Python), D completes a send, E is
 one fused kernel pass, C a copy, F a finiteness check, M a merge of node summaries (the arrays).
@@ -52,17 +53,14 @@ import numpy as np
 from ..planning.flag_rounds import with_flag_rounds
 from ..planning.program import Program
 from ..refusals import PlanRefusal, Refusal
-from . import engine_bind as bind
-from . import engine_walk as walk
-from . import frames as fr
 from .abort import mark_broken
 from .endpoint import Endpoint
 from .engine_bind import Chunk
 from .engine_build import compile_program, open_exec, payload_check_from_env
-from .engine_walk import RunState
 from .log import debug_enabled
+from .prepared import PreparedRun
 from .receives import matched_first
-from .waits import DEFAULT_TIMEOUT, SIGNAL_SLICE, SLEEP_AFTER, timeout_from_env
+from .waits import DEFAULT_TIMEOUT, SIGNAL_SLICE, SLEEP_AFTER
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -101,6 +99,7 @@ class Engine:
         # every rank refuses by name and no later call pairs with the wrong one.
         self.payload_check = payload_check_from_env()
         self.compiled, self.seat, self.broken = None, None, None
+        self._hook, self._prepared = None, None
         self.endpoint = ep = Endpoint.of(comm, timeout)
         self.rank = ep.rank
         self.comm = (ep.lib if dup else comm) if seat is None else seat.wire
@@ -138,7 +137,7 @@ class Engine:
         self.probe = matched_first(shared_channel)
         # A stream's executor on the duplicate looks, while it waits, at what the awaited peer
         # sent first (engine_walk: a peer building another executor is named at once).
-        self._watch = shared_channel and not seat.shared
+        self.watch = shared_channel and not seat.shared
         self.what = what
         open_exec(self.compiled, self.comm, seat.block, self.probe)
 
@@ -151,7 +150,6 @@ class Engine:
         rank = self.rank
         self.timeout = self.waiter.timeout
         self.debug = debug_enabled()
-        self.step = 0
         self.broken = None  # the refusal code that broke this executor
         self.contract = contract
         self.compiled = c = compile_program(program, rank, contract, self.sequence)
@@ -171,31 +169,11 @@ class Engine:
         self.slots = c.rp.slots
         self.is_receiver = c.is_receiver
         self.realization = program.realization
-        self._mode, self._layout = program.mode, program.layout
-        self._an_run = c.native.lib.an_run
-        self._out_ok = None  # (the `out` that passed its checks last run, its dtype object)
-        # (out, its dtype object, the array bound to the result buffer) of the last run when a
-        # run with the very same arrays may skip the binding (run()); None otherwise
-        self._rebind = None
-        # (slot, buffer number) of the contributions; None for programs whose leaves are pieces
-        # of other lengths (the assembly binds every run)
-        self._slot_bases = tuple(c.slot_base.items()) if not c.rp.inputs else None
-        self._delivers = False  # the C round copies the result into the caller's `out`
-        # A program with no contribution and no result in `out` (the arrays' exchanges): a run
-        # with leaves {} and no `out` binds nothing.
-        self._unbound = not c.rp.slots and c.internal_out is None and c.rp.result is None
         self.chunk = program.chunk(rank)  # reduce-scatter: (start, stop) of this rank's chunk
-        self._state = RunState(rank)
-        # per buffer number, then the delivery target: (the caller's array, its pointer)
-        self._bound: list = [None] * (len(c.bases) + 1)
-        self._zeros = None
-        self._busy = False
-        self._hook = None
         # Programs whose every possible peer program pairs its messages one to one with this one
         # (the arrays' exchanges in rank order): a foreign frame leaves nothing in flight, so
         # the executor stays usable after naming it.
-        self._pairs = bool(program.details.get("foreign_frames_pair"))
-        self.flags = 0  # the frame flags the last run saw (frames.FLAG_*)
+        self.pairs = bool(program.details.get("foreign_frames_pair"))
 
     @property
     def send_hook(self):
@@ -219,197 +197,79 @@ class Engine:
             )
         return plan
 
+    def prepare(self) -> PreparedRun:
+        """The prepared run of this executor (prepared.py): the one door every front end runs
+        it through. An executor has one (its C records have one buffer table)."""
+        if self._prepared is None:
+            self._prepared = PreparedRun(self)
+        return self._prepared
+
     def run(
         self, contributions: Contributions, out: np.ndarray | None = None, *, timeout: float | None = None
     ) -> np.ndarray | None:
-        """Run the program once with this rank's contributions (slot -> float64 payload).
-
-        Returns the combined payload (a float64 vector) where the delivery reaches this rank,
-        else None (`out`, if given, is then left as it was). Reduce-scatter mode: the values of
-        this rank's chunk, coordinates `self.chunk` (`reduce_scatter_run` adds the bounds).
-        `timeout` overrides the per-wait bound for this run."""
-        # The steady state of a loop: the very arrays of the last run (same objects, same dtype
-        # objects) and the same `out`; their checks and binding from then still hold.
-        if timeout is None and type(contributions) is dict and self._rebind is not None:
-            bound = self._bound
-            for slot, b in self._slot_bases:
-                v = contributions.get(slot)
-                e = bound[b]
-                if e is None or e[0] is not v or v.dtype is not e[2]:
-                    break
-            else:
-                if len(contributions) == len(self._slot_bases) and out is self._rebind[0]:
-                    if out is None or out.dtype is self._rebind[1]:
-                        return self.execute(contributions, out, _bound=True)
-        try:
-            leaves, local = (
-                bind.check_leaves(self.compiled, contributions, self.rank, self._layout, self._bound),
-                None,
-            )
-        except Refusal as e:
-            leaves, local = None, e
-        return self.execute(leaves, out, local=local, timeout=timeout)
+        """Run the program once with this rank's contributions (slot -> float64 payload):
+        PreparedRun.run. Returns the combined payload where the delivery reaches this rank, else
+        None (`out`, if given, is then left as it was); reduce-scatter mode: the values of this
+        rank's chunk, coordinates `self.chunk`. `timeout` overrides the per-wait bound."""
+        return self.prepare().run(contributions, out, timeout=timeout)
 
     def reduce_scatter_run(
         self, contributions: Contributions, out: np.ndarray | None = None, *, timeout: float | None = None
     ) -> Chunk:
         """Reduce-scatter programs only: run once and return Chunk(start, stop, values). `out`:
         an array of the chunk's length, or of the whole payload (written at out[start:stop])."""
-        if self.program.mode != "reduce-scatter":
-            raise PlanRefusal(
-                "plan-delivery-mismatch",
-                "this executor delivers the whole result; build it with mode='reduce-scatter'",
-            )
-        values = self.run(contributions, out=out, timeout=timeout)
-        return Chunk(self.chunk[0], self.chunk[1], values)
+        return self.prepare().reduce_scatter_run(contributions, out, timeout=timeout)
 
-    def execute(
-        self,
-        leaves: dict | None,
-        out: np.ndarray | None = None,
-        *,
-        local: Refusal | None = None,
-        timeout: float | None = None,
-        vote: int = 0,
-        _bound: bool = False,
-        _started: int | None = None,
-    ) -> np.ndarray | None:
-        """The one run of every front end (combine, assembly, arrays). `leaves`: slot -> checked
-        contiguous float64 vector of its length, or None when `local` is this rank's refusal of
-        its inputs (the program then runs on zeros, flagged, and `local` is raised at the end);
-        `out`: the caller's (checked here); `vote` (0 or 1) rides on the frames, and afterwards
-        `self.flags` holds the frame flags this rank saw (`frames.FLAG_VOTE`: any rank voted).
-        (`_bound`: run() found the very leaves and `out` of the last run, bound as they are.
-        `_started`: the run was begun by a C call of the caller's that ended in an_run and
-        returned this status, nothing bound (native.h an_array_run: the arrays' one call, which
-        set `_busy` and checked `broken` first); the run goes on here as after an_run.)"""
-        if _started is None:
-            if self.broken is not None:
-                raise Refusal(
-                    "combiner-broken",
-                    f"an earlier run failed with [{self.broken}]; this executor is broken: build a new one on every rank",
-                )
-            if self._busy:
-                raise Refusal("executor-reentrant", "run() called while a run is in progress")
-        self._busy = True
-        c, st, step = self.compiled, self._state, self.step
-        if timeout is not None and timeout != self.timeout:  # checked before any communication
-            try:  # (a bound equal to this executor's was checked when it was built; NaN is not)
-                timeout = timeout_from_env(timeout)
-            except Refusal as e:  # refused like a bad input
-                local, leaves, timeout = local or e, None, None
-        st.begin(step, timeout, local, vote)
-        try:
-            if _started is not None:
-                outarr = None
-            elif _bound:
-                outarr = self._rebind[2]
-            elif self._unbound and leaves is not None and out is None:
-                outarr = None  # no contribution, no result buffer: nothing of the caller's to bind
-            else:
-                outarr = self._bind(c, st, leaves, out, local, vote)
-                local = st.local
-            bound = self.timeout if timeout is None else timeout
-            who = st.who
-            if _started is not None:
-                rc = _started
-            elif who is None:
-                rc = self._an_run(c.ex, step, bound, st.flags, -1, 0)
-            else:
-                rc = self._an_run(
-                    c.ex, step, bound, st.flags, who[0], int.from_bytes(fr.code_tag(who[1]), "little")
-                )
-            if rc:
-                walk.drive(c, st, rc, self._hook, bound, self.waiter, self.comm, self._watch)
-            flags = st.flags = c.ex.flags
-            if flags & fr.FLAG_REFUSED:
-                walk.finish(c, st)
-        except Refusal as e:
-            self._fail(e)
-            if e.context.get("peer_round") == "verdict":
-                # the peer builds another executor: answer its build round, so that every rank
-                # names the mismatch at once (Endpoint.answer_build raises it)
-                try:
-                    self.endpoint.answer_build(
-                        self.identity, self.sequence, self.seat.block.base, self.what, timeout=timeout
-                    )
-                except Refusal as answered:
-                    raise self._hint(answered) from e
-            if st.bad is not None and e is not st.bad:
-                # a bad frame came first and explains what followed (a peer running another
-                # program stops sending what this one waits for)
-                raise self._hint(st.bad) from e
-            raise self._hint(e) from None
-        except BaseException as e:  # a bug or an interrupt (KeyboardInterrupt): the channel state is unknown
-            self._fail(e)
-            raise
-        finally:
-            self.step += 1
-            self._busy = False
-            self.flags = st.flags
-        if self._delivers and not st.flags & (fr.FLAG_REFUSED | fr.FLAG_NONFINITE) and local is None:
-            return out  # C copied the result into the caller's `out` (a clean run: no bad frame either)
-        bad = st.bad
-        if bad is not None and bad.code != "frame-payload-corrupt" and not self._pairs:
-            # A frame of another program: every rank has named it by now, but that program may
-            # have sent more than this one received, so the executor cannot run again.
-            self._fail(bad)
-        try:
-            return bind.finish(c, self.program, self.rank, step, st, local, leaves, outarr, out)
-        except Refusal as e:
-            raise self._hint(e) from None
+    @property
+    def step(self) -> int:
+        """The frame step of the next run."""
+        return self.prepare().step
 
-    def _bind(self, c, st, leaves, out, local, vote):
-        """Bind this run's leaves (zeros in place of refused ones) and `out`; returns the array
-        the result buffer is bound to. Records in `st.local` this rank's refusal (its inputs, or
-        `out`), and in `self._rebind` what a run with the very same arrays may reuse."""
-        self._rebind = None
-        st.local = local
-        if leaves is None:
-            if self._zeros is None:
-                self._zeros = bind.zeros_for(c)
-            leaves = bind.zero_leaves(c, self._zeros)
-        try:
-            outarr, deliver = bind.bind_out(c, out, self._mode, leaves, self._out_ok)
-            if out is not None:
-                self._out_ok = (out, out.dtype)
-        except Refusal as e:
-            st.local = local = local or e
-            st.begin(st.step, st.timeout, local, vote)
-            outarr, deliver = (
-                (
-                    c.internal_out
-                    if c.internal_out is not None
-                    else (np.empty(self.n) if c.rp.result is not None else None)
-                ),
-                None,
-            )
-        self._delivers = deliver is not None
-        bind.bind_bases(c, self._bound, leaves, outarr, deliver)
-        if local is None and (out is not None or outarr is c.internal_out) and self._slot_bases is not None:
-            self._rebind = (out, None if out is None else out.dtype, outarr)
-        return outarr
+    @property
+    def flags(self) -> int:
+        """The frame flags the last run saw (frames.FLAG_*)."""
+        return self.prepare().flags
+
+    def failed(self, e: Refusal, st, timeout) -> Refusal:
+        """A run ended in refusal `e`: break the executor and return what to raise (PreparedRun)."""
+        self.fail(e)
+        if e.context.get("peer_round") == "verdict":
+            # the peer builds another executor: answer its build round, so that every rank
+            # names the mismatch at once (Endpoint.answer_build raises it)
+            try:
+                self.endpoint.answer_build(
+                    self.identity, self.sequence, self.seat.block.base, self.what, timeout=timeout
+                )
+            except Refusal as answered:
+                return self.hint(answered)
+        if st.bad is not None and e is not st.bad:
+            # a bad frame came first and explains what followed (a peer running another
+            # program stops sending what this one waits for)
+            return self.hint(st.bad)
+        return self.hint(e)
 
     @property
     def shared(self) -> bool:
         """Whether user traffic can reach this executor's frames (dup=False)."""
         return self.seat is not None and self.seat.shared
 
-    def _hint(self, e: Refusal) -> Refusal:
+    def hint(self, e: Refusal) -> Refusal:
         """`e`, with the dup=False hint where user traffic can reach this executor's frames."""
         return self.seat.hint(e)
 
-    def _fail(self, e: BaseException) -> None:
+    def fail(self, e: BaseException) -> None:
+        """Break the executor after `e` (a run that may have left frames in flight)."""
         code = getattr(e, "code", None) or type(e).__name__  # a refusal's code, else the exception's name
         if code in ("executor-reentrant", "combiner-broken"):
             return
         self.broken = code
         c = self.compiled
-        c.native.lib.an_cancel_receives(c.ex)
+        rc = c.native.lib.an_cancel_receives(c.ex)
         mark_broken(self.rank, code, [_PendingSends(c)], self.endpoint)
+        also = f"  r{self.rank}: cancelling its receives failed in MPI too: {_mpi_error(rc)}\n" if rc else ""
         sys.stderr.write(
             f"r{self.rank} | {self.realization} step {self.step} refused [{code}]: {getattr(e, 'message', e)}\n"
-            f"  r{self.rank}: {self.rp.text()}  <-- ERROR HERE\n"
+            f"  r{self.rank}: {self.rp.text()}  <-- ERROR HERE\n{also}"
         )
         sys.stderr.flush()
 
@@ -417,21 +277,25 @@ class Engine:
         """Free the requests and give the tag block back (a broken executor's stays held: frames
         of it may still be in flight). A send still in flight completes in the background;
         receives still posted are cancelled first. Local: no communication."""
-        c = self.compiled
+        c, rc = self.compiled, 0
         if c is not None and c.keep:
             lib = c.native.lib
             if self.broken is not None and lib.an_pending_sends(c.ex):
                 # A send of a broken executor still in flight: its requests, records and
                 # buffers stay, and the caller's arrays it may read (abort.py tests them at exit;
                 # a reset's drain completes them).
-                lib.an_cancel_receives(c.ex)
+                rc = lib.an_cancel_receives(c.ex)
             else:
-                lib.an_free(c.ex)
+                rc = lib.an_free(c.ex)
                 c.keep.clear()  # the records; the buffers stay with `c`
-                self._bound = []
-            self._rebind = None
+                self.prepare().release()
         if self.seat is not None and self.broken is None:
             self.seat.release()
+        if rc:  # freed all the same; MPI said something is wrong with the channel
+            raise Refusal(
+                "peer-failed",
+                f"rank {self.rank}: freeing the {self.what}'s requests failed in MPI: {_mpi_error(rc)}",
+            )
 
 
 class _PendingSends:
@@ -446,6 +310,13 @@ class _PendingSends:
         if not c.keep:  # freed: Engine.free frees a broken executor only once its sends completed
             return True
         return c.native.lib.an_pending_sends(c.ex) == 0
+
+
+def _mpi_error(rc: int) -> str:
+    """The MPI library's words for error code `rc`."""
+    from mpi4py import MPI
+
+    return MPI.Exception(rc).Get_error_string().strip()
 
 
 def _check_size(program: Program, comm) -> None:

@@ -3,16 +3,17 @@ program (engine_build.Compiled), called per run outside the op loop."""
 
 from __future__ import annotations
 
+import weakref
 from typing import NamedTuple
 
 import numpy as np
 
+from ..planning.program import Mode
 from ..refusals import PlanRefusal, Refusal
 from . import frames as fr
 from .contributions import check_contributions, refuse_nonfinite
 
 _F64 = np.dtype(np.float64)
-_MISSING = object()
 
 
 class Chunk(NamedTuple):
@@ -23,34 +24,77 @@ class Chunk(NamedTuple):
     values: np.ndarray
 
 
-def check_leaves(c, contributions, rank: int, layout, bound: list) -> dict:
-    """slot -> contiguous float64 vector for exactly this rank's slots, or this rank's refusal.
-    An array object bound to its slot in an earlier run (`bound`, see bind_bases) with the same
-    dtype object is not checked again: it passed these checks then, its size and strides cannot
-    have changed while the executor holds it and its buffer, and a dtype set in place is another
-    dtype object."""
-    n = c.n
-    # Fast path: exactly this rank's slots, each a contiguous float64 array of n elements.
-    if type(contributions) is dict and len(contributions) == len(c.slot_base):
-        same = True
-        for slot, b in c.slot_base.items():
-            v = contributions.get(slot, _MISSING)
-            last = bound[b]
-            if last is not None and last[0] is v and v.dtype is last[2]:
-                continue
-            if not (
-                type(v) is np.ndarray
-                and v.dtype == _F64
-                and v.size == n
-                and v.flags.c_contiguous
-                and v.flags.aligned
-            ):
-                break
-            if v.ndim != 1:
-                same = False
+def check_leaves(c, contributions, rank: int, layout) -> dict:
+    """slot -> C-contiguous aligned float64 vector for exactly this rank's slots, or this
+    rank's refusal (contributions.py: a non-contiguous or misaligned payload is copied)."""
+    return check_contributions(contributions, c.rp.slots, rank, c.n, layout.key())
+
+
+class Bound:
+    """The caller's memory the C executor's buffer table points at (buffer numbers below
+    `first_static`, and the delivery target). `held[b]`: (the array bound to buffer b, the
+    pointer made from its buffer, a weak reference to it). The strong reference keeps the
+    memory the records point at alive until a later call binds another array there; the weak
+    reference pins it: NumPy refuses to resize an array that has one (`resize`, even with
+    refcheck=False, would move its data), so a bound array's pointer cannot change while it is
+    bound, and a call that passes the very array again needs no new pointer. Any other array
+    is bound anew (pointer, pin). What can change in place under the same object (its dtype,
+    shape, strides) is checked on every call (prepared.py)."""
+
+    __slots__ = ("c", "held", "deliver", "from_buffer", "_null")
+
+    def __init__(self, c) -> None:
+        self.c = c
+        n = len(c.bases)
+        self.held: list = [None] * n
+        self.deliver = None
+        self.from_buffer = c.native.ffi.from_buffer
+        self._null = c.native.ffi.NULL
+
+    def pin(self, b: int, a, writable: bool = False):
+        """Bind array `a` to buffer b (pointer, strong and weak reference); the pointer."""
+        ptr = self.from_buffer("double[]", a, writable)
+        self.held[b] = (a, ptr, weakref.ref(a))
+        self.c.bases[b] = ptr
+        return ptr
+
+    def bind(self, leaves: dict, outarr, deliver) -> None:
+        """Point the buffer table at this run's leaves, its result array `outarr` and the
+        delivery target (or NULL), each anew unless it is the array bound there now."""
+        c, held = self.c, self.held
+        numbers = c.slot_base
+        for s, a in leaves.items():
+            b = numbers[s]
+            e = held[b]
+            if e is None or e[0] is not a:
+                self.pin(b, a)
+        if outarr is not None:
+            e = held[0]
+            if e is None or e[0] is not outarr:
+                self.pin(0, outarr, True)
+        if deliver is None:
+            if self.deliver is not None:
+                self.no_delivery()
         else:
-            return contributions if same else {s: v.reshape(-1) for s, v in contributions.items()}
-    return check_contributions(contributions, c.rp.slots, rank, n, layout.key())
+            self.deliver_to(deliver)
+
+    def deliver_to(self, out) -> None:
+        """The C round copies a clean run's result into `out` (bound anew unless it is the
+        array bound there now)."""
+        d = self.deliver
+        if d is None or d[0] is not out:
+            ptr = self.from_buffer("double[]", out, True)
+            self.deliver = (out, ptr, weakref.ref(out))
+            self.c.ex.deliver_to = ptr
+
+    def no_delivery(self) -> None:
+        self.deliver = None
+        self.c.ex.deliver_to = self._null
+
+    def clear(self) -> None:
+        """Drop every array (the executor was freed): they may be resized again."""
+        self.held = []
+        self.deliver = None
 
 
 def zero_leaves(c, zeros: np.ndarray) -> dict:
@@ -69,28 +113,36 @@ def result_len(c) -> int:
     return 0 if r is None else r.count
 
 
-def bind_out(c, out, mode: str, leaves: dict, checked):
+def internal_result(c):
+    """The buffer a run whose `out` was refused computes its result into."""
+    if c.internal_out is not None:
+        return c.internal_out
+    return np.empty(c.n) if c.rp.result is not None else None
+
+
+def bind_out(c, out, mode: Mode, leaves: dict, checked: bool):
     """(the array the `out` buffer is bound to, the caller's array the C round copies the
     result into at the end of a clean run, or None). The caller's `out` is checked here unless
     it is `checked` (the object that passed last time, same dtype object). Small results, and
     results whose `out` aliases a contribution, are computed in the internal buffer and
     delivered (so a refused run leaves `out` as it was; a realization may still send a
-    contribution while it writes the result); larger ones land in `out` itself."""
+    contribution while it writes the result); larger ones land in `out` itself. `checked`:
+    the caller found `out` a 1-D, C-contiguous, aligned, writeable float64 array of n."""
     internal = c.internal_out
     if internal is None and c.rp.result is None:
         return None, None
     if out is None:
         return (np.empty(c.n) if c.is_receiver and not c.small else internal), None
-    if checked is None or checked[0] is not out or out.dtype is not checked[1]:
+    if not checked:
         _check_out(c, out, mode)
-    if mode == "reduce-scatter" or not c.is_receiver:
+    if mode.scatters or not c.is_receiver:
         return internal, None
     if c.small or aliased(out, leaves):
         return internal, out
     return out.reshape(-1), None
 
 
-def _check_out(c, out, mode: str) -> None:
+def _check_out(c, out, mode: Mode) -> None:
     if (
         not isinstance(out, np.ndarray)
         or out.dtype != _F64
@@ -100,14 +152,14 @@ def _check_out(c, out, mode: str) -> None:
     ):
         raise Refusal(
             "out-invalid",
-            f"out must be a writeable C-contiguous aligned float64 array, got "
+            f"out must be a writeable, aligned, C-contiguous float64 array, got "
             f"{type(out).__name__ if not isinstance(out, np.ndarray) else out.dtype} "
             f"{'' if not isinstance(out, np.ndarray) else ('C-contiguous' if out.flags.c_contiguous else 'not C-contiguous')}"
             f"{'' if not isinstance(out, np.ndarray) or out.flags.writeable else ' read-only'}"
             f"{'' if not isinstance(out, np.ndarray) or out.flags.aligned else ' misaligned'}",
         )
     n = c.n
-    if mode == "reduce-scatter":
+    if mode.scatters:
         if out.size not in (n, result_len(c)):
             raise Refusal(
                 "out-invalid",
@@ -121,36 +173,6 @@ def aliased(out, leaves) -> bool:
     """`out` shares memory with a contribution: run into the internal buffer, copy at the end
     (a realization may still send a contribution while it writes the result)."""
     return out is not None and any(np.shares_memory(out, v) for v in leaves.values())
-
-
-def bind_bases(c, bound: list, leaves: dict, outarr, deliver) -> None:
-    """Write the base pointers of the caller's arrays into the C executor's buffer table for
-    this run (and the delivery target, or NULL), making a pointer only when another array
-    object comes (the learner and most loops pass the same buffers every step). `bound[b]`:
-    (array, pointer, its dtype object) last bound to buffer number b (the last entry: the
-    delivery target); holding the array and its buffer keeps its memory, size and strides."""
-    ffi, bases, numbers = c.native.ffi, c.bases, c.slot_base
-    for s, a in leaves.items():
-        b = numbers[s]
-        last = bound[b]
-        if last is None or last[0] is not a:
-            ptr = ffi.from_buffer("double[]", a)
-            bound[b] = (a, ptr, a.dtype)
-            bases[b] = ptr
-    if outarr is not None:
-        last = bound[0]
-        if last is None or last[0] is not outarr:
-            ptr = ffi.from_buffer("double[]", outarr, True)
-            bound[0] = (outarr, ptr, outarr.dtype)
-            bases[0] = ptr
-    last = bound[-1]
-    if deliver is None:
-        if last is not None:
-            bound[-1] = None
-            c.ex.deliver_to = ffi.NULL
-    elif last is None or last[0] is not deliver:
-        bound[-1] = (deliver, ffi.from_buffer("double[]", deliver, True), deliver.dtype)
-        c.ex.deliver_to = bound[-1][1]
 
 
 def finish(c, program, rank: int, step: int, st, local, leaves, outarr, out):
@@ -176,7 +198,7 @@ def finish(c, program, rank: int, step: int, st, local, leaves, outarr, out):
     res = rp.result
     if res is None:
         return None
-    if program.mode == "reduce-scatter":
+    if program.mode.scatters:
         chunk = (
             c.bufs[res.buf][res.offset : res.offset + res.count]
             if res.buf != "out"
@@ -200,10 +222,11 @@ def finish(c, program, rank: int, step: int, st, local, leaves, outarr, out):
 __all__ = [
     "Chunk",
     "check_leaves",
+    "Bound",
+    "internal_result",
     "zero_leaves",
     "zeros_for",
     "bind_out",
     "aliased",
-    "bind_bases",
     "finish",
 ]

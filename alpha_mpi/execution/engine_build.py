@@ -27,6 +27,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import kernel
+from ..kernel import abi
 from ..planning.builder import is_split
 from ..planning.program import FLAG_SEQ, Program, RankProgram
 from ..refusals import KernelRefusal
@@ -35,7 +36,7 @@ from .native import load as load_native
 from .waits import mpi_failure
 
 _INT_MAX = 2**31 - 1  # the largest count of one MPI message (int)
-OP_CODE = {"P": 1, "S": 2, "W": 3, "D": 4, "E": 5, "C": 6, "F": 7, "M": 8}  # csrc/round/native.h AN_OP_*
+OP_CODE = abi.OP_CODE  # csrc/kernel/abi.h AN_OP_*, checked at import (kernel/abi.py)
 
 
 def payload_check_from_env() -> bool:
@@ -207,7 +208,7 @@ def compile_program(program: Program, rank: int, contract: str, sequence: int = 
     ex.evals, ex.copies, ex.checks, ex.merges = evals, copies, checks, merges
     ex.bases, ex.nbases, ex.first_static = bases, len(bases), first_static
     res = rp.result
-    if res is not None and res.buf == "out" and program.mode == "allreduce":  # engine_bind.bind_out
+    if res is not None and res.buf == "out" and program.mode.whole:  # engine_bind.bind_out
         ex.deliver_from.buf, ex.deliver_from.off, ex.deliver_count = 0, res.offset, res.count
     return Compiled(
         rp=rp,
@@ -225,7 +226,7 @@ def compile_program(program: Program, rank: int, contract: str, sequence: int = 
         # more land in place (no copy), and `out` is unspecified after a refusal.
         internal_out=internal_out,
         small=not is_split(n),
-        is_receiver=rp.result is not None and program.mode == "allreduce",
+        is_receiver=rp.result is not None and program.mode.whole,
         keep=keep,
     )
 

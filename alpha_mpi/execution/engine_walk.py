@@ -1,6 +1,6 @@
 """One run of a compiled program: the C round (csrc/round/native.c) and what it hands back to Python.
 
-engine.execute begins the run in C (an_run); on the good path it returns AN_DONE and nothing
+A prepared run (prepared.py) begins the run in C (an_run); on the good path it returns AN_DONE and nothing
 here runs. Otherwise `drive` answers each status the C loop returns until the run is done:
 
 - AN_AGAIN: a wait has lasted a slice (waits.SIGNAL_SLICE): go on. The return itself is the

@@ -46,6 +46,7 @@ import zlib
 
 import numpy as np
 
+from ..kernel import abi as _abi
 from ..kernel import ffi as _kffi
 from ..kernel import lib as _klib
 from ..refusals import ADVICE, FrameRefusal
@@ -103,11 +104,7 @@ _C_LAYOUT = {
     "AK_FLAG_PAYLOAD_CRC": FLAG_PAYLOAD_CRC,
     "AK_FLAG_VOTE": FLAG_VOTE,
 }
-_C_DIFFERS = {k: (getattr(_klib, k, None), v) for k, v in _C_LAYOUT.items() if getattr(_klib, k, None) != v}
-if _C_DIFFERS:  # pragma: no cover - a stale kernel build or an edit on one side only
-    raise ImportError(
-        f"csrc/kernel/frame.h and alpha_mpi/execution/frames.py disagree on the header: {_C_DIFFERS}"
-    )
+_abi.check(_C_LAYOUT, "alpha_mpi/execution/frames.py")
 
 
 def crc32c(data, crc: int = 0) -> int:

@@ -46,10 +46,16 @@ from ..refusals import Refusal
 ROUND_DIR = CSRC / "round"
 SOURCES = ("native.c",)  # in ROUND_DIR
 # (the directory, the header): the round's own, and the kernel's it includes
-HEADERS = ((ROUND_DIR, "native.h"), (KERNEL_DIR, "frame.h"), (KERNEL_DIR, "kernel_table.h"))
+HEADERS = (
+    (ROUND_DIR, "native.h"),
+    (KERNEL_DIR, "abi.h"),
+    (KERNEL_DIR, "frame.h"),
+    (KERNEL_DIR, "pairwise.h"),
+    (KERNEL_DIR, "kernel_table.h"),
+)
 MODULE = "_alpha_native"
 # The compile line (the extension has no floating-point arithmetic: the kernel does that).
-CFLAGS = ["-O2", "-fPIC", "-shared", "-std=gnu11"]
+CFLAGS = ["-O2", "-fPIC", "-shared", "-std=gnu11", "-Wall", "-Wextra"]
 ENV_MPICC, ENV_CACHE = "ALPHA_MPI_MPICC", "ALPHA_MPI_NATIVE_CACHE"
 
 _LOADED: dict = {}
@@ -180,7 +186,9 @@ def _compile(b: Build) -> None:
     import cffi
 
     ffi = cffi.FFI()
-    ffi.cdef(header_cdef((ROUND_DIR / "native.h").read_text()))
+    ffi.cdef(
+        header_cdef((KERNEL_DIR / "abi.h").read_text()) + header_cdef((ROUND_DIR / "native.h").read_text())
+    )
     ffi.set_source(MODULE, '#include "native.h"\n')
     with tempfile.TemporaryDirectory(dir=b.path.parent, prefix=".build-") as tmp:
         gen = Path(tmp) / f"{MODULE}.c"
@@ -237,12 +245,16 @@ def check_kernel(mod) -> None:
     """ImportError unless the kernel module hands over the table of functions this module was
     built to call (kernel_table.h): a kernel built from older sources (no `pip install -e .`
     since) would hand over a shorter table, and the round would call past its end."""
-    from ..kernel import ffi
+    from ..kernel import abi, ffi
+    from ..kernel import lib as klib
 
     if ffi.sizeof("ak_table") != mod.lib.an_kernel_table_size():
         raise ImportError(
             "alpha_mpi.kernel._alpha_kernel is older than csrc/kernel/kernel_table.h (rebuild: pip install -e .)"
         )
+    # the shared constants (csrc/kernel/abi.h) as the kernel has them, as this module has them
+    shared = {k: getattr(klib, k) for k in dir(klib) if k.startswith(("AN_", "AK_FRAME_", "AK_FLAG_"))}
+    abi.check(shared, "the engine's C round (its build in the cache)", lib=mod.lib)
 
 
 def check_library(mod, b: Build) -> None:

@@ -361,14 +361,12 @@ def check(program) -> Cost:
         )
     want = ids[id(program.tree)]
     for r, rp in enumerate(ranks):
-        expect_result = (r in program.receivers) or (program.mode == "reduce-scatter")
+        expect_result = (r in program.receivers) or program.mode.scatters
         if rp.result is None:
-            if expect_result and (
-                program.mode != "reduce-scatter" or program.chunks[r][1] > program.chunks[r][0]
-            ):
+            if expect_result and (not program.mode.scatters or program.chunks[r][1] > program.chunks[r][0]):
                 _fail(f"rank {r} should end with the result but its program names none")
             continue
-        if program.mode == "reduce-scatter":
+        if program.mode.scatters:
             lo, hi = program.chunks[r]
         else:
             lo, hi = 0, n

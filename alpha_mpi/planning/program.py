@@ -226,6 +226,36 @@ def schedule(logical: list, regions: dict) -> tuple:
     return tuple(out)
 
 
+class Mode(str):
+    """What a Program delivers: `Mode.ALLREDUCE` (every receiver ends with the whole result)
+    or `Mode.REDUCE_SCATTER` (rank r ends with chunk r only). Tested by what it says
+    (`.scatters`), never by its spelling; a str all the same, so it prints, compares, hashes
+    and travels in identities and JSON as the words it always was."""
+
+    __slots__ = ()
+    ALLREDUCE: Mode
+    REDUCE_SCATTER: Mode
+
+    def __new__(cls, value: str) -> Mode:
+        if value not in ("allreduce", "reduce-scatter"):
+            raise ValueError(f"a Program's mode is 'allreduce' or 'reduce-scatter', got {value!r}")
+        return super().__new__(cls, value)
+
+    @property
+    def scatters(self) -> bool:
+        """Rank r ends with its chunk only (reduce-scatter)."""
+        return str.__eq__(self, "reduce-scatter")
+
+    @property
+    def whole(self) -> bool:
+        """Every receiver ends with the whole result (allreduce)."""
+        return str.__eq__(self, "allreduce")
+
+
+Mode.ALLREDUCE = Mode("allreduce")
+Mode.REDUCE_SCATTER = Mode("reduce-scatter")
+
+
 @dataclass(frozen=True, eq=False)
 class Program(PlanBase):
     """A realization lowered to per-rank programs (built lazily per rank and cached).
@@ -235,13 +265,17 @@ class Program(PlanBase):
     """
 
     builder: object = field(default=None, repr=False)  # rank -> RankProgram
-    mode: str = "allreduce"  # or "reduce-scatter"
+    mode: Mode = Mode.ALLREDUCE  # a str given is made a Mode (__post_init__)
     chunks: tuple[tuple[int, int], ...] | None = (
         None  # reduce-scatter: chunks[r] = (start, stop) rank r ends with
     )
     rounds: int = 0  # sequential message rounds on the critical path
     details: dict = field(default_factory=dict)
     _ranks: dict = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if type(self.mode) is not Mode:
+            object.__setattr__(self, "mode", Mode(self.mode))
 
     def rank(self, r: int) -> RankProgram:
         p = self._ranks.get(self.check_rank(r))
@@ -278,6 +312,7 @@ class Program(PlanBase):
 
 
 __all__ = [
+    "Mode",
     "Region",
     "BufferSpec",
     "Message",

@@ -87,7 +87,7 @@ class StepCombine:
             return self.buckets.finish(refused)
         if refused is None:
             return self.reducer.run(self.payloads, out=self.reduced)
-        return self.reducer.executor.execute(None, self.reduced, local=refused)
+        return self.reducer.prepared.run_checked(None, self.reduced, refused=refused)
 
     def free(self) -> None:
         """Free the combine's requests and give its tags back (local)."""

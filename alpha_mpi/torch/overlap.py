@@ -250,7 +250,7 @@ class Buckets:
                 for k, ((a, b), red) in enumerate(zip(self.ranges, self.reducers)):
                     self.ready[k].wait()
                     if self._refused is not None:
-                        red.executor.execute(None, out[a:b], local=self._refused)
+                        red.prepared.run_checked(None, out[a:b], refused=self._refused)
                     else:
                         red.run({s: v[a:b] for s, v in payloads.items()}, out=out[a:b])
             except BaseException as e:  # every rank stops at the same bucket: the flag is agreed

@@ -24,22 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define AK_FRAME_HEADER 128
-#define AK_FRAME_VERSION 3
-#define AK_FRAME_VERSION_OFF 8
-#define AK_FRAME_FLAGS_OFF 11
-#define AK_FRAME_STEP_OFF 64
-#define AK_FRAME_REFUSED_OFF 100
-#define AK_FRAME_CODE_OFF 104
-#define AK_FRAME_PCRC_OFF 108
-#define AK_FRAME_SEQ_OFF 112
-#define AK_FRAME_CRC_OFF 124
-
-/* frame flags (frames.FLAG_*) */
-#define AK_FLAG_NONFINITE 1
-#define AK_FLAG_REFUSED 2
-#define AK_FLAG_PAYLOAD_CRC 4
-#define AK_FLAG_VOTE 8
+#include "abi.h" /* the frame layout and flags (AK_FRAME_*, AK_FLAG_*) */
 
 /* CRC32C of n bytes at p, continuing from crc (0 to start). */
 uint32_t ak_crc32c(uint32_t crc, const void *p, size_t n);

@@ -19,6 +19,7 @@
 
 #include "frame.h"
 #include "kernel_table.h"
+#include "pairwise.h" /* AP_ERR_* */
 
 #define AN_FOLDED (AK_FLAG_NONFINITE | AK_FLAG_REFUSED | AK_FLAG_VOTE) /* what a frame passes on */
 #define AN_FLOWING_RATE 100e6 /* bytes/s: the slowest link a payload in flight is polled for (grace) */
@@ -259,8 +260,11 @@ static int an_recv(an_exec *e, an_state *s, int32_t i) {
         } else {
             r = an_wait(e, s, &s->hreq[i], &st);
             if (r != AN_DONE) return r;
-            int got = 0;
-            MPI_Get_count(&st, MPI_BYTE, &got);
+            int got = 0, rc = MPI_Get_count(&st, MPI_BYTE, &got);
+            if (rc != MPI_SUCCESS) {
+                e->mpi_error = rc;
+                return AN_MPI_ERROR;
+            }
             e->bad_got = got;
             if (got != m->hbytes) {
                 s->hbad = AN_BAD_SIZE;
@@ -274,8 +278,12 @@ static int an_recv(an_exec *e, an_state *s, int32_t i) {
         s->phase = 1;
         if (m->split && s->hbad == AN_BAD_SIZE && !e->probe) {
             /* the peer is not sending this frame (another program): no payload is coming */
-            MPI_Cancel(&s->preq[i]);
-            MPI_Wait(&s->preq[i], MPI_STATUS_IGNORE);
+            int rc = MPI_Cancel(&s->preq[i]);
+            if (rc == MPI_SUCCESS) rc = MPI_Wait(&s->preq[i], MPI_STATUS_IGNORE);
+            if (rc != MPI_SUCCESS) {
+                e->mpi_error = rc;
+                return AN_MPI_ERROR;
+            }
         }
     }
     if (s->phase == 1 && m->split && s->hbad != AN_BAD_SIZE) {
@@ -292,8 +300,11 @@ static int an_recv(an_exec *e, an_state *s, int32_t i) {
         } else {
             r = an_wait(e, s, &s->preq[i], &st);
             if (r != AN_DONE) return r;
-            int got = 0;
-            MPI_Get_count(&st, MPI_DOUBLE, &got);
+            int got = 0, rc = MPI_Get_count(&st, MPI_DOUBLE, &got);
+            if (rc != MPI_SUCCESS) {
+                e->mpi_error = rc;
+                return AN_MPI_ERROR;
+            }
             e->bad_pgot = 8 * (int64_t)got;
             if (got != m->count && !s->hbad) s->hbad = AN_BAD_PAYLOAD_SIZE;
         }
@@ -356,10 +367,10 @@ static void an_merge_op(an_exec *e, an_state *s, const an_merge *mg) {
         m = s->k->merge((const int64_t *)an_ptr(e, mg->a_nodes), am, (const int64_t *)an_ptr(e, mg->b_nodes), bm,
                         (int64_t *)an_ptr(e, mg->out_nodes), cap, n, mg->k);
     else
-        m = -2; /* AP_ERR_INVALID */
-    int64_t flags = ah[1] | (bh[1] & 3);
+        m = AP_ERR_INVALID;
+    int64_t flags = ah[1] | (bh[1] & (AN_MERGE_OVERFLOW | AN_MERGE_INVALID));
     if (m < 0) {
-        flags |= m == -1 ? 1 : 2; /* AP_ERR_OVERFLOW: MERGE_OVERFLOW, else MERGE_INVALID */
+        flags |= m == AP_ERR_OVERFLOW ? AN_MERGE_OVERFLOW : AN_MERGE_INVALID;
         m = 0;
     }
     oh[0] = m;
@@ -514,25 +525,30 @@ int an_array_run(an_array *a, uint64_t step, double timeout) {
     return AN_DONE;
 }
 
+/* 1 while request r may still be in flight: a request whose status MPI cannot tell counts as
+ * in flight (its memory is then never freed under it). */
 static int an_active(MPI_Request *r) {
     if (*r == MPI_REQUEST_NULL) return 0;
     int flag = 0;
-    MPI_Request_get_status(*r, &flag, MPI_STATUS_IGNORE);
+    if (MPI_Request_get_status(*r, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) return 1;
     return !flag;
 }
 
-void an_cancel_receives(an_exec *e) {
+int an_cancel_receives(an_exec *e) {
     an_state *s = e->state;
-    if (!s || !s->hreq) return;
+    int first = MPI_SUCCESS;
+    if (!s || !s->hreq) return first;
     for (int i = 0; i < e->nmsgs; i++) {
         if (e->msgs[i].sending) continue;
         MPI_Request *rs[2] = {&s->hreq[i], &s->preq[i]};
         for (int j = 0; j < 2; j++)
             if (an_active(rs[j])) {
-                MPI_Cancel(rs[j]);
-                MPI_Wait(rs[j], MPI_STATUS_IGNORE); /* returns: a cancelled receive completes locally */
+                int rc = MPI_Cancel(rs[j]);
+                if (rc == MPI_SUCCESS) rc = MPI_Wait(rs[j], MPI_STATUS_IGNORE); /* a cancelled receive completes locally */
+                if (rc != MPI_SUCCESS && first == MPI_SUCCESS) first = rc;
             }
     }
+    return first;
 }
 
 int an_pending_sends(an_exec *e) {
@@ -544,14 +560,17 @@ int an_pending_sends(an_exec *e) {
     return pending;
 }
 
-void an_free(an_exec *e) {
-    if (!e) return;
+int an_free(an_exec *e) {
+    int first = MPI_SUCCESS;
+    if (!e) return first;
     an_state *s = e->state;
     if (s && s->hreq) {
-        an_cancel_receives(e); /* never free a posted receive: MPI would write into freed memory */
+        first = an_cancel_receives(e); /* never free a posted receive: MPI would write into freed memory */
         for (int i = 0; i < e->nmsgs; i++) {
-            if (s->hreq[i] != MPI_REQUEST_NULL) MPI_Request_free(&s->hreq[i]);
-            if (s->preq[i] != MPI_REQUEST_NULL) MPI_Request_free(&s->preq[i]);
+            int rc = MPI_SUCCESS;
+            if (s->hreq[i] != MPI_REQUEST_NULL) rc = MPI_Request_free(&s->hreq[i]);
+            if (rc == MPI_SUCCESS && s->preq[i] != MPI_REQUEST_NULL) rc = MPI_Request_free(&s->preq[i]);
+            if (rc != MPI_SUCCESS && first == MPI_SUCCESS) first = rc;
         }
     }
     if (s) {
@@ -561,6 +580,7 @@ void an_free(an_exec *e) {
         free(s);
     }
     free(e);
+    return first;
 }
 
 int an_library_version(char *buf, int32_t len) {

@@ -39,32 +39,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* an_run / an_resume results */
-#define AN_DONE 0
-#define AN_AGAIN 1
-#define AN_HOOK 2
-#define AN_BAD_FRAME 3
-#define AN_TIMEOUT 4
-#define AN_MPI_ERROR 5
-#define AN_KERNEL_ERROR 6
-
-/* op kinds (planning/program.py OP_KINDS) */
-#define AN_OP_POST 1
-#define AN_OP_SEND 2
-#define AN_OP_WAIT 3
-#define AN_OP_DONE 4
-#define AN_OP_EVAL 5
-#define AN_OP_COPY 6
-#define AN_OP_CHECK 7
-#define AN_OP_MERGE 8
-
-/* what was wrong with a bad frame (bad_kind) */
-#define AN_BAD_HEADER 1       /* the header is not the planned one (frames.FrameSpec.check names it) */
-#define AN_BAD_SIZE 2         /* the (header) message had another size: bad_got bytes */
-#define AN_BAD_PAYLOAD_SIZE 3 /* the payload message of a split frame had another size: bad_pgot */
-#define AN_BAD_CRC 4          /* the payload fails its CRC32C */
-
-#define AN_NO_BUFFER (-1)
+#include "abi.h" /* the results (AN_DONE ...), op kinds (AN_OP_*), bad frames (AN_BAD_*), AN_NO_BUFFER */
 
 typedef struct an_region {
     int32_t buf; /* index into bases, or AN_NO_BUFFER */
@@ -180,8 +155,7 @@ typedef struct an_exec {
  *   AN_ARRAY_CHECK  the run is done (AN_DONE) but Python must look: flags, a table it has not
  *                   checked, a merged state that is not the root [0, n), a non-finite root.
  * Any other result is an_run's, and Python goes on with the run (engine.py) as after an_run. */
-#define AN_ARRAY_CHECK 16
-#define AN_ARRAY_LOCAL 17
+/* AN_ARRAY_CHECK, AN_ARRAY_LOCAL: abi.h */
 
 typedef struct an_array {
     an_exec *e;
@@ -220,14 +194,16 @@ int an_run(an_exec *e, uint64_t step, double timeout, int32_t flags, int32_t ref
 /* Go on after AN_AGAIN, AN_HOOK or AN_BAD_FRAME. */
 int an_resume(an_exec *e);
 
-/* After a failure: cancel the receives still pending (sends are never cancelled). */
-void an_cancel_receives(an_exec *e);
+/* After a failure: cancel the receives still pending (sends are never cancelled). 0, or the
+ * first MPI error code a cancel or its wait returned. */
+int an_cancel_receives(an_exec *e);
 
 /* The sends of this rank still incomplete (tested now). */
 int an_pending_sends(an_exec *e);
 
-/* Free the requests and the executor (sends in flight complete in the background). */
-void an_free(an_exec *e);
+/* Free the requests and the executor (sends in flight complete in the background). 0, or the
+ * first MPI error code a cancel or a free returned (the executor is freed all the same). */
+int an_free(an_exec *e);
 
 /* MPI_Get_library_version of the libmpi this module is linked against (the load check). */
 int an_library_version(char *buf, int32_t len);

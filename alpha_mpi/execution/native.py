@@ -40,10 +40,19 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-from ..kernel.build import CSRC, KERNEL_DIR, header_cdef
+from ..kernel.build import CSRC, header_cdef
 from ..refusals import Refusal
 
-ROUND_DIR = CSRC / "round"
+
+def sources_root() -> Path:
+    """Where the C sources are read from: the package data a wheel ships (alpha_mpi/_csrc, which
+    setup.py maps onto csrc/), else the source tree's csrc/ (an editable install)."""
+    shipped = Path(__file__).resolve().parents[1] / "_csrc"
+    return shipped if (shipped / "round").is_dir() else CSRC
+
+
+KERNEL_DIR = sources_root() / "kernel"
+ROUND_DIR = sources_root() / "round"
 SOURCES = ("native.c",)  # in ROUND_DIR
 # (the directory, the header): the round's own, and the kernel's it includes
 HEADERS = ((ROUND_DIR, "native.h"), (KERNEL_DIR, "frame.h"), (KERNEL_DIR, "kernel_table.h"))
@@ -65,8 +74,9 @@ class Build:
         missing = [str(p) for p in _files() if not p.is_file()]
         if missing:
             raise _failed(
-                f"the C sources of the engine's round are missing ({', '.join(missing)}): install "
-                "alpha_mpi from its source tree (pip install -e .), which keeps csrc/ beside the package"
+                f"the C sources of the engine's round are missing ({', '.join(missing)}): the package "
+                "ships them in alpha_mpi/_csrc (a wheel) or reads csrc/ beside it (pip install -e .); "
+                "reinstall alpha_mpi"
             )
         self.version = MPI.Get_library_version().replace("\x00", "").strip()  # Open MPI ends it with NUL
         self.libmpi = loaded_libmpi()
@@ -268,4 +278,5 @@ __all__ = [
     "loaded_libmpi",
     "find_mpicc",
     "cache_dir",
+    "sources_root",
 ]

@@ -33,11 +33,8 @@ import hashlib
 import importlib.util
 import io
 import os
-import shutil
-import subprocess
 import sys
 import sysconfig
-import tempfile
 from pathlib import Path
 
 from ..kernel.build import CSRC, header_cdef
@@ -111,7 +108,7 @@ def find_mpicc(libmpi: str | None) -> str | None:
     """The MPI compiler wrapper for the loaded libmpi (see the module docstring)."""
     given = os.environ.get(ENV_MPICC, "")
     if given:
-        return shutil.which(given) or given
+        return _which(given) or given
     if libmpi:
         prefix = Path(libmpi).parent
         for up in (prefix.parent, prefix.parent.parent):  # lib/ or lib/<arch>/ below the prefix
@@ -122,11 +119,17 @@ def find_mpicc(libmpi: str | None) -> str | None:
         import mpi4py
 
         cc = mpi4py.get_config().get("mpicc")
-        if cc and shutil.which(cc):
-            return shutil.which(cc)
+        if cc and _which(cc):
+            return _which(cc)
     except Exception:  # an mpi4py without build configuration
         pass
-    return shutil.which("mpicc")
+    return _which("mpicc")
+
+
+def _which(name: str) -> str | None:
+    import shutil  # here, as subprocess and tempfile in _compile: a warm start needs none of them
+
+    return shutil.which(name)
 
 
 def cache_dir() -> Path:
@@ -187,6 +190,9 @@ def build(b: Build) -> Path:
 
 
 def _compile(b: Build) -> None:
+    import subprocess
+    import tempfile
+
     import cffi
 
     ffi = cffi.FFI()

@@ -201,3 +201,13 @@ def test_importing_the_package_loads_no_layer_and_lazy_names_beat_their_submodul
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["alpha_mpi,alpha_mpi._lazy", "True"], out.stdout
+
+
+def test_the_kernels_lazy_names_are_those_of_its_modules():
+    # alpha_mpi.kernel lists its names statically (they load on first use): a name added to
+    # api.py or dense.py must be added to its table too.
+    import alpha_mpi.kernel.api as api
+    import alpha_mpi.kernel.dense as dense
+
+    assert kernel.__all__ == [*api.__all__, *dense.__all__]
+    assert all(getattr(kernel, n) is getattr(api if n in api.__all__ else dense, n) for n in kernel.__all__)

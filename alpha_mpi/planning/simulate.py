@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from ..model.tree import expression
 from .check import check
 from .combine_plan import Plan
+from .program import Program
 from .realize import realize
 
 
@@ -57,7 +58,7 @@ class Traffic:
         }
 
 
-def simulate(plan: Plan, program=None) -> Traffic:
+def simulate(plan: Plan, program: Program | None = None) -> Traffic:
     """Run a tree `Plan` (from `plan()`) symbolically, every rank in this one process, and
     return its `Traffic`.
 

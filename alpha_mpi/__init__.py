@@ -1,30 +1,31 @@
 """alpha_mpi: reductions across MPI ranks as declared binary64 expression trees.
 
 Layers (each depends only on those above it): model -> planning -> kernel -> execution ->
-learning -> tools. Importing the package loads only the pure layers; names from the execution
-and learning layers are resolved on first use, so planning works without MPI initialised.
+learning -> tools. Importing the package loads none of them: every name is resolved on first
+use (a program pays for what it calls), and the names of the pure layers load without MPI, so
+planning works without MPI initialised.
 """
 
 from ._lazy import lazy_attributes as _lazy_attributes
-from .model import (  # noqa: F401
-    Branch,
-    DeliverTo,
-    Layout,
-    Leaf,
-    OrderedMembers,
-    ParticipantGroup,
-    ReplicateAll,
-    hierarchy,
-    pairwise,
-    star,
-)
-from .planning import plan, plan_assembly, simulate  # noqa: F401
-from .refusals import Refusal  # noqa: F401
 
 __version__ = "0.2.0"
 
-# name -> module (relative) for the layers that need MPI or the compiled kernel.
+# name -> module (relative): the pure layers' names, then those that need MPI or the kernel.
 _LAZY = {
+    "Branch": ".model",
+    "DeliverTo": ".model",
+    "Layout": ".model",
+    "Leaf": ".model",
+    "OrderedMembers": ".model",
+    "ParticipantGroup": ".model",
+    "ReplicateAll": ".model",
+    "hierarchy": ".model",
+    "pairwise": ".model",
+    "star": ".model",
+    "plan": ".planning",
+    "plan_assembly": ".planning",
+    "simulate": ".planning",
+    "Refusal": ".refusals",
     "combine": ".execution",
     "Combiner": ".execution",
     "assemble": ".execution",
@@ -42,24 +43,8 @@ _LAZY = {
 }
 
 
-#: The public names: the eager ones above, then the lazy ones (`dir(alpha_mpi)` lists both).
-__all__ = [
-    "Branch",
-    "DeliverTo",
-    "Layout",
-    "Leaf",
-    "OrderedMembers",
-    "ParticipantGroup",
-    "ReplicateAll",
-    "hierarchy",
-    "pairwise",
-    "star",
-    "plan",
-    "plan_assembly",
-    "simulate",
-    "Refusal",
-    *_LAZY,
-]
+#: The public names (`dir(alpha_mpi)` lists them).
+__all__ = [*_LAZY]
 
 
 __getattr__, __dir__ = _lazy_attributes(__name__, _LAZY, globals())

@@ -8,8 +8,30 @@ Pure: it imports nothing of the package, so it sits in the first layer.
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 
 __all__ = ["lazy_attributes"]
+
+#: package -> its lazy names (what _Facade keeps the import system from overwriting)
+_NAMES: dict = {}
+
+
+class _Facade(types.ModuleType):
+    """A package with lazy names. Where a lazy name is also one of its submodules (planning's
+    `realize` and `simulate`: a function in a module of that name), importing the submodule would
+    bind the module to the package's attribute; an eager `from .realize import realize` rebound
+    the function after it, a lazy package must refuse that binding instead, so the name keeps
+    resolving to the function (`import pkg.realize` still finds the module in sys.modules)."""
+
+    def __setattr__(self, name, value):
+        if (
+            isinstance(value, types.ModuleType)
+            and name in _NAMES.get(self.__name__, ())
+            and value.__name__ == f"{self.__name__}.{name}"
+        ):
+            return
+        super().__setattr__(name, value)
 
 
 def lazy_attributes(package: str, table: dict, namespace: dict, moved: dict | None = None):
@@ -22,6 +44,10 @@ def lazy_attributes(package: str, table: dict, namespace: dict, moved: dict | No
     `moved` maps a name the package no longer has to where it went: the AttributeError says so.
     """
     moved = moved or {}
+    _NAMES[package] = frozenset(table)
+    module = sys.modules.get(package)
+    if module is not None and type(module) is types.ModuleType:
+        module.__class__ = _Facade
 
     def __getattr__(name):
         target = table.get(name)

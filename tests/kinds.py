@@ -40,6 +40,7 @@ SLOW = {
         "test_random_valid_trees_plan_and_simulate_clean",
     },
     "test_realizations.py": {"test_1024_ranks_on_paper", "test_replicate_at_256_ranks_any_tree"},
+    "test_plan_scale.py": {"test_programs_and_counts_at_33_and_64_ranks"},
     "test_checkpoint_trust.py": {
         "test_every_bit_flip_of_root_manifest_seal_and_latest_is_refused_by_verify_and_resume"
     },

@@ -183,3 +183,31 @@ def test_the_verification_hook_switches_ftz_and_restores_it():
             kernel.fpenv_check()
         assert e.value.code == "fp-environment-off-profile"
     assert kernel.fpenv_check()["on_profile"]
+
+
+def test_importing_the_package_loads_no_layer_and_lazy_names_beat_their_submodules():
+    # Start-up (issue 42): `import alpha_mpi` loads nothing but the first-use loader; a lazy
+    # name whose module has the same name (planning.realize, planning.simulate) stays the
+    # function even when the module was imported first (the import system binds the module).
+    code = (
+        "import sys, types, alpha_mpi;"
+        "loaded = sorted(m for m in sys.modules if m.startswith('alpha_mpi'));"
+        "import alpha_mpi.planning.realize, alpha_mpi.planning.simulate;"
+        "from alpha_mpi.planning import realize, simulate;"
+        "import alpha_mpi.planning as pl;"
+        "ok = isinstance(realize, types.FunctionType) and isinstance(simulate, types.FunctionType);"
+        "ok = ok and pl.realize is realize and sys.modules['alpha_mpi.planning.realize'].realize is realize;"
+        "print(','.join(loaded), ok)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["alpha_mpi,alpha_mpi._lazy", "True"], out.stdout
+
+
+def test_the_kernels_lazy_names_are_those_of_its_modules():
+    # alpha_mpi.kernel lists its names statically (they load on first use): a name added to
+    # api.py or dense.py must be added to its table too.
+    import alpha_mpi.kernel.api as api
+    import alpha_mpi.kernel.dense as dense
+
+    assert kernel.__all__ == [*api.__all__, *dense.__all__]
+    assert all(getattr(kernel, n) is getattr(api if n in api.__all__ else dense, n) for n in kernel.__all__)

@@ -9,24 +9,32 @@ allreducer.py holds the executors by plan kind, convenience.py the cached calls
 allreduce()/combine()/reduce_scatter().
 """
 
+from .._lazy import lazy_attributes as _lazy_attributes
 from .mpi_library import require_mpi
 
 require_mpi()  # first: no MPI library is a named refusal, not mpi4py's bare RuntimeError
 
-from .abort import abort_on_exception, set_abort_at_exit  # noqa: E402,F401
-from .allreducer import (  # noqa: E402,F401
-    REALIZATIONS,
-    Allreducer,
-    Chunk,
-    Combiner,
-    ScatterCombiner,
-    choose_realization,
-)
-from .assembly import Assembler, assemble  # noqa: E402,F401
-from .contract_combiner import ContractCombiner  # noqa: E402,F401
-from .convenience import allreduce, combine, reduce_scatter, reset  # noqa: E402,F401
-from .endpoint import Endpoint  # noqa: E402,F401
-from .engine import Engine  # noqa: E402,F401
+# Every name loads on first use: the arrays need the endpoint and the engine, not the
+# combiners, the contract checks or the convenience calls.
+_LAZY = {
+    "abort_on_exception": ".abort",
+    "set_abort_at_exit": ".abort",
+    "REALIZATIONS": ".allreducer",
+    "Allreducer": ".allreducer",
+    "Chunk": ".allreducer",
+    "Combiner": ".allreducer",
+    "ScatterCombiner": ".allreducer",
+    "choose_realization": ".allreducer",
+    "Assembler": ".assembly",
+    "assemble": ".assembly",
+    "ContractCombiner": ".contract_combiner",
+    "allreduce": ".convenience",
+    "combine": ".convenience",
+    "reduce_scatter": ".convenience",
+    "reset": ".convenience",
+    "Endpoint": ".endpoint",
+    "Engine": ".engine",
+}
 
 __all__ = [
     "Allreducer",
@@ -47,3 +55,5 @@ __all__ = [
     "abort_on_exception",
     "set_abort_at_exit",
 ]
+
+__getattr__, __dir__ = _lazy_attributes(__name__, _LAZY, globals())

@@ -33,17 +33,23 @@ import hashlib
 import importlib.util
 import io
 import os
-import shutil
-import subprocess
 import sys
 import sysconfig
-import tempfile
 from pathlib import Path
 
-from ..kernel.build import CSRC, KERNEL_DIR, header_cdef, sanitize_flags
+from ..kernel.build import CSRC, header_cdef, sanitize_flags
 from ..refusals import Refusal
 
-ROUND_DIR = CSRC / "round"
+
+def sources_root() -> Path:
+    """Where the C sources are read from: the package data a wheel ships (alpha_mpi/_csrc, which
+    setup.py maps onto csrc/), else the source tree's csrc/ (an editable install)."""
+    shipped = Path(__file__).resolve().parents[1] / "_csrc"
+    return shipped if (shipped / "round").is_dir() else CSRC
+
+
+KERNEL_DIR = sources_root() / "kernel"
+ROUND_DIR = sources_root() / "round"
 SOURCES = ("native.c",)  # in ROUND_DIR
 # (the directory, the header): the round's own, and the kernel's it includes
 HEADERS = (
@@ -71,8 +77,9 @@ class Build:
         missing = [str(p) for p in _files() if not p.is_file()]
         if missing:
             raise _failed(
-                f"the C sources of the engine's round are missing ({', '.join(missing)}): install "
-                "alpha_mpi from its source tree (pip install -e .), which keeps csrc/ beside the package"
+                f"the C sources of the engine's round are missing ({', '.join(missing)}): the package "
+                "ships them in alpha_mpi/_csrc (a wheel) or reads csrc/ beside it (pip install -e .); "
+                "reinstall alpha_mpi"
             )
         self.version = MPI.Get_library_version().replace("\x00", "").strip()  # Open MPI ends it with NUL
         self.libmpi = loaded_libmpi()
@@ -107,7 +114,7 @@ def find_mpicc(libmpi: str | None) -> str | None:
     """The MPI compiler wrapper for the loaded libmpi (see the module docstring)."""
     given = os.environ.get(ENV_MPICC, "")
     if given:
-        return shutil.which(given) or given
+        return _which(given) or given
     if libmpi:
         prefix = Path(libmpi).parent
         for up in (prefix.parent, prefix.parent.parent):  # lib/ or lib/<arch>/ below the prefix
@@ -118,11 +125,17 @@ def find_mpicc(libmpi: str | None) -> str | None:
         import mpi4py
 
         cc = mpi4py.get_config().get("mpicc")
-        if cc and shutil.which(cc):
-            return shutil.which(cc)
+        if cc and _which(cc):
+            return _which(cc)
     except Exception:  # an mpi4py without build configuration
         pass
-    return shutil.which("mpicc")
+    return _which("mpicc")
+
+
+def _which(name: str) -> str | None:
+    import shutil  # here, as subprocess and tempfile in _compile: a warm start needs none of them
+
+    return shutil.which(name)
 
 
 def cache_dir() -> Path:
@@ -183,6 +196,9 @@ def build(b: Build) -> Path:
 
 
 def _compile(b: Build) -> None:
+    import subprocess
+    import tempfile
+
     import cffi
 
     ffi = cffi.FFI()
@@ -281,4 +297,5 @@ __all__ = [
     "loaded_libmpi",
     "find_mpicc",
     "cache_dir",
+    "sources_root",
 ]

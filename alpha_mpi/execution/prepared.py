@@ -54,7 +54,6 @@ from .waits import timeout_from_env
 
 if TYPE_CHECKING:
     from .contributions import Contributions
-    from .engine import Engine
 
 _ND = np.ndarray
 _F64 = np.dtype(np.float64)
@@ -84,7 +83,7 @@ class PreparedRun:
         "_ffi",
     )
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine) -> None:  # the Engine (engine.py imports this module, not back)
         c = self.compiled = engine.compiled
         self.engine = engine
         self.step = 0

@@ -17,42 +17,78 @@ names are those of api.py, which re-exports the rest. The modules, one concern e
 directly (the array reductions); they are not part of `__all__`.
 """
 
-from .api import (  # noqa: F401 -- the package's names are api.py's
-    MAX_DEPTH,
-    OP_ADD,
-    adam_step,
-    adam_step_inplace_checked,
-    adamw_step,
-    add,
-    build_info,
-    check_program,
-    compute_identity,
-    first_nonfinite,
-    fold,
-    fpenv_check,
-    fpenv_state,
-    round_binary64,
-    sgd_step,
-    tree_eval,
-    widen_binary32,
-)
-from .api import __all__ as _api_names
-from .compiled import ffi, lib  # noqa: F401 -- for `from ..kernel import ffi, lib`
-from .dense import (  # noqa: F401 -- the dense kernels
-    ISA_ENV,
-    col_sum,
-    exp,
-    isa_path,
-    isa_paths,
-    log,
-    matmul,
-    matmul_nt,
-    matmul_tn,
-    relu,
-    relu_backward,
-    select_isa_path,
-    softmax_xent,
-)
-from .dense import __all__ as _dense_names
+from .._lazy import lazy_attributes as _lazy_attributes
 
-__all__ = list(_api_names) + list(_dense_names)  # 0.1's names, then the dense kernels
+# Every name loads on first use: the executor and the arrays call C through `ffi` and `lib`
+# alone, and need none of the optimizer, dense or compute-identity modules (nor numpy's BLAS
+# probe) to start.
+_LAZY = {
+    "add": ".api",
+    "tree_eval": ".api",
+    "fold": ".api",
+    "check_program": ".api",
+    "first_nonfinite": ".api",
+    "adam_step": ".api",
+    "adam_step_inplace_checked": ".api",
+    "adamw_step": ".api",
+    "sgd_step": ".api",
+    "widen_binary32": ".api",
+    "round_binary64": ".api",
+    "fpenv_check": ".api",
+    "fpenv_state": ".api",
+    "build_info": ".api",
+    "compute_identity": ".api",
+    "OP_ADD": ".api",
+    "MAX_DEPTH": ".api",
+    "ISA_ENV": ".dense",
+    "matmul": ".dense",
+    "matmul_tn": ".dense",
+    "matmul_nt": ".dense",
+    "col_sum": ".dense",
+    "relu": ".dense",
+    "relu_backward": ".dense",
+    "softmax_xent": ".dense",
+    "exp": ".dense",
+    "log": ".dense",
+    "isa_path": ".dense",
+    "isa_paths": ".dense",
+    "select_isa_path": ".dense",
+    "ffi": ".compiled",  # for `from ..kernel import ffi, lib`; not in __all__
+    "lib": ".compiled",
+}
+
+#: api.py's names (0.1's), then the dense kernels.
+__all__ = [
+    "add",
+    "tree_eval",
+    "fold",
+    "check_program",
+    "first_nonfinite",
+    "adam_step",
+    "adam_step_inplace_checked",
+    "adamw_step",
+    "sgd_step",
+    "widen_binary32",
+    "round_binary64",
+    "fpenv_check",
+    "fpenv_state",
+    "build_info",
+    "compute_identity",
+    "OP_ADD",
+    "MAX_DEPTH",
+    "ISA_ENV",
+    "matmul",
+    "matmul_tn",
+    "matmul_nt",
+    "col_sum",
+    "relu",
+    "relu_backward",
+    "softmax_xent",
+    "exp",
+    "log",
+    "isa_path",
+    "isa_paths",
+    "select_isa_path",
+]
+
+__getattr__, __dir__ = _lazy_attributes(__name__, _LAZY, globals())

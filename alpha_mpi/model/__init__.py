@@ -1,25 +1,51 @@
 """Model layer (layer 1): trees, coverage, topologies, delivery, payload layouts and numerical
 contracts as data. Pure Python: no MPI, no numpy, no kernel."""
 
-from .contract import NumericalContract, contract_for_plan, numerical_compatibility
-from .coverage import Coverage, OrderedMembers, ParticipantGroup, check_coverage  # noqa: F401
-from .delivery import DeliverTo, Delivery, ReduceScatter, ReplicateAll  # noqa: F401
-from .layout import Layout, LayoutLike  # noqa: F401
-from .operations import CombineOrder, Formula
-from .profile import KeepFormat, Profile, RoundBinary64, WidenBinary32
-from .relation import BitIdentical, BoundedDifference, ConformanceEvidence, Tolerance, Unchecked
-from .topology import (  # noqa: F401
-    Owners,
-    Slots,
-    block_owners,
-    build,
-    classify,
-    hierarchy,
-    pairwise,
-    parse_topology,
-    star,
-)
-from .tree import Branch, Leaf, Node, expression, leaf_sequence, postorder  # noqa: F401
+from .._lazy import lazy_attributes as _lazy_attributes
+
+# Every name loads on first use: the contracts' modules cost most of the package's import, and a
+# program that combines needs none of them.
+_LAZY = {
+    "NumericalContract": ".contract",
+    "contract_for_plan": ".contract",
+    "numerical_compatibility": ".contract",
+    "Coverage": ".coverage",
+    "OrderedMembers": ".coverage",
+    "ParticipantGroup": ".coverage",
+    "check_coverage": ".coverage",
+    "DeliverTo": ".delivery",
+    "Delivery": ".delivery",
+    "ReduceScatter": ".delivery",
+    "ReplicateAll": ".delivery",
+    "Layout": ".layout",
+    "LayoutLike": ".layout",
+    "CombineOrder": ".operations",
+    "Formula": ".operations",
+    "KeepFormat": ".profile",
+    "Profile": ".profile",
+    "RoundBinary64": ".profile",
+    "WidenBinary32": ".profile",
+    "BitIdentical": ".relation",
+    "BoundedDifference": ".relation",
+    "ConformanceEvidence": ".relation",
+    "Tolerance": ".relation",
+    "Unchecked": ".relation",
+    "Owners": ".topology",
+    "Slots": ".topology",
+    "block_owners": ".topology",
+    "build": ".topology",
+    "classify": ".topology",
+    "hierarchy": ".topology",
+    "pairwise": ".topology",
+    "parse_topology": ".topology",
+    "star": ".topology",
+    "Branch": ".tree",
+    "Leaf": ".tree",
+    "Node": ".tree",
+    "expression": ".tree",
+    "leaf_sequence": ".tree",
+    "postorder": ".tree",
+}
 
 __all__ = [
     "LayoutLike",
@@ -62,3 +88,5 @@ __all__ = [
     "Tolerance",
     "Unchecked",
 ]
+
+__getattr__, __dir__ = _lazy_attributes(__name__, _LAZY, globals())

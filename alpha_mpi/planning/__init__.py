@@ -6,12 +6,25 @@ executable form (each rank's ops) that the executor runs and `check` simulates. 
 a `PlanBase`: the same tree order id, layout order id and identity fields on each.
 """
 
-from .assembly import AssemblyPlan, even_ranges, plan_assembly
-from .base import PlanBase
-from .combine_plan import Edge, Group, Plan, plan
-from .program import Program
-from .realize import plan_scatter, realize
-from .simulate import Traffic, simulate
+from .._lazy import lazy_attributes as _lazy_attributes
+
+# Every name loads on first use: the arrays need one module of this package (array_program), a
+# combine a few, the simulator and the other realizations only when asked for.
+_LAZY = {
+    "AssemblyPlan": ".assembly",
+    "even_ranges": ".assembly",
+    "plan_assembly": ".assembly",
+    "PlanBase": ".base",
+    "Edge": ".combine_plan",
+    "Group": ".combine_plan",
+    "Plan": ".combine_plan",
+    "plan": ".combine_plan",
+    "Program": ".program",
+    "plan_scatter": ".realize",
+    "realize": ".realize",
+    "Traffic": ".simulate",
+    "simulate": ".simulate",
+}
 
 __all__ = [
     "plan",
@@ -28,3 +41,5 @@ __all__ = [
     "even_ranges",
     "Edge",
 ]
+
+__getattr__, __dir__ = _lazy_attributes(__name__, _LAZY, globals())

@@ -204,24 +204,28 @@ def schedule(logical: list, regions: dict) -> tuple:
     # receives, execution/inbound.py) and P posts nothing, so a send from a reused buffer need
     # only complete before the W that fills it. Completing it before P instead would make two
     # ranks that exchange from reused buffers each wait for the other's W: a deadlock.
-    out, inflight = [], []
-    for op, _reads, writes in seq:
+    # The sends in flight are kept by the buffer they read, so an op looks only at those its
+    # writes could touch (a rank with thousands of sends in flight, a star's hub, stays linear);
+    # the D ops of one write come in send order, as a scan of every send in flight gives them.
+    out: list = []
+    inflight: dict = {}  # message -> its position in send order, for every send in flight
+    by_src: dict = {}  # buffer -> the messages in flight from it
+    for pos, (op, _reads, writes) in enumerate(seq):
         if op.kind == "P":
             writes = ()
         elif op.kind == "W" and regions.get(op.index) is not None:
             writes = (*writes, regions[op.index])
         if writes and inflight:
-            keep = []
-            for m in inflight:
-                src = regions.get(m)
-                if src is not None and any(src.overlaps(w) for w in writes):
-                    out.append(Op("D", m))
-                else:
-                    keep.append(m)
-            inflight = keep
+            done = {m for w in writes for m in by_src.get(w.buf, ()) if regions[m].overlaps(w)}
+            for m in sorted(done, key=inflight.__getitem__):
+                out.append(Op("D", m))
+                del inflight[m]
+                by_src[regions[m].buf].remove(m)
         out.append(op)
         if op.kind == "S":
-            inflight.append(op.index)
+            inflight[op.index] = pos
+            if regions.get(op.index) is not None:
+                by_src.setdefault(regions[op.index].buf, []).append(op.index)
     out.extend(Op("D", m) for m in inflight)
     return tuple(out)
 

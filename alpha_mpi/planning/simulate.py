@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from ..model.tree import expression
 from .check import check
 from .combine_plan import Plan
+from .program import Program
 from .realize import realize
 
 
@@ -57,7 +58,7 @@ class Traffic:
         }
 
 
-def simulate(plan: Plan) -> Traffic:
+def simulate(plan: Plan, program: Program | None = None) -> Traffic:
     """Run a tree `Plan` (from `plan()`) symbolically, every rank in this one process, and
     return its `Traffic`.
 
@@ -65,9 +66,10 @@ def simulate(plan: Plan) -> Traffic:
     `<-- ERROR HERE`) a mismatched or duplicate send, a deadlock, a frame never received, or a
     receiver that would end with another expression than the declared tree (coverage and order
     checked end to end, not only byte counts). A `Program` from `realize` is checked by
-    `alpha_mpi.planning.check.check` directly.
+    `alpha_mpi.planning.check.check` directly. `program`: the plan's tree realization where
+    the caller has it already (`realize(plan, "tree")`: its rank programs are built once).
     """
-    prog = realize(plan, "tree")
+    prog = realize(plan, "tree") if program is None else program
     check(prog)
     size = plan.size
     t = Traffic(size, [0] * size, [0] * size, [0] * size, [0] * size)

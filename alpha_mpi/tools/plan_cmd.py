@@ -117,7 +117,8 @@ def run(argv) -> int:
 
 
 def _tree(tp, fmt, asked: str, topology: str) -> int:
-    traffic, prog = simulate(tp), realize(tp, "tree")
+    prog = realize(tp, "tree")
+    traffic = simulate(tp, prog)  # the same Program: every rank's program built once
     if fmt == "json":
         d = tp.to_dict(prog)
         d["traffic"] = traffic.to_dict()

@@ -74,15 +74,18 @@ def lower_tree(tp: Plan) -> Callable[[int], RankProgram]:
         if e.phase == "d":
             deliver_in[e.dst] = e
             deliver_out.setdefault(e.src, []).append(e)
+    # rank -> its groups, in global postorder: one pass here, so that building a rank's program
+    # costs what that program holds (every rank's, as `count` builds them, O(p) in all, not O(p²))
+    groups_of: dict = {}
+    for g in tp.groups:
+        groups_of.setdefault(g.rank, []).append(g)
 
     def build(r: int):
         b = RankBuilder(r, n)
         res = b.out() if r in tp.receivers else None
         group_out, recv_at = {}, {}
         holder = None
-        for g in tp.groups:
-            if g.rank != r:
-                continue
+        for g in groups_of.get(r, ()):
             for k, x in g.inputs:  # the reduce edges feeding the group, from their senders
                 if k == "edge":
                     recv_at[x] = b.recv(msg(tp.edge("r", x)), None)

@@ -105,7 +105,9 @@ def test_out_of_step_peer_is_refused(world):
     p = plan(tree, DeliverTo(0), 4, size=size)
     c = Combiner(world, p, timeout=SHORT)
     if rank == 1:
-        c.step = 5  # as if rank 1 had run five more combines
+        c.prepare().step = (
+            5  # as if rank 1 had run five more combines (the frame step lives in the prepared run)
+        )
     _, code = run_and_catch(c, {s: np.ones(4) for s in p.slots_of(rank)})
     agree(world, code == ("frame-step-mismatch" if rank == 0 else None), f"rank {rank}: {code}")
 

@@ -129,7 +129,7 @@ MISTAKES = {
     "slots": ({"slots": 1}, "placement-invalid"),
     "topology": ({"topology": "no-such-topology"}, "topology-invalid"),
     "partition": ({"partition": "rows"}, "usage"),
-    "optimizer": ({"optimizer": "adagrad"}, "numerical-contract-invalid"),
+    "optimizer": ({"optimizer": "adagrad"}, "usage"),
     "audit_slots": ({"audit_slots": 99}, "usage"),
     "audit_digests": ({"audit_digests": -2}, "usage"),
     "machine_independent": ({"machine_independent": "yes"}, "usage"),

@@ -169,6 +169,10 @@ ADVICE: dict[str, str] = {
     "torch-autocast-refused": "declare the forward's precision when building DataParallel (autocast=torch.bfloat16 or torch.float16, which the step then enters itself and the contract names), and enter no other autocast around DataParallel.step",
     "torch-module-mismatch": "build the same module (architecture, parameter names, shapes and dtypes) on every rank; print alpha_mpi.torch.architecture_digest(module) on each to find the odd one",
     "torch-state-unsupported": "register only objects whose state_dict() holds numbers, strings, booleans, None, lists, tuples and dicts with string keys (LR schedulers do); keep other state yourself",
+    # alpha_mpi.torch: sharded state (issue 43)
+    "torch-partition-unknown": "give DataParallel(partition=) one of 'none' (every rank holds the whole optimizer state) or 'state' (each rank holds its shard: ZeRO-1)",
+    "torch-partition-change": "a DataParallel keeps its partition mode for life: save a checkpoint, build a new DataParallel with the other partition=, and restore into it (any mode restores any mode's checkpoint)",
+    "torch-optimizer-unsharded": "in a sharded partition use an optimizer whose update on a shard is measured to keep the whole tensor's bits (torch.optim.AdamW, Adam, SGD; not fused SGD, capturable or differentiable), or partition='none' for any other",
     # tools
     "usage": "an argument is outside what the function accepts: the message names it and what it accepts (see help() of the function)",
     "options-conflict": "two arguments that are each valid cannot go together (or one needs more ranks than the communicator has): the message names both; change one of them",

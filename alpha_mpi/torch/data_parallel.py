@@ -53,6 +53,7 @@ from .module_check import BUFFER_RULES, check_module
 from .overlap import check_bucket_mb
 from .payload import PayloadLayout
 from .same_module import check_same_module, take_rank0_values
+from .sharding import ShardContext, ShardLayout, partition_mode
 from .slot_cut import given_share, given_slots, given_whole
 from .slot_pass import SlotPass
 from .slot_rules import precision
@@ -136,6 +137,11 @@ class DataParallel:
             the ranks and the field) and a checkpoint of another identity is refused on restore
             (`compute-changed`). No torch setting makes CPU results the same across capabilities
             (docs/same-bits.md), so promise it only for a module whose arithmetic is exact.
+        partition: where the optimizer state lives (alpha_mpi.torch.sharding): "none" (default:
+            every rank holds it all) or "state" (ZeRO-1: each rank holds and updates its shard,
+            the updated parameters assembled to every rank); the same bits in every mode. Build
+            the optimizer with `dp.optimizer(cls, groups, **kw)`; an unknown name is refused
+            (`torch-partition-unknown`), and so is changing `dp.partition` afterwards.
 
     Construction checks that every rank holds the same architecture (`torch-module-mismatch`,
     alpha_mpi.torch.same_module) and computes alike (`compute-mismatch`), then copies rank 0's
@@ -173,6 +179,7 @@ class DataParallel:
         bucket_mb: float | None = None,
         autocast: torch.dtype | str | None = None,
         machine_independent: bool = False,
+        partition: str = "none",
     ) -> None:
         # Every check this rank makes alone (the arguments, the module, the plan, the contract,
         # the audit's options) runs first; its outcome travels in the first agreement round
@@ -182,6 +189,7 @@ class DataParallel:
         local = None
         try:
             kernel.fpenv_check()
+            self._partition = partition_mode(partition)
             check_bucket_mb(bucket_mb, audit_slots, fault_hook)
             parts = check_module(module, buffers)
             self.module, self.comm, self.timeout = module, comm, timeout
@@ -294,10 +302,49 @@ class DataParallel:
             my_slots=self.my_slots,
             slots=slots,
         )
+        layout = ShardLayout.of(self.payload.offsets, self.size)
+        self.shards = ShardContext(comm, timeout, cd, module, self.params, layout, bindings={})
         context = CheckpointContext(
-            comm, slots, timeout, self.layout_order_id, self.contract, self.compute_identity, shared=(self,)
+            comm,
+            slots,
+            timeout,
+            self.layout_order_id,
+            self.contract,
+            self.compute_identity,
+            shared=(self,),
+            bindings=self.shards.bindings,
         )
         self.checkpoints = Checkpoints(self.state, context)
+
+    @property
+    def partition(self) -> str:
+        """The partition mode's name (alpha_mpi.torch.sharding); fixed at construction."""
+        return self._partition.name
+
+    @partition.setter
+    def partition(self, value: str) -> None:
+        raise Refusal(
+            "torch-partition-change",
+            f"partition is {self._partition.name!r} for the life of this DataParallel (asked {value!r}); "
+            "save, build a new DataParallel with the other partition, and restore into it",
+        )
+
+    def optimizer(self, cls: type, groups, **kw) -> torch.optim.Optimizer:
+        """torch's optimizer `cls(groups, **kw)` for this DataParallel's partition mode: over the
+        parameters with "none"; over this rank's shard of them with "state" (collective; the
+        classes whose update on a shard is measured to keep the bits: AdamW, Adam, SGD; others
+        `torch-optimizer-unsharded`), its step assembling the updated parameters on every rank
+        (alpha_mpi.torch.shard_optimizer). `groups`: what torch takes, over the module's
+        trainable parameters (all of them, each once, in a sharded mode)."""
+        return self._partition.optimizer(self.shards, cls, groups, kw)
+
+    def memory(self, optimizer: torch.optim.Optimizer | None = None) -> dict:
+        """Bytes this rank holds by kind (params, grads, optimizer_state, buffers, accumulators)
+        at rest and at the step's peak (alpha_mpi.torch.memory)."""
+        from .memory import memory
+
+        binding = self.shards.bindings.get(id(optimizer))
+        return memory(self.params, self.module, self.grads, self.combine, optimizer, binding)
 
     @property
     def steps(self) -> int:
@@ -509,5 +556,7 @@ class DataParallel:
         return parameter_digest(self.module)
 
     def free(self) -> None:
-        """Free the combine's requests and give its tags back (local)."""
+        """Free the combine's (and sharded optimizers') requests and give their tags back (local)."""
         self.combine.free()
+        for binding in self.shards.bindings.values():
+            binding.free()

@@ -118,7 +118,9 @@ def test_optimizer_state_per_rank_shrinks_with_the_ranks(world):
     # The shards are whole blocks of the grid: at most one block (2 vectors x 512 x 4 bytes)
     # over the even share, and the per-parameter steps of the pieces a rank holds.
     bound = one["optimizer_state"] / p + 2 * 512 * 4 + 4 * 64
-    agree(world, most <= bound, f"{most} bytes of optimizer state on {p} ranks, p=1: {one['optimizer_state']}")
+    agree(
+        world, most <= bound, f"{most} bytes of optimizer state on {p} ranks, p=1: {one['optimizer_state']}"
+    )
     agree(world, mine["params"] == one["params"] and mine["grads"] == one["grads"], f"{mine} vs {one}")
 
 
@@ -150,7 +152,9 @@ def test_a_refused_optimizer_on_one_rank_is_named_on_every_rank_and_the_next_cal
 def test_an_unknown_mode_on_one_rank_is_named_on_every_rank(world):
     odd = world.Get_size() - 1
     try:
-        DataParallel(lm(), world, slots=SLOTS, timeout=120, partition="zero1" if world.Get_rank() == odd else "state")
+        DataParallel(
+            lm(), world, slots=SLOTS, timeout=120, partition="zero1" if world.Get_rank() == odd else "state"
+        )
         got = None
     except Refusal as e:
         got = (e.code, e.context.get("peer"), e.context.get("peer_code"))

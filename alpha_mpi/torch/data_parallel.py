@@ -51,9 +51,10 @@ from .devices import contract_environment
 from .gradients import UNUSED_RULES, GradientWriter
 from .module_check import BUFFER_RULES, check_module
 from .overlap import check_bucket_mb
+from .partition_modes import partition_mode
 from .payload import PayloadLayout
 from .same_module import check_same_module, take_rank0_values
-from .sharding import ShardContext, ShardLayout, partition_mode
+from .sharding import ShardContext, ShardLayout
 from .slot_cut import given_share, given_slots, given_whole
 from .slot_pass import SlotPass
 from .slot_rules import precision
@@ -137,7 +138,7 @@ class DataParallel:
             the ranks and the field) and a checkpoint of another identity is refused on restore
             (`compute-changed`). No torch setting makes CPU results the same across capabilities
             (docs/same-bits.md), so promise it only for a module whose arithmetic is exact.
-        partition: where the optimizer state lives (alpha_mpi.torch.sharding): "none" (default:
+        partition: where the optimizer state lives (alpha_mpi.torch.partition_modes): "none" (default:
             every rank holds it all) or "state" (ZeRO-1: each rank holds and updates its shard,
             the updated parameters assembled to every rank); the same bits in every mode. Build
             the optimizer with `dp.optimizer(cls, groups, **kw)`; an unknown name is refused
@@ -318,7 +319,7 @@ class DataParallel:
 
     @property
     def partition(self) -> str:
-        """The partition mode's name (alpha_mpi.torch.sharding); fixed at construction."""
+        """The partition mode's name (alpha_mpi.torch.partition_modes); fixed at construction."""
         return self._partition.name
 
     @partition.setter

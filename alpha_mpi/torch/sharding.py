@@ -1,12 +1,5 @@
-"""Where a DataParallel's training state lives on each rank: the shard layout and the partition
-modes of `DataParallel(..., partition=...)`.
-
-Every mode gives the bits of `none`: each coordinate goes through the same combine and the same
-torch update; only where the optimizer state is held and updated changes.
-
-    mode    parameters   .grad          optimizer state   after opt.step()
-    none    whole        whole          whole             nothing to do
-    state   whole        whole          own shard         shards assembled by selection (ZeRO-1)
+"""Where a sharded DataParallel's state lives on each rank: the shard layout (pure) and what a
+partition mode builds from (`ShardContext`); the modes themselves are partition_modes.py's.
 
 `ShardLayout` (pure) cuts the flat parameter vector (the parameters end to end in
 `DataParallel.params` order, as the payload lays them out) into one contiguous range per rank,
@@ -14,24 +7,17 @@ aligned to a fixed block grid (`GRID` elements): rank r holds the blocks [r·B/p
 the B blocks. Where a shard begins never changes a bit (the allow-listed optimizers are
 elementwise, measured: alpha_mpi.torch.shard_optimizer), so the grid is there for what is not
 elementwise: a norm accumulated block by block (clipping) sees whole blocks on every rank.
-
-The public keyword stays a string; `partition_mode(name)` reads it once (and refuses a name it
-does not know, `torch-partition-unknown`). After construction nothing asks which mode runs: the
-mode object builds the optimizer (`optimizer`) and says what it holds (`memory`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-
-from ..refusals import Refusal
 
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-__all__ = ["GRID", "Piece", "ShardLayout", "ShardContext", "PartitionMode", "partition_mode", "MODES"]
+__all__ = ["GRID", "Piece", "ShardLayout", "ShardContext"]
 
 GRID = 512
 """Elements per block of the grid shards are aligned to (2 KiB of float32): small enough that a
@@ -121,52 +107,3 @@ class ShardContext:
     params: list
     layout: ShardLayout
     bindings: dict
-
-
-def _plain(ctx: ShardContext, cls, groups, kw):
-    return cls(groups, **kw)
-
-
-def _sharded(ctx: ShardContext, cls, groups, kw):
-    from .shard_optimizer import ShardedOptimizer
-
-    binding = ShardedOptimizer.build(ctx, cls, groups, kw)
-    ctx.bindings[id(binding.optimizer)] = binding
-    return binding.optimizer
-
-
-@dataclass(frozen=True)
-class PartitionMode:
-    """One mode of the registry: its public name, whether the optimizer state is sharded, and
-    how `DataParallel.optimizer` builds the optimizer (collective where it shards)."""
-
-    name: str
-    shards_state: bool
-    build: Callable
-
-    def optimizer(self, ctx: ShardContext, cls, groups, kw):
-        """torch's optimizer `cls(groups, **kw)`: over the parameters (none), or over this rank's
-        shard of them (alpha_mpi.torch.shard_optimizer)."""
-        return self.build(ctx, cls, groups, kw)
-
-
-_REGISTRY = {
-    m.name: m
-    for m in (
-        PartitionMode("none", False, _plain),
-        PartitionMode("state", True, _sharded),
-    )
-}
-
-MODES = tuple(_REGISTRY)  # the public names, in the order the docs list them
-
-
-def partition_mode(name: str) -> PartitionMode:
-    """The mode named `name` ("none", "state"), or `torch-partition-unknown` naming the modes."""
-    mode = _REGISTRY.get(name) if isinstance(name, str) else None
-    if mode is None:
-        raise Refusal(
-            "torch-partition-unknown",
-            f"DataParallel(partition={name!r}) is not a partition mode; use one of {', '.join(MODES)}",
-        )
-    return mode

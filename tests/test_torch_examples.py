@@ -66,6 +66,12 @@ def test_bench_torch_times_every_row_interleaved_and_the_rows_of_one_slot_count_
     two = {_digest(out, f"digest slots=2{k}") for k in ("", " local", " buckets")}
     assert len(two) == 1 and _digest(out, "digest slots=3") not in two, out
     assert "BITS MISMATCH" not in out
+    for mode in ("none", "state"):  # dp.memory() per partition mode (issue 43)
+        assert re.search(rf"^# memory partition={mode} \(rank 0, MiB\): params [0-9.]+, grads", out, re.M), (
+            out
+        )
+    ratio = re.search(r"^# optimizer state partition=state / none on 2 ranks: ([0-9.]+)", out, re.M)
+    assert ratio and 0.4 <= float(ratio.group(1)) <= 0.6, out  # half, to a block of the grid
 
 
 def test_dataloader_example_one_digest_on_1_and_2_ranks_each_reading_its_half():

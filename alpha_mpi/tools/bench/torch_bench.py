@@ -210,9 +210,44 @@ def cmd(comm, argv) -> int:
     dist.destroy_process_group()
     mismatch = _bits_check(digests)
     agreeing = _agreement_cost(dp, X[: a.batch], y[: a.batch])
+    held = _memory(comm, torch, fresh, X[: a.batch], y[: a.batch], summed, a.lr)
     if rank == 0:
         _report(a, size, torch, models, times, digests, mismatch, order, agreeing)
+        for line in held:
+            print(line)
     return 1 if mismatch else 0
+
+
+def _memory(comm, torch, fresh, Xb, yb, summed, lr) -> list[str]:
+    """dp.memory() of one AdamW step in each partition mode, rank 0's (alpha_mpi.torch.memory),
+    and the sharded optimizer state against the whole (p = 1's) one. Collective."""
+    from ...torch import DataParallel
+    from ...torch.partition_modes import MODES
+
+    size, mib, held = comm.Get_size(), 2.0**-20, {}
+    for mode in MODES:
+        m = fresh()
+        dp = DataParallel(m, comm, slots=size, partition=mode)
+        opt = dp.optimizer(torch.optim.AdamW, m.parameters(), lr=lr)
+        dp.step(Xb, yb, summed)
+        opt.step()
+        held[mode] = dp.memory(opt)
+        dp.free()
+    lines = []
+    for mode, h in held.items():
+        kinds = ", ".join(f"{k} {v * mib:.2f}" for k, v in h.items() if k not in ("at_rest", "peak"))
+        lines.append(
+            f"# memory partition={mode} (rank 0, MiB): {kinds}; at rest {h['at_rest'] * mib:.2f}, "
+            f"step's peak {h['peak'] * mib:.2f} (activations not counted)"
+        )
+    whole = held["none"]["optimizer_state"]
+    for mode, h in held.items():
+        if mode != "none" and whole:
+            lines.append(
+                f"# optimizer state partition={mode} / none on {size} ranks: {h['optimizer_state'] / whole:.3f}"
+                + ("  (target <= 0.30 at p = 4)" if size == 4 else "")
+            )
+    return lines
 
 
 def _agreement_cost(dp, Xb, yb, repeat: int = 20) -> float:

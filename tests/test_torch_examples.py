@@ -86,13 +86,14 @@ def test_dataloader_example_one_digest_on_1_and_2_ranks_each_reading_its_half():
 def test_lm_example_one_digest_on_1_2_4_ranks_and_across_a_resume_4_to_2(tmp_path):
     """examples/torch_lm.py as docs/pytorch.md runs it: padded character sequences, the model's
     own token-mean loss with its token mass, AdamW, a cosine schedule, SlotSampler: one digest
-    on 1 and 2 ranks, and a run stopped at 4 ranks and resumed at 2 ends with it too (four
-    launches: torch's start-up is most of the time)."""
+    on 1 and 2 ranks (there with the AdamW state sharded, `--partition state`), and a run stopped
+    at 4 ranks (sharded) and resumed at 2 (not) ends with it too (four launches: torch's start-up
+    is most of the time)."""
     args = ["torch_lm.py", "--steps", "8", "--sequences", "256", "--log-every", "4"]
-    one, two = _digest(_run(1, args)), _digest(_run(2, args))
+    one, two = _digest(_run(1, args)), _digest(_run(2, args + ["--partition", "state"]))
     assert one == two
     ck = str(tmp_path / "ck")
-    out = _run(4, args + ["--stop-after", "4", "--checkpoint-dir", ck])
+    out = _run(4, args + ["--stop-after", "4", "--checkpoint-dir", ck, "--partition", "state"])
     assert "stopped after step 4" in out
     out = _run(2, args + ["--resume", "--checkpoint-dir", ck])
     assert "resumed from" in out and _digest(out) == one

@@ -167,3 +167,31 @@ def test_an_unknown_mode_on_one_rank_is_named_on_every_rank(world):
     dp = DataParallel(lm(), world, slots=SLOTS, timeout=120, partition="state")
     agree(world, dp.partition == "state", "the next construction works")
     dp.free()
+
+
+def _tiny(comm, partition, steps=4):
+    """A module smaller than one block: every rank but one holds an empty shard."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    dp = DataParallel(net, comm, slots=SLOTS, timeout=120, partition=partition)
+    opt = dp.optimizer(torch.optim.SGD, net.parameters(), lr=0.1, momentum=0.9, nesterov=True)
+    g = torch.Generator().manual_seed(3)
+    X, y = torch.randn(40, 3, generator=g), torch.randint(0, 2, (40,), generator=g)
+    loss = torch.nn.CrossEntropyLoss(reduction="sum")
+    for t in range(steps):
+        dp.step(X[10 * (t % 3) : 10 * (t % 3) + 16], y[10 * (t % 3) : 10 * (t % 3) + 16], loss)
+        opt.step()
+        opt.zero_grad()
+    out = dp.state_digest(opt)
+    dp.free()
+    return out
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_module_smaller_than_a_block_and_sgd_with_momentum_keep_the_bits(world):
+    from mpi4py import MPI
+
+    alone = _tiny(MPI.COMM_SELF, "none")
+    for comm in [world, *groups(world)]:
+        d = _tiny(comm, "state")
+        agree(world, d == alone, f"on {comm.Get_size()} ranks: {d[:12]} vs {alone[:12]}")

@@ -155,7 +155,9 @@ class DataParallel:
     Attributes: `my_slots`, `steps` (combined steps), `contract`, `layout_order_id`, `conversions`
     (the conversion sites: `WidenBinary32@contribution`, `RoundBinary64@gradient` for float32),
     `params` (the trainable parameters in order), `n` (their element count), `stop_agreed`,
-    `registered` (the objects whose state checkpoints carry: `register`, `scheduler=`).
+    `registered` (the objects whose state checkpoints carry: `register`, `scheduler=`),
+    `partition` (the mode's name), `shards` (the shard layout and the sharded optimizers:
+    alpha_mpi.torch.sharding.ShardContext).
     """
 
     order_id = deprecated_order_id("DataParallel")

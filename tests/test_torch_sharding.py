@@ -9,12 +9,13 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from alpha_mpi.refusals import Refusal  # noqa: E402
-from alpha_mpi.torch import DataParallel  # noqa: E402
+from alpha_mpi.torch import DataParallel, clipping  # noqa: E402
 from alpha_mpi.torch.shard_optimizer import SHARD_SAFE  # noqa: E402
 from alpha_mpi.torch.sharding import GRID, ShardLayout  # noqa: E402
 
@@ -39,6 +40,12 @@ def test_shards_tile_the_flat_vector_on_the_grid(sizes, p):
         assert b == c and a <= b and a % GRID == 0
     sizes_held = [b - a for a, b in lay.bounds]
     assert max(sizes_held) - min(sizes_held) <= GRID + (n % GRID)  # an even cut of whole blocks
+    # Shards begin on clipping's block grid: each rank's block sums, from its shard alone, are
+    # the whole gradient's (data whose blocks differ, so a shifted block would show).
+    flat = np.random.default_rng(p).standard_normal(n) * np.exp(np.arange(n) % 29 - 14.0)
+    parts = [clipping.block_sums(flat[a:b], a) for a, b in lay.bounds if b > a]
+    whole = clipping.block_sums(flat)
+    assert np.array_equal(np.concatenate(parts).view(np.uint64), whole.view(np.uint64))
     led = []
     for r in range(p):
         pieces = lay.pieces(r)
@@ -228,3 +235,27 @@ def test_memory_names_every_kind_and_counts_the_optimizer_state():
     assert m["params"] == m["grads"] == 4 * n
     assert m["optimizer_state"] == m0["optimizer_state"] >= 2 * 4 * n  # one rank: its shard is all
     assert m["at_rest"] == sum(m[k] for k in keys - {"at_rest", "peak"}) and m["peak"] > m["at_rest"]
+    dp.step(*batch(0, 20), token_pair)
+    with dp.no_sync():  # the carried sums (one binary64 vector) are held from here on
+        dp.step(*batch(20, 20), token_pair)
+    assert dp.memory(opt)["accumulators"] == m["accumulators"] + 8 * n
+
+
+def test_one_grid_for_shards_and_clipping():
+    assert clipping.BLOCK == GRID  # sharding.GRID's comment: why one constant, why 512
+
+
+def test_clip_grad_norm_in_state_mode_is_the_computation_of_none():
+    """Every rank holds the whole .grad in both modes: dp.clip_grad_norm_ gives the same norm
+    and the same clipped .grad, bit for bit (over MPI: tests/test_torch_sharding_mpi.py)."""
+    out = []
+    for partition in ("none", "state"):
+        model, dp = _dp(partition)
+        dp.step(*batch(0, 20), token_pair)
+        norm = dp.clip_grad_norm_(0.05)
+        out.append((norm, [p.grad.clone() for p in model.parameters()]))
+        dp.free()
+    (n0, g0), (n1, g1) = out
+    assert float(n0) > 0.05  # it clipped
+    assert n0.view(torch.int32) == n1.view(torch.int32)
+    assert all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(g0, g1))

@@ -1,10 +1,11 @@
 """Sharded optimizer state for torch over MPI (issue 43): `DataParallel(partition="state")` with
-torch's AdamW over parameter groups (decay / no decay), a warmup-cosine LambdaLR and clipping
-trains to the state digest of `partition="none"` on 1 rank, the whole world and groups of 2, 3
-and 4 ranks; a checkpoint saved on 4 ranks in one mode resumes on 2 in the other to the
-uninterrupted digest; the optimizer state per rank shrinks with the rank count; and a rank that
-builds a refused optimizer, or names an unknown mode, is refused by name on every rank, the next
-call working. Holds at any size >= 2 (the 4 -> 2 resume needs 4); skips without torch."""
+torch's AdamW over parameter groups (decay / no decay), a warmup-cosine LambdaLR and
+`dp.clip_grad_norm_` trains to the state digest of `partition="none"` on 1 rank, the whole world
+and groups of 2, 3 and 4 ranks, DDP's no_sync accumulation included; a checkpoint saved on 4
+ranks in one mode resumes on 2 in the other to the uninterrupted digest; the optimizer state
+per rank shrinks with the rank count; and a rank that builds a refused optimizer, or names an
+unknown mode, is refused by name on every rank, the next call working. Holds at any size >= 2
+(the 4 -> 2 resume needs 4); skips without torch."""
 
 import math
 import os
@@ -38,9 +39,12 @@ def warmup_cosine(t):
     return (t + 1) / WARMUP if t < WARMUP else 0.5 * (1 + math.cos(math.pi * (t - WARMUP) / STEPS))
 
 
-def train(comm, partition, steps=STEPS, *, start=None, ckpt=None, save_at=None, memory=False):
-    """The token model trained to `steps` (restored from `start`, saved at `save_at`): its state
-    digest (and dp.memory(opt) with `memory`)."""
+def train(
+    comm, partition, steps=STEPS, *, start=None, ckpt=None, save_at=None, memory=False, accum=1, clip=0.05
+):
+    """The token model trained to `steps` updates of `accum` batches (accum - 1 under no_sync),
+    clipped to `clip` (None: not), restored from `start`, saved at `save_at`: its state digest
+    (and dp.memory(opt) with `memory`)."""
     torch.set_num_threads(1)
     model = lm()
     dp = DataParallel(model, comm, slots=SLOTS, seed=2, timeout=120, partition=partition)
@@ -49,14 +53,18 @@ def train(comm, partition, steps=STEPS, *, start=None, ckpt=None, save_at=None, 
     dp.register("scheduler", sched)  # in the state digest of every run, resumed or not
     if start:
         dp.restore(start, opt, scheduler=sched)
-    while dp.steps < steps:
+    while dp.updates < steps:
+        if accum > 1:
+            with dp.no_sync():  # steps inside write no .grad: the update divides the block's sums once
+                for _ in range(accum - 1):
+                    dp.step(*batch(dp.steps * 20, 20), token_pair)
         dp.step(*batch(dp.steps * 20, 20), token_pair)
-        # Every rank holds the whole .grad in both modes: torch's clipping sees the same tensors.
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+        if clip:
+            dp.clip_grad_norm_(clip)
         opt.step()
         opt.zero_grad()
         sched.step()
-        if ckpt and dp.steps == save_at:
+        if ckpt and dp.updates == save_at:
             dp.save(ckpt, opt, scheduler=sched)
     out = dp.state_digest(opt), (dp.memory(opt) if memory else None)
     dp.free()
@@ -79,6 +87,20 @@ def test_state_partition_gives_the_digest_of_none_on_every_rank_count(world):
 
 
 @pytest.mark.mpi(min_size=2)
+def test_no_sync_accumulation_in_state_mode_gives_the_bits_of_none(world):
+    """Under no_sync the micro-steps write no .grad and the update divides the carried sums
+    once (alpha_mpi.torch.accumulation): the sharded optimizer then sees the same .grad."""
+    from mpi4py import MPI
+
+    alone, _ = train(MPI.COMM_SELF, "none", steps=3, accum=2)
+    for comm in [world, *groups(world, sizes=(2,))]:
+        d, _ = train(comm, "state", steps=3, accum=2)
+        agree(world, d == alone, f"accum 2, state on {comm.Get_size()} ranks: {d[:12]} vs {alone[:12]}")
+    plain, _ = train(MPI.COMM_SELF, "none", steps=3)
+    agree(world, plain != alone, "accumulating 2 batches gave the digest of 1")
+
+
+@pytest.mark.mpi(min_size=2)
 def test_the_data_make_a_wrong_update_visible(world):
     """The comparison above can fail: one step fewer, or no clipping, gives another digest."""
     from mpi4py import MPI
@@ -86,6 +108,8 @@ def test_the_data_make_a_wrong_update_visible(world):
     full, _ = train(MPI.COMM_SELF, "none")
     short, _ = train(world, "state", steps=STEPS - 1)
     agree(world, short != full, "a step fewer gave the same digest")
+    unclipped, _ = train(world, "state", clip=None)
+    agree(world, unclipped != full, "no clipping gave the same digest")
 
 
 @pytest.mark.mpi(min_size=4)

@@ -24,8 +24,6 @@ from ..refusals import Refusal
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-    from .partition_modes import PartitionMode
-
 __all__ = ["GRID", "Piece", "ShardLayout", "ShardContext"]
 
 GRID = 512
@@ -123,7 +121,7 @@ class ShardContext:
     module: object
     params: list
     layout: ShardLayout
-    mode: PartitionMode
+    mode: object  # a partition_modes.PartitionMode (not imported: that module imports this one)
     bindings: dict
 
     @property

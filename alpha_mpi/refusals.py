@@ -171,6 +171,10 @@ ADVICE: dict[str, str] = {
     "accumulation-pending": "save or restore after the update: the step after the no_sync() block divides the carried sums into .grad (docs/pytorch.md, gradient accumulation)",
     "torch-backward-refused": "delete loss.backward(): dp.step already ran each slot's backward and wrote .grad; call opt.step() next (the step's value is the loss, a number for logging)",
     "torch-state-unsupported": "register only objects whose state_dict() holds numbers, strings, booleans, None, lists, tuples and dicts with string keys (LR schedulers do); keep other state yourself",
+    # alpha_mpi.torch: sharded state (issue 43)
+    "torch-partition-unknown": "give DataParallel(partition=) one of 'none' (every rank holds the whole optimizer state) or 'state' (each rank holds its shard: ZeRO-1)",
+    "torch-partition-change": "a DataParallel keeps its partition mode for life: save a checkpoint, build a new DataParallel with the other partition=, and restore into it (any mode restores any mode's checkpoint)",
+    "torch-optimizer-unsharded": "in a sharded partition use an optimizer whose update on a shard is measured to keep the whole tensor's bits (torch.optim.AdamW, Adam, SGD; not fused SGD, capturable or differentiable), or partition='none' for any other",
     # tools
     "usage": "an argument is outside what the function accepts: the message names it and what it accepts (see help() of the function)",
     "options-conflict": "two arguments that are each valid cannot go together (or one needs more ranks than the communicator has): the message names both; change one of them",

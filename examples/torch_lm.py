@@ -11,6 +11,7 @@ DataLoader, checkpoint and resume on another rank count.
     mpiexec -n 2 python -m mpi4py examples/torch_lm.py --autocast bfloat16    # CPU bf16: one digest too
     mpiexec -n 2 python -m mpi4py examples/torch_lm.py --accum 2             # DDP's no_sync, ported
     mpiexec -n 8 python -m mpi4py examples/torch_lm.py --device cuda          # one GPU per rank
+    mpiexec -n 4 python -m mpi4py examples/torch_lm.py --partition state      # ZeRO-1: the same digest
 
 The model computes its own loss, nanoGPT-style: `logits, loss = model(x, y)` with
 `F.cross_entropy(..., ignore_index=-100)`, the mean over the tokens whose label is not -100.
@@ -153,6 +154,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--loss", choices=("module", "pair"), default="module")
     p.add_argument("--autocast", choices=("none", "bfloat16", "float16"), default="none")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument(
+        "--partition", choices=("none", "state"), default="none", help="state: sharded AdamW state"
+    )
     p.add_argument("--workers", type=int, default=0, help="DataLoader workers")
     p.add_argument("--checkpoint-dir", default=None)
     p.add_argument("--stop-after", type=int, default=0, help="save and stop after this step")
@@ -183,11 +187,14 @@ def main(argv=None) -> str:
     torch.manual_seed(a.seed)  # rank 0's initial weights are copied to every rank anyway
     model = CausalLM(len(ds.vocab), a.block, a.d, a.layers).to(device)
     autocast = None if a.autocast == "none" else getattr(torch, a.autocast)
-    dp = DataParallel(model, comm, slots=a.slots, seed=a.seed, autocast=autocast)
+    dp = DataParallel(model, comm, slots=a.slots, seed=a.seed, autocast=autocast, partition=a.partition)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     rest = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}], lr=a.lr
+    # torch's AdamW over the groups (with --partition state, over this rank's shard of them)
+    opt = dp.optimizer(
+        torch.optim.AdamW,
+        [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+        lr=a.lr,
     )
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=a.steps, eta_min=a.lr / 10)
     sampler = SlotSampler(ds, dp, batch_size=a.batch, shuffle=True, seed=a.seed)
@@ -199,7 +206,8 @@ def main(argv=None) -> str:
             say(f"# resumed from {where} at step {dp.updates} ({dp.steps} batches)")
     say(
         f"# {dp.n} parameters, vocabulary {len(ds.vocab)}, {a.slots} slots on {comm.Get_size()} ranks, "
-        f"batch {a.batch} x {a.block} characters x {a.accum} per update, autocast {a.autocast}, on {device}"
+        f"batch {a.batch} x {a.block} characters x {a.accum} per update, autocast {a.autocast}, "
+        f"partition {a.partition}, on {device}"
     )
     while dp.updates < a.steps:
         # The epoch and the batch to go on from: the same on every rank count, after a resume too.

@@ -44,14 +44,14 @@ share) is alpha_mpi.torch.optimizer_state.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..refusals import CheckpointRefusal, Refusal
+from ..refusals import CheckpointRefusal
 from ._env import require_torch
 from .contract_and_digest import dtype_name
-from .convert import pack, unpack
-from .optimizer_state import check_optimizer, optimizer_scalars, optimizer_vectors, read_optimizer_scalars
+from .convert import pack
+from .optimizer_state import WholeOptimizerState, read_vector
 from .registered import class_name, decode_state, encode_state, load_all, try_load
 from .same_module import architecture_digest
 
@@ -80,6 +80,19 @@ class CheckpointContext:
     contract: object
     compute_identity: object
     shared: tuple = ()
+    bindings: dict = field(default_factory=dict)  # id(optimizer) -> its ShardedOptimizer (sharding.py)
+
+    def optimizer_part(self, state: ModuleState, optimizer):
+        """The optimizer as checkpoints see it: sharded (alpha_mpi.torch.shard_state) where
+        DataParallel.optimizer built it over shards, else whole (None without one)."""
+        if optimizer is None:
+            return None
+        binding = self.bindings.get(id(optimizer))
+        if binding is not None and binding.optimizer is optimizer:
+            from .shard_state import ShardedOptimizerState
+
+            return ShardedOptimizerState(binding, state.module)
+        return WholeOptimizerState(optimizer, state.params, state.module)
 
 
 class TorchCheckpointView:
@@ -95,14 +108,7 @@ class TorchCheckpointView:
         self.layout_order_id, self.contract = context.layout_order_id, context.contract
         self.compute_identity = context.compute_identity
         self.shared = context.shared
-        params = state.params
-        if optimizer is not None:
-            held = [p for g in optimizer.param_groups for p in g["params"]]
-            if {id(p) for p in held} != {id(p) for p in params} or len(held) != len(params):
-                raise Refusal(
-                    "torch-optimizer-state",
-                    "the optimizer must hold exactly the module's trainable parameters",
-                )
+        self.part = context.optimizer_part(state, optimizer)  # the optimizer's state, whole or sharded
 
     # the members Checkpointer reads -------------------------------------------------------------
     @property
@@ -115,14 +121,19 @@ class TorchCheckpointView:
         return r * n // p, (r + 1) * n // p
 
     def _vectors(self) -> dict:
-        """name -> list of tensors (one per parameter / buffer), each flattened into the vector."""
+        """name -> list of tensors (one per parameter / buffer), each flattened into the vector
+        (the optimizer's vectors are its part's)."""
         dp = self.state
         out = {"params": [p.data for p in dp.params]}
         if dp.float_buffers:
             out["buffers"] = [b for _, b in dp.float_buffers]
-        if self.optimizer is not None:
-            out.update(optimizer_vectors(self.optimizer, dp.params))
         return out
+
+    def prepare(self) -> None:
+        """Collective, before a save or a digest: what the optimizer's part gathers (a sharded
+        optimizer's per-parameter scalars, from the rank that holds each parameter's start)."""
+        if self.part is not None:
+            self.part.prepare()
 
     def checkpoint_pieces(self) -> dict:
         """name -> (length, [(start, stop, float64 values)]) for the range this rank writes."""
@@ -132,6 +143,8 @@ class TorchCheckpointView:
             a, b = self._own(flat.size)
             if b > a:
                 out[name] = (flat.size, [(a, b, flat[a:b])])
+        if self.part is not None:
+            out.update(self.part.pieces(self._own))
         return out
 
     def checkpoint_scalars(self) -> dict:
@@ -148,8 +161,8 @@ class TorchCheckpointView:
         }
         if dp.updates != dp.steps:  # absent: as many updates as steps (no no_sync(); before issue 44)
             sc["updates"] = dp.updates
-        if self.optimizer is not None:
-            sc.update(optimizer_scalars(self.optimizer, dp.params, dp.module))
+        if self.part is not None:
+            sc.update(self.part.scalars())
         return sc
 
     def checkpoint_read(self, ck) -> dict:
@@ -170,7 +183,7 @@ class TorchCheckpointView:
                 "checkpoint-config-mismatch",
                 f"checkpoint has {ck.length('params')} parameters, this module {dp.n}",
             )
-        lrs = check_optimizer(sc, opt, dp.module, self.adopt_lr) if opt is not None else None
+        lrs = self.part.check(sc, self.adopt_lr) if opt is not None else None
         saved_reg, reg = sc.get("registered", {}), dp.registered
         if sorted(saved_reg) != sorted(reg):
             raise CheckpointRefusal(
@@ -206,7 +219,7 @@ class TorchCheckpointView:
             raise CheckpointRefusal(
                 "checkpoint-config-mismatch", f"the checkpoint's integer buffers do not fit this module: {e}"
             ) from None
-        read["optimizer"] = self._read_optimizer(ck, sc) if opt is not None else None
+        read["optimizer"] = self.part.read(ck, sc) if opt is not None else None
         read["lrs"] = lrs
         read["registered"] = {k: decode_state(saved_reg[k]) for k in reg}
         for k, o in reg.items():
@@ -214,21 +227,6 @@ class TorchCheckpointView:
         read["steps"] = int(sc["step"])
         read["updates"] = int(sc.get("updates", sc["step"]))  # absent: one per step
         return read
-
-    def _read_optimizer(self, ck, sc) -> list:
-        """Per parameter (DataParallel.params order), the optimizer state dict the checkpoint holds."""
-        dp = self.state
-        per = [{} for _ in dp.params]
-        if sc.get("optimizer") is None:
-            return per
-        names = [c[len("optimizer.") :] for c in ck.components if c.startswith("optimizer.")]
-        for k in names:
-            ts = [torch.empty_like(p, memory_format=torch.contiguous_format) for p in dp.params]
-            self._read(ck, f"optimizer.{k}", ts)
-            for d, t in zip(per, ts):
-                d[k] = t
-        read_optimizer_scalars(sc, per)
-        return per
 
     def _shared(self) -> dict:
         """What a trial copy of a registered object shares with the original instead of copying
@@ -238,7 +236,7 @@ class TorchCheckpointView:
         keep = [*self.shared, dp, dp.module, *dp.params, *(b for _, b in dp.float_buffers + dp.other_buffers)]
         if opt is not None:
             keep.append(opt)
-            keep += [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+            keep += self.part.tensors()
         return {id(x): x for x in keep}
 
     def checkpoint_apply(self, state: dict) -> None:
@@ -255,13 +253,7 @@ class TorchCheckpointView:
             for (_, b), t in zip(dp.other_buffers, state["int_buffers"]):
                 b.copy_(t)
         if opt is not None:
-            opt.state.clear()
-            for p, d in zip(dp.params, state["optimizer"]):
-                if d:
-                    opt.state[p].update(d)
-            if state["lrs"] is not None:
-                for g, lr in zip(opt.param_groups, state["lrs"]):
-                    g["lr"] = lr  # the scheduled rate at the saved step
+            self.part.apply(state["optimizer"], state["lrs"])
         dp.steps, dp.updates = state["steps"], state["updates"]
         if self.comm.Get_rank() == 0:  # a wrong base rate shows in the first line of the log
             lrs = [g["lr"] for g in opt.param_groups] if opt is not None else None
@@ -280,17 +272,12 @@ class TorchCheckpointView:
         from ..learning.digests import state_digest
 
         arrays = {name: pack(ts) for name, ts in self._vectors().items()}
+        if self.part is not None:
+            self.part.prepare()  # collective: every rank digests
+            arrays.update(self.part.whole())
         return state_digest(arrays, {**self.checkpoint_scalars(), "seed": self.state.seed})
 
-    @staticmethod
-    def _read(ck, name, tensors) -> None:
-        total = sum(t.numel() for t in tensors)
-        if ck.length(name) != total:
-            raise CheckpointRefusal(
-                "checkpoint-config-mismatch",
-                f"component {name} has {ck.length(name)} values, this module {total}",
-            )
-        unpack(tensors, ck.read_range(name, 0, total))
+    _read = staticmethod(read_vector)
 
 
 class Checkpoints:
@@ -325,7 +312,9 @@ class Checkpoints:
         from ..learning.checkpoints import save
 
         self._with_scheduler(scheduler)
-        return save(self.view(optimizer), directory, config=self._config(config))
+        view = self.view(optimizer)
+        view.prepare()  # collective, before the Checkpointer asks rank 0 for the scalars
+        return save(view, directory, config=self._config(config))
 
     def restore(
         self, directory: str, optimizer, *, config, scheduler, adopt_lr: bool, **options

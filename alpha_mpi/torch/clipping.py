@@ -5,7 +5,7 @@ shard's part and then the parts, so the norm (and every clipped gradient) change
 shards begin. Here the norm is one declared expression over a FIXED BLOCK GRID of the flat
 gradient, the parameters' order of `DataParallel.params` (the payload's `offsets`):
 
-    block b = flat indices [b·BLOCK, (b+1)·BLOCK), BLOCK = 2^16, the last block padded with +0
+    block b = flat indices [b·BLOCK, (b+1)·BLOCK), BLOCK = 512, the last block padded with +0
     s_b = the pairwise sum of x_i² over the block in binary64: adjacent pairs (x_0² + x_1²),
           (x_2² + x_3²), ..., then adjacent pairs of those, up to one word (x_i widened exactly:
           a float32's square is exact in binary64)
@@ -26,16 +26,18 @@ import numpy as np
 from ..refusals import Refusal
 from ._env import require_torch
 from .convert import into64
+from .sharding import GRID
 
 torch = require_torch()
 
 __all__ = ["BLOCK", "block_sums", "norm_of_blocks", "coefficient", "clip_grad_norm", "CLIP_NORM_V1"]
 
-BLOCK = 2**16
-"""Elements per block of the grid (a power of two: shards cut at its multiples)."""
+BLOCK = GRID
+"""Elements per block of the grid (a power of two): sharding's GRID, the one grid shards are cut
+on, so a shard's block sums are the whole gradient's (why 512: sharding.GRID)."""
 
 CLIP_NORM_V1 = (
-    "total_norm=sqrt(pairwise over blocks of 2^16 flat elements (padded with +0 to a power of two) "
+    "total_norm=sqrt(pairwise over blocks of 512 flat elements (padded with +0 to a power of two) "
     "of the pairwise sum of WidenBinary32(g)^2 within the block) in binary64; "
     "clip_coef=min(float32(max_norm)/(float32(total_norm)+float32(1e-6)), 1) in float32; g*=clip_coef"
 )

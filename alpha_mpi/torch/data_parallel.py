@@ -8,16 +8,15 @@ stage: alpha_mpi.torch.step). Buffers (BatchNorm's running statistics) are refus
 (`torch-buffers-refused`) unless `buffers="slot-mean"` (the rule: alpha_mpi.torch.buffers).
 
 This module builds the parts once, with explicit data, and holds the public API. The parts:
-what the steps are planned over (step_plan.py: `StepPlan`, on this rank alone), the step's
-protocol (step.py: `TrainingStep`, with its slot pass, slot_pass.py, and combine, combine.py),
-the payload's layout (payload.py), accumulation under no_sync() (accumulation.py), clipping
-(clipping.py), the step's value (step_value.py), the buffers' rule (buffers.py), `.grad`
-(gradients.py), the state checkpoints carry (state.py) and their view (checkpointing.py). Apart
-from it too: the module's checks (module_check.py, same_module.py), the declared loss and mass
-(losses.py), what the ranks must agree on in a step (step_agreement.py, slot_cut.py), the rules
-around each slot (slot_rules.py), a GradScaler (scaling.py), a device (devices.py), the contract
-and the digest (contract_and_digest.py), the conversion sites (convert.py), torch's environment
-(_env.py).
+the steps' plan (step_plan.py), the step's protocol (step.py, slot_pass.py, combine.py), the
+payload (payload.py), no_sync() (accumulation.py), clipping (clipping.py), the step's value
+(step_value.py), the buffers' rule (buffers.py), `.grad` (gradients.py), the partition mode,
+its optimizer and memory (sharding.py, partition_modes.py), the state checkpoints carry
+(state.py, checkpointing.py). Apart from it too: the module's checks (module_check.py,
+same_module.py), the loss and mass (losses.py), what ranks agree on in a step
+(step_agreement.py, slot_cut.py), each slot's rules (slot_rules.py), a GradScaler (scaling.py),
+a device (devices.py), the contract (contract_and_digest.py), conversions (convert.py), torch's
+environment (_env.py).
 """
 
 from __future__ import annotations
@@ -34,12 +33,13 @@ from ._env import require_torch
 from .accumulation import Accumulation
 from .buffers import StepBuffers
 from .checkpointing import CheckpointContext, Checkpoints
-from .clipping import clip_grad_norm
 from .contract_and_digest import BUFFER_SLOT_MEAN_V1, ROUND_ONCE_V1, parameter_digest, torch_contract
 from .gradients import UNUSED_RULES, GradientWriter
 from .module_check import BUFFER_RULES, check_module
 from .overlap import check_bucket_mb
+from .partition_modes import partition_mode
 from .same_module import check_same_module, take_rank0_values
+from .sharding import ShardContext, ShardLayout
 from .slot_cut import given_share, given_slots, given_whole, local_cut
 from .state import ModuleState
 from .step import StepRequest, TrainingStep
@@ -73,9 +73,7 @@ class DataParallel:
             all on the CPU or all on one CUDA device (`torch-module-unsupported` otherwise). On
             CUDA the slot passes run there (deterministic algorithms on; the device is in the
             contract) and each slot's gradients cross to the host in one copy for the combine;
-            the rounded `.grad` goes back in one copy per step (alpha_mpi.torch.devices). Construction copies rank 0's
-            parameters (and buffers) to every rank, exactly, through the same kind of tree
-            combine (adding -0.0 is exact), so ranks need not seed alike.
+            the rounded `.grad` goes back in one copy per step (alpha_mpi.torch.devices).
         comm: an mpi4py communicator; collective: build on every rank.
         slots: logical micro-batch shards per step (>= ranks). The tree is over slots: any rank
             count that places the same tree gives the same bits.
@@ -104,16 +102,19 @@ class DataParallel:
             loss under `torch.autocast(device, dtype)` (alpha_mpi.torch.slot_rules); an autocast
             the caller enters around the step must be this one (`torch-autocast-refused`).
         machine_independent: the caller's promise that the slots' results do not depend on the
-            compute identity (torch's version, ATen CPU capability, backends, threads, device;
-            numpy's BLAS; alpha_mpi.model.compute), recorded in the contract. Without it ranks
-            whose identities differ are refused here on every rank (`compute-mismatch`, naming
-            the ranks and the field) and a checkpoint of another identity is refused on restore
-            (`compute-changed`). No torch setting makes CPU results the same across capabilities
-            (docs/same-bits.md), so promise it only for a module whose arithmetic is exact.
+            compute identity (torch's version, ATen capability, backends, threads, device, BLAS:
+            alpha_mpi.model.compute), recorded in the contract. Without it ranks whose identities
+            differ are refused on every rank (`compute-mismatch`), and so is a checkpoint of
+            another identity (`compute-changed`). No torch setting makes CPU results the same
+            across capabilities (docs/same-bits.md): promise it only for exact arithmetic.
+        partition: where the optimizer state lives (alpha_mpi.torch.partition_modes): "none"
+            (default) or "state" (ZeRO-1: each rank updates its shard, built by `dp.optimizer`);
+            the same bits in every mode (`torch-partition-unknown`, `torch-partition-change`).
 
     Construction checks that every rank holds the same architecture (`torch-module-mismatch`,
     alpha_mpi.torch.same_module) and computes alike (`compute-mismatch`), then copies rank 0's
-    parameters and buffers (floating and integer) to every rank. A module compiled by
+    parameters and buffers (floating and integer) to every rank, exactly (a tree combine adding
+    -0.0), so ranks need not seed alike. A module compiled by
     torch.compile is refused (`torch-compile-refused`, alpha_mpi.torch.module_check). Every step
     then checks that the module's trainable parameters are still those it was built with
     (`torch-module-changed`) and carries what the ranks must agree on in its payload (seed,
@@ -122,7 +123,7 @@ class DataParallel:
     Attributes: `my_slots`, `steps` (combined calls), `updates` (optimizer updates), `contract`, `layout_order_id`, `conversions`
     (the conversion sites: `WidenBinary32@contribution`, `RoundBinary64@gradient` for float32),
     `params` (the trainable parameters in order), `n` (their element count), `stop_agreed`,
-    `registered` (the objects whose state checkpoints carry: `register`, `scheduler=`).
+    `registered` (the objects checkpoints carry), `partition`, `shards` (sharding.ShardContext).
     """
 
     order_id = deprecated_order_id("DataParallel")
@@ -147,6 +148,7 @@ class DataParallel:
         bucket_mb: float | None = None,
         autocast: torch.dtype | str | None = None,
         machine_independent: bool = False,
+        partition: str = "none",
     ) -> None:
         # Every check this rank makes alone (the arguments, the module, the plan, the contract,
         # the audit's options) runs first; its outcome travels in the first agreement round
@@ -156,6 +158,7 @@ class DataParallel:
         local = None
         try:
             kernel.fpenv_check()
+            mode = partition_mode(partition)
             check_bucket_mb(bucket_mb, audit_slots, fault_hook)
             parts = check_module(module, buffers)
             self.module, self.comm, self.timeout = module, comm, timeout
@@ -216,15 +219,35 @@ class DataParallel:
         self.audit, self.replicas = self.stepper.audit, self.stepper.replicas
         self.combine, self.slot_pass = self.stepper.combine, self.stepper.slot_pass
         self.realization = self.combine.realization
-        context = CheckpointContext(
-            comm, slots, timeout, self.layout_order_id, self.contract, self.compute_identity, shared=(self,)
-        )
+        layout = ShardLayout.of(self.payload.offsets, self.size)
+        self.shards = ShardContext(comm, timeout, cd, module, self.params, layout, mode, bindings={})
+        ids = (self.layout_order_id, self.contract, self.compute_identity)  # what a checkpoint is of
+        context = CheckpointContext(comm, slots, timeout, *ids, shared=(self,), bindings=self.shards.bindings)
         self.checkpoints = Checkpoints(self.state, context)
 
     @property
+    def partition(self) -> str:
+        """The partition mode's name; setting it is refused (`torch-partition-change`)."""
+        return self.shards.partition
+
+    @partition.setter
+    def partition(self, value: str) -> None:
+        self.shards.refuse_change(value)
+
+    def optimizer(self, cls: type, groups, **kw) -> torch.optim.Optimizer:
+        """torch's optimizer `cls(groups, **kw)` (groups as torch takes them): over the parameters
+        with "none"; collective with "state", over this rank's shard (AdamW, Adam, SGD, else
+        `torch-optimizer-unsharded`), its step assembling the parameters (shard_optimizer.py)."""
+        return self.shards.optimizer(cls, groups, kw)
+
+    def memory(self, optimizer: torch.optim.Optimizer | None = None) -> dict:
+        """Bytes this rank holds by kind (params, grads, optimizer_state, buffers, accumulators)
+        at rest and at the step's peak (alpha_mpi.torch.memory)."""
+        return self.shards.memory(self.grads, self.combine, self.accumulation, optimizer)
+
+    @property
     def steps(self) -> int:
-        """Combined calls, micro-steps included (a restore sets it): what `set_epoch` and the
-        slots' generator seeds follow, one batch per call."""
+        """Combined calls, micro-steps included, one batch each: what `set_epoch` follows."""
         return self.state.steps
 
     @steps.setter
@@ -246,9 +269,9 @@ class DataParallel:
         global L2 norm of `.grad` in binary64 over a fixed block grid, torch's coefficient in
         float32 (alpha_mpi.torch.clipping), the same bits on every rank count; returns the norm.
         Before the step it clips nothing (the step writes `.grad`); inside no_sync() it is
-        refused (`accumulation-pending`: the update writes `.grad`)."""
+        refused (`accumulation-pending`). The same bits in every partition mode."""
         self.accumulation.refuse_pending("clip_grad_norm_")
-        return clip_grad_norm(self.params, self.payload.offsets, max_norm, self.n)
+        return self.shards.clip_grad_norm_(max_norm)
 
     @property
     def registered(self) -> dict[str, object]:
@@ -274,31 +297,25 @@ class DataParallel:
         scaler: object | None = None,
     ) -> StepValue:
         """Forward and backward for each owned slot of the global batch (X, y), one ordered
-        combine, `.grad = Σ g / Σ mass` on every parameter of every rank. Returns the global
-        batch's mean loss Σ loss / Σ mass, the same on every rank: a float with `.item()`
-        (alpha_mpi.torch.step_value; its `.backward()` is refused: the step ran it).
+        combine, `.grad = Σ g / Σ mass` on every rank. Returns the batch's mean loss Σ loss /
+        Σ mass, the same on every rank: a float with `.item()` (step_value.py; `.backward()`
+        on it is refused: the step ran it).
 
-        X, y: the same global batch on every rank (tensors or arrays sliceable on axis 0; X may
-        be a mapping of them, a Hugging Face-style batch, with y None). Every rank's batch is
-        digested (CRC-32) and compared in the step's payload: ranks given different batches
-        are refused by name (`batch-mismatch`; another length: `slot-cut-mismatch`).
-        loss_fn (alpha_mpi.torch.losses): `loss_fn(output, target)` returning the SUM of the
-        slot's per-sample losses, declared so (a torch loss with reduction="sum",
-        `alpha_mpi.torch.summed(fn)`, or `reduction="sum"` here; `torch-loss-undeclared`
-        otherwise), its mass the slot's samples; or returning a pair `(loss_sum, mass)` (tokens,
-        say); or `alpha_mpi.torch.ModuleLoss(mass=...)` for a module computing its own mean
-        loss. A total mass of 0 is refused (`mass-zero`). `sizes`: slot
-        sizes (default: the even cut of alpha_mpi.learning.slot_ranges). Each slot runs under
-        torch's generators seeded from (seed, steps, slot) (alpha_mpi.torch.slot_rules).
-        `accumulate`: add this call's mean into `.grad` (alpha_mpi.torch.gradients) instead of
-        overwriting; None: True for the step right after a `no_sync()` block (the update, which
-        divides the block's carried sums with its own: alpha_mpi.torch.accumulation), else
-        False; inside the block every step carries, whatever `accumulate` says. `stop`: this
-        rank asks every rank to stop (also when the DataParallel's `preemption` was signalled);
-        afterwards `stop_agreed` is True on every rank when any rank asked. `scaler`: a
-        `torch.amp.GradScaler` (float16 autocast): each slot differentiates its loss times the
-        scale, and an overflow sets every `.grad` to inf so `scaler.step(opt)` skips
-        (alpha_mpi.torch.scaling).
+        X, y: the same global batch on every rank (sliceable on axis 0; X may be a mapping, a
+        Hugging Face-style batch, with y None), digested and compared in the step's payload
+        (`batch-mismatch`; another length: `slot-cut-mismatch`). loss_fn (losses.py): the SUM
+        of the slot's per-sample losses, declared so (reduction="sum" on a torch loss or here,
+        `alpha_mpi.torch.summed(fn)`; else `torch-loss-undeclared`), its mass the samples; or a
+        pair `(loss_sum, mass)` (tokens); or `ModuleLoss(mass=...)` for a module's own mean
+        loss. A total mass of 0 is refused (`mass-zero`). `sizes`: slot sizes (default: the
+        even cut, alpha_mpi.learning.slot_ranges). Slot s runs under torch's generators seeded
+        from (seed, steps, s) (slot_rules.py). `accumulate`: add this call's mean into `.grad`
+        instead of overwriting; None: True for the step right after a `no_sync()` block (the
+        update, dividing the block's carried sums with its own: accumulation.py), else False;
+        inside the block every step carries. `stop`: this rank asks every rank to stop (so does
+        a signalled `preemption`); then `stop_agreed` is True on every rank. `scaler`: a
+        `torch.amp.GradScaler` (float16): each slot differentiates its loss times the scale;
+        an overflow sets every `.grad` to inf so `scaler.step(opt)` skips (scaling.py).
         """
         from ..learning.slicing import slice_batch
 
@@ -320,18 +337,14 @@ class DataParallel:
         scaler: object | None = None,
     ) -> StepValue:
         """`step` on this rank's share of a global batch: (X, y) hold exactly the samples of
-        `my_slots` of one global batch, in slot order (what `alpha_mpi.torch.SlotSampler`
-        yields through a DataLoader). The result is the bits `step` gives on the global batch,
-        on any rank count, while each rank reads only its share.
+        `my_slots`, in slot order (what `alpha_mpi.torch.SlotSampler` yields through a
+        DataLoader); the bits `step` gives on the global batch, on any rank count.
 
-        Which global batch the share belongs to comes from the SlotSampler that yielded it (its
-        note: the data set length, the global batch's length, epoch, place in the epoch and a
-        digest of its sample indices, compared across ranks in the step's payload) or from
-        `sizes` (one count per slot of the global batch); with neither, the step is refused
-        (`slot-cut-mismatch`): a whole batch on every rank would train on duplicated data. The
-        owned slots' sizes follow from len(y) under `step`'s even cut, or from `sizes`. With
-        `audit_slots` a rank also needs the slots it recomputes, which its share lacks: use
-        `step` or `step_slots` there. Returns the global batch's mean loss, as `step`.
+        Which global batch the share belongs to comes from the SlotSampler's note (data set and
+        batch length, epoch, place, a digest of the indices; compared in the step's payload) or
+        from `sizes` (one count per slot); with neither it is refused (`slot-cut-mismatch`: a
+        whole batch on every rank would train on duplicated data). With `audit_slots` a rank
+        also needs slots its share lacks: use `step` or `step_slots`. Returns as `step`.
         """
         sizes = None if sizes is None else list(sizes)
         cut = lambda: local_cut(X, y, self.slots, self.my_slots, sizes, self.audit)  # noqa: E731
@@ -339,10 +352,9 @@ class DataParallel:
         return self._step(StepRequest(cut, given, loss_fn, reduction, accumulate, stop, scaler))
 
     def no_sync(self) -> contextlib.AbstractContextManager[None]:
-        """DDP's accumulation pattern: the steps inside carry their combined sums (each still
-        combines over the slot tree: that keeps the bits) and write no `.grad`; the first step
-        after the block is the update, `.grad = Σ gradients / Σ mass` over every micro-step's
-        batch (the exact token mean; alpha_mpi.torch.accumulation)."""
+        """DDP's accumulation pattern: the steps inside combine, carry their sums and write no
+        `.grad`; the first step after the block is the update, `.grad = Σ gradients / Σ mass`
+        over every micro-step's batch (the exact token mean; accumulation.py)."""
         return self.accumulation.no_sync()
 
     def step_slots(
@@ -362,9 +374,8 @@ class DataParallel:
 
     # the step (alpha_mpi.torch.step) ------------------------------------------------------------
     def _step(self, req: StepRequest) -> StepValue:
-        """The step of `req` (alpha_mpi.torch.step), with what it does with `.grad` (overwrite,
-        add, carry: alpha_mpi.torch.accumulation) and the stop request resolved here and the
-        stop flag agreed afterwards."""
+        """The step of `req` (step.py), with what it does with `.grad` (overwrite, add, carry:
+        accumulation.py) and the stop request resolved here, the stop flag agreed after."""
         mode = self.accumulation.mode(req.accumulate)
         asked = bool(req.stop) or bool(self.preemption is not None and self.preemption.requested)
         loss, self.stop_agreed = self.stepper.run(req, mode, asked)
@@ -375,8 +386,7 @@ class DataParallel:
 
     # checkpoints (alpha_mpi.torch.checkpointing) ------------------------------------------------
     def register(self, name: str, obj) -> None:
-        """Carry `obj.state_dict()` in every checkpoint under `name` and `obj.load_state_dict`
-        it on restore (an LR scheduler, a sampler, a gradient scaler ...)."""
+        """Carry `obj.state_dict()` in checkpoints under `name`, loaded on restore (a scheduler...)."""
         self.state.register(name, obj)
 
     def save(
@@ -387,10 +397,9 @@ class DataParallel:
         config: Mapping[str, object] | None = None,
         scheduler: object | None = None,
     ) -> str:
-        """Publish the parameters, buffers, `optimizer`'s state and every registered object's
-        state (`scheduler`: registered as "scheduler") at step `steps` under `directory`
-        (collective); the CLI's checkpoint format, restorable on any rank count. Refused inside
-        no_sync() and before its update (`accumulation-pending`)."""
+        """Publish the parameters, buffers, `optimizer`'s state (each rank its shard) and the
+        registered objects' (`scheduler=`) under `directory` (collective), restorable on any rank
+        count; refused inside no_sync() and before its update (`accumulation-pending`)."""
         self.accumulation.refuse_pending("save")
         return self.checkpoints.save(directory, optimizer, config=config, scheduler=scheduler)
 
@@ -406,15 +415,14 @@ class DataParallel:
         missing_ok: bool = False,
         accept_compute_change: bool = False,
     ) -> str | None:
-        """Load a checkpoint saved on any rank count into the module, `optimizer` (built over
-        the module's parameters with the saved hyperparameters) and the registered objects
-        (`scheduler`: registered as "scheduler"); sets `steps` and `updates`, restores each
-        group's saved `lr` and prints it (rank 0). `adopt_lr`: continue with the optimizer's
-        present rate where a scheduler's `initial_lr` differs (a hand-set rate needs none; see
-        alpha_mpi.torch.checkpointing). Refused inside no_sync() (`accumulation-pending`).
-        `accept_compute_change`: restore although the checkpoint was computed under another
-        compute identity (`compute-changed` otherwise; recorded). Returns the step directory, or None with
-        `missing_ok` when there is none. Collective."""
+        """Load a checkpoint saved on any rank count and partition mode into the module,
+        `optimizer` (with the saved hyperparameters) and the registered objects (`scheduler`:
+        registered as "scheduler"); sets `steps` and `updates`, restores each group's saved `lr`
+        and prints it (rank 0). `adopt_lr`: keep the optimizer's rate where a scheduler's
+        `initial_lr` differs (a hand-set rate needs none: checkpointing.py). Refused inside
+        no_sync() (`accumulation-pending`). `accept_compute_change`: restore another compute
+        identity's checkpoint (else `compute-changed`; recorded). Returns the step directory,
+        or None with `missing_ok` when there is none. Collective."""
         self.accumulation.refuse_pending("restore")
         return self.checkpoints.restore(
             directory,
@@ -428,9 +436,8 @@ class DataParallel:
         )
 
     def state_digest(self, optimizer: torch.optim.Optimizer | None = None) -> str:
-        """The digest of the whole state (STATE_COVERS, and the buffers): parameters, buffers,
-        `optimizer`'s state, the step, registered objects and the seed; `digest()` is the
-        parameters' alone. The same on every rank and rank count (every rank holds it all)."""
+        """The digest of the whole state (parameters, buffers, `optimizer`'s state, the step,
+        registered objects, the seed), the same on every rank count and mode (collective)."""
         return self.checkpoints.state_digest(optimizer)
 
     def digest(self) -> str:
@@ -438,5 +445,6 @@ class DataParallel:
         return parameter_digest(self.module)
 
     def free(self) -> None:
-        """Free the combine's requests and give its tags back (local)."""
+        """Free the combine's (and sharded optimizers') requests and give their tags back (local)."""
         self.combine.free()
+        self.shards.free()

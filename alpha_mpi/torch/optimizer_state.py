@@ -26,7 +26,15 @@ from .contract_and_digest import dtype_name
 
 torch = require_torch()
 
-__all__ = ["optimizer_vectors", "optimizer_scalars", "check_optimizer", "read_optimizer_scalars"]
+__all__ = [
+    "optimizer_vectors",
+    "optimizer_scalars",
+    "check_optimizer",
+    "read_optimizer_scalars",
+    "hyperparameters",
+    "group_names",
+    "WholeOptimizerState",
+]
 
 
 def _jsonable(v):
@@ -70,11 +78,16 @@ def _configured(saved: list, now: list) -> tuple[list, list]:
 def _groups(optimizer, module) -> list:
     """Each param group's parameters by their names in `module`, sorted: what the group's
     hyperparameters apply to (frozen parameters included; one outside the module by its shape)."""
+    return group_names(module, [g["params"] for g in optimizer.param_groups])
+
+
+def group_names(module, groups: list) -> list:
+    """Each group's parameters (a list of lists of tensors) by their names in `module`, sorted."""
     names = {id(p): k for k, p in module.named_parameters()}
-    return [
-        sorted(names.get(id(p), f"(outside the module: {list(p.shape)})") for p in g["params"])
-        for g in optimizer.param_groups
-    ]
+    return [sorted(names.get(id(p), f"(outside the module: {list(p.shape)})") for p in ps) for ps in groups]
+
+
+hyperparameters = _hyper  # each param group's settings as JSON (what a resume compares)
 
 
 def optimizer_vectors(opt, params: list) -> dict:
@@ -122,9 +135,11 @@ def optimizer_scalars(opt, params: list, module) -> dict:
     return sc
 
 
-def check_optimizer(sc: dict, opt, module, adopt_lr: bool) -> list | None:
+def check_optimizer(sc: dict, opt, module, adopt_lr: bool, groups: list | None = None) -> list | None:
     """Refuse a checkpoint whose optimizer state `opt` may not continue from (the module
-    docstring); return the saved `lr` of each group to restore (None: keep the present ones)."""
+    docstring); return the saved `lr` of each group to restore (None: keep the present ones).
+    `groups`: each group's parameters by name where `opt` holds other tensors (a sharded
+    optimizer's pieces: alpha_mpi.torch.shard_state)."""
     saved_opt = sc.get("optimizer")
     if saved_opt not in (None, type(opt).__name__):
         raise CheckpointRefusal(
@@ -138,7 +153,8 @@ def check_optimizer(sc: dict, opt, module, adopt_lr: bool) -> list | None:
             "checkpoint-config-mismatch",
             f"optimizer hyperparameters differ: saved {_fixed(saved_hyper)}, now {_fixed(now)}",
         )
-    saved_groups, groups = sc.get("param_groups"), _groups(opt, module)
+    saved_groups = sc.get("param_groups")
+    groups = _groups(opt, module) if groups is None else groups
     if saved_groups is not None and saved_groups != groups:  # recorded since issue 36
         raise CheckpointRefusal(
             "checkpoint-config-mismatch",
@@ -174,3 +190,87 @@ def read_optimizer_scalars(sc: dict, per: list) -> None:
             "checkpoint-config-mismatch",
             f"the checkpoint's optimizer scalars are not readable here: {e!r}",
         ) from None
+
+
+def read_vector(ck, name: str, tensors: list) -> None:
+    """Component `name` of checkpoint `ck`, whole, into `tensors` laid end to end (RoundBinary64
+    for float32, exact for values that were float32)."""
+    from .convert import unpack
+
+    total = sum(t.numel() for t in tensors)
+    if ck.length(name) != total:
+        raise CheckpointRefusal(
+            "checkpoint-config-mismatch",
+            f"component {name} has {ck.length(name)} values, this module {total}",
+        )
+    unpack(tensors, ck.read_range(name, 0, total))
+
+
+class WholeOptimizerState:
+    """A torch optimizer over the whole parameters (every rank holds all of its state) as a
+    checkpoint and a digest see it: the optimizer part of alpha_mpi.torch.checkpointing's view
+    (alpha_mpi.torch.shard_state.ShardedOptimizerState is the sharded one)."""
+
+    def __init__(self, opt, params: list, module) -> None:
+        held = [p for g in opt.param_groups for p in g["params"]]
+        if {id(p) for p in held} != {id(p) for p in params} or len(held) != len(params):
+            raise Refusal(
+                "torch-optimizer-state",
+                "the optimizer must hold exactly the module's trainable parameters",
+            )
+        self.opt, self.params, self.module = opt, params, module
+
+    def prepare(self) -> None:
+        """Nothing to gather: this rank holds it all."""
+
+    def pieces(self, own) -> dict:
+        """name -> (length, [(a, b, float64 values)]) for the range `own(length)` this rank writes."""
+        from .convert import pack
+
+        out = {}
+        for name, ts in optimizer_vectors(self.opt, self.params).items():
+            flat = pack(ts)
+            a, b = own(flat.size)
+            if b > a:
+                out[name] = (flat.size, [(a, b, flat[a:b])])
+        return out
+
+    def whole(self) -> dict:
+        """name -> the whole vector, widened exactly."""
+        from .convert import pack
+
+        return {name: pack(ts) for name, ts in optimizer_vectors(self.opt, self.params).items()}
+
+    def scalars(self) -> dict:
+        return optimizer_scalars(self.opt, self.params, self.module)
+
+    def check(self, sc: dict, adopt_lr: bool) -> list | None:
+        return check_optimizer(sc, self.opt, self.module, adopt_lr)
+
+    def read(self, ck, sc) -> list:
+        """Per parameter, the optimizer state dict the checkpoint holds."""
+        per = [{} for _ in self.params]
+        if sc.get("optimizer") is None:
+            return per
+        names = [c[len("optimizer.") :] for c in ck.components if c.startswith("optimizer.")]
+        for k in names:
+            ts = [torch.empty_like(p, memory_format=torch.contiguous_format) for p in self.params]
+            read_vector(ck, f"optimizer.{k}", ts)
+            for d, t in zip(per, ts):
+                d[k] = t
+        read_optimizer_scalars(sc, per)
+        return per
+
+    def apply(self, per: list, lrs: list | None) -> None:
+        """Install what `read` returned, and the saved rates (`lrs`, None: keep the present)."""
+        self.opt.state.clear()
+        for p, d in zip(self.params, per):
+            if d:
+                self.opt.state[p].update(d)
+        if lrs is not None:
+            for g, lr in zip(self.opt.param_groups, lrs):
+                g["lr"] = lr  # the scheduled rate at the saved step
+
+    def tensors(self) -> list:
+        """The tensors the optimizer's state holds."""
+        return [v for st in self.opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]

@@ -12,6 +12,8 @@ included (a DataLoader over the data set, `--workers` worker processes):
   owned slot, the ordered combine, the rounding into .grad), opt.step();
 - `slots=S local`: `SlotSampler` + `dp.step_local`: a rank loads only its slots;
 - `slots=S buckets`: as local, with `bucket_mb` (the combine overlaps the last backward);
+- `slots=S state`: as `slots=S` with `partition="state"`: the Adam state sharded, its update on
+  this rank's shard, the updated parameters assembled by selection (alpha_mpi.torch.sharding);
 - `torch alone K x N`: plain torch, K = S/p forwards and backwards of N = B/S samples, no
   combine, no optimizer: what a slot count's passes cost by themselves on this model.
 
@@ -35,7 +37,7 @@ from .baseline import init_gloo
 from .harness import RankParser, check_outputs, interleaved_steps
 from .results import write_json
 
-PATHS = ("step", "local", "buckets")
+PATHS = ("step", "local", "buckets", "state")
 # The issue-25 targets, printed beside the ratios: (model, slots per rank) -> ratio to DDP.
 TARGETS = {("transformer", 1): 1.05, ("transformer", 4): 1.25, ("cnn", 4): 1.3}
 
@@ -66,9 +68,10 @@ def _parser(rank):
     )
     p.add_argument(
         "--paths",
-        default="step,local,buckets",
+        default="step,local,buckets,state",
         help="alpha_mpi rows: step (global batch), local (SlotSampler + step_local), buckets "
-        "(local with bucket_mb); local and buckets for the first slot count only (default all)",
+        "(local with bucket_mb), state (step with partition='state'); all but step for the first "
+        "slot count only (default all)",
     )
     p.add_argument("--bucket-mb", type=float, default=8.0, help="bucket_mb of the buckets row (default 8)")
     p.add_argument("--batch", type=at_least(1), default=128, help="global batch (default 128)")
@@ -148,10 +151,16 @@ def cmd(comm, argv) -> int:
         for kind in paths if i == 0 else ["step"]:
             name = f"slots={slots}" + ("" if kind == "step" else f" {kind}")
             m = fresh()
-            dp = DataParallel(m, comm, slots=slots, bucket_mb=a.bucket_mb if kind == "buckets" else None)
-            opt = torch.optim.Adam(m.parameters(), lr=a.lr)
+            dp = DataParallel(
+                m,
+                comm,
+                slots=slots,
+                bucket_mb=a.bucket_mb if kind == "buckets" else None,
+                partition="state" if kind == "state" else "none",
+            )
+            opt = dp.optimizer(torch.optim.Adam, m.parameters(), lr=a.lr)
             sampler = SlotSampler(ds, dp, batch_size=a.batch, seed=0)
-            if kind == "step":
+            if kind in ("step", "state"):
                 data = _batches(torch, ds, lambda e, s=sampler: list(s.global_batches(e)), a.workers)
             else:
 
@@ -160,7 +169,7 @@ def cmd(comm, argv) -> int:
                     return s
 
                 data = _batches(torch, ds, local, a.workers)
-            step_fn = dp.step if kind == "step" else dp.step_local
+            step_fn = dp.step if kind in ("step", "state") else dp.step_local
             rows[name] = (data, step_fn, opt)
             models[name], steps[name] = m, 0
         if i == 0:
@@ -211,9 +220,44 @@ def cmd(comm, argv) -> int:
     dist.destroy_process_group()
     mismatch = _bits_check(digests)
     agreeing = _agreement_cost(dp, X[: a.batch], y[: a.batch])
+    held = _memory(comm, torch, fresh, X[: a.batch], y[: a.batch], summed, a.lr)
     if rank == 0:
         _report(a, size, torch, models, times, digests, mismatch, order, agreeing)
+        for line in held:
+            print(line)
     return 1 if mismatch else 0
+
+
+def _memory(comm, torch, fresh, Xb, yb, summed, lr) -> list[str]:
+    """dp.memory() of one AdamW step in each partition mode, rank 0's (alpha_mpi.torch.memory),
+    and the sharded optimizer state against the whole (p = 1's) one. Collective."""
+    from ...torch import DataParallel
+    from ...torch.partition_modes import MODES
+
+    size, mib, held = comm.Get_size(), 2.0**-20, {}
+    for mode in MODES:
+        m = fresh()
+        dp = DataParallel(m, comm, slots=size, partition=mode)
+        opt = dp.optimizer(torch.optim.AdamW, m.parameters(), lr=lr)
+        dp.step(Xb, yb, summed)
+        opt.step()
+        held[mode] = dp.memory(opt)
+        dp.free()
+    lines = []
+    for mode, h in held.items():
+        kinds = ", ".join(f"{k} {v * mib:.2f}" for k, v in h.items() if k not in ("at_rest", "peak"))
+        lines.append(
+            f"# memory partition={mode} (rank 0, MiB): {kinds}; at rest {h['at_rest'] * mib:.2f}, "
+            f"step's peak {h['peak'] * mib:.2f} (activations not counted)"
+        )
+    whole = held["none"]["optimizer_state"]
+    for mode, h in held.items():
+        if mode != "none" and whole:
+            lines.append(
+                f"# optimizer state partition={mode} / none on {size} ranks: {h['optimizer_state'] / whole:.3f}"
+                + ("  (target <= 0.30 at p = 4)" if size == 4 else "")
+            )
+    return lines
 
 
 def _agreement_cost(dp, Xb, yb, repeat: int = 20) -> float:
@@ -274,13 +318,10 @@ def _report(a, size, torch, models, times, digests, mismatch, order, agreeing) -
             f" {med[k] / ref:7.3f}   {'<= %.2f' % target if target else ''}"
         )
     first = next((k for k in order if k.startswith("slots=")), None)
-    for kind in ("local", "buckets"):
+    for kind, target in (("local", "  (target <= 1.02)"), ("buckets", ""), ("state", "  (target <= 1.05)")):
         k = f"{first} {kind}" if first else None
         if k in med:
-            print(
-                f"# {k} / {first}: {med[k] / med[first]:.3f}"
-                + ("  (target <= 1.02)" if kind == "local" else "")
-            )
+            print(f"# {k} / {first}: {med[k] / med[first]:.3f}{target}")
     print("# (torch alone K x N: K forwards and backwards of N samples each, no combine, no optimizer)")
     from ...torch.step_agreement import WORDS
 

@@ -1,0 +1,87 @@
+"""The partition modes of `DataParallel(..., partition=...)`: where the optimizer state lives.
+
+Every mode gives the bits of `none`: each coordinate goes through the same combine and the same
+torch update; only where the optimizer state is held and updated changes.
+
+    mode    parameters   .grad    optimizer state   after opt.step()           clip_grad_norm_
+    none    whole        whole    whole             nothing to do              the whole .grad's
+    state   whole        whole    own shard         the shards assembled by    the whole .grad's:
+                                                    selection (ZeRO-1)         the same as none
+
+The public keyword stays a string; `partition_mode(name)` reads it once (and refuses a name it
+does not know, `torch-partition-unknown`). After construction nothing asks which mode runs: the
+mode object builds the optimizer (alpha_mpi.torch.shard_optimizer where it shards) and clips.
+
+Clipping: every rank holds the whole combined `.grad` in `none` and in `state` (ZeRO-1 shards
+the optimizer's state only), so both clip by the same computation, `_clip_whole`: the whole
+gradient's block sums on every rank (alpha_mpi.torch.clipping). A mode that shards `.grad` would
+compute its shard's block sums alone (`block_sums(shard, start)`: shards begin on the grid that
+clipping's blocks use, sharding.GRID) and combine the block sums by position, to the same bits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..refusals import Refusal
+from .clipping import clip_grad_norm
+from .shard_optimizer import ShardedOptimizer
+from .sharding import ShardContext
+
+__all__ = ["PartitionMode", "partition_mode", "MODES"]
+
+
+def _plain(ctx: ShardContext, cls, groups, kw):
+    return cls(groups, **kw)
+
+
+def _sharded(ctx: ShardContext, cls, groups, kw):
+    binding = ShardedOptimizer.build(ctx, cls, groups, kw)
+    ctx.bindings[id(binding.optimizer)] = binding
+    return binding.optimizer
+
+
+def _clip_whole(ctx: ShardContext, max_norm: float):
+    """Every rank holds the whole `.grad`: clip it whole, the same computation on every rank and
+    in every mode that holds it so (the block sums of the whole flat gradient)."""
+    return clip_grad_norm(ctx.params, ctx.layout.offsets, max_norm, ctx.layout.n)
+
+
+@dataclass(frozen=True)
+class PartitionMode:
+    """One mode of the registry: its public name, whether the optimizer state is sharded, how
+    `DataParallel.optimizer` builds the optimizer (collective where it shards), and how
+    `DataParallel.clip_grad_norm_` clips the `.grad` a rank holds in it."""
+
+    name: str
+    shards_state: bool
+    build: Callable
+    clip: Callable
+
+    def optimizer(self, ctx: ShardContext, cls, groups, kw):
+        """torch's optimizer `cls(groups, **kw)`: over the parameters (none), or over this rank's
+        shard of them (alpha_mpi.torch.shard_optimizer)."""
+        return self.build(ctx, cls, groups, kw)
+
+
+_REGISTRY = {
+    m.name: m
+    for m in (
+        PartitionMode("none", False, _plain, _clip_whole),
+        PartitionMode("state", True, _sharded, _clip_whole),  # .grad whole: clipped as in none
+    )
+}
+
+MODES = tuple(_REGISTRY)  # the public names, in the order the docs list them
+
+
+def partition_mode(name: str) -> PartitionMode:
+    """The mode named `name` ("none", "state"), or `torch-partition-unknown` naming the modes."""
+    mode = _REGISTRY.get(name) if isinstance(name, str) else None
+    if mode is None:
+        raise Refusal(
+            "torch-partition-unknown",
+            f"DataParallel(partition={name!r}) is not a partition mode; use one of {', '.join(MODES)}",
+        )
+    return mode

@@ -17,8 +17,7 @@ the same tree and the same kernel formula; only where it is computed and stored 
             the forward pass and dropped after the step.
 
 The mode is read once, at construction, into a holder object (alpha_mpi.learning.partition) that
-keeps this rank's arrays and knows how the step combines, updates and gathers them; the step
-below asks it, never the mode's name.
+keeps this rank's arrays and knows how the step combines, updates and gathers them.
 
 No rank commits an update another rank refused (FiniteOrRefuse), and a preemption signal stops
 every rank after the same step; see train_step for how both travel without an extra round.
@@ -86,9 +85,8 @@ class DataParallelLearner:
             butterfly/halving algorithms on 2^k ranks), "star", "star:HUB", "hierarchy:K" (and whatever
             alpha_mpi.model.build accepts). Part of the numerical contract: two topologies are
             two contracts, and a checkpoint saved under one is refused under the other.
-        optimizer: "adam" (adam-v1), "adamw" (adamw-v1) or "sgd" (sgd-momentum-v1), the C kernel
-            formulas whose evaluation order the contract names (csrc/kernel/alpha_kernel.h);
-            FiniteOrRefuse. alpha_mpi.learning.optim holds one class per optimizer.
+        optimizer: "adam" (adam-v1), "adamw" (adamw-v1) or "sgd" (sgd-momentum-v1): C kernel formulas
+            (csrc/kernel/alpha_kernel.h; one class each in alpha_mpi.learning.optim); FiniteOrRefuse.
         lr, momentum: learning rate; SGD momentum (0 = plain SGD; ignored by Adam).
         weight_decay: AdamW's decoupled weight decay (torch.optim.AdamW's order: p * (1 - lr*wd),
             then the Adam step); default torch's 0.01; `usage` with another optimizer.
@@ -190,9 +188,8 @@ class DataParallelLearner:
             self.compute_identity = self.compute.identity
             # The learner's numerical contract: the combine order, normalise-once, the optimizer
             # formula, and the compute identity (or the machine-independence declaration).
-            self.contract = contract_for_plan(
-                self.full_plan, optimizer=kind.formula, compute=self.compute.spec
-            )
+            spec = self.compute.spec
+            self.contract = contract_for_plan(self.full_plan, optimizer=kind.formula, compute=spec)
             cd = self.contract.digest
             check_options((audit_slots, audit_digests, mode.name), slots, self.size)
             # With audit_slots the combine carries the audit's words after the stop word (its
@@ -413,9 +410,8 @@ class DataParallelLearner:
     ) -> str | None:
         """Load the latest checkpoint in `directory` (or that step directory) saved on any rank
         count (collective); returns the step directory. `accept_compute_change`: resume although
-        it was computed under another compute identity (`compute-changed` otherwise; recorded);
-        `adopt_weight_decay`: with another weight decay (recorded). See
-        alpha_mpi.learning.checkpoints.restore."""
+        computed under another compute identity (`compute-changed` otherwise), `adopt_weight_decay`:
+        with another weight decay (both recorded). See alpha_mpi.learning.checkpoints.restore."""
         from .checkpoints import restore
 
         consents = {"adopt_contract": adopt_contract, "accept_compute_change": accept_compute_change}

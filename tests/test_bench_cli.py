@@ -176,7 +176,7 @@ def test_unknown_command_exits_2_on_every_rank():
 
 @needs_mpiexec
 @pytest.mark.parametrize(
-    "flag,value", [("--plot", "/nonexistent/x.png"), ("--json", "."), ("--plot", "x.txt/y.png")]
+    "flag,value", [("--plot", "/dev/null/x.png"), ("--json", "."), ("--plot", "x.txt/y.png")]
 )
 def test_an_output_path_rank_0_cannot_write_is_refused_on_every_rank_before_the_run(tmp_path, flag, value):
     """Checked on rank 0 (which writes the outputs) before anything is timed; the verdict travels

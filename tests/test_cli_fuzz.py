@@ -66,7 +66,7 @@ def files(tmp_path_factory):
     return d
 
 
-PATHS = ["", " ", "/nonexistent/x", "/dev/full", "/dev/null", "deep.json", "truncated.json", "list.json",
+PATHS = ["", " ", "/dev/null/x", "/dev/full", "/dev/null", "deep.json", "truncated.json", "list.json",
          "rows.json", "sweep.json", "calibration.json", "bad.npz", "nan.npz", "plain.txt", "fifo", "."]  # fmt: skip
 INTS = ["0", "-1", "1", "3", "1e12", "1000000000000", "10" * 40, "x", "", "nan", "0x10", "2.5"]
 REALS = ["0", "-1", "nan", "inf", "1e308", "1e-320", "x", "", "0.5"]
@@ -110,8 +110,8 @@ TRAIN = {
     ],  # fmt: skip
     "--data": PATHS,
     "--json": PATHS + ["out.json"],
-    "--plot": PATHS + ["out.png", "/nonexistent/x.png"],
-    "--checkpoint-dir": PATHS + ["ck", "/nonexistent/ck", "plain.txt/ck"],
+    "--plot": PATHS + ["out.png", "/dev/null/x.png"],
+    "--checkpoint-dir": PATHS + ["ck", "/dev/null/ck", "plain.txt/ck"],
     "--checkpoint-every": ["0", "-1", "1", "x"],
     "--resume-from": PATHS,
     "--log-every": ["0", "-1", "1", "x"],
@@ -169,7 +169,7 @@ ALLREDUCE = {
     "--stat": ["x", "median"],
     "--model-size": ["x", "0", "8"],
     "--json": PATHS + ["out.json"],
-    "--plot": PATHS + ["out.png", "x.jpg", "/nonexistent/x.png"],
+    "--plot": PATHS + ["out.png", "x.jpg", "/dev/null/x.png"],
     "--format": ["table", "csv", "json", "", "xml"],
 }
 KERNEL_BASE = ["bench", "kernel", "--sizes", "1000", "--ks", "2", "--repeat", "1", "--model-shape", "2,3,4,2"]
@@ -332,11 +332,11 @@ LISTED = [
     (TRAIN_BASE + ["--json", "fifo"], 3, "[output-unwritable]"),
     (ALLREDUCE_BASE + ["--calibration", "fifo"], 3, "[calibration-invalid]"),
     (ALLREDUCE_BASE + ["--json", "fifo"], 3, "[output-unwritable]"),
-    (ALLREDUCE_BASE + ["--plot", "/nonexistent/x.png"], 3, "[output-unwritable]"),
+    (ALLREDUCE_BASE + ["--plot", "/dev/null/x.png"], 3, "[output-unwritable]"),
     (ALLREDUCE_BASE + ["--plot", "/dev/full"], 3, "[output-unwritable]"),
     (ALLREDUCE_BASE + ["--plot", "."], 3, "[output-unwritable]"),
     (ALLREDUCE_BASE + ["--json", "plain.txt/x.json"], 3, "[output-unwritable]"),
-    (TRAIN_BASE + ["--plot", "/nonexistent/x.png"], 3, "[output-unwritable]"),
+    (TRAIN_BASE + ["--plot", "/dev/null/x.png"], 3, "[output-unwritable]"),
     (["bench", "kernel", "--sizes", "1000", "--json", "/dev/full"], 3, "[output-unwritable]"),
     (["bench", "summary", "rows.json", "--merge", "fifo"], 3, "[output-unwritable]"),
     (["bench", "dot", "--lengths", "100", "--json", "."], 3, "[output-unwritable]"),

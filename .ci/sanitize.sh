@@ -53,7 +53,8 @@ if [ ! -x "$WORK/ompi/bin/python" ]; then
     || { tail -n 30 "$WORK/ompi.log"; fail "the Open MPI venv failed"; }
 fi
 # the kernel in place, from the copy's sources (the install built it once; a rerun refreshes it)
-(cd "$SRC" && "$WORK/mpich/bin/python" alpha_mpi/kernel/build.py >"$WORK/kernel.log" 2>&1) \
+# (setup.py's build_ext: the packages are declared there, so setuptools' discovery is not asked)
+(cd "$SRC" && "$WORK/mpich/bin/python" setup.py -q build_ext --inplace >"$WORK/kernel.log" 2>&1) \
   || { tail -n 30 "$WORK/kernel.log"; fail "the sanitized kernel did not build"; }
 grep -q -- "-fsanitize=address,undefined" <(cd "$SRC" && LD_PRELOAD=$ASAN_LIB ASAN_OPTIONS=detect_leaks=0 \
   "$WORK/mpich/bin/python" -c "from alpha_mpi.kernel.compiled import ffi, lib; print(ffi.string(lib.ak_build_flags()).decode())") \

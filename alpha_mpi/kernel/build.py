@@ -228,9 +228,12 @@ def make_ffi(flags=None):
 
 
 if __name__ == "__main__":  # development build: python alpha_mpi/kernel/build.py
-    os.chdir(ROOT)
-    ffi = make_ffi()
-    ffi.compile(verbose=True)
+    # Through setup.py (the cffi_modules hook below): the packages are declared there, and
+    # ffi.compile() would have setuptools discover them from the flat layout and refuse it.
+    import subprocess
+    import sys
+
+    sys.exit(subprocess.call([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=ROOT))
 elif __name__ == "__cffi__":  # exec'd by cffi's setuptools hook (setup.py cffi_modules)
     ffi = make_ffi()
 else:

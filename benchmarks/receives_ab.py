@@ -24,7 +24,9 @@ sizes = [int(s) for s in sys.argv[1:]] or [8, 1024, 8192, 65536, 1 << 20, 4 << 2
 BLOCKS = int(os.environ.get("AB_BLOCKS", "10"))
 if rank == 0:
     print(f"# {size} ranks, {BLOCKS} alternating blocks per mode; per-iteration us at rank 0")
-    print(f"{'bytes':>9} {'posted med':>10} {'matched med':>11} {'ratio':>6} {'posted min':>10} {'matched min':>11} {'ratio':>6}")
+    print(
+        f"{'bytes':>9} {'posted med':>10} {'matched med':>11} {'ratio':>6} {'posted min':>10} {'matched min':>11} {'ratio':>6}"
+    )
 for nbytes in sizes:
     n = max(1, nbytes // 8)
     tree = pairwise(range(size), size)
@@ -50,7 +52,10 @@ for nbytes in sizes:
     if rank == 0:
         med = {m: statistics.median(t) * 1e6 for m, t in times.items()}
         low = {m: min(t) * 1e6 for m, t in times.items()}
-        print(f"{nbytes:>9} {med['posted']:>10.1f} {med['matched']:>11.1f} {med['matched'] / med['posted']:>6.3f}"
-              f" {low['posted']:>10.1f} {low['matched']:>11.1f} {low['matched'] / low['posted']:>6.3f}", flush=True)
+        print(
+            f"{nbytes:>9} {med['posted']:>10.1f} {med['matched']:>11.1f} {med['matched'] / med['posted']:>6.3f}"
+            f" {low['posted']:>10.1f} {low['matched']:>11.1f} {low['matched'] / low['posted']:>6.3f}",
+            flush=True,
+        )
     for a in made.values():
         a.free()

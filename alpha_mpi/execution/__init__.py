@@ -9,6 +9,8 @@ allreducer.py holds the executors by plan kind, convenience.py the cached calls
 allreduce()/combine()/reduce_scatter().
 """
 
+from typing import TYPE_CHECKING
+
 from .._lazy import lazy_attributes as _lazy_attributes
 from .mpi_library import require_mpi
 
@@ -57,3 +59,12 @@ __all__ = [
 ]
 
 __getattr__, __dir__ = _lazy_attributes(__name__, _LAZY, globals())
+
+if TYPE_CHECKING:  # the names as static readers see them (the API reference, type checkers)
+    from .abort import abort_on_exception, set_abort_at_exit  # noqa: F401
+    from .allreducer import REALIZATIONS, Allreducer, Chunk, Combiner, ScatterCombiner, choose_realization  # noqa: F401
+    from .assembly import Assembler, assemble  # noqa: F401
+    from .contract_combiner import ContractCombiner  # noqa: F401
+    from .convenience import allreduce, combine, reduce_scatter, reset  # noqa: F401
+    from .endpoint import Endpoint  # noqa: F401
+    from .engine import Engine  # noqa: F401

@@ -6,6 +6,8 @@ executable form (each rank's ops) that the executor runs and `check` simulates. 
 a `PlanBase`: the same tree order id, layout order id and identity fields on each.
 """
 
+from typing import TYPE_CHECKING
+
 from .._lazy import lazy_attributes as _lazy_attributes
 
 # Every name loads on first use: the arrays need one module of this package (array_program), a
@@ -43,3 +45,11 @@ __all__ = [
 ]
 
 __getattr__, __dir__ = _lazy_attributes(__name__, _LAZY, globals())
+
+if TYPE_CHECKING:  # the names as static readers see them (the API reference, type checkers)
+    from .assembly import AssemblyPlan, even_ranges, plan_assembly  # noqa: F401
+    from .base import PlanBase  # noqa: F401
+    from .combine_plan import Edge, Group, Plan, plan  # noqa: F401
+    from .program import Program  # noqa: F401
+    from .realize import plan_scatter, realize  # noqa: F401
+    from .simulate import Traffic, simulate  # noqa: F401

@@ -12,6 +12,7 @@ pytestmark = needs_mpiexec
 
 
 def test_dot_tables_and_json(tmp_path):
+    """Both tables and the JSON; the development target printed only with --targets."""
     out = tmp_path / "dot.json"
     r = launch(
         "dot",
@@ -25,6 +26,7 @@ def test_dot_tables_and_json(tmp_path):
         "37x53,7x9x11",
         "--json",
         str(out),
+        "--targets",
         cwd=tmp_path,
     )
     assert r.returncode == 0, r.stdout + r.stderr
@@ -50,6 +52,14 @@ def test_dot_tables_and_json(tmp_path):
     assert any(line.lstrip().startswith("3000") for line in lines)
     target = [line for line in lines if line.startswith("# target arrays.dot")]  # issue 33, L = 100
     assert len(target) == 1 and target[0].split()[-1] in ("met", "MISSED"), target
+
+
+def test_dot_prints_no_target_unless_asked(tmp_path):
+    r = launch(
+        "dot", "--lengths", "1e2", "--iters", "2", "--warmup", "0", "--no-tiles", "--no-kernel", cwd=tmp_path
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "# alpha-mpi bench dot" in r.stdout and "target" not in r.stdout, r.stdout
 
 
 def test_dot_bad_option_exits_2_on_every_rank():

@@ -157,7 +157,7 @@ def test_the_shared_constants_are_written_once_and_checked_at_import():
         "AN_OP_MERGE",
         "AN_DONE",
         "AN_BAD_CRC",
-        "AN_ARRAY_CHECK",
+        "AN_OP_SUMMARY",
         "AN_MERGE_INVALID",
         "AK_FLAG_VOTE",
     } <= set(shared)

@@ -19,7 +19,7 @@
 
 #include "frame.h"
 #include "kernel_table.h"
-#include "pairwise.h" /* AP_ERR_* */
+#include "pairwise.h" /* AP_ERR_*, AP_MAX_NDIM */
 
 #define AN_FOLDED (AK_FLAG_NONFINITE | AK_FLAG_REFUSED | AK_FLAG_VOTE) /* what a frame passes on */
 #define AN_FLOWING_RATE 100e6 /* bytes/s: the slowest link a payload in flight is polled for (grace) */
@@ -377,6 +377,71 @@ static void an_merge_op(an_exec *e, an_state *s, const an_merge *mg) {
     oh[1] = flags;
 }
 
+/* A: the arrays' summary (native.h an_summary). */
+static int an_summary_op(an_exec *e, an_state *s, const an_summary *sm) {
+    const int64_t *g = (const int64_t *)e->bases[sm->geometry];
+    if (!g) return AN_DONE; /* the caller wrote this run's summary itself */
+    const double *const *xs = (const double *const *)&e->bases[sm->x0];
+    const double *const *ys = sm->y0 == AN_NO_BUFFER ? NULL : (const double *const *)&e->bases[sm->y0];
+    int64_t *nodes = (int64_t *)an_ptr(e, sm->nodes), *row = (int64_t *)an_ptr(e, sm->row);
+    int64_t *res = (int64_t *)an_ptr(e, sm->result), m, n = 0, room = 0;
+    int32_t nonfinite = 0;
+    if (!sm->tiles) {
+        n = g[2];
+        m = s->k->summary(xs, ys, sm->k, g[0], g[1], n, nodes, sm->capacity, &nonfinite);
+    } else {
+        int32_t d = (int32_t)g[1];
+        if (d < 1 || d > AP_MAX_NDIM) {
+            m = AP_ERR_BAD_ARGUMENT;
+        } else {
+            const int64_t *shape = g + 2;
+            n = g[0];
+            m = s->k->summary_tile(xs, ys, sm->k, d, shape, shape + d, shape + 2 * d, shape + 3 * d, nodes,
+                                   sm->capacity, sm->scratch, &nonfinite, &room);
+        }
+    }
+    res[0] = m;
+    res[1] = nonfinite;
+    if (m < 0 || nonfinite) return AN_STOP;
+    if (!sm->tiles) {
+        row[0] = g[0];
+        row[1] = g[1];
+        row[2] = n;
+        row[3] = 0;
+    } else {
+        int32_t d = (int32_t)g[1], arrays = sm->y0 == AN_NO_BUFFER ? sm->k : 2 * sm->k;
+        row[0] = 0;
+        row[1] = m;
+        row[2] = room;
+        memcpy(row + 3, g + 2 + 3 * d + (int64_t)arrays * d, (size_t)(8 * (sm->row_words - 3)));
+    }
+    int64_t *head = (int64_t *)an_ptr(e, sm->head);
+    head[0] = m;
+    head[1] = 0;
+    *(int64_t *)an_ptr(e, sm->n_word) = n;
+    return AN_DONE;
+}
+
+/* R: the arrays' root check (native.h an_root). */
+static void an_root_op(an_exec *e, an_state *s, const an_root *r) {
+    int64_t *verdict = (int64_t *)an_ptr(e, r->verdict);
+    const int64_t *valid = (const int64_t *)an_ptr(e, r->valid), *f = (const int64_t *)an_ptr(e, r->final);
+    int64_t n = *(const int64_t *)an_ptr(e, r->n_word);
+    double *values = an_ptr(e, r->values);
+    *verdict = 1;
+    if (e->flags || valid[0] != 1 || memcmp(an_ptr(e, r->table), valid + 1, (size_t)(8 * r->table_words)))
+        return;
+    if (f[1]) return; /* the merges' flags */
+    if (f[0] == 1 && f[2] == 0 && f[3] == n)
+        memcpy(values, f + 4, (size_t)(8 * r->k));
+    else if (n == 0 && f[0] == 0)
+        memset(values, 0, (size_t)(8 * r->k));
+    else
+        return;
+    if (s->k->first_nonfinite(values, (size_t)r->k) >= 0) return;
+    *verdict = 0;
+}
+
 static int an_loop(an_exec *e) {
     an_state *s = e->state;
     while (s->pc < e->nops) {
@@ -410,6 +475,12 @@ static int an_loop(an_exec *e) {
         }
         case AN_OP_MERGE:
             an_merge_op(e, s, &e->merges[op->index]);
+            break;
+        case AN_OP_SUMMARY:
+            r = an_summary_op(e, s, &e->summaries[op->index]);
+            break;
+        case AN_OP_ROOT:
+            an_root_op(e, s, &e->roots[op->index]);
             break;
         default:
             e->kernel_status = -1;
@@ -494,36 +565,6 @@ int an_run(an_exec *e, uint64_t step, double timeout, int32_t flags, int32_t ref
 }
 
 int an_resume(an_exec *e) { return an_loop(e); }
-
-int an_array_run(an_array *a, uint64_t step, double timeout) {
-    an_exec *e = a->e;
-    const ak_table *k = ((an_state *)e->state)->k;
-    a->nonfinite = 0;
-    int64_t m = k->summary(a->xs, a->ys, a->k, a->offset, a->length, a->n, a->local, a->capacity, &a->nonfinite);
-    if (m < 0 || a->nonfinite) return AN_ARRAY_LOCAL;
-    a->m = m;
-    a->row[0] = a->offset;
-    a->row[1] = a->length;
-    a->row[2] = a->n;
-    a->row[3] = 0;
-    *a->n_word = a->n;
-    a->head[0] = m;
-    a->head[1] = 0;
-    int rc = an_run(e, step, timeout, 0, -1, 0);
-    if (rc != AN_DONE) return rc;
-    if (e->flags || !a->valid[0] || memcmp(a->table, a->valid + 1, (size_t)(8 * a->table_words)))
-        return AN_ARRAY_CHECK;
-    const int64_t *f = a->final; /* record count, flags, then the first record: lo, hi, values */
-    if (f[1]) return AN_ARRAY_CHECK;
-    if (f[0] == 1 && f[2] == 0 && f[3] == a->n)
-        memcpy(a->values, f + 4, (size_t)(8 * a->k));
-    else if (a->n == 0 && f[0] == 0)
-        memset(a->values, 0, (size_t)(8 * a->k));
-    else
-        return AN_ARRAY_CHECK;
-    if (k->first_nonfinite(a->values, (size_t)a->k) >= 0) return AN_ARRAY_CHECK;
-    return AN_DONE;
-}
 
 /* 1 while request r may still be in flight: a request whose status MPI cannot tell counts as
  * in flight (its memory is then never freed under it). */

@@ -95,6 +95,42 @@ typedef struct an_merge {
     int64_t capacity;
 } an_merge;
 
+/* The arrays' summary (an A op, planning/program.py Summary): the kernel's ap_summary (1-D
+ * blocks) or ap_summary_tile (N-d tiles) of the caller's blocks xs[j] = bases[x0 + j] (and
+ * ys[j] = bases[y0 + j]) into a state (head, nodes), this rank's coverage row and the global
+ * length word, read from the geometry words at bases[geometry] (int64):
+ *   blocks  offset, length, n                  -> row: offset, length, n, status 0
+ *   tiles   n, ndim, shape, offset, extent (ndim words each), the arrays' element strides
+ *           (ndim words per array: xs, then ys), then the row's tail (row_words - 3 words)
+ *                                              -> row: status 0, records, room, tail
+ * `result` gets two int64 words: the record count (or AP_ERR_*) and the non-finite flag. A
+ * summary that fails (AP_ERR_*: a tile whose frames are too small) or holds a NaN/Inf writes
+ * nothing else and stops the run (AN_STOP): the op comes before every message op, so nothing
+ * was sent or posted, and the caller takes its own path. A NULL bases[geometry]: the caller
+ * wrote this run's state, row and length itself; the op does nothing. */
+typedef struct an_summary {
+    int32_t k;
+    int32_t tiles;     /* 0: 1-D blocks, 1: N-d tiles */
+    int32_t x0, y0;    /* buffer numbers of xs[0], ys[0] (y0 AN_NO_BUFFER: a sum, no ys) */
+    int32_t geometry;  /* buffer number of the geometry words */
+    int32_t row_words; /* words of the coverage row */
+    an_region head, nodes, row, n_word, result;
+    int64_t capacity;
+    const double **scratch; /* 2k pointers (ap_summary_tile's) */
+} an_summary;
+
+/* The arrays' root check (an R op, planning/program.py Root): `verdict` (one int64 word) is 0
+ * and `values` (k float64) holds the root's values when the run saw no flag, the table holds
+ * exactly the rows that passed every check last time (`valid`: word 0 is 1 while usable, then
+ * table_words words), the merged state (`final`: count, flags, lo, hi, k values) is the root
+ * [0, n) of the length word (or empty, n = 0) and its values are finite; else 1: the caller
+ * checks the run itself. */
+typedef struct an_root {
+    int32_t k;
+    an_region table, valid, final, n_word, values, verdict;
+    int64_t table_words;
+} an_root;
+
 typedef struct an_exec {
     int32_t rank;
     int32_t nops;
@@ -105,6 +141,8 @@ typedef struct an_exec {
     const an_copy *copies;
     const an_check *checks;
     const an_merge *merges;
+    const an_summary *summaries;
+    const an_root *roots;
     double **bases;
     int32_t nbases;
     int32_t first_static; /* bases from here on are the engine's (bound once); before: the caller's */
@@ -141,43 +179,6 @@ typedef struct an_exec {
     int32_t delivered; /* 1 when the copy was made */
     void *state; /* C's own: the communicator, the requests, where the run is (native.c) */
 } an_exec;
-
-/* ------------------------------------------------------------------ the arrays' one call
- * An array reduction whose arguments match an earlier call's (alpha_mpi/arrays/api.py checks
- * that, and keeps one record per such call) runs in one C call, an_array_run: the summary of
- * this rank's block (the kernel's ap_summary, through the table) straight into the round-0
- * state, this rank's coverage row and the global length word, then the exchange (an_run), then,
- * where the run was clean (no flag) and every rank's row is the table that passed every check
- * last time (`valid`, its word 0 = 1 while it may be used), the root's values into `values`.
- * Results besides an_run's:
- *   AN_ARRAY_LOCAL  nothing was sent: the summary refused the block or met a NaN/Inf; Python
- *                   takes the call its ordinary way, from the start;
- *   AN_ARRAY_CHECK  the run is done (AN_DONE) but Python must look: flags, a table it has not
- *                   checked, a merged state that is not the root [0, n), a non-finite root.
- * Any other result is an_run's, and Python goes on with the run (engine.py) as after an_run. */
-/* AN_ARRAY_CHECK, AN_ARRAY_LOCAL: abi.h */
-
-typedef struct an_array {
-    an_exec *e;
-    const double *const *xs; /* k pointers: the blocks */
-    const double *const *ys; /* k pointers (dot, norm2) or NULL (sum) */
-    int32_t k;
-    int64_t offset, length, n, capacity;
-    int64_t *local;  /* the round-0 state's records (ap_summary writes them) */
-    int64_t *head;   /* the round-0 state's record count and flags */
-    int64_t *row;    /* this rank's coverage row: offset, length, n, status */
-    int64_t *n_word; /* the global length the merges read */
-    const int64_t *table;
-    const int64_t *valid; /* word 0: 1 while usable; then table_words words */
-    int64_t table_words;
-    const int64_t *final; /* the merged state: count, flags, lo, hi, k values */
-    double *values;       /* out: the root's k values */
-    int64_t m;            /* out: the summary's record count */
-    int32_t nonfinite;    /* ap_summary's */
-} an_array;
-
-/* One array reduction (above): step and the per-wait bound as for an_run. */
-int an_array_run(an_array *a, uint64_t step, double timeout);
 
 /* A new executor calling the kernel through `kernel` (kernel_table.h ak_functions()). NULL when
  * out of memory. Python fills its records, then an_prepare. */

@@ -237,13 +237,14 @@ def compile_program(program: Program, rank: int, contract: str, sequence: int = 
     ex = nat.lib.an_new(ffi.cast("void *", int(table)))
     if ex == ffi.NULL:
         raise MemoryError("the C executor could not be allocated")
-    ex.rank, ex.nops, ex.ops, ex.msgs, ex.nmsgs = rank, len(ops), cops, cmsgs, len(order)
-    ex.evals, ex.copies, ex.checks, ex.merges = evals, copies, checks, merges
-    ex.summaries, ex.roots = summaries, roots
-    ex.bases, ex.nbases, ex.first_static = bases, len(bases), first_static
+    pg = ex.program  # the immutable part (native.h an_program); engine.py sets the policy
+    pg.rank, pg.nops, pg.ops, pg.msgs, pg.nmsgs = rank, len(ops), cops, cmsgs, len(order)
+    pg.evals, pg.copies, pg.checks, pg.merges = evals, copies, checks, merges
+    pg.summaries, pg.roots = summaries, roots
+    pg.bases, pg.nbases, pg.first_static = bases, len(bases), first_static
     res = rp.result
     if res is not None and res.buf == "out" and program.mode.whole:  # engine_bind.bind_out
-        ex.deliver_from.buf, ex.deliver_from.off, ex.deliver_count = 0, res.offset, res.count
+        pg.deliver_from.buf, pg.deliver_from.off, pg.deliver_count = 0, res.offset, res.count
     return Compiled(
         rp=rp,
         n=n,
@@ -273,8 +274,8 @@ def open_exec(c: Compiled, comm: MPI.Comm, block, probe: bool) -> None:
     frame before receiving it (size-safe), where others can send on the executor's tags."""
     for x in c.by_pos:
         x.tag = block.flag_tag if x.m.seq == FLAG_SEQ else block.base + 2 * x.m.seq
-        c.ex.msgs[x.pos].tag = x.tag
-    c.ex.probe = int(probe)
+        c.ex.program.msgs[x.pos].tag = x.tag
+    c.ex.program.probe = int(probe)
     rc = c.native.lib.an_prepare(c.ex, comm.py2f())
     if rc != 0:
         raise mpi_failure(MPI.Exception(rc), c.rp.rank, "making the executor's persistent requests", 0)

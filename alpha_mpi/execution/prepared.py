@@ -5,7 +5,7 @@
 combines) holds one and calls it; nothing else reaches the executor's state. A prepared run is
 the compiled program and the wait policy, fixed when the executor was built, and the buffers,
 bound per call: `run()` checks and binds this call's arrays, then is ONE call into C (an_run,
-csrc/round/native.c); the arrays bind their blocks and geometry (`bind`) and call `run_bound`,
+csrc/round/); the arrays bind their blocks and geometry (`bind`) and call `run_bound`,
 the same one call; the C loop hands a run back to Python only for what Python must do
 (engine_walk.py).
 
@@ -177,7 +177,7 @@ class PreparedRun:
             if rc:
                 self._go_on(rc, eng.timeout)
             else:
-                st.flags = ex.flags
+                st.flags = ex.run.flags
                 if st.flags & fr.FLAG_REFUSED:
                     walk.finish(c, st)
         finally:
@@ -185,7 +185,7 @@ class PreparedRun:
             self.busy = False
             self.flags = st.flags
         if st.bad is None and not st.flags & (fr.FLAG_REFUSED | fr.FLAG_NONFINITE):
-            # clean: C delivered the result into `out` at the end of the run (native.c)
+            # clean: C delivered the result into `out` at the end of the run (interpreter.c)
             if out is not None:
                 return out
             return None if c.rp.result is None else c.internal_out.copy()
@@ -311,7 +311,7 @@ class PreparedRun:
             rc = self._an_run(ex, step, timeout, 0, -1, 0)
             if rc == STOP:
                 return rc
-            if not rc and not ex.flags:
+            if not rc and not ex.run.flags:
                 return 0
             self._go_on(rc, timeout)
         finally:
@@ -342,7 +342,7 @@ class PreparedRun:
         try:
             if rc:
                 walk.drive(c, st, rc, eng.send_hook, bound, eng.waiter, eng.comm, eng.watch)
-            flags = st.flags = c.ex.flags
+            flags = st.flags = c.ex.run.flags
             if flags & fr.FLAG_REFUSED:
                 walk.finish(c, st)
         except Refusal as e:

@@ -31,7 +31,7 @@ _OP_NAMES = {
 
 #: an_run / an_resume results
 DONE, AGAIN, HOOK, BAD_FRAME, TIMEOUT, MPI_ERROR, KERNEL_ERROR, STOP = range(8)
-#: what was wrong with a bad frame (an_exec.bad_kind)
+#: what was wrong with a bad frame (an_run_state.bad_kind)
 BAD_HEADER, BAD_SIZE, BAD_PAYLOAD_SIZE, BAD_CRC = 1, 2, 3, 4
 NO_BUFFER = -1
 

@@ -51,7 +51,7 @@
 #define AN_OP_SUMMARY 9 /* the arrays' local summary (an_summary) */
 #define AN_OP_ROOT 10   /* the arrays' root check (an_root) */
 
-/* what was wrong with a bad frame (an_exec.bad_kind) */
+/* what was wrong with a bad frame (an_run_state.bad_kind) */
 #define AN_BAD_HEADER 1       /* the header is not the planned one (frames.FrameSpec.check names it) */
 #define AN_BAD_SIZE 2         /* the (header) message had another size: bad_got bytes */
 #define AN_BAD_PAYLOAD_SIZE 3 /* the payload message of a split frame had another size: bad_pgot */

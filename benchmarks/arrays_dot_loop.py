@@ -4,8 +4,8 @@
 
 Per round, the four variants take turns, each `calls` calls back to back after a Barrier:
     dot        arrays.dot(comm, x, y, offset, n), the same arguments every call (the one C call)
-    C call     its C call alone: an_array_run on the same record through the exchange's
-               prepared run (arrays/fast.py), no Python around it but the loop
+    C call     its C call alone: the exchange's prepared run bound to the record's geometry
+               (arrays/fast.py Call.run: one an_run), no Python around it but the loop
     ordinary   arrays.dot(..., timeout=300.0): the ordinary path, every check in Python
     mpi        send[0] = np.dot(x, y); comm.Allreduce(send, recv)
 Prints, on rank 0, the best round of each (µs per call, max over ranks) and the ratios to mpi.
@@ -18,7 +18,7 @@ import numpy as np
 from mpi4py import MPI
 
 from alpha_mpi import arrays
-from alpha_mpi.arrays import api, fast
+from alpha_mpi.arrays import fast
 
 comm = MPI.COMM_WORLD
 p, r = comm.Get_size(), comm.Get_rank()
@@ -43,7 +43,8 @@ def t_dot():
 
 def t_c():
     for _ in range(N):
-        api._one_call(c, (x,), (y,))
+        c.run()
+        ch.step += 1
 
 
 def t_ordinary():

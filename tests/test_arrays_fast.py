@@ -1,4 +1,4 @@
-"""The arrays' one C call (alpha_mpi/arrays/fast.py, csrc/round/native.h an_array_run) on one rank.
+"""The arrays' one C call (alpha_mpi/arrays/fast.py: the exchange's prepared run, an_run) on one rank.
 
 A call whose geometry (operation, offset, n, block length) is that of an earlier call that
 passed every check runs as one C call, with the same arrays or new ones; these tests show, on

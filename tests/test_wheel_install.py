@@ -109,6 +109,8 @@ def installed(tmp_path_factory):
     ours = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
     (site / "_alpha_mpi_test_deps.pth").write_text("".join(f"{p}\n" for p in sorted(ours)))
     assert not (site / "csrc").exists() and (site / "alpha_mpi" / "_csrc" / "round").is_dir()
+    shipped = {p.name for p in (site / "alpha_mpi" / "_csrc" / "round").iterdir()}
+    assert {p.name for p in (Path(ROOT) / "csrc" / "round").iterdir()} <= shipped  # every file of the round
 
     # The MPI library too is this environment's, found as a cluster's MPI module is: on the
     # library path (mpi4py looks for the venv's own lib/ first, which this venv has not).

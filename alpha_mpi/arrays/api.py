@@ -27,7 +27,7 @@ from ..kernel import ffi, lib
 from ..refusals import KernelRefusal, Refusal
 from . import fast, pairwise
 from .exchange import Exchanges
-from .tile_call import check_float64, local_checks, reduce_tiles, tile_form
+from .tile_call import check_float64, finish_tiles, local_checks, reduce_tiles, tile_form
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -59,8 +59,13 @@ def sum(  # noqa: A001 - the natural name
         shape: the global length n (1-D) or the global shape (a tuple; n = its product).
         timeout: seconds to wait for a peer (default: ALPHA_MPI_TIMEOUT).
     """
-    if timeout is None and type(offset) is int and type(shape) is int:
-        c = fast.lookup(comm, "sum", x, None, offset, shape)  # the record of this geometry, bound to x
+    if timeout is None:
+        if type(offset) is int and type(shape) is int:
+            c = fast.lookup(comm, "sum", x, None, offset, shape)  # the record of this geometry, bound to x
+        elif type(offset) is tuple and type(shape) is tuple:
+            c = fast.lookup_tile(comm, "sum", x, None, offset, shape)
+        else:
+            c = None
         if c is not None:
             return _one_call(c, (x,), None)[0]
     return _reduce(comm, "sum", (x,), None, offset, shape, timeout)[0]
@@ -78,8 +83,13 @@ def dot(
     """Σ x_i·y_i over the global arrays: each product rounded once (no FMA), then the pairwise
     tree over the flattened indices [0, n). x and y are this rank's blocks of one shape (their
     strides may differ); offset, shape and timeout as for `sum`."""
-    if timeout is None and type(offset) is int and type(shape) is int:
-        c = fast.lookup(comm, "dot", x, y, offset, shape)
+    if timeout is None:
+        if type(offset) is int and type(shape) is int:
+            c = fast.lookup(comm, "dot", x, y, offset, shape)
+        elif type(offset) is tuple and type(shape) is tuple:
+            c = fast.lookup_tile(comm, "dot", x, y, offset, shape)
+        else:
+            c = None
         if c is not None:
             return _one_call(c, (x,), (y,))[0]
     return _reduce(comm, "dot", (x,), (y,), offset, shape, timeout)[0]
@@ -91,8 +101,13 @@ def norm2(
     """sqrt(Σ x_i·x_i): the pairwise tree of the squares, then one correctly rounded square
     root. No scaling: |x_i| above ~1e154 overflows and is refused (non-finite-combined).
     Arguments as for `sum`."""
-    if timeout is None and type(offset) is int and type(shape) is int:
-        c = fast.lookup(comm, "norm2", x, x, offset, shape)
+    if timeout is None:
+        if type(offset) is int and type(shape) is int:
+            c = fast.lookup(comm, "norm2", x, x, offset, shape)
+        elif type(offset) is tuple and type(shape) is tuple:
+            c = fast.lookup_tile(comm, "norm2", x, x, offset, shape)
+        else:
+            c = None
         if c is not None:
             return math.sqrt(_one_call(c, (x,), (x,))[0])
     return math.sqrt(_reduce(comm, "norm2", (x,), (x,), offset, shape, timeout)[0])
@@ -316,24 +331,28 @@ def _exchange(ch, ex, op, k, m, row, n, detail, err=None, ran=False):
 
 
 def _one_call(c: fast.Call, xs: tuple, ys: tuple | None):
-    """A call of a remembered geometry (fast.py) in one C call (csrc/round/native.h
-    an_array_run, through the exchange's prepared run): its k values (indexable); whatever is
-    not the clean steady state goes on in Python from where it happened."""
+    """A call of a remembered geometry (fast.py): the exchange's prepared run, bound to the
+    call's arrays and geometry, in one C call; its k values (indexable). Whatever is not the
+    clean steady state goes on in Python from where it happened."""
     ch, ex = c.ch, c.ex
     step = ch.step
     ch.call_timeout = ch.timeout
     try:
-        rc = ex.run_one(c.rec, step)
+        rc = c.run()
     except BaseException:
         ch.step = step + 1
         raise
-    if rc == 0:
+    if rc == 0 and not ex.verdict[0]:  # the root check took the root's values
         ch.step = step + 1
-        return c.values
-    if rc == fast.LOCAL:  # nothing was sent: the ordinary path, from the start
-        return _reduce(c.comm, c.op, xs, ys, c.offset, c.n, None)
-    row = (c.offset, c.rec.length, c.n, pairwise.STATUS_OK)
-    return _exchange(ch, ex, c.op, c.k, c.rec.m, row, c.n, "", ran=True)
+        if c.length is None:
+            ch.capacity.settle(ex.valid_need)  # as every tile call does (tile_call.py)
+        return ex.root_values
+    if rc == fast.STOP:  # the summary met a NaN/Inf or frames too small; nothing was sent
+        return _reduce(c.comm, c.op, xs, ys, c.offset, c.shape, None)
+    if c.length is None:
+        return finish_tiles(ch, ex, c.op, xs, ys, c.offset, c.shape)
+    row = (c.offset, c.length, c.shape, pairwise.STATUS_OK)
+    return _exchange(ch, ex, c.op, c.k, int(ex.summary_result[0]), row, c.shape, "", ran=True)
 
 
 def _verdict(ch, ex, op, k, m_local, row, n, detail):

@@ -49,6 +49,7 @@ from ..execution.log import debug_enabled
 from ..kernel import ffi, lib
 from ..planning.array_program import (
     FINAL,
+    GEOMETRY,
     HEAD_WORDS,
     LENGTH,
     TABLE,
@@ -170,6 +171,8 @@ class Exchange:
             tree_order_id=f"pairwise-array:{op}:k={k}",
             identity=identity if kind is BLOCKS else f"{identity}:rows={kind.name}",
             edge0=0 if order is None else _FALLBACK_EDGES,
+            pairs=op != "sum",
+            tiles=kind is TILES,
         )
         self.engine = Engine(ch.user, program, seat=ch.stream.seat, what="array exchange")
         self.prepared = self.engine.prepare()  # every run of the exchange goes through it
@@ -194,9 +197,19 @@ class Exchange:
         self.values = struct.Struct(f"<{k}d")  # the root's values, after its lo and hi
         self.valid = None  # the table bytes that last passed every check
         self.valid_order = None  # with them: None (rank order) or the sorted exchange order
-        # the same for the one call in C (fast.py): word 0 is 1 while `valid` may be used as it
-        # is (rank order), then the table's words
-        self.valid_words = np.zeros(1 + self.table.size, dtype=np.int64)
+        # The program's root check (an R op, planning/array_program.py) compares the table with
+        # `valid_words` (word 0: 1 while `valid` may be used as it is, then the table's words)
+        # and writes its verdict and the root's values; the summary op its record count and
+        # non-finite flag: views of the engine's buffer.
+        root, summary = self.engine.rp.roots[0], self.engine.rp.summaries[0]
+        checks = words(root.verdict.buf)
+        self.valid_words = checks[root.valid.offset : root.valid.offset + root.valid.count]
+        self.verdict = checks[root.verdict.offset : root.verdict.offset + 1]
+        self.summary_result = checks[summary.result.offset : summary.result.offset + 2]
+        # the root's values as a cdata array: indexing it gives Python floats
+        self.root_values = ffi.from_buffer(
+            "double[]", bufs[root.values.buf][root.values.offset : root.values.offset + k]
+        )
         self.valid_need = 0  # with them (tiles): the records the largest state may hold
         self.xs_ptrs = ffi.new("double *[]", k)  # kernel arguments, set per call
         self.ys_ptrs = ffi.new("double *[]", k)
@@ -217,6 +230,7 @@ class Exchange:
         self.table[0] = row
         self.length[0] = n
         self.head[0], self.head[1] = m, 0
+        self.prepared.bind(GEOMETRY, None)  # the summary is written: the A op does nothing
         try:
             # one step count per channel: every frame of a call names the call
             self.prepared.run_checked(
@@ -226,12 +240,13 @@ class Exchange:
             if self.engine.broken is not None:
                 ch.broken = self.engine.broken
 
-    def run_one(self, rec, step: int) -> int:
-        """The one call of a remembered geometry (fast.py: `rec`, its an_array_run record) at
-        frame step `step`: PreparedRun.run_array's result (0: clean, the values in the record;
-        fast.LOCAL: nothing sent; fast.CHECK: the run ended, its table is to be checked)."""
+    def run_bound(self, step: int) -> int:
+        """One run at frame step `step` with the blocks and geometry bound to the prepared run
+        (fast.py): the summary, the exchange and the root check in the one C call. 0: the run
+        ended (`verdict[0]` 0: the root's values are in `root_values`; 1: the caller checks
+        the table); abi.STOP: the summary stopped it before anything was sent."""
         try:
-            return self.prepared.run_array(rec, step, self.ch.timeout)
+            return self.prepared.run_bound(step, self.ch.timeout)
         finally:
             if self.engine.broken is not None:
                 self.ch.broken = self.engine.broken
@@ -243,6 +258,16 @@ class Exchange:
         w = self.valid_words
         w[0] = 0
         if order is None:
+            w[1:] = np.frombuffer(tb, dtype=np.int64)
+            w[0] = 1
+
+    def passed_tiles(self, tb: bytes, need: int) -> None:
+        """The tile table `tb` passed every check, and its largest state holds `need` records:
+        the root check may use it where this exchange's frames hold them."""
+        self.valid, self.valid_need = tb, need
+        w = self.valid_words
+        w[0] = 0
+        if need <= self.capacity:
             w[1:] = np.frombuffer(tb, dtype=np.int64)
             w[0] = 1
 

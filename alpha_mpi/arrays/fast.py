@@ -1,38 +1,42 @@
-"""The steady-state call of sum, dot, norm2 and dots on 1-D blocks: one C call (csrc/round/native.h
-an_array_run) where the call's geometry is that of an earlier call that passed every check.
+"""The steady-state call of sum, dot, norm2 and dots, on 1-D blocks and on N-d tiles: an ordinary
+prepared run of the exchange, bound to the call's arrays and geometry, where the call's
+geometry is that of an earlier call that passed every check.
 
 A solver calls the same few reductions again and again: `dot(comm, r, r, off, n)` and
 `dot(comm, p, Ap, off, n)` at the same offset and length every iteration, often with new arrays
-(`q = A(p)`, `p = r + beta * p`). The ordinary path (api.py) checks the arguments, finds the
-channel and the exchange, evaluates the summary, writes the row, runs the exchange's prepared
-run and checks the table and the root, each a Python step. When a call has gone through every
-check with its own arrays (none copied), a `Call` remembers what the checks decided, as the C
-record of an_array_run: the operation, offset, length, n, the exchange's buffers and the table
-that passed. A later call of the same geometry is then one C call through the exchange's
-prepared run (PreparedRun.run_array): the summary straight into the round-0 frame, the row,
-the exchange (an_run), the comparison of every rank's rows with the table that passed, and the
-root's values. Same kernel, same frames, same order: the same bits.
+(`q = A(p)`, `p = r + beta * p`); a stencil code the same with its tiles. The ordinary path
+(api.py, tile_call.py) checks the arguments, finds the channel and the exchange, evaluates the
+summary, writes the row, runs the exchange's prepared run and checks the table and the root,
+each a Python step. When a call has gone through every check with its own arrays (none
+copied), a `Call` remembers its geometry as the words the exchange program's summary op reads
+(planning/array_program.py, csrc/round/native.h an_summary): offset, length and n of a block;
+shape, offset, extent, strides and the row of a tile. A later call of the same geometry binds
+its arrays and those words to the exchange's prepared run (PreparedRun.bind) and runs it
+(PreparedRun.run_bound): ONE C call, an_run, as for every front end. The program's first op
+(A) writes the summary straight into the round-0 frame, the row and the length word, the
+exchange runs, and its last op (R) compares every rank's rows with the table that passed and
+takes the root's values. Same kernel, same frames, same order: the same bits.
 
 Keyed by geometry, never by identity (issue 42):
-- a record is found by the communicator object, the operation, the batch size, offset and n
-  (ints) and the blocks' length; the arrays of the call are checked on every call (each a 1-D,
-  C-contiguous, aligned float64 ndarray of that length: dtype, shape and strides can be set in
-  place under the same object) and bound: a pointer made from the buffer of each array that is
-  not the one bound there now, which is held (the record keeps the last call's arrays alive,
-  no more) and pinned by a weak reference (NumPy refuses to resize an array that has one, so
-  its data cannot move while it is bound; once another array is bound in its place it may be
-  resized again);
+- a record is found by the communicator object, the operation, the batch size and the
+  geometry (ints, or tuples of ints and the arrays' strides); the arrays of the call are checked
+  on every call (float64 ndarrays of that shape, strides and alignment: dtype, shape and
+  strides can be set in place under the same object) and bound: a pointer made from the buffer
+  of each array that is not the one bound there now, which is held (the prepared run keeps the
+  last call's arrays alive, no more) and pinned by a weak reference (NumPy refuses to resize an
+  array that has one, so its data cannot move while it is bound);
 - the channel: a failed run or `reset` marks it broken (a record of a broken channel is never
   used, and the ordinary path then says why); `reset` and the communicator's Free delete its
   attribute, and api.py's delete callback forgets its records;
-- what depends on other ranks is never cached: their rows travel on every call, and C falls
-  back to Python's checks whenever they differ from the rows that passed.
+- what depends on other ranks is never cached: their rows travel on every call, and the root
+  check hands the call back to Python whenever they differ from the rows that passed.
 
-Whatever is not the clean steady state goes back to Python at the point it happened (see
-an_array_run's results): a NaN/Inf in the block (nothing sent: the ordinary path from the
-start), a run that must return to Python (a signal slice, the send hook of tests, a bad frame, a
-timeout: the prepared run goes on as after an_run), flags, a new table, a non-finite root (the
-ordinary checks after the run). So every refusal is the ordinary path's, on every rank.
+Whatever is not the clean steady state goes back to Python at the point it happened: a NaN/Inf
+in the block or a tile whose frames are too small (the summary op stops the run before anything
+is sent, abi.STOP: the ordinary path from the start), a run that must return to Python (a signal
+slice, the send hook of tests, a bad frame, a timeout: the prepared run goes on as after any
+an_run), flags, a new table, a non-finite root (the root check's verdict: the ordinary checks
+after the run). So every refusal is the ordinary path's, on every rank.
 
 At most RECORDS geometries are remembered per process (a Krylov loop has two to five), and only
 blocks of at most MAX_ELEMENTS elements (beyond, the summary costs far more than the Python
@@ -41,11 +45,10 @@ around it).
 
 from __future__ import annotations
 
-import weakref
-
 import numpy as np
 
-from ..kernel import abi
+from ..kernel import abi, ffi
+from ..planning.array_program import GEOMETRY
 from . import pairwise
 
 __all__ = [
@@ -53,86 +56,56 @@ __all__ = [
     "RECORDS",
     "MAX_ELEMENTS",
     "MAX_PAIRS",
-    "CHECK",
-    "LOCAL",
+    "STOP",
     "lookup",
     "lookup_pairs",
+    "lookup_tile",
     "remember",
+    "remember_tile",
     "forget",
 ]
 
 RECORDS = 6
 MAX_ELEMENTS = 1 << 17
 MAX_PAIRS = 8  # dots() batches remembered
-CHECK, LOCAL = 16, 17  # csrc/kernel/abi.h AN_ARRAY_CHECK, AN_ARRAY_LOCAL (checked at import)
+STOP = abi.STOP  # the summary op stopped the run: nothing was sent
 
 abi.check(
-    {
-        "AN_ARRAY_CHECK": CHECK,
-        "AN_ARRAY_LOCAL": LOCAL,
-        "AN_MERGE_OVERFLOW": pairwise.FLAG_OVERFLOW,
-        "AN_MERGE_INVALID": pairwise.FLAG_INVALID,
-    },
+    {"AN_MERGE_OVERFLOW": pairwise.FLAG_OVERFLOW, "AN_MERGE_INVALID": pairwise.FLAG_INVALID},
     "alpha_mpi/arrays/fast.py and arrays/pairwise.py",
 )
 
 _F64 = np.dtype(np.float64)
 _ND = np.ndarray
-_STRIDES = (8,)  # a contiguous float64 block
 _PAIR = (tuple, list)
+_XS = tuple(f"X{j}" for j in range(pairwise.MAX_BATCH))
+_YS = tuple(f"Y{j}" for j in range(pairwise.MAX_BATCH))
 
 #: the remembered geometries, oldest first (a list: a loop's few calls are found at once)
 _CALLS: list = []
 
 
 class Call:
-    """One remembered geometry: (comm, op, k, offset, n, length) on channel `ch`, exchange `ex`
-    (rank order, k values), and the C record of an_array_run that runs it, with the arrays it
-    points at now (`bound`: held until a later call binds others)."""
+    """One remembered geometry on channel `ch`, exchange `ex` (rank order, k values): `key`
+    (offset and n of 1-D blocks; shape, offset, extent and strides of a tile), `length` (a 1-D
+    block's elements; None for a tile) and the geometry words the summary op reads."""
 
-    __slots__ = (
-        "comm",
-        "ch",
-        "ex",
-        "op",
-        "k",
-        "offset",
-        "n",
-        "length",
-        "rec",
-        "px",
-        "py",
-        "bound",
-        "values",
-        "fb",
-        "_held",
-    )
+    __slots__ = ("comm", "ch", "ex", "op", "k", "key", "length", "words", "pointer", "offset", "shape")
 
-    def __init__(self, ch, ex, op: str, k: int, offset: int, n: int, length: int):
+    def __init__(self, ch, ex, op: str, k: int, key: tuple, length, words: list):
         self.comm, self.ch, self.ex, self.op, self.k = ch.user, ch, ex, op, k
-        self.offset, self.n, self.length = offset, n, length
-        self.bound: list = [None] * (2 * k)  # (array, pointer, weak reference) per block pointer
-        compiled = ex.engine.compiled
-        nat = compiled.native
-        ffi = nat.ffi
-        self.fb = ffi.from_buffer
-        rec = ffi.new("an_array *")
-        self.px = ffi.new("double *[]", k)
-        self.py = ffi.NULL if op == "sum" else ffi.new("double *[]", k)
+        self.key, self.length = key, length
+        self.words = np.array(words, dtype=np.int64)
+        self.pointer = ffi.cast("double *", ffi.from_buffer("int64_t[]", self.words))
+        # the call's offset and shape as the caller gave them: ints (1-D), tuples (a tile)
+        self.offset, self.shape = key if length is not None else (key[1], key[0])
 
-        def words(a):
-            return ffi.from_buffer("int64_t[]", a, True)
-
-        rec.e = compiled.ex
-        rec.xs, rec.ys, rec.k = self.px, self.py, k
-        rec.offset, rec.length, rec.n, rec.capacity = offset, length, n, ex.capacity
-        held = [words(ex.local_words), words(ex.head), words(ex.table), words(ex.length)]
-        held += [words(ex.valid_words), words(ex.final), ffi.new("double[]", k)]
-        rec.local, rec.head, rec.row, rec.n_word = held[0], held[1], held[2], held[3]
-        rec.table, rec.table_words = held[2], ex.table.size
-        rec.valid, rec.final, rec.values = held[4], held[5], held[6]
-        self.rec, self.values = rec, held[6]
-        self._held = held  # the cdata the record points into lives as long as it
+    def run(self) -> int:
+        """Bind the geometry and run (the arrays are bound by the lookup): Exchange.run_bound's
+        result."""
+        ex = self.ex
+        ex.prepared.bind(GEOMETRY, self.words, self.pointer)
+        return ex.run_bound(self.ch.step)
 
 
 def _fits(a, length: int) -> bool:
@@ -145,27 +118,18 @@ def _fits(a, length: int) -> bool:
 
 
 def _bind(c, j: int, x, y) -> None:
-    """Point the record's j-th block pointers at x and y (y None: sum), each anew unless it
-    is the array bound there now: that one is pinned (a weak reference: NumPy refuses to
-    resize it), so its pointer holds."""
-    e = c.bound[j]
-    if e is None or e[0] is not x:
-        ptr = c.fb("double[]", x)
-        c.bound[j] = e = (x, ptr, weakref.ref(x))
-        c.px[j] = ptr
+    """Bind the exchange's j-th blocks to x and y (y None: sum)."""
+    prep = c.ex.prepared
+    ptr = prep.bind(_XS[j], x)
     if y is not None:
-        f = c.bound[c.k + j]
-        if f is None or f[0] is not y:
-            ptr = e[1] if y is x else c.fb("double[]", y)
-            c.bound[c.k + j] = (y, ptr, weakref.ref(y))
-            c.py[j] = ptr
+        prep.bind(_YS[j], y, ptr if y is x else None)
 
 
 def lookup(comm, op: str, x, y, offset: int, n: int) -> Call | None:
     """The remembered call of this geometry, bound to x and y, when they fit it and its
     channel is usable; else None (the ordinary path). offset and n: ints."""
     for c in _CALLS:
-        if c.k == 1 and c.op == op and c.comm is comm and c.offset == offset and c.n == n:
+        if c.k == 1 and c.op == op and c.comm is comm and c.length is not None and c.key == (offset, n):
             length = c.length
             if (
                 not _fits(x, length)
@@ -185,7 +149,7 @@ def lookup_pairs(comm, pairs: list, offset: int, n: int) -> Call | None:
     that fit a remembered call of k values."""
     k = len(pairs)
     for c in _CALLS:
-        if c.k == k and c.op == "dot" and c.comm is comm and c.offset == offset and c.n == n:
+        if c.k == k and c.op == "dot" and c.comm is comm and c.length is not None and c.key == (offset, n):
             if c.ch.broken is not None:
                 return None
             length = c.length
@@ -201,29 +165,95 @@ def lookup_pairs(comm, pairs: list, offset: int, n: int) -> Call | None:
     return None
 
 
+def _tile_pointer(a):
+    """The summary's pointer to a's first element: from its buffer where it is C-contiguous,
+    else its address (a strided view: the prepared run holds `a` while it is bound)."""
+    if a.flags.c_contiguous:
+        return ffi.from_buffer("double[]", a)
+    return ffi.cast("double *", a.__array_interface__["data"][0])
+
+
+def lookup_tile(comm, op: str, x, y, offset: tuple, shape: tuple) -> Call | None:
+    """The remembered tile call of this geometry (offset and shape tuples of ints, the arrays'
+    shape and strides), bound to x and y (None: sum), when they fit it, its channel is usable
+    and the channel's tile frames are still the ones it passed with; else None."""
+    for c in _CALLS:
+        if c.k == 1 and c.op == op and c.comm is comm and c.length is None:
+            key = c.key  # (shape, offset, extent, strides)
+            if key[0] != shape or key[1] != offset:
+                continue
+            for v in (*offset, *shape):  # equal tuples may hold floats or bools (0.0 == 0)
+                if type(v) is not int:
+                    return None
+            if not (type(x) is _ND and x.dtype is _F64 and x.flags.aligned):
+                return None
+            if y is None or y is x:
+                strides = (x.strides,) if y is None else (x.strides, x.strides)
+            elif type(y) is _ND and y.dtype is _F64 and y.flags.aligned and y.shape == x.shape:
+                strides = (x.strides, y.strides)
+            else:
+                return None
+            if x.shape != key[2] or strides != key[3]:
+                continue  # another tile at the same place (another extent, other strides)
+            if c.ch.broken is not None or c.ex.capacity != c.ch.capacity.current:
+                return None
+            if (y is None) != (op == "sum"):
+                return None
+            prep = c.ex.prepared
+            ptr = prep.bind("X0", x, None if x.flags.c_contiguous else _tile_pointer(x))
+            if y is not None:
+                prep.bind("Y0", y, ptr if y is x else None if y.flags.c_contiguous else _tile_pointer(y))
+            return c
+    return None
+
+
+def _add(c: Call) -> None:
+    for i, old in enumerate(_CALLS):
+        if (
+            old.op == c.op
+            and old.k == c.k
+            and old.comm is c.comm
+            and old.key == c.key
+            and old.length == c.length
+        ):
+            if old.ch is c.ch and old.ex is c.ex:
+                return  # known (this call took the ordinary path for a reason of its own)
+            del _CALLS[i]  # of an earlier channel (before a reset), or other frames (tiles)
+            break
+    if len(_CALLS) >= RECORDS:
+        del _CALLS[0]
+    _CALLS.append(c)
+
+
 def remember(ch, ex, op: str, xs: tuple, ys: tuple | None, offset: int, n: int) -> None:
     """Remember the geometry of a call that just passed every check with its own arrays
     (api.py: xs, and ys or None for sum), unless a record of it exists."""
     length = xs[0].shape[0]
     if length > MAX_ELEMENTS or ex.valid_order is not None or len(xs) > MAX_PAIRS:
         return
-    comm, k = ch.user, len(xs)
-    for i, c in enumerate(_CALLS):
-        if (
-            c.op == op
-            and c.k == k
-            and c.comm is comm
-            and c.offset == offset
-            and c.n == n
-            and c.length == length
-        ):
-            if c.ch is ch and c.ex is ex:
-                return  # known (this call took the ordinary path for a reason of its own)
-            del _CALLS[i]  # of an earlier channel (before a reset)
-            break
-    if len(_CALLS) >= RECORDS:
-        del _CALLS[0]
-    _CALLS.append(Call(ch, ex, op, k, offset, n, length))
+    _add(Call(ch, ex, op, len(xs), (offset, n), length, [offset, length, n]))
+
+
+def remember_tile(ch, ex, op: str, args) -> None:
+    """Remember a tile call (tile_call.py: its checked TileArgs `args`, one array or one pair)
+    that just passed every check with its own arrays in exchange `ex`, whose frames held it."""
+    geo = args.geo
+    elements = 1
+    for e in geo.extent:
+        elements *= e
+    if (
+        len(args.xs) != 1
+        or elements > MAX_ELEMENTS
+        or ex.valid_words[0] != 1
+        or ex.capacity != ch.capacity.current
+    ):
+        return
+    strides = tuple(a.strides for a in args.xs) + (tuple(a.strides for a in args.ys) if args.ys else ())
+    d = geo.ndim
+    words = [geo.n, d, *geo.shape, *geo.offset, *geo.extent]
+    words += [int(geo.strides[i]) for i in range(d * len(strides))]
+    key = (geo.shape, geo.offset, geo.extent, strides)
+    _add(Call(ch, ex, op, 1, key, None, words + list(geo.row_tail)))
 
 
 def forget(ch) -> None:

@@ -1,6 +1,6 @@
 """Execution layer: runs realizations of declared trees over mpi4py (point-to-point only).
 
-One executor (engine.Engine) runs every realization's program, its rounds in C (csrc/round/native.c,
+One executor (engine.Engine) runs every realization's program, its rounds in C (csrc/round/,
 built by the MPI's own mpicc at first use: native.py); endpoint.py holds alpha_mpi's state on
 each user communicator (its one duplicate, executor numbering, tags, the build agreement) and
 verdict.py the one round in which every rank learns every rank's word; frames.py owns headers,

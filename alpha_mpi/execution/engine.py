@@ -8,7 +8,7 @@ duplicated here (the endpoint holds alpha_mpi's one duplicate of each user commu
 buffers, frame headers, the MPI requests and the C records of every op are built once
 (engine_build.py; the requests once the agreement gave the tags); a run binds the caller's
 contributions and `out` (its PreparedRun, prepared.py: the one door of every front end) and is
-then ONE call into C (csrc/round/native.c, built by the MPI's own mpicc: native.py) that
+then ONE call into C (csrc/round/, built by the MPI's own mpicc: native.py) that
 interprets the rank's ops: P posts a receive, S writes a header (the
 flags seen so far) and starts a send, W waits for a frame and checks it (one comparison of its
 header; the field-by-field naming only on a mismatch, back in Python), D completes a send, E is
@@ -154,18 +154,18 @@ class Engine:
         self.contract = contract
         self.compiled = c = compile_program(program, rank, contract, self.sequence)
         self.rp, self.bufs, self.n = c.rp, c.bufs, c.n
-        ex, w = c.ex, self.waiter
-        ex.before_yield, ex.spin, ex.slice, ex.sleep_after = (
+        policy, w = c.ex.policy, self.waiter
+        policy.before_yield, policy.spin, policy.slice, policy.sleep_after = (
             w.before_yield,
             int(w.spin),
             SIGNAL_SLICE,
             SLEEP_AFTER,
         )
-        ex.debug = int(self.debug)
+        policy.debug = int(self.debug)
         # ALPHA_MPI_PAYLOAD_CHECK=1 (self.payload_check, read before the build agreement, which
         # holds it equal on every rank): a CRC32C of every payload travels in its header and is
         # checked on arrival (opt-in: docs/performance.md gives its cost).
-        ex.check_payload = int(self.payload_check)
+        c.ex.program.check_payload = int(self.payload_check)
         self.slots = c.rp.slots
         self.is_receiver = c.is_receiver
         self.realization = program.realization
@@ -187,7 +187,7 @@ class Engine:
     def send_hook(self, hook) -> None:
         self._hook = hook
         if self.compiled is not None:
-            self.compiled.ex.hook = int(hook is not None)
+            self.compiled.ex.policy.hook = int(hook is not None)
 
     def _program_of(self, plan: object) -> Program:
         """The Program this executor runs for `plan` (`plan-kind-mismatch` for another kind)."""

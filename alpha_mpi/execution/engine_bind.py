@@ -85,11 +85,11 @@ class Bound:
         if d is None or d[0] is not out:
             ptr = self.from_buffer("double[]", out, True)
             self.deliver = (out, ptr, weakref.ref(out))
-            self.c.ex.deliver_to = ptr
+            self.c.ex.run.deliver_to = ptr
 
     def no_delivery(self) -> None:
         self.deliver = None
-        self.c.ex.deliver_to = self._null
+        self.c.ex.run.deliver_to = self._null
 
     def clear(self) -> None:
         """Drop every array (the executor was freed): they may be resized again."""
@@ -214,7 +214,7 @@ def finish(c, program, rank: int, step: int, st, local, leaves, outarr, out):
         raise PlanRefusal("internal-error", "an allreduce result outside `out`")
     if out is None:
         return outarr.copy() if outarr is c.internal_out else outarr
-    if outarr is c.internal_out and not c.ex.delivered:  # (the payload check: after its flag round)
+    if outarr is c.internal_out and not c.ex.run.delivered:  # (the payload check: after its flag round)
         np.copyto(out.reshape(-1), outarr)
     return out
 

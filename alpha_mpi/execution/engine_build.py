@@ -4,8 +4,9 @@
 (frames.FrameSpec), and fills the C records of csrc/round/native.h: one op per planned op, one
 message record per frame, one evaluation, copy, check or merge record per op of those kinds,
 each region a (buffer number, element offset) pair. Buffer numbers: 0 is `out`, 1.. the
-contributions in the rank's slot order (the caller's memory: bound per run by writing their
-base pointers), then the work buffers (the engine's: bound here, once). Nothing here
+contributions in the rank's slot order, then the program's other caller buffers
+(`RankProgram.bound`: the arrays' blocks and geometry) (the caller's memory: bound per run by
+writing their base pointers), then the work buffers (the engine's: bound here, once). Nothing here
 communicates: once the build agreement has given the executor its tag block (endpoint.py:
 message k from one rank to another uses block.base + 2k and + 2k + 1, a flag-round frame the
 block's flag tag), `open_exec` writes the tags and the C executor makes its persistent requests
@@ -81,6 +82,7 @@ class Compiled:
     ex: object  # the C executor (an_exec *)
     bases: object  # its buffer base pointers (double *[]): the caller's are written per run
     slot_base: dict  # slot -> its buffer number
+    bound_base: dict  # name in RankProgram.bound -> its buffer number (bound by the front end)
     internal_out: np.ndarray | None  # the result buffer of small or aliased runs
     small: bool  # results computed in internal_out, copied to the caller's `out` on success
     is_receiver: bool
@@ -114,8 +116,9 @@ def compile_program(program: Program, rank: int, contract: str, sequence: int = 
         else:
             bufs[b.name] = np.zeros(b.count)
     slot_base = {s: 1 + i for i, s in enumerate(rp.slots)}
-    first_static = 1 + len(rp.slots)
-    number = {"out": 0, **{f"L{s}": i for s, i in slot_base.items()}}
+    bound_base = {name: 1 + len(rp.slots) + i for i, name in enumerate(rp.bound)}
+    first_static = 1 + len(rp.slots) + len(rp.bound)
+    number = {"out": 0, **{f"L{s}": i for s, i in slot_base.items()}, **bound_base}
     bases = ffi.new("double *[]", first_static + len(rp.buffers))
     for i, b in enumerate(rp.buffers):
         number[b.name] = first_static + i
@@ -199,17 +202,49 @@ def compile_program(program: Program, rank: int, contract: str, sequence: int = 
         ):
             region(reg, getattr(c, field))
         c.k, c.capacity = mg.k, mg.capacity
-    keep.extend((cmsgs, cops, evals, copies, checks, merges, bases))
+    summaries = ffi.new("an_summary[]", max(1, len(rp.summaries)))
+    for j, sm in enumerate(rp.summaries):
+        c = summaries[j]
+        c.k, c.tiles, c.capacity, c.row_words = sm.k, int(sm.tiles), sm.capacity, sm.row.count
+        c.x0, c.geometry = number[sm.xs[0]], number[sm.geometry]
+        c.y0 = nat.lib.AN_NO_BUFFER if sm.ys is None else number[sm.ys[0]]
+        for field, reg in (
+            ("head", sm.state[0]),
+            ("nodes", sm.state[1]),
+            ("row", sm.row),
+            ("n_word", sm.n),
+            ("result", sm.result),
+        ):
+            region(reg, getattr(c, field))
+        scratch = ffi.new("double *[]", 2 * sm.k)
+        keep.append(scratch)
+        c.scratch = scratch
+    roots = ffi.new("an_root[]", max(1, len(rp.roots)))
+    for j, rt in enumerate(rp.roots):
+        c = roots[j]
+        c.k, c.table_words = rt.k, rt.table.count
+        for field, reg in (
+            ("table", rt.table),
+            ("valid", rt.valid),
+            ("final", rt.final[0]),
+            ("n_word", rt.n),
+            ("values", rt.values),
+            ("verdict", rt.verdict),
+        ):
+            region(reg, getattr(c, field))
+    keep.extend((cmsgs, cops, evals, copies, checks, merges, summaries, roots, bases))
     table = kernel.ffi.cast("uintptr_t", kernel.lib.ak_functions())
     ex = nat.lib.an_new(ffi.cast("void *", int(table)))
     if ex == ffi.NULL:
         raise MemoryError("the C executor could not be allocated")
-    ex.rank, ex.nops, ex.ops, ex.msgs, ex.nmsgs = rank, len(ops), cops, cmsgs, len(order)
-    ex.evals, ex.copies, ex.checks, ex.merges = evals, copies, checks, merges
-    ex.bases, ex.nbases, ex.first_static = bases, len(bases), first_static
+    pg = ex.program  # the immutable part (native.h an_program); engine.py sets the policy
+    pg.rank, pg.nops, pg.ops, pg.msgs, pg.nmsgs = rank, len(ops), cops, cmsgs, len(order)
+    pg.evals, pg.copies, pg.checks, pg.merges = evals, copies, checks, merges
+    pg.summaries, pg.roots = summaries, roots
+    pg.bases, pg.nbases, pg.first_static = bases, len(bases), first_static
     res = rp.result
     if res is not None and res.buf == "out" and program.mode.whole:  # engine_bind.bind_out
-        ex.deliver_from.buf, ex.deliver_from.off, ex.deliver_count = 0, res.offset, res.count
+        pg.deliver_from.buf, pg.deliver_from.off, pg.deliver_count = 0, res.offset, res.count
     return Compiled(
         rp=rp,
         n=n,
@@ -221,6 +256,7 @@ def compile_program(program: Program, rank: int, contract: str, sequence: int = 
         ex=ex,
         bases=bases,
         slot_base=slot_base,
+        bound_base=bound_base,
         # Small results are computed in the internal buffer and copied to the caller's `out`
         # once the run succeeded, so a refused run leaves `out` as it was; results of 64 KiB and
         # more land in place (no copy), and `out` is unspecified after a refusal.
@@ -238,8 +274,8 @@ def open_exec(c: Compiled, comm: MPI.Comm, block, probe: bool) -> None:
     frame before receiving it (size-safe), where others can send on the executor's tags."""
     for x in c.by_pos:
         x.tag = block.flag_tag if x.m.seq == FLAG_SEQ else block.base + 2 * x.m.seq
-        c.ex.msgs[x.pos].tag = x.tag
-    c.ex.probe = int(probe)
+        c.ex.program.msgs[x.pos].tag = x.tag
+    c.ex.program.probe = int(probe)
     rc = c.native.lib.an_prepare(c.ex, comm.py2f())
     if rc != 0:
         raise mpi_failure(MPI.Exception(rc), c.rp.rank, "making the executor's persistent requests", 0)

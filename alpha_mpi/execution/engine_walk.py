@@ -1,4 +1,4 @@
-"""One run of a compiled program: the C round (csrc/round/native.c) and what it hands back to Python.
+"""One run of a compiled program: the C round (csrc/round/, native.h) and what it hands back to Python.
 
 A prepared run (prepared.py) begins the run in C (an_run); on the good path it returns AN_DONE and nothing
 here runs. Otherwise `drive` answers each status the C loop returns until the run is done:
@@ -65,10 +65,10 @@ def drive(c, st: RunState, rc: int, hook, bound: float, waiter, comm, watch: boo
                 if e is not None:
                     raise e
         elif rc == lib.AN_HOOK:
-            x = c.by_pos[ex.at_msg]
+            x = c.by_pos[ex.run.at_msg]
             hook(x.m.index, x.hmv)
         elif rc == lib.AN_BAD_FRAME:
-            _refuse_frame(c, st, c.by_pos[ex.at_msg])
+            _refuse_frame(c, st, c.by_pos[ex.run.at_msg])
         else:
             raise _failure(c, st, rc, bound, waiter, comm)
         rc = lib.an_resume(ex)
@@ -76,28 +76,28 @@ def drive(c, st: RunState, rc: int, hook, bound: float, waiter, comm, watch: boo
 
 def finish(c, st: RunState) -> None:
     """Take the refusal the flags name from the C run into `st` (the refused flag is set)."""
-    ex = c.ex
-    if ex.refused >= 0:
-        st.who = (ex.refused, fr.code_of_tag(bytes(c.native.ffi.buffer(ex.code))))
+    run = c.ex.run
+    if run.refused >= 0:
+        st.who = (run.refused, fr.code_of_tag(bytes(c.native.ffi.buffer(run.code))))
 
 
 def _refuse_frame(c, st: RunState, x) -> None:
     """Name the bad frame C found; record the first; flag this rank and its code if no earlier
     refusal is flagged (C has zeroed its payload and set the refused flag)."""
-    ex = c.ex
-    bad = name_bad_frame(x, ex, c.native, st.rank, st.step)
+    run = c.ex.run
+    bad = name_bad_frame(x, run, c.native, st.rank, st.step)
     if st.bad is None:
         st.bad = bad
-    if ex.refused < 0:
-        ex.refused = st.rank
-        c.native.ffi.memmove(ex.code, fr.code_tag(bad.code), 4)
+    if run.refused < 0:
+        run.refused = st.rank
+        c.native.ffi.memmove(run.code, fr.code_tag(bad.code), 4)
 
 
 def _out_of_step(c, st: RunState, comm):
     """`executor-identity-mismatch` when the peer this rank waits to receive from has sent a
     verdict record or a reset marker before the frame (see the module docstring), else None.
     Only receives: a send's completion can lag behind a peer that has moved on."""
-    x = c.by_pos[c.ex.at_msg]
+    x = c.by_pos[c.ex.run.at_msg]
     if x.m.src == st.rank:
         return None
     status = MPI.Status()
@@ -118,7 +118,7 @@ def _out_of_step(c, st: RunState, comm):
 
 def _failure(c, st: RunState, rc: int, bound: float, waiter, comm):
     """The refusal a run that cannot go on raises (AN_TIMEOUT, AN_MPI_ERROR, AN_KERNEL_ERROR)."""
-    lib, ex = c.native.lib, c.ex
+    lib, ex = c.native.lib, c.ex.run
     if rc == lib.AN_KERNEL_ERROR:
         return KernelRefusal(
             "kernel-bad-argument",

@@ -1,6 +1,6 @@
 """Naming a frame the C round refused (the bad path of a W op; layer 4).
 
-The C round (csrc/round/native.c) receives every frame size-safely: it matches the frame first
+The C round (csrc/round/frames.c) receives every frame size-safely: it matches the frame first
 (MPI_Improbe), compares its size with the plan's and receives it into the planned buffer only
 when they agree, else whole into scratch, keeping its first bytes (receives.py: on every
 channel, since any rank may send anything; a posted receive that relies on MPI_ERR_TRUNCATE is
@@ -20,7 +20,8 @@ from . import frames as fr
 
 
 def name_bad_frame(x, ex, native, rank: int, step: int) -> FrameRefusal:
-    """The FrameRefusal for message `x` (an engine Msg) that the C executor `ex` refused."""
+    """The FrameRefusal for message `x` (an engine Msg) that the C executor refused (`ex`: its
+    run state, native.h an_run_state)."""
     lib = native.lib
     kind = ex.bad_kind
     if kind == lib.AN_BAD_SIZE:

@@ -1,4 +1,4 @@
-"""The engine's run in C (csrc/round/native.c): built by the MPI library's own mpicc at first use.
+"""The engine's run in C (csrc/round/, native.h): built by the MPI library's own mpicc at first use.
 
 The round is C calling MPI point-to-point on the communicator mpi4py made, as mpi4jax calls
 MPI from its compiled extension (docs/design.md "The round in C" has the measurement that chose
@@ -50,7 +50,7 @@ def sources_root() -> Path:
 
 KERNEL_DIR = sources_root() / "kernel"
 ROUND_DIR = sources_root() / "round"
-SOURCES = ("native.c",)  # in ROUND_DIR
+SOURCES = ("entry.c", "interpreter.c", "frames.c", "waits.c")  # in ROUND_DIR (native.h says which does what)
 # (the directory, the header): the round's own, and the kernel's it includes
 HEADERS = (
     (ROUND_DIR, "native.h"),

@@ -5,7 +5,8 @@
 combines) holds one and calls it; nothing else reaches the executor's state. A prepared run is
 the compiled program and the wait policy, fixed when the executor was built, and the buffers,
 bound per call: `run()` checks and binds this call's arrays, then is ONE call into C (an_run,
-csrc/round/native.c); the C loop hands a run back to Python only for what Python must do
+csrc/round/); the arrays bind their blocks and geometry (`bind`) and call `run_bound`,
+the same one call; the C loop hands a run back to Python only for what Python must do
 (engine_walk.py).
 
 Keyed by geometry, never by identity. A front end finds its prepared run by what determines the
@@ -40,10 +41,12 @@ returns to Python every wait slice all the same.
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..kernel.abi import STOP
 from ..refusals import PlanRefusal, Refusal
 from . import engine_bind as bind
 from . import engine_walk as walk
@@ -174,7 +177,7 @@ class PreparedRun:
             if rc:
                 self._go_on(rc, eng.timeout)
             else:
-                st.flags = ex.flags
+                st.flags = ex.run.flags
                 if st.flags & fr.FLAG_REFUSED:
                     walk.finish(c, st)
         finally:
@@ -182,7 +185,7 @@ class PreparedRun:
             self.busy = False
             self.flags = st.flags
         if st.bad is None and not st.flags & (fr.FLAG_REFUSED | fr.FLAG_NONFINITE):
-            # clean: C delivered the result into `out` at the end of the run (native.c)
+            # clean: C delivered the result into `out` at the end of the run (interpreter.c)
             if out is not None:
                 return out
             return None if c.rp.result is None else c.internal_out.copy()
@@ -270,24 +273,51 @@ class PreparedRun:
             return out  # C copied the result into the caller's `out` (a clean run: no bad frame either)
         return self._end(local, leaves, outarr, out, step)
 
-    def run_array(self, rec, step: int, timeout: float) -> int:
-        """The arrays' one call (csrc/round/native.h an_array_run, record `rec`: arrays/fast.py)
-        at frame step `step`: 0 when it ended clean in C (the values in the record), the
-        record's LOCAL when nothing was sent (the caller takes its ordinary path), its CHECK
-        when the run went on here to its end and the caller must check the table. Refusals are
+    def bind(self, name: str, a, pointer=None):
+        """Bind the caller's array `a` to the program's buffer `name` (RankProgram.bound: the
+        arrays' blocks and geometry words) for the runs to come, unless it is the array bound
+        there now: held (strong reference) and pinned (weak reference, engine_bind.Bound) while
+        bound. `pointer`: the first element's address (a cdata the caller made for a strided
+        view, which has no contiguous buffer); else made from a's buffer. `a` None: NULL there
+        (an A op with no geometry bound does nothing: the caller wrote its part itself).
+        Returns the pointer bound there."""
+        b = self.compiled.bound_base[name]
+        binding = self._binding
+        e = binding.held[b]
+        if a is None:
+            if e is not None:
+                binding.held[b] = None
+                self.compiled.bases[b] = self._ffi.NULL
+            return None
+        if e is not None and e[0] is a:
+            return e[1]
+        if pointer is None:
+            return binding.pin(b, a)
+        binding.held[b] = (a, pointer, weakref.ref(a))
+        self.compiled.bases[b] = pointer
+        return pointer
+
+    def run_bound(self, step: int, timeout: float) -> int:
+        """Run once at frame step `step` with the buffers bound through `bind` (no contribution,
+        no `out`): 0 when the run ended (the program's own words say how: the arrays' root
+        check), or abi.STOP when an op stopped it before any message op ran (nothing was sent;
+        the front end takes its own path, and the next run starts afresh). Refusals are
         raised here as by run_checked."""
         self._enter()
         st = self._state
         st.begin(step, None, None, 0)
+        ex = self.compiled.ex
         try:
-            rc = self._lib.an_array_run(rec, step, timeout)
-            if rc == 0 or rc == self._lib.AN_ARRAY_LOCAL:
+            rc = self._an_run(ex, step, timeout, 0, -1, 0)
+            if rc == STOP:
                 return rc
-            self._go_on(0 if rc == self._lib.AN_ARRAY_CHECK else rc, timeout)
+            if not rc and not ex.run.flags:
+                return 0
+            self._go_on(rc, timeout)
         finally:
             self._leave()
         self._end(None, {}, None, None, step)
-        return self._lib.AN_ARRAY_CHECK
+        return 0
 
     def _enter(self) -> None:
         broken = self.engine.broken
@@ -312,7 +342,7 @@ class PreparedRun:
         try:
             if rc:
                 walk.drive(c, st, rc, eng.send_hook, bound, eng.waiter, eng.comm, eng.watch)
-            flags = st.flags = c.ex.flags
+            flags = st.flags = c.ex.run.flags
             if flags & fr.FLAG_REFUSED:
                 walk.finish(c, st)
         except Refusal as e:

@@ -35,7 +35,7 @@ from ..refusals import FrameRefusal, PeerTimeout, Refusal
 DEFAULT_TIMEOUT = 300.0
 POLLS_BEFORE_YIELD = 200
 SLEEP_AFTER = 0.005
-# The engine's waits run in C (csrc/round/native.c, the same policy); every SIGNAL_SLICE seconds of
+# The engine's waits run in C (csrc/round/waits.c, the same policy); every SIGNAL_SLICE seconds of
 # waiting they return to Python, which runs its signal handlers (KeyboardInterrupt) and resumes.
 SIGNAL_SLICE = 0.005
 _yield = getattr(os, "sched_yield", lambda: time.sleep(0))

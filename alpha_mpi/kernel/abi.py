@@ -1,13 +1,13 @@
 """The constants Python and C share, checked against csrc/kernel/abi.h at import.
 
-abi.h is the one place each constant is written in C; the kernel module carries its values
-(the header is part of its cdef: build.py). A module that keeps a Python name for one of them
+abi.h is the one place each constant is written in C; the kernel module carries its values (the
+header is part of its cdef: build.py). A module that keeps a Python name for one of them
 (frames.py the frame layout and flags, engine_build.py the op kinds, the round's results and
-bad-frame kinds here, arrays/fast.py and arrays/pairwise.py the arrays' results and merge
-flags) calls `check` with them at its import: an edit on one side only, or a kernel built from
-older sources, is an ImportError naming each constant that differs, never a silent
-disagreement. The engine's round (execution/native.py) is compiled from the same header and
-checked against these values when it is loaded.
+bad-frame kinds here, arrays/fast.py the arrays' merge flags) calls `check` with them at its
+import: an edit on one side only, or a kernel built from older sources, is an ImportError
+naming each constant that differs, never a silent disagreement. The engine's round
+(execution/native.py) is compiled from the same header and checked against these values when it
+is loaded.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 from .compiled import lib as _lib
 
 #: op kinds of a Program (planning/program.py OP_KINDS) -> abi.h AN_OP_*
-OP_CODE = {"P": 1, "S": 2, "W": 3, "D": 4, "E": 5, "C": 6, "F": 7, "M": 8}
+OP_CODE = {"P": 1, "S": 2, "W": 3, "D": 4, "E": 5, "C": 6, "F": 7, "M": 8, "A": 9, "R": 10}
 _OP_NAMES = {
     "P": "POST",
     "S": "SEND",
@@ -25,11 +25,13 @@ _OP_NAMES = {
     "C": "COPY",
     "F": "CHECK",
     "M": "MERGE",
+    "A": "SUMMARY",
+    "R": "ROOT",
 }
 
 #: an_run / an_resume results
-DONE, AGAIN, HOOK, BAD_FRAME, TIMEOUT, MPI_ERROR, KERNEL_ERROR = range(7)
-#: what was wrong with a bad frame (an_exec.bad_kind)
+DONE, AGAIN, HOOK, BAD_FRAME, TIMEOUT, MPI_ERROR, KERNEL_ERROR, STOP = range(8)
+#: what was wrong with a bad frame (an_run_state.bad_kind)
 BAD_HEADER, BAD_SIZE, BAD_PAYLOAD_SIZE, BAD_CRC = 1, 2, 3, 4
 NO_BUFFER = -1
 
@@ -42,6 +44,7 @@ ROUND = {
     "AN_TIMEOUT": TIMEOUT,
     "AN_MPI_ERROR": MPI_ERROR,
     "AN_KERNEL_ERROR": KERNEL_ERROR,
+    "AN_STOP": STOP,
     "AN_BAD_HEADER": BAD_HEADER,
     "AN_BAD_SIZE": BAD_SIZE,
     "AN_BAD_PAYLOAD_SIZE": BAD_PAYLOAD_SIZE,
@@ -63,4 +66,4 @@ def check(expected: dict, where: str, lib=_lib) -> None:
 
 check(ROUND, "alpha_mpi/kernel/abi.py")
 
-__all__ = ["OP_CODE", "ROUND", "check"]
+__all__ = ["OP_CODE", "ROUND", "STOP", "check"]

@@ -180,10 +180,15 @@ _BUILD_CDEF = "const char *ak_build_flags(void);\nconst char *ak_build_id(void);
 def header_cdef(text: str) -> str:
     """A C header's declarations as cffi's cdef reads them: comments dropped, `#define NAME
     value` as `#define NAME ...` (cffi then takes the value from the compiled header), the
-    include guard and #include/#ifndef/#endif lines dropped."""
+    include guard and #include/#ifndef/#endif lines dropped, and an `#ifdef NAME` ... `#endif`
+    part whole (not nested: csrc/round/native.h's part for its own C files)."""
     out = []
+    skipping = False
     for line in _COMMENT.sub("", text).splitlines():
         s = line.strip()
+        if skipping or s.startswith("#ifdef"):
+            skipping = not s.startswith("#endif")
+            continue
         if not s or s.startswith(("#ifndef", "#endif", "#include")):
             continue
         if s.startswith("#define"):

@@ -16,11 +16,18 @@ buffers are 8-byte words whatever they hold):
     w2        one word: the global length n (written per call, read by the merges)
     w3 + 2i   round i's outgoing frame: head, the rows the receiver lacks, the state
     w4 + 2i   round i's incoming frame (same layout)
+    w3 + 2R   the root check's words (R rounds): verdict, the summary's record count and
+              non-finite flag, the root's k values, then the table that passed (a usable
+              word, then p rows)
+    X<j> Y<j> the caller's blocks (bound per run; no Y for a sum)
+    G         the caller's geometry words (bound per run; csrc/round/native.h an_summary)
 
-Round i: copy the first `rows` table rows into the outgoing frame (C), send it (S), wait for
-the incoming one (W), copy its rows into the table at row 2^i (C), and merge its state with
-ours into the next round's outgoing frame, or into w1 after the last round (M). The caller
-writes its own summary into round 0's frame (w1 when p = 1) before the run.
+First the summary (A) of the caller's blocks into round 0's frame (w1 when p = 1), this
+rank's row and the length word; with no geometry bound the caller wrote them itself. Round i:
+copy the first `rows` table rows into the outgoing frame (C), send it (S), wait for the
+incoming one (W), copy its rows into the table at row 2^i (C), and merge its state with ours
+into the next round's outgoing frame, or into w1 after the last round (M). Last the root check
+(R): the root's values, or a verdict that the caller must look at the table and the state.
 """
 
 from __future__ import annotations
@@ -31,10 +38,12 @@ from dataclasses import dataclass, replace
 from ..model.layout import Layout
 from ..refusals import PlanRefusal
 from .builder import RankBuilder
-from .program import Merge, Message, Op, Program, RankProgram, Region
+from .program import Merge, Message, Op, Program, RankProgram, Region, Root, Summary
 
 TABLE, FINAL, LENGTH = "w0", "w1", "w2"
+GEOMETRY = "G"
 HEAD_WORDS = 2  # a state starts with: record count, flags
+VERDICT, SUMMARY_RESULT, VALUES = 0, 1, 3  # word offsets in the root check's buffer
 
 
 def rounds(size: int) -> int:
@@ -112,14 +121,20 @@ def lower_summary_exchange(
     tree_order_id: str,
     identity: str,
     edge0: int = 0,
+    pairs: bool = True,
+    tiles: bool = False,
 ) -> Program:
     """The Program of one summary exchange on `size` ranks in exchange `order` (default: rank
     order; `schedule`); the frame identities (`topology`, `tree_order_id`, `identity`) name the
     operation, batch size and order; the message rank s sends in round i has index (header
-    edge) `(edge0 + i) * size + s`. Refuses an order that is not a permutation of the ranks."""
+    edge) `(edge0 + i) * size + s`. `pairs`: the blocks come as (x, y) pairs (dot, norm2; a
+    sum has no y); `tiles`: the rows are N-d tiles' (else 1-D blocks'). Refuses an order that
+    is not a permutation of the ranks."""
     order = exchange_order(size, order)
     record = 2 + k
     state_words = HEAD_WORDS + capacity * record
+    xs = tuple(f"X{j}" for j in range(k))
+    ys = tuple(f"Y{j}" for j in range(k)) if pairs else None
 
     def words(rows: int) -> int:
         return HEAD_WORDS + row_words * rows + capacity * record
@@ -163,7 +178,34 @@ def lower_summary_exchange(
                 nxt = state_regions(FINAL, 0, capacity, record)
             merges.append(Merge(mine, theirs, nxt, n_word, k, capacity))
             rb.logical.append((Op("M", j), (*mine, *theirs, n_word), nxt))
-        return replace(rb.build((), None), merges=tuple(merges))
+        checks = rb.work(3 + k + 1 + size * row_words)  # w3 + 2R: the root check's words
+        final = state_regions(FINAL, 0, capacity, record)
+        root = Root(
+            Region(TABLE, 0, size * row_words),
+            checks.sub(VALUES + k, 1 + size * row_words),
+            final,
+            n_word,
+            checks.sub(VALUES, k),
+            checks.sub(VERDICT, 1),
+            k,
+        )
+        rb.logical.append((Op("R", 0), (root.table, *final, n_word), (checks,)))
+        row, state, length = _caller_regions(size, row_words, capacity, record, len(own))
+        summary = Summary(
+            xs, ys, GEOMETRY, state, row, length, checks.sub(SUMMARY_RESULT, 2), k, capacity, tiles
+        )
+        built = rb.build((), None)
+        # The summary first, before every message op (posts included): it may stop the run,
+        # and then nothing may be in flight (it touches no region a receive is posted into).
+        ops = (Op("A", 0), *built.ops)
+        return replace(
+            built,
+            ops=ops,
+            merges=tuple(merges),
+            summaries=(summary,),
+            roots=(root,),
+            bound=(*xs, *(ys or ()), GEOMETRY),
+        )
 
     return Program(
         realization="arrays",
@@ -197,11 +239,12 @@ def caller_writes(program: Program, rank: int) -> tuple:
     exchange `program`: its coverage row (table row 0), its own summary (a (head, nodes) pair in
     round 0's outgoing frame, or in the final state when p = 1) and the global length word."""
     d = program.details
-    row_words, capacity, record = d["row_words"], d["capacity"], 2 + d["k"]
-    if program.rounds:
-        state = state_regions(
-            frame_buffer(0, False), row_words * rows_in_round(program.size, 0), capacity, record
-        )
+    return _caller_regions(program.size, d["row_words"], d["capacity"], 2 + d["k"], program.rounds)
+
+
+def _caller_regions(size: int, row_words: int, capacity: int, record: int, rounds_: int) -> tuple:
+    if rounds_:
+        state = state_regions(frame_buffer(0, False), row_words * rows_in_round(size, 0), capacity, record)
     else:
         state = state_regions(FINAL, 0, capacity, record)
     return Region(TABLE, 0, row_words), state, Region(LENGTH, 0, 1)
@@ -236,6 +279,7 @@ __all__ = [
     "final_regions",
     "state_regions",
     "frame_buffer",
+    "GEOMETRY",
     "TABLE",
     "FINAL",
     "LENGTH",

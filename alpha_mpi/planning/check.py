@@ -329,6 +329,19 @@ def check(program) -> Cost:
                 for reg in mg.out:
                     guard(r, reg, True, where)
                     st.write(reg, [(0, reg.count, 0, merged)])
+            elif k == "A":  # the arrays' summary: the caller's writes (written before the run too)
+                sm = rp.summaries[i]
+                row, state, length = caller_writes(program, r)
+                if (sm.row, sm.state, sm.n) != (row, state, length):
+                    _fail(f"{where}: the summary writes elsewhere than the exchange reads it")
+                for reg in (row, *state, length):
+                    guard(r, reg, True, where)
+            elif k == "R":  # the arrays' root check: compares the table, takes the merged state
+                rt = rp.roots[i]  # (what they hold is checked after the run: _exchange_result)
+                st.read(rt.n, where)
+                for reg in (rt.values, rt.verdict):
+                    guard(r, reg, True, where)
+                    st.write(reg, [(0, reg.count, 0, it.name("root", r))])
             else:
                 _fail(f"{where}: unknown op")
             pcs[r] += 1

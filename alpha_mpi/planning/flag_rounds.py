@@ -4,7 +4,7 @@ With the payload check on (ALPHA_MPI_PAYLOAD_CHECK=1) a bad frame found in a ran
 reaches no other rank by frame; these rounds carry it. After the program, ⌈log2 p⌉ rounds of
 header-only frames (phase "f") disseminate the flags (round k: send to r + 2^k, receive from
 r − 2^k), so every rank ends with the OR of every rank's flags and, by the executor's rule for
-these frames (the lowest refusing rank wins, csrc/round/native.c), the same refusing rank and code.
+these frames (the lowest refusing rank wins, csrc/round/frames.c), the same refusing rank and code.
 They are part of the program the executor runs (the same C call), not a round of their own.
 
 Numbering, with no knowledge of other ranks' programs: a flag frame's index is FLAG_INDEX_BASE +

@@ -14,12 +14,17 @@ of ops:
     C1   copy region pair 1
     F0   finiteness check of region 0 (sets the non-finite flag)
     M0   merge pair 0 of node summaries (the array reductions' exchange, planning/array_program.py)
+    A0   the arrays' summary 0 of the caller's blocks into a state, a row and the length word
+         (first, before any message op: it may stop the run, csrc/round/native.h an_summary)
+    R0   the arrays' root check 0: the merged state's root values, where nothing needs a look
 
 Buffers are named per rank: `out` (the result vector, the caller's `out` when given), `L<slot>`
-(this rank's contribution for a slot: read only), `w<i>` (work buffers the executor allocates
-once). A `framed` work buffer has room for a frame header in front of it, so a message that
-carries the whole buffer travels as ONE MPI message; any other message is a header message
-followed by a payload message straight from / into its region (no copy of user data).
+(this rank's contribution for a slot: read only), the names in `RankProgram.bound` (other
+memory of the caller that a front end binds per run: the arrays' blocks and their geometry
+words), `w<i>` (work buffers the executor allocates once). A `framed` work buffer has room
+for a frame header in front of it, so a message that carries the whole buffer travels as ONE
+MPI message; any other message is a header message followed by a payload message straight from
+/ into its region (no copy of user data).
 
 Matching: the k-th message from rank a to rank b in a run has MPI tag 2k (header) and 2k + 1
 (payload), so receives may be posted in any order. Hazards are the planner's job (`schedule`):
@@ -36,9 +41,9 @@ from ..refusals import PlanRefusal
 from .base import PlanBase
 from .postfix import postfix_text
 
-OP_KINDS = "PSWDECFM"
+OP_KINDS = "PSWDECFMAR"
 FLAG_SEQ = -1  # Message.seq of a flag-round frame (planning/flag_rounds.py)
-_OP_RE = re.compile(r"^([PSWDECFM])(\d+)$")
+_OP_RE = re.compile(r"^([PSWDECFMAR])(\d+)$")
 
 
 def parse_or_refuse(regex, text: str, what: str):
@@ -121,6 +126,42 @@ class Merge:
 
 
 @dataclass(frozen=True)
+class Summary:
+    """The arrays' local summary (an A op; csrc/round/native.h an_summary says what it reads
+    and writes): the blocks `xs` (and `ys`, None for a sum) and the `geometry` words are
+    buffers the caller binds per run (`RankProgram.bound`); the summary goes into the state
+    (head, nodes), the coverage `row` (`tiles`: a tile's row, else a 1-D block's) and the
+    global length word `n`; `result` gets the record count and the non-finite flag."""
+
+    xs: tuple
+    ys: tuple | None
+    geometry: str
+    state: tuple
+    row: Region
+    n: Region
+    result: Region
+    k: int
+    capacity: int
+    tiles: bool
+
+
+@dataclass(frozen=True)
+class Root:
+    """The arrays' root check (an R op; csrc/round/native.h an_root): the root's k `values` and
+    a `verdict` word (0: they are the result; 1: the caller looks) from the coverage `table`,
+    the table that passed last time (`valid`: a usable word, then the table), the merged state
+    `final` (a (head, nodes) pair) and the length word `n`."""
+
+    table: Region
+    valid: Region
+    final: tuple
+    n: Region
+    values: Region
+    verdict: Region
+    k: int
+
+
+@dataclass(frozen=True)
 class Op:
     kind: str
     index: int
@@ -130,7 +171,7 @@ class Op:
 
     @staticmethod
     def parse(text: str) -> Op:
-        m = parse_or_refuse(_OP_RE, text, "op (e.g. P3 S3 W3 D3 E2 C1 F0 M0)")
+        m = parse_or_refuse(_OP_RE, text, "op (e.g. P3 S3 W3 D3 E2 C1 F0 M0 A0 R0)")
         return Op(m.group(1), int(m.group(2)))
 
 
@@ -150,6 +191,9 @@ class RankProgram:
     # pieces, each of its own length); empty for the combine realizations
     inputs: dict = field(repr=False, default_factory=dict)
     merges: tuple = ()  # Merge records (array reductions only)
+    summaries: tuple = ()  # Summary records (array reductions only)
+    roots: tuple = ()  # Root records (array reductions only)
+    bound: tuple = ()  # names of the caller's buffers a front end binds per run (Summary's)
 
     def sends(self):
         return [self.messages[o.index] for o in self.ops if o.kind == "S"]
@@ -322,6 +366,8 @@ __all__ = [
     "Message",
     "Eval",
     "Merge",
+    "Summary",
+    "Root",
     "Op",
     "RankProgram",
     "Program",

@@ -37,6 +37,7 @@
 #define AN_TIMEOUT 4
 #define AN_MPI_ERROR 5
 #define AN_KERNEL_ERROR 6
+#define AN_STOP 7 /* an op stopped the run before any message op ran (an_summary: Python looks) */
 
 /* op kinds (planning/program.py OP_KINDS; engine_build.OP_CODE) */
 #define AN_OP_POST 1
@@ -47,18 +48,16 @@
 #define AN_OP_COPY 6
 #define AN_OP_CHECK 7
 #define AN_OP_MERGE 8
+#define AN_OP_SUMMARY 9 /* the arrays' local summary (an_summary) */
+#define AN_OP_ROOT 10   /* the arrays' root check (an_root) */
 
-/* what was wrong with a bad frame (an_exec.bad_kind) */
+/* what was wrong with a bad frame (an_run_state.bad_kind) */
 #define AN_BAD_HEADER 1       /* the header is not the planned one (frames.FrameSpec.check names it) */
 #define AN_BAD_SIZE 2         /* the (header) message had another size: bad_got bytes */
 #define AN_BAD_PAYLOAD_SIZE 3 /* the payload message of a split frame had another size: bad_pgot */
 #define AN_BAD_CRC 4          /* the payload fails its CRC32C */
 
 #define AN_NO_BUFFER (-1)
-
-/* the arrays' one call (an_array_run) results besides an_run's (arrays/fast.py) */
-#define AN_ARRAY_CHECK 16
-#define AN_ARRAY_LOCAL 17
 
 /* the flags word of a merged summary (an M op; arrays/pairwise.py FLAG_*) */
 #define AN_MERGE_OVERFLOW 1 /* a merge had more nodes than its capacity */

@@ -27,6 +27,10 @@ typedef struct ak_table {
     int32_t (*frame_check)(const uint8_t *h, const uint8_t *expect, uint64_t step);
     int64_t (*summary)(const double *const *xs, const double *const *ys, int32_t k, int64_t offset, int64_t len,
                        int64_t n, int64_t *out, int64_t cap, int32_t *nonfinite);
+    int64_t (*summary_tile)(const double *const *xs, const double *const *ys, int32_t k, int32_t ndim,
+                            const int64_t *shape, const int64_t *offset, const int64_t *extent,
+                            const int64_t *strides, int64_t *out, int64_t cap, const double **scratch,
+                            int32_t *nonfinite, int64_t *room);
 } ak_table;
 
 /* The table of this build (static storage; never freed). */

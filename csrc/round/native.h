@@ -4,8 +4,10 @@
  * builds it with the MPI library's own mpicc and loads it; engine.py is its only caller).
  *
  * Python compiles the Program once (engine_build.py) into the records below and keeps their
- * memory; C keeps the MPI requests and where a run is in `state` (no MPI type appears here, so
- * this header is also the cffi declaration). A run is `an_run` then `an_resume` until AN_DONE: the
+ * memory. An executor (an_exec) is three parts: the program (immutable once prepared), the
+ * wait policy and the run's state; C keeps the MPI requests and where a run is in `state` (no
+ * MPI type appears here outside the AN_ROUND_SOURCES part at the end, so this header is also
+ * the cffi declaration). A run is `an_run` then `an_resume` until AN_DONE: the
  * loop returns to Python only
  *   - AN_AGAIN  after `slice` seconds of waiting (so signals and KeyboardInterrupt are handled
  *               there; nothing is lost, call an_resume),
@@ -95,36 +97,88 @@ typedef struct an_merge {
     int64_t capacity;
 } an_merge;
 
-typedef struct an_exec {
+/* The arrays' summary (an A op, planning/program.py Summary): the kernel's ap_summary (1-D
+ * blocks) or ap_summary_tile (N-d tiles) of the caller's blocks xs[j] = bases[x0 + j] (and
+ * ys[j] = bases[y0 + j]) into a state (head, nodes), this rank's coverage row and the global
+ * length word, read from the geometry words at bases[geometry] (int64):
+ *   blocks  offset, length, n                  -> row: offset, length, n, status 0
+ *   tiles   n, ndim, shape, offset, extent (ndim words each), the arrays' element strides
+ *           (ndim words per array: xs, then ys), then the row's tail (row_words - 3 words)
+ *                                              -> row: status 0, records, room, tail
+ * `result` gets two int64 words: the record count (or AP_ERR_*) and the non-finite flag. A
+ * summary that fails (AP_ERR_*: a tile whose frames are too small) or holds a NaN/Inf writes
+ * nothing else and stops the run (AN_STOP): the op comes before every message op, so nothing
+ * was sent or posted, and the caller takes its own path. A NULL bases[geometry]: the caller
+ * wrote this run's state, row and length itself; the op does nothing. */
+typedef struct an_summary {
+    int32_t k;
+    int32_t tiles;     /* 0: 1-D blocks, 1: N-d tiles */
+    int32_t x0, y0;    /* buffer numbers of xs[0], ys[0] (y0 AN_NO_BUFFER: a sum, no ys) */
+    int32_t geometry;  /* buffer number of the geometry words */
+    int32_t row_words; /* words of the coverage row */
+    an_region head, nodes, row, n_word, result;
+    int64_t capacity;
+    const double **scratch; /* 2k pointers (ap_summary_tile's) */
+} an_summary;
+
+/* The arrays' root check (an R op, planning/program.py Root): `verdict` (one int64 word) is 0
+ * and `values` (k float64) holds the root's values when the run saw no flag, the table holds
+ * exactly the rows that passed every check last time (`valid`: word 0 is 1 while usable, then
+ * table_words words), the merged state (`final`: count, flags, lo, hi, k values) is the root
+ * [0, n) of the length word (or empty, n = 0) and its values are finite; else 1: the caller
+ * checks the run itself. */
+typedef struct an_root {
+    int32_t k;
+    an_region table, valid, final, n_word, values, verdict;
+    int64_t table_words;
+} an_root;
+
+/* The program: what Python compiled (engine_build.py), fixed once an_prepare ran. The
+ * buffer table `bases` is the program's; the caller's entries in it (numbers below
+ * first_static) are bound per run by writing their pointers, the engine's once. */
+typedef struct an_program {
     int32_t rank;
     int32_t nops;
     const an_op *ops;
-    an_msg *msgs;
+    an_msg *msgs; /* (their tags written before an_prepare, from the build agreement) */
     int32_t nmsgs;
     const an_eval *evals;
     const an_copy *copies;
     const an_check *checks;
     const an_merge *merges;
+    const an_summary *summaries;
+    const an_root *roots;
     double **bases;
     int32_t nbases;
     int32_t first_static; /* bases from here on are the engine's (bound once); before: the caller's */
-    /* the wait policy (transport.Waiter): polls before the first yield, never yield or sleep,
-     * seconds of waiting before returning AN_AGAIN, seconds of yielding before sleeping */
+    int32_t probe;         /* receives matched first (size-safe), else posted (receives.py) */
+    int32_t check_payload; /* a CRC32C of every payload rides in its header */
+    /* where the result lies, copied into the caller's `out` (run.deliver_to) at the end of a
+     * run that nothing refused (no refused or non-finite flag) */
+    an_region deliver_from;
+    int64_t deliver_count;
+} an_program;
+
+/* The wait policy (transport.Waiter) and where a run returns to Python: polls before the
+ * first yield, never yield or sleep, seconds of waiting before returning AN_AGAIN, seconds of
+ * yielding before sleeping; `hook`: return AN_HOOK before each send; `debug`: log every frame. */
+typedef struct an_policy {
     int32_t before_yield;
     int32_t spin;
     double slice;
     double sleep_after;
-    int32_t probe;
-    int32_t debug;
     int32_t hook;
-    int32_t check_payload;
-    /* the run: set by an_run, updated as frames arrive */
+    int32_t debug;
+} an_policy;
+
+/* One run: set by an_run, updated as frames arrive; where it stopped (AN_HOOK, AN_BAD_FRAME,
+ * AN_TIMEOUT, AN_MPI_ERROR, AN_KERNEL_ERROR). */
+typedef struct an_run_state {
     uint64_t step;
     double timeout;
     int32_t flags;   /* frames.FLAG_*: what this rank has seen so far (rides on every send) */
     int32_t refused; /* the refusing rank the flags name (-1: none yet) */
     uint8_t code[4]; /* its refusal code tag */
-    /* where the run stopped (AN_HOOK, AN_BAD_FRAME, AN_TIMEOUT, AN_MPI_ERROR, AN_KERNEL_ERROR) */
     int32_t at_msg;      /* index into msgs */
     int32_t at_payload;  /* 1: the payload message of a split frame */
     int32_t bad_kind;    /* AN_BAD_* */
@@ -133,57 +187,24 @@ typedef struct an_exec {
     uint8_t bad_header[128]; /* the first bytes of a frame received into scratch (bad_got of them) */
     int32_t mpi_error;
     int32_t kernel_status;
-    /* the result, copied into the caller's `out` at the end of a run that nothing refused
-     * (no refused or non-finite flag): `deliver_to` NULL for none (set per run) */
-    double *deliver_to;
-    an_region deliver_from;
-    int64_t deliver_count;
-    int32_t delivered; /* 1 when the copy was made */
-    void *state; /* C's own: the communicator, the requests, where the run is (native.c) */
+    double *deliver_to; /* the caller's `out` (bound per run), or NULL for none */
+    int32_t delivered;  /* 1 when the copy was made */
+} an_run_state;
+
+/* One executor: the immutable program, the wait policy, the run's state, and C's own state
+ * (the communicator, the requests, where the run is: native.h's AN_ROUND_SOURCES part). */
+typedef struct an_exec {
+    an_program program;
+    an_policy policy;
+    an_run_state run;
+    void *state;
 } an_exec;
 
-/* ------------------------------------------------------------------ the arrays' one call
- * An array reduction whose arguments match an earlier call's (alpha_mpi/arrays/api.py checks
- * that, and keeps one record per such call) runs in one C call, an_array_run: the summary of
- * this rank's block (the kernel's ap_summary, through the table) straight into the round-0
- * state, this rank's coverage row and the global length word, then the exchange (an_run), then,
- * where the run was clean (no flag) and every rank's row is the table that passed every check
- * last time (`valid`, its word 0 = 1 while it may be used), the root's values into `values`.
- * Results besides an_run's:
- *   AN_ARRAY_LOCAL  nothing was sent: the summary refused the block or met a NaN/Inf; Python
- *                   takes the call its ordinary way, from the start;
- *   AN_ARRAY_CHECK  the run is done (AN_DONE) but Python must look: flags, a table it has not
- *                   checked, a merged state that is not the root [0, n), a non-finite root.
- * Any other result is an_run's, and Python goes on with the run (engine.py) as after an_run. */
-/* AN_ARRAY_CHECK, AN_ARRAY_LOCAL: abi.h */
-
-typedef struct an_array {
-    an_exec *e;
-    const double *const *xs; /* k pointers: the blocks */
-    const double *const *ys; /* k pointers (dot, norm2) or NULL (sum) */
-    int32_t k;
-    int64_t offset, length, n, capacity;
-    int64_t *local;  /* the round-0 state's records (ap_summary writes them) */
-    int64_t *head;   /* the round-0 state's record count and flags */
-    int64_t *row;    /* this rank's coverage row: offset, length, n, status */
-    int64_t *n_word; /* the global length the merges read */
-    const int64_t *table;
-    const int64_t *valid; /* word 0: 1 while usable; then table_words words */
-    int64_t table_words;
-    const int64_t *final; /* the merged state: count, flags, lo, hi, k values */
-    double *values;       /* out: the root's k values */
-    int64_t m;            /* out: the summary's record count */
-    int32_t nonfinite;    /* ap_summary's */
-} an_array;
-
-/* One array reduction (above): step and the per-wait bound as for an_run. */
-int an_array_run(an_array *a, uint64_t step, double timeout);
-
 /* A new executor calling the kernel through `kernel` (kernel_table.h ak_functions()). NULL when
- * out of memory. Python fills its records, then an_prepare. */
+ * out of memory. Python fills its program and policy, then an_prepare. */
 an_exec *an_new(const void *kernel);
 
-/* After Python filled the records (tags and `probe` included, once the build agreement gave the
+/* After Python filled the program (tags and `probe` included, once the build agreement gave the
  * executor its tag block): make the persistent requests on the communicator whose Fortran
  * handle is `fcomm` (comm.py2f()). 0, or an MPI error code (an_free frees what was made). */
 int an_prepare(an_exec *e, int32_t fcomm);
@@ -217,5 +238,67 @@ int64_t an_kernel_table_size(void);
 
 /* The values of MPI_ERR_TRUNCATE in this library (mpi_failure names truncation). */
 int32_t an_err_truncate(void);
+
+#ifdef AN_ROUND_SOURCES
+/* ------------------------------------------------------------------ the round's own part
+ * What the round's C files share; each defines AN_ROUND_SOURCES before it includes this header,
+ * and the cffi declaration leaves this part out (alpha_mpi/kernel/build.py header_cdef):
+ *   entry.c        the ABI entry: an_new, an_prepare, an_run ... an_free, the library queries
+ *   interpreter.c  the op loop and the ops that compute (E C F M A R): no MPI call
+ *   frames.c       the message ops (P S W D): frames sent, received and checked
+ *   waits.c        the wait policy and the time bounds
+ * Only point-to-point calls: MPI_Start/Isend/Irecv/Improbe/Mrecv/Test on the communicator
+ * mpi4py created (MPI_Comm_f2c); no collective, no communicator of its own. */
+#include <mpi.h>
+
+#include "frame.h"
+#include "kernel_table.h"
+
+#define AN_HIDDEN __attribute__((visibility("hidden")))
+#define AN_FOLDED (AK_FLAG_NONFINITE | AK_FLAG_REFUSED | AK_FLAG_VOTE) /* what a frame passes on */
+#define AN_FLOWING_RATE 100e6 /* bytes/s: the slowest link a payload in flight is polled for (grace) */
+
+typedef struct an_state {
+    MPI_Comm comm;
+    const ak_table *k;
+    MPI_Request *hreq; /* per message: the header (or whole frame) request */
+    MPI_Request *preq; /* per message: a split frame's payload request */
+    uint8_t *ppersist; /* per message: 1 when preq is persistent (the payload is the engine's) */
+    /* where the run is */
+    int32_t pc, phase;
+    /* the wait in progress */
+    int64_t polls;
+    double wait_start, slice_start, pause;
+    /* Seconds a wait yields before it sleeps: sleep_after, plus the time this rank's largest
+     * split payload takes at AN_FLOWING_RATE. Over a network the polls of both ends drive a
+     * payload in flight, whichever request they wait for (a rank that slept while payloads
+     * flowed halved the bandwidth of two emulated TCP nodes), so a program of large frames
+     * yields longer before it sleeps; a slow or dead peer then costs a core that long, not
+     * longer (the usual backoff follows). */
+    double grace;
+    /* the frame being received */
+    int32_t hflags, hbad;
+    MPI_Message mmsg;
+} an_state;
+
+static inline double *an_ptr(const an_exec *e, an_region r) { return e->program.bases[r.buf] + r.off; }
+
+/* waits.c: poll under the wait policy until request r completes (an_wait) or a message from
+ * m's peer with `tag` is matched into s->mmsg (an_match): AN_DONE, AN_AGAIN, AN_TIMEOUT or
+ * AN_MPI_ERROR; an_active: 1 while r may still be in flight. */
+AN_HIDDEN void an_wait_reset(an_state *s);
+AN_HIDDEN int an_wait(an_exec *e, an_state *s, MPI_Request *r, MPI_Status *st);
+AN_HIDDEN int an_match(an_exec *e, an_state *s, const an_msg *m, int tag, MPI_Status *st);
+AN_HIDDEN int an_active(MPI_Request *r);
+
+/* frames.c: the message ops of message i (P S W D). */
+AN_HIDDEN int an_post(an_exec *e, an_state *s, int32_t i);
+AN_HIDDEN int an_send(an_exec *e, an_state *s, int32_t i);
+AN_HIDDEN int an_recv(an_exec *e, an_state *s, int32_t i);
+AN_HIDDEN int an_done(an_exec *e, an_state *s, int32_t i);
+
+/* interpreter.c: run the ops from where the run is, then the delivery. */
+AN_HIDDEN int an_loop(an_exec *e);
+#endif /* AN_ROUND_SOURCES */
 
 #endif /* ALPHA_NATIVE_H */

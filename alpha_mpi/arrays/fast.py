@@ -17,11 +17,13 @@ Keyed by geometry, never by identity (issue 42):
 - a record is found by the communicator object, the operation, the batch size, offset and n
   (ints) and the blocks' length; the arrays of the call are checked on every call (each a 1-D,
   C-contiguous, aligned float64 ndarray of that length: dtype, shape and strides can be set in
-  place under the same object) and bound: a pointer made from the buffer of each array that is
-  not the one bound there now, which is held (the record keeps the last call's arrays alive,
-  no more) and pinned by a weak reference (NumPy refuses to resize an array that has one, so
-  its data cannot move while it is bound; once another array is bound in its place it may be
-  resized again);
+  place under the same object) and bound. The arrays bound now are held (the record keeps the
+  last call's arrays alive, no more) and pinned by a weak reference (NumPy refuses to resize an
+  array that has one, so its data cannot move while it is bound; once another array is bound in
+  its place it may be resized again): a call with the very arrays bound now is checked in
+  Python and keeps their pointers; a call with any other array is checked and bound in one C
+  call (kernel/vectors.py: the checks and every pointer read from the arrays themselves), then
+  its new arrays are held and pinned;
 - the channel: a failed run or `reset` marks it broken (a record of a broken channel is never
   used, and the ordinary path then says why); `reset` and the communicator's Free delete its
   attribute, and api.py's delete callback forgets its records;
@@ -45,7 +47,7 @@ import weakref
 
 import numpy as np
 
-from ..kernel import abi
+from ..kernel import abi, vectors
 from . import pairwise
 
 __all__ = [
@@ -78,6 +80,8 @@ abi.check(
 
 _F64 = np.dtype(np.float64)
 _ND = np.ndarray
+_bind1, _bind2 = vectors.bind, vectors.bind2
+_ref = weakref.ref
 _STRIDES = (8,)  # a contiguous float64 block
 _PAIR = (tuple, list)
 
@@ -88,7 +92,9 @@ _CALLS: list = []
 class Call:
     """One remembered geometry: (comm, op, k, offset, n, length) on channel `ch`, exchange `ex`
     (rank order, k values), and the C record of an_array_run that runs it, with the arrays it
-    points at now (`bound`: held until a later call binds others)."""
+    points at now (`bound`: x of each pair, then y, held until a later call binds others;
+    `pins`: a weak reference to each; `slots`: the address of each one's pointer in the
+    record)."""
 
     __slots__ = (
         "comm",
@@ -103,22 +109,25 @@ class Call:
         "px",
         "py",
         "bound",
+        "pins",
+        "slots",
         "values",
-        "fb",
         "_held",
     )
 
     def __init__(self, ch, ex, op: str, k: int, offset: int, n: int, length: int):
         self.comm, self.ch, self.ex, self.op, self.k = ch.user, ch, ex, op, k
         self.offset, self.n, self.length = offset, n, length
-        self.bound: list = [None] * (2 * k)  # (array, pointer, weak reference) per block pointer
+        self.bound: list = [None] * (2 * k)
+        self.pins: list = [None] * (2 * k)
         compiled = ex.engine.compiled
         nat = compiled.native
         ffi = nat.ffi
-        self.fb = ffi.from_buffer
         rec = ffi.new("an_array *")
         self.px = ffi.new("double *[]", k)
         self.py = ffi.NULL if op == "sum" else ffi.new("double *[]", k)
+        ys = [0] * k if op == "sum" else [vectors.address(self.py, j) for j in range(k)]
+        self.slots = [vectors.address(self.px, j) for j in range(k)] + ys
 
         def words(a):
             return ffi.from_buffer("int64_t[]", a, True)
@@ -144,21 +153,26 @@ def _fits(a, length: int) -> bool:
     return f.c_contiguous and f.aligned
 
 
-def _bind(c, j: int, x, y) -> None:
-    """Point the record's j-th block pointers at x and y (y None: sum), each anew unless it
-    is the array bound there now: that one is pinned (a weak reference: NumPy refuses to
-    resize it), so its pointer holds."""
-    e = c.bound[j]
-    if e is None or e[0] is not x:
-        ptr = c.fb("double[]", x)
-        c.bound[j] = e = (x, ptr, weakref.ref(x))
-        c.px[j] = ptr
-    if y is not None:
-        f = c.bound[c.k + j]
-        if f is None or f[0] is not y:
-            ptr = e[1] if y is x else c.fb("double[]", y)
-            c.bound[c.k + j] = (y, ptr, weakref.ref(y))
-            c.py[j] = ptr
+def _bind(c, j: int, x, y) -> bool:
+    """Point the record's j-th block pointers at x and y (y None: sum) once they fit: the
+    arrays bound there now (pinned: their pointers hold) are checked here; any other pair is
+    checked and bound in C (every pointer read from its array), then held and pinned. False
+    (nothing bound) when one does not fit."""
+    bound, k, length = c.bound, c.k, c.length
+    if bound[j] is x and (y is None or bound[k + j] is y):
+        return _fits(x, length) and (y is None or y is x or _fits(y, length))
+    slots = c.slots
+    if y is None:
+        if _bind1(id(x), length, 0, slots[j]):
+            return False
+    elif _bind2(id(x), id(y), length, slots[j], slots[k + j]):
+        return False
+    pins = c.pins
+    if bound[j] is not x:
+        bound[j], pins[j] = x, _ref(x)
+    if y is not None and bound[k + j] is not y:
+        bound[k + j], pins[k + j] = y, pins[j] if y is x else _ref(y)
+    return True
 
 
 def lookup(comm, op: str, x, y, offset: int, n: int) -> Call | None:
@@ -166,17 +180,9 @@ def lookup(comm, op: str, x, y, offset: int, n: int) -> Call | None:
     channel is usable; else None (the ordinary path). offset and n: ints."""
     for c in _CALLS:
         if c.k == 1 and c.op == op and c.comm is comm and c.offset == offset and c.n == n:
-            length = c.length
-            if (
-                not _fits(x, length)
-                or not (y is None or y is x or _fits(y, length))
-                or c.ch.broken is not None
-            ):
+            if c.ch.broken is not None or (y is None) != (op == "sum"):
                 return None
-            if (y is None) != (op == "sum"):
-                return None
-            _bind(c, 0, x, y)
-            return c
+            return c if _bind(c, 0, x, y) else None
     return None
 
 
@@ -188,15 +194,12 @@ def lookup_pairs(comm, pairs: list, offset: int, n: int) -> Call | None:
         if c.k == k and c.op == "dot" and c.comm is comm and c.offset == offset and c.n == n:
             if c.ch.broken is not None:
                 return None
-            length = c.length
             for pair in pairs:
                 if type(pair) not in _PAIR or len(pair) != 2:
                     return None
-                x, y = pair
-                if not _fits(x, length) or not (y is x or _fits(y, length)):
-                    return None
             for j, (x, y) in enumerate(pairs):
-                _bind(c, j, x, y)
+                if not _bind(c, j, x, y):
+                    return None  # (pairs bound before it stay bound: each is pinned and held)
             return c
     return None
 

@@ -19,8 +19,9 @@ call, the very same arrays included (one of them can change in place: `a.shape =
   anything else takes the full check, contributions.py): a misaligned or non-contiguous
   contribution is COPIED into an aligned contiguous array (the C round reads it through
   `double *`), never read through the old layout;
-- its pointer: made from the array's buffer whenever another array comes, and held with the
-  array (a strong reference: the memory cannot go while the C records point at it) and a weak
+- its pointer: read whenever another array comes (in the steady state with the checks, in one
+  C call that writes it into the C record: kernel/vectors.py), and held with the array (a
+  strong reference: the memory cannot go while the C records point at it) and a weak
   reference, which pins it: NumPy refuses to resize an array that has one, so the data of the
   array bound now cannot move (`resize(refcheck=False)` raises instead) and the very array
   passed again keeps its pointer; once another array is bound in its place it may be resized,

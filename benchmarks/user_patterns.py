@@ -325,7 +325,9 @@ def _row(what, ta, tb, ratios, target, ok, digests, baseline) -> dict:
 
 def mixed(reps: int, calls: int) -> list:
     """One loop calling in turn MPI_Allreduce, Allreducers a and b of the same tree, and
-    allreduce() in its documented forms, 8 B, new arrays every call; and a's twin alone."""
+    allreduce() in its documented forms, 8 B, new arrays every call (the turn starts one step
+    later each iteration); and a's twin alone, in a loop of its own. Each step is timed by
+    itself, so a step's figure includes its wait for the slower rank."""
     p, r = WORLD.Get_size(), WORLD.Get_rank()
     tree = pairwise(range(p), p)
     a, b, alone = (Allreducer(WORLD, tree, 1) for _ in range(3))
@@ -346,6 +348,7 @@ def mixed(reps: int, calls: int) -> list:
         "Allreducer b": lambda x: b.run({r: x}),
         **forms,
     }
+    order = list(steps)
     pc = time.perf_counter
     ok = True
 
@@ -359,9 +362,10 @@ def mixed(reps: int, calls: int) -> list:
                 spent[only] += pc() - t0
                 continue
             want = None
-            for name, step in steps.items():
+            k = i % len(order)  # each step follows each other one as often: the wait for a late
+            for name in order[k:] + order[:k]:  # peer lands on every step alike
                 t0 = pc()
-                got = step(x)
+                got = steps[name](x)
                 spent[name] += pc() - t0
                 if name != "MPI_Allreduce":
                     bits = np.asarray(got).view(np.uint64)[0]

@@ -106,9 +106,12 @@ class Bound:
         self.c.ex.deliver_to = self._null
 
     def clear(self) -> None:
-        """Drop every array (the executor was freed): they may be resized again."""
+        """Drop every array (the executor was freed): they may be resized again. The table's
+        addresses go too (their memory is freed): nothing is written there any more."""
         self.held = []
         self.deliver = None
+        self.addr = []
+        self.deliver_addr = None
 
 
 def zero_leaves(c, zeros: np.ndarray) -> dict:

@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..kernel import vectors
 from ..planning.program import Mode
 from ..refusals import PlanRefusal, Refusal
 from . import frames as fr
@@ -33,23 +34,36 @@ def check_leaves(c, contributions, rank: int, layout) -> dict:
 class Bound:
     """The caller's memory the C executor's buffer table points at (buffer numbers below
     `first_static`, and the delivery target). `held[b]`: (the array bound to buffer b, the
-    pointer made from its buffer, a weak reference to it). The strong reference keeps the
-    memory the records point at alive until a later call binds another array there; the weak
-    reference pins it: NumPy refuses to resize an array that has one (`resize`, even with
-    refcheck=False, would move its data), so a bound array's pointer cannot change while it is
-    bound, and a call that passes the very array again needs no new pointer. Any other array
-    is bound anew (pointer, pin). What can change in place under the same object (its dtype,
-    shape, strides) is checked on every call (prepared.py)."""
+    pointer made from its buffer or None where C wrote it (kernel/vectors.py), a weak
+    reference to it). The strong reference keeps the memory the records point at alive until a
+    later call binds another array there; the weak reference pins it: NumPy refuses to resize
+    an array that has one (`resize`, even with refcheck=False, would move its data), so a bound
+    array's pointer cannot change while it is bound, and a call that passes the very array
+    again needs no new pointer. Any other array is bound anew (pointer, pin). What can change
+    in place under the same object (its dtype, shape, strides) is checked on every call
+    (prepared.py). `addr[b]`, `deliver_addr`: where the table entry of buffer b and the
+    delivery target live, for vectors.bind."""
 
-    __slots__ = ("c", "held", "deliver", "from_buffer", "_null")
+    __slots__ = ("c", "held", "deliver", "from_buffer", "_null", "addr", "deliver_addr")
 
     def __init__(self, c) -> None:
         self.c = c
         n = len(c.bases)
         self.held: list = [None] * n
         self.deliver = None
-        self.from_buffer = c.native.ffi.from_buffer
-        self._null = c.native.ffi.NULL
+        ffi = c.native.ffi
+        self.from_buffer = ffi.from_buffer
+        self._null = ffi.NULL
+        self.addr = [vectors.address(c.bases, b) for b in range(c.ex.first_static)]
+        self.deliver_addr = int(ffi.cast("uintptr_t", ffi.addressof(c.ex, "deliver_to")))
+
+    def adopt(self, b: int, a) -> None:
+        """Hold and pin `a`, whose pointer vectors.bind wrote to buffer b's entry."""
+        self.held[b] = (a, None, weakref.ref(a))
+
+    def adopt_delivery(self, out) -> None:
+        """Hold and pin `out`, which vectors.bind made the delivery target."""
+        self.deliver = (out, None, weakref.ref(out))
 
     def pin(self, b: int, a, writable: bool = False):
         """Bind array `a` to buffer b (pointer, strong and weak reference); the pointer."""
@@ -92,9 +106,12 @@ class Bound:
         self.c.ex.run.deliver_to = self._null
 
     def clear(self) -> None:
-        """Drop every array (the executor was freed): they may be resized again."""
+        """Drop every array (the executor was freed): they may be resized again. The table's
+        addresses go too (their memory is freed): nothing is written there any more."""
         self.held = []
         self.deliver = None
+        self.addr = []
+        self.deliver_addr = None
 
 
 def zero_leaves(c, zeros: np.ndarray) -> dict:

@@ -20,8 +20,9 @@ call, the very same arrays included (one of them can change in place: `a.shape =
   anything else takes the full check, contributions.py): a misaligned or non-contiguous
   contribution is COPIED into an aligned contiguous array (the C round reads it through
   `double *`), never read through the old layout;
-- its pointer: made from the array's buffer whenever another array comes, and held with the
-  array (a strong reference: the memory cannot go while the C records point at it) and a weak
+- its pointer: read whenever another array comes (in the steady state with the checks, in one
+  C call that writes it into the C record: kernel/vectors.py), and held with the array (a
+  strong reference: the memory cannot go while the C records point at it) and a weak
   reference, which pins it: NumPy refuses to resize an array that has one, so the data of the
   array bound now cannot move (`resize(refcheck=False)` raises instead) and the very array
   passed again keeps its pointer; once another array is bound in its place it may be resized,
@@ -46,6 +47,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..kernel import vectors
 from ..kernel.abi import STOP
 from ..refusals import PlanRefusal, Refusal
 from . import engine_bind as bind
@@ -61,6 +63,7 @@ if TYPE_CHECKING:
 _ND = np.ndarray
 _F64 = np.dtype(np.float64)
 _MISS = object()
+_bind = vectors.bind
 
 
 class PreparedRun:
@@ -131,47 +134,54 @@ class PreparedRun:
         """The steady state of a loop, as run_checked would run it, with fewer steps: a small
         allreduce (computed in the engine's buffer, copied to `out` by C) whose contributions
         and `out` are 1-D, C-contiguous, aligned float64 arrays of its length (`out` writeable).
-        _MISS (nothing done) for anything else."""
+        _MISS (nothing run) for anything else. The arrays bound now (pinned: their pointers
+        hold) are checked here; any other is checked and bound by one C call (vectors.bind:
+        the checks, and its pointer read from the array), then held and pinned, so the table
+        never points at an array that is not held."""
         slots = self._slots
         if type(contributions) is not dict or len(contributions) != len(slots):
             return _MISS
-        n = self.compiled.n
-        for slot, _ in slots:
-            v = contributions.get(slot)
-            if not (type(v) is _ND and v.dtype is _F64 and v.ndim == 1 and len(v) == n):
-                return _MISS
-            f = v.flags
-            if not (f.c_contiguous and f.aligned):
-                return _MISS
-        if out is not None:
-            if not (type(out) is _ND and out.dtype is _F64 and out.ndim == 1 and len(out) == n):
-                return _MISS
-            f = out.flags
-            if not (f.c_contiguous and f.aligned and f.writeable):
-                return _MISS
-        bound = self._binding
-        held = bound.held
         eng = self.engine
         if eng.broken is not None or self.busy:
-            return _MISS  # run_checked refuses it by name
+            return _MISS  # run_checked refuses it by name (and a run in progress keeps its table)
+        n = self.compiled.n
+        bound = self._binding
+        held = bound.held
+        for slot, b in slots:
+            v = contributions.get(slot)
+            e = held[b]
+            if e is not None and e[0] is v:
+                if not (type(v) is _ND and v.dtype is _F64 and v.ndim == 1 and len(v) == n):
+                    return _MISS
+                f = v.flags
+                if not (f.c_contiguous and f.aligned):
+                    return _MISS
+            elif _bind(id(v), n, 0, bound.addr[b]):
+                return _MISS
+            else:
+                bound.adopt(b, v)
+        if out is not None:
+            d = bound.deliver
+            if d is not None and d[0] is out:
+                if not (type(out) is _ND and out.dtype is _F64 and out.ndim == 1 and len(out) == n):
+                    return _MISS
+                f = out.flags
+                if not (f.c_contiguous and f.aligned and f.writeable):
+                    return _MISS
+            elif _bind(id(out), n, 1, bound.deliver_addr):
+                return _MISS
+            else:
+                bound.adopt_delivery(out)
         # run_checked's steps, inlined: the Python calls are most of this path's cost
         self.busy = True
         c, st, step = self.compiled, self._state, self.step
         ex = c.ex
         try:
-            for slot, b in slots:
-                v = contributions[slot]
-                e = held[b]
-                if e is None or e[0] is not v:  # the array bound there is pinned: its pointer holds
-                    bound.pin(b, v)
             e = held[0]
             if e is None or e[0] is not c.internal_out:
                 bound.pin(0, c.internal_out, True)
-            if out is None:
-                if bound.deliver is not None:
-                    bound.no_delivery()
-            else:
-                bound.deliver_to(out)
+            if out is None and bound.deliver is not None:
+                bound.no_delivery()
             st.begin(step, None, None, 0)
             rc = self._an_run(ex, step, eng.timeout, 0, -1, 0)
             if rc:

@@ -8,6 +8,7 @@ names are those of api.py, which re-exports the rest. The modules, one concern e
                  cross-entropy, exp, log) and the ISA path they run on (`isa_path()`)
     updates.py   the optimizer updates (Adam, SGD) over proposal buffers
     buffers.py   the float64/float32 buffer checks every C call is wrapped with
+    vectors.py   a new array's checks and data pointer in one C call (the prepared runs' binding)
     env.py       the floating-point environment check and the build identity
     identity.py  the compute identity of this process (numpy, its BLAS, torch; model/compute.py)
     compiled.py  the compiled module `alpha_mpi.kernel._alpha_kernel`, loaded once (`ffi`, `lib`)

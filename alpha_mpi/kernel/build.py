@@ -89,8 +89,16 @@ _HERE = Path(__file__).resolve().parent  # alpha_mpi/kernel
 ROOT = _HERE.parents[1]  # the repository (or sdist) root, which holds csrc/
 CSRC = ROOT / "csrc"  # kernel/ (this build), round/ (the engine's round: execution/native.py), verify/
 KERNEL_DIR = CSRC / "kernel"
-KERNEL_SOURCES = ("alpha_kernel.c", "pairwise.c", "dense.c", "frame.c", "kernel_table.c")
-KERNEL_HEADERS = ("abi.h", "alpha_kernel.h", "pairwise.h", "dense.h", "frame.h", "kernel_table.h")
+KERNEL_SOURCES = ("alpha_kernel.c", "pairwise.c", "dense.c", "frame.c", "kernel_table.c", "vectors.c")
+KERNEL_HEADERS = (
+    "abi.h",
+    "alpha_kernel.h",
+    "pairwise.h",
+    "dense.h",
+    "frame.h",
+    "kernel_table.h",
+    "vectors.h",
+)
 # Included by a source, declaring nothing for Python (dense.c includes it once per ISA path).
 KERNEL_INCLUDES = ("dense_path.inc",)
 
@@ -207,6 +215,7 @@ def cdef() -> str:
 
 def make_ffi(flags=None):
     import cffi
+    import numpy
 
     flags = cflags() if flags is None else list(flags)
     try:
@@ -224,7 +233,8 @@ def make_ffi(flags=None):
         depends=[
             _source_path(h) for h in KERNEL_HEADERS + KERNEL_INCLUDES
         ],  # rebuild on header change; sdist
-        include_dirs=[_source_path(".")],
+        # vectors.c reads NumPy's array objects through NumPy's own accessors (no API table)
+        include_dirs=[_source_path("."), numpy.get_include()],
         extra_compile_args=flags,
         extra_link_args=[f for f in flags if f.startswith("-fsanitize")],  # the sanitizers' runtimes
         libraries=["m"],

@@ -108,21 +108,11 @@ class Call:
         return ex.run_bound(self.ch.step)
 
 
-def _fits(a, length: int) -> bool:
-    """A 1-D, C-contiguous, aligned float64 block of `length` elements (checked every call:
-    each can change in place under the same object)."""
-    if not (type(a) is _ND and a.dtype is _F64 and a.ndim == 1 and len(a) == length):
-        return False
-    f = a.flags
-    return f.c_contiguous and f.aligned
-
-
-def _bind(c, j: int, x, y) -> None:
-    """Bind the exchange's j-th blocks to x and y (y None: sum)."""
-    prep = c.ex.prepared
-    ptr = prep.bind(_XS[j], x)
-    if y is not None:
-        prep.bind(_YS[j], y, ptr if y is x else None)
+def _bind(c, j: int, x, y) -> bool:
+    """Bind the exchange's j-th blocks to x and y (y None: sum) when each is a 1-D, C-contiguous,
+    aligned float64 block of the remembered length (PreparedRun.bind_blocks: a new array is
+    checked and bound by one C call); False, with nothing bound, otherwise."""
+    return c.ex.prepared.bind_blocks(_XS[j], None if y is None else _YS[j], x, y, c.length)
 
 
 def lookup(comm, op: str, x, y, offset: int, n: int) -> Call | None:
@@ -130,17 +120,9 @@ def lookup(comm, op: str, x, y, offset: int, n: int) -> Call | None:
     channel is usable; else None (the ordinary path). offset and n: ints."""
     for c in _CALLS:
         if c.k == 1 and c.op == op and c.comm is comm and c.length is not None and c.key == (offset, n):
-            length = c.length
-            if (
-                not _fits(x, length)
-                or not (y is None or y is x or _fits(y, length))
-                or c.ch.broken is not None
-            ):
+            if c.ch.broken is not None or (y is None) != (op == "sum"):
                 return None
-            if (y is None) != (op == "sum"):
-                return None
-            _bind(c, 0, x, y)
-            return c
+            return c if _bind(c, 0, x, y) else None
     return None
 
 
@@ -152,15 +134,14 @@ def lookup_pairs(comm, pairs: list, offset: int, n: int) -> Call | None:
         if c.k == k and c.op == "dot" and c.comm is comm and c.length is not None and c.key == (offset, n):
             if c.ch.broken is not None:
                 return None
-            length = c.length
             for pair in pairs:
                 if type(pair) not in _PAIR or len(pair) != 2:
                     return None
-                x, y = pair
-                if not _fits(x, length) or not (y is x or _fits(y, length)):
-                    return None
+            # a pair that does not fit leaves the earlier pairs bound: harmless, the ordinary
+            # path that follows binds its own, and a later call checks every pair again
             for j, (x, y) in enumerate(pairs):
-                _bind(c, j, x, y)
+                if not _bind(c, j, x, y):
+                    return None
             return c
     return None
 

@@ -54,8 +54,8 @@ class Bound:
         ffi = c.native.ffi
         self.from_buffer = ffi.from_buffer
         self._null = ffi.NULL
-        self.addr = [vectors.address(c.bases, b) for b in range(c.ex.first_static)]
-        self.deliver_addr = int(ffi.cast("uintptr_t", ffi.addressof(c.ex, "deliver_to")))
+        self.addr = [vectors.address(c.bases, b) for b in range(c.ex.program.first_static)]
+        self.deliver_addr = int(ffi.cast("uintptr_t", ffi.addressof(c.ex.run, "deliver_to")))
 
     def adopt(self, b: int, a) -> None:
         """Hold and pin `a`, whose pointer vectors.bind wrote to buffer b's entry."""

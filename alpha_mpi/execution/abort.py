@@ -29,7 +29,6 @@ from __future__ import annotations
 import atexit
 import sys
 import time
-import traceback
 from types import TracebackType
 
 from mpi4py import MPI
@@ -129,6 +128,8 @@ def abort_job(status: int) -> None:
 
 
 def _report(kind, value, tb) -> None:
+    import traceback  # here: only a failing job prints one (start-up, issue 42)
+
     rank = MPI.COMM_WORLD.Get_rank()
     sys.stderr.write(f"alpha_mpi: rank {rank}: uncaught exception; aborting the MPI job\n")
     traceback.print_exception(kind, value, tb, file=sys.stderr)

@@ -30,11 +30,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.machinery
 import importlib.util
 import io
 import os
 import sys
-import sysconfig
 from pathlib import Path
 
 from ..kernel.build import CSRC, header_cdef, sanitize_flags
@@ -65,6 +65,9 @@ CFLAGS = ["-O2", "-fPIC", "-shared", "-std=gnu11", "-Wall", "-Wextra"]
 ENV_MPICC, ENV_CACHE = "ALPHA_MPI_MPICC", "ALPHA_MPI_NATIVE_CACHE"
 
 _LOADED: dict = {}
+# sysconfig's EXT_SUFFIX, as the import system has it (sysconfig's first query reads the whole
+# build configuration: milliseconds of a program's first reduction)
+_EXT_SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
 
 
 class Build:
@@ -85,7 +88,7 @@ class Build:
         self.libmpi = loaded_libmpi()
         self.mpicc = find_mpicc(self.libmpi)
         self.key = _key(self.version, self.libmpi, self.mpicc)
-        self.path = cache_dir() / self.key / (MODULE + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
+        self.path = cache_dir() / self.key / (MODULE + _EXT_SUFFIX)
 
     def describe(self) -> str:
         first = self.version.splitlines()[0] if self.version else "?"
@@ -154,7 +157,7 @@ def _key(version: str, libmpi: str | None, mpicc: str | None) -> str:
     for f in (libmpi, mpicc):
         st = os.stat(f) if f and os.path.exists(f) else None
         h.update(f"{f}:{st.st_size if st else 0}:{st.st_mtime_ns if st else 0}\0".encode())
-    h.update((sysconfig.get_config_var("EXT_SUFFIX") or "").encode())
+    h.update(_EXT_SUFFIX.encode())
     h.update(sys.version.encode())
     return h.hexdigest()[:24]
 
@@ -211,6 +214,8 @@ def _compile(b: Build) -> None:
         with contextlib.redirect_stdout(io.StringIO()):  # cffi says "generating ..."
             ffi.emit_c_code(str(gen))
         out = Path(tmp) / b.path.name
+        import sysconfig  # here, as subprocess and tempfile: a warm start needs none of them
+
         paths = sysconfig.get_paths()
         includes = {paths["include"], paths.get("platinclude", paths["include"])}
         cmd = [

@@ -14,7 +14,6 @@ a frame or a contract finds them under one name on any plan:
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass, field
 
 from ..model.coverage import Coverage
@@ -90,6 +89,8 @@ class PlanBase:
         return self.header_dict()
 
     def to_json(self) -> str:
+        import json  # here: a program's first reduction needs no JSON (start-up, issue 42)
+
         return json.dumps(self.to_dict(), indent=2)
 
 

@@ -19,7 +19,6 @@ its frames naming another plan identity).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass
@@ -62,6 +61,8 @@ def load_calibration(path: str | None = None) -> Calibration:
         return Calibration()
     if os.path.exists(path) and not os.path.isfile(path):  # a FIFO would block the read for ever
         raise Refusal("calibration-invalid", f"{path!r} is not a regular file")
+    import json  # here: only a calibration file needs it (start-up, issue 42)
+
     try:
         with open(path) as f:
             d = json.load(f)

@@ -102,6 +102,7 @@ ADVICE: dict[str, str] = {
     "calibration-invalid": "write the file with `alpha-mpi bench calibrate --out FILE` (JSON with alpha, beta, gamma in seconds), or unset ALPHA_MPI_CALIBRATION",
     "plan-delivery-mismatch": "give the delivery the plan was made with (or none), and use reduce_scatter / mode='reduce-scatter' for chunks",
     "executor-reentrant": "wait for one combine to finish before starting another on the same plan",
+    "executor-freed": "this executor was freed (.free()): build a new one on every rank; free it on every rank only once no rank runs it again",
     "combiner-broken": "this executor (combiner, assembler, or the arrays' exchanges of this communicator) failed earlier and frames may still be in flight; build a new one on every rank (arrays: alpha_mpi.arrays.reset(comm) on every rank; the convenience calls: alpha_mpi.execution.reset(comm) on every rank), or restart the job",
     # protocol under mistakes (issue 22): executor identity agreed at construction
     "executor-identity-mismatch": "every rank must build the same executors (same tree, placement, delivery, layout, realization, contract, ALPHA_MPI_PAYLOAD_CHECK) in the same order on a communicator; the message names the ranks that differ",

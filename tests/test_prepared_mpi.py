@@ -263,3 +263,24 @@ def test_a_refused_call_leaves_the_handle_usable(world):
     assert e.value.code == "plan-delivery-mismatch"
     a.free()
     comm.Free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("n", SIZES)
+def test_a_freed_allreducer_refuses_to_run_by_name(world, n):
+    """run() after free() on every rank: `executor-freed` (local, on every rank alike), never an
+    IndexError from the freed table, whether the contribution is the bound one or a new one."""
+    size, rank = world.Get_size(), world.Get_rank()
+    tree = pairwise(range(size), size)
+    comm = world.Dup()
+    a = Allreducer(comm, tree, n, timeout=TIMEOUT)
+    rng = np.random.default_rng(91)
+    data = _fresh(rng, size, n)
+    ok = _same(a.run({rank: data[rank]}), _want(tree, data))
+    a.free()
+    codes = [
+        refusal_code(lambda: a.run({rank: data[rank]})),
+        refusal_code(lambda: a.run({rank: data[rank].copy()})),
+    ]
+    agree(world, ok and codes == ["executor-freed"] * 2, f"after free: {codes}")
+    comm.Free()

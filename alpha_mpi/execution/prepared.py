@@ -93,6 +93,7 @@ class PreparedRun:
         "_zeros",
         "_unbound",
         "_steady",
+        "_freed",
         "_an_run",
         "_lib",
         "_ffi",
@@ -113,6 +114,7 @@ class PreparedRun:
         # A program with no contribution and no result in `out` (the arrays' exchanges): a run
         # with leaves {} and no `out` binds nothing.
         self._unbound = not c.rp.slots and c.internal_out is None and c.rp.result is None
+        self._freed = False
         # run() has a shorter path for a small allreduce whose result C delivers (_run_steady)
         self._steady = (
             self._slots is not None and c.small and c.internal_out is not None and engine.program.mode.whole
@@ -367,6 +369,11 @@ class PreparedRun:
         return 0
 
     def _enter(self) -> None:
+        if self._freed:  # its requests and tag block are gone: nothing may post on them again
+            raise Refusal(
+                "executor-freed",
+                f"rank {self.engine.rank}: run() on an executor freed earlier; build a new one on every rank",
+            )
         broken = self.engine.broken
         if broken is not None:
             raise Refusal(
@@ -446,8 +453,11 @@ class PreparedRun:
         return bind.bind_out(c, out, mode, leaves, False)
 
     def release(self) -> None:
-        """Drop what the last run bound (the executor is freed)."""
+        """Drop what the last run bound (the executor is freed): a later run is refused
+        (`executor-freed`) instead of reaching the freed table."""
         self._binding.clear()
+        self._steady = False
+        self._freed = True
 
 
 __all__ = ["PreparedRun"]

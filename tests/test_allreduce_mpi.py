@@ -277,8 +277,16 @@ def test_convenience_calls_cache_their_executor(world):
     tree = pairwise(range(size), size)
     data = slot_data(size, 5, seed=4)
     want = _want(tree, data)
+
+    def ours():  # an earlier test file may have left executors of this tree at other sizes
+        return {
+            k for k in cached_executors(world) if k.tree == ("tree", tree._placed) and k.mode == "allreduce"
+        }
+
+    before = ours()
+    seen = []
     for _ in range(3):
         got = allreduce(world, tree, {rank: data[rank]})
         agree(world, np.array_equal(bits(got), bits(want)), "allreduce()")
-    keys = [k for k in cached_executors(world) if k.tree == ("tree", tree._placed) and k.mode == "allreduce"]
-    assert len(keys) == 1  # three calls, one executor
+        seen.append(ours())
+    assert len(seen[0] - before) <= 1 and seen[0] == seen[1] == seen[2]  # three calls, one executor

@@ -22,7 +22,9 @@ Protocol of one `step(X, y, loss_fn)` (every rank calls it, with the same global
    parameter's `.grad` (the `RoundBinary64@gradient` site; added to the `.grad` held with
    `accumulate`; None for a parameter no slot used). Every rank holds the same `.grad`. Inside
    `no_sync()` nothing is written: the numerator and mass are carried to the update, the step
-   after the block, which divides their sums once (alpha_mpi.torch.accumulation).
+   after the block, which divides their sums once (alpha_mpi.torch.accumulation). With
+   partition="grads" the combine is a reduce-scatter of the same tree and these words are this
+   rank's shard (the mode's parts: alpha_mpi.torch.shard_combine, shard_grads).
 5. The user's optimizer (`opt.step()`) runs on identical gradients and identical state on every
    rank, so the parameters stay identical.
 

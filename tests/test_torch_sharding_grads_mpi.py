@@ -141,6 +141,34 @@ def test_the_gradient_and_optimizer_state_per_rank_shrink_with_the_ranks(world):
     agree(world, mine["accumulators"] < one["accumulators"], f"{mine} vs {one}")
 
 
+def _tiny(comm, partition, steps=3):
+    """A module smaller than one block: one rank holds the whole shard, the others none."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    dp = DataParallel(net, comm, slots=SLOTS, timeout=120, partition=partition)
+    opt = dp.optimizer(torch.optim.SGD, net.parameters(), lr=0.1, momentum=0.9, nesterov=True)
+    g = torch.Generator().manual_seed(3)
+    X, y = torch.randn(40, 3, generator=g), torch.randint(0, 2, (40,), generator=g)
+    loss = torch.nn.CrossEntropyLoss(reduction="sum")
+    for t in range(steps):
+        dp.step(X[10 * t : 10 * t + 16], y[10 * t : 10 * t + 16], loss)
+        dp.clip_grad_norm_(0.1)
+        opt.step()
+        opt.zero_grad()
+    out = dp.state_digest(opt)
+    dp.free()
+    return out
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_module_smaller_than_a_block_leaves_ranks_an_empty_shard_and_keeps_the_bits(world):
+    from mpi4py import MPI
+
+    alone = _tiny(MPI.COMM_SELF, "none")
+    d = _tiny(world, "grads")
+    agree(world, d == alone, f"on {world.Get_size()} ranks: {d[:12]} vs {alone[:12]}")
+
+
 def _refused(world, build):
     """(code, peer, peer_code) of what `build()` raised on this rank, or None."""
     try:

@@ -123,9 +123,10 @@ class ShardGradients:
         nblocks = -(-self.shards.n // BLOCK)
         total = 0.0
         if nblocks:
-            mine = block_sums(x, self.a)
-            lo = self.a // BLOCK
-            pieces = {(lo, lo + mine.size): mine} if mine.size else {}
+            pieces = {}
+            if x.size:  # an empty shard (a small module on many ranks) holds no block
+                mine = block_sums(x, self.a)
+                pieces = {(self.a // BLOCK, self.a // BLOCK + mine.size): mine}
             total = norm_of_blocks(self._assembler(ctx, nblocks).run(pieces, out=np.empty(nblocks)))
         coef = coefficient(total, float(max_norm))
         with torch.no_grad():

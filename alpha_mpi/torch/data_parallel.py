@@ -156,7 +156,7 @@ class DataParallel:
         try:
             kernel.fpenv_check()
             mode = partition_mode(partition)
-            extra = {"bucket_mb": bucket_mb, "audit_slots": audit_slots}
+            extra = {"bucket_mb": bucket_mb, "audit_slots": audit_slots, "realization": realization}
             check_bucket_mb(bucket_mb, audit_slots, fault_hook)
             parts = check_module(module, buffers)
             self.module, self.comm, self.timeout = module, comm, timeout

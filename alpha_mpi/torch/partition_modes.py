@@ -71,9 +71,10 @@ def _clip_shard(ctx: ShardContext, max_norm: float):
     return ctx.grads.clip(ctx, max_norm)
 
 
-def _whole_parts(params, payload, shards, rank, dtype, unused, *, bucket_mb, audit_slots) -> StepParts:
+def _whole_parts(params, payload, shards, rank, dtype, unused, **options) -> StepParts:
     """Every rank holds the whole `.grad`: the writer of the parameters' `.grad`, the
-    accumulation over every gradient word, the allreduce of the whole payload."""
+    accumulation over every gradient word, the allreduce of the whole payload (the step's
+    `options`, bucket_mb and the others, are the combine's and the audit's own)."""
     grads = GradientWriter(params, list(payload.offsets), dtype, unused)
     return StepParts(grads, Accumulation(payload.n, len(params)), StepCombine)
 

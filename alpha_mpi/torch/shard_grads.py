@@ -154,12 +154,28 @@ class ShardGradients:
 
 
 def grads_parts(
-    params, payload, shards: ShardLayout, rank: int, dtype, unused: str, *, bucket_mb, audit_slots
+    params,
+    payload,
+    shards: ShardLayout,
+    rank: int,
+    dtype,
+    unused: str,
+    *,
+    bucket_mb,
+    audit_slots,
+    realization,
 ):
     """partition="grads": the shard's `.grad` (ShardGradients), the accumulation over the shard,
     the reduce-scatter combine (alpha_mpi.torch.shard_combine). Refused with `bucket_mb` (its
-    buckets allreduce whole parameters while the backward runs) and `audit_slots` (the audit
-    compares each slot's whole payload) by name (`options-conflict`)."""
+    buckets allreduce whole parameters while the backward runs), `audit_slots` (the audit
+    compares each slot's whole payload) and a `realization` other than auto or scatter (the
+    reduce-scatter is scatter's) by name (`options-conflict`)."""
+    if realization not in ("auto", "scatter"):
+        raise Refusal(
+            "options-conflict",
+            f'partition="grads" reduce-scatters with the scatter realization (its chunks are the '
+            f'shards); realization={realization!r} cannot: leave realization="auto"',
+        )
     for name, value in (("bucket_mb", bucket_mb), ("audit_slots", audit_slots)):
         if value:
             raise Refusal(

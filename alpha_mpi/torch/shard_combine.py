@@ -11,7 +11,7 @@ The declared expression is the slot tree's, exactly as in `partition="none"`
    copied into a buffer, and each branch whose two operands are ready is added at once and its
    right operand's buffer freed. The buffers alive at once are the postorder stack (the pending
    left operands along one path) plus the finished subtrees' values: for the pairwise tree with
-   contiguous slots, at most ⌈log2 k⌉ + 1 for k slots per rank, plus O(log) finished subtrees.
+   contiguous slots, log2 k + 1 for k slots per rank forming one subtree, O(log k) in general.
 2. One reduce-scatter: the same tree with each of those subtrees collapsed into one leaf (the
    same branches above them, the same owners, so the same additions in the same order), by the
    `scatter` realization, whose chunks are an even cut of the payload (scatter.chunk_bounds).

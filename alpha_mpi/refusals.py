@@ -173,7 +173,7 @@ ADVICE: dict[str, str] = {
     "torch-backward-refused": "delete loss.backward(): dp.step already ran each slot's backward and wrote .grad; call opt.step() next (the step's value is the loss, a number for logging)",
     "torch-state-unsupported": "register only objects whose state_dict() holds numbers, strings, booleans, None, lists, tuples and dicts with string keys (LR schedulers do); keep other state yourself",
     # alpha_mpi.torch: sharded state (issue 43)
-    "torch-partition-unknown": "give DataParallel(partition=) one of 'none' (every rank holds the whole optimizer state) or 'state' (each rank holds its shard: ZeRO-1)",
+    "torch-partition-unknown": "give DataParallel(partition=) one of 'none' (every rank holds the whole optimizer state), 'state' (each rank holds its shard: ZeRO-1) or 'grads' (each rank holds its shard of the optimizer state and of the combined gradient: ZeRO-2)",
     "torch-partition-change": "a DataParallel keeps its partition mode for life: save a checkpoint, build a new DataParallel with the other partition=, and restore into it (any mode restores any mode's checkpoint)",
     "torch-optimizer-unsharded": "in a sharded partition use an optimizer whose update on a shard is measured to keep the whole tensor's bits (torch.optim.AdamW, Adam, SGD; not fused SGD, capturable or differentiable), or partition='none' for any other",
     # tools

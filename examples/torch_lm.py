@@ -12,6 +12,7 @@ DataLoader, checkpoint and resume on another rank count.
     mpiexec -n 2 python -m mpi4py examples/torch_lm.py --accum 2             # DDP's no_sync, ported
     mpiexec -n 8 python -m mpi4py examples/torch_lm.py --device cuda          # one GPU per rank
     mpiexec -n 4 python -m mpi4py examples/torch_lm.py --partition state      # ZeRO-1: the same digest
+    mpiexec -n 4 python -m mpi4py examples/torch_lm.py --partition grads      # ZeRO-2: the same digest
 
 The model computes its own loss, nanoGPT-style: `logits, loss = model(x, y)` with
 `F.cross_entropy(..., ignore_index=-100)`, the mean over the tokens whose label is not -100.
@@ -155,7 +156,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--autocast", choices=("none", "bfloat16", "float16"), default="none")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument(
-        "--partition", choices=("none", "state"), default="none", help="state: sharded AdamW state"
+        "--partition",
+        choices=("none", "state", "grads"),
+        default="none",
+        help="state: sharded AdamW state; grads: and sharded gradients",
     )
     p.add_argument("--workers", type=int, default=0, help="DataLoader workers")
     p.add_argument("--checkpoint-dir", default=None)

@@ -60,13 +60,14 @@ def test_train_cli_with_an_nn_module_factory_partitions_and_resume(tmp_path):
 def test_bench_torch_times_every_row_interleaved_and_the_rows_of_one_slot_count_agree():
     args = ["-m", "alpha_mpi", "bench", "torch", "--steps", "2", "--warmup", "1", "--block", "1"]
     out = _run(2, args + ["--model", "mlp", "--slots", "p,3"])
-    for row in ("DDP \\(gloo\\)", "slots=2", "slots=2 local", "slots=2 buckets", "slots=2 state", "slots=3"):
+    rows = ("DDP \\(gloo\\)", "slots=2", "slots=2 local", "slots=2 buckets", "slots=2 state", "slots=2 grads")
+    for row in (*rows, "slots=3"):
         assert re.search(rf"^  {row} +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+", out, re.M), (row, out)
     assert re.search(r"slots=2 local / slots=2: [0-9.]+", out), out
-    two = {_digest(out, f"digest slots=2{k}") for k in ("", " local", " buckets", " state")}
+    two = {_digest(out, f"digest slots=2{k}") for k in ("", " local", " buckets", " state", " grads")}
     assert len(two) == 1 and _digest(out, "digest slots=3") not in two, out
     assert "BITS MISMATCH" not in out
-    for mode in ("none", "state"):  # dp.memory() per partition mode (issue 43)
+    for mode in ("none", "state", "grads"):  # dp.memory() per partition mode (issue 43)
         assert re.search(rf"^# memory partition={mode} \(rank 0, MiB\): params [0-9.]+, grads", out, re.M), (
             out
         )
@@ -88,10 +89,11 @@ def test_lm_example_one_digest_on_1_2_4_ranks_and_across_a_resume_4_to_2(tmp_pat
     own token-mean loss with its token mass, AdamW, a cosine schedule, accumulation over 2
     batches under no_sync, clipping, SlotSampler: one digest on 1 and 2 ranks (there with the
     AdamW state sharded, `--partition state`), and a run stopped at 4 ranks (sharded) and
-    resumed at 2 (not) ends with it too (four launches: torch's start-up is most of the time)."""
+    resumed at 2 (not) ends with it too; `--partition grads` on 2 as well (five launches: torch's
+    start-up is most of the time)."""
     args = ["torch_lm.py", "--steps", "8", "--accum", "2", "--sequences", "256", "--log-every", "4"]
     one, two = _digest(_run(1, args)), _digest(_run(2, args + ["--partition", "state"]))
-    assert one == two
+    assert one == two == _digest(_run(2, args + ["--partition", "grads"]))  # ZeRO-2 too
     ck = str(tmp_path / "ck")
     out = _run(4, args + ["--stop-after", "4", "--checkpoint-dir", ck, "--partition", "state"])
     assert "stopped after step 4" in out

@@ -68,6 +68,14 @@ class StepCombine:
             self.realization = self.buckets.reducers[0].realization
         self.payloads = {s: np.zeros(layout.total) for s in plan.slots_of(comm.Get_rank())}
         self.reduced = np.empty(layout.total)
+        self.reader = layout  # the combined payload is the whole payload: read by its layout
+
+    def slot_buffer(self, s: int) -> np.ndarray:
+        """Where slot `s`'s pass writes its payload: its own, kept to the combine."""
+        return self.payloads[s]
+
+    def slot_done(self, s: int) -> None:
+        """Slot `s`'s payload is final (nothing to do: the combine reads every payload)."""
 
     @contextlib.contextmanager
     def around_slots(self) -> Iterator[None]:

@@ -8,15 +8,11 @@ stage: alpha_mpi.torch.step). Buffers (BatchNorm's running statistics) are refus
 (`torch-buffers-refused`) unless `buffers="slot-mean"` (the rule: alpha_mpi.torch.buffers).
 
 This module builds the parts once, with explicit data, and holds the public API. The parts:
-the steps' plan (step_plan.py), the step's protocol (step.py, slot_pass.py, combine.py), the
-payload (payload.py), no_sync() (accumulation.py), clipping (clipping.py), the step's value
-(step_value.py), the buffers' rule (buffers.py), `.grad` (gradients.py), the partition mode,
-its optimizer and memory (sharding.py, partition_modes.py), the state checkpoints carry
-(state.py, checkpointing.py). Apart from it too: the module's checks (module_check.py,
-same_module.py), the loss and mass (losses.py), what ranks agree on in a step
-(step_agreement.py, slot_cut.py), each slot's rules (slot_rules.py), a GradScaler (scaling.py),
-a device (devices.py), the contract (contract_and_digest.py), conversions (convert.py), torch's
-environment (_env.py).
+step_plan.py, step.py, slot_pass.py, combine.py, payload.py, accumulation.py (no_sync()),
+clipping.py, step_value.py, buffers.py, gradients.py (`.grad`), the partition modes
+(partition_modes.py, sharding.py, shard_*.py), state.py and checkpointing.py, module_check.py,
+same_module.py, losses.py, step_agreement.py, slot_cut.py, slot_rules.py, scaling.py,
+devices.py, contract_and_digest.py, convert.py, _env.py.
 """
 
 from __future__ import annotations
@@ -30,11 +26,10 @@ from ..learning.audit import check_options
 from ..learning.rng import slot_seed
 from ..model.deprecation import deprecated_order_id
 from ._env import require_torch
-from .accumulation import Accumulation
 from .buffers import StepBuffers
 from .checkpointing import CheckpointContext, Checkpoints
 from .contract_and_digest import BUFFER_SLOT_MEAN_V1, ROUND_ONCE_V1, parameter_digest, torch_contract
-from .gradients import UNUSED_RULES, GradientWriter
+from .gradients import UNUSED_RULES
 from .module_check import BUFFER_RULES, check_module
 from .overlap import check_bucket_mb
 from .partition_modes import partition_mode
@@ -108,8 +103,10 @@ class DataParallel:
             another identity (`compute-changed`). No torch setting makes CPU results the same
             across capabilities (docs/same-bits.md): promise it only for exact arithmetic.
         partition: where the optimizer state lives (alpha_mpi.torch.partition_modes): "none"
-            (default) or "state" (ZeRO-1: each rank updates its shard, built by `dp.optimizer`);
-            the same bits in every mode (`torch-partition-unknown`, `torch-partition-change`).
+            (default), "state" (ZeRO-1: each rank updates its shard, built by `dp.optimizer`) or
+            "grads" (ZeRO-2: the combine a reduce-scatter, a rank holds its shard of the
+            gradient, `.grad` None: alpha_mpi.torch.shard_grads); the same bits in every mode
+            (`torch-partition-unknown`, `torch-partition-change`).
 
     Construction checks that every rank holds the same architecture (`torch-module-mismatch`,
     alpha_mpi.torch.same_module) and computes alike (`compute-mismatch`), then copies rank 0's
@@ -120,10 +117,10 @@ class DataParallel:
     (`torch-module-changed`) and carries what the ranks must agree on in its payload (seed,
     training flags, accumulate, the global batch: alpha_mpi.torch.step_agreement).
 
-    Attributes: `my_slots`, `steps` (combined calls), `updates` (optimizer updates), `contract`, `layout_order_id`, `conversions`
-    (the conversion sites: `WidenBinary32@contribution`, `RoundBinary64@gradient` for float32),
-    `params` (the trainable parameters in order), `n` (their element count), `stop_agreed`,
-    `registered` (the objects checkpoints carry), `partition`, `shards` (sharding.ShardContext).
+    Attributes: `my_slots`, `steps` (combined calls), `updates` (optimizer updates), `contract`,
+    `layout_order_id`, `conversions` (`WidenBinary32@contribution`, `RoundBinary64@gradient`
+    for float32), `params` (trainable, in order), `n` (their element count), `stop_agreed`,
+    `registered` (what checkpoints carry), `partition`, `shards` (sharding.ShardContext), `grads`.
     """
 
     order_id = deprecated_order_id("DataParallel")
@@ -159,6 +156,7 @@ class DataParallel:
         try:
             kernel.fpenv_check()
             mode = partition_mode(partition)
+            extra = {"bucket_mb": bucket_mb, "audit_slots": audit_slots, "realization": realization}
             check_bucket_mb(bucket_mb, audit_slots, fault_hook)
             parts = check_module(module, buffers)
             self.module, self.comm, self.timeout = module, comm, timeout
@@ -187,8 +185,9 @@ class DataParallel:
             self.payload, self.n, self.my_slots = sp.payload, sp.payload.n, sp.my_slots
             self.layout_order_id, self.contract = sp.layout_order_id, sp.contract
             self.conversions = sp.conversions
-            self.grads = GradientWriter(self.params, list(self.payload.offsets), self.dtype, unused)
-            self.accumulation = Accumulation(self.n, len(self.params))
+            layout = ShardLayout.of(self.payload.offsets, self.size)  # the mode's .grad, no_sync(), combine:
+            mine = mode.parts(self.params, sp.payload, layout, self.rank, self.dtype, unused, **extra)
+            self.grads, self.accumulation = mine.grads, mine.accumulation
             audit_digests = replica_digests(audit_digests, self.size)
             check_options((audit_slots, audit_digests, "state"), slots, self.size)
         except Exception as e:  # it travels to every rank, then is re-raised here
@@ -215,12 +214,12 @@ class DataParallel:
             timeout=timeout,
             realization=realization,
             fault_hook=fault_hook,
+            combine=mine.combine,
         )
         self.audit, self.replicas = self.stepper.audit, self.stepper.replicas
         self.combine, self.slot_pass = self.stepper.combine, self.stepper.slot_pass
         self.realization = self.combine.realization
-        layout = ShardLayout.of(self.payload.offsets, self.size)
-        self.shards = ShardContext(comm, timeout, cd, module, self.params, layout, mode, bindings={})
+        self.shards = ShardContext(comm, timeout, cd, module, self.params, layout, mode, {}, self.grads)
         ids = (self.layout_order_id, self.contract, self.compute_identity)  # what a checkpoint is of
         context = CheckpointContext(comm, slots, timeout, *ids, shared=(self,), bindings=self.shards.bindings)
         self.checkpoints = Checkpoints(self.state, context)
@@ -236,8 +235,8 @@ class DataParallel:
 
     def optimizer(self, cls: type, groups, **kw) -> torch.optim.Optimizer:
         """torch's optimizer `cls(groups, **kw)` (groups as torch takes them): over the parameters
-        with "none"; collective with "state", over this rank's shard (AdamW, Adam, SGD, else
-        `torch-optimizer-unsharded`), its step assembling the parameters (shard_optimizer.py)."""
+        with "none"; collective in "state" and "grads", over this rank's shard (AdamW, Adam, SGD,
+        else `torch-optimizer-unsharded`), its step assembling the parameters (shard_optimizer.py)."""
         return self.shards.optimizer(cls, groups, kw)
 
     def memory(self, optimizer: torch.optim.Optimizer | None = None) -> dict:
@@ -297,9 +296,8 @@ class DataParallel:
         scaler: object | None = None,
     ) -> StepValue:
         """Forward and backward for each owned slot of the global batch (X, y), one ordered
-        combine, `.grad = Σ g / Σ mass` on every rank. Returns the batch's mean loss Σ loss /
-        Σ mass, the same on every rank: a float with `.item()` (step_value.py; `.backward()`
-        on it is refused: the step ran it).
+        combine, `.grad = Σ g / Σ mass` on every rank. Returns Σ loss / Σ mass, the same on
+        every rank: a float with `.item()` (step_value.py; `.backward()` on it is refused).
 
         X, y: the same global batch on every rank (sliceable on axis 0; X may be a mapping, a
         Hugging Face-style batch, with y None), digested and compared in the step's payload

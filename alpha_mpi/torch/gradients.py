@@ -77,3 +77,27 @@ class GradientWriter:
                 p.grad = view  # an unused parameter's held .grad comes back exactly (0 + prev)
             else:
                 p.grad = None
+
+    # what a sharded optimizer's shard tensors see (shard_optimizer.py) ------------------------
+    def piece_grad(self, piece):
+        """The `.grad` of the shard tensor of `piece` (sharding.Piece): the matching view of its
+        parameter's `.grad` (nothing copied), None where that is None."""
+        g = self.params[piece.index].grad
+        return None if g is None else g.reshape(-1)[piece.lo : piece.hi]
+
+    def clear(self) -> None:
+        """No gradient (a refused step): every `.grad` None."""
+        for p in self.params:
+            p.grad = None
+
+    def zero(self, set_to_none: bool = True) -> None:
+        """`optimizer.zero_grad(set_to_none)` on the parameters' `.grad` (what the step adds into)."""
+        for p in self.params:
+            if p.grad is not None:
+                if set_to_none:
+                    p.grad = None
+                else:
+                    p.grad.zero_()
+
+    def free(self) -> None:
+        """Nothing to free (the shard writer frees its clipping's exchange)."""

@@ -7,6 +7,15 @@ torch update; only where the optimizer state is held and updated changes.
     none    whole        whole    whole             nothing to do              the whole .grad's
     state   whole        whole    own shard         the shards assembled by    the whole .grad's:
                                                     selection (ZeRO-1)         the same as none
+    grads   whole        None;    own shard         the shards assembled by    the shard's block
+                         the                        selection (ZeRO-2)         sums assembled by
+                         shard's                                               selection: the
+                         own                                                   same as none
+
+In `grads` the step's combine is a reduce-scatter over the slot tree (alpha_mpi.torch.
+shard_combine: slots folded into their subtrees as they finish) and a rank holds only its shard
+of the combined gradient (alpha_mpi.torch.shard_grads.ShardGradients, what the sharded
+optimizer's shard tensors see as `.grad`); every parameter's `.grad` stays None.
 
 The public keyword stays a string; `partition_mode(name)` reads it once (and refuses a name it
 does not know, `torch-partition-unknown`). After construction nothing asks which mode runs: the
@@ -16,7 +25,11 @@ Clipping: every rank holds the whole combined `.grad` in `none` and in `state` (
 the optimizer's state only), so both clip by the same computation, `_clip_whole`: the whole
 gradient's block sums on every rank (alpha_mpi.torch.clipping). A mode that shards `.grad` would
 compute its shard's block sums alone (`block_sums(shard, start)`: shards begin on the grid that
-clipping's blocks use, sharding.GRID) and combine the block sums by position, to the same bits.
+clipping's blocks use, sharding.GRID) and combine the block sums by position, to the same bits:
+`grads` does (`_clip_shard`).
+
+Each mode also gives the step its parts (`parts`: the `.grad` writer, the accumulation, the
+combine; alpha_mpi.torch.shard_grads.StepParts) and counts what a rank holds (`memory`).
 """
 
 from __future__ import annotations
@@ -25,7 +38,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..refusals import Refusal
+from .accumulation import Accumulation
 from .clipping import clip_grad_norm
+from .combine import StepCombine
+from .gradients import GradientWriter
+from .memory import memory
+from .shard_grads import StepParts, grads_memory, grads_parts
 from .shard_optimizer import ShardedOptimizer
 from .sharding import ShardContext
 
@@ -48,16 +66,32 @@ def _clip_whole(ctx: ShardContext, max_norm: float):
     return clip_grad_norm(ctx.params, ctx.layout.offsets, max_norm, ctx.layout.n)
 
 
+def _clip_shard(ctx: ShardContext, max_norm: float):
+    """Every rank holds its shard of the gradient: its block sums, assembled (shard_grads.py)."""
+    return ctx.grads.clip(ctx, max_norm)
+
+
+def _whole_parts(params, payload, shards, rank, dtype, unused, **options) -> StepParts:
+    """Every rank holds the whole `.grad`: the writer of the parameters' `.grad`, the
+    accumulation over every gradient word, the allreduce of the whole payload (the step's
+    `options`, bucket_mb and the others, are the combine's and the audit's own)."""
+    grads = GradientWriter(params, list(payload.offsets), dtype, unused)
+    return StepParts(grads, Accumulation(payload.n, len(params)), StepCombine)
+
+
 @dataclass(frozen=True)
 class PartitionMode:
     """One mode of the registry: its public name, whether the optimizer state is sharded, how
     `DataParallel.optimizer` builds the optimizer (collective where it shards), and how
-    `DataParallel.clip_grad_norm_` clips the `.grad` a rank holds in it."""
+    `DataParallel.clip_grad_norm_` clips the `.grad` a rank holds in it; `parts`, the step's
+    parts in it, and `memory`, what a rank holds in it (alpha_mpi.torch.memory's kinds)."""
 
     name: str
     shards_state: bool
     build: Callable
     clip: Callable
+    parts: Callable = _whole_parts
+    memory: Callable = memory
 
     def optimizer(self, ctx: ShardContext, cls, groups, kw):
         """torch's optimizer `cls(groups, **kw)`: over the parameters (none), or over this rank's
@@ -70,6 +104,7 @@ _REGISTRY = {
     for m in (
         PartitionMode("none", False, _plain, _clip_whole),
         PartitionMode("state", True, _sharded, _clip_whole),  # .grad whole: clipped as in none
+        PartitionMode("grads", True, _sharded, _clip_shard, grads_parts, grads_memory),
     )
 }
 
@@ -77,7 +112,7 @@ MODES = tuple(_REGISTRY)  # the public names, in the order the docs list them
 
 
 def partition_mode(name: str) -> PartitionMode:
-    """The mode named `name` ("none", "state"), or `torch-partition-unknown` naming the modes."""
+    """The mode named `name` ("none", "state", "grads"), or `torch-partition-unknown` naming the modes."""
     mode = _REGISTRY.get(name) if isinstance(name, str) else None
     if mode is None:
         raise Refusal(

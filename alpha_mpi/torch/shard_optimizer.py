@@ -9,7 +9,8 @@ schedulers, `param_groups`, hand-set rates and `state_dict()` (this rank's shard
 
 Around torch's `step()` (its step hooks):
 - before: each piece's `.grad` is the matching view of its parameter's `.grad` (every rank holds
-  the whole combined gradient in `state` mode: nothing is copied);
+  the whole combined gradient in `state` mode: nothing is copied), or in `grads` mode its range
+  of the rank's gradient shard (alpha_mpi.torch.shard_grads);
 - after: the updated shards are assembled to every rank by selection (alpha_mpi.execution's
   Assembler: each coordinate from exactly the rank that updated it, widened exactly to binary64
   and narrowed back, so no bit moves), and every parameter holds the step's values again.
@@ -160,14 +161,10 @@ class ShardedOptimizer:
         plain_zero_grad = optimizer.zero_grad
 
         def zero_grad(set_to_none: bool = True) -> None:
-            """torch's zero_grad, then the parameters' `.grad` too (what DataParallel adds into)."""
+            """torch's zero_grad, then the step's `.grad` too (what DataParallel adds into: the
+            parameters' in `state`, the shard in `grads`)."""
             plain_zero_grad(set_to_none)
-            for p in self.params:
-                if p.grad is not None:
-                    if set_to_none:
-                        p.grad = None
-                    else:
-                        p.grad.zero_()
+            ctx.grads.zero(set_to_none)
 
         optimizer.zero_grad = zero_grad  # as torch's LR schedulers wrap `step` on the instance
 
@@ -205,10 +202,10 @@ class ShardedOptimizer:
 
     # around torch's step ----------------------------------------------------------------------
     def before_step(self) -> None:
-        """Each piece's `.grad`: the view of its parameter's `.grad` (None where that is None)."""
+        """Each piece's `.grad` from the step's writer (`ctx.grads`): in `state` the view of its
+        parameter's `.grad`, in `grads` its range of the shard (None where absent)."""
         for piece, view in zip(self.pieces, self.views):
-            g = self.params[piece.index].grad
-            view.grad = None if g is None else g.reshape(-1)[piece.lo : piece.hi]
+            view.grad = self.ctx.grads.piece_grad(piece)
 
     def after_step(self) -> None:
         """The updated shards to every rank by selection; every parameter takes the whole vector

@@ -110,8 +110,10 @@ class ShardLayout:
 class ShardContext:
     """The sharding concern of one DataParallel: the communicator, the peer bound, the
     contract's digest (frames name it), the module and its trainable `params` in order, the
-    `layout`, the partition `mode` (alpha_mpi.torch.partition_modes) and `bindings`
-    (id(optimizer) -> its ShardedOptimizer: what checkpoints and memory() look up).
+    `layout`, the partition `mode` (alpha_mpi.torch.partition_modes), `bindings`
+    (id(optimizer) -> its ShardedOptimizer: what checkpoints and memory() look up) and the
+    step's `.grad` writer `grads` (the mode's: where a shard's `.grad` comes from, what
+    `zero_grad` clears).
     DataParallel's `partition`, `optimizer`, `clip_grad_norm_`, `memory` and `free` delegate
     here."""
 
@@ -123,6 +125,7 @@ class ShardContext:
     layout: ShardLayout
     mode: object  # a partition_modes.PartitionMode (not imported: that module imports this one)
     bindings: dict
+    grads: object = None  # gradients.GradientWriter, or shard_grads.ShardGradients in `grads`
 
     @property
     def partition(self) -> str:
@@ -147,13 +150,15 @@ class ShardContext:
         return self.mode.clip(self, max_norm)
 
     def memory(self, grads, combine, accumulation, optimizer=None) -> dict:
-        """DataParallel.memory (alpha_mpi.torch.memory), with the optimizer's binding if sharded."""
-        from .memory import memory
-
+        """DataParallel.memory (the mode's count, alpha_mpi.torch.memory's kinds), with the
+        optimizer's binding if sharded."""
         binding = self.bindings.get(id(optimizer))
-        return memory(self.params, self.module, grads, combine, accumulation, optimizer, binding)
+        return self.mode.memory(self.params, self.module, grads, combine, accumulation, optimizer, binding)
 
     def free(self) -> None:
-        """Free the sharded optimizers' requests and give their tags back (local)."""
+        """Free the sharded optimizers' (and the shard clipping's) requests and give their tags
+        back (local)."""
         for binding in self.bindings.values():
             binding.free()
+        if self.grads is not None:
+            self.grads.free()

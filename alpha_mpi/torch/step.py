@@ -22,7 +22,9 @@ Protocol of one `step(X, y, loss_fn)` (every rank calls it, with the same global
    parameter's `.grad` (the `RoundBinary64@gradient` site; added to the `.grad` held with
    `accumulate`; None for a parameter no slot used). Every rank holds the same `.grad`. Inside
    `no_sync()` nothing is written: the numerator and mass are carried to the update, the step
-   after the block, which divides their sums once (alpha_mpi.torch.accumulation).
+   after the block, which divides their sums once (alpha_mpi.torch.accumulation). With
+   partition="grads" the combine is a reduce-scatter of the same tree and these words are this
+   rank's shard (the mode's parts: alpha_mpi.torch.shard_combine, shard_grads).
 5. The user's optimizer (`opt.step()`) runs on identical gradients and identical state on every
    rank, so the parameters stay identical.
 
@@ -110,8 +112,9 @@ class TrainingStep:
     `precision`, the `payload` layout, the tree, this rank's `my_slots`, the slot count, the
     contract and the compute check), the `grads` writer, the `buffers` and the `accumulation`
     (no_sync()). It builds, collectively over `comm`, the audit's `audit` and `replicas` from
-    `checks` (audit_slots, audit_digests; None where not asked for), its `combine` (with
-    `bucket_mb`, `timeout`, `realization`) and its `slot_pass` (with the audit's `fault_hook`)."""
+    `checks` (audit_slots, audit_digests; None where not asked for), its `combine` (the
+    partition mode's class, StepCombine's signature, with `bucket_mb`, `timeout`,
+    `realization`) and its `slot_pass` (with the audit's `fault_hook`)."""
 
     def __init__(
         self,
@@ -127,6 +130,7 @@ class TrainingStep:
         timeout: float | None,
         realization: str,
         fault_hook: FaultHook | None,
+        combine: Callable = StepCombine,
     ) -> None:
         self.state, self.env, self.precision, self.payload = state, plan.env, plan.precision, plan.payload
         self.grads, self.buffers, self.accumulation = grads, buffers, accumulation
@@ -142,7 +146,7 @@ class TrainingStep:
         self.audit: SlotAudit | None = audit
         self.replicas: ReplicaDigests | None = replicas  # type: ignore[assignment]
         self._audit_buf = np.zeros(plan.payload.total) if audit is not None else None
-        self.combine = StepCombine(
+        self.combine = combine(
             comm,
             plan.tree,
             plan.combine_plan,
@@ -202,7 +206,7 @@ class TrainingStep:
                 raise done.failure from e  # this rank's own exception, once every rank has refused
             raise
         self.state.steps += 1
-        return loss, bool(red[self.payload.stop_at] > 0)
+        return loss, bool(red[self.combine.reader.stop_at] > 0)
 
     def _compare_replicas(self) -> None:
         """Every `audit_digests` steps, before the forward: the state's digests compared."""
@@ -242,9 +246,10 @@ class TrainingStep:
             last = self.my_slots[-1] if buckets is not None else None
             stop_at = self.payload.stop_at
             for i, s in enumerate(self.my_slots):
-                buf = self.combine.payloads[s]
+                buf = self.combine.slot_buffer(s)
                 self.slot_pass.run(s, done.batch[s], done.call, buf, armed=s == last)
                 buf[stop_at] = 1.0 if (asked and i == 0) else 0.0
+                self.combine.slot_done(s)
         except Refusal as e:
             done.refused = e
         except Exception as e:  # the user's module, loss or data: flagged all the same
@@ -279,7 +284,7 @@ class TrainingStep:
         """The combined payload's checks (the agreement words, the cut, the audit's words, the
         mass: combined words only, so every rank gives the same verdict), then `.grad` and the buffers; returns the
         global batch's mean loss."""
-        lay = self.payload
+        lay = self.combine.reader  # the combined payload's words by name (the shard's, in `grads`)
         check_combined(lay.agreement(red), self.slots, done.facts)
         check_cut(lay.sizes(red), done.length, done.rule)
         if self.audit is not None:  # after the settings (a rank that differs by them is never
@@ -312,6 +317,5 @@ class TrainingStep:
 
     def _undo(self, start) -> None:
         """A refused step: `.grad` cleared (an `opt.step()` changes nothing), buffers as at its start."""
-        for p in self.state.params:
-            p.grad = None
+        self.grads.clear()
         self.buffers.restore(start)

@@ -14,6 +14,8 @@ included (a DataLoader over the data set, `--workers` worker processes):
 - `slots=S buckets`: as local, with `bucket_mb` (the combine overlaps the last backward);
 - `slots=S state`: as `slots=S` with `partition="state"`: the Adam state sharded, its update on
   this rank's shard, the updated parameters assembled by selection (alpha_mpi.torch.sharding);
+- `slots=S grads`: as `state` with `partition="grads"`: the combine a reduce-scatter, each rank
+  holding its shard of the gradient (alpha_mpi.torch.shard_grads);
 - `torch alone K x N`: plain torch, K = S/p forwards and backwards of N = B/S samples, no
   combine, no optimizer: what a slot count's passes cost by themselves on this model.
 
@@ -37,7 +39,7 @@ from .baseline import init_gloo
 from .harness import RankParser, check_outputs, interleaved_steps
 from .results import write_json
 
-PATHS = ("step", "local", "buckets", "state")
+PATHS = ("step", "local", "buckets", "state", "grads")
 # The issue-25 targets, printed beside the ratios: (model, slots per rank) -> ratio to DDP.
 TARGETS = {("transformer", 1): 1.05, ("transformer", 4): 1.25, ("cnn", 4): 1.3}
 
@@ -68,10 +70,10 @@ def _parser(rank):
     )
     p.add_argument(
         "--paths",
-        default="step,local,buckets,state",
+        default="step,local,buckets,state,grads",
         help="alpha_mpi rows: step (global batch), local (SlotSampler + step_local), buckets "
-        "(local with bucket_mb), state (step with partition='state'); all but step for the first "
-        "slot count only (default all)",
+        "(local with bucket_mb), state, grads (step with that partition); all but step for the "
+        "first slot count only (default all)",
     )
     p.add_argument("--bucket-mb", type=float, default=8.0, help="bucket_mb of the buckets row (default 8)")
     p.add_argument("--batch", type=at_least(1), default=128, help="global batch (default 128)")
@@ -156,11 +158,11 @@ def cmd(comm, argv) -> int:
                 comm,
                 slots=slots,
                 bucket_mb=a.bucket_mb if kind == "buckets" else None,
-                partition="state" if kind == "state" else "none",
+                partition=kind if kind in ("state", "grads") else "none",
             )
             opt = dp.optimizer(torch.optim.Adam, m.parameters(), lr=a.lr)
             sampler = SlotSampler(ds, dp, batch_size=a.batch, seed=0)
-            if kind in ("step", "state"):
+            if kind in ("step", "state", "grads"):
                 data = _batches(torch, ds, lambda e, s=sampler: list(s.global_batches(e)), a.workers)
             else:
 
@@ -169,7 +171,7 @@ def cmd(comm, argv) -> int:
                     return s
 
                 data = _batches(torch, ds, local, a.workers)
-            step_fn = dp.step if kind in ("step", "state") else dp.step_local
+            step_fn = dp.step if kind in ("step", "state", "grads") else dp.step_local
             rows[name] = (data, step_fn, opt)
             models[name], steps[name] = m, 0
         if i == 0:
@@ -257,6 +259,11 @@ def _memory(comm, torch, fresh, Xb, yb, summed, lr) -> list[str]:
                 f"# optimizer state partition={mode} / none on {size} ranks: {h['optimizer_state'] / whole:.3f}"
                 + ("  (target <= 0.30 at p = 4)" if size == 4 else "")
             )
+    for kind in ("grads", "accumulators", "peak"):  # what sharding the gradient saves
+        if "grads" in held and held["none"][kind]:
+            lines.append(
+                f"# {kind} partition=grads / none on {size} ranks: {held['grads'][kind] / held['none'][kind]:.3f}"
+            )
     return lines
 
 
@@ -318,7 +325,12 @@ def _report(a, size, torch, models, times, digests, mismatch, order, agreeing) -
             f" {med[k] / ref:7.3f}   {'<= %.2f' % target if target else ''}"
         )
     first = next((k for k in order if k.startswith("slots=")), None)
-    for kind, target in (("local", "  (target <= 1.02)"), ("buckets", ""), ("state", "  (target <= 1.05)")):
+    for kind, target in (
+        ("local", "  (target <= 1.02)"),
+        ("buckets", ""),
+        ("state", "  (target <= 1.05)"),
+        ("grads", "  (target <= 1.10)"),
+    ):
         k = f"{first} {kind}" if first else None
         if k in med:
             print(f"# {k} / {first}: {med[k] / med[first]:.3f}{target}")

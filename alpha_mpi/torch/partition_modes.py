@@ -7,6 +7,9 @@ torch update; only where the optimizer state is held and updated changes.
     none    whole        whole    whole             nothing to do              the whole .grad's
     state   whole        whole    own shard         the shards assembled by    the whole .grad's:
                                                     selection (ZeRO-1)         the same as none
+    params  own shard    whole    own shard         nothing: the shard is      the whole .grad's:
+            (gathered                               the parameters (ZeRO-3;    the same as none
+            per unit)                               shard_params.py)
 
 The public keyword stays a string; `partition_mode(name)` reads it once (and refuses a name it
 does not know, `torch-partition-unknown`). After construction nothing asks which mode runs: the
@@ -42,6 +45,14 @@ def _sharded(ctx: ShardContext, cls, groups, kw):
     return binding.optimizer
 
 
+def _sharded_params(ctx: ShardContext, cls, groups, kw):
+    from .shard_params import ParamsOptimizer
+
+    binding = ParamsOptimizer.build_over(ctx, ctx.gathers.shards, cls, groups, kw)
+    ctx.bindings[id(binding.optimizer)] = binding
+    return binding.optimizer
+
+
 def _clip_whole(ctx: ShardContext, max_norm: float):
     """Every rank holds the whole `.grad`: clip it whole, the same computation on every rank and
     in every mode that holds it so (the block sums of the whole flat gradient)."""
@@ -58,6 +69,37 @@ class PartitionMode:
     shards_state: bool
     build: Callable
     clip: Callable
+    shards_params: bool = False
+
+    def plan_units(self, module, params: list, units, **unsupported):
+        """The units of params mode (alpha_mpi.torch.units; None in the other modes, where
+        `units=` is refused), refusing the options params mode does not run with (local)."""
+        if not self.shards_params:
+            if units is not None:
+                raise Refusal("usage", f"units= gathers parameters in partition='params', not {self.name!r}")
+            return None
+        from .units import UnitPlan
+
+        for key, value in unsupported.items():
+            if value:
+                raise Refusal(
+                    "options-conflict",
+                    f"{key}={value!r} with partition='params' is not supported yet (its slots' "
+                    "passes and gathers are not scheduled together); use partition='state' or drop it",
+                )
+        return UnitPlan.of(module, params, units)
+
+    def gathers(self, units, comm, timeout, contract: str, module, params: list, layout, plan):
+        """Collective, params mode only (None otherwise): the shards and their schedule, as many
+        turns a step as the most slots a rank of `plan` (the combine's plan) owns."""
+        if units is None:
+            return None
+        from .gather_schedule import GatherSchedule
+        from .shard_params import ParamShards
+
+        shards = ParamShards(comm, timeout, contract, params, layout, units)
+        turns = max(len(plan.slots_of(r)) for r in range(comm.Get_size()))
+        return GatherSchedule(shards, module, turns)
 
     def optimizer(self, ctx: ShardContext, cls, groups, kw):
         """torch's optimizer `cls(groups, **kw)`: over the parameters (none), or over this rank's
@@ -70,6 +112,7 @@ _REGISTRY = {
     for m in (
         PartitionMode("none", False, _plain, _clip_whole),
         PartitionMode("state", True, _sharded, _clip_whole),  # .grad whole: clipped as in none
+        PartitionMode("params", True, _sharded_params, _clip_whole, shards_params=True),
     )
 }
 
@@ -77,7 +120,7 @@ MODES = tuple(_REGISTRY)  # the public names, in the order the docs list them
 
 
 def partition_mode(name: str) -> PartitionMode:
-    """The mode named `name` ("none", "state"), or `torch-partition-unknown` naming the modes."""
+    """The mode named `name` ("none", "state", "params"), or `torch-partition-unknown` naming the modes."""
     mode = _REGISTRY.get(name) if isinstance(name, str) else None
     if mode is None:
         raise Refusal(

@@ -16,6 +16,7 @@ sharded optimizers' requests to free.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
 
@@ -123,6 +124,24 @@ class ShardContext:
     layout: ShardLayout
     mode: object  # a partition_modes.PartitionMode (not imported: that module imports this one)
     bindings: dict
+    gathers: object = None  # params mode: its GatherSchedule (alpha_mpi.torch.gather_schedule)
+
+    def whole(self, writeback: bool = False):
+        """Every parameter whole inside the block: params mode gathers them (collective) and
+        releases them after (`writeback`: the shard takes the block's values first); in the
+        other modes they are whole already."""
+        if self.gathers is None:
+            return contextlib.nullcontext()
+        return self.gathers.shards.full_parameters(writeback)
+
+    @classmethod
+    def of(cls, comm, timeout, contract: str, module, params: list, mode, units, sp) -> ShardContext:
+        """Collective: the layout of `params` (at the payload's offsets of the StepPlan `sp`) on
+        `comm`'s ranks and, in params mode, its shards and their gathers (`units`: the mode's
+        plan of them; the combine's plan's slots per rank fix the gathers' turns)."""
+        layout = ShardLayout.of(sp.payload.offsets, comm.Get_size())
+        gathers = mode.gathers(units, comm, timeout, contract, module, params, layout, sp.plan)
+        return cls(comm, timeout, contract, module, params, layout, mode, {}, gathers)
 
     @property
     def partition(self) -> str:
@@ -151,9 +170,15 @@ class ShardContext:
         from .memory import memory
 
         binding = self.bindings.get(id(optimizer))
+        if self.gathers is not None:  # the shard, not whole parameters; nothing assembled after
+            base = memory(self.params, self.module, grads, combine, accumulation, optimizer, None)
+            return self.gathers.shards.memory(base)
         return memory(self.params, self.module, grads, combine, accumulation, optimizer, binding)
 
     def free(self) -> None:
         """Free the sharded optimizers' requests and give their tags back (local)."""
         for binding in self.bindings.values():
             binding.free()
+        if self.gathers is not None:
+            self.gathers.remove()
+            self.gathers.shards.free()

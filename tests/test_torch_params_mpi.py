@@ -255,3 +255,28 @@ def test_a_slot_failing_on_one_rank_while_others_gather_is_named_everywhere_and_
     opt.step()
     agree(world, d == ref.state_digest(opt), "the step after the refusal")
     ref.free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_rank_refusing_before_its_slots_runs_their_gathers_and_every_rank_names_it(world):
+    """Rank `odd` refuses its loss before any slot (a declared mean): it runs its turns'
+    gathers carrying the refusal, so the ranks gathering for their slots do not wait; every
+    rank refuses by name, and the next step works."""
+    model = lm()
+    dp = DataParallel(model, world, slots=SLOTS, seed=2, timeout=120, partition="params")
+    odd = world.Get_size() - 1
+    loss = torch.nn.CrossEntropyLoss() if world.Get_rank() == odd else token_pair
+    try:
+        dp.step(*batch(0, 20), loss)
+        got = None
+    except Refusal as e:
+        got = (e.code, e.context.get("peer"), e.context.get("peer_code"))
+    want = (
+        ("torch-loss-invalid", None, None)
+        if world.Get_rank() == odd
+        else ("peer-refused", odd, "torch-loss-invalid")
+    )
+    agree(world, got == want, f"refused as {got}")
+    dp.step(*batch(0, 20), token_pair)
+    agree(world, dp.steps == 1 and all(p.grad is not None for p in model.parameters()), "the next step")
+    dp.free()

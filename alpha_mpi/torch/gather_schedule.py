@@ -87,8 +87,8 @@ class GatherSchedule:
             return
         try:
             g.run(install=self.install)
-        except Refusal as e:  # a peer's refusal (or a broken round): drain from here on
-            self.failure = e
+        except Exception as e:  # a peer's refusal, or this rank's: drain from here on
+            self.failure = e if isinstance(e, Refusal) else _slot_failed(e)
             raise
         if kind != "R":
             self.current = j
@@ -166,10 +166,14 @@ class GatherSchedule:
             self._advance(0)
 
     def _end_turn(self) -> None:
+        last = len(self.events) - 1
         try:
-            self._advance(len(self.events) - 1)
-        except Exception:
-            pass  # kept in self.failure: the rest drains
+            while self.cursor < last:  # each event runs once, failed or not: no rank waits
+                try:
+                    self._advance(last)
+                except Exception as e:
+                    if self.failure is None:
+                        self.failure = e if isinstance(e, Refusal) else _slot_failed(e)
         finally:
             self._free_current()
             if self.shards.root is not None:

@@ -80,7 +80,7 @@ def test_units_in_another_mode_and_unsupported_options_are_refused():
     with pytest.raises(Refusal) as e:
         DataParallel(lm(), MPI.COMM_SELF, slots=SLOTS, partition="state", units=["blocks.0"])
     assert e.value.code == "usage"
-    for kw in ({"audit_slots": 1}, {"bucket_mb": 1.0}):
+    for kw in ({"audit_slots": 1}, {"bucket_mb": 1.0}, {"audit_digests": 5}):
         with pytest.raises(Refusal) as e:
             DataParallel(lm(), MPI.COMM_SELF, slots=SLOTS, partition="params", **kw)
         assert e.value.code in ("options-conflict", "usage"), kw

@@ -44,7 +44,7 @@ from .slot_cut import given_share, given_slots, given_whole, local_cut
 from .state import ModuleState
 from .step import StepRequest, TrainingStep
 from .step_agreement import BatchNotes
-from .step_plan import StepPlan, replica_digests
+from .step_plan import StepPlan
 from .step_value import StepValue
 
 if TYPE_CHECKING:
@@ -187,7 +187,7 @@ class DataParallel:
             self.conversions = sp.conversions
             self.grads = GradientWriter(self.params, list(self.payload.offsets), self.dtype, unused)
             self.accumulation = Accumulation(self.n, len(self.params))
-            audit_digests = replica_digests(audit_digests, self.size)
+            audit_digests = mode.replica_digests(audit_digests, self.size)
             check_options((audit_slots, audit_digests, "state"), slots, self.size)
             units = mode.plan_units(module, self.params, units, audit_slots=audit_slots, bucket_mb=bucket_mb)
         except Exception as e:  # it travels to every rank, then is re-raised here

@@ -31,6 +31,7 @@ from ..refusals import Refusal
 from .clipping import clip_grad_norm
 from .shard_optimizer import ShardedOptimizer
 from .sharding import ShardContext
+from .step_plan import replica_digests
 
 __all__ = ["PartitionMode", "partition_mode", "MODES"]
 
@@ -88,6 +89,20 @@ class PartitionMode:
                     "passes and gathers are not scheduled together); use partition='state' or drop it",
                 )
         return UnitPlan.of(module, params, units)
+
+    def replica_digests(self, audit_digests: int | None, size: int) -> int:
+        """The replica digests' period (step_plan.replica_digests); in params mode no rank holds
+        a replica of the parameters (disjoint shards): off by default, refused when asked for."""
+        if not self.shards_params:
+            return replica_digests(audit_digests, size)
+        if audit_digests:
+            raise Refusal(
+                "options-conflict",
+                f"audit_digests={audit_digests!r} with partition='params': every range of the "
+                "parameters is held by one rank only, so no replica can be compared; use audit_slots "
+                "in partition 'none' or 'state', or leave audit_digests out",
+            )
+        return 0
 
     def gathers(self, units, comm, timeout, contract: str, module, params: list, layout, plan):
         """Collective, params mode only (None otherwise): the shards and their schedule, as many

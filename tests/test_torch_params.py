@@ -189,3 +189,24 @@ def test_a_unit_out_of_order_or_a_parameter_outside_its_unit_is_refused_and_the_
         dp.step(X, y, loss)
         assert all(torch.isfinite(p.grad).all() for p in net.parameters())
     dp.free()
+
+
+def test_bf16_autocast_gives_the_bits_of_none():
+    """autocast casts each gathered weight (its cached bf16 copy is what the backward saves):
+    the same bits as the replicated module, which a float32 run does not give."""
+
+    def digest(partition, autocast):
+        model = lm(layers=2)
+        dp = DataParallel(model, MPI.COMM_SELF, slots=SLOTS, seed=1, partition=partition, autocast=autocast)
+        opt = dp.optimizer(torch.optim.AdamW, model.parameters(), lr=1e-2)
+        for _ in range(2):
+            dp.step(*batch(dp.steps * 8, 8), token_pair)
+            opt.step()
+            opt.zero_grad()
+        d = dp.state_digest(opt)
+        dp.free()
+        return d
+
+    want = digest("none", torch.bfloat16)
+    assert digest("params", torch.bfloat16) == want
+    assert digest("params", None) != want

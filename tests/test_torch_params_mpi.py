@@ -25,7 +25,7 @@ from alpha_mpi.torch import DataParallel  # noqa: E402
 from conftest import agree, groups  # noqa: E402
 from lm_common import BLOCK, VOCAB, CausalLM, batch, token_pair  # noqa: E402
 
-SLOTS = 4
+SLOTS = 6
 STEPS = 4
 WARMUP = 2
 

@@ -210,3 +210,42 @@ def test_bf16_autocast_gives_the_bits_of_none():
     want = digest("none", torch.bfloat16)
     assert digest("params", torch.bfloat16) == want
     assert digest("params", None) != want
+
+
+class Checkpointed(torch.nn.Module):
+    """Four units, each under torch.utils.checkpoint (non-reentrant) when `ac`: its forward runs
+    again inside the backward."""
+
+    def __init__(self, ac):
+        super().__init__()
+        torch.manual_seed(2)
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(4))
+        self.ac = ac
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
+        for blk in self.layers:
+            f = lambda h, blk=blk: torch.tanh(blk(h))  # noqa: E731
+            x = checkpoint(f, x, use_reentrant=False) if self.ac else f(x)
+        return x.sum(1)
+
+
+def test_activation_checkpointing_of_units_gives_the_bits_of_none():
+    def digest(partition, ac, steps=3):
+        net = Checkpointed(ac)
+        dp = DataParallel(net, MPI.COMM_SELF, slots=SLOTS, partition=partition)
+        opt = dp.optimizer(torch.optim.AdamW, net.parameters(), lr=1e-2)
+        g = torch.Generator().manual_seed(1)
+        for _ in range(steps):
+            X, y = torch.randn(8, 8, generator=g), torch.randn(8, generator=g)
+            dp.step(X, y, torch.nn.MSELoss(reduction="sum"))
+            opt.step()
+            opt.zero_grad()
+        d = dp.state_digest(opt)
+        dp.free()
+        return d
+
+    want = digest("none", False)
+    assert digest("params", True) == want
+    assert digest("params", True, steps=2) != want

@@ -13,7 +13,8 @@ A step runs `turns` turns on every rank: the most slots any rank owns. A rank ru
 per owned slot, its slot's forward and backward driving the cursor, then the turns it has no
 slot for with nothing computed (their gathers only: the ranks owning more slots need its
 pieces). What drives the cursor:
-- a unit's forward pre-hook asks for its F event;
+- a unit's forward pre-hook asks for its F event (its B event once the cursor is past the last
+  unit's forward: a recomputation inside the backward, activation checkpointing);
 - torch's saved-tensor hooks (`torch.autograd.graph.saved_tensors_hooks`) pack any tensor
   saved for backward that views a gathered unit's storage as a reference (parameter, size,
   stride, offset), and the unpack asks for the unit's B event and views its fresh storage;
@@ -67,6 +68,7 @@ class GatherSchedule:
         self.index = {e: i for i, e in enumerate(self.events)}
         if k:
             self.index[("B", k - 1)] = self.index[("F", k - 1)]
+        self.backward_from = self.index[("F", k - 1)] if k else 0
         self.unit_of = {i: j for j, u in enumerate(units) for i in u.members}
         self.cursor, self.current, self.active, self.install = -1, None, False, True
         self.failure: Refusal | None = None
@@ -137,7 +139,9 @@ class GatherSchedule:
         if not self.active:
             self._guard(None, None)
             return
-        self._need("F", j)
+        # Past the last unit's forward, a unit's forward is a recomputation inside the
+        # backward (activation checkpointing): it needs the unit as its backward does.
+        self._need("B" if self.cursor >= self.backward_from else "F", j)
 
     def _pack(self, t):
         if self.install and t.device == self.shards.shard.device:

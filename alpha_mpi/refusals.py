@@ -173,8 +173,11 @@ ADVICE: dict[str, str] = {
     "torch-backward-refused": "delete loss.backward(): dp.step already ran each slot's backward and wrote .grad; call opt.step() next (the step's value is the loss, a number for logging)",
     "torch-state-unsupported": "register only objects whose state_dict() holds numbers, strings, booleans, None, lists, tuples and dicts with string keys (LR schedulers do); keep other state yourself",
     # alpha_mpi.torch: sharded state (issue 43)
-    "torch-partition-unknown": "give DataParallel(partition=) one of 'none' (every rank holds the whole optimizer state), 'state' (each rank holds its shard: ZeRO-1) or 'grads' (each rank holds its shard of the optimizer state and of the combined gradient: ZeRO-2)",
+    "torch-partition-unknown": "give DataParallel(partition=) one of 'none' (every rank holds the whole optimizer state), 'state' (each rank holds its shard: ZeRO-1), 'grads' (each rank holds its shard of the optimizer state and of the combined gradient: ZeRO-2) or 'params' (the parameters sharded too, gathered per unit: ZeRO-3)",
     "torch-partition-change": "a DataParallel keeps its partition mode for life: save a checkpoint, build a new DataParallel with the other partition=, and restore into it (any mode restores any mode's checkpoint)",
+    "torch-units-unknown": "name units of partition='params' by submodules of the module or their names in module.named_modules() (or leave units out: the elements of every nn.ModuleList, else the children holding parameters)",
+    "torch-units-order": "in partition='params' every unit runs at most once per forward, in the order of units=, and its parameters are used inside its own forward only (tie a parameter that two units use: it is then gathered for the whole slot); give units in forward order, or fewer, larger units",
+    "torch-params-sharded": "in partition='params' the parameters are shards between steps: run the module (inference, eval) inside `with dp.full_parameters():`, or train it through dp.step",
     "torch-optimizer-unsharded": "in a sharded partition use an optimizer whose update on a shard is measured to keep the whole tensor's bits (torch.optim.AdamW, Adam, SGD; not fused SGD, capturable or differentiable), or partition='none' for any other",
     # tools
     "usage": "an argument is outside what the function accepts: the message names it and what it accepts (see help() of the function)",

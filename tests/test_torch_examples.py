@@ -60,19 +60,29 @@ def test_train_cli_with_an_nn_module_factory_partitions_and_resume(tmp_path):
 def test_bench_torch_times_every_row_interleaved_and_the_rows_of_one_slot_count_agree():
     args = ["-m", "alpha_mpi", "bench", "torch", "--steps", "2", "--warmup", "1", "--block", "1"]
     out = _run(2, args + ["--model", "mlp", "--slots", "p,3"])
-    rows = ("DDP \\(gloo\\)", "slots=2", "slots=2 local", "slots=2 buckets", "slots=2 state", "slots=2 grads")
+    rows = (
+        "DDP \\(gloo\\)",
+        "slots=2",
+        "slots=2 local",
+        "slots=2 buckets",
+        "slots=2 state",
+        "slots=2 grads",
+        "slots=2 params",
+    )
     for row in (*rows, "slots=3"):
         assert re.search(rf"^  {row} +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+", out, re.M), (row, out)
     assert re.search(r"slots=2 local / slots=2: [0-9.]+", out), out
-    two = {_digest(out, f"digest slots=2{k}") for k in ("", " local", " buckets", " state", " grads")}
+    two = {_digest(out, f"digest slots=2{k}") for k in ("", " local", " buckets", " state", " grads", " params")}
     assert len(two) == 1 and _digest(out, "digest slots=3") not in two, out
     assert "BITS MISMATCH" not in out
-    for mode in ("none", "state", "grads"):  # dp.memory() per partition mode (issue 43)
+    for mode in ("none", "state", "grads", "params"):  # dp.memory() per partition mode (issue 43)
         assert re.search(rf"^# memory partition={mode} \(rank 0, MiB\): params [0-9.]+, grads", out, re.M), (
             out
         )
     ratio = re.search(r"^# optimizer state partition=state / none on 2 ranks: ([0-9.]+)", out, re.M)
     assert ratio and 0.4 <= float(ratio.group(1)) <= 0.6, out  # half, to a block of the grid
+    held = re.search(r"^# parameters at rest partition=params / none on 2 ranks: ([0-9.]+)", out, re.M)
+    assert held and 0.4 <= float(held.group(1)) <= 0.6, out
 
 
 def test_dataloader_example_one_digest_on_1_and_2_ranks_each_reading_its_half():

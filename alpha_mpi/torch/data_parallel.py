@@ -39,7 +39,7 @@ from .slot_cut import given_share, given_slots, given_whole, local_cut
 from .state import ModuleState
 from .step import StepRequest, TrainingStep
 from .step_agreement import BatchNotes
-from .step_plan import StepPlan, replica_digests
+from .step_plan import StepPlan
 from .step_value import StepValue
 
 if TYPE_CHECKING:
@@ -102,11 +102,10 @@ class DataParallel:
             differ are refused on every rank (`compute-mismatch`), and so is a checkpoint of
             another identity (`compute-changed`). No torch setting makes CPU results the same
             across capabilities (docs/same-bits.md): promise it only for exact arithmetic.
-        partition: where the optimizer state lives (alpha_mpi.torch.partition_modes): "none"
-            (default), "state" (ZeRO-1: each rank updates its shard, built by `dp.optimizer`) or
-            "grads" (ZeRO-2: the combine a reduce-scatter, a rank holds its shard of the
-            gradient, `.grad` None: alpha_mpi.torch.shard_grads); the same bits in every mode
-            (`torch-partition-unknown`, `torch-partition-change`).
+        partition: where the state lives (alpha_mpi.torch.partition_modes): "none" (default),
+            "state" (ZeRO-1: optimizer state sharded, `dp.optimizer`), "grads" (ZeRO-2: gradient
+            too, `.grad` None: shard_grads.py) or "params" (ZeRO-3: parameters too, gathered per
+            unit of `units`: units.py); the same bits in every mode.
 
     Construction checks that every rank holds the same architecture (`torch-module-mismatch`,
     alpha_mpi.torch.same_module) and computes alike (`compute-mismatch`), then copies rank 0's
@@ -146,12 +145,10 @@ class DataParallel:
         autocast: torch.dtype | str | None = None,
         machine_independent: bool = False,
         partition: str = "none",
+        units: list | None = None,
     ) -> None:
-        # Every check this rank makes alone (the arguments, the module, the plan, the contract,
-        # the audit's options) runs first; its outcome travels in the first agreement round
-        # (check_same_module), so a rank that refuses is named on every rank at once (its own
-        # code there, `peer-refused` elsewhere) and no rank is left waiting for it or pairs its
-        # next DataParallel with this one (issue 36).
+        # Every check this rank makes alone runs first; its outcome travels in the first agreement
+        # round (check_same_module): a refusal is named on every rank at once, none waits (issue 36).
         local = None
         try:
             kernel.fpenv_check()
@@ -188,8 +185,9 @@ class DataParallel:
             layout = ShardLayout.of(self.payload.offsets, self.size)  # the mode's .grad, no_sync(), combine:
             mine = mode.parts(self.params, sp.payload, layout, self.rank, self.dtype, unused, **extra)
             self.grads, self.accumulation = mine.grads, mine.accumulation
-            audit_digests = replica_digests(audit_digests, self.size)
+            audit_digests = mode.replica_digests(audit_digests, self.size)
             check_options((audit_slots, audit_digests, "state"), slots, self.size)
+            units = mode.plan_units(module, self.params, units, audit_slots=audit_slots, bucket_mb=bucket_mb)
         except Exception as e:  # it travels to every rank, then is re-raised here
             local = e
         # Every rank must hold the same architecture before any payload sized by it travels, and
@@ -202,6 +200,9 @@ class DataParallel:
         self.last_loss = StepValue(float("nan"))
         self.stop_agreed = False
         take_rank0_values(comm, self.state.tensors(), timeout, cd)  # every rank takes rank 0's
+        self.shards = ShardContext.of(
+            comm, timeout, cd, module, self.params, mode, units, sp, layout, self.grads
+        )
         self.stepper = TrainingStep(
             self.state,
             sp,
@@ -215,11 +216,11 @@ class DataParallel:
             realization=realization,
             fault_hook=fault_hook,
             combine=mine.combine,
+            turns=self.shards.gathers,
         )
         self.audit, self.replicas = self.stepper.audit, self.stepper.replicas
         self.combine, self.slot_pass = self.stepper.combine, self.stepper.slot_pass
         self.realization = self.combine.realization
-        self.shards = ShardContext(comm, timeout, cd, module, self.params, layout, mode, {}, self.grads)
         ids = (self.layout_order_id, self.contract, self.compute_identity)  # what a checkpoint is of
         context = CheckpointContext(comm, slots, timeout, *ids, shared=(self,), bindings=self.shards.bindings)
         self.checkpoints = Checkpoints(self.state, context)
@@ -238,6 +239,10 @@ class DataParallel:
         with "none"; collective in "state" and "grads", over this rank's shard (AdamW, Adam, SGD,
         else `torch-optimizer-unsharded`), its step assembling the parameters (shard_optimizer.py)."""
         return self.shards.optimizer(cls, groups, kw)
+
+    def full_parameters(self) -> contextlib.AbstractContextManager[None]:
+        """Collective: every parameter whole in the block (params mode gathers, then frees them)."""
+        return self.shards.whole()
 
     def memory(self, optimizer: torch.optim.Optimizer | None = None) -> dict:
         """Bytes this rank holds by kind (params, grads, optimizer_state, buffers, accumulators)
@@ -399,7 +404,8 @@ class DataParallel:
         registered objects' (`scheduler=`) under `directory` (collective), restorable on any rank
         count; refused inside no_sync() and before its update (`accumulation-pending`)."""
         self.accumulation.refuse_pending("save")
-        return self.checkpoints.save(directory, optimizer, config=config, scheduler=scheduler)
+        with self.shards.whole():
+            return self.checkpoints.save(directory, optimizer, config=config, scheduler=scheduler)
 
     def restore(
         self,
@@ -422,25 +428,21 @@ class DataParallel:
         identity's checkpoint (else `compute-changed`; recorded). Returns the step directory,
         or None with `missing_ok` when there is none. Collective."""
         self.accumulation.refuse_pending("restore")
-        return self.checkpoints.restore(
-            directory,
-            optimizer,
-            config=config,
-            scheduler=scheduler,
-            adopt_lr=adopt_lr,
-            adopt_contract=adopt_contract,
-            missing_ok=missing_ok,
-            accept_compute_change=accept_compute_change,
-        )
+        kw = dict(config=config, scheduler=scheduler, adopt_lr=adopt_lr, adopt_contract=adopt_contract)
+        kw.update(missing_ok=missing_ok, accept_compute_change=accept_compute_change)
+        with self.shards.whole(writeback=True):  # params mode: the shard takes what is restored
+            return self.checkpoints.restore(directory, optimizer, **kw)
 
     def state_digest(self, optimizer: torch.optim.Optimizer | None = None) -> str:
         """The digest of the whole state (parameters, buffers, `optimizer`'s state, the step,
         registered objects, the seed), the same on every rank count and mode (collective)."""
-        return self.checkpoints.state_digest(optimizer)
+        with self.shards.whole():
+            return self.checkpoints.state_digest(optimizer)
 
     def digest(self) -> str:
-        """parameter_digest(module): sha256 of the parameters as binary64."""
-        return parameter_digest(self.module)
+        """parameter_digest(module): sha256 of the parameters as binary64 (collective in params mode)."""
+        with self.shards.whole():
+            return parameter_digest(self.module)
 
     def free(self) -> None:
         """Free the combine's (and sharded optimizers') requests and give their tags back (local)."""

@@ -11,11 +11,16 @@ torch update; only where the optimizer state is held and updated changes.
                          the                        selection (ZeRO-2)         sums assembled by
                          shard's                                               selection: the
                          own                                                   same as none
+    params  own shard    whole    own shard         nothing: the shard is      the whole .grad's:
+            (gathered                               the parameters (ZeRO-3;    the same as none
+            per unit)                               shard_params.py)
 
 In `grads` the step's combine is a reduce-scatter over the slot tree (alpha_mpi.torch.
 shard_combine: slots folded into their subtrees as they finish) and a rank holds only its shard
 of the combined gradient (alpha_mpi.torch.shard_grads.ShardGradients, what the sharded
-optimizer's shard tensors see as `.grad`); every parameter's `.grad` stays None.
+optimizer's shard tensors see as `.grad`); every parameter's `.grad` stays None. `params`
+combines as `state` does (the whole combined `.grad` on every rank, then the shard's update):
+its parameters are gathered per unit for each slot (alpha_mpi.torch.gather_schedule).
 
 The public keyword stays a string; `partition_mode(name)` reads it once (and refuses a name it
 does not know, `torch-partition-unknown`). After construction nothing asks which mode runs: the
@@ -46,6 +51,7 @@ from .memory import memory
 from .shard_grads import StepParts, grads_memory, grads_parts
 from .shard_optimizer import ShardedOptimizer
 from .sharding import ShardContext
+from .step_plan import replica_digests
 
 __all__ = ["PartitionMode", "partition_mode", "MODES"]
 
@@ -56,6 +62,14 @@ def _plain(ctx: ShardContext, cls, groups, kw):
 
 def _sharded(ctx: ShardContext, cls, groups, kw):
     binding = ShardedOptimizer.build(ctx, cls, groups, kw)
+    ctx.bindings[id(binding.optimizer)] = binding
+    return binding.optimizer
+
+
+def _sharded_params(ctx: ShardContext, cls, groups, kw):
+    from .shard_params import ParamsOptimizer
+
+    binding = ParamsOptimizer.build_over(ctx, ctx.gathers.shards, cls, groups, kw)
     ctx.bindings[id(binding.optimizer)] = binding
     return binding.optimizer
 
@@ -92,6 +106,51 @@ class PartitionMode:
     clip: Callable
     parts: Callable = _whole_parts
     memory: Callable = memory
+    shards_params: bool = False
+
+    def plan_units(self, module, params: list, units, **unsupported):
+        """The units of params mode (alpha_mpi.torch.units; None in the other modes, where
+        `units=` is refused), refusing the options params mode does not run with (local)."""
+        if not self.shards_params:
+            if units is not None:
+                raise Refusal("usage", f"units= gathers parameters in partition='params', not {self.name!r}")
+            return None
+        from .units import UnitPlan
+
+        for key, value in unsupported.items():
+            if value:
+                raise Refusal(
+                    "options-conflict",
+                    f"{key}={value!r} with partition='params' is not supported yet (its slots' "
+                    "passes and gathers are not scheduled together); use partition='state' or drop it",
+                )
+        return UnitPlan.of(module, params, units)
+
+    def replica_digests(self, audit_digests: int | None, size: int) -> int:
+        """The replica digests' period (step_plan.replica_digests); in params mode no rank holds
+        a replica of the parameters (disjoint shards): off by default, refused when asked for."""
+        if not self.shards_params:
+            return replica_digests(audit_digests, size)
+        if audit_digests:
+            raise Refusal(
+                "options-conflict",
+                f"audit_digests={audit_digests!r} with partition='params': every range of the "
+                "parameters is held by one rank only, so no replica can be compared; use audit_slots "
+                "in partition 'none' or 'state', or leave audit_digests out",
+            )
+        return 0
+
+    def gathers(self, units, comm, timeout, contract: str, module, params: list, layout, plan):
+        """Collective, params mode only (None otherwise): the shards and their schedule, as many
+        turns a step as the most slots a rank of `plan` (the combine's plan) owns."""
+        if units is None:
+            return None
+        from .gather_schedule import GatherSchedule
+        from .shard_params import ParamShards
+
+        shards = ParamShards(comm, timeout, contract, params, layout, units)
+        turns = max(len(plan.slots_of(r)) for r in range(comm.Get_size()))
+        return GatherSchedule(shards, module, turns)
 
     def optimizer(self, ctx: ShardContext, cls, groups, kw):
         """torch's optimizer `cls(groups, **kw)`: over the parameters (none), or over this rank's
@@ -105,6 +164,7 @@ _REGISTRY = {
         PartitionMode("none", False, _plain, _clip_whole),
         PartitionMode("state", True, _sharded, _clip_whole),  # .grad whole: clipped as in none
         PartitionMode("grads", True, _sharded, _clip_shard, grads_parts, grads_memory),
+        PartitionMode("params", True, _sharded_params, _clip_whole, shards_params=True),
     )
 }
 
@@ -112,7 +172,7 @@ MODES = tuple(_REGISTRY)  # the public names, in the order the docs list them
 
 
 def partition_mode(name: str) -> PartitionMode:
-    """The mode named `name` ("none", "state", "grads"), or `torch-partition-unknown` naming the modes."""
+    """The mode named `name` ("none", "state", "grads", "params"), or `torch-partition-unknown` naming the modes."""
     mode = _REGISTRY.get(name) if isinstance(name, str) else None
     if mode is None:
         raise Refusal(

@@ -16,6 +16,7 @@ sharded optimizers' requests to free.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
 
@@ -126,6 +127,26 @@ class ShardContext:
     mode: object  # a partition_modes.PartitionMode (not imported: that module imports this one)
     bindings: dict
     grads: object = None  # gradients.GradientWriter, or shard_grads.ShardGradients in `grads`
+    gathers: object = None  # params mode: its GatherSchedule (alpha_mpi.torch.gather_schedule)
+
+    def whole(self, writeback: bool = False):
+        """Every parameter whole inside the block: params mode gathers them (collective) and
+        releases them after (`writeback`: the shard takes the block's values first); in the
+        other modes they are whole already."""
+        if self.gathers is None:
+            return contextlib.nullcontext()
+        return self.gathers.shards.full_parameters(writeback)
+
+    @classmethod
+    def of(
+        cls, comm, timeout, contract: str, module, params: list, mode, units, sp, layout, grads
+    ) -> ShardContext:
+        """Collective: the context of `params` laid out by `layout` (ShardLayout of the payload's
+        offsets of the StepPlan `sp`) on `comm`'s ranks, with the mode's `.grad` writer `grads`
+        and, in params mode, its shards and their gathers (`units`: the mode's plan of them; the
+        combine's plan's slots per rank fix the gathers' turns)."""
+        gathers = mode.gathers(units, comm, timeout, contract, module, params, layout, sp.plan)
+        return cls(comm, timeout, contract, module, params, layout, mode, {}, grads, gathers)
 
     @property
     def partition(self) -> str:
@@ -153,6 +174,9 @@ class ShardContext:
         """DataParallel.memory (the mode's count, alpha_mpi.torch.memory's kinds), with the
         optimizer's binding if sharded."""
         binding = self.bindings.get(id(optimizer))
+        if self.gathers is not None:  # the shard, not whole parameters; nothing assembled after
+            base = self.mode.memory(self.params, self.module, grads, combine, accumulation, optimizer, None)
+            return self.gathers.shards.memory(base)
         return self.mode.memory(self.params, self.module, grads, combine, accumulation, optimizer, binding)
 
     def free(self) -> None:
@@ -162,3 +186,6 @@ class ShardContext:
             binding.free()
         if self.grads is not None:
             self.grads.free()
+        if self.gathers is not None:
+            self.gathers.remove()
+            self.gathers.shards.free()

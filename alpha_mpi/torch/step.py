@@ -69,6 +69,7 @@ if TYPE_CHECKING:
 
     from ..learning.audit import FaultHook, SlotAudit
     from ..learning.replicas import ReplicaDigests
+    from .gather_schedule import GatherSchedule
     from .step_plan import StepPlan
 
 __all__ = ["TrainingStep", "StepRequest", "SlotsDone"]
@@ -131,10 +132,12 @@ class TrainingStep:
         realization: str,
         fault_hook: FaultHook | None,
         combine: Callable = StepCombine,
+        turns: GatherSchedule | None = None,
     ) -> None:
         self.state, self.env, self.precision, self.payload = state, plan.env, plan.precision, plan.payload
         self.grads, self.buffers, self.accumulation = grads, buffers, accumulation
         self.my_slots, self.slots = plan.my_slots, plan.slots
+        self.turns = turns  # partition="params": the units' gathers around each slot
         audit, replicas = build_checks(
             comm,
             plan.plan,
@@ -247,7 +250,8 @@ class TrainingStep:
             stop_at = self.payload.stop_at
             for i, s in enumerate(self.my_slots):
                 buf = self.combine.slot_buffer(s)
-                self.slot_pass.run(s, done.batch[s], done.call, buf, armed=s == last)
+                with self.turns.slot() if self.turns is not None else contextlib.nullcontext():
+                    self.slot_pass.run(s, done.batch[s], done.call, buf, armed=s == last)
                 buf[stop_at] = 1.0 if (asked and i == 0) else 0.0
                 self.combine.slot_done(s)
         except Refusal as e:
@@ -255,6 +259,8 @@ class TrainingStep:
         except Exception as e:  # the user's module, loss or data: flagged all the same
             done.refused = Refusal("torch-slot-failed", f"{type(e).__name__}: {str(e)[:300]}")
             done.failure = e
+        if self.turns is not None:  # the turns this rank has no slot for: their gathers only
+            done.refused = self.turns.finish(done.refused) or done.refused
         return done
 
     def _audit_slots(self, done: SlotsDone) -> None:

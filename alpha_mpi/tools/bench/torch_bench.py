@@ -16,6 +16,9 @@ included (a DataLoader over the data set, `--workers` worker processes):
   this rank's shard, the updated parameters assembled by selection (alpha_mpi.torch.sharding);
 - `slots=S grads`: as `state` with `partition="grads"`: the combine a reduce-scatter, each rank
   holding its shard of the gradient (alpha_mpi.torch.shard_grads);
+- `slots=S params`: as `slots=S` with `partition="params"`: the parameters sharded between
+  steps too, each unit (transformer block) gathered by selection for its forward and backward,
+  the update on this rank's shard with nothing assembled after it (alpha_mpi.torch.shard_params);
 - `torch alone K x N`: plain torch, K = S/p forwards and backwards of N = B/S samples, no
   combine, no optimizer: what a slot count's passes cost by themselves on this model.
 
@@ -30,6 +33,7 @@ the others with a buffer broadcast (harness bookkeeping, no data), then
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import statistics
 
@@ -39,7 +43,7 @@ from .baseline import init_gloo
 from .harness import RankParser, check_outputs, interleaved_steps
 from .results import write_json
 
-PATHS = ("step", "local", "buckets", "state", "grads")
+PATHS = ("step", "local", "buckets", "state", "grads", "params")
 # The issue-25 targets, printed beside the ratios: (model, slots per rank) -> ratio to DDP.
 TARGETS = {("transformer", 1): 1.05, ("transformer", 4): 1.25, ("cnn", 4): 1.3}
 
@@ -70,10 +74,10 @@ def _parser(rank):
     )
     p.add_argument(
         "--paths",
-        default="step,local,buckets,state,grads",
+        default="step,local,buckets,state,grads,params",
         help="alpha_mpi rows: step (global batch), local (SlotSampler + step_local), buckets "
-        "(local with bucket_mb), state, grads (step with that partition); all but step for the "
-        "first slot count only (default all)",
+        "(local with bucket_mb), state, grads, params (step with that partition); all but step for "
+        "the first slot count only (default all)",
     )
     p.add_argument("--bucket-mb", type=float, default=8.0, help="bucket_mb of the buckets row (default 8)")
     p.add_argument("--batch", type=at_least(1), default=128, help="global batch (default 128)")
@@ -135,7 +139,7 @@ def cmd(comm, argv) -> int:
     ds = _Pairs(X, y)
     make = MODELS[a.model]
     summed, mean = LOSSES[a.model]  # declared sum (or (sum, tokens) pair), DDP's mean
-    rows, models, steps = {}, {}, {}
+    rows, models, steps, shards = {}, {}, {}, {}
 
     def fresh():
         torch.manual_seed(0)
@@ -158,11 +162,11 @@ def cmd(comm, argv) -> int:
                 comm,
                 slots=slots,
                 bucket_mb=a.bucket_mb if kind == "buckets" else None,
-                partition=kind if kind in ("state", "grads") else "none",
+                partition=kind if kind in ("state", "grads", "params") else "none",
             )
             opt = dp.optimizer(torch.optim.Adam, m.parameters(), lr=a.lr)
             sampler = SlotSampler(ds, dp, batch_size=a.batch, seed=0)
-            if kind in ("step", "state", "grads"):
+            if kind in ("step", "state", "grads", "params"):
                 data = _batches(torch, ds, lambda e, s=sampler: list(s.global_batches(e)), a.workers)
             else:
 
@@ -171,7 +175,8 @@ def cmd(comm, argv) -> int:
                     return s
 
                 data = _batches(torch, ds, local, a.workers)
-            step_fn = dp.step if kind in ("step", "state", "grads") else dp.step_local
+            step_fn = dp.step if kind in ("step", "state", "grads", "params") else dp.step_local
+            shards[name] = dp
             rows[name] = (data, step_fn, opt)
             models[name], steps[name] = m, 0
         if i == 0:
@@ -218,7 +223,10 @@ def cmd(comm, argv) -> int:
             learners[name] = passes
             order.append(name)
     times = interleaved_steps(comm, learners, warmup=a.warmup, count=a.steps, block=a.block)
-    digests = {name: parameter_digest(models[name]) for name in order if name in models}
+    digests = {}
+    for name in [k for k in order if k in models]:  # a params row's are gathered for it (collective)
+        with shards[name].full_parameters() if name in shards else contextlib.nullcontext():
+            digests[name] = parameter_digest(models[name])
     dist.destroy_process_group()
     mismatch = _bits_check(digests)
     agreeing = _agreement_cost(dp, X[: a.batch], y[: a.batch])
@@ -247,12 +255,21 @@ def _memory(comm, torch, fresh, Xb, yb, summed, lr) -> list[str]:
         dp.free()
     lines = []
     for mode, h in held.items():
-        kinds = ", ".join(f"{k} {v * mib:.2f}" for k, v in h.items() if k not in ("at_rest", "peak"))
+        kinds = ", ".join(
+            f"{k} {v * mib:.2f}" for k, v in h.items() if k not in ("at_rest", "peak", "params_peak")
+        )
         lines.append(
             f"# memory partition={mode} (rank 0, MiB): {kinds}; at rest {h['at_rest'] * mib:.2f}, "
             f"step's peak {h['peak'] * mib:.2f} (activations not counted)"
         )
     whole = held["none"]["optimizer_state"]
+    if "params" in held:
+        lines.append(
+            f"# parameters at rest partition=params / none on {size} ranks: "
+            f"{held['params']['params'] / held['none']['params']:.3f}"
+            + ("  (target <= 0.35 at p = 4)" if size == 4 else "")
+            + f"; within a step {held['params']['params_peak'] / held['none']['params']:.3f} (root + largest unit)"
+        )
     for mode, h in held.items():
         if mode != "none" and whole:
             lines.append(
@@ -330,6 +347,7 @@ def _report(a, size, torch, models, times, digests, mismatch, order, agreeing) -
         ("buckets", ""),
         ("state", "  (target <= 1.05)"),
         ("grads", "  (target <= 1.10)"),
+        ("params", "  (target <= 1.30 at p = 2)"),
     ):
         k = f"{first} {kind}" if first else None
         if k in med:

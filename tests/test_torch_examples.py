@@ -72,7 +72,9 @@ def test_bench_torch_times_every_row_interleaved_and_the_rows_of_one_slot_count_
     for row in (*rows, "slots=3"):
         assert re.search(rf"^  {row} +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+", out, re.M), (row, out)
     assert re.search(r"slots=2 local / slots=2: [0-9.]+", out), out
-    two = {_digest(out, f"digest slots=2{k}") for k in ("", " local", " buckets", " state", " grads", " params")}
+    two = {
+        _digest(out, f"digest slots=2{k}") for k in ("", " local", " buckets", " state", " grads", " params")
+    }
     assert len(two) == 1 and _digest(out, "digest slots=3") not in two, out
     assert "BITS MISMATCH" not in out
     for mode in ("none", "state", "grads", "params"):  # dp.memory() per partition mode (issue 43)

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..planning.flag_rounds import with_flag_rounds
+from ..planning.flag_rounds import needs_flag_rounds, with_flag_rounds
 from ..planning.program import Program
 from ..refusals import PlanRefusal, Refusal
 from .abort import mark_broken
@@ -142,9 +142,10 @@ class Engine:
         open_exec(self.compiled, self.comm, seat.block, self.probe)
 
     def _build(self, program: Program, contract: str) -> None:
-        if self.payload_check:
-            # a bad frame in a rank's last receive reaches nobody by frame: the flag rounds
-            # after the program (in the same C call) make every rank refuse, or none
+        if needs_flag_rounds(program, self.payload_check):
+            # a bad frame in a rank's last receive, and any refusal of a run delivered to one
+            # rank, reach some ranks by no frame: the flag rounds after the program (in the
+            # same C call) make every rank refuse, or none
             program = with_flag_rounds(program)
         self.program = self.plan = program
         rank = self.rank

@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..planning.flag_rounds import delivers_to_one
 from ..planning.program import Mode
 from ..refusals import PlanRefusal, Refusal
 from . import frames as fr
@@ -193,7 +194,8 @@ def finish(c, program, rank: int, step: int, st, local, leaves, outarr, out):
             peer_code=code,
         )
     rp = c.rp
-    if flags & fr.FLAG_NONFINITE and (rp.result is not None or rp.checks):
+    # a rank off a delivery's path learns of a non-finite sum from the flag rounds alone
+    if flags & fr.FLAG_NONFINITE and (rp.result is not None or rp.checks or delivers_to_one(program)):
         refuse_nonfinite(leaves, step)
     res = rp.result
     if res is None:

@@ -10,11 +10,14 @@ while its peers refuse that call, and mistakes that used to end in `peer-timeout
 Each test fails on 3af55f0, where the senders returned None and the mistakes waited out the bound.
 """
 
+import time
+
 import numpy as np
 import pytest
+from array_oracle import oracle_sum
 
-from alpha_mpi import DeliverTo, Refusal, hierarchy, oracle, plan, star
-from alpha_mpi.execution import Allreducer, Combiner
+from alpha_mpi import DeliverTo, Refusal, arrays, hierarchy, oracle, pairwise, plan, star
+from alpha_mpi.execution import Allreducer, Combiner, allreduce, reset
 from alpha_mpi.execution import frames as fr
 
 from conftest import agree, bits, slot_data
@@ -123,3 +126,154 @@ def test_deliver_to_through_allreducer_names_a_peers_refusal_on_the_senders(worl
         ok = np.array_equal(bits(got), bits(_want(tree, data))) if rank == target else got is None
         agree(world, ok, f"{name}: the next call on rank {rank}")
         a.free()
+
+
+# -- executors used in another order, or rebuilt, on one rank ---------------------------------------
+def _pair(comm, size, same):
+    """Two Allreducers built in one order on every rank: of one plan (they differ only by their
+    number on the communicator) or of two."""
+    tree = pairwise(range(size), size)
+    first = Allreducer(comm, tree, 50, realization="tree", timeout=BOUND)
+    second = Allreducer(comm, tree, 50 if same else 61, realization="tree" if same else "auto", timeout=BOUND)
+    return tree, first, second
+
+
+def _named_at_once(world, comm, run, what):
+    """Run `run()` on every rank: every rank must refuse executor-identity-mismatch, well within
+    the bound; then a reset on every rank and a new Allreducer give the oracle's bits."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    t = time.monotonic()
+    _, code, _ = _outcome(run)
+    took = time.monotonic() - t
+    # The issue's target is 1 s (measured: ~0.01-0.05 s); the test allows for a loaded machine
+    # and fails only where a rank waited toward the bound.
+    agree(
+        world,
+        code == "executor-identity-mismatch" and took < BOUND / 12,
+        f"{what}: rank {rank}: {code} {took:.2f}s",
+    )
+    reset(comm)  # the frames of the mismatched calls are drained on every rank
+    tree = pairwise(range(size), size)
+    data = slot_data(size, 9, seed=11)
+    fresh = Allreducer(comm, tree, 9, timeout=BOUND)
+    got = fresh.run({rank: data[rank]})
+    agree(world, np.array_equal(bits(got), bits(_want(tree, data))), f"{what}: after the reset, rank {rank}")
+    fresh.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("same", [True, False], ids=["one-plan", "two-plans"])
+def test_two_allreducers_run_in_another_order_on_one_rank_are_named_on_every_rank_at_once(world, same):
+    """Every rank builds A then B; rank 1 runs B then A, the others A then B. Each rank that
+    waits for rank 1 finds a frame of the other executor first and answers with a build round
+    straight to every rank, every rank still waiting finds that record first: every rank names
+    `executor-identity-mismatch` at once (it used to wait out the whole bound, peer-timeout)."""
+    comm = world.Dup()
+    rank, size = comm.Get_rank(), comm.Get_size()
+    _, a, b = _pair(comm, size, same)
+    xa, xb = {rank: np.full(a.executor.n, 1.0 + rank)}, {rank: np.full(b.executor.n, 2.0 - rank)}
+    for _ in range(2):  # warm
+        a.run(xa)
+        b.run(xb)
+    order = (b, a) if rank == 1 else (a, b)
+    _named_at_once(world, comm, lambda: [e.run(xa if e is a else xb) for e in order], "swapped")
+    for e in (a, b):
+        e.free()
+    comm.Free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("realization", ["butterfly", "replicate"])
+def test_an_allreducer_rebuilt_with_another_realization_on_one_rank_is_named_on_every_rank_at_once(
+    world, realization
+):
+    """Every rank builds and runs A (tree); rank 1 alone builds another with `realization` and
+    runs it, the others run A: the ranks in A find rank 1's build record where they wait for its
+    frame and answer its build round: every rank names `executor-identity-mismatch` at once."""
+    comm = world.Dup()
+    rank, size = comm.Get_rank(), comm.Get_size()
+    tree = pairwise(range(size), size)
+    a = Allreducer(comm, tree, 40, realization="tree", timeout=BOUND)
+    x = {rank: np.full(40, 0.5 * rank)}
+    a.run(x)
+
+    def call():
+        e = Allreducer(comm, tree, 40, realization=realization, timeout=BOUND) if rank == 1 else a
+        return e.run(x)
+
+    _named_at_once(world, comm, call, f"rebuilt as {realization}")
+    a.free()
+    comm.Free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_slow_peer_is_not_a_mismatch(world):
+    """Rank 1 is slow before each of two executors' runs (0.3 s: many slices of every wait, each
+    of which looks at what rank 1 sent first): nothing of another run is there, so every run
+    completes with the oracle's bits on every rank."""
+    comm = world.Dup()
+    rank, size = comm.Get_rank(), comm.Get_size()
+    tree, a, b = _pair(comm, size, same=False)
+    data = slot_data(size, 61, seed=5)
+    for e in (a, b, a, b):
+        if rank == 1:
+            time.sleep(0.3)
+        n = e.executor.n
+        got = e.run({rank: data[rank][:n]})
+        want = _want(tree, {s: v[:n] for s, v in data.items()})
+        agree(world, np.array_equal(bits(got), bits(want)), f"rank {rank}: {e.realization}")
+    for e in (a, b):
+        e.free()
+    comm.Free()
+
+
+# -- a reset on one rank between warm calls -------------------------------------------------------
+def _call(kind, comm, x, rank, size):
+    """One warm call of `kind` with this rank's block `x` (allreduce(): one slot per rank;
+    arrays.sum: x is elements [rank*len, (rank+1)*len) of the global vector)."""
+    if kind == "calls":
+        return allreduce(comm, x)
+    return np.array([arrays.sum(comm, x, rank * len(x), size * len(x))])
+
+
+def _want_call(kind, data, size):
+    if kind == "calls":
+        return _want(pairwise(range(size), size), data)
+    whole = np.concatenate([data[r] for r in range(size)])
+    return np.array([oracle_sum(whole)])
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize(
+    "resets, calls", [("calls", "calls"), ("arrays", "arrays"), ("calls", "arrays"), ("arrays", "calls")]
+)
+def test_a_reset_on_one_rank_between_warm_calls_is_refused_on_every_rank_and_the_next_call_works(
+    world, monkeypatch, resets, calls
+):
+    """Warm calls on every rank; then rank 1 calls `reset` (execution's or the arrays') alone
+    while the others make one more call. The ranks in the call meet its reset marker and reset
+    with it: every rank refuses by name within a second (`executor-identity-mismatch`: the
+    others their call, rank 1 its reset; it used to wait out the bound, peer-timeout), every
+    rank's channel ends clean and alike, and the next call gives the oracle's bits everywhere."""
+    monkeypatch.setenv("ALPHA_MPI_TIMEOUT", str(BOUND))
+    comm = world.Dup()
+    rank, size = comm.Get_rank(), comm.Get_size()
+    data = slot_data(size, 24, seed=31)
+    x = data[rank]
+    want = _want_call(calls, data, size)
+    for _ in range(3):
+        agree(
+            world, np.array_equal(bits(_call(calls, comm, x, rank, size)), bits(want)), f"rank {rank}: warm"
+        )
+    reset_of = {"calls": reset, "arrays": arrays.reset}[resets]
+    t = time.monotonic()
+    _, code, _ = _outcome(lambda: reset_of(comm) if rank == 1 else _call(calls, comm, x, rank, size))
+    took = time.monotonic() - t
+    ok = code == "executor-identity-mismatch" and took < BOUND / 12
+    agree(world, ok, f"{resets} reset during {calls}: rank {rank}: {code} after {took:.2f}s")
+    for kind in (calls, "arrays" if calls == "calls" else "calls"):  # both kinds work again
+        got, code, _ = _outcome(lambda: _call(kind, comm, x, rank, size))
+        ok = code is None and np.array_equal(bits(got), bits(_want_call(kind, data, size)))
+        agree(world, ok, f"the next {kind} call on rank {rank}: {code}")
+    reset(comm)
+    comm.Free()

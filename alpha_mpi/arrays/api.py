@@ -175,6 +175,9 @@ def _channel(comm) -> Exchanges:
     if ch is None:
         ch = Exchanges(comm, drop=lambda st: _forget(comm))
         comm.Set_attr(kv, ch)
+    if ch.broken is not None and ch.endpoint.pending_reset is not None:
+        ch.endpoint.settle()  # it broke on a peer's reset: reset with it, then a fresh channel
+        return _channel(comm)
     if ch.broken is not None:
         raise Refusal(
             "combiner-broken",

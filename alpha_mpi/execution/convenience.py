@@ -80,7 +80,12 @@ STREAM = "calls"
 
 def _stream(comm, timeout=None) -> Stream:
     """The convenience calls' stream on `comm` (its cache: `state`, CacheKey -> Allreducer)."""
-    st = Endpoint.of(comm, timeout).stream(STREAM, timeout=timeout, drop=_forget)
+    ep = Endpoint.of(comm, timeout)
+    st = ep.stream(STREAM, timeout=timeout, drop=_forget)
+    if st.broken is not None and ep.pending_reset is not None:
+        # the call broke on a peer's reset: reset with it (which drops this stream), then go on
+        ep.settle(timeout=timeout)
+        st = ep.stream(STREAM, timeout=timeout, drop=_forget)
     if st.broken is not None:
         raise Refusal(
             "combiner-broken",

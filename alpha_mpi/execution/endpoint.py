@@ -152,6 +152,7 @@ class Endpoint:
         "tags",
         "rounds",
         "streams",
+        "pending_reset",
         "_sequence",
     )
 
@@ -199,6 +200,8 @@ class Endpoint:
         self.tags = TagSpace(int(ub) if ub else 32767)
         self.rounds = 0
         self.streams: dict[str, Stream] = {}
+        # the streams to drop in a peer's reset this rank met in a run and has not joined yet
+        self.pending_reset: tuple | None = None
         self._sequence = 0
 
     # -- waits and rounds ----------------------------------------------------------------------
@@ -221,6 +224,8 @@ class Endpoint:
         rank) to every rank. Returns the table (verdict.Verdicts); raises only when the round
         itself fails (a peer that never comes: peer-timeout; a rank out of step). `direct`:
         every record straight to every rank (verdict.exchange)."""
+        if self.pending_reset is not None:  # a peer's reset first (recovery.py)
+            self.settle(timeout=timeout)
         number = self.rounds
         self.rounds += 1
         return vd.exchange(
@@ -346,6 +351,13 @@ class Endpoint:
         `executor-identity-mismatch` on a rank that reset while a peer ran a call (once every
         rank has reset: the next call works)."""
         return recovery.recover(self, drop=drop, joined=joined, timeout=timeout)
+
+    def settle(self, *, timeout=None) -> None:
+        """Join the reset a peer made while this rank ran a call, if one is pending (collective
+        with it): where this rank's next operation on the communicator begins."""
+        names, self.pending_reset = self.pending_reset, None
+        if names is not None:
+            self.recover(drop=names, joined=True, timeout=timeout)
 
     def round_waiter(self, timeout) -> Waiter:
         """The waiter of a round (the default bound where `timeout` is refused by its caller)."""

@@ -240,16 +240,15 @@ class Engine:
         RESET_TAG themselves (it builds, answers or resets), or the sequence of the other
         executor whose run the frame belongs to (a live one's block, not this executor's,
         where no run failed). Looked at only after a wait's slice, never on the fast path."""
-        if not self.streamed and threading.active_count() > 1:
-            # Executors run at once from several threads send their messages in any order, so
-            # one of another run first proves nothing there: only a process of one Python
-            # thread, whose runs and builds follow one another, says the peer is elsewhere. (A
-            # stream's calls run one at a time by definition: always looked at.)
-            return None
+        # Executors run at once from several threads send their messages in any order, so one
+        # of another run first proves nothing there: only a process of one Python thread, whose
+        # runs and builds follow one another, says the peer is elsewhere. (A stream's calls and
+        # builds run one at a time by definition: its records and markers always count.)
+        alone = threading.active_count() == 1
         if tag in (VERDICT_TAG, RESET_TAG):
-            return tag
+            return tag if alone or self.streamed else None
         block = self.seat.block
-        if block.base <= tag < block.base + block.size:
+        if not alone or block.base <= tag < block.base + block.size:
             return None
         return self.endpoint.tags.running(tag)
 
@@ -280,18 +279,30 @@ class Engine:
         return self.hint(e)
 
     def _join_reset(self, e: Refusal, timeout) -> Refusal:
-        """A peer reset while this rank ran: reset with it (recovery.py), dropping the stream this
-        run belongs to, so every rank's channel ends clean and alike; what to raise."""
+        """A peer reset while this rank ran (recovery.py): what to raise. The first time, this
+        rank's reset with it is left pending (Endpoint.pending_reset, with the stream this run
+        belongs to), so that a reset this rank makes next pairs with the peer's as before, and
+        its next call on the communicator joins it instead; a run that meets the marker again
+        joins it now."""
         ep = self.endpoint
-        names = [st.name for st in ep.streams.values() if st.seat.block == self.seat.block]
+        names = tuple(st.name for st in ep.streams.values() if st.seat.block == self.seat.block)
+        if ep.pending_reset is None:
+            ep.pending_reset = names
+            return Refusal(
+                e.code,
+                f"{e.message}; this rank resets with it where its next call on this communicator begins (or "
+                "in the reset it calls next): every rank's channel is then clean, and that call works",
+                **e.context,
+            )
+        ep.pending_reset += names
         try:
-            ep.recover(drop=names, joined=True, timeout=timeout)
+            ep.settle(timeout=timeout)
         except Refusal as failed:
             return self.hint(failed)
         return Refusal(
             e.code,
-            f"{e.message}; this rank reset with it (a reset is collective), so every rank's channel is "
-            "clean: the next call works" + ("" if names else " (build this executor anew on every rank)"),
+            f"{e.message}; this rank has reset with it (a reset is collective), so every rank's channel is "
+            "clean: the next call works",
             **e.context,
         )
 

@@ -292,6 +292,7 @@ class PreparedRun:
     def _enter(self) -> None:
         broken = self.engine.broken
         if broken is not None:
+            self.engine.endpoint.settle()  # a peer's reset this rank met in a run: join it first
             raise Refusal(
                 "combiner-broken",
                 f"an earlier run failed with [{broken}]; this executor is broken: build a new one on every rank",

@@ -4,9 +4,12 @@ A reset is collective (`alpha_mpi.execution.reset`, `alpha_mpi.arrays.reset`: ev
 it). One rank that calls it alone, while its peers run a call, used to split the outcome: the
 peers named the reset marker they met (`executor-identity-mismatch`), the resetting rank waited
 for their markers until the bound (`peer-timeout`). Now a rank that meets a peer's reset marker
-while it runs a call joins the reset (engine.py, `peer_round` "reset"): every rank then refuses
-by name — the joiners their call, the resetting ranks their reset — and every rank has reset
-alike, so the next call works.
+while it runs a call refuses that call and resets with the peer where its next operation on the
+communicator begins (engine.py, `peer_round` "reset"; Endpoint.pending_reset): a reset it calls
+next is that reset (as before: every rank resets after a failure), a call it makes next joins it
+first (`joined`) and then runs. Every rank refuses by name — the ranks in the call that call, the
+resetting rank its reset when a rank joined — and every rank has reset alike, so the next call
+works.
 
 Protocol (every rank; `drop`: the streams this rank's reset drops, `joined`: it came from a
 call):
@@ -58,6 +61,8 @@ def recover(ep, *, drop=(), joined: bool = False, timeout=None) -> Recovered:
     """The reset protocol of the module docstring on endpoint `ep` (collective)."""
     waiter = ep.round_waiter(timeout)
     me, p = ep.rank, ep.size
+    if ep.pending_reset is not None:  # a peer's reset met in a run: this is that reset
+        drop, ep.pending_reset = (*drop, *ep.pending_reset), None
     mask = _mask(drop) | (JOINED if joined else 0)
     ep.drop_streams(drop)
     marker = np.array([me, mask], dtype="<u8")

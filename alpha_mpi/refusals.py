@@ -105,7 +105,7 @@ ADVICE: dict[str, str] = {
     "executor-freed": "this executor was freed (.free()): build a new one on every rank; free it on every rank only once no rank runs it again",
     "combiner-broken": "this executor (combiner, assembler, or the arrays' exchanges of this communicator) failed earlier and frames may still be in flight; build a new one on every rank (arrays: alpha_mpi.arrays.reset(comm) on every rank; the convenience calls: alpha_mpi.execution.reset(comm) on every rank), or restart the job",
     # protocol under mistakes (issue 22): executor identity agreed at construction
-    "executor-identity-mismatch": "every rank must build the same executors (same tree, placement, delivery, layout, realization, contract, ALPHA_MPI_PAYLOAD_CHECK) in the same order on a communicator; the message names the ranks that differ",
+    "executor-identity-mismatch": "every rank must build the same executors (same tree, placement, delivery, layout, realization, contract, ALPHA_MPI_PAYLOAD_CHECK) in the same order on a communicator, and run them in the same order; the message names the ranks that differ (after a mismatch found during a run, reset(comm) on every rank, then build anew)",
     "tag-space-exhausted": "free the executors you no longer use on this communicator (.free() on every rank) so that their MPI tags can be handed out again, or build fewer at once (an MPI whose MPI_TAG_UB is 32767 holds fewer)",
     # distributed arrays (alpha_mpi.arrays)
     "array-block-invalid": "pass this rank's block as a float64 array x (and y of the same shape): 1-D with integers 0 <= offset, offset + len(x) <= n, or an N-d tile (at most 4 dimensions) with tuples offset and shape, inside the shape in every dimension",

@@ -26,7 +26,7 @@ from ..execution.endpoint import Endpoint
 from ..kernel import ffi, lib
 from ..refusals import KernelRefusal, Refusal
 from . import fast, pairwise
-from .exchange import Exchanges
+from .exchange import STREAM, Exchanges
 from .tile_call import check_float64, finish_tiles, local_checks, reduce_tiles, tile_form
 
 if TYPE_CHECKING:
@@ -145,12 +145,19 @@ def reset(comm: MPI.Comm) -> None:
     """Forget alpha_mpi.arrays' exchanges on `comm` (after a peer-timeout left them broken) and
     recover the communicator's endpoint (its stale messages drained). Collective: call it on
     every rank; the next reduction agrees a fresh tag block."""
+    _forget(comm)
+    # drains what a failed call left on every rank (execution/recovery.py: a peer running a call
+    # joins it, and this rank then refuses its reset by name once every rank has reset)
+    Endpoint.of(comm).recover(drop=(STREAM,))
+
+
+def _forget(comm) -> None:
+    """Drop the arrays' channel on `comm` (local): its exchanges, stream and remembered calls."""
     kv = _keyval()
     ch = comm.Get_attr(kv)
     if ch is not None:
         comm.Delete_attr(kv)
         ch.free()
-    Endpoint.of(comm).recover()  # drains what a failed call left (execution/endpoint.py)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -181,8 +188,11 @@ def _channel(comm) -> Exchanges:
     kv = _KEYVAL[0] if _KEYVAL else _keyval()
     ch = comm.Get_attr(kv)
     if ch is None:
-        ch = Exchanges(comm)
+        ch = Exchanges(comm, drop=lambda st: _forget(comm))
         comm.Set_attr(kv, ch)
+    if ch.broken is not None and ch.endpoint.pending_reset is not None:
+        ch.endpoint.settle()  # it broke on a peer's reset: reset with it, then a fresh channel
+        return _channel(comm)
     if ch.broken is not None:
         raise Refusal(
             "combiner-broken",

@@ -100,10 +100,12 @@ class Exchanges:
     later without any communication, so ranks that call different operations still meet in
     the frames."""
 
-    def __init__(self, comm):
+    def __init__(self, comm, drop=None):
         self.user = comm
         self.endpoint = ep = Endpoint.of(comm)
-        self.stream = ep.stream(STREAM)  # the one agreement of the arrays on this communicator
+        # the one agreement of the arrays on this communicator; `drop`: what a reset that drops
+        # the stream makes the caller forget (api.py: this channel)
+        self.stream = ep.stream(STREAM, drop=drop)
         self.comm = self.stream.seat.wire
         self.size, self.rank = ep.size, ep.rank
         self.step = 0

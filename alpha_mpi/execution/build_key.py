@@ -57,9 +57,11 @@ def refuse_different(v: vd.Verdicts, what: str) -> None:
     ref, other = ordered[0][0], ordered[1][0]
     part, fmt = next(_KEY_PARTS[i] for i in range(4) if ref[i] != other[i])
     shown = "; ".join(f"{vd.ranks_text(rs)}: {fmt(k)}" for k, rs in ordered)
+    # every rank answered from a call: none builds, they ran different executors at once
+    verb = "run" if len(answered) == len(v.words) else "build"
     raise Refusal(
         "executor-identity-mismatch",
-        f"the ranks build different {what}s: {part} ({shown}); no rank built it"
+        f"the ranks {verb} different {what}s: {part} ({shown}); no rank built it"
         + (
             f" ({vd.ranks_text(answered)} ran a call of the other meanwhile: reset before the next)"
             if answered

@@ -80,7 +80,12 @@ STREAM = "calls"
 
 def _stream(comm, timeout=None) -> Stream:
     """The convenience calls' stream on `comm` (its cache: `state`, CacheKey -> Allreducer)."""
-    st = Endpoint.of(comm, timeout).stream(STREAM, timeout=timeout)
+    ep = Endpoint.of(comm, timeout)
+    st = ep.stream(STREAM, timeout=timeout, drop=_forget)
+    if st.broken is not None and ep.pending_reset is not None:
+        # the call broke on a peer's reset: reset with it (which drops this stream), then go on
+        ep.settle(timeout=timeout)
+        st = ep.stream(STREAM, timeout=timeout, drop=_forget)
     if st.broken is not None:
         raise Refusal(
             "combiner-broken",
@@ -94,14 +99,18 @@ def reset(comm: MPI.Comm, *, timeout: float | None = None) -> None:
     """After a failed call left `combiner-broken`: drop the convenience calls' executors on `comm`
     and their stream, and recover the communicator's endpoint (Endpoint.recover: the failed
     call's stale messages are drained on every rank, and the failure no longer aborts the job at
-    exit). Collective: call it on every rank. The next call agrees a new stream."""
-    ep = Endpoint.of(comm, timeout)
-    st = ep.streams.pop(STREAM, None)
-    if st is not None:
-        for a in st.state.values():
-            a.free()
-        st.state.clear()
-    ep.recover(timeout=timeout)
+    exit). Collective: call it on every rank. The next call agrees a new stream. A rank that
+    calls it while its peers run a call makes them join it (execution/recovery.py): they refuse
+    that call, this rank refuses its reset (`executor-identity-mismatch`, once every rank has
+    reset), and the next call works."""
+    Endpoint.of(comm, timeout).recover(drop=(STREAM,), timeout=timeout)
+
+
+def _forget(st: Stream) -> None:
+    """The calls stream is dropped (a reset): free its executors."""
+    for a in st.state.values():
+        a.free()
+    st.state.clear()
 
 
 def cached_executors(comm: MPI.Comm) -> dict[CacheKey, Allreducer]:

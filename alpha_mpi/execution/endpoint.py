@@ -27,7 +27,9 @@ order; `p` = comm size):
    count the ranks on this node. Nothing else collective ever happens on the communicator.
 2. Building an executor (Engine.__init__): every local check first (the plan, its size, the
    timeout, the kernel build of the program: a refusal is kept, not raised), then
-   `open_seat`, one verdict round on `lib`: each rank says its refusal (if any) and its key —
+   `open_seat`, one verdict round on `lib` (direct: each record straight to every rank, so a
+   rank still running a call finds it first and answers: Streams, below): each rank says its
+   refusal (if any) and its key —
    the plan's identity, the rest of the executor's identity (contract, payload check), its
    sequence, the tag allocator's position — and what it needs of the tag space (its largest
    message count per peer, the free tags from the allocator's position and from the first
@@ -54,26 +56,32 @@ Streams. Calls that run one at a time in program order on every rank — the con
 their executors are told apart by the identity and sequence in every frame, so a rank that
 calls another operation than its peers meets them in the frames and is named there. A rank
 that builds another executor of the stream (another realization, delivery, tree or layout)
-while its peers run a warm call is named at once, by the first call's refusal: a stream's build
-round is direct (every record straight to every rank, not Bruck's rounds), a stream's executor
-that waits for a peer's frame looks at that peer's first message (Engine, engine_walk), and a
-build record there makes it answer the round with the executor it runs (`answer_build`): every
-rank sees the keys differ, `executor-identity-mismatch` naming the ranks.
+while its peers run a warm call is named at once, by the first call's refusal: a build round is
+direct (every record straight to every rank, not Bruck's rounds), an executor that waits for a
+peer's frame looks at that peer's first message (Engine, engine_walk), and a build record there
+makes it answer the round with the executor it runs (`answer_build`): every rank sees the keys
+differ, `executor-identity-mismatch` naming the ranks. Executors of their own (an Allreducer)
+are watched alike, and also for a frame of another live executor there (the peer runs its
+executors in another order): the rank that finds one opens that round itself, and every rank
+still waiting finds its record first and answers (issue 45).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 from mpi4py import MPI
 
 from ..refusals import Refusal
+from . import recovery
 from . import verdict as vd
-from .abort import forgive, mark_broken, owns_failures
+from .abort import mark_broken, owns_failures
 from .build_key import ANSWERING, build_key, refuse_different
-from .tags import TAG_BASE, TagBlock, TagSpace, block_size
+from .recovery import Recovered
+from .tags import RESET_TAG, TAG_BASE, VERDICT_TAG, TagBlock, TagSpace, block_size
 from .waits import DEFAULT_TIMEOUT, POLLS_BEFORE_YIELD, Waiter, timeout_from_env
 
 __all__ = [
@@ -87,8 +95,6 @@ __all__ = [
     "dup_false_hint",
 ]
 
-VERDICT_TAG = 1
-RESET_TAG = 2
 STREAM_MESSAGES = 256  # messages per pair of ranks a stream's block holds (a call needing more gets its own)
 _KEY = []  # the MPI keyval of the endpoint attribute (created once per process)
 
@@ -128,6 +134,8 @@ class Stream:
     seat: Seat
     state: dict = field(default_factory=dict)
     broken: str | None = None
+    # what its front end forgets when a reset drops the stream (called with the stream)
+    drop: Callable[[Stream], None] | None = None
 
 
 class Endpoint:
@@ -144,6 +152,7 @@ class Endpoint:
         "tags",
         "rounds",
         "streams",
+        "pending_reset",
         "_sequence",
     )
 
@@ -191,6 +200,8 @@ class Endpoint:
         self.tags = TagSpace(int(ub) if ub else 32767)
         self.rounds = 0
         self.streams: dict[str, Stream] = {}
+        # the streams to drop in a peer's reset this rank met in a run and has not joined yet
+        self.pending_reset: tuple | None = None
         self._sequence = 0
 
     # -- waits and rounds ----------------------------------------------------------------------
@@ -213,6 +224,8 @@ class Endpoint:
         rank) to every rank. Returns the table (verdict.Verdicts); raises only when the round
         itself fails (a peer that never comes: peer-timeout; a rank out of step). `direct`:
         every record straight to every rank (verdict.exchange)."""
+        if self.pending_reset is not None:  # a peer's reset first (recovery.py)
+            self.settle(timeout=timeout)
         number = self.rounds
         self.rounds += 1
         return vd.exchange(
@@ -258,14 +271,15 @@ class Endpoint:
         self._sequence += 1
         key = build_key(identity or "-", sequence, base)
         try:
-            # A stream's builds go direct: a peer still running a warm call of the stream finds
-            # this record first from this rank and answers the round (`answer_build`).
+            # Builds go direct: a peer still running a call of an executor finds this record
+            # first from this rank and answers the round (`answer_build`), as does every rank
+            # that then finds an answer first.
             v = self.verdict(
                 [*key, messages, here, wrapped],
                 local,
                 "building an executor",
                 timeout=timeout,
-                direct=stream is not None,
+                direct=True,
             )
             v.raise_failures(local, f"building the {what}")
             refuse_different(v, what)
@@ -307,64 +321,47 @@ class Endpoint:
         self.open_seat("", local, 0, what, timeout=timeout, stream=stream)
         raise local  # pragma: no cover - open_seat raises `local` itself
 
-    def stream(self, name: str, *, timeout=None) -> Stream:
+    def stream(self, name: str, *, timeout=None, drop=None) -> Stream:
         """The stream `name` ("calls": the convenience calls, "arrays": the array reductions),
-        agreed on first use (collective then: one build round)."""
+        agreed on first use (collective then: one build round). `drop(stream)`: what its front
+        end forgets when a reset drops it (recovery.py)."""
         st = self.streams.get(name)
         if st is None:
             from .engine_build import payload_check_from_env
 
             identity = f"alpha_mpi stream {name}|{int(payload_check_from_env())}"
             seat = self.open_seat(identity, None, STREAM_MESSAGES, f"{name} stream", timeout=timeout)
-            st = self.streams[name] = Stream(name, seat)
+            st = self.streams[name] = Stream(name, seat, drop=drop)
         return st
 
-    # -- recovery ------------------------------------------------------------------------------
-    def recover(self, *, timeout=None) -> int:
-        """Bring this endpoint back to a clean state after a failed call (collective: every rank,
-        while no executor of this communicator runs on another thread). Returns how many stale
-        messages this rank dropped.
+    def drop_streams(self, names) -> None:
+        """Forget the streams `names` (local): each one's front end drops what it keeps, and the
+        next call of that kind agrees a fresh stream."""
+        for name in names:
+            st = self.streams.pop(name, None)
+            if st is not None and st.drop is not None:
+                st.drop(st)
 
-        1. Every rank sends a marker (RESET_TAG) to every other rank, then receives whatever
-           each peer sent it on the duplicate, in order, up to that peer's marker, and drops it:
-           the frames and verdict records of the failed call (MPI keeps one sender's messages
-           in order for a receive of any tag, so nothing sent before the marker is left).
-        2. One verdict round says each rank's counters: the round counter takes the largest
-           (a rank whose round failed went one further); ranks whose executor numbering or tag
-           allocator differ built different executors, which no reset mends
-           (`executor-identity-mismatch`).
-        3. The failures recorded for this endpoint are forgiven (abort.forgive): every rank is
-           alive and nothing of them is in flight, so the job may end cleanly.
-        Executors that broke stay broken (build new ones); their blocks are never handed out. The
-        callers drop their stream first (execution.reset, alpha_mpi.arrays.reset), so their next
-        call agrees a fresh one.
-        """
-        waiter = self._round_waiter(timeout)
-        me, p = self.rank, self.size
-        marker = np.array([me], dtype="<u8")
-        sent = [self.lib.Isend(marker, dest=q, tag=RESET_TAG) for q in range(p) if q != me]
-        dropped = 0
-        for q in range(p):
-            while q != me:
-                tag, _ = waiter.receive_any(self.lib, q, "draining the channel for a reset")
-                if tag == RESET_TAG:
-                    break
-                dropped += 1
-        for req in sent:
-            waiter.wait(req, None, -1, "a reset marker", 0)
-        words = [self.rounds, self._sequence, self.tags.next]
-        v = vd.exchange(self.lib, waiter, VERDICT_TAG, None, words, number=0, what="resetting the endpoint")
-        if len({(int(w[1]), int(w[2])) for w in v.words}) > 1:
-            shown = "; ".join(
-                f"rank {r}: executor #{int(w[1])}, tag {int(w[2])}" for r, w in enumerate(v.words)
-            )
-            raise Refusal(
-                "executor-identity-mismatch",
-                f"the ranks built different executors on this communicator ({shown}); a reset cannot mend that",
-            )
-        self.rounds = int(v.words[:, 0].max())
-        forgive(self)
-        return dropped
+    # -- recovery ------------------------------------------------------------------------------
+    def recover(self, *, drop=(), joined: bool = False, timeout=None) -> Recovered:
+        """Bring this endpoint back to a clean state after a failed call (collective: every
+        rank, while no executor of this communicator runs on another thread): recovery.py's
+        protocol. `drop`: the streams this rank's reset drops; `joined`: this rank joins a
+        peer's reset from a call it was running. Returns what it found (`Recovered`); raises
+        `executor-identity-mismatch` on a rank that reset while a peer ran a call (once every
+        rank has reset: the next call works)."""
+        return recovery.recover(self, drop=drop, joined=joined, timeout=timeout)
+
+    def settle(self, *, timeout=None) -> None:
+        """Join the reset a peer made while this rank ran a call, if one is pending (collective
+        with it): where this rank's next operation on the communicator begins."""
+        names, self.pending_reset = self.pending_reset, None
+        if names is not None:
+            self.recover(drop=names, joined=True, timeout=timeout)
+
+    def round_waiter(self, timeout) -> Waiter:
+        """The waiter of a round (the default bound where `timeout` is refused by its caller)."""
+        return self._round_waiter(timeout)
 
     def _explain(self, comm, peer: int, tag: int) -> str | None:
         """For a receive of `tag` from `peer` that timed out: what `peer` sent first instead (a

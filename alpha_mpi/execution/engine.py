@@ -46,15 +46,16 @@ Failure semantics (the protocol, not an afterthought):
 from __future__ import annotations
 
 import sys
+import threading
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..planning.flag_rounds import with_flag_rounds
+from ..planning.flag_rounds import needs_flag_rounds, with_flag_rounds
 from ..planning.program import Program
 from ..refusals import PlanRefusal, Refusal
 from .abort import mark_broken
-from .endpoint import Endpoint
+from .endpoint import RESET_TAG, VERDICT_TAG, Endpoint
 from .engine_bind import Chunk
 from .engine_build import compile_program, open_exec, payload_check_from_env
 from .log import debug_enabled
@@ -135,16 +136,19 @@ class Engine:
         # anything on the duplicate too (receives.py, the threat model).
         shared_channel = seat.shared or given_seat or not seat.owned
         self.probe = matched_first(shared_channel)
-        # A stream's executor on the duplicate looks, while it waits, at what the awaited peer
-        # sent first (engine_walk: a peer building another executor is named at once).
-        self.watch = shared_channel and not seat.shared
+        # An executor on the duplicate looks, after each slice of a wait, at what the awaited
+        # peer sent first (engine_walk: a peer building another executor or running another
+        # one is named at once, not at the bound). Off on a user communicator (user traffic).
+        self.watch = None if seat.shared else self.foreign
+        self.streamed = given_seat or not seat.owned  # one of a stream's executors (endpoint.py)
         self.what = what
         open_exec(self.compiled, self.comm, seat.block, self.probe)
 
     def _build(self, program: Program, contract: str) -> None:
-        if self.payload_check:
-            # a bad frame in a rank's last receive reaches nobody by frame: the flag rounds
-            # after the program (in the same C call) make every rank refuse, or none
+        if needs_flag_rounds(program, self.payload_check):
+            # a bad frame in a rank's last receive, and any refusal of a run delivered to one
+            # rank, reach some ranks by no frame: the flag rounds after the program (in the
+            # same C call) make every rank refuse, or none
             program = with_flag_rounds(program)
         self.program = self.plan = program
         rank = self.rank
@@ -230,23 +234,77 @@ class Engine:
         """The frame flags the last run saw (frames.FLAG_*)."""
         return self.prepare().flags
 
+    def foreign(self, tag: int) -> int | None:
+        """For the first message an awaited peer sent on this executor's channel, with `tag`:
+        what says the peer is not in this run (engine_walk), else None: VERDICT_TAG or
+        RESET_TAG themselves (it builds, answers or resets), or the sequence of the other
+        executor whose run the frame belongs to (a live one's block, not this executor's,
+        where no run failed). Looked at only after a wait's slice, never on the fast path."""
+        # Executors run at once from several threads send their messages in any order, so one
+        # of another run first proves nothing there: only a process of one Python thread, whose
+        # runs and builds follow one another, says the peer is elsewhere. (A stream's calls and
+        # builds run one at a time by definition: its records and markers always count.)
+        alone = threading.active_count() == 1
+        if tag in (VERDICT_TAG, RESET_TAG):
+            return tag if alone or self.streamed else None
+        block = self.seat.block
+        if not alone or block.base <= tag < block.base + block.size:
+            return None
+        return self.endpoint.tags.running(tag)
+
     def failed(self, e: Refusal, st, timeout) -> Refusal:
         """A run ended in refusal `e`: break the executor and return what to raise (PreparedRun)."""
         self.fail(e)
-        if e.context.get("peer_round") == "verdict":
-            # the peer builds another executor: answer its build round, so that every rank
-            # names the mismatch at once (Endpoint.answer_build raises it)
+        if e.context.get("peer_round") == "reset":
+            return self._join_reset(e, timeout)
+        if e.context.get("peer_round") in ("verdict", "frame"):
+            # the peer builds another executor, or runs another one: answer (or open) a build
+            # round straight to every rank, so that every rank names the mismatch at once
+            # (Endpoint.answer_build raises it; a rank still waiting in this run finds this
+            # rank's record first and answers in turn)
             try:
                 self.endpoint.answer_build(
                     self.identity, self.sequence, self.seat.block.base, self.what, timeout=timeout
                 )
             except Refusal as answered:
+                if e.context.get("peer_round") == "frame":
+                    answered = Refusal(
+                        answered.code, f"{e.message}; every rank: {answered.message}", **answered.context
+                    )
                 return self.hint(answered)
         if st.bad is not None and e is not st.bad:
             # a bad frame came first and explains what followed (a peer running another
             # program stops sending what this one waits for)
             return self.hint(st.bad)
         return self.hint(e)
+
+    def _join_reset(self, e: Refusal, timeout) -> Refusal:
+        """A peer reset while this rank ran (recovery.py): what to raise. The first time, this
+        rank's reset with it is left pending (Endpoint.pending_reset, with the stream this run
+        belongs to), so that a reset this rank makes next pairs with the peer's as before, and
+        its next call on the communicator joins it instead; a run that meets the marker again
+        joins it now."""
+        ep = self.endpoint
+        names = tuple(st.name for st in ep.streams.values() if st.seat.block == self.seat.block)
+        if ep.pending_reset is None:
+            ep.pending_reset = names
+            return Refusal(
+                e.code,
+                f"{e.message}; this rank resets with it where its next call on this communicator begins (or "
+                "in the reset it calls next): every rank's channel is then clean, and that call works",
+                **e.context,
+            )
+        ep.pending_reset += names
+        try:
+            ep.settle(timeout=timeout)
+        except Refusal as failed:
+            return self.hint(failed)
+        return Refusal(
+            e.code,
+            f"{e.message}; this rank has reset with it (a reset is collective), so every rank's channel is "
+            "clean: the next call works",
+            **e.context,
+        )
 
     @property
     def shared(self) -> bool:
@@ -263,6 +321,7 @@ class Engine:
         if code in ("executor-reentrant", "combiner-broken"):
             return
         self.broken = code
+        self.endpoint.tags.spoil(self.seat.block.base)  # frames of this run may wait on its tags
         c = self.compiled
         rc = c.native.lib.an_cancel_receives(c.ex)
         mark_broken(self.rank, code, [_PendingSends(c)], self.endpoint)

@@ -9,6 +9,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..kernel import vectors
+from ..planning.flag_rounds import delivers_to_one
 from ..planning.program import Mode
 from ..refusals import PlanRefusal, Refusal
 from . import frames as fr
@@ -29,6 +30,15 @@ def check_leaves(c, contributions, rank: int, layout) -> dict:
     """slot -> C-contiguous aligned float64 vector for exactly this rank's slots, or this
     rank's refusal (contributions.py: a non-contiguous or misaligned payload is copied)."""
     return check_contributions(contributions, c.rp.slots, rank, c.n, layout.key())
+
+
+def _block(a, n: int) -> bool:
+    """A 1-D, C-contiguous, aligned float64 ndarray of n elements (checked on every call: each
+    can change in place under the same object)."""
+    if not (type(a) is np.ndarray and a.dtype is _F64 and a.ndim == 1 and len(a) == n):
+        return False
+    f = a.flags
+    return f.c_contiguous and f.aligned
 
 
 class Bound:
@@ -64,6 +74,30 @@ class Bound:
     def adopt_delivery(self, out) -> None:
         """Hold and pin `out`, which vectors.bind made the delivery target."""
         self.deliver = (out, None, weakref.ref(out))
+
+    def blocks(self, bx: int, by: int | None, x, y, n: int) -> bool:
+        """Bind 1-D blocks x to buffer bx (and y to by: a dot; None: a sum) when each is a 1-D,
+        C-contiguous, aligned float64 ndarray of n: True. The arrays bound there now are checked
+        here (what can change in place under the same object); any other pair is checked and
+        bound by one C call (vectors.bind2: a new array costs no buffer export), then held and
+        pinned. False, with nothing bound, for anything else."""
+        held = self.held
+        ex_ = held[bx]
+        if y is None:
+            if ex_ is not None and ex_[0] is x:
+                return _block(x, n)
+            if vectors.bind(id(x), n, 0, self.addr[bx]):
+                return False
+            self.adopt(bx, x)
+            return True
+        ey = held[by]
+        if ex_ is not None and ex_[0] is x and ey is not None and ey[0] is y:
+            return _block(x, n) and (y is x or _block(y, n))
+        if vectors.bind2(id(x), id(y), n, self.addr[bx], self.addr[by]):
+            return False
+        self.adopt(bx, x)
+        self.adopt(by, y)
+        return True
 
     def pin(self, b: int, a, writable: bool = False):
         """Bind array `a` to buffer b (pointer, strong and weak reference); the pointer."""
@@ -210,7 +244,8 @@ def finish(c, program, rank: int, step: int, st, local, leaves, outarr, out):
             peer_code=code,
         )
     rp = c.rp
-    if flags & fr.FLAG_NONFINITE and (rp.result is not None or rp.checks):
+    # a rank off a delivery's path learns of a non-finite sum from the flag rounds alone
+    if flags & fr.FLAG_NONFINITE and (rp.result is not None or rp.checks or delivers_to_one(program)):
         refuse_nonfinite(leaves, step)
     res = rp.result
     if res is None:

@@ -6,13 +6,15 @@ here runs. Otherwise `drive` answers each status the C loop returns until the ru
 - AN_AGAIN: a wait has lasted a slice (waits.SIGNAL_SLICE): go on. The return itself is the
   point: the interpreter runs its signal handlers between the calls, so KeyboardInterrupt and
   other signals reach a rank that waits for a peer (engine.py breaks the executor on any
-  exception, as on a timeout). An executor of a stream (`watch`: its frames are matched first,
-  on the endpoint's duplicate) also looks at the first message the peer it waits for has sent:
-  a verdict record or a reset marker there means that peer is not in this call (it builds
-  another executor: it passed another realization, delivery, tree or layout; or it reset), since
-  MPI keeps one sender's messages in order and the peer's frame would come first. The run then
-  ends at once, `executor-identity-mismatch` (`peer_round` "verdict" or "reset"), instead of
-  waiting for the bound; nothing of the peer's is taken.
+  exception, as on a timeout). An executor on the endpoint's duplicate (`watch`: Engine.foreign)
+  also looks at the first message the peer it waits for has sent: a verdict record, a reset
+  marker or a frame of another live executor's run there means that peer is not in this call
+  (it builds another executor: it passed another realization, delivery, tree or layout; it
+  reset; it runs its executors in another order), since MPI keeps one sender's messages in
+  order and the peer's frame would come first. The run then ends at once,
+  `executor-identity-mismatch` (`peer_round` "verdict", "reset" or "frame"), instead of waiting
+  for the bound; nothing of the peer's is taken. One MPI_Iprobe per slice of waiting: nothing on
+  a run that never waits a slice.
 - AN_HOOK: a send's header is written and the send not started: the fault-injection hook
   (Engine.send_hook, for tests and alpha_mpi_verify) gets (message index, header memoryview).
 - AN_BAD_FRAME: a received frame failed its check. C has put zeros in place of its payload and
@@ -54,14 +56,15 @@ class RunState:
         self.local = local
 
 
-def drive(c, st: RunState, rc: int, hook, bound: float, waiter, comm, watch: bool = False) -> None:
+def drive(c, st: RunState, rc: int, hook, bound: float, waiter, comm, watch=None) -> None:
     """Answer the C run's statuses until it is done (the module docstring). `watch`: look at
-    the awaited peer's first message on each AN_AGAIN (a stream's executor)."""
+    the awaited peer's first message on each AN_AGAIN (an executor on the endpoint's
+    duplicate: Engine.foreign, which says whose run a tag belongs to)."""
     lib, ex = c.native.lib, c.ex
     while rc:
         if rc == lib.AN_AGAIN:  # signal handlers run here, between the two calls
-            if watch:
-                e = _out_of_step(c, st, comm)
+            if watch is not None:
+                e = _out_of_step(c, st, comm, watch)
                 if e is not None:
                     raise e
         elif rc == lib.AN_HOOK:
@@ -93,17 +96,32 @@ def _refuse_frame(c, st: RunState, x) -> None:
         c.native.ffi.memmove(run.code, fr.code_tag(bad.code), 4)
 
 
-def _out_of_step(c, st: RunState, comm):
+def _out_of_step(c, st: RunState, comm, foreign):
     """`executor-identity-mismatch` when the peer this rank waits to receive from has sent a
-    verdict record or a reset marker before the frame (see the module docstring), else None.
-    Only receives: a send's completion can lag behind a peer that has moved on."""
+    verdict record, a reset marker or a frame of another executor's run before the frame
+    (see the module docstring), else None. Only receives: a send's completion can lag behind a
+    peer that has moved on."""
     x = c.by_pos[c.ex.run.at_msg]
     if x.m.src == st.rank:
         return None
     status = MPI.Status()
-    if not comm.Iprobe(x.peer, MPI.ANY_TAG, status) or status.Get_tag() not in (VERDICT_TAG, RESET_TAG):
+    if not comm.Iprobe(x.peer, MPI.ANY_TAG, status):
         return None
-    building = status.Get_tag() == VERDICT_TAG
+    tag = status.Get_tag()
+    other = foreign(tag)
+    if other is None:
+        return None
+    if tag not in (VERDICT_TAG, RESET_TAG):
+        return Refusal(
+            "executor-identity-mismatch",
+            f"rank {st.rank}: waiting for {x.what} from rank {x.peer} at step {st.step}, rank {x.peer} sent a "
+            f"frame of executor #{other} of this communicator instead (tag {tag}): it runs another executor "
+            "than this rank (the ranks call their executors in another order, or one rank rebuilt one)",
+            peer=x.peer,
+            step=st.step,
+            peer_round="frame",
+        )
+    building = tag == VERDICT_TAG
     sent = "a verdict record (it builds another executor)" if building else "a reset marker (it called reset)"
     return Refusal(
         "executor-identity-mismatch",

@@ -63,16 +63,7 @@ if TYPE_CHECKING:
 _ND = np.ndarray
 _F64 = np.dtype(np.float64)
 _MISS = object()
-_bind, _bind2 = vectors.bind, vectors.bind2
-
-
-def _block(a, n: int) -> bool:
-    """A 1-D, C-contiguous, aligned float64 ndarray of n elements (checked on every call: each
-    can change in place under the same object)."""
-    if not (type(a) is _ND and a.dtype is _F64 and a.ndim == 1 and len(a) == n):
-        return False
-    f = a.flags
-    return f.c_contiguous and f.aligned
+_bind = vectors.bind
 
 
 class PreparedRun:
@@ -320,31 +311,10 @@ class PreparedRun:
 
     def bind_blocks(self, name_x: str, name_y: str | None, x, y, n: int) -> bool:
         """Bind 1-D blocks x (and y: a dot; None: a sum) of n elements to the program's buffers
-        name_x (and name_y), as `bind` would, when each is a 1-D, C-contiguous, aligned float64
-        ndarray of n: True. The arrays bound there now are checked here (what can change in place
-        under the same object); any other pair is checked and bound by one C call
-        (vectors.bind2: a new array costs no buffer export), then held and pinned. False, with
-        nothing bound, for anything else: the caller takes its ordinary path."""
-        binding = self._binding
-        held, bases = binding.held, self.compiled.bound_base
-        bx = bases[name_x]
-        ex_ = held[bx]
-        if y is None:
-            if ex_ is not None and ex_[0] is x:
-                return _block(x, n)
-            if _bind(id(x), n, 0, binding.addr[bx]):
-                return False
-            binding.adopt(bx, x)
-            return True
-        by = bases[name_y]
-        ey = held[by]
-        if ex_ is not None and ex_[0] is x and ey is not None and ey[0] is y:
-            return _block(x, n) and (y is x or _block(y, n))
-        if _bind2(id(x), id(y), n, binding.addr[bx], binding.addr[by]):
-            return False
-        binding.adopt(bx, x)
-        binding.adopt(by, y)
-        return True
+        name_x (and name_y) when they fit (engine_bind.Bound.blocks: one C call binds new ones);
+        False, with nothing bound, for anything else: the caller takes its ordinary path."""
+        bases = self.compiled.bound_base
+        return self._binding.blocks(bases[name_x], None if y is None else bases[name_y], x, y, n)
 
     def run_bound(self, step: int, timeout: float) -> int:
         """Run once at frame step `step` with the buffers bound through `bind` (no contribution,
@@ -376,6 +346,7 @@ class PreparedRun:
             )
         broken = self.engine.broken
         if broken is not None:
+            self.engine.endpoint.settle()  # a peer's reset this rank met in a run: join it first
             raise Refusal(
                 "combiner-broken",
                 f"an earlier run failed with [{broken}]; this executor is broken: build a new one on every rank",

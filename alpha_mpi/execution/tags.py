@@ -23,9 +23,11 @@ from dataclasses import dataclass
 
 from ..refusals import Refusal
 
-__all__ = ["TAG_BASE", "TagBlock", "TagSpace", "block_size"]
+__all__ = ["RESET_TAG", "TAG_BASE", "VERDICT_TAG", "TagBlock", "TagSpace", "block_size"]
 
 TAG_BASE = 100
+VERDICT_TAG = 1  # the endpoint's verdict rounds (verdict.py)
+RESET_TAG = 2  # a reset's markers (recovery.py)
 
 
 @dataclass(frozen=True)
@@ -60,11 +62,13 @@ class TagSpace:
     the build round (Endpoint.open_seat) carries what `offer` says and every rank `place`s
     alike from the same table."""
 
-    __slots__ = ("ub", "next", "live")
+    __slots__ = ("ub", "next", "live", "spoiled")
 
     def __init__(self, ub: int) -> None:
         self.ub, self.next = ub, TAG_BASE
         self.live: dict[int, tuple[TagBlock, int]] = {}
+        # bases of live blocks whose executor broke: frames of a failed run may wait there
+        self.spoiled: set[int] = set()
 
     def free_run(self, start: int) -> int:
         """Free tags from `start` on (to MPI_TAG_UB or the first live block)."""
@@ -104,6 +108,21 @@ class TagSpace:
 
     def release(self, base: int) -> None:
         self.live.pop(base, None)
+        self.spoiled.discard(base)
+
+    def spoil(self, base: int) -> None:
+        """The executor holding the block at `base` broke: its run may have left frames there."""
+        if base in self.live:
+            self.spoiled.add(base)
+
+    def running(self, tag: int) -> int | None:
+        """The sequence of the live executor whose block holds `tag` when none of its runs
+        failed (so a frame there belongs to a run in progress, never to a failed one), else
+        None."""
+        for base, (b, seq) in self.live.items():
+            if base <= tag < base + b.size:
+                return None if base in self.spoiled else seq
+        return None
 
     def holder(self, tag: int) -> int | None:
         """The sequence of the live executor whose block holds `tag`, if any."""

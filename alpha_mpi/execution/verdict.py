@@ -30,7 +30,7 @@ alike after the exchange, from the numbers and purposes in the records
 (`executor-identity-mismatch`); only a message of another size (a round of another width) or
 not intact is refused where it lands, and its peers' waits end at the bound.
 
-Direct exchange (`direct=True`, the convenience calls' build rounds): each rank sends its one
+Direct exchange (`direct=True`, every executor's build round): each rank sends its one
 record straight to every other rank and receives every other rank's (p - 1 messages each way,
 one record each: the same header with count 1), so a peer that is not in the round, waiting
 for a frame of a warm call, finds this rank's record as the first message from it (engine_walk).

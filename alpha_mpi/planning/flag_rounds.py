@@ -1,7 +1,10 @@
 """The flag rounds after a program: every rank learns every rank's flags (pure).
 
 With the payload check on (ALPHA_MPI_PAYLOAD_CHECK=1) a bad frame found in a rank's last receive
-reaches no other rank by frame; these rounds carry it. After the program, ⌈log2 p⌉ rounds of
+reaches no other rank by frame; these rounds carry it. With a delivery to one rank (DeliverTo)
+they always run (`needs_flag_rounds`): the ranks off the delivery path receive no frame after
+their own sends, so without them a rank that only sends returned as after a clean run while the
+target refused it (a peer's bad input, a non-finite sum, a bad frame: issue 45). After the program, ⌈log2 p⌉ rounds of
 header-only frames (phase "f") disseminate the flags (round k: send to r + 2^k, receive from
 r − 2^k), so every rank ends with the OR of every rank's flags and, by the executor's rule for
 these frames (the lowest refusing rank wins, csrc/round/frames.c), the same refusing rank and code.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..model.delivery import DeliverTo
 from .program import FLAG_SEQ, Message, Op, Program, RankProgram
 
 FLAG_INDEX_BASE = 1 << 30  # flag frames' indices (the header's edge field) start here
@@ -30,6 +34,20 @@ def distances(size: int) -> list:
         out.append(d)
         d *= 2
     return out
+
+
+def needs_flag_rounds(program: Program, payload_check: bool) -> bool:
+    """Whether an executor runs the flag rounds after `program`: with the payload check, and for
+    a delivery to one rank, whose outcome no frame carries to the ranks off its path (the
+    module docstring). A function of the program and of what the build agreement holds equal,
+    so every rank decides alike."""
+    return payload_check or delivers_to_one(program)
+
+
+def delivers_to_one(program: Program) -> bool:
+    """The result goes to one rank only (DeliverTo): the other ranks learn the outcome from the
+    flag rounds alone."""
+    return isinstance(program.delivery, DeliverTo)
 
 
 def with_flag_rounds(program: Program) -> Program:
@@ -63,4 +81,4 @@ def _append(rp: RankProgram, r: int, size: int) -> RankProgram:
     return replace(rp, messages=messages, regions=regions, ops=(*rp.ops, *posts, *ops, *dones))
 
 
-__all__ = ["with_flag_rounds", "distances", "FLAG_INDEX_BASE"]
+__all__ = ["with_flag_rounds", "needs_flag_rounds", "delivers_to_one", "distances", "FLAG_INDEX_BASE"]

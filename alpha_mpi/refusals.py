@@ -167,6 +167,7 @@ ADVICE: dict[str, str] = {
     "torch-compile-refused": "build DataParallel over the eager module (not torch.compile(module), nor module.compile()); its slot passes are what the contract names",
     "torch-module-changed": "add, replace, freeze or unfreeze parameters before building DataParallel (its payload, checkpoints and digests are laid out then); to change the model mid-run, save, build a new DataParallel over the changed module, and restore what still fits",
     "torch-slot-failed": "a slot's forward, loss or backward raised an exception on the rank named (its own traceback says what); fix the module, loss or data there: every rank refused the step and the next step works",
+    "torch-optimizer-failed": "a sharded optimizer's step raised on the rank named (its own traceback says what); every rank put its shard of the parameters and optimizer state back as before the step, so fix the cause there and call opt.step() again",
     "torch-autocast-refused": "declare the forward's precision when building DataParallel (autocast=torch.bfloat16 or torch.float16, which the step then enters itself and the contract names), and enter no other autocast around DataParallel.step",
     "torch-module-mismatch": "build the same module (architecture, parameter names, shapes and dtypes) on every rank; print alpha_mpi.torch.architecture_digest(module) on each to find the odd one",
     "accumulation-pending": "save or restore after the update: the step after the no_sync() block divides the carried sums into .grad (docs/pytorch.md, gradient accumulation)",

@@ -13,6 +13,7 @@ DataLoader, checkpoint and resume on another rank count.
     mpiexec -n 8 python -m mpi4py examples/torch_lm.py --device cuda          # one GPU per rank
     mpiexec -n 4 python -m mpi4py examples/torch_lm.py --partition state      # ZeRO-1: the same digest
     mpiexec -n 4 python -m mpi4py examples/torch_lm.py --partition grads      # ZeRO-2: the same digest
+    (--partition takes every mode of alpha_mpi.torch.partition_modes.MODES: the same digest in each)
 
 The model computes its own loss, nanoGPT-style: `logits, loss = model(x, y)` with
 `F.cross_entropy(..., ignore_index=-100)`, the mean over the tokens whose label is not -100.
@@ -41,6 +42,7 @@ import torch.nn.functional as F
 from mpi4py import MPI
 
 from alpha_mpi.torch import DataParallel, ModuleLoss, SlotSampler, parameter_digest
+from alpha_mpi.torch.partition_modes import MODES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IGNORE = -100  # the label of a padded position (torch's and Hugging Face's ignore_index)
@@ -157,9 +159,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument(
         "--partition",
-        choices=("none", "state", "grads"),
+        choices=MODES,  # every mode this alpha_mpi has: the same digest in each
         default="none",
-        help="state: sharded AdamW state; grads: and sharded gradients",
+        help="where the training state lives: none (replicated), state (sharded AdamW state), ...",
     )
     p.add_argument("--workers", type=int, default=0, help="DataLoader workers")
     p.add_argument("--checkpoint-dir", default=None)

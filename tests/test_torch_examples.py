@@ -59,8 +59,9 @@ def test_train_cli_with_an_nn_module_factory_partitions_and_resume(tmp_path):
 
 def test_bench_torch_times_every_row_interleaved_and_the_rows_of_one_slot_count_agree():
     args = ["-m", "alpha_mpi", "bench", "torch", "--steps", "2", "--warmup", "1", "--block", "1"]
-    out = _run(2, args + ["--model", "mlp", "--slots", "p,3"])
-    rows = (
+    out = _run(2, args + ["--model", "mlp", "--slots", "p,3", "--optimizer", "adamw"])
+    zero = "DDP \\(gloo\\) \\+ ZeroRedundancyOptimizer\\(AdamW\\)"  # torch's ZeRO-1, beside state (issue 43)
+    for row in (
         "DDP \\(gloo\\)",
         "slots=2",
         "slots=2 local",
@@ -68,9 +69,14 @@ def test_bench_torch_times_every_row_interleaved_and_the_rows_of_one_slot_count_
         "slots=2 state",
         "slots=2 grads",
         "slots=2 params",
-    )
-    for row in (*rows, "slots=3"):
+        zero,
+        "slots=3",
+    ):
         assert re.search(rf"^  {row} +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+", out, re.M), (row, out)
+    assert re.search(rf"^# slots=2 state / {zero}: [0-9.]+  \(target <= 1.10\)", out, re.M), out
+    assert re.search(
+        r"^# memory ZeroRedundancyOptimizer \(rank 0, MiB\): optimizer_state [0-9.]+", out, re.M
+    ), out
     assert re.search(r"slots=2 local / slots=2: [0-9.]+", out), out
     two = {
         _digest(out, f"digest slots=2{k}") for k in ("", " local", " buckets", " state", " grads", " params")
@@ -85,6 +91,20 @@ def test_bench_torch_times_every_row_interleaved_and_the_rows_of_one_slot_count_
     assert ratio and 0.4 <= float(ratio.group(1)) <= 0.6, out  # half, to a block of the grid
     held = re.search(r"^# parameters at rest partition=params / none on 2 ranks: ([0-9.]+)", out, re.M)
     assert held and 0.4 <= float(held.group(1)) <= 0.6, out
+
+
+def test_lm_example_every_partition_mode_gives_the_one_rank_digest_on_2_and_4_ranks():
+    """`--partition` takes every mode alpha_mpi.torch.partition_modes registers (a new mode
+    joins this test by itself): each, on 2 and on 4 ranks, ends with the digest of the
+    replicated run on 1 rank (AdamW groups, the cosine schedule, clipping, SlotSampler)."""
+    from alpha_mpi.torch.partition_modes import MODES
+
+    args = ["torch_lm.py", "--steps", "4", "--sequences", "128", "--log-every", "4"]
+    one = _digest(_run(1, args))
+    got = {(mode, n): _digest(_run(n, args + ["--partition", mode])) for mode in MODES for n in (2, 4)}
+    assert all(d == one for d in got.values()), (one, got)
+    other = _digest(_run(1, args + ["--seed", "1"]))
+    assert other != one  # the digest says which run it was
 
 
 def test_dataloader_example_one_digest_on_1_and_2_ranks_each_reading_its_half():

@@ -12,7 +12,9 @@ Counted from the arrays and tensors themselves (not from a model of them), in by
     at_rest          their sum: what stays allocated between steps
     peak             at_rest plus what a step allocates for a while and frees: one slot's
                      gradient tensors (torch.autograd.grad's results) and, in a sharded mode,
-                     the assembled binary64 vector of the update and this rank's widened shard.
+                     the assembled binary64 vector of the update, this rank's widened shard and
+                     what its step keeps to put back on a failure (its shard's values and
+                     optimizer state: alpha_mpi.torch.shard_step).
                      The module's activations are the module's and are not counted.
 """
 
@@ -50,6 +52,6 @@ def memory(params: list, module, grads, combine, accumulation, optimizer=None, b
     transient = out["params"]  # one slot's gradients, before they are widened into its payload
     if binding is not None:
         a, b = binding.own
-        transient += 8 * binding.layout.n + 8 * (b - a)
+        transient += 8 * binding.layout.n + 8 * (b - a) + binding.guard.kept_bytes()
     out["peak"] = out["at_rest"] + transient
     return out

@@ -7,13 +7,16 @@ storage (alpha_mpi.torch.sharding.ShardLayout). A piece is one parameter's part 
 a shard spanning parameters of groups with different settings is split per group. LR
 schedulers, `param_groups`, hand-set rates and `state_dict()` (this rank's shard) are torch's.
 
-Around torch's `step()` (its step hooks):
+Around torch's `step()` (its pre hook, and the guard that is the instance's `step`,
+alpha_mpi.torch.shard_step):
 - before: each piece's `.grad` is the matching view of its parameter's `.grad` (every rank holds
   the whole combined gradient in `state` mode: nothing is copied), or in `grads` mode its range
   of the rank's gradient shard (alpha_mpi.torch.shard_grads);
 - after: the updated shards are assembled to every rank by selection (alpha_mpi.execution's
   Assembler: each coordinate from exactly the rank that updated it, widened exactly to binary64
-  and narrowed back, so no bit moves), and every parameter holds the step's values again.
+  and narrowed back, so no bit moves), and every parameter holds the step's values again; an
+  update that raised on one rank is refused on every rank (`torch-optimizer-failed`), every
+  rank's shard put back as it was.
 `zero_grad()` also clears the parameters' `.grad` (what DataParallel accumulates into).
 
 Sharding must not change the update. It does not for the classes in `SHARD_SAFE`, whose update
@@ -35,6 +38,7 @@ import numpy as np
 from ..refusals import Refusal
 from ._env import require_torch
 from .convert import pack, unpack
+from .shard_step import GuardedStep
 from .sharding import ShardContext, ShardLayout
 
 torch = require_torch()
@@ -157,7 +161,8 @@ class ShardedOptimizer:
             contract=ctx.contract,
         )
         optimizer.register_step_pre_hook(lambda opt, args, kwargs: self.before_step())
-        optimizer.register_step_post_hook(lambda opt, args, kwargs: self.after_step())
+        self.guard = GuardedStep(self)  # torch's step, then assemble(); a failure on every rank
+        self.guard.install()
         plain_zero_grad = optimizer.zero_grad
 
         def zero_grad(set_to_none: bool = True) -> None:
@@ -207,12 +212,13 @@ class ShardedOptimizer:
         for piece, view in zip(self.pieces, self.views):
             view.grad = self.ctx.grads.piece_grad(piece)
 
-    def after_step(self) -> None:
+    def assemble(self, refused: Refusal | None = None) -> None:
         """The updated shards to every rank by selection; every parameter takes the whole vector
-        (exact: each value was a parameter's, widened then narrowed)."""
+        (exact: each value was a parameter's, widened then narrowed). `refused`: this rank's
+        update failed; its flag goes instead of its values and every rank raises (shard_step.py)."""
         a, b = self.own
-        mine = {(a, b): pack(self.views)} if b > a else {}
-        whole = self.assembler.run(mine, out=np.empty(self.layout.n))
+        mine = {(a, b): pack(self.views)} if b > a and refused is None else {}
+        whole = self.assembler.run(mine, out=np.empty(self.layout.n), refused=refused)
         with torch.no_grad():
             unpack([p.data for p in self.params], whole)
 

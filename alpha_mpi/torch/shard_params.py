@@ -194,7 +194,14 @@ class ParamsOptimizer(ShardedOptimizer):
     """torch's optimizer over views of `ParamShards.shard`: its update is the parameters' update
     (nothing to assemble after it: the next step's gathers read the shard)."""
 
-    def after_step(self) -> None:
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        # No assembly follows the update, so no frame carries a rank's failed update: the
+        # guarded step's agreement round does (shard_step.py), on every step.
+        self.guard.flag_reaches_all = False
+
+    def assemble(self, refused: Refusal | None = None) -> None:
+        """Nothing to assemble: the next step's gathers read the shard (`refused` was agreed)."""
         return None
 
     @classmethod

@@ -107,6 +107,15 @@ class SlotsDone:
     failure: Exception | None = None
 
 
+def slot_failure(e: Exception) -> tuple[Refusal, Exception | None]:
+    """What a rank flags when its slots fail: a Refusal as it is; any other exception (the
+    user's module, loss or data) as `torch-slot-failed`, with the exception kept to raise on
+    this rank once every rank has refused."""
+    if isinstance(e, Refusal):
+        return e, None
+    return Refusal("torch-slot-failed", f"{type(e).__name__}: {str(e)[:300]}"), e
+
+
 class TrainingStep:
     """The step of one DataParallel over its parts: the `state` (module, parameters, seed, steps),
     the step's `plan` (StepPlan: torch's settings `env`, checked every step, the declared
@@ -254,11 +263,8 @@ class TrainingStep:
                     self.slot_pass.run(s, done.batch[s], done.call, buf, armed=s == last)
                 buf[stop_at] = 1.0 if (asked and i == 0) else 0.0
                 self.combine.slot_done(s)
-        except Refusal as e:
-            done.refused = e
-        except Exception as e:  # the user's module, loss or data: flagged all the same
-            done.refused = Refusal("torch-slot-failed", f"{type(e).__name__}: {str(e)[:300]}")
-            done.failure = e
+        except Exception as e:  # a refusal, or the user's module, loss or data: flagged all the same
+            done.refused, done.failure = slot_failure(e)
         if self.turns is not None:  # the turns this rank has no slot for: their gathers only
             done.refused = self.turns.finish(done.refused) or done.refused
         return done
@@ -271,16 +277,19 @@ class TrainingStep:
         if self.audit is None or done.refused is not None:
             return
         carrier = self.combine.payloads[self.my_slots[0]]
-        self.audit.contribute(
-            self.state.steps,
-            self.combine.payloads,
-            self._recompute(done),
-            self._audit_buf,
-            carrier[self.payload.audit_at :],
-            words=self.payload.stop_at,
-            at=self.payload.audit_at,  # where the carried words are read back after a mismatch
-            tamper=getattr(self.slot_pass.fault_hook, "carried", None),
-        )
+        try:  # an audited slot recomputed here runs the user's module: its failure is flagged
+            self.audit.contribute(
+                self.state.steps,
+                self.combine.payloads,
+                self._recompute(done),
+                self._audit_buf,
+                carrier[self.payload.audit_at :],
+                words=self.payload.stop_at,
+                at=self.payload.audit_at,  # where the carried words are read back after a mismatch
+                tamper=getattr(self.slot_pass.fault_hook, "carried", None),
+            )
+        except Exception as e:  # like a slot's own (_run_slots), not a wait at the combine
+            done.refused, done.failure = slot_failure(e)
 
     def _recompute(self, done: SlotsDone):
         """What the audit's auditors and referees run: slot s's pass into `out`."""

@@ -2,8 +2,8 @@
 
 Every learner trains the same module (torch_models.py: the digits CNN of examples/torch_cnn.py,
 an MLP, or a 5.3M-parameter transformer encoder) from the same initial weights with
-torch.optim.Adam on the same global batches, in one job, interleaved in blocks, one intra-op
-thread per rank for all. A timed step is everything a training step does, data loading
+torch.optim.Adam (`--optimizer adamw`: AdamW) on the same global batches, in one job,
+interleaved in blocks, one intra-op thread per rank for all. A timed step is everything a training step does, data loading
 included (a DataLoader over the data set, `--workers` worker processes):
 
 - `DDP (gloo)`: this rank's 1/p of the global batch, one forward and backward with gloo's
@@ -19,6 +19,9 @@ included (a DataLoader over the data set, `--workers` worker processes):
 - `slots=S params`: as `slots=S` with `partition="params"`: the parameters sharded between
   steps too, each unit (transformer block) gathered by selection for its forward and backward,
   the update on this rank's shard with nothing assembled after it (alpha_mpi.torch.shard_params);
+- `DDP (gloo) + ZeroRedundancyOptimizer(Adam)`, beside the state row: DDP's step with torch's
+  own sharded optimizer over the same class (its shards broadcast by gloo after the update):
+  the ZeRO-1 baseline the state row is measured against (issue 43: state <= 1.10x it, AdamW);
 - `torch alone K x N`: plain torch, K = S/p forwards and backwards of N = B/S samples, no
   combine, no optimizer: what a slot count's passes cost by themselves on this model.
 
@@ -44,6 +47,7 @@ from .harness import RankParser, check_outputs, interleaved_steps
 from .results import write_json
 
 PATHS = ("step", "local", "buckets", "state", "grads", "params")
+OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW"}  # --optimizer: torch.optim's class names
 # The issue-25 targets, printed beside the ratios: (model, slots per rank) -> ratio to DDP.
 TARGETS = {("transformer", 1): 1.05, ("transformer", 4): 1.25, ("cnn", 4): 1.3}
 
@@ -83,6 +87,12 @@ def _parser(rank):
     p.add_argument("--batch", type=at_least(1), default=128, help="global batch (default 128)")
     p.add_argument("--workers", type=at_least(0), default=0, help="DataLoader workers (default 0)")
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument(
+        "--optimizer",
+        choices=tuple(OPTIMIZERS),
+        default="adam",
+        help="every row's torch optimizer (default adam)",
+    )
     p.add_argument(
         "--device",
         choices=("cpu", "cuda"),
@@ -152,7 +162,8 @@ def cmd(comm, argv) -> int:
     ddp = torch.nn.parallel.DistributedDataParallel(
         theirs, device_ids=None if a.device == "cpu" else [device]
     )
-    opt_d = torch.optim.Adam(theirs.parameters(), lr=a.lr)
+    cls = getattr(torch.optim, OPTIMIZERS[a.optimizer])
+    opt_d = cls(theirs.parameters(), lr=a.lr)
     for i, slots in enumerate(counts):
         for kind in paths if i == 0 else ["step"]:
             name = f"slots={slots}" + ("" if kind == "step" else f" {kind}")
@@ -164,7 +175,7 @@ def cmd(comm, argv) -> int:
                 bucket_mb=a.bucket_mb if kind == "buckets" else None,
                 partition=kind if kind in ("state", "grads", "params") else "none",
             )
-            opt = dp.optimizer(torch.optim.Adam, m.parameters(), lr=a.lr)
+            opt = dp.optimizer(cls, m.parameters(), lr=a.lr)
             sampler = SlotSampler(ds, dp, batch_size=a.batch, seed=0)
             if kind in ("step", "state", "grads", "params"):
                 data = _batches(torch, ds, lambda e, s=sampler: list(s.global_batches(e)), a.workers)
@@ -184,16 +195,27 @@ def cmd(comm, argv) -> int:
             def share(e, s=sampler):  # DDP's contiguous 1/p of each global batch
                 return [b[rank * len(b) // size : (rank + 1) * len(b) // size] for b in s.global_batches(e)]
 
-            rows[ddp_name] = (_batches(torch, ds, share, a.workers), None, opt_d)
+            rows[ddp_name] = (_batches(torch, ds, share, a.workers), ddp, opt_d)
             models[ddp_name], steps[ddp_name] = theirs, 0
+            if "state" in paths:  # torch's ZeRO-1 on the same model and batches, beside the state row
+                from torch.distributed.optim import ZeroRedundancyOptimizer
+
+                zero_name = f"{ddp_name} + ZeroRedundancyOptimizer({cls.__name__})"
+                zm = fresh()
+                zddp = torch.nn.parallel.DistributedDataParallel(
+                    zm, device_ids=None if a.device == "cpu" else [device]
+                )
+                zopt = ZeroRedundancyOptimizer(zm.parameters(), optimizer_class=cls, lr=a.lr)
+                rows[zero_name] = (_batches(torch, ds, share, a.workers), zddp, zopt)
+                models[zero_name], steps[zero_name] = zm, 0
     # DDP first in the table: it is the reference every ratio is against.
     order = [ddp_name] + [k for k in rows if k != ddp_name]
 
     def one(name):
         data, step_fn, opt = rows[name]
         Xb, yb = next(data)
-        if step_fn is None:
-            mean(ddp(Xb.to(device)), yb.to(device)).backward()
+        if isinstance(step_fn, torch.nn.parallel.DistributedDataParallel):
+            mean(step_fn(Xb.to(device)), yb.to(device)).backward()
         else:
             step_fn(Xb, yb, summed)
         opt.step()
@@ -231,6 +253,7 @@ def cmd(comm, argv) -> int:
     mismatch = _bits_check(digests)
     agreeing = _agreement_cost(dp, X[: a.batch], y[: a.batch])
     held = _memory(comm, torch, fresh, X[: a.batch], y[: a.batch], summed, a.lr)
+    held += [_zero_memory(rows[k][2]) for k in rows if "ZeroRedundancyOptimizer" in k]
     if rank == 0:
         _report(a, size, torch, models, times, digests, mismatch, order, agreeing)
         for line in held:
@@ -284,6 +307,14 @@ def _memory(comm, torch, fresh, Xb, yb, summed, lr) -> list[str]:
     return lines
 
 
+def _zero_memory(zopt) -> str:
+    """The optimizer state torch's ZeroRedundancyOptimizer holds on this rank (rank 0's printed),
+    counted as dp.memory() counts it: the state tensors' bytes."""
+    held = {id(v): v for st in zopt.optim.state.values() for v in st.values() if hasattr(v, "element_size")}
+    mib = sum(v.numel() * v.element_size() for v in held.values()) * 2.0**-20
+    return f"# memory ZeroRedundancyOptimizer (rank 0, MiB): optimizer_state {mib:.2f}"
+
+
 def _agreement_cost(dp, Xb, yb, repeat: int = 20) -> float:
     """Seconds a step spends on what the ranks must agree on, besides its payload words: this
     rank's facts (training flags, the CRC-32 of a `step` global batch) and the parameter check
@@ -329,16 +360,17 @@ def _report(a, size, torch, models, times, digests, mismatch, order, agreeing) -
     ref = med[order[0]]
     print(
         f"# alpha-mpi bench torch on {socket.gethostname()}, {size} ranks, {a.model} ({n} parameters, "
-        f"float32), global batch {a.batch}, Adam, {a.workers} loader workers, torch {torch.__version__}, "
-        f"1 thread per rank, {a.steps} timed steps per row, on {a.device}"
+        f"float32), global batch {a.batch}, {OPTIMIZERS[a.optimizer]}, {a.workers} loader workers, "
+        f"torch {torch.__version__}, 1 thread per rank, {a.steps} timed steps per row, on {a.device}"
     )
-    print("# row                       median ms      min ms      max ms   / DDP   target")
+    w = max(24, *(len(k) for k in order))  # the names' column: 24, or the longest row's name
+    print(f"{'# row':{w + 4}s}median ms      min ms      max ms   / DDP   target")
     for k in order:
         v = times[k]
         per_rank = int(k.split()[0][6:]) // size if k.startswith("slots=") else 0
         target = TARGETS.get((a.model, per_rank)) if k.startswith("slots=") and " " not in k else None
         print(
-            f"  {k:24s} {1e3 * med[k]:11.3f} {1e3 * min(v):11.3f} {1e3 * max(v):11.3f}"
+            f"  {k:{w}s} {1e3 * med[k]:11.3f} {1e3 * min(v):11.3f} {1e3 * max(v):11.3f}"
             f" {med[k] / ref:7.3f}   {'<= %.2f' % target if target else ''}"
         )
     first = next((k for k in order if k.startswith("slots=")), None)
@@ -352,6 +384,10 @@ def _report(a, size, torch, models, times, digests, mismatch, order, agreeing) -
         k = f"{first} {kind}" if first else None
         if k in med:
             print(f"# {k} / {first}: {med[k] / med[first]:.3f}{target}")
+    zero = next((k for k in order if "ZeroRedundancyOptimizer" in k), None)
+    if zero and f"{first} state" in med:
+        target = "target <= 1.10" if a.optimizer == "adamw" else "the target, <= 1.10, is --optimizer adamw's"
+        print(f"# {first} state / {zero}: {med[f'{first} state'] / med[zero]:.3f}  ({target})")
     print("# (torch alone K x N: K forwards and backwards of N samples each, no combine, no optimizer)")
     from ...torch.step_agreement import WORDS
 

@@ -2,7 +2,8 @@
 (the blocks of every ModuleList, the tied head in the root, names the module lacks refused);
 during a slot at most the root and one unit are gathered, in the forward and in the backward;
 the module outside a step is refused by name, and inside `full_parameters()` it gives the bits
-of the replicated module; `.grad` after a step is the replicated run's; a unit run out of order
+of the replicated module; `.grad` is None and the gradient shard holds the replicated run's
+`.grad` bits; a unit run out of order
 or a parameter used outside its unit is refused by name and the next step works; the options
 params mode does not run with are refused. Skips without torch."""
 
@@ -80,10 +81,14 @@ def test_units_in_another_mode_and_unsupported_options_are_refused():
     with pytest.raises(Refusal) as e:
         DataParallel(lm(), MPI.COMM_SELF, slots=SLOTS, partition="state", units=["blocks.0"])
     assert e.value.code == "usage"
-    for kw in ({"audit_slots": 1}, {"bucket_mb": 1.0}, {"audit_digests": 5}):
+    # bucket_mb, audit_slots and realization as in grads mode (its reduce-scatter combine),
+    # named as params mode's; audit_digests: no rank holds a replica of the parameters
+    for kw in ({"audit_slots": 1}, {"bucket_mb": 1.0}, {"audit_digests": 5}, {"realization": "halving"}):
         with pytest.raises(Refusal) as e:
             DataParallel(lm(), MPI.COMM_SELF, slots=SLOTS, partition="params", **kw)
-        assert e.value.code in ("options-conflict", "usage"), kw
+        why = str(e.value)
+        assert e.value.code == "options-conflict" and next(iter(kw)) in why and "params" in why, kw
+    DataParallel(lm(), MPI.COMM_SELF, slots=SLOTS, partition="params", realization="scatter").free()
 
 
 def u64(t):
@@ -105,8 +110,11 @@ def pair(partition, steps=2):
 def test_grad_after_a_step_and_the_module_in_full_parameters_give_the_replicated_bits():
     ref, rdp, _ = pair("none")
     model, dp, _ = pair("params")
-    for p, q in zip(trainable(ref), trainable(model)):
-        assert np.array_equal(u64(p.grad), u64(q.grad))
+    # .grad is None (the combine is the reduce-scatter of grads mode); the one rank's shard is
+    # the whole flat gradient, the bits of none's .grad
+    assert all(q.grad is None for q in trainable(model))
+    flat = torch.cat([p.grad.reshape(-1) for p in trainable(ref)])
+    assert np.array_equal(u64(flat), u64(dp.grads.flat))
     x, _ = batch(40, 4)
     with pytest.raises(Refusal) as e:
         model(x)
@@ -185,9 +193,10 @@ def test_a_unit_out_of_order_or_a_parameter_outside_its_unit_is_refused_and_the_
             dp.step(X, y, loss)
         assert e.value.code == "torch-units-order", flag
         setattr(net, flag, False)
-        assert all(p.grad is None for p in net.parameters())
+        assert not any(dp.grads.present) and all(p.grad is None for p in net.parameters())
         dp.step(X, y, loss)
-        assert all(torch.isfinite(p.grad).all() for p in net.parameters())
+        assert all(dp.grads.present) and torch.isfinite(dp.grads.flat).all()
+        assert all(p.grad is None for p in net.parameters())
     dp.free()
 
 
@@ -249,3 +258,31 @@ def test_activation_checkpointing_of_units_gives_the_bits_of_none():
     want = digest("none", False)
     assert digest("params", True) == want
     assert digest("params", True, steps=2) != want
+
+
+def test_the_step_peak_holds_o_log_slots_fold_buffers_as_grads_mode_does():
+    """params combines with grads mode's reduce-scatter: between steps no per-slot payload; at
+    the step's peak log2(slots) + 1 fold buffers beside the gathered root, largest unit and its
+    assembly, one slot's gradients and the scratch payload (nothing assembled after the update)."""
+    import math
+
+    slots = 16
+    model = lm(layers=2)
+    dp = DataParallel(model, MPI.COMM_SELF, slots=slots, seed=1, partition="params")
+    opt = dp.optimizer(torch.optim.AdamW, model.parameters(), lr=1e-3)
+    dp.step(*batch(0, 32), token_pair)
+    opt.step()
+    m, n = dp.memory(opt), dp.n
+    assert dp.combine.fold.planned == int(math.log2(slots)) + 1
+    shards = dp.shards.gathers.shards
+    unit = max(shards.units, key=lambda g: g.n)
+    gathered = shards.root.nbytes() + unit.nbytes()
+    widest = max(g.n + sum(ub - ua for ua, ub, _ in g.mine) for g in [shards.root, *shards.units])
+    fold = 8 * dp.payload.total + 8 * dp.combine.scatter_layout.words * dp.combine.fold.planned
+    assert m["grads"] == m["params"] == 4 * n and m["params_peak"] == 4 * n + gathered
+    assert m["peak"] - m["at_rest"] == gathered + 8 * widest + 4 * n + fold
+    none = DataParallel(lm(layers=2), MPI.COMM_SELF, slots=slots, partition="none")
+    # none keeps one binary64 payload per owned slot between steps; params frees its fold
+    assert none.memory()["accumulators"] > 8 * slots * n > m["accumulators"]
+    none.free()
+    dp.free()

@@ -11,16 +11,18 @@ torch update; only where the optimizer state is held and updated changes.
                          the                        selection (ZeRO-2)         sums assembled by
                          shard's                                               selection: the
                          own                                                   same as none
-    params  own shard    whole    own shard         nothing: the shard is      the whole .grad's:
-            (gathered                               the parameters (ZeRO-3;    the same as none
-            per unit)                               shard_params.py)
+    params  own shard    None;    own shard         nothing: the shard is      the shard's block
+            (gathered    the                        the parameters (ZeRO-3;    sums, as in grads:
+            per unit)    shard's                    shard_params.py)           the same as none
+                         own
 
-In `grads` the step's combine is a reduce-scatter over the slot tree (alpha_mpi.torch.
-shard_combine: slots folded into their subtrees as they finish) and a rank holds only its shard
-of the combined gradient (alpha_mpi.torch.shard_grads.ShardGradients, what the sharded
-optimizer's shard tensors see as `.grad`); every parameter's `.grad` stays None. `params`
-combines as `state` does (the whole combined `.grad` on every rank, then the shard's update):
-its parameters are gathered per unit for each slot (alpha_mpi.torch.gather_schedule).
+In `grads` and `params` the step's combine is a reduce-scatter over the slot tree (alpha_mpi.
+torch.shard_combine: slots folded into their subtrees as they finish) and a rank holds only its
+shard of the combined gradient (alpha_mpi.torch.shard_grads.ShardGradients, what the sharded
+optimizer's shard tensors see as `.grad`); every parameter's `.grad` stays None. In `params` the
+gradient's shard is the parameters' (one layout), and the parameters are gathered per unit for
+each slot (alpha_mpi.torch.gather_schedule); its memory is grads_memory's with the shard and the
+gathers counted (shard_params.ParamShards.memory).
 
 The public keyword stays a string; `partition_mode(name)` reads it once (and refuses a name it
 does not know, `torch-partition-unknown`). After construction nothing asks which mode runs: the
@@ -31,7 +33,7 @@ the optimizer's state only), so both clip by the same computation, `_clip_whole`
 gradient's block sums on every rank (alpha_mpi.torch.clipping). A mode that shards `.grad` would
 compute its shard's block sums alone (`block_sums(shard, start)`: shards begin on the grid that
 clipping's blocks use, sharding.GRID) and combine the block sums by position, to the same bits:
-`grads` does (`_clip_shard`).
+`grads` and `params` do (`_clip_shard`).
 
 Each mode also gives the step its parts (`parts`: the `.grad` writer, the accumulation, the
 combine; alpha_mpi.torch.shard_grads.StepParts) and counts what a rank holds (`memory`).
@@ -39,6 +41,7 @@ combine; alpha_mpi.torch.shard_grads.StepParts) and counts what a rank holds (`m
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -91,6 +94,10 @@ def _whole_parts(params, payload, shards, rank, dtype, unused, **options) -> Ste
     `options`, bucket_mb and the others, are the combine's and the audit's own)."""
     grads = GradientWriter(params, list(payload.offsets), dtype, unused)
     return StepParts(grads, Accumulation(payload.n, len(params)), StepCombine)
+
+
+# params mode combines as grads does (its shard of the combined gradient), naming itself when it refuses
+_params_parts = functools.partial(grads_parts, name="params")
 
 
 @dataclass(frozen=True)
@@ -164,7 +171,7 @@ _REGISTRY = {
         PartitionMode("none", False, _plain, _clip_whole),
         PartitionMode("state", True, _sharded, _clip_whole),  # .grad whole: clipped as in none
         PartitionMode("grads", True, _sharded, _clip_shard, grads_parts, grads_memory),
-        PartitionMode("params", True, _sharded_params, _clip_whole, shards_params=True),
+        PartitionMode("params", True, _sharded_params, _clip_shard, _params_parts, grads_memory, True),
     )
 }
 

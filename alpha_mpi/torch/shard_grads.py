@@ -1,7 +1,8 @@
-"""`.grad` in `partition="grads"` (ZeRO-2): this rank's shard of the combined gradient,
-`ShardGradients`, its clipping and its memory; the mode's step parts (`grads_parts`).
+"""`.grad` in `partition="grads"` (ZeRO-2) and `"params"` (ZeRO-3): this rank's shard of the
+combined gradient, `ShardGradients`, its clipping and its memory; the modes' step parts
+(`grads_parts`).
 
-What a rank holds after a step in this mode (alpha_mpi.torch.partition_modes):
+What a rank holds after a step in these modes (alpha_mpi.torch.partition_modes):
 - every parameter's `.grad` is None: no rank holds a whole gradient;
 - the combined gradient of its shard (sharding.ShardLayout: the flat parameter vector's
   grid-aligned range [a, b) of this rank) in one tensor of the parameters' dtype and device,
@@ -164,25 +165,27 @@ def grads_parts(
     bucket_mb,
     audit_slots,
     realization,
+    name: str = "grads",
 ):
-    """partition="grads": the shard's `.grad` (ShardGradients), the accumulation over the shard,
-    the reduce-scatter combine (alpha_mpi.torch.shard_combine). Refused with `bucket_mb` (its
-    buckets allreduce whole parameters while the backward runs), `audit_slots` (the audit
-    compares each slot's whole payload) and a `realization` other than auto or scatter (the
-    reduce-scatter is scatter's) by name (`options-conflict`)."""
+    """partition="grads" (and "params": `name` is the mode that refuses): the shard's `.grad`
+    (ShardGradients), the accumulation over the shard, the reduce-scatter combine
+    (alpha_mpi.torch.shard_combine). Refused with `bucket_mb` (its buckets allreduce whole
+    parameters while the backward runs), `audit_slots` (the audit compares each slot's whole
+    payload) and a `realization` other than auto or scatter (the reduce-scatter is scatter's) by
+    name (`options-conflict`)."""
     if realization not in ("auto", "scatter"):
         raise Refusal(
             "options-conflict",
-            f'partition="grads" reduce-scatters with the scatter realization (its chunks are the '
+            f'partition="{name}" reduce-scatters with the scatter realization (its chunks are the '
             f'shards); realization={realization!r} cannot: leave realization="auto"',
         )
-    for name, value in (("bucket_mb", bucket_mb), ("audit_slots", audit_slots)):
+    for key, value in (("bucket_mb", bucket_mb), ("audit_slots", audit_slots)):
         if value:
             raise Refusal(
                 "options-conflict",
-                f'partition="grads" folds each slot into its subtree as it finishes and '
-                f"reduce-scatters once; {name}={value!r} needs every slot's whole payload: "
-                f'drop {name} or use partition="state"',
+                f'partition="{name}" folds each slot into its subtree as it finishes and '
+                f"reduce-scatters once; {key}={value!r} needs every slot's whole payload: "
+                f'drop {key} or use partition="state"',
             )
     grads = ShardGradients(params, shards, rank, dtype, unused)
     accumulation = Accumulation(grads.b - grads.a, len(params))

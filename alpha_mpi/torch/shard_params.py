@@ -17,8 +17,10 @@ view that was not re-packed keeps its storage alive (memory, never wrong bits).
 
 The optimizer (`dp.optimizer`, collective) is torch's over views of `shard` (the allow-list and
 group splitting of alpha_mpi.torch.shard_optimizer): its step updates the shard in place, and
-nothing is assembled after it: the next gathers read the shard. `.grad` is the whole combined
-gradient on every rank (the combine of "state"), each piece taking its view before the update.
+nothing is assembled after it: the next gathers read the shard. `.grad` is None: the combine is
+the reduce-scatter of "grads" (alpha_mpi.torch.shard_grads), so a rank holds its shard of the
+combined gradient over the same range as its shard of the parameters, and each piece takes its
+range of it as `.grad` before the update (ShardedOptimizer.before_step, `zero_grad` clearing it).
 
 `full_parameters()` (collective) gathers every parameter for a while (inference, `eval()`,
 `state_dict()`); checkpoints and digests run inside it, a restore writing the shard back.
@@ -165,11 +167,13 @@ class ParamShards:
             self.held_whole = False
 
     def memory(self, base: dict) -> dict:
-        """`base` (alpha_mpi.torch.memory's accounting, which counts each parameter whole) with
-        what params mode holds: `params` at rest is the shard; the step's peak adds the root,
-        the largest unit and that gather's binary64 vectors (its assembly, this rank's pieces)."""
+        """`base` (the mode's count, shard_grads.grads_memory: the gradient shard, the combine's
+        accumulators; it counts each parameter whole) with what params mode holds: `params` at
+        rest is the shard; the step's peak adds the root, the largest unit and that gather's
+        binary64 vectors (its assembly, this rank's pieces) to base's slot phase (one slot's
+        gradients and the fold's buffers; nothing is assembled after the update)."""
         out = dict(base)
-        slot_grads = out["params"]  # one slot's gradients (torch.autograd.grad's), whole
+        slot_phase = out["peak"] - out["at_rest"]
         out["params"] = self.shard.numel() * self.itemsize
         out["at_rest"] = sum(
             out[k] for k in ("params", "grads", "optimizer_state", "buffers", "accumulators")
@@ -181,7 +185,7 @@ class ParamShards:
         )
         widest = max((g.n + sum(ub - ua for ua, ub, _ in g.mine) for g in groups), default=0)
         out["params_peak"] = out["params"] + gathered
-        out["peak"] = out["at_rest"] + gathered + 8 * widest + slot_grads
+        out["peak"] = out["at_rest"] + gathered + 8 * widest + slot_phase
         return out
 
     def free(self) -> None:

@@ -126,7 +126,7 @@ class ShardContext:
     layout: ShardLayout
     mode: object  # a partition_modes.PartitionMode (not imported: that module imports this one)
     bindings: dict
-    grads: object = None  # gradients.GradientWriter, or shard_grads.ShardGradients in `grads`
+    grads: object = None  # gradients.GradientWriter, or shard_grads.ShardGradients (grads, params)
     gathers: object = None  # params mode: its GatherSchedule (alpha_mpi.torch.gather_schedule)
 
     def whole(self, writeback: bool = False):

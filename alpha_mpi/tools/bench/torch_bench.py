@@ -299,11 +299,12 @@ def _memory(comm, torch, fresh, Xb, yb, summed, lr) -> list[str]:
                 f"# optimizer state partition={mode} / none on {size} ranks: {h['optimizer_state'] / whole:.3f}"
                 + ("  (target <= 0.30 at p = 4)" if size == 4 else "")
             )
-    for kind in ("grads", "accumulators", "peak"):  # what sharding the gradient saves
-        if "grads" in held and held["none"][kind]:
-            lines.append(
-                f"# {kind} partition=grads / none on {size} ranks: {held['grads'][kind] / held['none'][kind]:.3f}"
-            )
+    for mode in ("grads", "params"):  # what sharding the gradient saves (params combines as grads)
+        for kind in ("grads", "accumulators", "peak"):
+            if mode in held and held["none"][kind]:
+                lines.append(
+                    f"# {kind} partition={mode} / none on {size} ranks: {held[mode][kind] / held['none'][kind]:.3f}"
+                )
     return lines
 
 

@@ -120,7 +120,7 @@ def test_simulator_catches_a_broken_schedule():
     r1 = prog.rank(1)
     assert r1.text() == "P3 C0 S0 W3 C1 D0"
     ops = tuple(Op.parse(x) for x in "P3 W3 C0 S0 C1 D0".split())
-    broken = replace(prog, builder=lambda r: replace(r1, ops=ops) if r == 1 else prog.rank(r))
+    broken = replace(prog, builder=lambda r: r1.replace(ops=ops) if r == 1 else prog.rank(r))
     with pytest.raises(Refusal) as e:
         check(broken)
     assert e.value.code == "plan-simulation-failed"

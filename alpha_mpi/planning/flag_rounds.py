@@ -60,7 +60,7 @@ def _append(rp: RankProgram, r: int, size: int) -> RankProgram:
         posts.append(Op("P", into.index))
         ops += [Op("S", out.index), Op("W", into.index)]
         dones.append(Op("D", out.index))
-    return replace(rp, messages=messages, regions=regions, ops=(*rp.ops, *posts, *ops, *dones))
+    return rp.replace(messages=messages, regions=regions, ops=(*rp.ops, *posts, *ops, *dones))
 
 
 __all__ = ["with_flag_rounds", "distances", "FLAG_INDEX_BASE"]

@@ -37,6 +37,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from .._record import Record
 from ..refusals import PlanRefusal
 from .base import PlanBase
 from .postfix import postfix_text
@@ -44,6 +45,7 @@ from .postfix import postfix_text
 OP_KINDS = "PSWDECFMAR"
 FLAG_SEQ = -1  # Message.seq of a flag-round frame (planning/flag_rounds.py)
 _OP_RE = re.compile(r"^([PSWDECFMAR])(\d+)$")
+_set = object.__setattr__
 
 
 def parse_or_refuse(regex, text: str, what: str):
@@ -54,13 +56,19 @@ def parse_or_refuse(regex, text: str, what: str):
     return m
 
 
-@dataclass(frozen=True)
-class Region:
+# The records below are Records, not dataclasses: a program's first reduction defines them
+# (_record.py: a frozen dataclass costs about 1 ms to define, the start-up budget is 20 ms).
+
+
+class Region(Record):
     """`count` elements of buffer `buf` from element `offset` on."""
 
-    buf: str
-    offset: int
-    count: int
+    __slots__ = ("buf", "offset", "count")
+
+    def __init__(self, buf: str, offset: int, count: int) -> None:
+        _set(self, "buf", buf)
+        _set(self, "offset", offset)
+        _set(self, "count", count)
 
     def overlaps(self, other: Region) -> bool:
         return (
@@ -76,40 +84,52 @@ class Region:
         return f"{self.buf}[{self.offset}:{self.offset + self.count}]"
 
 
-@dataclass(frozen=True)
-class BufferSpec:
-    name: str
-    count: int
-    framed: bool = False
+class BufferSpec(Record):
+    __slots__ = ("name", "count", "framed")
+
+    def __init__(self, name: str, count: int, framed: bool = False) -> None:
+        _set(self, "name", name)
+        _set(self, "count", count)
+        _set(self, "framed", framed)
 
 
-@dataclass(frozen=True)
-class Message:
-    """One planned frame: header (and payload) from `src` to `dst`."""
+class Message(Record):
+    """One planned frame: header (and payload) from `src` to `dst`.
 
-    index: int  # global within the program; the header's edge field
-    phase: str  # one letter, see execution/frames.PHASE_CODE
-    src: int
-    dst: int
-    seq: int  # the seq-th message from src to dst in one run: its MPI tags are 2*seq, 2*seq + 1
-    # (FLAG_SEQ: a frame of the flag rounds after a program, flag_rounds.py: the executor's
-    # flag tag, one such frame per ordered pair of ranks and run)
-    count: int  # payload elements (0: a header-only flag frame)
-    what: str  # what the payload holds (coordinate range, pieces): part of the header's layout digest
+    `index`: global within the program, the header's edge field; `phase`: one letter, see
+    execution/frames.PHASE_CODE; `seq`: the seq-th message from src to dst in one run, its MPI
+    tags are 2*seq, 2*seq + 1 (FLAG_SEQ: a frame of the flag rounds after a program,
+    flag_rounds.py: the executor's flag tag, one such frame per ordered pair of ranks and run);
+    `count`: payload elements (0: a header-only flag frame); `what`: what the payload holds
+    (coordinate range, pieces), part of the header's layout digest."""
+
+    __slots__ = ("index", "phase", "src", "dst", "seq", "count", "what")
+
+    def __init__(self, index: int, phase: str, src: int, dst: int, seq: int, count: int, what: str) -> None:
+        _set(self, "index", index)
+        _set(self, "phase", phase)
+        _set(self, "src", src)
+        _set(self, "dst", dst)
+        _set(self, "seq", seq)
+        _set(self, "count", count)
+        _set(self, "what", what)
 
 
-@dataclass(frozen=True)
-class Eval:
-    inputs: tuple  # Regions, all of one count
-    program: tuple  # postfix: i >= 0 pushes inputs[i]; -1 adds the two topmost (left first)
-    output: Region
+class Eval(Record):
+    # inputs: Regions, all of one count; program: postfix, i >= 0 pushes inputs[i], -1 adds the
+    # two topmost (left first)
+    __slots__ = ("inputs", "program", "output")
+
+    def __init__(self, inputs: tuple, program: tuple, output: Region) -> None:
+        _set(self, "inputs", inputs)
+        _set(self, "program", program)
+        _set(self, "output", output)
 
     def expression(self, names=None) -> str:
         return postfix_text(self.program, self.inputs, str if names is None else names)
 
 
-@dataclass(frozen=True)
-class Merge:
+class Merge(Record):
     """Join two summaries of pairwise-tree nodes into a third (csrc/kernel/pairwise.h ap_merge).
 
     Each of `a`, `b`, `out` is a (head, nodes) pair of Regions: the head is two int64 words
@@ -117,54 +137,77 @@ class Merge:
     region holding the global length (written per call). The result's flags are a's, b's and
     the merge's own (overflow, invalid); a count of b out of range is an invalid merge."""
 
-    a: tuple
-    b: tuple
-    out: tuple
-    n: Region
-    k: int
-    capacity: int
+    __slots__ = ("a", "b", "out", "n", "k", "capacity")
+
+    def __init__(self, a: tuple, b: tuple, out: tuple, n: Region, k: int, capacity: int) -> None:
+        _set(self, "a", a)
+        _set(self, "b", b)
+        _set(self, "out", out)
+        _set(self, "n", n)
+        _set(self, "k", k)
+        _set(self, "capacity", capacity)
 
 
-@dataclass(frozen=True)
-class Summary:
+class Summary(Record):
     """The arrays' local summary (an A op; csrc/round/native.h an_summary says what it reads
     and writes): the blocks `xs` (and `ys`, None for a sum) and the `geometry` words are
     buffers the caller binds per run (`RankProgram.bound`); the summary goes into the state
     (head, nodes), the coverage `row` (`tiles`: a tile's row, else a 1-D block's) and the
     global length word `n`; `result` gets the record count and the non-finite flag."""
 
-    xs: tuple
-    ys: tuple | None
-    geometry: str
-    state: tuple
-    row: Region
-    n: Region
-    result: Region
-    k: int
-    capacity: int
-    tiles: bool
+    __slots__ = ("xs", "ys", "geometry", "state", "row", "n", "result", "k", "capacity", "tiles")
+
+    def __init__(
+        self,
+        xs: tuple,
+        ys: tuple | None,
+        geometry: str,
+        state: tuple,
+        row: Region,
+        n: Region,
+        result: Region,
+        k: int,
+        capacity: int,
+        tiles: bool,
+    ) -> None:
+        _set(self, "xs", xs)
+        _set(self, "ys", ys)
+        _set(self, "geometry", geometry)
+        _set(self, "state", state)
+        _set(self, "row", row)
+        _set(self, "n", n)
+        _set(self, "result", result)
+        _set(self, "k", k)
+        _set(self, "capacity", capacity)
+        _set(self, "tiles", tiles)
 
 
-@dataclass(frozen=True)
-class Root:
+class Root(Record):
     """The arrays' root check (an R op; csrc/round/native.h an_root): the root's k `values` and
     a `verdict` word (0: they are the result; 1: the caller looks) from the coverage `table`,
     the table that passed last time (`valid`: a usable word, then the table), the merged state
     `final` (a (head, nodes) pair) and the length word `n`."""
 
-    table: Region
-    valid: Region
-    final: tuple
-    n: Region
-    values: Region
-    verdict: Region
-    k: int
+    __slots__ = ("table", "valid", "final", "n", "values", "verdict", "k")
+
+    def __init__(
+        self, table: Region, valid: Region, final: tuple, n: Region, values: Region, verdict: Region, k: int
+    ) -> None:
+        _set(self, "table", table)
+        _set(self, "valid", valid)
+        _set(self, "final", final)
+        _set(self, "n", n)
+        _set(self, "values", values)
+        _set(self, "verdict", verdict)
+        _set(self, "k", k)
 
 
-@dataclass(frozen=True)
-class Op:
-    kind: str
-    index: int
+class Op(Record):
+    __slots__ = ("kind", "index")
+
+    def __init__(self, kind: str, index: int) -> None:
+        _set(self, "kind", kind)
+        _set(self, "index", index)
 
     def __str__(self):
         return f"{self.kind}{self.index}"
@@ -175,25 +218,55 @@ class Op:
         return Op(m.group(1), int(m.group(2)))
 
 
-@dataclass(frozen=True)
-class RankProgram:
-    rank: int
-    slots: tuple  # the leaves this rank passes, left to right
-    buffers: tuple  # BufferSpec of the work buffers
-    messages: dict = field(repr=False)  # index -> Message, for every message this rank sends or receives
-    regions: dict = field(repr=False, default_factory=dict)  # index -> Region it is sent from / received into
-    evals: tuple = ()
-    copies: tuple = ()  # (src Region, dst Region)
-    checks: tuple = ()  # Regions
-    ops: tuple = ()
-    result: Region | None = None  # where the result lies at the end (None: delivery does not reach)
-    # slot -> element count of its `L<slot>` buffer where it is not the layout's total (assembly
-    # pieces, each of its own length); empty for the combine realizations
-    inputs: dict = field(repr=False, default_factory=dict)
-    merges: tuple = ()  # Merge records (array reductions only)
-    summaries: tuple = ()  # Summary records (array reductions only)
-    roots: tuple = ()  # Root records (array reductions only)
-    bound: tuple = ()  # names of the caller's buffers a front end binds per run (Summary's)
+class RankProgram(Record):
+    """One rank's program. `slots`: the leaves this rank passes, left to right; `buffers`:
+    BufferSpec of the work buffers; `messages`: index -> Message, for every message this rank
+    sends or receives; `regions`: index -> Region it is sent from / received into; `copies`:
+    (src Region, dst Region); `checks`: Regions; `result`: where the result lies at the end
+    (None: delivery does not reach); `inputs`: slot -> element count of its `L<slot>` buffer
+    where it is not the layout's total (assembly pieces, each of its own length), empty for the
+    combine realizations; `merges`, `summaries`, `roots`: Merge, Summary, Root records (array
+    reductions only); `bound`: names of the caller's buffers a front end binds per run
+    (Summary's)."""
+
+    __slots__ = tuple(
+        "rank slots buffers messages regions evals copies checks ops result inputs merges summaries roots bound".split()
+    )
+    _norepr = ("messages", "regions", "inputs")
+
+    def __init__(
+        self,
+        rank: int,
+        slots: tuple,
+        buffers: tuple,
+        messages: dict,
+        regions: dict | None = None,  # None: a new empty dict (dataclasses' default_factory)
+        evals: tuple = (),
+        copies: tuple = (),
+        checks: tuple = (),
+        ops: tuple = (),
+        result: Region | None = None,
+        inputs: dict | None = None,  # None: a new empty dict
+        merges: tuple = (),
+        summaries: tuple = (),
+        roots: tuple = (),
+        bound: tuple = (),
+    ) -> None:
+        _set(self, "rank", rank)
+        _set(self, "slots", slots)
+        _set(self, "buffers", buffers)
+        _set(self, "messages", messages)
+        _set(self, "regions", {} if regions is None else regions)
+        _set(self, "evals", evals)
+        _set(self, "copies", copies)
+        _set(self, "checks", checks)
+        _set(self, "ops", ops)
+        _set(self, "result", result)
+        _set(self, "inputs", {} if inputs is None else inputs)
+        _set(self, "merges", merges)
+        _set(self, "summaries", summaries)
+        _set(self, "roots", roots)
+        _set(self, "bound", bound)
 
     def sends(self):
         return [self.messages[o.index] for o in self.ops if o.kind == "S"]

@@ -42,8 +42,11 @@ class Record:
                 if name not in fields:
                     fields.append(name)
         cls._fields = tuple(fields)
-        # One C call reads every field (attrgetter of one name returns the bare value).
-        get = attrgetter(*fields) if len(fields) > 1 else (lambda o, n=fields[0]: (getattr(o, n),))
+        # One C call reads every field.
+        if len(fields) > 1:
+            get = attrgetter(*fields)
+        else:  # attrgetter of one name returns the bare value, of none is refused
+            get = (lambda o, n=fields[0]: (getattr(o, n),)) if fields else (lambda o: ())
         cls._values = staticmethod(get)
 
     def __setattr__(self, name, value):
@@ -74,8 +77,15 @@ class Record:
         return type(self)(**values)
 
 
+def fields_repr(obj, names: tuple) -> str:
+    """`Name(field=value, ...)` over `names`: the repr of a mutable record (a plain class with a
+    hand-written `__init__`, where a `@dataclass(eq=False)` would have generated one)."""
+    shown = (f"{n}={getattr(obj, n)!r}" for n in names)
+    return f"{type(obj).__qualname__}({', '.join(shown)})"
+
+
 def _rebuild(cls, values: dict):
     return cls(**values)
 
 
-__all__ = ["FrozenInstanceError", "Record"]
+__all__ = ["FrozenInstanceError", "Record", "fields_repr"]

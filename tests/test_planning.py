@@ -126,7 +126,7 @@ def test_simulator_catches_a_broken_schedule():
     assert e.value.code == "plan-simulation-failed"
     assert "ERROR HERE" in str(e.value)
     # A tree plan whose rank 1 sends its value to rank 2 instead of the hub is refused too.
-    edges = tuple(replace(e, dst=2) if (e.phase, e.src) == ("r", 1) else e for e in p.edges)
+    edges = tuple(e.replace(dst=2) if (e.phase, e.src) == ("r", 1) else e for e in p.edges)
     with pytest.raises(Refusal) as e:
         simulate(replace(p, edges=edges))
     assert e.value.code == "plan-simulation-failed"

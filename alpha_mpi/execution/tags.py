@@ -19,22 +19,29 @@ before the frame arrives (no probe needed where user traffic cannot reach the ch
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from .._record import Record
 from ..refusals import Refusal
+
+_set = object.__setattr__  # Records set their fields through it (frozen: _record.py)
 
 __all__ = ["TAG_BASE", "TagBlock", "TagSpace", "block_size"]
 
 TAG_BASE = 100
 
 
-@dataclass(frozen=True)
-class TagBlock:
+class TagBlock(Record):
     """Tags [base, base + size): message k of a run uses base + 2k (header) and base + 2k + 1
     (payload); `flag_tag`, the block's last, the run's flag round."""
 
-    base: int
-    size: int
+    __slots__ = ("base", "size")
+
+    def __init__(
+        self,
+        base: int,
+        size: int,
+    ) -> None:
+        _set(self, "base", base)
+        _set(self, "size", size)
 
     @property
     def flag_tag(self) -> int:

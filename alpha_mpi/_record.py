@@ -12,8 +12,10 @@ base gives it, with no generated code, what the frozen dataclass gave:
   the hash of the fields' tuple, and a repr `Name(field=value, ...)` leaving out `_norepr`,
 - `replace(**changes)` for `dataclasses.replace`, pickling and copying by the fields.
 
-Fields are the `__slots__` of the class and its Record bases, bases' first; every field is an
-`__init__` keyword of the same name (what `replace` and pickling rely on).
+Fields are the `__slots__` of the class and its Record bases, bases' first, but for those named
+in `_extra` (a cache, set later: no field, left to `__init__`); every field is an `__init__`
+keyword of the same name (what `replace` and pickling rely on). A record compared by identity
+(dataclasses' eq=False) sets `__eq__ = object.__eq__` and `__hash__ = object.__hash__`.
 """
 
 from __future__ import annotations
@@ -33,13 +35,14 @@ class Record:
     __slots__ = ()
     _fields: tuple = ()
     _norepr: tuple = ()  # fields the repr leaves out (dataclasses' field(repr=False))
+    _extra: tuple = ()  # slots that are no field (caches set later through object.__setattr__)
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
         fields: list = []
         for base in reversed(cls.__mro__):
             for name in base.__dict__.get("__slots__", ()):
-                if name not in fields:
+                if name not in fields and name not in cls._extra:
                     fields.append(name)
         cls._fields = tuple(fields)
         # One C call reads every field.

@@ -7,7 +7,6 @@ by the kernel and merged in any order, gives the oracle's bits. The MPI suite
 """
 
 import math
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -134,7 +133,7 @@ def test_the_simulator_refuses_a_broken_exchange():
         (rp.replace(merges=(rp.merges[0].replace(b=rp.merges[1].b), *rp.merges[1:])), "holds no value"),
     ):
         with pytest.raises(PlanRefusal) as e:
-            check(replace(prog, builder=lambda r, b=broken: b if r == 1 else prog.rank(r)))
+            check(prog.replace(builder=lambda r, b=broken: b if r == 1 else prog.rank(r)))
         assert e.value.code == "plan-simulation-failed" and says in e.value.message, e.value.message
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .._record import Record
-from .program import BufferSpec, Eval, Message, Op, RankProgram, Region, schedule
+from .posting import schedule
+from .program import BufferSpec, Eval, Message, Op, RankProgram, Region
 
 _set = object.__setattr__  # Records set their fields through it (frozen: _record.py)
 

@@ -23,12 +23,10 @@ into local groups that write a scratch buffer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from .._record import Record
 from ..model.coverage import Coverage
-from ..model.delivery import DeliverTo, ReplicateAll
-from ..model.layout import LayoutLike
+from ..model.delivery import DeliverTo, Delivery, ReplicateAll
+from ..model.layout import Layout, LayoutLike
 from ..model.topology import classify
 from ..model.tree import Branch, Leaf, Node, expression
 from .base import PlanBase, digest, layout_order_id
@@ -76,18 +74,44 @@ class Group(Record):
         )
 
 
-@dataclass(frozen=True)
 class Plan(PlanBase):
     """The tree realization: its groups and edges (see the module docstring). The order each
-    rank runs them in is its Program's: `realize(plan, "tree")` (realizations/tree.py)."""
+    rank runs them in is its Program's: `realize(plan, "tree")` (realizations/tree.py).
+    `edges`: the reduce edges (group order), then the deliver edges."""
 
-    groups: tuple = ()
-    edges: tuple = ()  # reduce edges (group order), then deliver edges
-    root_rank: int = 0
+    __slots__ = ("groups", "edges", "root_rank", "_slots_by_rank", "_edges_by_key")
+    _extra = ("_slots_by_rank", "_edges_by_key")  # caches, made on first use
+    __eq__ = Record.__eq__  # by every field (PlanBase's is by identity)
+    __hash__ = Record.__hash__
+
+    def __init__(
+        self,
+        realization: str,
+        tree: Node,
+        delivery: Delivery,
+        layout: Layout,
+        size: int,
+        coverage: Coverage,
+        topology: str,
+        tree_order_id: str,
+        layout_order_id: str,
+        identity: str,
+        receivers: frozenset[int],
+        groups: tuple = (),
+        edges: tuple = (),
+        root_rank: int = 0,
+    ) -> None:
+        PlanBase.__init__(
+            self, realization, tree, delivery, layout, size, coverage, topology, tree_order_id,
+            layout_order_id, identity, receivers,
+        )  # fmt: skip
+        _set(self, "groups", groups)
+        _set(self, "edges", edges)
+        _set(self, "root_rank", root_rank)
 
     def slots_of(self, rank: int) -> tuple:
         """The leaves `rank` passes, in group order (one pass over the groups for all ranks)."""
-        m = self.__dict__.get("_slots_by_rank")
+        m = getattr(self, "_slots_by_rank", None)
         if m is None:
             m = {}
             for g in self.groups:
@@ -100,7 +124,7 @@ class Plan(PlanBase):
         return self._edge_map()[(phase, index)]
 
     def _edge_map(self):
-        m = self.__dict__.get("_edges_by_key")
+        m = getattr(self, "_edges_by_key", None)
         if m is None:
             m = {(e.phase, e.index): e for e in self.edges}
             object.__setattr__(self, "_edges_by_key", m)

@@ -16,8 +16,6 @@ one sender's messages with one tag in order across runs.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from .program import FLAG_SEQ, Message, Op, Program, RankProgram
 
 FLAG_INDEX_BASE = 1 << 30  # flag frames' indices (the header's edge field) start here
@@ -43,7 +41,7 @@ def with_flag_rounds(program: Program) -> Program:
 
     rounds = len(distances(size))
     details = {**program.details, "flag_rounds": rounds}
-    return replace(program, builder=build, rounds=program.rounds + rounds, details=details)
+    return program.replace(builder=build, rounds=program.rounds + rounds, details=details)
 
 
 def _append(rp: RankProgram, r: int, size: int) -> RankProgram:

@@ -35,11 +35,17 @@ written only after the sends from it have completed (D).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .._record import Record
 from ..refusals import PlanRefusal
 from .base import PlanBase
+
+if TYPE_CHECKING:
+    from ..model.coverage import Coverage
+    from ..model.delivery import Delivery
+    from ..model.layout import Layout
+    from ..model.tree import Node
 from .postfix import postfix_text
 
 OP_KINDS = "PSWDECFMAR"
@@ -278,75 +284,6 @@ class RankProgram(Record):
         return " ".join(map(str, self.ops)) if self.ops else "(idle)"
 
 
-def schedule(logical: list, regions: dict) -> tuple:
-    """Insert P and D ops into a logical op sequence (S, W, E, C, F) of one rank.
-
-    P(m) goes right after the last op before W(m) that touches m's receive region (or first),
-    D(m) right before the first op that writes a region m's send still reads (a W writes its
-    receive region; a P writes nothing), and at the end
-    for every send still in flight. `regions` maps a message index to its Region on this rank
-    (None for a header-only frame); `logical` holds (Op, reads, writes) triples, reads/writes
-    being tuples of Regions (S and W ops need not list their message's region).
-    """
-    by_buf: dict = {}  # buffer -> indices of the ops touching it (for the backward scans)
-    for i, (op, reads, writes) in enumerate(logical):
-        touched = list(reads) + list(writes)
-        if op.kind in "SW" and regions.get(op.index) is not None:
-            touched.append(regions[op.index])
-        for t in touched:
-            by_buf.setdefault(t.buf, []).append((i, t))
-    # 1. Where each receive may be posted.
-    post_after = {}
-    for i, (op, _, _) in enumerate(logical):
-        if op.kind != "W":
-            continue
-        region = regions.get(op.index)
-        last = -1
-        if region is not None:
-            for j, t in reversed(by_buf.get(region.buf, ())):
-                if j < i and region.overlaps(t):
-                    last = j
-                    break
-        post_after.setdefault(last, []).append(op.index)
-
-    def posted(m):
-        return (Op("P", m), (), ((regions[m],) if regions.get(m) is not None else ()))
-
-    seq = [posted(m) for m in post_after.get(-1, [])]
-    for i, item in enumerate(logical):
-        seq.append(item)
-        seq.extend(posted(m) for m in post_after.get(i, []))
-    # 2. Sends complete before their region is written; the rest at the end. A receive writes
-    # its region at W, not at P: the engine matches and receives a frame at W (size-safe
-    # receives, execution/inbound.py) and P posts nothing, so a send from a reused buffer need
-    # only complete before the W that fills it. Completing it before P instead would make two
-    # ranks that exchange from reused buffers each wait for the other's W: a deadlock.
-    # The sends in flight are kept by the buffer they read, so an op looks only at those its
-    # writes could touch (a rank with thousands of sends in flight, a star's hub, stays linear);
-    # the D ops of one write come in send order, as a scan of every send in flight gives them.
-    out: list = []
-    inflight: dict = {}  # message -> its position in send order, for every send in flight
-    by_src: dict = {}  # buffer -> the messages in flight from it
-    for pos, (op, _reads, writes) in enumerate(seq):
-        if op.kind == "P":
-            writes = ()
-        elif op.kind == "W" and regions.get(op.index) is not None:
-            writes = (*writes, regions[op.index])
-        if writes and inflight:
-            done = {m for w in writes for m in by_src.get(w.buf, ()) if regions[m].overlaps(w)}
-            for m in sorted(done, key=inflight.__getitem__):
-                out.append(Op("D", m))
-                del inflight[m]
-                by_src[regions[m].buf].remove(m)
-        out.append(op)
-        if op.kind == "S":
-            inflight[op.index] = pos
-            if regions.get(op.index) is not None:
-                by_src.setdefault(regions[op.index].buf, []).append(op.index)
-    out.extend(Op("D", m) for m in inflight)
-    return tuple(out)
-
-
 class Mode(str):
     """What a Program delivers: `Mode.ALLREDUCE` (every receiver ends with the whole result)
     or `Mode.REDUCE_SCATTER` (rank r ends with chunk r only). Tested by what it says
@@ -377,26 +314,49 @@ Mode.ALLREDUCE = Mode("allreduce")
 Mode.REDUCE_SCATTER = Mode("reduce-scatter")
 
 
-@dataclass(frozen=True, eq=False)
 class Program(PlanBase):
     """A realization lowered to per-rank programs (built lazily per rank and cached).
 
     Every rank of a job builds the same Program and runs `rank(its rank)`; identities name the
-    realization, so a peer running another realization or plan is refused by name.
+    realization, so a peer running another realization or plan is refused by name. `builder`:
+    rank -> RankProgram; `mode`: a str given is made a Mode; `chunks`: reduce-scatter's,
+    chunks[r] = (start, stop) rank r ends with; `rounds`: sequential message rounds on the
+    critical path.
     """
 
-    builder: object = field(default=None, repr=False)  # rank -> RankProgram
-    mode: Mode = Mode.ALLREDUCE  # a str given is made a Mode (__post_init__)
-    chunks: tuple[tuple[int, int], ...] | None = (
-        None  # reduce-scatter: chunks[r] = (start, stop) rank r ends with
-    )
-    rounds: int = 0  # sequential message rounds on the critical path
-    details: dict = field(default_factory=dict)
-    _ranks: dict = field(default_factory=dict, init=False, repr=False)
+    __slots__ = ("builder", "mode", "chunks", "rounds", "details", "_ranks")
+    _extra = ("_ranks",)  # rank -> RankProgram, built on first use
+    _norepr = ("builder",)
 
-    def __post_init__(self) -> None:
-        if type(self.mode) is not Mode:
-            object.__setattr__(self, "mode", Mode(self.mode))
+    def __init__(
+        self,
+        realization: str,
+        tree: Node,
+        delivery: Delivery,
+        layout: Layout,
+        size: int,
+        coverage: Coverage,
+        topology: str,
+        tree_order_id: str,
+        layout_order_id: str,
+        identity: str,
+        receivers: frozenset[int],
+        builder: object = None,
+        mode: Mode = Mode.ALLREDUCE,
+        chunks: tuple[tuple[int, int], ...] | None = None,
+        rounds: int = 0,
+        details: dict | None = None,  # None: a new empty dict (dataclasses' default_factory)
+    ) -> None:
+        PlanBase.__init__(
+            self, realization, tree, delivery, layout, size, coverage, topology, tree_order_id,
+            layout_order_id, identity, receivers,
+        )  # fmt: skip
+        _set(self, "builder", builder)
+        _set(self, "mode", mode if type(mode) is Mode else Mode(mode))
+        _set(self, "chunks", chunks)
+        _set(self, "rounds", rounds)
+        _set(self, "details", {} if details is None else details)
+        _set(self, "_ranks", {})
 
     def rank(self, r: int) -> RankProgram:
         p = self._ranks.get(self.check_rank(r))
@@ -444,7 +404,6 @@ __all__ = [
     "Op",
     "RankProgram",
     "Program",
-    "schedule",
     "OP_KINDS",
     "FLAG_SEQ",
 ]

@@ -326,7 +326,7 @@ class Program(PlanBase):
 
     __slots__ = ("builder", "mode", "chunks", "rounds", "details", "_ranks")
     _extra = ("_ranks",)  # rank -> RankProgram, built on first use
-    _norepr = ("builder",)
+    _norepr = ("tree", "builder")  # PlanBase's and its own
 
     def __init__(
         self,

@@ -52,3 +52,23 @@ def test_a_record_pickles_and_copies_by_its_fields():
     r = RankProgram(2, (2, 3), (), {1: None}, ops=(Op("W", 1),), result=Region("o", 0, 1))
     for twin in (pickle.loads(pickle.dumps(r)), copy.copy(r), copy.deepcopy(r)):
         assert twin == r and twin is not r and twin.ops == (Op("W", 1),)
+
+
+def test_plans_keep_their_equality_and_their_caches_stay_out_of_the_fields():
+    from alpha_mpi.model import pairwise
+    from alpha_mpi.planning import plan
+    from alpha_mpi.planning.realize import realize
+
+    tree = pairwise(range(3), 3)
+    a, b = plan(tree, layout=2), plan(tree, layout=2)
+    a.slots_of(1)  # fills a cache slot on a only
+    assert a == b and hash(a) == hash(b) and a.replace(root_rank=1) != a  # a tree Plan: by its fields
+    assert "_slots_by_rank" not in a._fields and "tree=" not in repr(a)
+    p = realize(tree, "butterfly", layout=2)
+    q = p.replace(rounds=p.rounds)
+    assert p == p and p != q  # a Program: by identity (q has the same fields)
+    p.rank(0)
+    assert q._ranks == {} and q.rank(0) == p.rank(0)  # replace gives a fresh cache, the same programs
+    assert "tree=" not in repr(p) and "builder=" not in repr(p) and "_ranks" not in repr(p)
+    with pytest.raises(FrozenInstanceError):
+        p.rounds = 3

@@ -7,7 +7,6 @@ by the kernel and merged in any order, gives the oracle's bits. The MPI suite
 """
 
 import math
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -130,11 +129,11 @@ def test_the_simulator_refuses_a_broken_exchange():
     src, dst = copies[lands[1]]  # round 1's two rows land at row 2: put them at row 1 instead
     copies[lands[1]] = (src, dst.sub(-pw.ROW_WORDS, dst.count))
     for broken, says in (
-        (replace(rp, copies=tuple(copies)), "rank 1 ends with another row"),
-        (replace(rp, merges=(replace(rp.merges[0], b=rp.merges[1].b), *rp.merges[1:])), "holds no value"),
+        (rp.replace(copies=tuple(copies)), "rank 1 ends with another row"),
+        (rp.replace(merges=(rp.merges[0].replace(b=rp.merges[1].b), *rp.merges[1:])), "holds no value"),
     ):
         with pytest.raises(PlanRefusal) as e:
-            check(replace(prog, builder=lambda r, b=broken: b if r == 1 else prog.rank(r)))
+            check(prog.replace(builder=lambda r, b=broken: b if r == 1 else prog.rank(r)))
         assert e.value.code == "plan-simulation-failed" and says in e.value.message, e.value.message
 
 

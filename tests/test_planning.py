@@ -1,7 +1,6 @@
 """The planner and the dry-run simulator: schedules, delivery laws, assembly. One process."""
 
 import json
-from dataclasses import replace
 
 import pytest
 
@@ -120,15 +119,15 @@ def test_simulator_catches_a_broken_schedule():
     r1 = prog.rank(1)
     assert r1.text() == "P3 C0 S0 W3 C1 D0"
     ops = tuple(Op.parse(x) for x in "P3 W3 C0 S0 C1 D0".split())
-    broken = replace(prog, builder=lambda r: replace(r1, ops=ops) if r == 1 else prog.rank(r))
+    broken = prog.replace(builder=lambda r: r1.replace(ops=ops) if r == 1 else prog.rank(r))
     with pytest.raises(Refusal) as e:
         check(broken)
     assert e.value.code == "plan-simulation-failed"
     assert "ERROR HERE" in str(e.value)
     # A tree plan whose rank 1 sends its value to rank 2 instead of the hub is refused too.
-    edges = tuple(replace(e, dst=2) if (e.phase, e.src) == ("r", 1) else e for e in p.edges)
+    edges = tuple(e.replace(dst=2) if (e.phase, e.src) == ("r", 1) else e for e in p.edges)
     with pytest.raises(Refusal) as e:
-        simulate(replace(p, edges=edges))
+        simulate(p.replace(edges=edges))
     assert e.value.code == "plan-simulation-failed"
 
 

@@ -165,9 +165,7 @@ def _guarding_d(prog):
 
 
 def _replace(rp, **kw):
-    import dataclasses
-
-    return dataclasses.replace(rp, **kw)
+    return rp.replace(**kw)
 
 
 def test_ops_print_and_parse():

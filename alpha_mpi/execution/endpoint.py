@@ -70,11 +70,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 from mpi4py import MPI
 
+from .._record import fields_repr
 from ..refusals import Refusal
 from . import recovery
 from . import verdict as vd
@@ -99,18 +99,33 @@ STREAM_MESSAGES = 256  # messages per pair of ranks a stream's block holds (a ca
 _KEY = []  # the MPI keyval of the endpoint attribute (created once per process)
 
 
-@dataclass(eq=False)
+# Seat and Stream are written out, not dataclasses: a program's first reduction defines them
+# (_record.py: a dataclass costs about 1 ms to define, the start-up budget is 20 ms).
+
+
 class Seat:
     """What an executor holds of its endpoint: its agreed `sequence` and tag `block`, and the
     communicator its frames travel on (`wire`: the endpoint's duplicate, or the user's
     communicator for dup=False, where user traffic can reach them: `shared`)."""
 
-    endpoint: Endpoint
-    sequence: int
-    block: TagBlock
-    wire: object
-    shared: bool
-    owned: bool = True  # the block is this seat's own (False: a stream's, released with it)
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        sequence: int,
+        block: TagBlock,
+        wire: object,
+        shared: bool,
+        owned: bool = True,  # the block is this seat's own (False: a stream's, released with it)
+    ) -> None:
+        self.endpoint = endpoint
+        self.sequence = sequence
+        self.block = block
+        self.wire = wire
+        self.shared = shared
+        self.owned = owned
+
+    def __repr__(self) -> str:
+        return fields_repr(self, ("endpoint", "sequence", "block", "wire", "shared", "owned"))
 
     def release(self) -> None:
         """Give the block back (the executor was freed); a broken executor's stays held."""
@@ -123,19 +138,29 @@ class Seat:
         return dup_false_hint(e) if self.shared else e
 
 
-@dataclass(eq=False)
 class Stream:
     """A tag block shared by the executors of calls that run one at a time (see the module
     docstring), with the state they share: `seat` (its sequence and block, agreed once), what
     the calls keep (`state`: the convenience cache, the arrays' exchanges) and `broken` (the
     refusal code after which messages of a failed call may still be on the block)."""
 
-    name: str
-    seat: Seat
-    state: dict = field(default_factory=dict)
-    broken: str | None = None
-    # what its front end forgets when a reset drops the stream (called with the stream)
-    drop: Callable[[Stream], None] | None = None
+    def __init__(
+        self,
+        name: str,
+        seat: Seat,
+        state: dict | None = None,
+        broken: str | None = None,
+        drop: Callable[[Stream], None] | None = None,
+    ) -> None:
+        self.name = name
+        self.seat = seat
+        self.state = {} if state is None else state
+        self.broken = broken
+        # what its front end forgets when a reset drops the stream (called with the stream)
+        self.drop = drop
+
+    def __repr__(self) -> str:
+        return fields_repr(self, ("name", "seat", "state", "broken"))
 
 
 class Endpoint:

@@ -22,12 +22,12 @@ at W; a posted receive writes its region from the moment it is posted.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import numpy as np
 from mpi4py import MPI
 
 from .. import kernel
+from .._record import Record
 from ..kernel import abi
 from ..planning.builder import is_split
 from ..planning.program import FLAG_SEQ, Program, RankProgram
@@ -35,6 +35,8 @@ from ..refusals import KernelRefusal
 from . import frames as fr
 from .native import load as load_native
 from .waits import mpi_failure
+
+_set = object.__setattr__  # Records set their fields through it (frozen: _record.py)
 
 _INT_MAX = 2**31 - 1  # the largest count of one MPI message (int)
 OP_CODE = abi.OP_CODE  # csrc/kernel/abi.h AN_OP_*, checked at import (kernel/abi.py)
@@ -67,26 +69,61 @@ class Msg:
     )
 
 
-@dataclass(frozen=True)
-class Compiled:
+class Compiled(Record):
     """One rank's program, built once: buffers, messages, the C executor and what binding a run
     needs to know."""
 
-    rp: RankProgram
-    n: int
-    bufs: dict  # work buffer name -> float64 array (a framed one: the payload after its header)
-    msgs: dict  # message index -> Msg
-    by_pos: tuple  # Msg by its position in the C records
-    ops: tuple  # (kind, index) of every op the C round runs, in order (index: into the Program's records)
-    native: object  # the extension module (ffi, lib)
-    ex: object  # the C executor (an_exec *)
-    bases: object  # its buffer base pointers (double *[]): the caller's are written per run
-    slot_base: dict  # slot -> its buffer number
-    bound_base: dict  # name in RankProgram.bound -> its buffer number (bound by the front end)
-    internal_out: np.ndarray | None  # the result buffer of small or aliased runs
-    small: bool  # results computed in internal_out, copied to the caller's `out` on success
-    is_receiver: bool
-    keep: list  # cdata and arrays that must live as long as the executor's records
+    __slots__ = (
+        "rp",
+        "n",
+        "bufs",
+        "msgs",
+        "by_pos",
+        "ops",
+        "native",
+        "ex",
+        "bases",
+        "slot_base",
+        "bound_base",
+        "internal_out",
+        "small",
+        "is_receiver",
+        "keep",
+    )
+
+    def __init__(
+        self,
+        rp: RankProgram,
+        n: int,
+        bufs: dict,  # work buffer name -> float64 array (a framed one: the payload after its header)
+        msgs: dict,  # message index -> Msg
+        by_pos: tuple,  # Msg by its position in the C records
+        ops: tuple,  # (kind, index) of every op the C round runs, in order (index: into the records)
+        native: object,  # the extension module (ffi, lib)
+        ex: object,  # the C executor (an_exec *)
+        bases: object,  # its buffer base pointers (double *[]): the caller's are written per run
+        slot_base: dict,  # slot -> its buffer number
+        bound_base: dict,  # name in RankProgram.bound -> its buffer number (bound by the front end)
+        internal_out: np.ndarray | None,  # the result buffer of small or aliased runs
+        small: bool,  # results computed in internal_out, copied to the caller's `out` on success
+        is_receiver: bool,
+        keep: list,  # cdata and arrays that must live as long as the executor's records
+    ) -> None:
+        _set(self, "rp", rp)
+        _set(self, "n", n)
+        _set(self, "bufs", bufs)
+        _set(self, "msgs", msgs)
+        _set(self, "by_pos", by_pos)
+        _set(self, "ops", ops)
+        _set(self, "native", native)
+        _set(self, "ex", ex)
+        _set(self, "bases", bases)
+        _set(self, "slot_base", slot_base)
+        _set(self, "bound_base", bound_base)
+        _set(self, "internal_out", internal_out)
+        _set(self, "small", small)
+        _set(self, "is_receiver", is_receiver)
+        _set(self, "keep", keep)
 
     @property
     def messages_per_peer(self) -> int:

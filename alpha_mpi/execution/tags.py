@@ -19,9 +19,10 @@ before the frame arrives (no probe needed where user traffic cannot reach the ch
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from .._record import Record
 from ..refusals import Refusal
+
+_set = object.__setattr__  # Records set their fields through it (frozen: _record.py)
 
 __all__ = ["RESET_TAG", "TAG_BASE", "VERDICT_TAG", "TagBlock", "TagSpace", "block_size"]
 
@@ -30,13 +31,19 @@ VERDICT_TAG = 1  # the endpoint's verdict rounds (verdict.py)
 RESET_TAG = 2  # a reset's markers (recovery.py)
 
 
-@dataclass(frozen=True)
-class TagBlock:
+class TagBlock(Record):
     """Tags [base, base + size): message k of a run uses base + 2k (header) and base + 2k + 1
     (payload); `flag_tag`, the block's last, the run's flag round."""
 
-    base: int
-    size: int
+    __slots__ = ("base", "size")
+
+    def __init__(
+        self,
+        base: int,
+        size: int,
+    ) -> None:
+        _set(self, "base", base)
+        _set(self, "size", size)
 
     @property
     def flag_tag(self) -> int:

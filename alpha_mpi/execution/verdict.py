@@ -45,13 +45,15 @@ from __future__ import annotations
 import hashlib
 import struct
 import zlib
-from dataclasses import dataclass
 
 import numpy as np
 
+from .._record import Record
 from ..refusals import FrameRefusal, Refusal
 from .abort import mark_broken
 from .frames import code_of_tag, code_tag
+
+_set = object.__setattr__  # Records set their fields through it (frozen: _record.py)
 
 __all__ = ["OK", "RAISED", "REFUSED", "Verdicts", "exchange", "ranks_text", "record_of", "RECORD_HEAD"]
 
@@ -80,16 +82,24 @@ def record_of(local: BaseException | None, words, number: int, what: str) -> byt
     return head + w.tobytes()
 
 
-@dataclass(frozen=True)
-class Verdicts:
+class Verdicts(Record):
     """What every rank said in one round, the same on every rank: `status[r]` (OK, REFUSED,
     RAISED), `codes[r]` (the refusal code, the exception's class name, or None) and
     `words[r]` (rank r's uint64 words, a read-only (p, width) array)."""
 
-    status: tuple
-    codes: tuple
-    words: np.ndarray
-    rounds: tuple = ()  # (number, purpose digest) each rank ran: equal on every rank once returned
+    __slots__ = ("status", "codes", "words", "rounds")
+
+    def __init__(
+        self,
+        status: tuple,
+        codes: tuple,
+        words: np.ndarray,
+        rounds: tuple = (),  # (number, purpose digest) each rank ran: equal on every rank once returned
+    ) -> None:
+        _set(self, "status", status)
+        _set(self, "codes", codes)
+        _set(self, "words", words)
+        _set(self, "rounds", rounds)
 
     @property
     def failed(self) -> list[int]:

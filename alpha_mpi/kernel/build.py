@@ -39,7 +39,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shlex
 from pathlib import Path
 
 BASE_CFLAGS = [
@@ -125,7 +124,11 @@ def forbidden(flags) -> list:
 
 def validate_extra_cflags(text: str | None, variable: str = ENV_CFLAGS) -> list:
     """Split ALPHA_MPI_CFLAGS-style text into flags; raise fast-math-refused on a bad one."""
-    extra = shlex.split(text or "")
+    if not text:  # the usual case: no shlex to import (a program's first reduction passes here)
+        return []
+    import shlex
+
+    extra = shlex.split(text)
     bad = forbidden(extra)
     if bad:
         raise _refusal(

@@ -6,37 +6,40 @@ text form that plan digests include.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Union
 
+from .._record import Record
 from ..refusals import ModelRefusal
 
 __all__ = ["ReplicateAll", "DeliverTo", "ReduceScatter", "check_delivery", "Delivery"]
 
 
-@dataclass(frozen=True)
-class ReplicateAll:
+# Records, not frozen dataclasses: a program's first reduction defines them (_record.py).
+
+
+class ReplicateAll(Record):
     """Send the result back down the tree so every owner in the tree holds it."""
+
+    __slots__ = ()
 
     def key(self) -> str:
         """Canonical text form (what plan digests include)."""
         return "replicate-all"
 
 
-@dataclass(frozen=True, repr=False)
-class DeliverTo:
+class DeliverTo(Record):
     """Send the result from the root down the tree path to one leaf owner only.
 
     Forwarders on the path relay the value; every other owner's value is left as it was.
     Refused (`delivery-invalid`): a `target` that is not a rank (an int >= 0).
     """
 
-    target: int
+    __slots__ = ("target",)
 
-    def __post_init__(self):
-        t = self.target
-        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-            raise ModelRefusal("delivery-invalid", f"DeliverTo needs a rank >= 0, got {t!r}")
+    def __init__(self, target: int) -> None:
+        if isinstance(target, bool) or not isinstance(target, int) or target < 0:
+            raise ModelRefusal("delivery-invalid", f"DeliverTo needs a rank >= 0, got {target!r}")
+        object.__setattr__(self, "target", target)
 
     def key(self) -> str:
         """Canonical text form (what plan digests include)."""
@@ -46,9 +49,10 @@ class DeliverTo:
         return f"DeliverTo({self.target})"
 
 
-@dataclass(frozen=True)
-class ReduceScatter:
+class ReduceScatter(Record):
     """Keep each reduced chunk at its owner: rank r ends with its chunk only (the learners' mode)."""
+
+    __slots__ = ()
 
     def key(self) -> str:
         """Canonical text form (what plan digests include)."""

@@ -33,7 +33,7 @@ into the next round's outgoing frame, or into w1 after the last round (M). Last 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ..model.layout import Layout
 from ..refusals import PlanRefusal
@@ -198,8 +198,7 @@ def lower_summary_exchange(
         # The summary first, before every message op (posts included): it may stop the run,
         # and then nothing may be in flight (it touches no region a receive is posted into).
         ops = (Op("A", 0), *built.ops)
-        return replace(
-            built,
+        return built.replace(
             ops=ops,
             merges=tuple(merges),
             summaries=(summary,),

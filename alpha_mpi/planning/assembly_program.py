@@ -10,8 +10,6 @@ receiver), sent with the engine's tags and failure path.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from ..model.layout import Layout
 from .assembly import AssemblyPlan
 from .builder import RankBuilder
@@ -48,7 +46,7 @@ def _lower(ap: AssemblyPlan):
                 rb.recv(m, rb.out(a, b - a))
         rp = rb.build(mine, rb.out() if r in ap.receivers else None)
         counts = {i: ap.pieces[i][2] - ap.pieces[i][1] for i in mine}
-        return replace(rp, inputs=counts)
+        return rp.replace(inputs=counts)
 
     return build
 

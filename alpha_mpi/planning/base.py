@@ -14,8 +14,8 @@ a frame or a contract finds them under one name on any plan:
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
 
+from .._record import Record
 from ..model.coverage import Coverage
 from ..model.delivery import Delivery
 from ..model.deprecation import deprecated_order_id
@@ -38,22 +38,46 @@ def layout_order_id(tree_order_id: str, layout: Layout) -> str:
     return digest("alpha-mpi/order+layout/v1", tree_order_id, layout.key())
 
 
-@dataclass(frozen=True, eq=False)
-class PlanBase:
+class PlanBase(Record):
     """The fields every plan has (see the module docstring). Equality is each kind's own: a
-    tree Plan compares by all its fields, a Program (whose builder is code) by identity."""
+    tree Plan compares by all its fields, a Program (whose builder is code) by identity.
+    `receivers`: ranks whose run returns the whole result."""
 
-    realization: str
-    tree: Node = field(repr=False)
-    delivery: Delivery
-    layout: Layout
-    size: int
-    coverage: Coverage
-    topology: str
-    tree_order_id: str
-    layout_order_id: str
-    identity: str
-    receivers: frozenset[int]  # ranks whose run returns the whole result
+    # A Record, not a frozen dataclass: a program's first reduction defines it and its two
+    # kinds (_record.py: about 1 ms each of generated code; the start-up budget is 20 ms).
+    __slots__ = tuple(
+        "realization tree delivery layout size coverage topology tree_order_id layout_order_id identity receivers".split()
+    )
+    _norepr = ("tree",)
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__
+
+    def __init__(
+        self,
+        realization: str,
+        tree: Node,
+        delivery: Delivery,
+        layout: Layout,
+        size: int,
+        coverage: Coverage,
+        topology: str,
+        tree_order_id: str,
+        layout_order_id: str,
+        identity: str,
+        receivers: frozenset[int],
+    ) -> None:
+        _set = object.__setattr__
+        _set(self, "realization", realization)
+        _set(self, "tree", tree)
+        _set(self, "delivery", delivery)
+        _set(self, "layout", layout)
+        _set(self, "size", size)
+        _set(self, "coverage", coverage)
+        _set(self, "topology", topology)
+        _set(self, "tree_order_id", tree_order_id)
+        _set(self, "layout_order_id", layout_order_id)
+        _set(self, "identity", identity)
+        _set(self, "receivers", receivers)
 
     order_id = deprecated_order_id("Plan")
 

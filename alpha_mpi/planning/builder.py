@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
-from .program import BufferSpec, Eval, Message, Op, RankProgram, Region, schedule
+from .._record import Record
+from .posting import schedule
+from .program import BufferSpec, Eval, Message, Op, RankProgram, Region
+
+_set = object.__setattr__  # Records set their fields through it (frozen: _record.py)
 
 # Payloads of at least this many elements (64 KiB) travel as a header message plus a payload
 # message straight from / into their region (no copy of user data); smaller ones go through a
@@ -127,19 +130,29 @@ class RankBuilder:
         )
 
 
-@dataclass(frozen=True)
-class Lowering:
+class Lowering(Record):
     """What a realization module's `lower` returns: the per-rank program builder and what the
     Program states about it (rounds on the critical path, reduce-scatter chunks, the extra
     text its identity digests, details shown by `to_dict`; `identity` set only by `tree`, whose
     Program keeps the tree Plan's identity)."""
 
-    builder: Callable[[int], RankProgram]
-    rounds: int
-    chunks: tuple | None = None
-    extra: str = ""
-    details: dict = field(default_factory=dict)
-    identity: str | None = None
+    __slots__ = ("builder", "rounds", "chunks", "extra", "details", "identity")
+
+    def __init__(
+        self,
+        builder: Callable[[int], RankProgram],
+        rounds: int,
+        chunks: tuple | None = None,
+        extra: str = "",
+        details: dict | None = None,
+        identity: str | None = None,
+    ) -> None:
+        _set(self, "builder", builder)
+        _set(self, "rounds", rounds)
+        _set(self, "chunks", chunks)
+        _set(self, "extra", extra)
+        _set(self, "details", dict() if details is None else details)
+        _set(self, "identity", identity)
 
 
 def allreduce_only(name: str, mode: str) -> str | None:

@@ -23,37 +23,50 @@ into local groups that write a scratch buffer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
+from .._record import Record
 from ..model.coverage import Coverage
-from ..model.delivery import DeliverTo, ReplicateAll
-from ..model.layout import LayoutLike
+from ..model.delivery import DeliverTo, Delivery, ReplicateAll
+from ..model.layout import Layout, LayoutLike
 from ..model.topology import classify
 from ..model.tree import Branch, Leaf, Node, expression
 from .base import PlanBase, digest, layout_order_id
 from .postfix import STACK_LIMIT, postfix, postfix_text, stack_cuts
 from .validate import MAX_NODES, PlanRequest, validate
 
+_set = object.__setattr__
 
-@dataclass(frozen=True)
-class Edge:
+
+# Edge, Group and Grouping are Records, not frozen dataclasses: a program's first reduction
+# defines them (_record.py: the start-up budget).
+
+
+class Edge(Record):
     """One planned message of the tree realization: `phase` ("r" reduce, "d" deliver) frame
     number `index` from `src` to `dst`, `nbytes` of payload."""
 
-    index: int
-    phase: str
-    src: int
-    dst: int
-    nbytes: int
+    __slots__ = ("index", "phase", "src", "dst", "nbytes")
+
+    def __init__(self, index: int, phase: str, src: int, dst: int, nbytes: int) -> None:
+        _set(self, "index", index)
+        _set(self, "phase", phase)
+        _set(self, "src", src)
+        _set(self, "dst", dst)
+        _set(self, "nbytes", nbytes)
 
 
-@dataclass(frozen=True)
-class Group:
-    index: int
-    rank: int
-    inputs: tuple  # ("leaf", slot) | ("edge", e) | ("group", g)
-    program: tuple  # postfix: i >= 0 pushes inputs[i]; -1 adds (left operand pushed first)
-    output: tuple  # ("edge", e) | ("group", g) | ("root", 0)
+class Group(Record):
+    """One rank's piece of the tree: `inputs` (("leaf", slot) | ("edge", e) | ("group", g))
+    combined by `program` (postfix: i >= 0 pushes inputs[i]; -1 adds, left operand pushed
+    first) into `output` (("edge", e) | ("group", g) | ("root", 0))."""
+
+    __slots__ = ("index", "rank", "inputs", "program", "output")
+
+    def __init__(self, index: int, rank: int, inputs: tuple, program: tuple, output: tuple) -> None:
+        _set(self, "index", index)
+        _set(self, "rank", rank)
+        _set(self, "inputs", inputs)
+        _set(self, "program", program)
+        _set(self, "output", output)
 
     def expression(self) -> str:
         return postfix_text(
@@ -61,18 +74,44 @@ class Group:
         )
 
 
-@dataclass(frozen=True)
 class Plan(PlanBase):
     """The tree realization: its groups and edges (see the module docstring). The order each
-    rank runs them in is its Program's: `realize(plan, "tree")` (realizations/tree.py)."""
+    rank runs them in is its Program's: `realize(plan, "tree")` (realizations/tree.py).
+    `edges`: the reduce edges (group order), then the deliver edges."""
 
-    groups: tuple = ()
-    edges: tuple = ()  # reduce edges (group order), then deliver edges
-    root_rank: int = 0
+    __slots__ = ("groups", "edges", "root_rank", "_slots_by_rank", "_edges_by_key")
+    _extra = ("_slots_by_rank", "_edges_by_key")  # caches, made on first use
+    __eq__ = Record.__eq__  # by every field (PlanBase's is by identity)
+    __hash__ = Record.__hash__
+
+    def __init__(
+        self,
+        realization: str,
+        tree: Node,
+        delivery: Delivery,
+        layout: Layout,
+        size: int,
+        coverage: Coverage,
+        topology: str,
+        tree_order_id: str,
+        layout_order_id: str,
+        identity: str,
+        receivers: frozenset[int],
+        groups: tuple = (),
+        edges: tuple = (),
+        root_rank: int = 0,
+    ) -> None:
+        PlanBase.__init__(
+            self, realization, tree, delivery, layout, size, coverage, topology, tree_order_id,
+            layout_order_id, identity, receivers,
+        )  # fmt: skip
+        _set(self, "groups", groups)
+        _set(self, "edges", edges)
+        _set(self, "root_rank", root_rank)
 
     def slots_of(self, rank: int) -> tuple:
         """The leaves `rank` passes, in group order (one pass over the groups for all ranks)."""
-        m = self.__dict__.get("_slots_by_rank")
+        m = getattr(self, "_slots_by_rank", None)
         if m is None:
             m = {}
             for g in self.groups:
@@ -85,7 +124,7 @@ class Plan(PlanBase):
         return self._edge_map()[(phase, index)]
 
     def _edge_map(self):
-        m = self.__dict__.get("_edges_by_key")
+        m = getattr(self, "_edges_by_key", None)
         if m is None:
             m = {(e.phase, e.index): e for e in self.edges}
             object.__setattr__(self, "_edges_by_key", m)
@@ -150,17 +189,28 @@ class Plan(PlanBase):
 
 
 # -- pass 1: group ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Grouping:
+class Grouping(Record):
     """The tree cut into groups: maximal one-owner pieces, cut again where the kernel's stack
     would overflow. `roots` in global postorder; `edge_of[id(root)]` numbers the roots whose
-    parent lives on another rank (the reduce edges), in that order."""
+    parent lives on another rank (the reduce edges), in that order. `parent`: id(node) -> its
+    Branch; `index`: id(root) -> group index; `edge_of`: id(root) -> reduce edge index."""
 
-    parent: dict = field(repr=False)  # id(node) -> its Branch
-    roots: tuple = ()
-    root_ids: frozenset = frozenset()
-    index: dict = field(default_factory=dict, repr=False)  # id(root) -> group index
-    edge_of: dict = field(default_factory=dict, repr=False)  # id(root) -> reduce edge index
+    __slots__ = ("parent", "roots", "root_ids", "index", "edge_of")
+    _norepr = ("parent", "index", "edge_of")
+
+    def __init__(
+        self,
+        parent: dict,
+        roots: tuple = (),
+        root_ids: frozenset = frozenset(),
+        index: dict | None = None,  # None: a new empty dict (dataclasses' default_factory)
+        edge_of: dict | None = None,
+    ) -> None:
+        _set(self, "parent", parent)
+        _set(self, "roots", roots)
+        _set(self, "root_ids", root_ids)
+        _set(self, "index", {} if index is None else index)
+        _set(self, "edge_of", {} if edge_of is None else edge_of)
 
 
 def group(req: PlanRequest) -> Grouping:

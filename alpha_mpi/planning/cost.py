@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
 
+from .._record import Record
 from ..refusals import Refusal
 from .realize import REGISTRY
+
+_set = object.__setattr__  # Records set their fields through it (frozen: _record.py)
 
 ENV = "ALPHA_MPI_CALIBRATION"
 # The built-in calibration (Calibration's defaults), seconds: see Calibration.
@@ -32,16 +34,24 @@ CAL_ALPHA0, CAL_ALPHA, CAL_ALPHA_MSG = 3.0e-6, 0.7e-6, 1.0e-6
 CAL_BETA, CAL_GAMMA = 0.18e-9, 0.17e-9
 
 
-@dataclass(frozen=True)
-class Calibration:
-    # `alpha-mpi bench calibrate` at p = 2 on the development machine (2-core KVM guest, MPICH
-    # 5.0.2) with the round in C (issue 33); docs/performance.md has the run.
-    alpha: float = CAL_ALPHA  # s per message round (MPI and the C round's header work)
-    beta: float = CAL_BETA  # s per byte moved (shared memory)
-    gamma: float = CAL_GAMMA  # s per byte added (one fused add)
-    alpha_msg: float = CAL_ALPHA_MSG  # s per further message in a round
-    source: str = "built-in defaults (development machine)"
-    alpha0: float = CAL_ALPHA0  # s per run: the call into the executor (every realization alike)
+class Calibration(Record):
+    __slots__ = ("alpha", "beta", "gamma", "alpha_msg", "source", "alpha0")
+
+    def __init__(
+        self,
+        alpha: float = CAL_ALPHA,  # s per message round (MPI and the C round's header work)
+        beta: float = CAL_BETA,  # s per byte moved (shared memory)
+        gamma: float = CAL_GAMMA,  # s per byte added (one fused add)
+        alpha_msg: float = CAL_ALPHA_MSG,  # s per further message in a round
+        source: str = "built-in defaults (development machine)",
+        alpha0: float = CAL_ALPHA0,  # s per run: the call into the executor (every realization alike)
+    ) -> None:
+        _set(self, "alpha", alpha)
+        _set(self, "beta", beta)
+        _set(self, "gamma", gamma)
+        _set(self, "alpha_msg", alpha_msg)
+        _set(self, "source", source)
+        _set(self, "alpha0", alpha0)
 
     def to_dict(self) -> dict:
         return {

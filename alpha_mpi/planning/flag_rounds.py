@@ -19,8 +19,6 @@ one sender's messages with one tag in order across runs.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from ..model.delivery import DeliverTo
 from .program import FLAG_SEQ, Message, Op, Program, RankProgram
 
@@ -61,7 +59,7 @@ def with_flag_rounds(program: Program) -> Program:
 
     rounds = len(distances(size))
     details = {**program.details, "flag_rounds": rounds}
-    return replace(program, builder=build, rounds=program.rounds + rounds, details=details)
+    return program.replace(builder=build, rounds=program.rounds + rounds, details=details)
 
 
 def _append(rp: RankProgram, r: int, size: int) -> RankProgram:
@@ -78,7 +76,7 @@ def _append(rp: RankProgram, r: int, size: int) -> RankProgram:
         posts.append(Op("P", into.index))
         ops += [Op("S", out.index), Op("W", into.index)]
         dones.append(Op("D", out.index))
-    return replace(rp, messages=messages, regions=regions, ops=(*rp.ops, *posts, *ops, *dones))
+    return rp.replace(messages=messages, regions=regions, ops=(*rp.ops, *posts, *ops, *dones))
 
 
 __all__ = ["with_flag_rounds", "needs_flag_rounds", "delivers_to_one", "distances", "FLAG_INDEX_BASE"]

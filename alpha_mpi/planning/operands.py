@@ -7,18 +7,26 @@ is the rest of the tree, with operands as its inputs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from .._record import Record
 from ..model.tree import Leaf, Node, leaf_sequence, postorder
 from .postfix import postfix, stack_cuts
 from .program import Eval, Region
 
+_set = object.__setattr__  # Records set their fields through it (frozen: _record.py)
 
-@dataclass(frozen=True)
-class Operand:
-    index: int  # position in the top's left-to-right operand order
-    owner: int
-    node: Node  # the subtree (a Leaf or a Branch whose leaves all sit on `owner`)
+
+class Operand(Record):
+    __slots__ = ("index", "owner", "node")
+
+    def __init__(
+        self,
+        index: int,  # position in the top's left-to-right operand order
+        owner: int,
+        node: Node,  # the subtree (a Leaf or a Branch whose leaves all sit on `owner`)
+    ) -> None:
+        _set(self, "index", index)
+        _set(self, "owner", owner)
+        _set(self, "node", node)
 
 
 def sole_owners(tree: Node) -> dict:

@@ -35,15 +35,23 @@ written only after the sends from it have completed (D).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from .._record import Record
 from ..refusals import PlanRefusal
 from .base import PlanBase
+
+if TYPE_CHECKING:
+    from ..model.coverage import Coverage
+    from ..model.delivery import Delivery
+    from ..model.layout import Layout
+    from ..model.tree import Node
 from .postfix import postfix_text
 
 OP_KINDS = "PSWDECFMAR"
 FLAG_SEQ = -1  # Message.seq of a flag-round frame (planning/flag_rounds.py)
 _OP_RE = re.compile(r"^([PSWDECFMAR])(\d+)$")
+_set = object.__setattr__
 
 
 def parse_or_refuse(regex, text: str, what: str):
@@ -54,13 +62,19 @@ def parse_or_refuse(regex, text: str, what: str):
     return m
 
 
-@dataclass(frozen=True)
-class Region:
+# The records below are Records, not dataclasses: a program's first reduction defines them
+# (_record.py: a frozen dataclass costs about 1 ms to define, the start-up budget is 20 ms).
+
+
+class Region(Record):
     """`count` elements of buffer `buf` from element `offset` on."""
 
-    buf: str
-    offset: int
-    count: int
+    __slots__ = ("buf", "offset", "count")
+
+    def __init__(self, buf: str, offset: int, count: int) -> None:
+        _set(self, "buf", buf)
+        _set(self, "offset", offset)
+        _set(self, "count", count)
 
     def overlaps(self, other: Region) -> bool:
         return (
@@ -76,40 +90,52 @@ class Region:
         return f"{self.buf}[{self.offset}:{self.offset + self.count}]"
 
 
-@dataclass(frozen=True)
-class BufferSpec:
-    name: str
-    count: int
-    framed: bool = False
+class BufferSpec(Record):
+    __slots__ = ("name", "count", "framed")
+
+    def __init__(self, name: str, count: int, framed: bool = False) -> None:
+        _set(self, "name", name)
+        _set(self, "count", count)
+        _set(self, "framed", framed)
 
 
-@dataclass(frozen=True)
-class Message:
-    """One planned frame: header (and payload) from `src` to `dst`."""
+class Message(Record):
+    """One planned frame: header (and payload) from `src` to `dst`.
 
-    index: int  # global within the program; the header's edge field
-    phase: str  # one letter, see execution/frames.PHASE_CODE
-    src: int
-    dst: int
-    seq: int  # the seq-th message from src to dst in one run: its MPI tags are 2*seq, 2*seq + 1
-    # (FLAG_SEQ: a frame of the flag rounds after a program, flag_rounds.py: the executor's
-    # flag tag, one such frame per ordered pair of ranks and run)
-    count: int  # payload elements (0: a header-only flag frame)
-    what: str  # what the payload holds (coordinate range, pieces): part of the header's layout digest
+    `index`: global within the program, the header's edge field; `phase`: one letter, see
+    execution/frames.PHASE_CODE; `seq`: the seq-th message from src to dst in one run, its MPI
+    tags are 2*seq, 2*seq + 1 (FLAG_SEQ: a frame of the flag rounds after a program,
+    flag_rounds.py: the executor's flag tag, one such frame per ordered pair of ranks and run);
+    `count`: payload elements (0: a header-only flag frame); `what`: what the payload holds
+    (coordinate range, pieces), part of the header's layout digest."""
+
+    __slots__ = ("index", "phase", "src", "dst", "seq", "count", "what")
+
+    def __init__(self, index: int, phase: str, src: int, dst: int, seq: int, count: int, what: str) -> None:
+        _set(self, "index", index)
+        _set(self, "phase", phase)
+        _set(self, "src", src)
+        _set(self, "dst", dst)
+        _set(self, "seq", seq)
+        _set(self, "count", count)
+        _set(self, "what", what)
 
 
-@dataclass(frozen=True)
-class Eval:
-    inputs: tuple  # Regions, all of one count
-    program: tuple  # postfix: i >= 0 pushes inputs[i]; -1 adds the two topmost (left first)
-    output: Region
+class Eval(Record):
+    # inputs: Regions, all of one count; program: postfix, i >= 0 pushes inputs[i], -1 adds the
+    # two topmost (left first)
+    __slots__ = ("inputs", "program", "output")
+
+    def __init__(self, inputs: tuple, program: tuple, output: Region) -> None:
+        _set(self, "inputs", inputs)
+        _set(self, "program", program)
+        _set(self, "output", output)
 
     def expression(self, names=None) -> str:
         return postfix_text(self.program, self.inputs, str if names is None else names)
 
 
-@dataclass(frozen=True)
-class Merge:
+class Merge(Record):
     """Join two summaries of pairwise-tree nodes into a third (csrc/kernel/pairwise.h ap_merge).
 
     Each of `a`, `b`, `out` is a (head, nodes) pair of Regions: the head is two int64 words
@@ -117,54 +143,77 @@ class Merge:
     region holding the global length (written per call). The result's flags are a's, b's and
     the merge's own (overflow, invalid); a count of b out of range is an invalid merge."""
 
-    a: tuple
-    b: tuple
-    out: tuple
-    n: Region
-    k: int
-    capacity: int
+    __slots__ = ("a", "b", "out", "n", "k", "capacity")
+
+    def __init__(self, a: tuple, b: tuple, out: tuple, n: Region, k: int, capacity: int) -> None:
+        _set(self, "a", a)
+        _set(self, "b", b)
+        _set(self, "out", out)
+        _set(self, "n", n)
+        _set(self, "k", k)
+        _set(self, "capacity", capacity)
 
 
-@dataclass(frozen=True)
-class Summary:
+class Summary(Record):
     """The arrays' local summary (an A op; csrc/round/native.h an_summary says what it reads
     and writes): the blocks `xs` (and `ys`, None for a sum) and the `geometry` words are
     buffers the caller binds per run (`RankProgram.bound`); the summary goes into the state
     (head, nodes), the coverage `row` (`tiles`: a tile's row, else a 1-D block's) and the
     global length word `n`; `result` gets the record count and the non-finite flag."""
 
-    xs: tuple
-    ys: tuple | None
-    geometry: str
-    state: tuple
-    row: Region
-    n: Region
-    result: Region
-    k: int
-    capacity: int
-    tiles: bool
+    __slots__ = ("xs", "ys", "geometry", "state", "row", "n", "result", "k", "capacity", "tiles")
+
+    def __init__(
+        self,
+        xs: tuple,
+        ys: tuple | None,
+        geometry: str,
+        state: tuple,
+        row: Region,
+        n: Region,
+        result: Region,
+        k: int,
+        capacity: int,
+        tiles: bool,
+    ) -> None:
+        _set(self, "xs", xs)
+        _set(self, "ys", ys)
+        _set(self, "geometry", geometry)
+        _set(self, "state", state)
+        _set(self, "row", row)
+        _set(self, "n", n)
+        _set(self, "result", result)
+        _set(self, "k", k)
+        _set(self, "capacity", capacity)
+        _set(self, "tiles", tiles)
 
 
-@dataclass(frozen=True)
-class Root:
+class Root(Record):
     """The arrays' root check (an R op; csrc/round/native.h an_root): the root's k `values` and
     a `verdict` word (0: they are the result; 1: the caller looks) from the coverage `table`,
     the table that passed last time (`valid`: a usable word, then the table), the merged state
     `final` (a (head, nodes) pair) and the length word `n`."""
 
-    table: Region
-    valid: Region
-    final: tuple
-    n: Region
-    values: Region
-    verdict: Region
-    k: int
+    __slots__ = ("table", "valid", "final", "n", "values", "verdict", "k")
+
+    def __init__(
+        self, table: Region, valid: Region, final: tuple, n: Region, values: Region, verdict: Region, k: int
+    ) -> None:
+        _set(self, "table", table)
+        _set(self, "valid", valid)
+        _set(self, "final", final)
+        _set(self, "n", n)
+        _set(self, "values", values)
+        _set(self, "verdict", verdict)
+        _set(self, "k", k)
 
 
-@dataclass(frozen=True)
-class Op:
-    kind: str
-    index: int
+class Op(Record):
+    __slots__ = ("kind", "index")
+
+    def __init__(self, kind: str, index: int) -> None:
+        _set(self, "kind", kind)
+        _set(self, "index", index)
 
     def __str__(self):
         return f"{self.kind}{self.index}"
@@ -175,25 +224,55 @@ class Op:
         return Op(m.group(1), int(m.group(2)))
 
 
-@dataclass(frozen=True)
-class RankProgram:
-    rank: int
-    slots: tuple  # the leaves this rank passes, left to right
-    buffers: tuple  # BufferSpec of the work buffers
-    messages: dict = field(repr=False)  # index -> Message, for every message this rank sends or receives
-    regions: dict = field(repr=False, default_factory=dict)  # index -> Region it is sent from / received into
-    evals: tuple = ()
-    copies: tuple = ()  # (src Region, dst Region)
-    checks: tuple = ()  # Regions
-    ops: tuple = ()
-    result: Region | None = None  # where the result lies at the end (None: delivery does not reach)
-    # slot -> element count of its `L<slot>` buffer where it is not the layout's total (assembly
-    # pieces, each of its own length); empty for the combine realizations
-    inputs: dict = field(repr=False, default_factory=dict)
-    merges: tuple = ()  # Merge records (array reductions only)
-    summaries: tuple = ()  # Summary records (array reductions only)
-    roots: tuple = ()  # Root records (array reductions only)
-    bound: tuple = ()  # names of the caller's buffers a front end binds per run (Summary's)
+class RankProgram(Record):
+    """One rank's program. `slots`: the leaves this rank passes, left to right; `buffers`:
+    BufferSpec of the work buffers; `messages`: index -> Message, for every message this rank
+    sends or receives; `regions`: index -> Region it is sent from / received into; `copies`:
+    (src Region, dst Region); `checks`: Regions; `result`: where the result lies at the end
+    (None: delivery does not reach); `inputs`: slot -> element count of its `L<slot>` buffer
+    where it is not the layout's total (assembly pieces, each of its own length), empty for the
+    combine realizations; `merges`, `summaries`, `roots`: Merge, Summary, Root records (array
+    reductions only); `bound`: names of the caller's buffers a front end binds per run
+    (Summary's)."""
+
+    __slots__ = tuple(
+        "rank slots buffers messages regions evals copies checks ops result inputs merges summaries roots bound".split()
+    )
+    _norepr = ("messages", "regions", "inputs")
+
+    def __init__(
+        self,
+        rank: int,
+        slots: tuple,
+        buffers: tuple,
+        messages: dict,
+        regions: dict | None = None,  # None: a new empty dict (dataclasses' default_factory)
+        evals: tuple = (),
+        copies: tuple = (),
+        checks: tuple = (),
+        ops: tuple = (),
+        result: Region | None = None,
+        inputs: dict | None = None,  # None: a new empty dict
+        merges: tuple = (),
+        summaries: tuple = (),
+        roots: tuple = (),
+        bound: tuple = (),
+    ) -> None:
+        _set(self, "rank", rank)
+        _set(self, "slots", slots)
+        _set(self, "buffers", buffers)
+        _set(self, "messages", messages)
+        _set(self, "regions", {} if regions is None else regions)
+        _set(self, "evals", evals)
+        _set(self, "copies", copies)
+        _set(self, "checks", checks)
+        _set(self, "ops", ops)
+        _set(self, "result", result)
+        _set(self, "inputs", {} if inputs is None else inputs)
+        _set(self, "merges", merges)
+        _set(self, "summaries", summaries)
+        _set(self, "roots", roots)
+        _set(self, "bound", bound)
 
     def sends(self):
         return [self.messages[o.index] for o in self.ops if o.kind == "S"]
@@ -203,75 +282,6 @@ class RankProgram:
 
     def text(self) -> str:
         return " ".join(map(str, self.ops)) if self.ops else "(idle)"
-
-
-def schedule(logical: list, regions: dict) -> tuple:
-    """Insert P and D ops into a logical op sequence (S, W, E, C, F) of one rank.
-
-    P(m) goes right after the last op before W(m) that touches m's receive region (or first),
-    D(m) right before the first op that writes a region m's send still reads (a W writes its
-    receive region; a P writes nothing), and at the end
-    for every send still in flight. `regions` maps a message index to its Region on this rank
-    (None for a header-only frame); `logical` holds (Op, reads, writes) triples, reads/writes
-    being tuples of Regions (S and W ops need not list their message's region).
-    """
-    by_buf: dict = {}  # buffer -> indices of the ops touching it (for the backward scans)
-    for i, (op, reads, writes) in enumerate(logical):
-        touched = list(reads) + list(writes)
-        if op.kind in "SW" and regions.get(op.index) is not None:
-            touched.append(regions[op.index])
-        for t in touched:
-            by_buf.setdefault(t.buf, []).append((i, t))
-    # 1. Where each receive may be posted.
-    post_after = {}
-    for i, (op, _, _) in enumerate(logical):
-        if op.kind != "W":
-            continue
-        region = regions.get(op.index)
-        last = -1
-        if region is not None:
-            for j, t in reversed(by_buf.get(region.buf, ())):
-                if j < i and region.overlaps(t):
-                    last = j
-                    break
-        post_after.setdefault(last, []).append(op.index)
-
-    def posted(m):
-        return (Op("P", m), (), ((regions[m],) if regions.get(m) is not None else ()))
-
-    seq = [posted(m) for m in post_after.get(-1, [])]
-    for i, item in enumerate(logical):
-        seq.append(item)
-        seq.extend(posted(m) for m in post_after.get(i, []))
-    # 2. Sends complete before their region is written; the rest at the end. A receive writes
-    # its region at W, not at P: the engine matches and receives a frame at W (size-safe
-    # receives, execution/inbound.py) and P posts nothing, so a send from a reused buffer need
-    # only complete before the W that fills it. Completing it before P instead would make two
-    # ranks that exchange from reused buffers each wait for the other's W: a deadlock.
-    # The sends in flight are kept by the buffer they read, so an op looks only at those its
-    # writes could touch (a rank with thousands of sends in flight, a star's hub, stays linear);
-    # the D ops of one write come in send order, as a scan of every send in flight gives them.
-    out: list = []
-    inflight: dict = {}  # message -> its position in send order, for every send in flight
-    by_src: dict = {}  # buffer -> the messages in flight from it
-    for pos, (op, _reads, writes) in enumerate(seq):
-        if op.kind == "P":
-            writes = ()
-        elif op.kind == "W" and regions.get(op.index) is not None:
-            writes = (*writes, regions[op.index])
-        if writes and inflight:
-            done = {m for w in writes for m in by_src.get(w.buf, ()) if regions[m].overlaps(w)}
-            for m in sorted(done, key=inflight.__getitem__):
-                out.append(Op("D", m))
-                del inflight[m]
-                by_src[regions[m].buf].remove(m)
-        out.append(op)
-        if op.kind == "S":
-            inflight[op.index] = pos
-            if regions.get(op.index) is not None:
-                by_src.setdefault(regions[op.index].buf, []).append(op.index)
-    out.extend(Op("D", m) for m in inflight)
-    return tuple(out)
 
 
 class Mode(str):
@@ -304,26 +314,49 @@ Mode.ALLREDUCE = Mode("allreduce")
 Mode.REDUCE_SCATTER = Mode("reduce-scatter")
 
 
-@dataclass(frozen=True, eq=False)
 class Program(PlanBase):
     """A realization lowered to per-rank programs (built lazily per rank and cached).
 
     Every rank of a job builds the same Program and runs `rank(its rank)`; identities name the
-    realization, so a peer running another realization or plan is refused by name.
+    realization, so a peer running another realization or plan is refused by name. `builder`:
+    rank -> RankProgram; `mode`: a str given is made a Mode; `chunks`: reduce-scatter's,
+    chunks[r] = (start, stop) rank r ends with; `rounds`: sequential message rounds on the
+    critical path.
     """
 
-    builder: object = field(default=None, repr=False)  # rank -> RankProgram
-    mode: Mode = Mode.ALLREDUCE  # a str given is made a Mode (__post_init__)
-    chunks: tuple[tuple[int, int], ...] | None = (
-        None  # reduce-scatter: chunks[r] = (start, stop) rank r ends with
-    )
-    rounds: int = 0  # sequential message rounds on the critical path
-    details: dict = field(default_factory=dict)
-    _ranks: dict = field(default_factory=dict, init=False, repr=False)
+    __slots__ = ("builder", "mode", "chunks", "rounds", "details", "_ranks")
+    _extra = ("_ranks",)  # rank -> RankProgram, built on first use
+    _norepr = ("tree", "builder")  # PlanBase's and its own
 
-    def __post_init__(self) -> None:
-        if type(self.mode) is not Mode:
-            object.__setattr__(self, "mode", Mode(self.mode))
+    def __init__(
+        self,
+        realization: str,
+        tree: Node,
+        delivery: Delivery,
+        layout: Layout,
+        size: int,
+        coverage: Coverage,
+        topology: str,
+        tree_order_id: str,
+        layout_order_id: str,
+        identity: str,
+        receivers: frozenset[int],
+        builder: object = None,
+        mode: Mode = Mode.ALLREDUCE,
+        chunks: tuple[tuple[int, int], ...] | None = None,
+        rounds: int = 0,
+        details: dict | None = None,  # None: a new empty dict (dataclasses' default_factory)
+    ) -> None:
+        PlanBase.__init__(
+            self, realization, tree, delivery, layout, size, coverage, topology, tree_order_id,
+            layout_order_id, identity, receivers,
+        )  # fmt: skip
+        _set(self, "builder", builder)
+        _set(self, "mode", mode if type(mode) is Mode else Mode(mode))
+        _set(self, "chunks", chunks)
+        _set(self, "rounds", rounds)
+        _set(self, "details", {} if details is None else details)
+        _set(self, "_ranks", {})
 
     def rank(self, r: int) -> RankProgram:
         p = self._ranks.get(self.check_rank(r))
@@ -371,7 +404,6 @@ __all__ = [
     "Op",
     "RankProgram",
     "Program",
-    "schedule",
     "OP_KINDS",
     "FLAG_SEQ",
 ]

@@ -17,24 +17,42 @@ count": each side is realized by itself, then a cross round joins them.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
+from .._record import Record, fields_repr
 from ..model.tree import Node
 from ..refusals import PlanRefusal
 from .operands import operands
 
+_set = object.__setattr__  # Records set their fields through it (frozen: _record.py)
 
-@dataclass(eq=False)
+
+# TopNode and RankTop are written out, not dataclasses: a program's first reduction defines
+# them (_record.py: a dataclass costs about 1 ms to define, the start-up budget is 20 ms).
+
+
 class TopNode:
     """A node of the top: an operand (`rank` set, no children) or a branch over two nodes."""
 
-    key: int  # postorder index among the top's nodes
-    node: Node = field(repr=False)  # the tree node it stands for
-    ranks: tuple = ()  # the ranks below, in leaf order
-    left: TopNode | None = None
-    right: TopNode | None = None
-    rank: int = -1  # an operand's rank
-    complete: bool = False  # a balanced power-of-two block
+    def __init__(
+        self,
+        key: int,  # postorder index among the top's nodes
+        node: Node,  # the tree node it stands for
+        ranks: tuple = (),  # the ranks below, in leaf order
+        left: TopNode | None = None,
+        right: TopNode | None = None,
+        rank: int = -1,  # an operand's rank
+        complete: bool = False,  # a balanced power-of-two block
+    ) -> None:
+        self.key = key
+        self.node = node
+        self.ranks = ranks
+        self.left = left
+        self.right = right
+        self.rank = rank
+        self.complete = complete
+
+    def __repr__(self) -> str:
+        return fields_repr(self, ("key", "ranks", "left", "right", "rank", "complete"))
 
     @property
     def size(self) -> int:
@@ -45,16 +63,25 @@ class TopNode:
         return self.left is None
 
 
-@dataclass(frozen=True)
-class RankTop:
+class RankTop(Record):
     """The top of `tree` over ranks: `root`, postorder `nodes`, each rank's operand, and the
     `extra` ranks that hold no operand (they only receive the result)."""
 
-    root: TopNode
-    nodes: tuple
-    operand: dict  # rank -> Operand
-    extra: tuple
-    leaf_key: dict  # rank -> the key of its operand's node
+    __slots__ = ("root", "nodes", "operand", "extra", "leaf_key")
+
+    def __init__(
+        self,
+        root: TopNode,
+        nodes: tuple,
+        operand: dict,  # rank -> Operand
+        extra: tuple,
+        leaf_key: dict,  # rank -> the key of its operand's node
+    ) -> None:
+        _set(self, "root", root)
+        _set(self, "nodes", nodes)
+        _set(self, "operand", operand)
+        _set(self, "extra", extra)
+        _set(self, "leaf_key", leaf_key)
 
 
 def inapplicable(name: str, why: str) -> PlanRefusal:

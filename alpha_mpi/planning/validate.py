@@ -8,28 +8,41 @@ target), so one bad input gives one code whichever planner was called.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
+from .._record import Record
 from ..model.coverage import Coverage, check_coverage, default_coverage
 from ..model.delivery import DeliverTo, Delivery, ReduceScatter, ReplicateAll, check_delivery
 from ..model.layout import Layout, LayoutLike, as_layout
 from ..model.tree import Leaf, Node, postorder
 from ..refusals import ModelRefusal, PlanRefusal
 
+_set = object.__setattr__  # Records set their fields through it (frozen: _record.py)
+
 # Frames name edges in 32-bit fields and MPI tags must stay under MPI_TAG_UB (>= 32767).
 MAX_NODES = 1 << 20
 
 
-@dataclass(frozen=True)
-class PlanRequest:
+class PlanRequest(Record):
     """A checked request: the tree, its delivery, payload layout, rank count and coverage."""
 
-    tree: Node = field(repr=False)
-    delivery: Delivery
-    layout: Layout
-    size: int
-    coverage: Coverage
-    nodes: tuple[Node, ...] = field(repr=False)  # the tree in postorder
+    __slots__ = ("tree", "delivery", "layout", "size", "coverage", "nodes")
+    _norepr = ("tree", "nodes")
+
+    def __init__(
+        self,
+        tree: Node,
+        delivery: Delivery,
+        layout: Layout,
+        size: int,
+        coverage: Coverage,
+        nodes: tuple[Node, ...],  # the tree in postorder
+    ) -> None:
+        _set(self, "tree", tree)
+        _set(self, "delivery", delivery)
+        _set(self, "layout", layout)
+        _set(self, "size", size)
+        _set(self, "coverage", coverage)
+        _set(self, "nodes", nodes)
 
 
 def check_size(size: int, what: str = "size") -> int:

@@ -33,10 +33,9 @@ Executors that broke stay broken (build new ones); their blocks are never handed
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
+from .._record import Record
 from ..refusals import Refusal
 from . import verdict as vd
 from .abort import forgive
@@ -48,13 +47,17 @@ STREAM_BITS = {"calls": 1, "arrays": 2}  # the streams a reset drops, as its mar
 JOINED = 1 << 8  # the marker's rank joined the reset from a call
 
 
-@dataclass(frozen=True)
-class Recovered:
+class Recovered(Record):
     """What a reset found: `dropped`, the stale messages this rank drained; `joined`, the ranks
-    that joined it from a call (their call refused)."""
+    that joined it from a call (their call refused). A Record: the endpoint imports this module
+    on a program's first call (_record.py: the start-up budget)."""
 
-    dropped: int
-    joined: tuple
+    __slots__ = ("dropped", "joined")
+
+    def __init__(self, dropped: int, joined: tuple) -> None:
+        _set = object.__setattr__
+        _set(self, "dropped", dropped)
+        _set(self, "joined", joined)
 
 
 def recover(ep, *, drop=(), joined: bool = False, timeout=None) -> Recovered:

@@ -275,7 +275,9 @@ def test_a_tile_call_is_remembered_by_geometry_and_checked_again_on_every_call(c
         assert u64(arrays.norm2(comm, v, (0, 0), shape)) == u64(np.sqrt(want)), i
     assert ordinary == ["dot", "norm2"]
     assert fast.lookup_tile(comm, "dot", x, x, (0, 0), shape) is not None
-    assert fast.lookup_tile(comm, "dot", x, x, (0, 0.0), shape) is None  # a float: the ordinary path refuses it
+    assert (
+        fast.lookup_tile(comm, "dot", x, x, (0, 0.0), shape) is None
+    )  # a float: the ordinary path refuses it
     with pytest.raises(ValueError):
         x.resize(200, refcheck=False)  # pinned while bound
     base = np.concatenate([g, g * 3.0], axis=1)  # (9, 28): every other column pair is g's

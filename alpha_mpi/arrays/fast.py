@@ -48,7 +48,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernel import abi, ffi
-from ..planning.array_program import GEOMETRY
 from . import pairwise
 
 __all__ = [
@@ -111,13 +110,6 @@ class Call:
         # the call's offset and shape as the caller gave them: ints (1-D), tuples (a tile)
         self.offset, self.shape = key if length is not None else (key[1], key[0])
         self.given = None  # (offset, shape): the last tuples a tile call passed, checked to hold ints
-
-    def run(self) -> int:
-        """Bind the geometry and run (the arrays are bound by the lookup): Exchange.run_bound's
-        result."""
-        ex = self.ex
-        ex.prepared.bind(GEOMETRY, self.words)
-        return ex.run_bound(self.ch.step)
 
 
 def _fits(a, length: int) -> bool:

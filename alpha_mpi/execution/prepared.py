@@ -291,9 +291,7 @@ class PreparedRun:
             return None
         if e is not None and e[0] is a:
             return e[1]
-        if make_pointer is None:
-            return binding.pin(b, a)
-        pointer = make_pointer(a)
+        pointer = binding.from_buffer("double[]", a) if make_pointer is None else make_pointer(a)
         binding.held[b] = (a, pointer, weakref.ref(a))
         self.compiled.bases[b] = pointer
         return pointer

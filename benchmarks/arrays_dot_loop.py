@@ -5,7 +5,7 @@
 Per round, the four variants take turns, each `calls` calls back to back after a Barrier:
     dot        arrays.dot(comm, x, y, offset, n), the same arguments every call (the one C call)
     C call     its C call alone: the exchange's prepared run bound to the record's geometry
-               (arrays/fast.py Call.run: one an_run), no Python around it but the loop
+               (Exchange.run_bound: one an_run), no Python around it but the loop
     ordinary   arrays.dot(..., timeout=300.0): the ordinary path, every check in Python
     mpi        send[0] = np.dot(x, y); comm.Allreduce(send, recv)
 Prints, on rank 0, the best round of each (µs per call, max over ranks) and the ratios to mpi.
@@ -43,7 +43,7 @@ def t_dot():
 
 def t_c():
     for _ in range(N):
-        c.run()
+        c.ex.run_bound(ch.step, c.words)
         ch.step += 1
 
 

@@ -255,3 +255,40 @@ def test_dots_of_the_same_pairs_is_one_c_call(comm, ordinary):
     assert [u64(v) for v in arrays.dots(comm, [(x, y), (y, y), (x, x)], 0, n)] == [u64(v) for v in want]
     # a dots() of one pair and dot() share the exchange: either may take the other's record
     assert u64(arrays.dot(comm, x, y, 0, n)) == u64(want[0])
+
+
+def test_a_tile_call_is_remembered_by_geometry_and_checked_again_on_every_call(comm, ordinary):
+    """An N-d tile takes the one call too (its geometry: shape, offset, extent, strides): new
+    arrays every call give the oracle's bits without the ordinary path; strides or dtype
+    changed in place, and a float among the offsets, are seen on the next call; the bound
+    array is pinned."""
+    rng = np.random.default_rng(11)
+    shape = (9, 14)
+    g = order_sensitive(rng, 9 * 14).reshape(shape)
+    want = oracle_dot(g.ravel().tolist(), g.ravel().tolist())
+    for i in range(4):
+        x = g.copy()  # new every call
+        assert u64(arrays.dot(comm, x, x, (0, 0), shape)) == u64(want), i
+        halo = np.zeros((11, 16))
+        halo[1:-1, 1:-1] = g
+        v = halo[1:-1, 1:-1]  # a strided view, new every call: another geometry (its strides)
+        assert u64(arrays.norm2(comm, v, (0, 0), shape)) == u64(np.sqrt(want)), i
+    assert ordinary == ["dot", "norm2"]
+    assert fast.lookup_tile(comm, "dot", x, x, (0, 0), shape) is not None
+    assert (
+        fast.lookup_tile(comm, "dot", x, x, (0, 0.0), shape) is None
+    )  # a float: the ordinary path refuses it
+    with pytest.raises(ValueError):
+        x.resize(200, refcheck=False)  # pinned while bound
+    base = np.concatenate([g, g * 3.0], axis=1)  # (9, 28): every other column pair is g's
+    y = base[:, :14]
+    assert u64(arrays.dot(comm, y, y, (0, 0), shape)) == u64(want)  # other strides: checked, ordinary
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        y.strides = (8 * 28, 16)  # now every other element of a row: another layout in place
+    got = arrays.dot(comm, np.ascontiguousarray(y), np.ascontiguousarray(y), (0, 0), shape)
+    assert u64(arrays.dot(comm, y, y, (0, 0), shape)) == u64(got)  # read as it is now, never the old layout
+    x.dtype = np.int64
+    with pytest.raises(Refusal) as e:
+        arrays.dot(comm, x, x, (0, 0), shape)
+    assert e.value.code == "dtype-invalid"

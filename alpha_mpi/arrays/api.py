@@ -348,7 +348,7 @@ def _one_call(c: fast.Call, xs: tuple, ys: tuple | None):
     step = ch.step
     ch.call_timeout = ch.timeout
     try:
-        rc = c.run()
+        rc = ex.run_bound(step, c.words)  # the arrays were bound by the lookup (fast.py)
     except BaseException:
         ch.step = step + 1
         raise

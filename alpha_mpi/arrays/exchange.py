@@ -206,7 +206,9 @@ class Exchange:
         root, summary = self.engine.rp.roots[0], self.engine.rp.summaries[0]
         checks = words(root.verdict.buf)
         self.valid_words = checks[root.valid.offset : root.valid.offset + root.valid.count]
-        self.verdict = checks[root.verdict.offset : root.verdict.offset + 1]
+        # (cdata: indexing it gives a Python int)
+        self.verdict = ffi.from_buffer("int64_t[]", checks[root.verdict.offset : root.verdict.offset + 1])
+        self.geometry = None  # the geometry words bound to the prepared run (run_bound)
         self.summary_result = checks[summary.result.offset : summary.result.offset + 2]
         # the root's values as a cdata array: indexing it gives Python floats
         self.root_values = ffi.from_buffer(
@@ -233,6 +235,7 @@ class Exchange:
         self.length[0] = n
         self.head[0], self.head[1] = m, 0
         self.prepared.bind(GEOMETRY, None)  # the summary is written: the A op does nothing
+        self.geometry = None
         try:
             # one step count per channel: every frame of a call names the call
             self.prepared.run_checked(
@@ -242,11 +245,15 @@ class Exchange:
             if self.engine.broken is not None:
                 ch.broken = self.engine.broken
 
-    def run_bound(self, step: int) -> int:
-        """One run at frame step `step` with the blocks and geometry bound to the prepared run
-        (fast.py): the summary, the exchange and the root check in the one C call. 0: the run
-        ended (`verdict[0]` 0: the root's values are in `root_values`; 1: the caller checks
-        the table); abi.STOP: the summary stopped it before anything was sent."""
+    def run_bound(self, step: int, geometry) -> int:
+        """One run at frame step `step` with the blocks bound to the prepared run (fast.py) and
+        the `geometry` words (fast.Call.words) bound here: the summary, the exchange and the
+        root check in the one C call. 0: the run ended (`verdict[0]` 0: the root's values are
+        in `root_values`; 1: the caller checks the table); abi.STOP: the summary stopped it
+        before anything was sent."""
+        if self.geometry is not geometry:
+            self.prepared.bind(GEOMETRY, geometry)
+            self.geometry = geometry
         try:
             return self.prepared.run_bound(step, self.ch.timeout)
         finally:

@@ -48,7 +48,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernel import abi, ffi
-from ..planning.array_program import GEOMETRY
 from . import pairwise
 
 __all__ = [
@@ -90,22 +89,27 @@ class Call:
     (offset and n of 1-D blocks; shape, offset, extent and strides of a tile), `length` (a 1-D
     block's elements; None for a tile) and the geometry words the summary op reads."""
 
-    __slots__ = ("comm", "ch", "ex", "op", "k", "key", "length", "words", "pointer", "offset", "shape")
+    __slots__ = (
+        "comm",
+        "ch",
+        "ex",
+        "op",
+        "k",
+        "key",
+        "length",
+        "words",
+        "offset",
+        "shape",
+        "given",
+    )
 
     def __init__(self, ch, ex, op: str, k: int, key: tuple, length, words: list):
         self.comm, self.ch, self.ex, self.op, self.k = ch.user, ch, ex, op, k
         self.key, self.length = key, length
         self.words = np.array(words, dtype=np.int64)
-        self.pointer = ffi.cast("double *", ffi.from_buffer("int64_t[]", self.words))
         # the call's offset and shape as the caller gave them: ints (1-D), tuples (a tile)
         self.offset, self.shape = key if length is not None else (key[1], key[0])
-
-    def run(self) -> int:
-        """Bind the geometry and run (the arrays are bound by the lookup): Exchange.run_bound's
-        result."""
-        ex = self.ex
-        ex.prepared.bind(GEOMETRY, self.words, self.pointer)
-        return ex.run_bound(self.ch.step)
+        self.given = None  # (offset, shape): the last tuples a tile call passed, checked to hold ints
 
 
 def _bind(c, j: int, x, y) -> bool:
@@ -146,11 +150,9 @@ def lookup_pairs(comm, pairs: list, offset: int, n: int) -> Call | None:
     return None
 
 
-def _tile_pointer(a):
-    """The summary's pointer to a's first element: from its buffer where it is C-contiguous,
-    else its address (a strided view: the prepared run holds `a` while it is bound)."""
-    if a.flags.c_contiguous:
-        return ffi.from_buffer("double[]", a)
+def _address(a):
+    """The summary's pointer to the first element of a strided view (no contiguous buffer to
+    make it from; the prepared run holds `a` while it is bound)."""
     return ffi.cast("double *", a.__array_interface__["data"][0])
 
 
@@ -163,14 +165,24 @@ def lookup_tile(comm, op: str, x, y, offset: tuple, shape: tuple) -> Call | None
             key = c.key  # (shape, offset, extent, strides)
             if key[0] != shape or key[1] != offset:
                 continue
-            for v in (*offset, *shape):  # equal tuples may hold floats or bools (0.0 == 0)
-                if type(v) is not int:
-                    return None
-            if not (type(x) is _ND and x.dtype is _F64 and x.flags.aligned):
+            g = c.given
+            if g is None or g[0] is not offset or g[1] is not shape:
+                for v in (*offset, *shape):  # equal tuples may hold floats or bools (0.0 == 0)
+                    if type(v) is not int:
+                        return None
+                c.given = (offset, shape)  # these objects hold ints (tuples do not change)
+            if type(x) is not _ND or x.dtype is not _F64:
+                return None
+            fx = x.flags
+            if not fx.aligned:
                 return None
             if y is None or y is x:
+                fy = fx
                 strides = (x.strides,) if y is None else (x.strides, x.strides)
-            elif type(y) is _ND and y.dtype is _F64 and y.flags.aligned and y.shape == x.shape:
+            elif type(y) is _ND and y.dtype is _F64 and y.shape == x.shape:
+                fy = y.flags
+                if not fy.aligned:
+                    return None
                 strides = (x.strides, y.strides)
             else:
                 return None
@@ -181,9 +193,12 @@ def lookup_tile(comm, op: str, x, y, offset: tuple, shape: tuple) -> Call | None
             if (y is None) != (op == "sum"):
                 return None
             prep = c.ex.prepared
-            ptr = prep.bind("X0", x, None if x.flags.c_contiguous else _tile_pointer(x))
+            ptr = prep.bind("X0", x, None if fx.c_contiguous else _address)
             if y is not None:
-                prep.bind("Y0", y, ptr if y is x else None if y.flags.c_contiguous else _tile_pointer(y))
+                if y is x:
+                    prep.bind("Y0", y, lambda _, p=ptr: p)
+                else:
+                    prep.bind("Y0", y, None if fy.c_contiguous else _address)
             return c
     return None
 

@@ -285,14 +285,14 @@ class PreparedRun:
             return out  # C copied the result into the caller's `out` (a clean run: no bad frame either)
         return self._end(local, leaves, outarr, out, step)
 
-    def bind(self, name: str, a, pointer=None):
+    def bind(self, name: str, a, make_pointer=None):
         """Bind the caller's array `a` to the program's buffer `name` (RankProgram.bound: the
         arrays' blocks and geometry words) for the runs to come, unless it is the array bound
         there now: held (strong reference) and pinned (weak reference, engine_bind.Bound) while
-        bound. `pointer`: the first element's address (a cdata the caller made for a strided
-        view, which has no contiguous buffer); else made from a's buffer. `a` None: NULL there
-        (an A op with no geometry bound does nothing: the caller wrote its part itself).
-        Returns the pointer bound there."""
+        bound. `make_pointer(a)`: the first element's address (a strided view has no contiguous
+        buffer), called only when `a` is bound anew; else the pointer is made from a's buffer.
+        `a` None: NULL there (an A op with no geometry bound does nothing: the caller wrote its
+        part itself). Returns the pointer bound there."""
         b = self.compiled.bound_base[name]
         binding = self._binding
         e = binding.held[b]
@@ -301,10 +301,9 @@ class PreparedRun:
                 binding.held[b] = None
                 self.compiled.bases[b] = self._ffi.NULL
             return None
-        if e is not None and e[0] is a:
+        if e is not None and e[0] is a and e[1] is not None:  # None: C wrote it (Bound.blocks)
             return e[1]
-        if pointer is None:
-            return binding.pin(b, a)
+        pointer = binding.from_buffer("double[]", a) if make_pointer is None else make_pointer(a)
         binding.held[b] = (a, pointer, weakref.ref(a))
         self.compiled.bases[b] = pointer
         return pointer

@@ -33,7 +33,7 @@ refuses (`mutant-unobservable`) when the oracle gives the mutant's tree the decl
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -143,8 +143,7 @@ def _preorder_branches(tree):
 
 def _stamp(declared: Plan, mutated: Plan) -> Plan:
     """The mutant claims the declared plan's identities, so its frames pass every header check."""
-    return replace(
-        mutated,
+    return mutated.replace(
         topology=declared.topology,
         tree_order_id=declared.tree_order_id,
         layout_order_id=declared.layout_order_id,
@@ -240,13 +239,13 @@ def _duplicated_leaf(declared: Plan):
             prog = []
             for op in g.program:
                 prog.extend((i, i, -1) if op == i else (op,))
-            groups[g.index] = replace(g, program=tuple(prog))
+            groups[g.index] = g.replace(program=tuple(prog))
             break
     else:  # pragma: no cover - every leaf is an input of its owner's group
         raise _not_applicable(kind, f"slot {x.slot} is not an input of any group")
     tree = _rebuild(declared.tree, {id(x): Branch(x, Leaf(x.slot, x.owner), x.owner)})
     desc = f"the group at r{x.owner} pushes slot {x.slot} twice ((s{x.slot}+s{x.slot}) in its place)"
-    return replace(declared, groups=tuple(groups), tree=tree), tree, desc
+    return declared.replace(groups=tuple(groups), tree=tree), tree, desc
 
 
 def _duplicated_mass(declared: Plan):

@@ -174,10 +174,11 @@ class ShardedOptimizer:
         optimizer.zero_grad = zero_grad  # as torch's LR schedulers wrap `step` on the instance
 
     @classmethod
-    def build(cls, ctx: ShardContext, opt_cls, groups, kw: dict) -> ShardedOptimizer:
+    def build(cls, ctx: ShardContext, opt_cls, groups, kw: dict, views=None) -> ShardedOptimizer:
         """Collective: checks on every rank (the class on the allow-list, the groups over the
         module's parameters, each group's settings), one verdict round so every rank refuses
-        by name when any does, then the Assembler."""
+        by name when any does, then the Assembler. `views(dicts, indices)`: the groups' shard
+        tensors (default: views of the parameters' own storage; params mode: of its shard)."""
         from ..execution.endpoint import Endpoint
 
         local, built = None, None
@@ -191,7 +192,7 @@ class ShardedOptimizer:
                     f"({', '.join(c.__name__ for c in SHARD_SAFE)}); sharded state needs one of them",
                 )
             dicts, indices = normalize_groups(groups, ctx.params)
-            built = _shard_groups(ctx, dicts, indices)
+            built = _shard_groups(ctx, dicts, indices) if views is None else views(dicts, indices)
             optimizer = opt_cls(built[0], **kw)
             for g in optimizer.param_groups:
                 why = safe.refuses(g)

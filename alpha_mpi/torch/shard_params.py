@@ -35,7 +35,7 @@ import numpy as np
 from ..refusals import Refusal
 from ._env import require_torch
 from .convert import from64, into64
-from .shard_optimizer import SHARD_SAFE, ShardedOptimizer, normalize_groups
+from .shard_optimizer import ShardedOptimizer
 from .units import UnitPlan
 
 torch = require_torch()
@@ -212,32 +212,7 @@ class ParamsOptimizer(ShardedOptimizer):
     def build_over(cls, ctx, shards: ParamShards, opt_cls, groups, kw: dict) -> ParamsOptimizer:
         """Collective, as ShardedOptimizer.build (the allow-list, the groups, one verdict round),
         the pieces viewing the shard instead of the parameters' storage."""
-        from ..execution.endpoint import Endpoint
-
-        local, built, safe, indices = None, None, None, None
-        try:
-            safe = SHARD_SAFE.get(opt_cls) if isinstance(opt_cls, type) else None
-            if safe is None:
-                raise Refusal(
-                    "torch-optimizer-unsharded",
-                    f"{getattr(opt_cls, '__name__', opt_cls)!r} is not on the list of optimizers whose "
-                    f"update on a shard is measured to give the whole tensor's bits "
-                    f"({', '.join(c.__name__ for c in SHARD_SAFE)}); sharded state needs one of them",
-                )
-            dicts, indices = normalize_groups(groups, ctx.params)
-            built = _shard_views(shards, dicts, indices)
-            optimizer = opt_cls(built[0], **kw)
-            for g in optimizer.param_groups:
-                why = safe.refuses(g)
-                if why:
-                    raise Refusal(
-                        "torch-optimizer-unsharded",
-                        f"{opt_cls.__name__} with {why}; build it without that setting in a sharded mode",
-                    )
-        except Exception as e:  # it travels to every rank, then is re-raised here
-            local = e
-        Endpoint.of(ctx.comm, ctx.timeout).agree(local, "building the sharded optimizer", timeout=ctx.timeout)
-        return cls(ctx, optimizer, safe, built[1], built[2], indices)
+        return cls.build(ctx, opt_cls, groups, kw, views=lambda dicts, idx: _shard_views(shards, dicts, idx))
 
 
 def _shard_views(shards: ParamShards, dicts: list[dict], indices: list[list[int]]):

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from mpi4py import MPI
 
-from alpha_mpi.torch import DataParallel, ModuleLoss, SlotSampler, parameter_digest
+from alpha_mpi.torch import DataParallel, ModuleLoss, SlotSampler
 from alpha_mpi.torch.partition_modes import MODES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -234,10 +234,10 @@ def main(argv=None) -> str:
             if a.stop_after and dp.updates == a.stop_after and a.checkpoint_dir:
                 dp.save(a.checkpoint_dir, opt, scheduler=sched)
                 say(f"# stopped after step {dp.updates}, checkpoint saved in {a.checkpoint_dir}")
-                return parameter_digest(model)
+                return dp.digest()  # collective: partition='params' gathers the shards
             if dp.updates == a.steps:
                 break
-    digest = parameter_digest(model)
+    digest = dp.digest()  # parameter_digest(model) of the whole parameters, in every mode
     say(f"digest: {digest}")
     return digest
 

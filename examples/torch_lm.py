@@ -1,5 +1,5 @@
-"""A small causal transformer language model on a character corpus made of this repository's own
-docs, trained as language models are trained, ported from a DDP script (docs/pytorch.md,
+"""A small causal transformer language model on a character corpus (a frozen copy of three pages
+of this repository's docs), trained as language models are trained, ported from a DDP script (docs/pytorch.md,
 "Porting a DDP script"): padded sequences and a mean over the real tokens, AdamW, a cosine
 schedule, gradient accumulation (`--accum`), gradient clipping (`--clip`), a SlotSampler
 DataLoader, checkpoint and resume on another rank count.
@@ -28,7 +28,10 @@ script averages the ranks' means instead, which weighs a rank's tokens by its pa
 counts updates (`dp.updates`: what the schedule follows); `dp.steps` counts batches (what
 `set_epoch` follows). `dp.clip_grad_norm_(--clip)` clips after the step, before `opt.step()`.
 
-Nothing is downloaded: the corpus is docs/*.md of this checkout, read in sorted order.
+Nothing is downloaded: the corpus is examples/data/corpus.txt, a frozen copy of docs/concepts.md,
+docs/same-bits.md and docs/design.md as of 2026-12-07. It is a copy, not the live pages, because the
+digests the manual prints must not move when the manual is edited. `--corpus PATH` trains on
+another UTF-8 text file instead (the same file on every rank: the digest follows its bytes).
 """
 
 from __future__ import annotations
@@ -48,11 +51,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IGNORE = -100  # the label of a padded position (torch's and Hugging Face's ignore_index)
 
 
-def corpus(root: str = ROOT) -> str:
-    """The text of docs/*.md, in sorted order."""
-    docs = os.path.join(root, "docs")
-    names = sorted(n for n in os.listdir(docs) if n.endswith(".md"))
-    return "\n".join(open(os.path.join(docs, n), encoding="utf-8").read() for n in names)
+CORPUS = os.path.join(ROOT, "examples", "data", "corpus.txt")
+
+
+def corpus(path: str = CORPUS) -> str:
+    """The training text: the frozen corpus unless another file is named."""
+    with open(path, encoding="utf-8") as f:
+        return f.read()
 
 
 class Chars(torch.utils.data.Dataset):
@@ -143,6 +148,7 @@ def summed_tokens(out, y):
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--corpus", default=CORPUS, help="UTF-8 text to train on (default: the frozen copy)")
     p.add_argument("--steps", type=int, default=24, help="optimizer updates")
     p.add_argument("--accum", type=int, default=1, help="batches per update (no_sync for all but the last)")
     p.add_argument("--clip", type=float, default=1.0, help="max gradient norm (0: no clipping)")
@@ -189,7 +195,7 @@ def main(argv=None) -> str:
     say = print if comm.Get_rank() == 0 else (lambda *x, **k: None)
     torch.set_num_threads(1)
     device = device_for(comm, a.device)
-    ds = Chars(corpus(), a.block, a.sequences)
+    ds = Chars(corpus(a.corpus), a.block, a.sequences)
     torch.manual_seed(a.seed)  # rank 0's initial weights are copied to every rank anyway
     model = CausalLM(len(ds.vocab), a.block, a.d, a.layers).to(device)
     autocast = None if a.autocast == "none" else getattr(torch, a.autocast)

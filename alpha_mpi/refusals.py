@@ -179,6 +179,7 @@ ADVICE: dict[str, str] = {
     "torch-units-unknown": "name units of partition='params' by submodules of the module or their names in module.named_modules() (or leave units out: the elements of every nn.ModuleList, else the children holding parameters)",
     "torch-units-order": "in partition='params' every unit runs at most once per forward, in the order of units=, and its parameters are used inside its own forward only (tie a parameter that two units use: it is then gathered for the whole slot); give units in forward order, or fewer, larger units",
     "torch-params-sharded": "in partition='params' the parameters are shards between steps: run the module (inference, eval) inside `with dp.full_parameters():`, or train it through dp.step",
+    "torch-clip-sharded": "in partition='grads' and 'params' .grad is None (a rank holds its shard of the gradient, dp.grads.flat), so torch's clip_grad_norm_ would clip nothing: call dp.clip_grad_norm_(max_norm) after dp.step and before opt.step() (value clipping: dp.grads.flat.clamp_(-v, v))",
     "torch-optimizer-unsharded": "in a sharded partition use an optimizer whose update on a shard is measured to keep the whole tensor's bits (torch.optim.AdamW, Adam, SGD; not fused SGD, capturable or differentiable), or partition='none' for any other",
     # tools
     "usage": "an argument is outside what the function accepts: the message names it and what it accepts (see help() of the function)",

@@ -321,7 +321,7 @@ def test_an_overflow_in_a_micro_step_skips_the_whole_update():
     alone = DataParallel(lm(dropout=0.0), comm_self(), slots=SLOTS, autocast=torch.float16)
     alone.module.load_state_dict(model.state_dict())
     alone.steps = 1
-    scaler._scale.fill_(2.0**12)
+    scaler._scale.fill_(2.0**8)  # finite for this batch (2^12 overflows it on examples/data/corpus.txt)
     alone.step(*batch(8, 8), token_pair, scaler=scaler)  # the update's batch alone: finite
     assert all(torch.isfinite(p.grad).all() for p in alone.params)
     dp.step(*batch(8, 8), token_pair, scaler=scaler)
@@ -329,4 +329,4 @@ def test_an_overflow_in_a_micro_step_skips_the_whole_update():
     scaler.step(opt)
     scaler.update()
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
-    assert scaler.get_scale() == 2.0**11 and dp.updates == 1
+    assert scaler.get_scale() == 2.0**7 and dp.updates == 1

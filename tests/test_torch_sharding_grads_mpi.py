@@ -214,3 +214,35 @@ def test_an_optimizer_off_the_list_on_one_rank_is_named_on_every_rank_in_grads_m
     agree(world, got == ("torch-partition-change", None, None), f"a mode change: {got}")
     agree(world, dp.steps == 1 and dp.updates == 1 and STEPS > 1, "the next call works")
     dp.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("partition", ["state", "grads", "params"])
+def test_a_grad_scaler_in_a_sharded_mode_on_one_rank_is_named_on_every_rank(world, partition):
+    """torch's scaler.step(opt) cannot see a shard's overflow (scaling.py): the step refuses the
+    scaler by name, flagged in the combine, and the next step without it works."""
+    model = lm()
+    dp = DataParallel(model, world, slots=SLOTS, timeout=120, partition=partition, autocast=torch.float16)
+    odd = world.Get_size() - 1
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8) if world.Get_rank() == odd else None
+    got = _refused(world, lambda: dp.step(*batch(0, 20), token_pair, scaler=scaler))
+    want = ("options-conflict", None, None) if scaler else ("peer-refused", odd, "options-conflict")
+    agree(world, got == want, f"refused as {got}")
+    dp.step(*batch(0, 20), token_pair)
+    agree(world, dp.steps == 1, "the next step works")
+    dp.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("partition", ["grads", "params"])
+def test_torch_s_own_clipping_of_a_sharded_gradient_is_refused_on_every_rank(world, partition):
+    model = lm()
+    dp = DataParallel(model, world, slots=SLOTS, timeout=120, partition=partition)
+    opt = dp.optimizer(torch.optim.AdamW, model.parameters(), lr=1e-3)
+    dp.step(*batch(0, 20), token_pair)
+    got = _refused(world, lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+    agree(world, got == ("torch-clip-sharded", None, None), f"refused as {got}")
+    dp.clip_grad_norm_(1.0)
+    opt.step()
+    agree(world, dp.updates == 1, "dp's own clipping and the update work")
+    dp.free()

@@ -217,6 +217,7 @@ class DataParallel:
             fault_hook=fault_hook,
             combine=mine.combine,
             turns=self.shards.gathers,
+            partition=mode.name,
         )
         self.audit, self.replicas = self.stepper.audit, self.stepper.replicas
         self.combine, self.slot_pass = self.stepper.combine, self.stepper.slot_pass
@@ -317,9 +318,8 @@ class DataParallel:
         update, dividing the block's carried sums with its own: accumulation.py), else False;
         inside the block every step carries. `stop`: this rank asks every rank to stop (so does
         a signalled `preemption`); then `stop_agreed` is True on every rank. `scaler`: a
-        `torch.amp.GradScaler` (float16): each slot differentiates its loss times the scale;
-        an overflow sets every `.grad` to inf so `scaler.step(opt)` skips (scaling.py).
-        """
+        `torch.amp.GradScaler` (float16, partition="none"): each slot differentiates its loss
+        times the scale; an overflow sets every `.grad` to inf so `scaler.step(opt)` skips."""
         from ..learning.slicing import slice_batch
 
         sizes = None if sizes is None else list(sizes)

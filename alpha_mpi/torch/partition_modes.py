@@ -33,7 +33,9 @@ the optimizer's state only), so both clip by the same computation, `_clip_whole`
 gradient's block sums on every rank (alpha_mpi.torch.clipping). A mode that shards `.grad` would
 compute its shard's block sums alone (`block_sums(shard, start)`: shards begin on the grid that
 clipping's blocks use, sharding.GRID) and combine the block sums by position, to the same bits:
-`grads` and `params` do (`_clip_shard`).
+`grads` and `params` do (`_clip_shard`). torch's own clipping over their parameters would clip
+nothing (`.grad` is None): those modes mark the parameters (`shards_grads`) and it is refused by
+name (alpha_mpi.torch.clip_guard).
 
 Each mode also gives the step its parts (`parts`: the `.grad` writer, the accumulation, the
 combine; alpha_mpi.torch.shard_grads.StepParts) and counts what a rank holds (`memory`).
@@ -114,6 +116,7 @@ class PartitionMode:
     parts: Callable = _whole_parts
     memory: Callable = memory
     shards_params: bool = False
+    shards_grads: bool = False  # .grad None, the shard in dp.grads: torch's clipping refused (clip_guard)
 
     def plan_units(self, module, params: list, units, **unsupported):
         """The units of params mode (alpha_mpi.torch.units; None in the other modes, where
@@ -170,8 +173,8 @@ _REGISTRY = {
     for m in (
         PartitionMode("none", False, _plain, _clip_whole),
         PartitionMode("state", True, _sharded, _clip_whole),  # .grad whole: clipped as in none
-        PartitionMode("grads", True, _sharded, _clip_shard, grads_parts, grads_memory),
-        PartitionMode("params", True, _sharded_params, _clip_shard, _params_parts, grads_memory, True),
+        PartitionMode("grads", True, _sharded, _clip_shard, grads_parts, grads_memory, shards_grads=True),
+        PartitionMode("params", True, _sharded_params, _clip_shard, _params_parts, grads_memory, True, True),
     )
 }
 

@@ -21,7 +21,14 @@ a gradient overflowed, and `scaler.update()` moves S (halved after an overflow, 
   scalers hold other scales are refused by name (`step-mismatch`, field `loss scale`).
 
 Without `scaler=`, `scaler.step(opt)` would divide the unscaled gradient by S: pass it. Not with
-`bucket_mb` (the buckets are combined before the last slot's overflow is known): `usage`.
+`bucket_mb` (the buckets are combined before the last slot's overflow is known) and not in a
+sharded partition (`state`, `grads`, `params`): `options-conflict`, flagged on every rank in the
+step's combine. In those modes torch's `scaler.step(opt)` looks for the overflow in the `.grad` of
+the optimizer's shard tensors, which exist only inside the sharded `opt.step()` (and a rank with
+an empty shard has none at all), so torch stops with "No inf checks were recorded for this
+optimizer" (measured, torch 2.13). FSDP answers with a ShardedGradScaler that agrees on the
+overflow across ranks; alpha_mpi's overflow flag already travels in the combine, and handing it
+to the shard tensors is the work left (docs/pytorch.md). bfloat16 needs no scaler.
 """
 
 from __future__ import annotations
@@ -36,10 +43,11 @@ torch = require_torch()
 __all__ = ["loss_scale", "mark_overflow"]
 
 
-def loss_scale(scaler, buckets: bool = False) -> float | None:
+def loss_scale(scaler, buckets: bool = False, partition: str = "none") -> float | None:
     """The scale a step multiplies each slot's loss by (each slot calls `scaler.scale(loss)`, as
     a torch script does before its backward): None without a scaler (or a disabled one), else
-    `scaler.get_scale()`, a finite number > 0 (`usage` otherwise)."""
+    `scaler.get_scale()`, a finite number > 0 (`usage` otherwise). Refused with `bucket_mb` and in
+    a sharded `partition` (`options-conflict`, see the module)."""
     if scaler is None:
         return None
     needs = ("get_scale", "is_enabled", "scale")
@@ -52,6 +60,15 @@ def loss_scale(scaler, buckets: bool = False) -> float | None:
             "options-conflict",
             "scaler= with bucket_mb: the buckets are combined before the last slot's overflow is known; "
             "build DataParallel without bucket_mb",
+        )
+    if partition != "none":
+        raise Refusal(
+            "options-conflict",
+            f"scaler= with partition={partition!r}: torch's GradScaler unscales and checks for "
+            "overflow the .grad of the optimizer's own tensors, which in a sharded partition are "
+            "shard tensors whose .grad exists only inside opt.step(), so scaler.step(opt) would stop "
+            "on torch's 'No inf checks were recorded'; train float16 with partition='none', or use "
+            "autocast=torch.bfloat16, which needs no loss scaling",
         )
     s = float(scaler.get_scale())
     if not (math.isfinite(s) and s > 0):

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
 
 from ..refusals import Refusal
+from . import clip_guard
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -146,7 +147,10 @@ class ShardContext:
         and, in params mode, its shards and their gathers (`units`: the mode's plan of them; the
         combine's plan's slots per rank fix the gathers' turns)."""
         gathers = mode.gathers(units, comm, timeout, contract, module, params, layout, sp.plan)
-        return cls(comm, timeout, contract, module, params, layout, mode, {}, grads, gathers)
+        ctx = cls(comm, timeout, contract, module, params, layout, mode, {}, grads, gathers)
+        if mode.shards_grads:
+            clip_guard.hold(params, ctx)  # torch's own clipping would clip nothing here: refused by name
+        return ctx
 
     @property
     def partition(self) -> str:
@@ -189,3 +193,5 @@ class ShardContext:
         if self.gathers is not None:
             self.gathers.remove()
             self.gathers.shards.free()
+        if self.mode.shards_grads:
+            clip_guard.release(self.params, self)

@@ -37,13 +37,6 @@ __all__ = ["hold", "release"]
 
 MARK = "_alpha_mpi_sharded_grad"  # the attribute a marked parameter carries: weakref to a ShardContext
 GUARDED = ("clip_grad_norm_", "clip_grad_norm", "clip_grad_value_", "clip_grads_with_norm_")
-ADVICE = {
-    "clip_grad_value_": "clamp this rank's shard instead, dp.grads.flat.clamp_(-clip_value, clip_value) "
-    "(elementwise: the bits clip_grad_value_ gives in partition='none')",
-}
-DEFAULT_ADVICE = (
-    "call dp.clip_grad_norm_(max_norm) after dp.step and before opt.step() (the bits of partition='none')"
-)
 
 
 def _owner(p):
@@ -58,13 +51,10 @@ def _guard(original):
         for p in params:
             ctx = _owner(p)
             if ctx is not None:
-                name = original.__name__
                 raise Refusal(
                     "torch-clip-sharded",
-                    f"torch.nn.utils.{name} over the parameters of a DataParallel with "
-                    f"partition={ctx.partition!r}: their .grad is None (each rank holds only its shard "
-                    f"of the combined gradient, dp.grads.flat), so torch would clip nothing; "
-                    + ADVICE.get(name, DEFAULT_ADVICE),
+                    f"torch.nn.utils.{original.__name__} over the parameters of a DataParallel with "
+                    f"partition={ctx.partition!r} would clip nothing: their .grad is None",
                 )
         return original(params, *args, **kwargs)
 

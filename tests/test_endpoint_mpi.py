@@ -204,3 +204,38 @@ def test_a_reset_drains_what_a_failed_call_left_and_the_job_ends_cleanly(world):
     got = allreduce(comm, tree, {rank: data[rank]}, timeout=SHORT)
     agree(world, np.array_equal(bits(got), bits(_oracle(tree, data))), "the call after the reset")
     comm.Free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_freed_communicator_s_endpoint_is_forgotten_and_the_next_one_gets_its_own(world):
+    """The Endpoint's lookup memo (the communicator object last asked about) is cleared by the
+    communicator's Free, so a communicator made after it (MPI may hand out the freed handle
+    again) never meets the freed one's Endpoint; two communicators alternating keep their own."""
+    size, rank = world.Get_size(), world.Get_rank()
+    data = {r: order_sensitive(np.random.default_rng(r), 3) for r in range(size)}
+    x = data[rank]
+    want = bits(
+        np.array(oracle.evaluate(pairwise(range(size), size), {r: v.tolist() for r, v in data.items()}))
+    )
+    first = world.Dup()
+    allreduce(first, x)
+    old = Endpoint.existing(first)
+    agree(world, old is not None and Endpoint.of(first) is old, "the first communicator's endpoint")
+    first.Free()
+    with pytest.raises(MPI.Exception):  # as MPI says of a freed communicator: never the old endpoint
+        allreduce(first, x)
+    second = world.Dup()
+    agree(world, Endpoint.existing(second) is None, "a new communicator has no endpoint yet")
+    got = allreduce(second, x)
+    ep = Endpoint.existing(second)
+    agree(world, ep is not None and ep is not old and ep.user is second, "its own endpoint")
+    third = world.Dup()
+    for _ in range(3):  # alternating: each lookup finds its own communicator's endpoint
+        a, b = allreduce(third, x), allreduce(second, x)
+        agree(
+            world, Endpoint.existing(second) is ep and Endpoint.existing(third).user is third, "alternating"
+        )
+        agree(world, np.array_equal(bits(a), want) and np.array_equal(bits(b), want), "the oracle's bits")
+    agree(world, np.array_equal(bits(got), want), "the oracle's bits")
+    second.Free()
+    third.Free()

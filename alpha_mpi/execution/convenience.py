@@ -262,9 +262,23 @@ def _run_on(st, a, contributions, out, timeout, rs):
 _NO_TREE = object()
 
 
-def _plain_key(tree) -> CacheKey:
-    """The key of a call with every option at its default (what _Call.key says for it)."""
-    return CacheKey(_tree_key(tree), None, None, "auto", "allreduce", None, None)
+def _plain_key(tree, layout: int | None = None) -> CacheKey:
+    """The key of a call with every option but `layout` (None or an int) at its default (what
+    _Call.key says for it). Kept per tree object and layout (a tree is immutable, so its key is
+    too; building it is ~0.5 us of a call whose own cost is ~2 us), by identity, the tree held
+    so that its id cannot be reused."""
+    memo = id(tree) if layout is None else (id(tree), layout)
+    got = _PLAIN_KEYS.get(memo)
+    if got is not None and got[0] is tree:
+        return got[1]
+    if len(_PLAIN_KEYS) >= 64:  # a program that makes trees as it goes: keep the newest only
+        _PLAIN_KEYS.clear()
+    key = CacheKey(_tree_key(tree), layout, None, "auto", "allreduce", None, None)
+    _PLAIN_KEYS[memo] = (tree, key)
+    return key
+
+
+_PLAIN_KEYS: dict = {}  # id(tree) or (id(tree), layout) -> (tree, its CacheKey)
 
 
 def _bare_call(comm, tree, contributions):
@@ -309,23 +323,25 @@ def allreduce(
 
     `allreduce(comm, x)` (no tree): every rank passes one float64 array, combined over
     `pairwise(range(p))` with slot = rank (the same bits on every run and MPI at that p)."""
-    if delivery is layout is timeout is segment is coverage is None and realization == "auto":
+    plain_layout = layout is None or type(layout) is int
+    if delivery is timeout is segment is coverage is None and realization == "auto" and plain_layout:
         # The steady loop: a plain call finds its Allreducer in the cache by the key its
-        # arguments make (the tree's placement; every other part at its default) and runs its
-        # prepared run; the arrays are bound by their geometry there, whatever objects they are.
+        # arguments make (the tree's placement and an int layout=; every other part at its
+        # default) and runs its prepared run; the arrays are bound by their geometry there,
+        # whatever objects they are.
         ep = Endpoint.existing(comm)
         st = None if ep is None else ep.streams.get(STREAM)
         if st is not None and st.broken is None:
             if contributions is _NO_TREE:
                 tree, contributions = _rank_tree(ep.size), {ep.rank: tree}
-            a = st.state.get(_plain_key(tree))
+            a = st.state.get(_plain_key(tree, layout))
             if a is not None:
                 try:
                     return a.run(contributions, out)
                 except Refusal as e:
                     if a.broken is not None:
                         st.broken = a.broken
-                    call = _Call(comm, tree, None, None, "auto", "allreduce", None, None, None)
+                    call = _Call(comm, tree, None, layout, "auto", "allreduce", None, None, None)
                     return _after_refusal(call, st, a, e, contributions, out, False)
     tree, contributions = _bare_call(comm, tree, contributions)
     call = _Call(comm, tree, delivery, layout, realization, "allreduce", coverage, segment, timeout)

@@ -5,7 +5,8 @@ Every executor (Engine, and through it Allreducer, Combiner, Assembler, the conv
 the arrays' exchanges, the learners' combines) is an Endpoint plus a Program; none duplicates
 the communicator. The Endpoint of `comm` is kept as an MPI attribute of `comm` itself (it lives
 and dies with it, so no freed handle that MPI hands out again can ever meet it; never a cache
-keyed by handle) and holds:
+keyed by handle; the one memo in front of it is keyed by the communicator OBJECT and cleared by
+the attribute's delete callback, `existing`) and holds:
 
 - `lib`: ONE duplicate of `comm`, made once (MPI_Comm_idup, waited under the wait policy's
   bound), that only alpha_mpi uses, so user messages never match ours (as mpi4jax clones its
@@ -97,6 +98,9 @@ __all__ = [
 
 STREAM_MESSAGES = 256  # messages per pair of ranks a stream's block holds (a call needing more gets its own)
 _KEY = []  # the MPI keyval of the endpoint attribute (created once per process)
+# The communicator object last looked up and its Endpoint: MPI_Comm_get_attr through mpi4py costs
+# ~1 us, most of what allreduce() adds to its Allreducer. Cleared when the communicator is freed.
+_LAST: list = [None, None]
 
 
 # Seat and Stream are written out, not dataclasses: a program's first reduction defines them
@@ -186,18 +190,23 @@ class Endpoint:
         """The Endpoint of `comm`, made on first use (collective then: every rank calls it).
         `timeout`: the bound of that first MPI_Comm_idup (a bad value: the default bound; it is
         refused by whoever passed it, in its own round)."""
+        if comm is _LAST[0]:
+            return _LAST[1]
         if not _KEY:
             _KEY.append(MPI.Comm.Create_keyval(delete_fn=_deleted))
         ep = comm.Get_attr(_KEY[0])
         if ep is None:
             ep = cls(comm, timeout)
             comm.Set_attr(_KEY[0], ep)
+        _LAST[0], _LAST[1] = comm, ep
         return ep
 
     @staticmethod
     def existing(comm: MPI.Comm) -> Endpoint | None:
         """The Endpoint of `comm` if one was made (no communication)."""
-        return comm.Get_attr(_KEY[0]) if _KEY else None
+        if comm is _LAST[0]:
+            return _LAST[1]
+        return Endpoint.of(comm) if _KEY and comm.Get_attr(_KEY[0]) is not None else None
 
     def __init__(self, comm: MPI.Comm, timeout: float | None = None) -> None:
         self.user = comm
@@ -418,6 +427,8 @@ def _deleted(comm, keyval, ep) -> None:
     """The user's communicator is being freed (MPI_Comm_free, or MPI_Finalize for the
     predefined ones): free the endpoint's duplicate with it, unless a failure may have left
     frames of it in flight (then the job aborts at exit anyway)."""
+    if _LAST[1] is ep:
+        _LAST[0] = _LAST[1] = None
     try:
         if ep.lib != MPI.COMM_NULL and not owns_failures(ep):
             ep.lib.Free()

@@ -33,7 +33,6 @@ loop re-plans nothing. The cache is safe under one rank's mistake:
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -293,13 +292,18 @@ def _bare_call(comm, tree, contributions):
     return _rank_tree(p), {comm.Get_rank(): tree}
 
 
-@functools.lru_cache(maxsize=64)
+_RANK_TREES: dict = {}  # p -> pairwise(range(p), p); the steady call reads it directly
+
+
 def _rank_tree(p: int):
     """pairwise(range(p), p), made once per size (building it each call cost more than an
     8-byte round); a tree is immutable, and the same object keys the same cached executor."""
-    from ..model import pairwise
+    tree = _RANK_TREES.get(p)
+    if tree is None:
+        from ..model import pairwise
 
-    return pairwise(range(p), p)
+        tree = _RANK_TREES[p] = pairwise(range(p), p)
+    return tree
 
 
 def allreduce(
@@ -333,11 +337,11 @@ def allreduce(
         st = None if ep is None else ep.streams.get(STREAM)
         if st is not None and st.broken is None:
             if contributions is _NO_TREE:
-                tree, contributions = _rank_tree(ep.size), {ep.rank: tree}
+                tree, contributions = _RANK_TREES.get(ep.size) or _rank_tree(ep.size), {ep.rank: tree}
             a = st.state.get(_plain_key(tree, layout))
             if a is not None:
                 try:
-                    return a.run(contributions, out)
+                    return a.prepared.run(contributions, out)  # Allreducer.run's body, one frame less
                 except Refusal as e:
                     if a.broken is not None:
                         st.broken = a.broken

@@ -45,6 +45,8 @@ def _owner(p):
 
 
 def _guard(original):
+    function = original.__name__
+
     @functools.wraps(original)
     def guarded(parameters, *args, **kwargs):
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
@@ -53,7 +55,7 @@ def _guard(original):
             if ctx is not None:
                 raise Refusal(
                     "torch-clip-sharded",
-                    f"torch.nn.utils.{original.__name__} over the parameters of a DataParallel with "
+                    f"torch.nn.utils.{function} over the parameters of a DataParallel with "
                     f"partition={ctx.partition!r} would clip nothing: their .grad is None",
                 )
         return original(params, *args, **kwargs)

@@ -46,7 +46,6 @@ Failure semantics (the protocol, not an afterthought):
 from __future__ import annotations
 
 import sys
-import threading
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -244,6 +243,8 @@ class Engine:
         # of another run first proves nothing there: only a process of one Python thread, whose
         # runs and builds follow one another, says the peer is elsewhere. (A stream's calls and
         # builds run one at a time by definition: its records and markers always count.)
+        import threading  # here, not at import: a first reduction need not load it (start-up)
+
         alone = threading.active_count() == 1
         if tag in (VERDICT_TAG, RESET_TAG):
             return tag if alone or self.streamed else None

@@ -181,9 +181,11 @@ def _source_path(name: str) -> str:
 
 
 # What Python sees of the kernel is read from its headers, so a declaration lives in one place:
-# cffi wants `#define NAME ...` for constants and no include guards, includes or comments.
-_COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
-_DEFINE = re.compile(r"#define\s+(\w+)\s+\S")
+# cffi wants `#define NAME ...` for constants and no include guards, includes or comments. (The
+# patterns are compiled where a build uses them, not at import: a program's first reduction
+# imports this module for the build's identity only.)
+_COMMENT = r"/\*.*?\*/|//[^\n]*"
+_DEFINE = r"#define\s+(\w+)\s+\S"
 # Defined in the generated module (make_ffi), not in a header: they name this build.
 _BUILD_CDEF = "const char *ak_build_flags(void);\nconst char *ak_build_id(void);\n"
 
@@ -195,7 +197,7 @@ def header_cdef(text: str) -> str:
     part whole (not nested: csrc/round/native.h's part for its own C files)."""
     out = []
     skipping = False
-    for line in _COMMENT.sub("", text).splitlines():
+    for line in re.sub(_COMMENT, "", text, flags=re.S).splitlines():
         s = line.strip()
         if skipping or s.startswith("#ifdef"):
             skipping = not s.startswith("#endif")
@@ -203,7 +205,7 @@ def header_cdef(text: str) -> str:
         if not s or s.startswith(("#ifndef", "#endif", "#include")):
             continue
         if s.startswith("#define"):
-            m = _DEFINE.match(s)
+            m = re.match(_DEFINE, s)
             if m:  # a constant (the guard's `#define NAME` has no value)
                 out.append(f"#define {m.group(1)} ...")
             continue

@@ -50,13 +50,13 @@ from .postfix import postfix_text
 
 OP_KINDS = "PSWDECFMAR"
 FLAG_SEQ = -1  # Message.seq of a flag-round frame (planning/flag_rounds.py)
-_OP_RE = re.compile(r"^([PSWDECFMAR])(\d+)$")
+_OP_RE = r"^([PSWDECFMAR])(\d+)$"  # compiled when text is parsed (re caches it), not at import
 _set = object.__setattr__
 
 
-def parse_or_refuse(regex, text: str, what: str):
-    """The match of `regex` on `text` (stripped), refused as `step-parse-error` naming `what`."""
-    m = regex.match(text.strip()) if isinstance(text, str) else None
+def parse_or_refuse(regex: str, text: str, what: str):
+    """The match of the pattern `regex` on `text` (stripped), refused as `step-parse-error` naming `what`."""
+    m = re.match(regex, text.strip()) if isinstance(text, str) else None
     if not m:
         raise PlanRefusal("step-parse-error", f"cannot read {what} {text!r}")
     return m

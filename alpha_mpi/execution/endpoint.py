@@ -98,15 +98,13 @@ __all__ = [
 
 STREAM_MESSAGES = 256  # messages per pair of ranks a stream's block holds (a call needing more gets its own)
 _KEY = []  # the MPI keyval of the endpoint attribute (created once per process)
-# The communicator object last looked up and its Endpoint: MPI_Comm_get_attr through mpi4py costs
-# ~1 us, most of what allreduce() adds to its Allreducer. Cleared when the communicator is freed.
-_LAST: list = [None, None]
+# [(communicator object last looked up, its Endpoint)], the pair replaced whole (threads): mpi4py's
+# Get_attr costs ~1 us, most of what allreduce() adds to its Allreducer. Cleared by the Free.
+_LAST: list = [(None, None)]
 
 
 # Seat and Stream are written out, not dataclasses: a program's first reduction defines them
 # (_record.py: a dataclass costs about 1 ms to define, the start-up budget is 20 ms).
-
-
 class Seat:
     """What an executor holds of its endpoint: its agreed `sequence` and tag `block`, and the
     communicator its frames travel on (`wire`: the endpoint's duplicate, or the user's
@@ -190,22 +188,24 @@ class Endpoint:
         """The Endpoint of `comm`, made on first use (collective then: every rank calls it).
         `timeout`: the bound of that first MPI_Comm_idup (a bad value: the default bound; it is
         refused by whoever passed it, in its own round)."""
-        if comm is _LAST[0]:
-            return _LAST[1]
+        last = _LAST[0]
+        if comm is last[0]:
+            return last[1]
         if not _KEY:
             _KEY.append(MPI.Comm.Create_keyval(delete_fn=_deleted))
         ep = comm.Get_attr(_KEY[0])
         if ep is None:
             ep = cls(comm, timeout)
             comm.Set_attr(_KEY[0], ep)
-        _LAST[0], _LAST[1] = comm, ep
+        _LAST[0] = (comm, ep)
         return ep
 
     @staticmethod
     def existing(comm: MPI.Comm) -> Endpoint | None:
         """The Endpoint of `comm` if one was made (no communication)."""
-        if comm is _LAST[0]:
-            return _LAST[1]
+        last = _LAST[0]
+        if comm is last[0]:
+            return last[1]
         return Endpoint.of(comm) if _KEY and comm.Get_attr(_KEY[0]) is not None else None
 
     def __init__(self, comm: MPI.Comm, timeout: float | None = None) -> None:
@@ -427,8 +427,8 @@ def _deleted(comm, keyval, ep) -> None:
     """The user's communicator is being freed (MPI_Comm_free, or MPI_Finalize for the
     predefined ones): free the endpoint's duplicate with it, unless a failure may have left
     frames of it in flight (then the job aborts at exit anyway)."""
-    if _LAST[1] is ep:
-        _LAST[0] = _LAST[1] = None
+    if _LAST[0][1] is ep:
+        _LAST[0] = (None, None)
     try:
         if ep.lib != MPI.COMM_NULL and not owns_failures(ep):
             ep.lib.Free()

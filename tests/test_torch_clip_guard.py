@@ -15,7 +15,7 @@ import torch.nn.utils.clip_grad as clip_grad  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 from alpha_mpi.refusals import Refusal  # noqa: E402
-from alpha_mpi.torch import DataParallel  # noqa: E402
+from alpha_mpi.torch import DataParallel, clip_guard  # noqa: E402
 
 from lm_common import BLOCK, VOCAB, CausalLM, batch, token_pair  # noqa: E402
 
@@ -82,6 +82,7 @@ def test_value_clipping_on_the_shard_gives_clip_grad_value_s_bits_in_none(partit
 
 @pytest.mark.parametrize("partition", ["none", "state"])
 def test_whole_gradients_are_clipped_by_torch_as_ever(partition):
+    clip_guard._install()  # the wrapper in place, as after any grads/params DataParallel
     model, dp, _ = stepped(partition)
     grads = [p.grad.clone() for p in model.parameters()]
     norm = utils.clip_grad_norm_(model.parameters(), 1e-3)

@@ -289,22 +289,37 @@ def run_conformance(workdir=None, n=N_DEFAULT):
 TRAIN_SECTIONS = ("params", "adam_m", "adam_v", "losses")
 
 
-def training_case(path, steps=10, hidden=32, batch=50, slots=6, seed=0):
+def training_case(path, steps=10, hidden=32, batch=50, slots=6, seed=0, optimizer="adam", weight_decay=None):
     """Train `steps` steps with the product's learner on this machine (trainer.build, as
-    `alpha-mpi train --hidden H --batch B --slots S --seed SEED` on one rank) and write the case
-    it trained on to `path` (train_driver.c's input format). Returns the product's final state
-    as sections: name -> uint64 array (params, adam_m, adam_v, losses)."""
+    `alpha-mpi train --hidden H --batch B --slots S --seed SEED --optimizer O --weight-decay WD`
+    on one rank; `optimizer` "adam" or "adamw") and write the case it trained on to `path`
+    (train_driver.c's input format: AKTRAIN1 for Adam, AKTRAIN2 with the weight decay for AdamW).
+    Returns the product's final state as sections: name -> uint64 array (params, adam_m,
+    adam_v, losses)."""
     from mpi4py import MPI
 
     from alpha_mpi.learning.trainer import TrainConfig, build
 
-    cfg = TrainConfig(steps=steps, hidden=hidden, batch=batch, slots=slots, seed=seed, log_every=0)
+    if optimizer not in ("adam", "adamw"):
+        raise ValueError(f"the train driver runs adam or adamw, not {optimizer!r}")
+    cfg = TrainConfig(
+        steps=steps,
+        hidden=hidden,
+        batch=batch,
+        slots=slots,
+        seed=seed,
+        log_every=0,
+        optimizer=optimizer,
+        weight_decay=weight_decay,
+    )
     data, model, learner, stream = build(MPI.COMM_SELF, cfg)
     opt = learner.opt
+    adamw = optimizer == "adamw"
     with open(path, "wb") as f:
-        f.write(b"AKTRAIN1")
+        f.write(b"AKTRAIN2" if adamw else b"AKTRAIN1")
         f.write(np.array([model.d, model.h, model.c, slots, steps], dtype="<i8").tobytes())
-        f.write(np.array([opt.lr, opt.b1, opt.b2, opt.eps], dtype="<f8").tobytes())
+        scalars = [opt.lr, opt.b1, opt.b2, opt.eps] + ([opt.weight_decay] if adamw else [])
+        f.write(np.array(scalars, dtype="<f8").tobytes())
         f.write(np.ascontiguousarray(learner.params, dtype="<f8").tobytes())
         for t in range(steps):
             for s in range(slots):
@@ -332,22 +347,32 @@ def run_train_driver(tools, name, exe, case, workdir):
     return read_sections(out), paths
 
 
-def run_train_conformance(workdir=None, steps=10, hidden=32, batch=50, slots=6):
-    """The product trains on x86-64 and writes its case; the train drivers (x86_64, aarch64,
-    aarch64_fma) run it. Returns a JSON-able report: per target the differing elements of each
-    section against the product's state, the ISA paths each ran and how many of them differed."""
+def run_train_conformance(
+    workdir=None, steps=10, hidden=32, batch=50, slots=6, optimizer="adam", weight_decay=None
+):
+    """The product trains on x86-64 (with `optimizer`, "adam" or "adamw", and its
+    `weight_decay`) and writes its case; the train drivers (x86_64, aarch64, aarch64_fma) run
+    it. Returns a JSON-able report: per target the differing elements of each section against
+    the product's state, the ISA paths each ran and how many of them differed."""
     tools, workdir, flags = _prepare(workdir, "alpha_train_conf_")
     if tools is None:
         return {"skipped": workdir}
     exes = build_all(tools, workdir, flags, commands=train_build_commands(tools, workdir, flags))
     case = workdir / "case.bin"
-    product = training_case(case, steps, hidden, batch, slots)
+    product = training_case(case, steps, hidden, batch, slots, optimizer=optimizer, weight_decay=weight_decay)
     outs, paths = {}, {}
     for name, exe in exes.items():
         outs[name], paths[name] = run_train_driver(tools, name, exe, case, workdir)
     return {
         "build_id": kernel_build_id(flags),
-        "case": {"steps": steps, "hidden": hidden, "batch": batch, "slots": slots},
+        "case": {
+            "steps": steps,
+            "hidden": hidden,
+            "batch": batch,
+            "slots": slots,
+            "optimizer": optimizer,
+            "weight_decay": weight_decay,
+        },
         "reference": "product (alpha_mpi's learner on x86-64)",
         "targets": {
             name: compare(product, {k: out[k] for k in TRAIN_SECTIONS}) for name, out in outs.items()

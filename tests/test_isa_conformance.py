@@ -2,8 +2,9 @@
 built with the same flags for x86-64 (native) and AArch64 (static, run under
 qemu-user), give the same output bits on >= 1e6 generated elements per function, the
 dense kernels (exp, log, the products) included; and whole training steps of the embedded
-model (forward, backward, the slots combined in the pairwise order, Adam) end in the same
-state on AArch64 as the product's learner reached on x86-64 (issue 32).
+model (forward, backward, the slots combined in the pairwise order, Adam, and AdamW with its
+decoupled weight decay) end in the same state on AArch64 as the product's learner reached on
+x86-64 (issue 32).
 
 Negative controls prove that the comparison can see a difference:
   - the AArch64 driver built with -ffp-contract=fast (fused multiply-add) differs, in the
@@ -180,3 +181,36 @@ def test_negative_control_training_with_fma_ends_elsewhere(training):
     res = training["targets"]["aarch64_fma"]
     assert res["params"]["differ"] > res["params"]["elements"] // 20, res
     assert res["adam_m"]["differ"] > res["adam_m"]["elements"] // 2, res
+
+
+@pytest.fixture(scope="module")
+def training_adamw(tmp_path_factory):
+    tools, why = conf.toolchain()
+    if tools is None:
+        pytest.skip(why)
+    # the case above with AdamW (`alpha-mpi train --optimizer adamw --weight-decay 0.1`)
+    return conf.run_train_conformance(
+        tmp_path_factory.mktemp("train_adamw"),
+        steps=10,
+        hidden=32,
+        batch=50,
+        slots=6,
+        optimizer="adamw",
+        weight_decay=0.1,
+    )
+
+
+def test_adamw_training_steps_on_aarch64_end_in_the_products_state(training_adamw, training):
+    """AdamW's whole steps (ak_adamw: p * (1 - lr*wd) first, then Adam's step) on AArch64 end
+    in the product's state; its weight decay is visible (the parameters differ from Adam's run
+    on the same case) and its moments are Adam's rule on its own gradients."""
+    assert training_adamw["case"]["optimizer"] == "adamw"
+    for target in ("x86_64", "aarch64"):
+        res = training_adamw["targets"][target]
+        assert {name: r["differ"] for name, r in res.items()} == dict.fromkeys(conf.TRAIN_SECTIONS, 0), target
+        assert training_adamw["fpenv_flags"][target] == 0
+    assert training_adamw["paths_differ"] == {"x86_64": 0, "aarch64": 0, "aarch64_fma": 0}
+    adam, adamw = training["product"]["params"], training_adamw["product"]["params"]
+    assert (adam != adamw).sum() > adam.size // 2  # the decay changed most parameters
+    fma = training_adamw["targets"]["aarch64_fma"]
+    assert fma["params"]["differ"] > fma["params"]["elements"] // 20, fma

@@ -16,13 +16,14 @@
  *     lo + 2^floor(log2(hi - lo - 1)), left operand first; ak_add, element by element);
  *   g = numerator / samples (one division per element);
  *   Adam (ak_adam, csrc/kernel/alpha_kernel.h's order) with b1t, b2t carried: b1t = b1 at step 1,
- *     then b1t *= b1 after each step (optim.py).
+ *     then b1t *= b1 after each step (optim.py); or, for a case of magic "AKTRAIN2", AdamW
+ *     (ak_adamw, the ADAMW EVALUATION ORDER: decoupled weight decay wd, optim.py AdamW).
  * The steps run once per ISA path this CPU offers (ak_isa_select); every path must give the
  * first path's bits (the output counts the paths that do not).
  *
- * Input (little endian):  "AKTRAIN1", int64 d, h, c, slots, steps, double lr, b1, b2, eps,
- *   double params[n] (n = d*h + h + h*c + c: W1, b1, W2, b2), then per step and slot:
- *   int64 k, double X[k*d], int64 y[k].
+ * Input (little endian):  "AKTRAIN1" (Adam) or "AKTRAIN2" (AdamW), int64 d, h, c, slots, steps,
+ *   double lr, b1, b2, eps, with AKTRAIN2 double wd, then double params[n] (n = d*h + h + h*c + c:
+ *   W1, b1, W2, b2), then per step and slot: int64 k, double X[k*d], int64 y[k].
  * Output: a section file (conformance_io.h): "fpenv_flags", "params", "adam_m", "adam_v"
  *   (n doubles, the first path's), "losses" (the mean loss of each step, as train_step returns
  *   it), "paths_differ" (how many paths gave other bits than the first); and on stderr the
@@ -76,6 +77,8 @@ static double read_f64(FILE *f) {
 typedef struct {
     int64_t d, h, c, slots, steps;
     double lr, b1, b2, eps;
+    int adamw;            /* AKTRAIN2: AdamW with decoupled weight decay wd */
+    double wd;
     size_t n;             /* parameters */
     double *params0;      /* initial parameters */
     int64_t *k;           /* [steps * slots] samples of each slot */
@@ -88,7 +91,9 @@ static void read_case(const char *path, Case *cs) {
     if (!f) die("cannot open the case file");
     char magic[8];
     read_exact(f, magic, 8);
-    if (memcmp(magic, "AKTRAIN1", 8) != 0) die("not a training case (magic)");
+    if (memcmp(magic, "AKTRAIN1", 8) != 0 && memcmp(magic, "AKTRAIN2", 8) != 0)
+        die("not a training case (magic)");
+    cs->adamw = memcmp(magic, "AKTRAIN2", 8) == 0;
     cs->d = read_i64(f);
     cs->h = read_i64(f);
     cs->c = read_i64(f);
@@ -98,6 +103,7 @@ static void read_case(const char *path, Case *cs) {
     cs->b1 = read_f64(f);
     cs->b2 = read_f64(f);
     cs->eps = read_f64(f);
+    cs->wd = cs->adamw ? read_f64(f) : 0.0;
     if (cs->d < 1 || cs->h < 1 || cs->c < 1 || cs->slots < 1 || cs->steps < 0 || cs->d > 1 << 20 ||
         cs->h > 1 << 20 || cs->c > 1 << 16 || cs->slots > 1 << 16 || cs->steps > 1 << 20)
         die("case dimensions out of range");
@@ -189,9 +195,14 @@ static void train(const Case *cs, State *st) {
         for (size_t i = 0; i < n; i++) g[i] = reduced[i] / mass; /* learner.py: num / mass */
         int64_t bad_index = -1;
         int bad_which = -1;
-        check(ak_adam(st->p, st->m, st->v, g, pn, mn, vn, n, cs->lr, cs->b1, cs->b2, cs->eps, b1t, b2t,
-                      0, &bad_index, &bad_which),
-              "ak_adam");
+        if (cs->adamw)
+            check(ak_adamw(st->p, st->m, st->v, g, pn, mn, vn, n, cs->lr, cs->b1, cs->b2, cs->eps, b1t,
+                           b2t, cs->wd, 0, &bad_index, &bad_which),
+                  "ak_adamw");
+        else
+            check(ak_adam(st->p, st->m, st->v, g, pn, mn, vn, n, cs->lr, cs->b1, cs->b2, cs->eps, b1t,
+                          b2t, 0, &bad_index, &bad_which),
+                  "ak_adam");
         memcpy(st->p, pn, n * 8);
         memcpy(st->m, mn, n * 8);
         memcpy(st->v, vn, n * 8);

@@ -153,15 +153,20 @@ def test_the_dense_kernels_saw_every_kind_of_value(report):
 # ----------------------------------------------------------------------------- training steps
 
 
-@pytest.fixture(scope="module")
-def training(tmp_path_factory):
+def _train(tmp_path_factory, name, **optimizer):
+    """The training case with `optimizer` (default Adam): 6 slots of 9, 9, 8, 8, 8, 8 samples
+    (an uneven pairwise tree, unequal masses), 10 steps; skipped without the toolchain."""
     tools, why = conf.toolchain()
     if tools is None:
         pytest.skip(why)
-    # 6 slots of 9, 9, 8, 8, 8, 8 samples (an uneven pairwise tree, unequal masses), 10 steps
     return conf.run_train_conformance(
-        tmp_path_factory.mktemp("train"), steps=10, hidden=32, batch=50, slots=6
+        tmp_path_factory.mktemp(name), steps=10, hidden=32, batch=50, slots=6, **optimizer
     )
+
+
+@pytest.fixture(scope="module")
+def training(tmp_path_factory):
+    return _train(tmp_path_factory, "train")
 
 
 def test_training_steps_on_aarch64_end_in_the_products_state(training):
@@ -185,19 +190,8 @@ def test_negative_control_training_with_fma_ends_elsewhere(training):
 
 @pytest.fixture(scope="module")
 def training_adamw(tmp_path_factory):
-    tools, why = conf.toolchain()
-    if tools is None:
-        pytest.skip(why)
     # the case above with AdamW (`alpha-mpi train --optimizer adamw --weight-decay 0.1`)
-    return conf.run_train_conformance(
-        tmp_path_factory.mktemp("train_adamw"),
-        steps=10,
-        hidden=32,
-        batch=50,
-        slots=6,
-        optimizer="adamw",
-        weight_decay=0.1,
-    )
+    return _train(tmp_path_factory, "train_adamw", optimizer="adamw", weight_decay=0.1)
 
 
 def test_adamw_training_steps_on_aarch64_end_in_the_products_state(training_adamw, training):

@@ -217,7 +217,7 @@ class DataParallel:
             fault_hook=fault_hook,
             combine=mine.combine,
             turns=self.shards.gathers,
-            partition=mode.name,
+            sharded=mode.name if mode.shards_state else None,
         )
         self.audit, self.replicas = self.stepper.audit, self.stepper.replicas
         self.combine, self.slot_pass = self.stepper.combine, self.stepper.slot_pass

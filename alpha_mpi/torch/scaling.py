@@ -43,11 +43,11 @@ torch = require_torch()
 __all__ = ["loss_scale", "mark_overflow"]
 
 
-def loss_scale(scaler, buckets: bool = False, partition: str = "none") -> float | None:
+def loss_scale(scaler, buckets: bool = False, sharded: str | None = None) -> float | None:
     """The scale a step multiplies each slot's loss by (each slot calls `scaler.scale(loss)`, as
     a torch script does before its backward): None without a scaler (or a disabled one), else
     `scaler.get_scale()`, a finite number > 0 (`usage` otherwise). Refused with `bucket_mb` and in
-    a sharded `partition` (`options-conflict`, see the module)."""
+    a mode that shards the optimizer state (`sharded`: its name; `options-conflict`, see the module)."""
     if scaler is None:
         return None
     needs = ("get_scale", "is_enabled", "scale")
@@ -61,10 +61,10 @@ def loss_scale(scaler, buckets: bool = False, partition: str = "none") -> float 
             "scaler= with bucket_mb: the buckets are combined before the last slot's overflow is known; "
             "build DataParallel without bucket_mb",
         )
-    if partition != "none":
+    if sharded is not None:
         raise Refusal(
             "options-conflict",
-            f"scaler= with partition={partition!r}: torch's GradScaler unscales and checks for "
+            f"scaler= with partition={sharded!r}: torch's GradScaler unscales and checks for "
             "overflow the .grad of the optimizer's own tensors, which in a sharded partition are "
             "shard tensors whose .grad exists only inside opt.step(), so scaler.step(opt) would stop "
             "on torch's 'No inf checks were recorded'; train float16 with partition='none', or use "

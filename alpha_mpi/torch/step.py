@@ -142,13 +142,13 @@ class TrainingStep:
         fault_hook: FaultHook | None,
         combine: Callable = StepCombine,
         turns: GatherSchedule | None = None,
-        partition: str = "none",
+        sharded: str | None = None,
     ) -> None:
         self.state, self.env, self.precision, self.payload = state, plan.env, plan.precision, plan.payload
         self.grads, self.buffers, self.accumulation = grads, buffers, accumulation
         self.my_slots, self.slots = plan.my_slots, plan.slots
         self.turns = turns  # partition="params": the units' gathers around each slot
-        self.partition = partition  # a GradScaler is refused in the sharded ones (scaling.py)
+        self.sharded = sharded  # the mode's name where it shards the optimizer: no GradScaler (scaling.py)
         audit, replicas = build_checks(
             comm,
             plan.plan,
@@ -236,7 +236,7 @@ class TrainingStep:
         try:
             g = req.given()  # first: step_local takes its sampler note whatever follows
             done.length, done.rule = g.length, g.rule
-            scale = loss_scale(req.scaler, buckets=buckets is not None, partition=self.partition)
+            scale = loss_scale(req.scaler, buckets=buckets is not None, sharded=self.sharded)
             done.facts = step_facts(
                 seed=self.state.seed,
                 module=self.state.module,

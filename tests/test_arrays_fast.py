@@ -292,3 +292,34 @@ def test_a_tile_call_is_remembered_by_geometry_and_checked_again_on_every_call(c
     with pytest.raises(Refusal) as e:
         arrays.dot(comm, x, x, (0, 0), shape)
     assert e.value.code == "dtype-invalid"
+
+
+def test_a_tile_pair_is_checked_array_by_array_against_its_own_strides(comm, ordinary):
+    """A tile dot remembered with x and y of different strides: a later dot(x, x), x with x's
+    strides, is not read through y's (each array is checked against its own, by the one C
+    call); a misaligned y of the remembered strides takes the ordinary path. The oracle's bits
+    every time."""
+    rng = np.random.default_rng(12)
+    shape = (6, 10)
+    g = order_sensitive(rng, 60).reshape(shape)
+    h = order_sensitive(rng, 60).reshape(shape)
+    halo = np.zeros((8, 12))
+    halo[1:-1, 1:-1] = h
+    y = halo[1:-1, 1:-1]  # strides (96, 8)
+    gh = oracle_dot(g.ravel().tolist(), h.ravel().tolist())
+    for _ in range(3):
+        assert u64(arrays.dot(comm, g.copy(), y, (0, 0), shape)) == u64(gh)
+    assert ordinary == ["dot"]
+    x = g.copy()
+    assert u64(arrays.dot(comm, x, x, (0, 0), shape)) == u64(oracle_dot(g.ravel().tolist(), g.ravel().tolist()))
+    assert ordinary == ["dot", "dot"]  # y's record does not fit x as y
+    hh = h.copy()
+    assert u64(arrays.dot(comm, g.copy(), hh, (0, 0), shape)) == u64(gh)
+    assert u64(arrays.dot(comm, g.copy(), hh, (0, 0), shape)) == u64(gh)
+    assert ordinary == ["dot", "dot"]  # contiguous pairs: the record dot(x, x) made
+    raw = np.zeros(60 * 8 + 1, dtype=np.uint8)
+    mis = np.frombuffer(raw.data, dtype=np.float64, count=60, offset=1).reshape(shape)
+    mis[:] = h
+    assert not mis.flags.aligned and mis.strides == hh.strides
+    assert u64(arrays.dot(comm, g.copy(), mis, (0, 0), shape)) == u64(gh)
+    assert ordinary == ["dot", "dot", "dot"]  # misaligned: not bound, copied by the ordinary path

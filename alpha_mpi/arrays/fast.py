@@ -74,8 +74,6 @@ abi.check(
     "alpha_mpi/arrays/fast.py and arrays/pairwise.py",
 )
 
-_F64 = np.dtype(np.float64)
-_ND = np.ndarray
 _PAIR = (tuple, list)
 _XS = tuple(f"X{j}" for j in range(pairwise.MAX_BATCH))
 _YS = tuple(f"Y{j}" for j in range(pairwise.MAX_BATCH))
@@ -101,6 +99,10 @@ class Call:
         "offset",
         "shape",
         "given",
+        "nd",
+        "extent",
+        "strides",
+        "_layout",
     )
 
     def __init__(self, ch, ex, op: str, k: int, key: tuple, length, words: list):
@@ -110,6 +112,12 @@ class Call:
         # the call's offset and shape as the caller gave them: ints (1-D), tuples (a tile)
         self.offset, self.shape = key if length is not None else (key[1], key[0])
         self.given = None  # (offset, shape): the last tuples a tile call passed, checked to hold ints
+        self.nd = self.extent = self.strides = None
+        if length is None:  # a tile: its extent and each array's byte strides, as C reads them
+            self.nd = len(key[2])
+            layout = ffi.new("int64_t[]", [*key[2], *(s for st in key[3] for s in st)])
+            self.extent, self.strides = layout, layout + self.nd
+            self._layout = layout  # owns the memory both point into
 
 
 def _bind(c, j: int, x, y) -> bool:
@@ -150,12 +158,6 @@ def lookup_pairs(comm, pairs: list, offset: int, n: int) -> Call | None:
     return None
 
 
-def _address(a):
-    """The summary's pointer to the first element of a strided view (no contiguous buffer to
-    make it from; the prepared run holds `a` while it is bound)."""
-    return ffi.cast("double *", a.__array_interface__["data"][0])
-
-
 def lookup_tile(comm, op: str, x, y, offset: tuple, shape: tuple) -> Call | None:
     """The remembered tile call of this geometry (offset and shape tuples of ints, the arrays'
     shape and strides), bound to x and y (None: sum), when they fit it, its channel is usable
@@ -171,35 +173,15 @@ def lookup_tile(comm, op: str, x, y, offset: tuple, shape: tuple) -> Call | None
                     if type(v) is not int:
                         return None
                 c.given = (offset, shape)  # these objects hold ints (tuples do not change)
-            if type(x) is not _ND or x.dtype is not _F64:
-                return None
-            fx = x.flags
-            if not fx.aligned:
-                return None
-            if y is None or y is x:
-                fy = fx
-                strides = (x.strides,) if y is None else (x.strides, x.strides)
-            elif type(y) is _ND and y.dtype is _F64 and y.shape == x.shape:
-                fy = y.flags
-                if not fy.aligned:
-                    return None
-                strides = (x.strides, y.strides)
-            else:
-                return None
-            if x.shape != key[2] or strides != key[3]:
-                continue  # another tile at the same place (another extent, other strides)
             if c.ch.broken is not None or c.ex.capacity != c.ch.capacity.current:
                 return None
             if (y is None) != (op == "sum"):
                 return None
-            prep = c.ex.prepared
-            ptr = prep.bind("X0", x, None if fx.c_contiguous else _address)
-            if y is not None:
-                if y is x:
-                    prep.bind("Y0", y, lambda _, p=ptr: p)
-                else:
-                    prep.bind("Y0", y, None if fy.c_contiguous else _address)
-            return c
+            # one C call: the arrays' dtype, extent, strides and alignment, their pointers bound
+            if c.ex.prepared.bind_tile("X0", None if y is None else "Y0", x, y, c.nd, c.extent, c.strides):
+                return c
+            # else another tile at the same place (another extent, other strides), or arrays
+            # that fit no record: the ordinary path
     return None
 
 

@@ -99,6 +99,25 @@ class Bound:
         self.adopt(by, y)
         return True
 
+    def tile(self, bx: int, by: int | None, x, y, nd: int, shape, strides) -> bool:
+        """Bind N-d tiles x to buffer bx (and y to by: a dot; None: a sum) when each is an aligned
+        float64 ndarray of nd dimensions `shape` and byte strides `strides` (cdata: x's nd
+        words, then y's): one C call checks them and writes their first elements' addresses,
+        the arrays bound now included (vectors.bind_tile); a new one is then held and pinned.
+        False, with nothing bound, for anything else."""
+        addr = self.addr
+        if vectors.bind_tile(id(x), 0 if y is None else id(y), nd, shape, strides, addr[bx], 0 if by is None else addr[by]):
+            return False
+        held = self.held
+        e = held[bx]
+        if e is None or e[0] is not x:
+            self.adopt(bx, x)
+        if y is not None:
+            e = held[by]
+            if e is None or e[0] is not y:
+                self.adopt(by, y)
+        return True
+
     def pin(self, b: int, a, writable: bool = False):
         """Bind array `a` to buffer b (pointer, strong and weak reference); the pointer."""
         ptr = self.from_buffer("double[]", a, writable)

@@ -315,6 +315,13 @@ class PreparedRun:
         bases = self.compiled.bound_base
         return self._binding.blocks(bases[name_x], None if y is None else bases[name_y], x, y, n)
 
+    def bind_tile(self, name_x: str, name_y: str | None, x, y, nd: int, shape, strides) -> bool:
+        """Bind N-d tiles x (and y) of the recorded shape and strides to the program's buffers
+        name_x (and name_y) (engine_bind.Bound.tile: one C call checks and binds them); False,
+        with nothing bound, for anything else: the caller takes its ordinary path."""
+        bases = self.compiled.bound_base
+        return self._binding.tile(bases[name_x], None if y is None else bases[name_y], x, y, nd, shape, strides)
+
     def run_bound(self, step: int, timeout: float) -> int:
         """Run once at frame step `step` with the buffers bound through `bind` (no contribution,
         no `out`): 0 when the run ended (the program's own words say how: the arrays' root

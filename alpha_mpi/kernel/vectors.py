@@ -8,12 +8,14 @@ gives it 1 µs over a call with the same arrays. In Python a new array costs a b
 subclass; dtype float64's; 1-D of n; C-contiguous; aligned; writeable where asked) and writes
 its data pointer to the C record entry at address `slot`, on every call, the same array
 included: a buffer that moved or a layout set in place is never read through an earlier one.
-`bind2(id(x), id(y), n, slot_x, slot_y)` binds a dot's two blocks. Anything else returns
+`bind2(id(x), id(y), n, slot_x, slot_y)` binds a dot's two blocks, and `bind_tile(id(x),
+id(y) or 0, nd, shape, strides, slot_x, slot_y)` an N-d tile's (its recorded shape and byte
+strides exactly, aligned; a strided view's first element). Anything else returns
 `OTHER` and writes nothing: the caller takes its full path, which copies or refuses by name.
 
 It reads the object at CPython's id(); at import, probe arrays (contiguous, strided, read-only,
 misaligned, 2-D, a subclass) are read both ways and must agree: elsewhere (another Python, a
-NumPy whose layout differs) `READY` is False and `bind`/`bind2` always return `OTHER`, so
+NumPy whose layout differs) `READY` is False and the binders always return `OTHER`, so
 every call takes the full path (slower, the same results).
 """
 
@@ -26,7 +28,7 @@ import numpy as np
 from ..refusals import KernelRefusal
 from .compiled import ffi, lib
 
-__all__ = ["READY", "OTHER", "bind", "bind2", "address"]
+__all__ = ["READY", "OTHER", "bind", "bind2", "bind_tile", "address"]
 
 OTHER = 1  # vectors.h AK_VEC_OTHER (checked below)
 _F64 = np.dtype(np.float64)
@@ -52,6 +54,7 @@ def _probe_agrees() -> bool:
         frozen,
         np.frombuffer(raw.data, dtype=np.float64, count=4, offset=1),
         np.zeros((3, 4)),
+        np.zeros((3, 4, 5))[:, ::2].T,
         np.arange(4, dtype=np.int64),
         np.arange(3.0).view(Sub),
     )
@@ -70,6 +73,8 @@ def _probe_agrees() -> bool:
             or got_flags != want_flags
             or words[5] != a.shape[0]
             or words[6] != a.strides[0]
+            or words[7] != a.shape[-1]
+            or words[8] != a.strides[-1]
         ):
             return False
     return True
@@ -94,3 +99,4 @@ def _other(*_args) -> int:
 READY = _ready()
 bind = lib.ak_vec_bind if READY else _other
 bind2 = lib.ak_vec_bind2 if READY else _other
+bind_tile = lib.ak_vec_bind_tile if READY else _other

@@ -102,6 +102,52 @@ __attribute__((target("avx2"))) static double ap_small_avx2(const double *restri
     }
     return ap_levels(a, b, h);
 }
+/* Two levels over four vectors of four consecutive partial values each: lane i of the result
+ * is ((v0 + v1) + (v2 + v3)) of the i-th vector's lanes, so the result's lanes are again four
+ * consecutive subtrees, one level of 4^k above the inputs. Every add is the tree's own add
+ * (its left operand first), so the bits are ap_small_c's. */
+__attribute__((target("avx2"))) static inline __m256d ap_quad(__m256d a, __m256d b, __m256d c,
+                                                             __m256d d) {
+    const __m256d ab = _mm256_add_pd(_mm256_unpacklo_pd(a, b), _mm256_unpackhi_pd(a, b));
+    const __m256d cd = _mm256_add_pd(_mm256_unpacklo_pd(c, d), _mm256_unpackhi_pd(c, d));
+    return _mm256_add_pd(_mm256_permute2f128_pd(ab, cd, 0x20), _mm256_permute2f128_pd(ab, cd, 0x31));
+}
+
+__attribute__((target("avx2"))) static inline __m256d ap_terms4(const double *x, const double *y) {
+    const __m256d v = _mm256_loadu_pd(x);
+    return y ? _mm256_mul_pd(v, _mm256_loadu_pd(y)) : v;
+}
+
+/* The same tree for s >= 64 terms with the lanes holding neighbouring subtrees (no horizontal
+ * step until four values are left): 64 terms become one vector of four 16-term sums in
+ * registers, stored in a (s / 16 doubles, which AP_BLOCK / 2 holds); four such vectors become
+ * one of four 64-term sums in place, and so on; the last one or two vectors by ap_levels. The
+ * horizontal form above costs a shuffle chain per 16 terms and a scalar level per pair. */
+__attribute__((target("avx2"))) static double ap_wide_avx2(const double *restrict x,
+                                                          const double *restrict y, int64_t s,
+                                                          double *restrict a,
+                                                          double *restrict b) {
+    int64_t count = s >> 6; /* vectors of 16-term sums */
+    for (int64_t i = 0; i < count; i++) {
+        const double *xi = x + 64 * i, *yi = y ? y + 64 * i : NULL;
+        __m256d q[4];
+        for (int g = 0; g < 4; g++) {
+            const int64_t o = 16 * g;
+            q[g] = ap_quad(ap_terms4(xi + o, yi ? yi + o : NULL),
+                           ap_terms4(xi + o + 4, yi ? yi + o + 4 : NULL),
+                           ap_terms4(xi + o + 8, yi ? yi + o + 8 : NULL),
+                           ap_terms4(xi + o + 12, yi ? yi + o + 12 : NULL));
+        }
+        _mm256_storeu_pd(a + 4 * i, ap_quad(q[0], q[1], q[2], q[3]));
+    }
+    for (; count >= 4; count >>= 2)
+        for (int64_t i = 0; i < count / 4; i++) {
+            const double *ai = a + 16 * i;
+            _mm256_storeu_pd(a + 4 * i, ap_quad(_mm256_loadu_pd(ai), _mm256_loadu_pd(ai + 4),
+                                                _mm256_loadu_pd(ai + 8), _mm256_loadu_pd(ai + 12)));
+        }
+    return ap_levels(a, b, 4 * count);
+}
 #endif
 
 typedef double (*ap_small_fn)(const double *restrict, const double *restrict, int64_t,
@@ -109,7 +155,8 @@ typedef double (*ap_small_fn)(const double *restrict, const double *restrict, in
 
 static ap_small_fn ap_pick(int64_t s, int portable) {
 #ifdef AP_HAVE_AVX2
-    if (!portable && s >= 16 && __builtin_cpu_supports("avx2")) return ap_small_avx2;
+    if (!portable && s >= 16 && __builtin_cpu_supports("avx2"))
+        return s >= 64 ? ap_wide_avx2 : ap_small_avx2;
 #endif
     (void)s;
     (void)portable;

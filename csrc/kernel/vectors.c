@@ -46,6 +46,31 @@ int ak_vec_bind2(uintptr_t x, uintptr_t y, int64_t n, uintptr_t slot_x, uintptr_
     return AK_VEC_OK;
 }
 
+/* 1 when `a` is an aligned float64 ndarray of nd dimensions `shape` and byte strides `strides`. */
+static int fits_tile(uintptr_t a, int32_t nd, const int64_t *shape, const int64_t *strides) {
+    PyArrayObject *arr = (PyArrayObject *)a;
+    if ((uintptr_t)Py_TYPE((PyObject *)a) != kind_type || (uintptr_t)PyArray_DESCR(arr) != kind_f64
+        || PyArray_NDIM(arr) != nd || !(PyArray_FLAGS(arr) & NPY_ARRAY_ALIGNED))
+        return 0;
+    const npy_intp *dims = PyArray_DIMS(arr), *st = PyArray_STRIDES(arr);
+    for (int32_t d = 0; d < nd; d++)
+        if (dims[d] != (npy_intp)shape[d] || st[d] != (npy_intp)strides[d])
+            return 0;
+    return 1;
+}
+
+int ak_vec_bind_tile(uintptr_t x, uintptr_t y, int32_t nd, const int64_t *shape,
+                     const int64_t *strides, uintptr_t slot_x, uintptr_t slot_y) {
+    if (!kind_type)
+        return AK_VEC_NO_KIND;
+    if (!fits_tile(x, nd, shape, strides) || (y && !fits_tile(y, nd, shape, strides + nd)))
+        return AK_VEC_OTHER;
+    *(double **)slot_x = (double *)PyArray_DATA((PyArrayObject *)x);
+    if (y)
+        *(double **)slot_y = (double *)PyArray_DATA((PyArrayObject *)y);
+    return AK_VEC_OK;
+}
+
 int ak_vec_probe(uintptr_t a, int64_t *words) {
     PyArrayObject *arr = (PyArrayObject *)a;
     words[0] = (int64_t)(uintptr_t)Py_TYPE((PyObject *)a);
@@ -53,10 +78,13 @@ int ak_vec_probe(uintptr_t a, int64_t *words) {
     words[2] = (int64_t)(uintptr_t)PyArray_DATA(arr);
     words[3] = PyArray_NDIM(arr);
     words[4] = PyArray_FLAGS(arr);
-    words[5] = words[6] = -1;
+    words[5] = words[6] = words[7] = words[8] = -1;
     if (words[3] >= 1 && words[3] <= 32) { /* dereferenced only once nd looks like NumPy's */
+        const int last = (int)words[3] - 1;
         words[5] = PyArray_DIMS(arr)[0];
         words[6] = PyArray_STRIDES(arr)[0];
+        words[7] = PyArray_DIMS(arr)[last];
+        words[8] = PyArray_STRIDES(arr)[last];
     }
     return AK_VEC_OK;
 }

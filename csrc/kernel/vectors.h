@@ -26,7 +26,7 @@
 #define AK_VEC_OK 0
 #define AK_VEC_OTHER 1 /* not a 1-D, C-contiguous, aligned float64 ndarray of n (writeable) */
 #define AK_VEC_NO_KIND 2 /* ak_vec_kind was not called */
-#define AK_VEC_PROBE_WORDS 7
+#define AK_VEC_PROBE_WORDS 9
 
 /* The addresses of np.ndarray and np.dtype(np.float64), once per process. */
 int ak_vec_kind(uintptr_t ndarray_type, uintptr_t float64_descr);
@@ -34,8 +34,14 @@ int ak_vec_kind(uintptr_t ndarray_type, uintptr_t float64_descr);
 int ak_vec_bind(uintptr_t a, int64_t n, int writeable, uintptr_t slot);
 /* The same for two arrays of n elements (a dot's x and y; y may be x), both or neither. */
 int ak_vec_bind2(uintptr_t x, uintptr_t y, int64_t n, uintptr_t slot_x, uintptr_t slot_y);
+/* The same for an N-d tile (arrays/fast.py): x (and y, a dot's other array, which may be x and
+   is checked against its own strides then too; 0: a sum) each an ndarray of float64, nd dimensions of shape[0..nd), byte strides
+   strides[0..nd) for x and strides[nd..2nd) for y, aligned; the first element's address (a
+   strided view's too) written to slot_x (slot_y). Both or neither. */
+int ak_vec_bind_tile(uintptr_t x, uintptr_t y, int32_t nd, const int64_t *shape,
+                     const int64_t *strides, uintptr_t slot_x, uintptr_t slot_y);
 /* What this file reads of `a`, for the import check: type, descr, data, nd, flags, and (when
-   nd >= 1) dimension and stride 0; AK_VEC_PROBE_WORDS words. */
+   nd >= 1) dimension and stride 0 and the last dimension and stride; AK_VEC_PROBE_WORDS words. */
 int ak_vec_probe(uintptr_t a, int64_t *words);
 
 #endif

@@ -311,7 +311,9 @@ def test_a_tile_pair_is_checked_array_by_array_against_its_own_strides(comm, ord
         assert u64(arrays.dot(comm, g.copy(), y, (0, 0), shape)) == u64(gh)
     assert ordinary == ["dot"]
     x = g.copy()
-    assert u64(arrays.dot(comm, x, x, (0, 0), shape)) == u64(oracle_dot(g.ravel().tolist(), g.ravel().tolist()))
+    assert u64(arrays.dot(comm, x, x, (0, 0), shape)) == u64(
+        oracle_dot(g.ravel().tolist(), g.ravel().tolist())
+    )
     assert ordinary == ["dot", "dot"]  # y's record does not fit x as y
     hh = h.copy()
     assert u64(arrays.dot(comm, g.copy(), hh, (0, 0), shape)) == u64(gh)

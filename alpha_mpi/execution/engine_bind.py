@@ -106,7 +106,9 @@ class Bound:
         the arrays bound now included (vectors.bind_tile); a new one is then held and pinned.
         False, with nothing bound, for anything else."""
         addr = self.addr
-        if vectors.bind_tile(id(x), 0 if y is None else id(y), nd, shape, strides, addr[bx], 0 if by is None else addr[by]):
+        if vectors.bind_tile(
+            id(x), 0 if y is None else id(y), nd, shape, strides, addr[bx], 0 if by is None else addr[by]
+        ):
             return False
         held = self.held
         e = held[bx]

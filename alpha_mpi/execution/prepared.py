@@ -320,7 +320,9 @@ class PreparedRun:
         name_x (and name_y) (engine_bind.Bound.tile: one C call checks and binds them); False,
         with nothing bound, for anything else: the caller takes its ordinary path."""
         bases = self.compiled.bound_base
-        return self._binding.tile(bases[name_x], None if y is None else bases[name_y], x, y, nd, shape, strides)
+        return self._binding.tile(
+            bases[name_x], None if y is None else bases[name_y], x, y, nd, shape, strides
+        )
 
     def run_bound(self, step: int, timeout: float) -> int:
         """Run once at frame step `step` with the buffers bound through `bind` (no contribution,

@@ -27,6 +27,11 @@ history) is the same in every repetition; the tile dot has the bits of the 1-D b
 allreduce() form has the Allreducer's bits. `--quick` runs small fixed GLOBAL problems (the
 same for every rank count, so the alpha digests must not depend on it: tests/test_user_patterns.py
 compares 1 and 2 ranks) and 3 repetitions; its times mean nothing.
+
+One BLAS thread per rank unless the environment says otherwise (OMP_NUM_THREADS,
+OPENBLAS_NUM_THREADS, MKL_NUM_THREADS; printed in the header): with two ranks on two cores, a
+BLAS that starts a second thread for np.dot of 65,536 elements makes the baseline 10-50x slower
+in some runs and not in others, which measures the oversubscription, not the reductions.
 """
 
 from __future__ import annotations
@@ -34,16 +39,20 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import statistics
 import sys
 import time
 
-import numpy as np
-from mpi4py import MPI
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")  # before numpy loads its BLAS (see the docstring)
 
-import alpha_mpi
-from alpha_mpi import arrays, pairwise
-from alpha_mpi.execution import Allreducer
+import numpy as np  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+import alpha_mpi  # noqa: E402
+from alpha_mpi import arrays, pairwise  # noqa: E402
+from alpha_mpi.execution import Allreducer  # noqa: E402
 
 WORLD = MPI.COMM_WORLD
 
@@ -436,7 +445,8 @@ def main(argv=None) -> int:
     if WORLD.Get_rank() == 0:
         print(
             f"# p={WORLD.Get_size()}, {MPI.Get_library_version().splitlines()[0].strip()}, "
-            f"median of {reps} interleaved repetitions, the slower rank's time{', QUICK' if args.quick else ''}"
+            f"median of {reps} interleaved repetitions, the slower rank's time, "
+            f"BLAS threads {os.environ['OPENBLAS_NUM_THREADS']}{', QUICK' if args.quick else ''}"
         )
         print(
             f"# {'program':47s} {'alpha_mpi':>12s} {'baseline':>12s}  ratio (min-max)        target  checks  baseline"

@@ -18,7 +18,9 @@ target; `--json` writes the same rows.
             data as a 1-D block (the baseline here)                              <= 1.10x
     mixed   one loop calling in turn MPI_Allreduce, two Allreducers of the same tree and
             allreduce() in each documented form, 8 B, new arrays: each Allreducer against its
-            twin alone (<= 1.10x), each allreduce() form against the Allreducer (<= 1.15x)
+            twin (one third Allreducer in both their places, the loop otherwise the same:
+            what alternating two executors costs) (<= 1.10x), each allreduce() form against
+            the Allreducer (<= 1.15x); the twin in a loop of its own, for reference
     newton  a Newton-Krylov mini-app on 2-D Create_cart tiles (-lap u + u^3 = f; CG on each
             Newton step's Jacobian, thousands of dots), end to end             <= 1.05x
 
@@ -335,11 +337,17 @@ def _row(what, ta, tb, ratios, target, ok, digests, baseline) -> dict:
 def mixed(reps: int, calls: int) -> list:
     """One loop calling in turn MPI_Allreduce, Allreducers a and b of the same tree, and
     allreduce() in its documented forms, 8 B, new arrays every call (the turn starts one step
-    later each iteration); and a's twin alone, in a loop of its own. Each step is timed by
-    itself, so a step's figure includes its wait for the slower rank."""
+    later each iteration). Each step is timed by itself, so a step's figure includes its wait
+    for the slower rank, which depends on the step before it.
+
+    "Its twin" is the same loop with one third Allreducer of that tree taking both a's and b's
+    places: the same steps in the same order, so the only difference is that the loop alternates
+    two executors; a's and b's times against the twin's in their places are what alternating
+    costs. The two loops run interleaved, iteration by iteration. For reference, the twin in a
+    loop of its own (no other step: no lag from one)."""
     p, r = WORLD.Get_size(), WORLD.Get_rank()
     tree = pairwise(range(p), p)
-    a, b, alone = (Allreducer(WORLD, tree, 1) for _ in range(3))
+    a, b, twin = (Allreducer(WORLD, tree, 1) for _ in range(3))
     recv, out = np.zeros(1), np.zeros(1)
     forms = {
         "allreduce(comm, x)": lambda x: alpha_mpi.allreduce(WORLD, x),
@@ -357,66 +365,70 @@ def mixed(reps: int, calls: int) -> list:
         "Allreducer b": lambda x: b.run({r: x}),
         **forms,
     }
-    order = list(steps)
+    variants = {
+        "mixed": steps,
+        "twin": {
+            **steps,
+            "Allreducer a": lambda x: twin.run({r: x}),
+            "Allreducer b": lambda x: twin.run({r: x}),
+        },
+        "alone": {"Allreducer a": lambda x: twin.run({r: x})},
+    }
     pc = time.perf_counter
     ok = True
 
-    def loop(n, only=None):
-        spent = dict.fromkeys(steps if only is None else (only,), 0.0)
-        for i in range(n):
+    def loop(n, names):
+        """n iterations of each variant in `names`, interleaved iteration by iteration (so the
+        variants meet the same machine); each variant's time per step, the slower rank's."""
+        spent = {v: dict.fromkeys(variants[v], 0.0) for v in names}
+        for i in range(n * len(names)):
+            variant = names[i % len(names)]
+            run, t = variants[variant], spent[variant]
+            order = list(run)
             x = np.array([1.0 + r + i * 2.0**-40])  # new every call; the sum's order matters little at 8 B
-            if only is not None:
-                t0 = pc()
-                alone.run({r: x})
-                spent[only] += pc() - t0
-                continue
             want = None
-            k = i % len(order)  # each step follows each other one as often: the wait for a late
-            for name in order[k:] + order[:k]:  # peer lands on every step alike
+            k = (i // len(names)) % len(order)  # each step first as often
+            for name in order[k:] + order[:k]:
                 t0 = pc()
-                got = steps[name](x)
-                spent[name] += pc() - t0
+                got = run[name](x)
+                t[name] += pc() - t0
                 if name != "MPI_Allreduce":
                     bits = np.asarray(got).view(np.uint64)[0]
                     want = bits if want is None else want
                     if bits != want:
                         nonlocal ok
                         ok = False
-        return {k: _slowest(v / n) for k, v in spent.items()}
+        return {v: {k: _slowest(s / n) for k, s in t.items()} for v, t in spent.items()}
 
-    loop(50)
-    loop(50, "alone")
-    per: dict = {}
+    groups = (("mixed", "twin"), ("alone",))
+    for g in groups:
+        loop(50, g)
+    per: dict = {variant: {} for variant in variants}
     for rep in range(reps):
-        runs = (lambda: loop(calls), lambda: loop(calls, "alone"))
-        for run in runs if rep % 2 == 0 else runs[::-1]:
-            for k, v in run().items():
-                per.setdefault(k, []).append(v)
+        for g in groups if rep % 2 == 0 else groups[::-1]:
+            for variant, times in loop(calls, g).items():
+                for k, v in times.items():
+                    per[variant].setdefault(k, []).append(v)
+    mix, tw = per["mixed"], per["twin"]
     rows = []
     for name in ("Allreducer a", "Allreducer b"):
-        ratios = [m / s for m, s in zip(per[name], per["alone"])]
+        ratios = [m / s for m, s in zip(mix[name], tw[name])]
         rows.append(
-            _row(f"mixed: {name}", per[name], per["alone"], ratios, 1.10, ok, {"-"}, "its twin alone")
+            _row(f"mixed: {name}", mix[name], tw[name], ratios, 1.10, ok, {"-"}, "its twin in its place")
         )
     for name in forms:
-        ratios = [m / s for m, s in zip(per[name], per["Allreducer a"])]
+        ratios = [m / s for m, s in zip(mix[name], mix["Allreducer a"])]
         rows.append(
-            _row(f"mixed: {name}", per[name], per["Allreducer a"], ratios, 1.15, ok, {"-"}, "Allreducer a")
+            _row(f"mixed: {name}", mix[name], mix["Allreducer a"], ratios, 1.15, ok, {"-"}, "Allreducer a")
         )
-    ratios = [m / s for m, s in zip(per["Allreducer a"], per["MPI_Allreduce"])]
-    rows.append(
-        _row(
-            "mixed: Allreducer a",
-            per["Allreducer a"],
-            per["MPI_Allreduce"],
-            ratios,
-            None,
-            ok,
-            {"-"},
-            "MPI_Allreduce",
-        )
-    )
-    for x in (a, b, alone):
+    alone = per["alone"]["Allreducer a"]
+    for name, base, what in (
+        ("Allreducer a", alone, "its twin alone"),
+        ("Allreducer a", mix["MPI_Allreduce"], "MPI_Allreduce"),
+    ):
+        ratios = [m / s for m, s in zip(mix[name], base)]
+        rows.append(_row(f"mixed: {name}", mix[name], base, ratios, None, ok, {"-"}, what))
+    for x in (a, b, twin):
         x.free()
     return rows
 

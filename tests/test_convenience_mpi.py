@@ -198,3 +198,31 @@ def test_the_steady_loop_fast_path_follows_every_form_of_the_call(world):
         if i == 7:
             reset(comm)
     comm.Free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_the_steady_calls_found_by_identity_follow_resizes_resets_and_freed_communicators(world):
+    """The steady calls' memo (convenience._STEADY: the last plain calls' executors by endpoint,
+    tree object and layout=) never runs an executor the cache dropped: the bare form resized and
+    back, the layout= form, out=, a reset, a freed communicator and its successor keep every
+    call's bits (the oracle's, on order-sensitive data)."""
+    from alpha_mpi.execution import reset
+
+    size, rank = world.Get_size(), world.Get_rank()
+    tree = pairwise(range(size), size)
+    for round_ in range(2):
+        comm = world.Dup()
+        for i, n in enumerate([5, 5, 3, 3, 5, 1, 1]):
+            data = slot_data(size, n, seed=200 + 10 * round_ + i)
+            want = bits(_want(tree, data))
+            forms = (
+                lambda x: alpha_mpi.allreduce(comm, x),
+                lambda x: alpha_mpi.allreduce(comm, tree, {rank: x}, layout=n),
+                lambda x: alpha_mpi.allreduce(comm, x, out=np.empty_like(x)),
+            )
+            for j, form in enumerate(forms):
+                got = form(data[rank])
+                agree(world, np.array_equal(bits(got), want), f"round {round_}, call {i}, form {j}")
+            if i == 3:
+                reset(comm)
+        comm.Free()

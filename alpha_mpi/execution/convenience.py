@@ -355,8 +355,9 @@ def allreduce(
         if ep is not None:
             bare = contributions is _NO_TREE
             given = None if bare else tree
-            for e_ep, e_tree, e_layout, st, a in _STEADY:
-                if e_ep is ep and e_tree is given and e_layout == layout:
+            for entry in _STEADY:
+                if entry[0] is ep and entry[1] is given and entry[2] == layout:
+                    st, a = entry[3], entry[4]
                     break
             else:
                 st = ep.streams.get(STREAM)

@@ -4,7 +4,8 @@ Layers, each depending only on those above it:
 
     1 model      alpha_mpi.model, refusals, oracle (the independent oracle: no planner, no kernel),
                  _lazy (the facades' first-use loader, importing nothing of the package),
-                 _record (frozen records defined without generated code: the start-up budget)
+                 _record (frozen records defined without generated code: the start-up budget),
+                 _sha256 (the identities' sha256 without OpenSSL: the start-up budget)
     2 planning   alpha_mpi.planning
     3 kernel     alpha_mpi.kernel (the package: api, dense, updates, buffers, env, compiled, build
                  and the compiled _alpha_kernel), numerics, ops (the dense kernels for models)
@@ -42,6 +43,7 @@ LAYERS = {
     "alpha_mpi.oracle": 1,
     "alpha_mpi._lazy": 1,
     "alpha_mpi._record": 1,
+    "alpha_mpi._sha256": 1,
     "alpha_mpi.planning": 2,
     "alpha_mpi.kernel": 3,
     "alpha_mpi.numerics": 3,

@@ -33,7 +33,8 @@ loop re-plans nothing. The cache is safe under one rank's mistake:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from collections import namedtuple
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -58,16 +59,18 @@ if TYPE_CHECKING:
     from .contributions import Contributions
 
 
-class CacheKey(NamedTuple):
-    """What a cached executor is found by: only arguments every rank must pass the same."""
+# The named tuples here are collections.namedtuple, not typing.NamedTuple: under `from __future__
+# import annotations` typing compiles every field's annotation string (a ForwardRef each), 19 in
+# this module and engine_bind's Chunk, ~1 ms of a program's first reduction (docs/performance.md).
 
-    tree: object  # the tree's placed identity, or the plan's identity
-    layout: object  # the layout= given (its key), None when inferred from the first call
-    delivery: object
-    realization: str
-    mode: str
-    coverage: object
-    segment: int | None
+
+class CacheKey(namedtuple("CacheKey", "tree layout delivery realization mode coverage segment")):
+    """What a cached executor is found by: only arguments every rank must pass the same. `tree`:
+    the tree's placed identity, or the plan's identity; `layout`: the layout= given (its key),
+    None when inferred from the first call; `delivery`, `realization`, `mode`, `coverage` (its
+    key), `segment` (int or None)."""
+
+    __slots__ = ()
 
 
 # Refusals after which messages of the failed call may still be on the stream's tags (a peer
@@ -144,18 +147,10 @@ def _tree_key(tree):
     return ("tree", placed) if placed is not None else ("object", id(tree))
 
 
-class _Call(NamedTuple):
+class _Call(namedtuple("_Call", "comm tree delivery layout realization mode coverage segment timeout")):
     """What one convenience call builds its executor from (all but the contributions)."""
 
-    comm: object
-    tree: object
-    delivery: object
-    layout: object
-    realization: str
-    mode: str
-    coverage: object
-    segment: int | None
-    timeout: float | None
+    __slots__ = ()
 
     def key(self) -> CacheKey:
         layout = self.layout

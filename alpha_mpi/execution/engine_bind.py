@@ -4,7 +4,7 @@ program (engine_build.Compiled), called per run outside the op loop."""
 from __future__ import annotations
 
 import weakref
-from typing import NamedTuple
+from collections import namedtuple
 
 import numpy as np
 
@@ -18,12 +18,11 @@ from .contributions import check_contributions, refuse_nonfinite
 _F64 = np.dtype(np.float64)
 
 
-class Chunk(NamedTuple):
-    """A reduce-scatter result: this rank's coordinates start..stop-1 and their values."""
+class Chunk(namedtuple("Chunk", "start stop values")):
+    """A reduce-scatter result: this rank's coordinates start..stop-1 (ints) and their values
+    (a float64 ndarray). A collections.namedtuple: see convenience.CacheKey for why."""
 
-    start: int
-    stop: int
-    values: np.ndarray
+    __slots__ = ()
 
 
 def check_leaves(c, contributions, rank: int, layout) -> dict:

@@ -40,12 +40,12 @@ when it differs does `FrameSpec.check` name the field. The offsets C uses are it
 
 from __future__ import annotations
 
-import hashlib
 import struct
 import zlib
 
 import numpy as np
 
+from .._sha256 import sha256
 from ..kernel import abi as _abi
 from ..kernel import ffi as _kffi
 from ..kernel import lib as _klib
@@ -128,11 +128,11 @@ def short_digest(text: str, n: int) -> bytes:
             return raw[:n]
     except ValueError:
         pass
-    return hashlib.sha256(text.encode()).digest()[:n]
+    return sha256(text.encode()).digest()[:n]
 
 
 def code_tag(code: str) -> bytes:
-    return hashlib.sha256(code.encode()).digest()[:4]
+    return sha256(code.encode()).digest()[:4]
 
 
 _CODE_OF_TAG = {code_tag(c): c for c in ADVICE}

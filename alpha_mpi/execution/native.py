@@ -29,7 +29,6 @@ and says which MPI, compiler and file it uses. A build that cannot be done is re
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib.machinery
 import importlib.util
 import io
@@ -37,6 +36,7 @@ import os
 import sys
 from pathlib import Path
 
+from .._sha256 import sha256
 from ..kernel.build import CSRC, header_cdef, sanitize_flags
 from ..refusals import Refusal
 
@@ -104,7 +104,9 @@ def loaded_libmpi() -> str | None:
     try:
         with open("/proc/self/maps") as f:
             for line in f:
-                path = line.rsplit(None, 1)[-1] if "/" in line else ""
+                if "/libmpi" not in line:  # most of the few hundred lines: numpy's, Python's
+                    continue
+                path = line.rsplit(None, 1)[-1]
                 name = os.path.basename(path)
                 if name.startswith("libmpi.so") or name.startswith("libmpi_abi.so"):
                     return os.path.realpath(path)
@@ -150,9 +152,10 @@ def cache_dir() -> Path:
 
 
 def _key(version: str, libmpi: str | None, mpicc: str | None) -> str:
-    h = hashlib.sha256()
+    h = sha256()
     for p in _files():
-        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+        with open(p, "rb") as f:  # (Path.read_bytes costs several times as much per file)
+            h.update(p.name.encode() + b"\0" + f.read() + b"\0")
     h.update(" ".join(CFLAGS + sanitize_flags()).encode() + b"\0" + version.encode() + b"\0")
     for f in (libmpi, mpicc):
         st = os.stat(f) if f and os.path.exists(f) else None

@@ -42,13 +42,13 @@ order, so consecutive rounds never mix).
 
 from __future__ import annotations
 
-import hashlib
 import struct
 import zlib
 
 import numpy as np
 
 from .._record import Record
+from .._sha256 import sha256
 from ..refusals import FrameRefusal, Refusal
 from .abort import mark_broken
 from .frames import code_of_tag, code_tag
@@ -71,7 +71,7 @@ def record_of(local: BaseException | None, words, number: int, what: str) -> byt
     """This rank's record: its status (from `local`, its failure or None), the round's `number`
     and purpose `what`, and `words` (uint64)."""
     w = np.ascontiguousarray(words, dtype="<u8")
-    purpose = hashlib.sha256(what.encode()).digest()[:8]
+    purpose = sha256(what.encode()).digest()[:8]
     if local is None:
         head = _HEAD.pack(OK, _NO_CODE, b"", number, purpose)
     elif isinstance(local, Refusal):

@@ -14,9 +14,9 @@ Digests are sha256 over a canonical byte form with domain-separation prefixes, n
 
 from __future__ import annotations
 
-import hashlib
 import struct
 
+from .._sha256 import sha256
 from ..refusals import ModelRefusal
 
 __all__ = ["OPERATION", "Node", "Leaf", "Branch", "postorder", "leaf_sequence", "expression", "owners"]
@@ -69,12 +69,12 @@ class Node:
     @property
     def order_id(self) -> str:
         """Digest of the declared order with owners erased (what a numerical contract names)."""
-        return hashlib.sha256(_ORDER_TAG + self._order).hexdigest()
+        return sha256(_ORDER_TAG + self._order).hexdigest()
 
     @property
     def identity(self) -> str:
         """Digest of the order together with its placement (what frames and plans name)."""
-        return hashlib.sha256(_TREE_TAG + self._placed).hexdigest()
+        return sha256(_TREE_TAG + self._placed).hexdigest()
 
 
 class Leaf(Node):
@@ -87,8 +87,8 @@ class Leaf(Node):
         slot = _check_index(slot, "Leaf slot", "slot-invalid")
         owner = _check_index(owner, "Leaf owner", "owner-out-of-range")
         object.__setattr__(self, "slot", slot)
-        order = hashlib.sha256(b"L" + struct.pack("<Q", slot)).digest()
-        placed = hashlib.sha256(b"L" + struct.pack("<QQ", slot, owner)).digest()
+        order = sha256(b"L" + struct.pack("<Q", slot)).digest()
+        placed = sha256(b"L" + struct.pack("<QQ", slot, owner)).digest()
         self._init(owner, order, placed, 1, 0)
 
     def __repr__(self):
@@ -112,10 +112,8 @@ class Branch(Node):
         owner = _check_index(owner, "Branch owner", "owner-out-of-range")
         object.__setattr__(self, "left", left)
         object.__setattr__(self, "right", right)
-        order = hashlib.sha256(b"B" + OPERATION + left._order + right._order).digest()
-        placed = hashlib.sha256(
-            b"B" + OPERATION + struct.pack("<Q", owner) + left._placed + right._placed
-        ).digest()
+        order = sha256(b"B" + OPERATION + left._order + right._order).digest()
+        placed = sha256(b"B" + OPERATION + struct.pack("<Q", owner) + left._placed + right._placed).digest()
         self._init(owner, order, placed, left.leaves + right.leaves, 1 + max(left.depth, right.depth))
 
     def __repr__(self):

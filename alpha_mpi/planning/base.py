@@ -13,9 +13,8 @@ a frame or a contract finds them under one name on any plan:
 
 from __future__ import annotations
 
-import hashlib
-
 from .._record import Record
+from .._sha256 import sha256
 from ..model.coverage import Coverage
 from ..model.delivery import Delivery
 from ..model.deprecation import deprecated_order_id
@@ -26,7 +25,7 @@ from ..refusals import PlanRefusal
 
 def digest(*parts: str) -> str:
     """sha256 over NUL-separated parts: the one recipe for every plan and realization identity."""
-    h = hashlib.sha256()
+    h = sha256()
     for p in parts:
         h.update(p.encode())
         h.update(b"\0")

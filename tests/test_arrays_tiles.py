@@ -321,6 +321,22 @@ def test_capacity_grows_at_once_and_shrinks_after_a_run_of_small_calls():
     assert not c.settle(10) and c.current == tiles.bucket(300)
 
 
+def test_a_call_that_skips_settle_for_the_steady_need_keeps_the_same_capacity():
+    """The arrays' one call skips settle when the need is `steady` (nothing would change): over
+    a run of needs that grow, shrink and repeat, skipping it leaves the same capacity and
+    counters as settling every call."""
+    rng = np.random.default_rng(5)
+    every, skipping = tiles.Capacity(), tiles.Capacity()
+    for need in rng.choice([10, 10, 300, 5000, 5000, 5000, 9000], size=600).tolist():
+        grew = every.settle(need)
+        assert grew == (skipping.settle(need) if need != skipping.steady else False)
+        assert (every.current, every._low, every._low_calls) == (
+            skipping.current,
+            skipping._low,
+            skipping._low_calls,
+        )
+
+
 # ----------------------------------------------------------------------------- the API, p = 1
 
 

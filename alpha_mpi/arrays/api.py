@@ -354,7 +354,7 @@ def _one_call(c: fast.Call, xs: tuple, ys: tuple | None):
         raise
     if rc == 0 and not ex.verdict[0]:  # the root check took the root's values
         ch.step = step + 1
-        if c.length is None:
+        if c.length is None and ex.valid_need != ch.capacity.steady:
             ch.capacity.settle(ex.valid_need)  # as every tile call does (tile_call.py)
         return ex.root_values
     if rc == fast.STOP:  # the summary met a NaN/Inf or frames too small; nothing was sent

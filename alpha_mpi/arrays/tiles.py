@@ -247,16 +247,20 @@ class Capacity:
 
     SHRINK_AFTER = 16
 
-    __slots__ = ("current", "_low", "_low_calls")
+    __slots__ = ("current", "_low", "_low_calls", "steady")
 
     def __init__(self) -> None:
         self.current = pairwise.CAPACITY
         self._low, self._low_calls = 0, 0
+        # the need whose settle changes nothing (a solver's every call): its callers skip it
+        self.steady = -1
 
     def settle(self, need: int) -> bool:
         """Account for one call that needed `need` records; True if its frames were too small
-        (then `current` now fits it and the exchange is run again)."""
+        (then `current` now fits it and the exchange is run again). A call whose need is
+        `steady` changes nothing here."""
         want = bucket(need)
+        self.steady = -1
         if want > self.current:
             self.current, self._low, self._low_calls = want, 0, 0
             return True
@@ -266,4 +270,5 @@ class Capacity:
                 self.current, self._low, self._low_calls = self._low, 0, 0
         else:
             self._low, self._low_calls = 0, 0
+            self.steady = need  # the same need again: this branch again, with nothing to reset
         return False

@@ -86,6 +86,8 @@ class PreparedRun:
         "_steady",
         "_freed",
         "_an_run",
+        "_ex",
+        "_exrun",
         "_lib",
         "_ffi",
     )
@@ -112,6 +114,7 @@ class PreparedRun:
         )
         self._lib, self._ffi = c.native.lib, c.native.ffi
         self._an_run = self._lib.an_run
+        self._ex, self._exrun = c.ex, c.ex.run  # (each cdata field read makes a new proxy)
 
     def run(
         self, contributions: Contributions, out: np.ndarray | None = None, *, timeout: float | None = None
@@ -330,16 +333,20 @@ class PreparedRun:
         check), or abi.STOP when an op stopped it before any message op ran (nothing was sent;
         the front end takes its own path, and the next run starts afresh). Refusals are
         raised here as by run_checked."""
-        self._enter()
+        if self._freed or self.busy or self.engine.broken is not None:
+            self._enter()  # raises the refusal that names why
+        self.busy = True
         st = self._state
-        st.begin(step, None, None, 0)
-        ex = self.compiled.ex
         try:
-            rc = self._an_run(ex, step, timeout, 0, -1, 0)
+            rc = self._an_run(self._ex, step, timeout, 0, -1, 0)
+            if not rc and not self._exrun.flags:
+                # the clean steady run (a solver's every call): nothing for the run state to
+                # answer, so it is not even reset (begin, below, is for a run that goes on)
+                st.flags = 0
+                return 0
+            st.begin(step, None, None, 0)  # after the C call: C never reads the Python run state
             if rc == STOP:
                 return rc
-            if not rc and not ex.run.flags:
-                return 0
             self._go_on(rc, timeout)
         finally:
             self._leave()

@@ -187,19 +187,24 @@ class PreparedRun:
                 bound.pin(0, c.internal_out, True)
             if out is None and bound.deliver is not None:
                 bound.no_delivery()
-            st.begin(step, None, None, 0)
             rc = self._an_run(ex, step, eng.timeout, 0, -1, 0)
-            if rc:
-                self._go_on(rc, eng.timeout)
+            if not rc and not self._exrun.flags:
+                st.flags = 0  # clean: the run state is not even reset (as in run_bound)
+                clean = True
             else:
-                st.flags = ex.run.flags
-                if st.flags & fr.FLAG_REFUSED:
-                    walk.finish(c, st)
+                st.begin(step, None, None, 0)  # after the C call: C never reads the Python run state
+                if rc:
+                    self._go_on(rc, eng.timeout)
+                else:
+                    st.flags = self._exrun.flags
+                    if st.flags & fr.FLAG_REFUSED:
+                        walk.finish(c, st)
+                clean = st.bad is None and not st.flags & (fr.FLAG_REFUSED | fr.FLAG_NONFINITE)
         finally:
             self.step = step + 1
             self.busy = False
             self.flags = st.flags
-        if st.bad is None and not st.flags & (fr.FLAG_REFUSED | fr.FLAG_NONFINITE):
+        if clean:
             # clean: C delivered the result into `out` at the end of the run (interpreter.c)
             if out is not None:
                 return out

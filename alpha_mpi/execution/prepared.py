@@ -104,8 +104,7 @@ class PreparedRun:
         # of other lengths (the assembly binds through run_checked)
         self._slots = tuple(c.slot_base.items()) if not c.rp.inputs else None
         self._zeros = None
-        # A program with no contribution and no result in `out` (the arrays' exchanges): a run
-        # with leaves {} and no `out` binds nothing.
+        # no contribution and no result in `out` (the arrays' exchanges): such a run binds nothing
         self._unbound = not c.rp.slots and c.internal_out is None and c.rp.result is None
         self._freed = False
         # run() has a shorter path for a small allreduce whose result C delivers (_run_steady)
@@ -317,16 +316,14 @@ class PreparedRun:
         return pointer
 
     def bind_blocks(self, name_x: str, name_y: str | None, x, y, n: int) -> bool:
-        """Bind 1-D blocks x (and y: a dot; None: a sum) of n elements to the program's buffers
-        name_x (and name_y) when they fit (engine_bind.Bound.blocks: one C call binds new ones);
-        False, with nothing bound, for anything else: the caller takes its ordinary path."""
+        """Bind 1-D blocks x (and y: a dot; None: a sum) of n elements to buffers name_x (name_y)
+        (engine_bind.Bound.blocks); False, with nothing bound, where they do not fit."""
         bases = self.compiled.bound_base
         return self._binding.blocks(bases[name_x], None if y is None else bases[name_y], x, y, n)
 
     def bind_tile(self, name_x: str, name_y: str | None, x, y, nd: int, shape, strides) -> bool:
-        """Bind N-d tiles x (and y) of the recorded shape and strides to the program's buffers
-        name_x (and name_y) (engine_bind.Bound.tile: one C call checks and binds them); False,
-        with nothing bound, for anything else: the caller takes its ordinary path."""
+        """Bind N-d tiles x (and y) of the recorded shape and strides to buffers name_x (name_y)
+        (engine_bind.Bound.tile); False, with nothing bound, where they do not fit."""
         bases = self.compiled.bound_base
         return self._binding.tile(
             bases[name_x], None if y is None else bases[name_y], x, y, nd, shape, strides
@@ -345,8 +342,7 @@ class PreparedRun:
         try:
             rc = self._an_run(self._ex, step, timeout, 0, -1, 0)
             if not rc and not self._exrun.flags:
-                # the clean steady run (a solver's every call): nothing for the run state to
-                # answer, so it is not even reset (begin, below, is for a run that goes on)
+                # clean (a solver's every call): the run state is reset only for a run that goes on
                 st.flags = 0
                 return 0
             st.begin(step, None, None, 0)  # after the C call: C never reads the Python run state

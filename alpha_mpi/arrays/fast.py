@@ -11,7 +11,7 @@ each a Python step. When a call has gone through every check with its own arrays
 copied), a `Call` remembers its geometry as the words the exchange program's summary op reads
 (planning/array_program.py, csrc/round/native.h an_summary): offset, length and n of a block;
 shape, offset, extent, strides and the row of a tile. A later call of the same geometry binds
-its arrays and those words to the exchange's prepared run (PreparedRun.bind) and runs it
+its arrays and those words to the exchange's prepared run (PreparedRun.bind_blocks, bind_tile, bind) and runs it
 (PreparedRun.run_bound): ONE C call, an_run, as for every front end. The program's first op
 (A) writes the summary straight into the round-0 frame, the row and the length word, the
 exchange runs, and its last op (R) compares every rank's rows with the table that passed and
@@ -21,10 +21,9 @@ Keyed by geometry, never by identity (issue 42):
 - a record is found by the communicator object, the operation, the batch size and the
   geometry (ints, or tuples of ints and the arrays' strides); the arrays of the call are checked
   on every call (float64 ndarrays of that shape, strides and alignment: dtype, shape and
-  strides can be set in place under the same object) and bound: a pointer made from the buffer
-  of each array that is not the one bound there now, which is held (the prepared run keeps the
-  last call's arrays alive, no more) and pinned by a weak reference (NumPy refuses to resize an
-  array that has one, so its data cannot move while it is bound);
+  strides can be set in place under the same object) and bound for that run only: one C call
+  checks each array and writes its pointer (PreparedRun.bind_blocks, bind_tile); nothing holds
+  the arrays after the call (engine_bind.Bound.blocks says why);
 - the channel: a failed run or `reset` marks it broken (a record of a broken channel is never
   used, and the ordinary path then says why); `reset` and the communicator's Free delete its
   attribute, and api.py's delete callback forgets its records;
@@ -122,8 +121,8 @@ class Call:
 
 def _bind(c, j: int, x, y) -> bool:
     """Bind the exchange's j-th blocks to x and y (y None: sum) when each is a 1-D, C-contiguous,
-    aligned float64 block of the remembered length (PreparedRun.bind_blocks: a new array is
-    checked and bound by one C call); False, with nothing bound, otherwise."""
+    aligned float64 block of the remembered length (PreparedRun.bind_blocks: for this run, by one
+    C call); False, with nothing bound, otherwise."""
     return c.ex.prepared.bind_blocks(_XS[j], None if y is None else _YS[j], x, y, c.length)
 
 

@@ -31,15 +31,6 @@ def check_leaves(c, contributions, rank: int, layout) -> dict:
     return check_contributions(contributions, c.rp.slots, rank, c.n, layout.key())
 
 
-def _block(a, n: int) -> bool:
-    """A 1-D, C-contiguous, aligned float64 ndarray of n elements (checked on every call: each
-    can change in place under the same object)."""
-    if not (type(a) is np.ndarray and a.dtype is _F64 and a.ndim == 1 and len(a) == n):
-        return False
-    f = a.flags
-    return f.c_contiguous and f.aligned
-
-
 class Bound:
     """The caller's memory the C executor's buffer table points at (buffer numbers below
     `first_static`, and the delivery target). `held[b]`: (the array bound to buffer b, the
@@ -50,8 +41,10 @@ class Bound:
     array's pointer cannot change while it is bound, and a call that passes the very array
     again needs no new pointer. Any other array is bound anew (pointer, pin). What can change
     in place under the same object (its dtype, shape, strides) is checked on every call
-    (prepared.py). `addr[b]`, `deliver_addr`: where the table entry of buffer b and the
-    delivery target live, for vectors.bind."""
+    (prepared.py). `held[b]` None: nothing held there, and the next run binds buffer b anew (the
+    arrays' blocks and tiles are bound for one run: `blocks`, `tile`). `addr[b]`,
+    `deliver_addr`: where the table entry of buffer b and the delivery target live, for
+    vectors.bind."""
 
     __slots__ = ("c", "held", "deliver", "from_buffer", "_null", "addr", "deliver_addr")
 
@@ -75,48 +68,42 @@ class Bound:
         self.deliver = (out, None, weakref.ref(out))
 
     def blocks(self, bx: int, by: int | None, x, y, n: int) -> bool:
-        """Bind 1-D blocks x to buffer bx (and y to by: a dot; None: a sum) when each is a 1-D,
-        C-contiguous, aligned float64 ndarray of n: True. The arrays bound there now are checked
-        here (what can change in place under the same object); any other pair is checked and
-        bound by one C call (vectors.bind2: a new array costs no buffer export), then held and
-        pinned. False, with nothing bound, for anything else."""
+        """Bind 1-D blocks x to buffer bx (and y to by: a dot; None: a sum) for ONE run, when each
+        is a 1-D, C-contiguous, aligned float64 ndarray of n: True, once one C call has checked
+        them and written their pointers (vectors.bind2, on every call: what can change in place
+        under the same object is seen). Nothing is held after the call (`held` there cleared:
+        the run is the caller's next step, and the caller holds its arrays until it returns).
+        Holding the last call's blocks kept a numpy-style solver's arrays alive one iteration
+        longer, and with blocks above glibc's mmap threshold that moved its heap's top: the
+        allocator gave pages back and faulted them in again every iteration (a 1-D CG of 65,536
+        unknowns per rank ran 1.3x its MPI_Allreduce twin, 1.02x without). False, with nothing
+        bound, for anything else."""
         held = self.held
-        ex_ = held[bx]
         if y is None:
-            if ex_ is not None and ex_[0] is x:
-                return _block(x, n)
             if vectors.bind(id(x), n, 0, self.addr[bx]):
                 return False
-            self.adopt(bx, x)
+            held[bx] = None
             return True
-        ey = held[by]
-        if ex_ is not None and ex_[0] is x and ey is not None and ey[0] is y:
-            return _block(x, n) and (y is x or _block(y, n))
         if vectors.bind2(id(x), id(y), n, self.addr[bx], self.addr[by]):
             return False
-        self.adopt(bx, x)
-        self.adopt(by, y)
+        held[bx] = held[by] = None
         return True
 
     def tile(self, bx: int, by: int | None, x, y, nd: int, shape, strides) -> bool:
-        """Bind N-d tiles x to buffer bx (and y to by: a dot; None: a sum) when each is an aligned
-        float64 ndarray of nd dimensions `shape` and byte strides `strides` (cdata: x's nd
-        words, then y's): one C call checks them and writes their first elements' addresses,
-        the arrays bound now included (vectors.bind_tile); a new one is then held and pinned.
-        False, with nothing bound, for anything else."""
+        """Bind N-d tiles x to buffer bx (and y to by: a dot; None: a sum) for ONE run, as
+        `blocks` does, when each is an aligned float64 ndarray of nd dimensions `shape` and byte
+        strides `strides` (cdata: x's nd words, then y's): one C call checks them and writes
+        their first elements' addresses (vectors.bind_tile). False, with nothing bound, for
+        anything else."""
         addr = self.addr
         if vectors.bind_tile(
             id(x), 0 if y is None else id(y), nd, shape, strides, addr[bx], 0 if by is None else addr[by]
         ):
             return False
         held = self.held
-        e = held[bx]
-        if e is None or e[0] is not x:
-            self.adopt(bx, x)
-        if y is not None:
-            e = held[by]
-            if e is None or e[0] is not y:
-                self.adopt(by, y)
+        held[bx] = None
+        if by is not None:
+            held[by] = None
         return True
 
     def pin(self, b: int, a, writable: bool = False):

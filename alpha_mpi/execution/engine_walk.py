@@ -49,8 +49,16 @@ class RunState:
 
     def __init__(self, rank):
         self.rank = rank
-        self.bad = None
-        self.foreign = None
+        self.flags = 0
+        self.bad = self.foreign = self.local = self.who = None
+
+    def clean(self) -> None:
+        """The state of a clean run, which skips `begin` (the steady paths: prepared.py): what
+        an earlier run left is dropped, so nothing keeps it alive (a refusal of this rank's
+        inputs holds its traceback, and with it the caller's arrays)."""
+        self.flags = 0
+        if self.local is not None or self.bad is not None or self.foreign is not None:
+            self.local = self.bad = self.foreign = self.who = None
 
     def begin(self, step, timeout, local, vote) -> None:
         """Reset for a run; `local`: this rank's refusal of its inputs (flagged from the start)."""

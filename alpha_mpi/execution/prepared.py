@@ -188,7 +188,7 @@ class PreparedRun:
                 bound.no_delivery()
             rc = self._an_run(ex, step, eng.timeout, 0, -1, 0)
             if not rc and not self._exrun.flags:
-                st.flags = 0  # clean: the run state is not even reset (as in run_bound)
+                st.clean()  # the run state is reset only for a run that goes on (as in run_bound)
                 clean = True
             else:
                 st.begin(step, None, None, 0)  # after the C call: C never reads the Python run state
@@ -343,7 +343,7 @@ class PreparedRun:
             rc = self._an_run(self._ex, step, timeout, 0, -1, 0)
             if not rc and not self._exrun.flags:
                 # clean (a solver's every call): the run state is reset only for a run that goes on
-                st.flags = 0
+                st.clean()
                 return 0
             st.begin(step, None, None, 0)  # after the C call: C never reads the Python run state
             if rc == STOP:

@@ -42,6 +42,7 @@ import argparse
 import hashlib
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -280,11 +281,18 @@ def _slowest(seconds: float) -> float:
     return float(buf[0])
 
 
+def _faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def _timed(fn, *args):
+    """(the slower rank's seconds, the program's digest, the most page faults a rank took)."""
     WORLD.Barrier()
+    f0 = _faults()
     t0 = time.perf_counter()
     out = fn(*args)
-    return _slowest(time.perf_counter() - t0), out
+    seconds = _slowest(time.perf_counter() - t0)
+    return seconds, out, int(_slowest(float(_faults() - f0)))
 
 
 def run_case(name, size, iters, target, reps, quick) -> dict:
@@ -292,11 +300,13 @@ def run_case(name, size, iters, target, reps, quick) -> dict:
     fn(True, size, max(1, iters // 10), quick)  # warm: the first calls build what they need
     fn(False, size, max(1, iters // 10), quick)
     ta, tb, ratios, digests, base_digests = [], [], [], set(), set()
+    faults: dict = {True: [], False: []}
     for rep in range(reps):
         order = (True, False) if rep % 2 == 0 else (False, True)
         got = {}
         for alpha in order:
             got[alpha] = _timed(fn, alpha, size, iters, quick)
+            faults[alpha].append(got[alpha][2])
         ta.append(got[True][0])
         tb.append(got[False][0])
         ratios.append(got[True][0] / got[False][0])
@@ -305,7 +315,7 @@ def run_case(name, size, iters, target, reps, quick) -> dict:
     ok = len(digests) == 1
     if name == "tile":  # the tile's bits are the 1-D block's
         ok = ok and digests == base_digests
-    return _row(
+    row = _row(
         f"{name} {size}",
         ta,
         tb,
@@ -315,6 +325,12 @@ def run_case(name, size, iters, target, reps, quick) -> dict:
         digests,
         "MPI_Allreduce" if name != "tile" else "1-D block",
     )
+    # Page faults per repetition (the rank with most): numpy-style programs allocate blocks above
+    # glibc's mmap threshold every iteration, and whether the allocator then reuses its heap or
+    # maps fresh pages (a fault per 4 KiB) depends on its history, not on the reductions; where
+    # the two variants' counts differ, their times differ by that too (main() says so).
+    row["faults"], row["baseline_faults"] = statistics.median(faults[True]), statistics.median(faults[False])
+    return row
 
 
 def _row(what, ta, tb, ratios, target, ok, digests, baseline) -> dict:
@@ -469,6 +485,14 @@ def main(argv=None) -> int:
                 f"{w['program']:49s} {_fmt(w['alpha_s'])} {_fmt(w['baseline_s'])}  {w['ratio']:.3f} "
                 f"({w['ratio_min']:.3f}-{w['ratio_max']:.3f})  {target:12s} {w['checks']:6s}  {w['baseline']}"
             )
+        for w in rows:
+            fa, fb = w.get("faults"), w.get("baseline_faults")
+            if fa is not None and max(fa, fb) > 1000 and max(fa, fb) > 1.2 * min(fa, fb):
+                print(
+                    f"# {w['program']}: page faults per repetition {fa:.0f} (alpha_mpi) against {fb:.0f} "
+                    "(baseline): the allocator mapped fresh pages for one and reused its heap for the "
+                    "other (glibc's mmap threshold), which the times include"
+                )
         for w in rows:
             if w["digest"] != "-":
                 print(f"digest {w['program']}: {w['digest']}")

@@ -3,13 +3,16 @@
     python benchmarks/startup.py [repetitions] [launches]
 
 1. Import: `python -c "import mpi4py.MPI, numpy"` (the baseline), the same followed by
-   `import alpha_mpi`, and by `import alpha_mpi.arrays`; wall time of the whole interpreter as
-   the shell sees it, the three taking turns `repetitions` times (10 unless given), run from a
-   directory outside the source tree. Prints each median with its spread (min-max), each
-   package's median minus the baseline's (target: <= 0.12 s), and the ratio to the baseline.
+   `import alpha_mpi`, by `import alpha_mpi.arrays` and by `from alpha_mpi import allreduce`;
+   wall time of the whole interpreter as the shell sees it, the four taking turns
+   `repetitions` times (10 unless given), run from a directory outside the source tree.
+   Prints each median with its spread (min-max), each package's median minus the baseline's
+   (target: <= 0.12 s), and the ratio to the baseline.
 2. First reduction: `mpiexec -n 2`, each rank times from the end of its imports to the end of
-   its first reduction of 8 bytes (one float64): `alpha_mpi.allreduce(comm, x)` and
-   `arrays.sum(comm, x, rank, 2)`, each in its own job, `launches` jobs each (5 unless given);
+   its first reduction of 8 bytes (one float64): `alpha_mpi.allreduce(comm, x)` after `import
+   alpha_mpi` (the call loads the executor and the planner), `allreduce(comm, x)` after `from
+   alpha_mpi import allreduce` (the import loads them) and `arrays.sum(comm, x, rank, 2)`,
+   each in its own job, `launches` jobs each (5 unless given);
    the time of a launch is the slower rank's. Target: <= 20 ms with the engine's C round
    already built (this script builds it first: `alpha-mpi native --build`).
 
@@ -33,11 +36,17 @@ IMPORTS = {
     "mpi4py.MPI, numpy": BASE,
     "+ alpha_mpi": BASE + "; import alpha_mpi",
     "+ alpha_mpi.arrays": BASE + "; import alpha_mpi.arrays",
+    "+ from alpha_mpi import allreduce": BASE + "; from alpha_mpi import allreduce",
 }
 FIRST = {
     "allreduce(comm, x)": (
         "import alpha_mpi",
         "alpha_mpi.allreduce(comm, x)",
+    ),
+    # the name imported: the executor and the planner load with the import, not in the call
+    "from ... import allreduce": (
+        "from alpha_mpi import allreduce",
+        "allreduce(comm, x)",
     ),
     "arrays.sum(comm, x, rank, 2)": (
         "from alpha_mpi import arrays",
@@ -139,7 +148,7 @@ def main(argv) -> None:
             if name != "mpi4py.MPI, numpy":
                 m = statistics.median(xs)
                 extra = f"  over baseline {(m - base) * 1e3:+.1f} ms (target <= +120), ratio {m / base:.2f}"
-            print(f"{name:22s} {_spread(xs)}{extra}")
+            print(f"{name:34s} {_spread(xs)}{extra}")
     for what, times in (("wall", f), ("CPU", fc)):
         print(
             f"# first reduction, 8 B, p = 2, from the end of the import, {what} time (slower rank), median of {launches}"

@@ -8,15 +8,19 @@ here runs. Otherwise `drive` answers each status the C loop returns until the ru
   other signals reach a rank that waits for a peer (engine.py breaks the executor on any
   exception, as on a timeout). An executor on the endpoint's duplicate (`watch`: Engine.foreign)
   also looks at the first message the peer it waits for has sent: a verdict record, a reset
-  marker or a frame of another live executor's run there means that peer is not in this call
-  (it builds another executor: it passed another realization, delivery, tree or layout; it
-  reset; it runs its executors in another order), since MPI keeps one sender's messages in
-  order and the peer's frame would come first — once the same message has stayed first for
-  FOREIGN_HOLDS (a peer in the call can show another run's frame first for a moment on an
-  oversubscribed node). The run then ends,
-  `executor-identity-mismatch` (`peer_round` "verdict", "reset" or "frame"), instead of waiting
-  for the bound; nothing of the peer's is taken. One MPI_Iprobe per slice of waiting: nothing on
-  a run that never waits a slice.
+  marker or a frame of another live executor's run there, while the frame awaited was never
+  matched, means that peer is not in this call (it builds another executor: it passed another
+  realization, delivery, tree or layout; it reset; it runs its executors in another order),
+  since MPI keeps one sender's messages in order and the peer's frame would come first. The
+  probe alone does not say so: at 5 ranks on 2 cores a peer's next run's frame was found first
+  while the awaited frame came after (MPICH, matched receives). So the awaited frame must not be
+  there by its own tag, and then, where receives are matched first (the default), the same
+  message must stay first for FOREIGN_HOLDS; where they are posted, the awaited frame may have
+  been matched by the posted receive and not landed yet, so that receive is cancelled
+  (an_cancel_awaited): matched, it completes and the run goes on; never matched, C returns
+- AN_UNMATCHED. Either way the run ends `executor-identity-mismatch` (`peer_round` "verdict",
+  "reset" or "frame") instead of waiting for the bound; nothing of the peer's is taken. One or
+  two MPI_Iprobe per slice of waiting: nothing on a run that never waits a slice.
 - AN_HOOK: a send's header is written and the send not started: the fault-injection hook
   (Engine.send_hook, for tests and alpha_mpi_verify) gets (message index, header memoryview).
 - AN_BAD_FRAME: a received frame failed its check. C has put zeros in place of its payload and
@@ -67,7 +71,7 @@ class RunState:
         self.who = (self.rank, local.code) if local is not None else None
         self.bad = None
         self.local = local
-        self.foreign = None  # ((message, tag), when first seen) of the peer's other message
+        self.foreign = None  # (message, payload), (tag, first seen) or None: cancelled, the refusal
 
 
 def drive(c, st: RunState, rc: int, hook, bound: float, waiter, comm, watch=None) -> None:
@@ -81,6 +85,8 @@ def drive(c, st: RunState, rc: int, hook, bound: float, waiter, comm, watch=None
                 e = _out_of_step(c, st, comm, watch)
                 if e is not None:
                     raise e
+        elif rc == lib.AN_UNMATCHED:  # the receive _out_of_step cancelled had not been matched
+            raise st.foreign[2]
         elif rc == lib.AN_HOOK:
             x = c.by_pos[ex.run.at_msg]
             hook(x.m.index, x.hmv)
@@ -110,36 +116,50 @@ def _refuse_frame(c, st: RunState, x) -> None:
         c.native.ffi.memmove(run.code, fr.code_tag(bad.code), 4)
 
 
-FOREIGN_HOLDS = 0.25  # seconds a peer's message of another run must stay first before a run refuses
+FOREIGN_HOLDS = 0.25  # seconds another run's message must stay first, where nothing is posted to cancel
 
 
 def _out_of_step(c, st: RunState, comm, foreign):
     """`executor-identity-mismatch` when the peer this rank waits to receive from has sent a
     verdict record, a reset marker or a frame of another executor's run before the frame
-    (see the module docstring), else None. Only receives: a send's completion can lag behind a
-    peer that has moved on."""
-    x = c.by_pos[c.ex.run.at_msg]
+    awaited, else None (see the module docstring). With posted receives the refusal is kept
+    in `st.foreign` and the awaited receive cancelled (C answers AN_UNMATCHED); matched first,
+    the same message must stay first for FOREIGN_HOLDS. Only receives: a send's completion can
+    lag behind a peer that has moved on."""
+    run = c.ex.run
+    x, at = c.by_pos[run.at_msg], (run.at_msg, run.at_payload)
     if x.m.src == st.rank:
         return None
+    if st.foreign is not None and st.foreign[0] != at:
+        st.foreign = None  # the wait moved on (a cancelled receive had been matched: the run went on)
+    if st.foreign is not None and st.foreign[1] is None:
+        return None  # the cancel is not answered yet
     status = MPI.Status()
-    if not comm.Iprobe(x.peer, MPI.ANY_TAG, status):
+    if not comm.Iprobe(x.peer, MPI.ANY_TAG, status) or foreign(status.Get_tag()) is None:
         st.foreign = None
         return None
     tag = status.Get_tag()
-    other = foreign(tag)
-    if other is None:
+    # MPI keeps one sender's order, so a peer in this call sent the awaited frame before
+    # another run's message; yet the other came first at 5 ranks on 2 cores (the docstring).
+    # A posted receive may have matched the awaited frame, not landed yet: cancelling it tells
+    # (a matched receive completes as usual, an unmatched one is cancelled).
+    if comm.Iprobe(x.peer, x.tag + run.at_payload):
         st.foreign = None
         return None
-    # The same message must stay first for FOREIGN_HOLDS: at 5 ranks on 2 cores a peer that was
-    # in this call showed another executor's frame first (the MPI suite at 5 ranks refused a
-    # healthy learner so in two of four runs), its frame for this wait coming after; a peer in
-    # another call never sends it. (Still named within a second: a slice plus this.)
-    key, now = (c.ex.run.at_msg, tag), time.monotonic()
-    if st.foreign is None or st.foreign[0] != key:
-        st.foreign = (key, now)
+    e = _mismatch(x, st, tag, foreign(tag))
+    if not c.ex.program.probe:
+        if c.native.lib.an_cancel_awaited(c.ex) == 0:  # else an MPI that cannot: the bound ends the wait
+            st.foreign = at, None, e
         return None
-    if now - st.foreign[1] < FOREIGN_HOLDS:
+    now = time.monotonic()
+    if st.foreign is None or st.foreign[1][0] != tag:
+        st.foreign = at, (tag, now), e
         return None
+    return e if now - st.foreign[1][1] >= FOREIGN_HOLDS else None
+
+
+def _mismatch(x, st: RunState, tag: int, other: int) -> Refusal:
+    """The refusal a peer's message of another run (`tag`; executor `other`) means."""
     if tag not in (VERDICT_TAG, RESET_TAG):
         return Refusal(
             "executor-identity-mismatch",

@@ -38,6 +38,7 @@
 #define AN_MPI_ERROR 5
 #define AN_KERNEL_ERROR 6
 #define AN_STOP 7 /* an op stopped the run before any message op ran (an_summary: Python looks) */
+#define AN_UNMATCHED 8 /* the awaited receive an_cancel_awaited cancelled was never matched */
 
 /* op kinds (planning/program.py OP_KINDS; engine_build.OP_CODE) */
 #define AN_OP_POST 1

@@ -72,6 +72,7 @@ int an_run(an_exec *e, uint64_t step, double timeout, int32_t flags, int32_t ref
     e->run.bad_kind = 0;
     e->run.delivered = 0;
     s->pc = s->phase = 0;
+    s->cancelled = NULL;
     an_wait_reset(s);
     return an_loop(e);
 }
@@ -93,6 +94,20 @@ int an_cancel_receives(an_exec *e) {
             }
     }
     return first;
+}
+
+int an_cancel_awaited(an_exec *e) {
+    an_state *s = e->state;
+    int32_t i = e->run.at_msg;
+    if (!s || !s->hreq || e->program.probe || i < 0 || i >= e->program.nmsgs || e->program.msgs[i].sending)
+        return MPI_SUCCESS;
+    /* the request the run waits for: started, maybe matched, maybe complete (a cancel then
+     * has no effect: it completes as usual) */
+    MPI_Request *r = e->run.at_payload ? &s->preq[i] : &s->hreq[i];
+    if (s->cancelled == r || *r == MPI_REQUEST_NULL) return MPI_SUCCESS;
+    int rc = MPI_Cancel(r);
+    if (rc == MPI_SUCCESS) s->cancelled = r;
+    return rc;
 }
 
 int an_pending_sends(an_exec *e) {

@@ -15,6 +15,8 @@
  *               fault-injection send_hook of tests and alpha_mpi_verify; then an_resume),
  *   - AN_BAD_FRAME after a received frame failed its check (bad_* say how; its payload is
  *               zeros now and the refused flag set; Python names it, then an_resume),
+ *   - AN_UNMATCHED when the receive an_cancel_awaited cancelled had never been matched (the
+ *               peer is in another run: Python names it; the run cannot go on),
  *   - AN_TIMEOUT, AN_MPI_ERROR, AN_KERNEL_ERROR: the run cannot go on (`at_msg`, `mpi_error`,
  *               `kernel_status` say where and what).
  * The hot path never leaves C: per round a start of the persistent requests, a poll of them
@@ -219,6 +221,12 @@ int an_resume(an_exec *e);
  * first MPI error code a cancel or its wait returned. */
 int an_cancel_receives(an_exec *e);
 
+/* The peer's first unmatched message on the channel belongs to another run (Python probed it,
+ * engine_walk): cancel the receive this run waits for, so that its completion tells whether
+ * that peer's frame had already been matched (the run goes on with it: the probe found the
+ * peer's next message) or never was (the run returns AN_UNMATCHED). 0, or an MPI error code. */
+int an_cancel_awaited(an_exec *e);
+
 /* The sends of this rank still incomplete (tested now). */
 int an_pending_sends(an_exec *e);
 
@@ -279,6 +287,9 @@ typedef struct an_state {
     /* the frame being received */
     int32_t hflags, hbad;
     MPI_Message mmsg;
+    /* the receive an_cancel_awaited cancelled (NULL: none): its completion says whether it
+     * had been matched (the run goes on) or not (AN_UNMATCHED) */
+    MPI_Request *cancelled;
 } an_state;
 
 static inline double *an_ptr(const an_exec *e, an_region r) { return e->program.bases[r.buf] + r.off; }

@@ -63,6 +63,16 @@ static int an_poll(an_exec *e, an_state *s, MPI_Request *r, const an_msg *m, int
         }
         if (flag) {
             an_wait_reset(s);
+            if (r && r == s->cancelled) {
+                int unmatched = 0;
+                s->cancelled = NULL;
+                rc = MPI_Test_cancelled(st, &unmatched);
+                if (rc != MPI_SUCCESS) {
+                    e->run.mpi_error = rc;
+                    return AN_MPI_ERROR;
+                }
+                if (unmatched) return AN_UNMATCHED;
+            }
             return AN_DONE;
         }
         int idle = an_idle(e, s);

@@ -13,6 +13,7 @@ DataLoader, checkpoint and resume on another rank count.
     mpiexec -n 8 python -m mpi4py examples/torch_lm.py --device cuda          # one GPU per rank
     mpiexec -n 4 python -m mpi4py examples/torch_lm.py --partition state      # ZeRO-1: the same digest
     mpiexec -n 4 python -m mpi4py examples/torch_lm.py --partition grads      # ZeRO-2: the same digest
+    mpiexec -n 4 python -m mpi4py examples/torch_lm.py --partition grads --autocast float16  # loss scaling
     (--partition takes every mode of alpha_mpi.torch.partition_modes.MODES: the same digest in each)
 
 The model computes its own loss, nanoGPT-style: `logits, loss = model(x, y)` with
@@ -44,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from mpi4py import MPI
 
-from alpha_mpi.torch import DataParallel, ModuleLoss, SlotSampler
+from alpha_mpi.torch import DataParallel, ModuleLoss, ShardedGradScaler, SlotSampler
 from alpha_mpi.torch.partition_modes import MODES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -209,6 +210,8 @@ def main(argv=None) -> str:
         lr=a.lr,
     )
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=a.steps, eta_min=a.lr / 10)
+    # float16 scales each slot's loss; ShardedGradScaler is torch's GradScaler for every partition
+    scaler = ShardedGradScaler(device.type) if a.autocast == "float16" else None
     sampler = SlotSampler(ds, dp, batch_size=a.batch, shuffle=True, seed=a.seed)
     loader = torch.utils.data.DataLoader(ds, batch_sampler=sampler, num_workers=a.workers)
     loss_fn = ModuleLoss(mass=tokens) if a.loss == "module" else summed_tokens
@@ -227,12 +230,18 @@ def main(argv=None) -> str:
         for x, y in loader:
             if (dp.steps + 1) % a.accum:  # not the last batch of the update: carry its sums
                 with dp.no_sync():
-                    dp.step_local(x, y, loss_fn)
+                    dp.step_local(x, y, loss_fn, scaler=scaler)
                 continue
-            loss = dp.step_local(x, y, loss_fn)  # the token mean over the update's batches
+            loss = dp.step_local(x, y, loss_fn, scaler=scaler)  # the token mean over the update's batches
+            if scaler is not None:
+                scaler.unscale_(opt)  # clip the unscaled gradient
             if a.clip:
                 dp.clip_grad_norm_(a.clip)  # after the step: it wrote .grad
-            opt.step()
+            if scaler is not None:
+                scaler.step(opt)  # skipped on every rank after an overflow
+                scaler.update()
+            else:
+                opt.step()
             opt.zero_grad()
             sched.step()
             if dp.updates % a.log_every == 0:

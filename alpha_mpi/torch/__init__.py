@@ -34,6 +34,7 @@ from .losses import ModuleLoss, summed  # noqa: E402,F401
 from .module_model import ModuleModel, summed_cross_entropy  # noqa: E402,F401
 from .same_module import architecture_digest  # noqa: E402,F401
 from .sampler import RepeatedEpochWarning, SlotSampler  # noqa: E402,F401
+from .scaling import ShardedGradScaler  # noqa: E402,F401
 from .step_value import StepValue  # noqa: E402,F401
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "ModuleLoss",
     "ModuleModel",
     "RepeatedEpochWarning",
+    "ShardedGradScaler",
     "SlotSampler",
     "StepValue",
     "environment",

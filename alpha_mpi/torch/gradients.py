@@ -16,6 +16,8 @@ Apart from data_parallel.py because it is the one place `.grad` is written, with
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..refusals import Refusal
@@ -89,6 +91,16 @@ class GradientWriter:
         """No gradient (a refused step): every `.grad` None."""
         for p in self.params:
             p.grad = None
+
+    def overflow(self) -> None:
+        """A scaled gradient overflowed in some slot (scaling.py): every `.grad` +inf, so that a
+        GradScaler's own check finds it on every rank."""
+        for p in self.params:
+            p.grad = torch.full_like(p, math.inf)
+
+    def held(self) -> list:
+        """The gradient tensors this rank holds (what a ShardedGradScaler unscales): every `.grad`."""
+        return [p.grad for p in self.params if p.grad is not None]
 
     def zero(self, set_to_none: bool = True) -> None:
         """`optimizer.zero_grad(set_to_none)` on the parameters' `.grad` (what the step adds into)."""

@@ -15,20 +15,28 @@ a gradient overflowed, and `scaler.update()` moves S (halved after an overflow, 
   wherever no overflow or underflow happens).
 - A slot whose scaled gradient is not finite writes zeros and sets the payload's `inf` word
   (the combine stays finite; every rank sees the flag after it). Then every rank sets every
-  `.grad` to +inf (`mark_overflow`), so `scaler.step(opt)` finds the overflow, skips the update on
+  `.grad` to +inf (the gradient writer's `overflow`), so `scaler.step(opt)` finds the overflow, skips the update on
   every rank alike, and `scaler.update()` backs off: the same scale everywhere.
 - The scale is one of the words the ranks agree on (alpha_mpi.torch.step_agreement): ranks whose
   scalers hold other scales are refused by name (`step-mismatch`, field `loss scale`).
 
 Without `scaler=`, `scaler.step(opt)` would divide the unscaled gradient by S: pass it. Not with
-`bucket_mb` (the buckets are combined before the last slot's overflow is known) and not in a
-sharded partition (`state`, `grads`, `params`): `options-conflict`, flagged on every rank in the
-step's combine. In those modes torch's `scaler.step(opt)` looks for the overflow in the `.grad` of
-the optimizer's shard tensors, which exist only inside the sharded `opt.step()` (and a rank with
-an empty shard has none at all), so torch stops with "No inf checks were recorded for this
-optimizer" (measured, torch 2.13). FSDP answers with a ShardedGradScaler that agrees on the
-overflow across ranks; alpha_mpi's overflow flag already travels in the combine, and handing it
-to the shard tensors is the work left (docs/pytorch.md). bfloat16 needs no scaler.
+`bucket_mb` (the buckets are combined before the last slot's overflow is known).
+
+A sharded partition (`state`, `grads`, `params`) takes `ShardedGradScaler` (torch's GradScaler
+with the unscaling a shard needs; FSDP has one of that name). torch's own `scaler.step(opt)`
+looks for the overflow in the `.grad` of the optimizer's shard tensors, which exist only inside
+the sharded `opt.step()` (and a rank with an empty shard has none at all), so it stops with "No
+inf checks were recorded for this optimizer" (measured, torch 2.13): torch's GradScaler there is
+refused by name (`options-conflict`, flagged on every rank in the step's combine). The
+ShardedGradScaler unscales what this rank holds — every `.grad` in `state` (each rank holds the
+whole gradient), the rank's gradient shard in `grads` and `params` — by torch's own unscaling
+(the same multiplication by 1/S), and takes the overflow from the step's combined flag, which
+every rank has, instead of from the tensors: a rank with an empty shard records it too, so
+`scaler.step(opt)` skips the sharded update on every rank alike and `scaler.update()` moves
+every rank's scale alike. After an overflow the shard holds +inf (no parameter's whole `.grad`
+is made in `grads`/`params`). With an optimizer that is not sharded it is torch's GradScaler.
+bfloat16 needs no scaler.
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ from ._env import require_torch
 
 torch = require_torch()
 
-__all__ = ["loss_scale", "mark_overflow"]
+__all__ = ["ShardedGradScaler", "loss_scale"]
 
 
 def loss_scale(scaler, buckets: bool = False, sharded: str | None = None) -> float | None:
@@ -61,14 +69,14 @@ def loss_scale(scaler, buckets: bool = False, sharded: str | None = None) -> flo
             "scaler= with bucket_mb: the buckets are combined before the last slot's overflow is known; "
             "build DataParallel without bucket_mb",
         )
-    if sharded is not None:
+    if sharded is not None and not isinstance(scaler, ShardedGradScaler):
         raise Refusal(
             "options-conflict",
-            f"scaler= with partition={sharded!r}: torch's GradScaler unscales and checks for "
-            "overflow the .grad of the optimizer's own tensors, which in a sharded partition are "
-            "shard tensors whose .grad exists only inside opt.step(), so scaler.step(opt) would stop "
-            "on torch's 'No inf checks were recorded'; train float16 with partition='none', or use "
-            "autocast=torch.bfloat16, which needs no loss scaling",
+            f"scaler= with partition={sharded!r} takes alpha_mpi.torch.ShardedGradScaler: torch's "
+            "GradScaler unscales and checks for overflow the .grad of the optimizer's own tensors, "
+            "which in a sharded partition are shard tensors whose .grad exists only inside "
+            "opt.step(), so scaler.step(opt) would stop on torch's 'No inf checks were recorded'; "
+            "build ShardedGradScaler(...) with the same arguments",
         )
     s = float(scaler.get_scale())
     if not (math.isfinite(s) and s > 0):
@@ -76,7 +84,40 @@ def loss_scale(scaler, buckets: bool = False, sharded: str | None = None) -> flo
     return s
 
 
-def mark_overflow(params) -> None:
-    """Every `.grad` +inf: a scaled gradient overflowed in some slot; `scaler.step` skips."""
-    for p in params:
-        p.grad = torch.full_like(p, math.inf)
+class ShardedGradScaler(torch.amp.GradScaler):
+    """torch's `GradScaler` (same arguments, same scale schedule) for a sharded DataParallel:
+    `dp.step(..., scaler=scaler)`, `scaler.step(opt)`, `scaler.update()` as with torch's, where
+    `opt` is `dp.optimizer(...)` of a `state`, `grads` or `params` partition (the module says
+    what differs). Pass it to every step whose update it makes."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._overflow: bool | None = None  # the last step's combined flag (None: no step yet)
+
+    def note_step(self, overflow: bool | None) -> None:
+        """What DataParallel's step found (every rank alike): whether a slot's scaled gradient
+        overflowed; None when a step began and has not settled (no update to make yet)."""
+        self._overflow = overflow
+
+    def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):
+        shards = getattr(optimizer, "_alpha_mpi_shards", None)
+        if shards is None:  # torch's own optimizer: torch's own unscaling and check
+            return super()._unscale_grads_(optimizer, inv_scale, found_inf, allow_fp16)
+        if self._overflow is None:
+            raise Refusal(
+                "usage",
+                "ShardedGradScaler: no step of the DataParallel settled with scaler= this scaler since "
+                "the last update; call dp.step(..., scaler=scaler) before scaler.step(opt)",
+            )
+        groups: dict = {}
+        for g in shards.ctx.grads.held():
+            if g.dtype == torch.float16 and not allow_fp16:
+                raise ValueError("Attempting to unscale FP16 gradients.")  # torch's own words
+            groups.setdefault((g.device, g.dtype), []).append(g)
+        with torch.no_grad():
+            for (device, _), grads in groups.items():
+                local = torch.zeros((), dtype=torch.float32, device=device)  # the flag decides
+                torch._amp_foreach_non_finite_check_and_unscale_(grads, local, inv_scale.to(device))
+        found_inf.fill_(1.0 if self._overflow else 0.0)
+        self._overflow = None  # one unscaling per settled step
+        return {found_inf.device: found_inf}

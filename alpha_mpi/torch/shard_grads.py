@@ -24,6 +24,7 @@ coefficient: the bits of `dp.clip_grad_norm_` in `none`.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -95,6 +96,16 @@ class ShardGradients:
     def clear(self) -> None:
         """No gradient (a refused step; `zero_grad()`): every piece absent."""
         self.present = [False] * len(self.pieces)
+
+    def overflow(self) -> None:
+        """A scaled gradient overflowed in some slot (scaling.py): every piece +inf (the shard
+        only: no parameter's whole `.grad` is made)."""
+        self.flat.fill_(math.inf)
+        self.present = [True] * len(self.pieces)
+
+    def held(self) -> list:
+        """The gradient tensors this rank holds (what a ShardedGradScaler unscales): the shard."""
+        return [self.flat] if any(self.present) else []
 
     def zero(self, set_to_none: bool = True) -> None:
         """`optimizer.zero_grad(set_to_none)` on the shard."""

@@ -161,6 +161,7 @@ class ShardedOptimizer:
             contract=ctx.contract,
         )
         optimizer.register_step_pre_hook(lambda opt, args, kwargs: self.before_step())
+        optimizer._alpha_mpi_shards = self  # what a ShardedGradScaler unscales (scaling.py)
         self.guard = GuardedStep(self)  # torch's step, then assemble(); a failure on every rank
         self.guard.install()
         plain_zero_grad = optimizer.zero_grad

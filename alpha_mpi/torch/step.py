@@ -57,7 +57,7 @@ from .combine import StepCombine
 from .gradients import GradientWriter
 from .losses import loss_reduction
 from .module_check import check_parameters
-from .scaling import loss_scale, mark_overflow
+from .scaling import ShardedGradScaler, loss_scale
 from .slot_cut import Given, check_batch, check_cut
 from .slot_pass import SlotCall, SlotPass
 from .slot_rules import step_rng
@@ -148,7 +148,9 @@ class TrainingStep:
         self.grads, self.buffers, self.accumulation = grads, buffers, accumulation
         self.my_slots, self.slots = plan.my_slots, plan.slots
         self.turns = turns  # partition="params": the units' gathers around each slot
-        self.sharded = sharded  # the mode's name where it shards the optimizer: no GradScaler (scaling.py)
+        self.sharded = (
+            sharded  # the mode's name where it shards the optimizer: ShardedGradScaler only (scaling.py)
+        )
         audit, replicas = build_checks(
             comm,
             plan.plan,
@@ -237,6 +239,8 @@ class TrainingStep:
             g = req.given()  # first: step_local takes its sampler note whatever follows
             done.length, done.rule = g.length, g.rule
             scale = loss_scale(req.scaler, buckets=buckets is not None, sharded=self.sharded)
+            if isinstance(req.scaler, ShardedGradScaler):
+                req.scaler.note_step(None)  # until this step settles (a refused one never does)
             done.facts = step_facts(
                 seed=self.state.seed,
                 module=self.state.module,
@@ -324,8 +328,11 @@ class TrainingStep:
             self.accumulation.carry(*sums)
         else:
             numerator, total, used, inf = self.accumulation.settle(*sums)
+            scaler = done.call.scaler if done.call is not None else None
+            if isinstance(scaler, ShardedGradScaler):
+                scaler.note_step(inf)  # the flag every rank has: what its unscaling records
             if inf:  # a GradScaler's scaled gradient overflowed (scaling.py)
-                mark_overflow(self.state.params)
+                self.grads.overflow()
             else:
                 self.grads.write_mean(numerator, total, used, mode != OVERWRITE)
             self.state.updates += 1

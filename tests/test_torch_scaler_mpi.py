@@ -13,10 +13,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from alpha_mpi.refusals import Refusal  # noqa: E402
 from alpha_mpi.torch import DataParallel, ShardedGradScaler  # noqa: E402
 
-from conftest import agree, groups  # noqa: E402
+from conftest import agree, groups, refusal_code  # noqa: E402
 from lm_common import batch, lm, token_pair  # noqa: E402
 
 SLOTS = 8
@@ -100,14 +99,6 @@ def test_ranks_with_an_empty_shard_skip_and_scale_alike(world, partition):
     agree(world, got == alone, f"{partition}: {got} vs {alone}")
 
 
-def _code(fn):
-    try:
-        fn()
-    except Refusal as e:
-        return e.code
-    return None
-
-
 @pytest.mark.mpi(min_size=2)
 def test_a_sharded_grad_scaler_refuses_an_update_before_a_step_and_torchs_scaler_is_named(world):
     model = lm()
@@ -115,10 +106,10 @@ def test_a_sharded_grad_scaler_refuses_an_update_before_a_step_and_torchs_scaler
     opt = dp.optimizer(torch.optim.AdamW, model.parameters(), lr=1e-3)
     scaler = ShardedGradScaler("cpu", init_scale=2.0**8)
     scaler.scale(torch.ones(()))  # torch's lazy start of the scale
-    got = _code(lambda: scaler.step(opt))
+    got = refusal_code(lambda: scaler.step(opt))
     agree(world, got == "usage", f"scaler.step before dp.step: {got}")
     plain = torch.amp.GradScaler("cpu", init_scale=2.0**8)
-    got = _code(lambda: dp.step(*batch(0, 20), token_pair, scaler=plain))
+    got = refusal_code(lambda: dp.step(*batch(0, 20), token_pair, scaler=plain))
     agree(world, got == "options-conflict", f"torch's GradScaler in grads: {got}")
     scaler = ShardedGradScaler("cpu", init_scale=2.0**8)
     dp.step(*batch(0, 20), token_pair, scaler=scaler)

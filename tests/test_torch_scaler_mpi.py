@@ -6,7 +6,8 @@ steps): every sharded partition with a ShardedGradScaler trains to the digest an
 `partition="none"` with torch's own GradScaler on one rank, on the whole world and on groups
 of it, with and without `scaler.unscale_(opt)` + `dp.clip_grad_norm_` between the step and the
 update (the clipping sees the unscaled gradient); a model whose shards are empty on some ranks
-too (the empty ranks record the overflow from the combined flag). torch's GradScaler there and
+too (the empty ranks record the overflow from the combined flag), and with fused AdamW (the
+scale applied inside its update). torch's GradScaler there and
 `scaler.step(opt)` before any step are refused by name. Holds at any size >= 2."""
 
 import pytest
@@ -42,7 +43,7 @@ def _tiny_loss(out, y):
     return ((out.float() - y) ** 2).sum(), y.shape[0]
 
 
-def train(comm, partition, clip=False, tiny=False, steps=4):
+def train(comm, partition, clip=False, tiny=False, fused=False, steps=4):
     """(digest, the scale after each step)."""
     torch.set_num_threads(1)
     model = _tiny() if tiny else lm()
@@ -50,10 +51,10 @@ def train(comm, partition, clip=False, tiny=False, steps=4):
         model, comm, slots=SLOTS, seed=2, timeout=120, autocast=torch.float16, partition=partition
     )
     if partition == "none":
-        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3, fused=fused)
         scaler = torch.amp.GradScaler("cpu", **SCALE)
     else:
-        opt = dp.optimizer(torch.optim.AdamW, model.parameters(), lr=3e-3)
+        opt = dp.optimizer(torch.optim.AdamW, model.parameters(), lr=3e-3, fused=fused)
         scaler = ShardedGradScaler("cpu", **SCALE)
     scales = []
     for t in range(steps):
@@ -97,6 +98,20 @@ def test_ranks_with_an_empty_shard_skip_and_scale_alike(world, partition):
     agree(world, _overflowed_then_grew(alone[1]), f"the overflow and the growth did not happen: {alone[1]}")
     got = train(world, partition, tiny=True)
     agree(world, got == alone, f"{partition}: {got} vs {alone}")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_fused_optimizer_takes_the_scale_inside_its_step_alike(world):
+    """fused AdamW: torch's GradScaler hands the scale and the overflow to the fused update
+    (`_step_supports_amp_scaling`) instead of unscaling first; the ShardedGradScaler's overflow
+    check records the combined flag there too."""
+    from mpi4py import MPI
+
+    alone = train(MPI.COMM_SELF, "none", fused=True)
+    agree(world, alone[0] != train(MPI.COMM_SELF, "none")[0], "fused gave the for-loop's bits: not fused")
+    for partition in ("state", "grads", "params"):
+        got = train(world, partition, fused=True)
+        agree(world, got == alone, f"{partition}: {got} vs {alone}")
 
 
 @pytest.mark.mpi(min_size=2)

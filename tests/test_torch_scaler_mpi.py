@@ -10,6 +10,9 @@ too (the empty ranks record the overflow from the combined flag), and with fused
 scale applied inside its update). torch's GradScaler there and
 `scaler.step(opt)` before any step are refused by name. Holds at any size >= 2."""
 
+import os
+import tempfile
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -43,8 +46,9 @@ def _tiny_loss(out, y):
     return ((out.float() - y) ** 2).sum(), y.shape[0]
 
 
-def train(comm, partition, clip=False, tiny=False, fused=False, steps=4):
-    """(digest, the scale after each step)."""
+def train(comm, partition, clip=False, tiny=False, fused=False, steps=4, save=None, start=None):
+    """(digest, the scale after each step run here). `save`: checkpoint directory written after
+    step 2, then stop; `start`: a checkpoint to resume from (the scaler rides in it, registered)."""
     torch.set_num_threads(1)
     model = _tiny() if tiny else lm()
     dp = DataParallel(
@@ -52,12 +56,16 @@ def train(comm, partition, clip=False, tiny=False, fused=False, steps=4):
     )
     if partition == "none":
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3, fused=fused)
-        scaler = torch.amp.GradScaler("cpu", **SCALE)
     else:
         opt = dp.optimizer(torch.optim.AdamW, model.parameters(), lr=3e-3, fused=fused)
-        scaler = ShardedGradScaler("cpu", **SCALE)
+    # torch's own in "none" (the reference), unless resuming: the checkpoint names the class
+    plain = partition == "none" and start is None
+    scaler = (torch.amp.GradScaler if plain else ShardedGradScaler)("cpu", **SCALE)
+    dp.register("loss scaler", scaler)
+    if start is not None:
+        dp.restore(start, opt)
     scales = []
-    for t in range(steps):
+    for t in range(dp.updates, steps):
         if tiny:
             dp.step(*_tiny_batch(t), _tiny_loss, scaler=scaler)
         else:
@@ -69,6 +77,9 @@ def train(comm, partition, clip=False, tiny=False, fused=False, steps=4):
         scaler.update()
         opt.zero_grad()
         scales.append(scaler.get_scale())
+        if save is not None and t + 1 == 2:
+            dp.save(save, opt)
+            break
     digest = dp.digest()
     dp.free()
     return digest, scales
@@ -132,3 +143,25 @@ def test_a_sharded_grad_scaler_refuses_an_update_before_a_step_and_torchs_scaler
     scaler.update()
     agree(world, dp.updates == 1 and scaler.get_scale() == 2.0**8, "the next step and update work")
     dp.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("saved,resumed", [("grads", "params"), ("params", "state"), ("state", "none")])
+def test_a_run_saved_sharded_resumes_on_one_rank_with_its_scale_to_the_uninterrupted_bits(
+    world, saved, resumed
+):
+    """Saved after step 2 on the whole world (the scale backed off at step 0, one clean step
+    towards the growth), resumed on one rank in another mode (a ShardedGradScaler in "none"
+    too: the checkpoint names the registered object's class): the growth comes at the same step
+    and the digest is the uninterrupted run's (a scaler restored without its growth tracker
+    would grow a step later)."""
+    from mpi4py import MPI
+
+    alone = train(MPI.COMM_SELF, "none")
+    root = world.bcast(tempfile.mkdtemp(prefix="alpha-scaler-") if world.Get_rank() == 0 else None, root=0)
+    ckpt = os.path.join(root, "ckpt")
+    first = train(world, saved, save=ckpt)
+    agree(world, first[1] == alone[1][:2], f"the first two scales: {first[1]} vs {alone[1]}")
+    world.Barrier()
+    rest = train(MPI.COMM_SELF, resumed, start=ckpt) if world.Get_rank() == 0 else alone
+    agree(world, rest == (alone[0], alone[1][2:]) or world.Get_rank() != 0, f"{rest} vs {alone}")

@@ -127,6 +127,9 @@ def test_a_fused_optimizer_takes_the_scale_inside_its_step_alike(world):
 
 @pytest.mark.mpi(min_size=2)
 def test_a_sharded_grad_scaler_refuses_an_update_before_a_step_and_torchs_scaler_is_named(world):
+    """scaler.step(opt) before any step; torch's GradScaler in a sharded mode; opt.step() of a
+    gradient that still carries the scale (every rank refuses, nothing changes): each named, and
+    scaler.step(opt) then updates."""
     model = lm()
     dp = DataParallel(model, world, slots=SLOTS, timeout=120, partition="grads", autocast=torch.float16)
     opt = dp.optimizer(torch.optim.AdamW, model.parameters(), lr=1e-3)
@@ -139,9 +142,13 @@ def test_a_sharded_grad_scaler_refuses_an_update_before_a_step_and_torchs_scaler
     agree(world, got == "options-conflict", f"torch's GradScaler in grads: {got}")
     scaler = ShardedGradScaler("cpu", init_scale=2.0**8)
     dp.step(*batch(0, 20), token_pair, scaler=scaler)
+    before = dp.digest()
+    got = refusal_code(lambda: opt.step())  # the gradient still carries the scale
+    agree(world, got == "usage" and dp.digest() == before, f"opt.step() of a scaled gradient: {got}")
     scaler.step(opt)
     scaler.update()
     agree(world, dp.updates == 1 and scaler.get_scale() == 2.0**8, "the next step and update work")
+    agree(world, dp.digest() != before, "scaler.step(opt) updated nothing")
     dp.free()
 
 

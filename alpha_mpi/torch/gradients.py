@@ -49,6 +49,9 @@ class GradientWriter:
         self.views = [self.device_flat[a:b].view(p.shape) for p, (a, b) in zip(params, offsets)]
         self._prev = np.empty(n)
         self.g = np.empty(n)  # the step's binary64 gradient (write_mean)
+        self.scale = (
+            1.0  # the loss scale the gradient held here carries (step.py; a ShardedGradScaler unscales)
+        )
 
     def write_mean(self, numerator: np.ndarray, mass: float, used: np.ndarray, accumulate: bool) -> None:
         """`.grad` from g = numerator / mass (`g`), normalised once in binary64 after the combine."""
@@ -89,6 +92,7 @@ class GradientWriter:
 
     def clear(self) -> None:
         """No gradient (a refused step): every `.grad` None."""
+        self.scale = 1.0
         for p in self.params:
             p.grad = None
 
@@ -104,6 +108,7 @@ class GradientWriter:
 
     def zero(self, set_to_none: bool = True) -> None:
         """`optimizer.zero_grad(set_to_none)` on the parameters' `.grad` (what the step adds into)."""
+        self.scale = 1.0
         for p in self.params:
             if p.grad is not None:
                 if set_to_none:

@@ -120,4 +120,5 @@ class ShardedGradScaler(torch.amp.GradScaler):
                 torch._amp_foreach_non_finite_check_and_unscale_(grads, local, inv_scale.to(device))
         found_inf.fill_(1.0 if self._overflow else 0.0)
         self._overflow = None  # one unscaling per settled step
+        shards.ctx.grads.scale = 1.0  # (a fused update takes the scale itself: torch passes it)
         return {found_inf.device: found_inf}

@@ -74,6 +74,9 @@ class ShardGradients:
         self.g = np.empty(m)  # the step's binary64 gradient shard (write_mean)
         self._prev = np.empty(m)
         self._blocks = None  # clipping's assembly of the block sums, built at the first clip
+        self.scale = (
+            1.0  # the loss scale the gradient held here carries (step.py; a ShardedGradScaler unscales)
+        )
 
     def _range(self, piece: Piece) -> tuple[int, int]:
         s = piece.start - self.a
@@ -96,6 +99,7 @@ class ShardGradients:
     def clear(self) -> None:
         """No gradient (a refused step; `zero_grad()`): every piece absent."""
         self.present = [False] * len(self.pieces)
+        self.scale = 1.0
 
     def overflow(self) -> None:
         """A scaled gradient overflowed in some slot (scaling.py): every piece +inf (the shard
@@ -109,6 +113,7 @@ class ShardGradients:
 
     def zero(self, set_to_none: bool = True) -> None:
         """`optimizer.zero_grad(set_to_none)` on the shard."""
+        self.scale = 1.0
         if set_to_none:
             self.clear()
         else:

@@ -106,6 +106,14 @@ class GuardedStep:
         b = self.binding
         kept, failure, out = None, None, None
         try:
+            scale = b.ctx.grads.scale
+            if scale != 1.0:  # flagged to every rank below, like any failure of the update
+                raise Refusal(
+                    "usage",
+                    f"the gradient is still multiplied by the loss scale {scale!r} (the step took "
+                    "scaler=): update with scaler.step(opt), which unscales it and skips after an "
+                    "overflow, not opt.step()",
+                )
             kept = Kept(b.views, b.optimizer)
             out = self.plain(*args, **kwargs)
         except Exception as e:  # travels to every rank below, then raised here

@@ -335,6 +335,7 @@ class TrainingStep:
                 self.grads.overflow()
             else:
                 self.grads.write_mean(numerator, total, used, mode != OVERWRITE)
+            self.grads.scale = 1.0 if scaler is None else float(scaler.get_scale())
             self.state.updates += 1
         self.buffers.write_mean(lay.buffers(red))
         return float(red[lay.loss_at] / mass)

@@ -140,9 +140,9 @@ def _out_of_step(c, st: RunState, comm, foreign):
         return None
     tag = status.Get_tag()
     # MPI keeps one sender's order, so a peer in this call sent the awaited frame before
-    # another run's message; yet the other came first at 5 ranks on 2 cores (the docstring).
-    # A posted receive may have matched the awaited frame, not landed yet: cancelling it tells
-    # (a matched receive completes as usual, an unmatched one is cancelled).
+    # another run's message; yet the other came first at 5 ranks on 2 cores (the docstring):
+    # the awaited frame may be there behind it (looked for by its own tag), or matched by a
+    # posted receive and not landed yet (cancelling that receive tells, below).
     if comm.Iprobe(x.peer, x.tag + run.at_payload):
         st.foreign = None
         return None

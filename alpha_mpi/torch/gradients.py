@@ -49,9 +49,9 @@ class GradientWriter:
         self.views = [self.device_flat[a:b].view(p.shape) for p, (a, b) in zip(params, offsets)]
         self._prev = np.empty(n)
         self.g = np.empty(n)  # the step's binary64 gradient (write_mean)
-        self.scale = (
-            1.0  # the loss scale the gradient held here carries (step.py; a ShardedGradScaler unscales)
-        )
+        # the loss scale the gradient held here carries (step.py sets it, a ShardedGradScaler's
+        # unscaling clears it, and a sharded opt.step() refuses a scaled one: shard_step.py)
+        self.scale = 1.0
 
     def write_mean(self, numerator: np.ndarray, mass: float, used: np.ndarray, accumulate: bool) -> None:
         """`.grad` from g = numerator / mass (`g`), normalised once in binary64 after the combine."""

@@ -74,9 +74,9 @@ class ShardGradients:
         self.g = np.empty(m)  # the step's binary64 gradient shard (write_mean)
         self._prev = np.empty(m)
         self._blocks = None  # clipping's assembly of the block sums, built at the first clip
-        self.scale = (
-            1.0  # the loss scale the gradient held here carries (step.py; a ShardedGradScaler unscales)
-        )
+        # the loss scale the gradient held here carries (step.py sets it, a ShardedGradScaler's
+        # unscaling clears it, and a sharded opt.step() refuses a scaled one: shard_step.py)
+        self.scale = 1.0
 
     def _range(self, piece: Piece) -> tuple[int, int]:
         s = piece.start - self.a

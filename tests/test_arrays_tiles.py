@@ -268,9 +268,10 @@ def test_verdicts_shape_refused_nonfinite():
 
 def test_capacity_bounds_every_state_the_exchange_holds():
     """Run the exchange's merges (array_program.schedule, the Bruck windows) on real tile summaries and
-    check that no state and no merge on the way holds more than capacity_needed records."""
+    check that no state and no merge on the way holds more than capacity_needed records, the
+    final merge's prefix of the root included (a 10,717-element array: a deep tree)."""
     rng = np.random.default_rng(7)
-    for shape in [(37, 53), (64, 32), (7, 9, 11)]:
+    for shape in [(37, 53), (64, 32), (7, 9, 11), (1531, 7)]:
         g, _ = global_data(shape)
         n = g.size
         for p in (2, 3, 4, 5, 6):
@@ -288,7 +289,7 @@ def test_capacity_bounds_every_state_the_exchange_holds():
                     for r in range(p):
                         theirs = state[array_program.schedule(p, r)[i].recv_from]
                         assert state[r].count <= cap and theirs.count <= cap
-                        out = local.merge(state[r], theirs, n, capacity=cap if i + 1 < rounds else 2 * 64 + 4)
+                        out = local.merge(state[r], theirs, n, capacity=cap)  # refused beyond it
                         nxt.append(out)
                     state = nxt
                 assert all(s.root() == state[0].root() for s in state)
@@ -304,8 +305,8 @@ def test_capacity_needed_is_the_largest_window():
 @given(st.integers(1, 1 << 40))
 def test_bucket(need):
     b = tiles.bucket(need)
-    assert b >= max(need, pairwise.CAPACITY) and tiles.bucket(b) == b
-    assert need <= pairwise.CAPACITY or b <= need + need / 16 + 1
+    assert b >= max(need, tiles.FLOOR) and tiles.bucket(b) == b
+    assert need <= tiles.FLOOR or b <= need + need / 16 + 1
 
 
 def test_capacity_grows_at_once_and_shrinks_after_a_run_of_small_calls():
@@ -319,6 +320,18 @@ def test_capacity_grows_at_once_and_shrinks_after_a_run_of_small_calls():
         assert not c.settle(300)
     assert c.current == tiles.bucket(5000)
     assert not c.settle(10) and c.current == tiles.bucket(300)
+
+
+def test_a_solvers_small_tiles_shrink_the_frames_to_the_floor():
+    """The capacity starts at the 1-D blocks' bound; a run of calls needing a few records (a
+    Krylov solver's tiles) brings it down to FLOOR, far below pairwise.CAPACITY."""
+    c = tiles.Capacity()
+    assert c.current == pairwise.CAPACITY > tiles.FLOOR
+    for _ in range(tiles.Capacity.SHRINK_AFTER):
+        assert not c.settle(6)
+    assert c.current == tiles.FLOOR
+    assert not c.settle(tiles.FLOOR) and c.current == tiles.FLOOR
+    assert c.settle(tiles.FLOOR + 1) and c.current == tiles.FLOOR + 1  # more: at once
 
 
 def test_a_call_that_skips_settle_for_the_steady_need_keeps_the_same_capacity():

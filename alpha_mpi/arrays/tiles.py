@@ -34,6 +34,7 @@ from . import pairwise
 __all__ = [
     "MAX_NDIM",
     "ROW_WORDS",
+    "FLOOR",
     "Tile",
     "segment_dim",
     "runs",
@@ -46,6 +47,12 @@ __all__ = [
 MAX_NDIM = 4  # csrc/kernel/pairwise.h AP_MAX_NDIM (checked when the exchange module loads)
 # A row: status, records, room, ndim, then shape, offset and extent, MAX_NDIM words each.
 ROW_WORDS = 4 + 3 * MAX_NDIM
+# The smallest tile frames, in records: a Krylov solver's tiles of one or a few runs need
+# the final merge's prefix bound (capacity_needed: 16 records for 18,432 elements). pairwise.CAPACITY's 132 records made
+# every tile call's frame 3.2 KB where its summary filled 100 bytes, and a message of 3.2 KB
+# took 0.9 us longer than one of 64 B between two ranks on shared memory (MPICH, 2-core guest):
+# half of a 2-D tile dot's latency over np.dot + MPI_Allreduce.
+FLOOR = 16
 
 
 def _strides(shape) -> list:
@@ -209,7 +216,9 @@ def capacity_needed(tiles: Sequence[Tile], size: int) -> int:
     size, planning.array_program.schedule), holds at most the sum of their summaries' records (each node of the
     union holds one of theirs at least) and a merge never holds more than its two inputs, so
     the largest window of 2^(R-1) ranks bounds every frame (R rounds). The final merge of tiles
-    that cover the array holds the root, and a prefix of it on the way (at most 2 * 64 nodes)."""
+    that cover the array holds the root, and on the way the nodes of a prefix [0, x) that wait
+    for their right sibling: at most one a level, n.bit_length() + 1 in all (the frames of
+    FLOOR records are sized by that bound, not by the 2 * 64 + 1 of pairwise.CAPACITY)."""
     p = len(tiles)
     if p != size or p == 0:
         raise ValueError("one tile per rank")
@@ -222,14 +231,15 @@ def capacity_needed(tiles: Sequence[Tile], size: int) -> int:
     for v in range(1, p):
         s += twice[v + window - 1] - twice[v - 1]
         best = max(best, s)
-    return max(best, max(t.room for t in tiles))
+    final = max(t.n for t in tiles).bit_length() + 1 if rounds else 0
+    return max(best, final, max(t.room for t in tiles))
 
 
 def bucket(need: int) -> int:
-    """The capacity that serves `need` records: at least pairwise.CAPACITY, rounded up to 1/16 of its
-    power of two (frames at most ~6 % larger than needed, and few distinct exchanges)."""
-    if need <= pairwise.CAPACITY:
-        return pairwise.CAPACITY
+    """The capacity that serves `need` records: at least FLOOR, rounded up to 1/16 of its power
+    of two (frames at most ~6 % larger than needed, and few distinct exchanges)."""
+    if need <= FLOOR:
+        return FLOOR
     step = 1 << max(0, need.bit_length() - 5)
     return -(-need // step) * step
 
@@ -243,6 +253,10 @@ class Capacity:
     - calls that need at most half of it lower it, after SHRINK_AFTER such calls in a row, to
       the largest of their needs: a solver alternating between a big and a small tiling (two
       multigrid levels) keeps the big frames instead of exchanging twice per big call.
+
+    It starts at pairwise.CAPACITY, what any run of a 1-D block needs (so a first call of a
+    contiguous tile is one exchange), and a solver's steady tiles then shrink it, to FLOOR for
+    most: frames sized by the largest need, not by the bound of every block.
     """
 
     SHRINK_AFTER = 16

@@ -322,3 +322,34 @@ def test_portable_lanes_give_the_same_bits_as_the_fast_ones(log2s):
             got[(name, portable)] = f64bits(v[0])
     assert got[("sum", 0)] == got[("sum", 1)] == f64bits(pairwise(x.tolist()))
     assert got[("dot", 0)] == got[("dot", 1)] == f64bits(oracle_dot(x.tolist(), y.tolist()))
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 1 << 18), st.data())
+def test_block_frames_hold_every_state_of_the_exchange(n, data):
+    """block_need (the frames a table of 1-D blocks needs, once they may shrink below
+    pw.CAPACITY) bounds every summary, state and merge of the exchange, in rank order and in
+    the sorted order that blocks out of rank order take: merged at exactly that capacity
+    (ap_merge refuses beyond it, ap_summary too), every rank ends with the root."""
+    from alpha_mpi.arrays.exchange import block_need
+
+    p = data.draw(st.integers(1, 9))
+    inner = sorted(data.draw(st.lists(st.integers(0, n), min_size=p - 1, max_size=p - 1)))
+    bounds = [0, *inner, n]
+    place = data.draw(st.permutations(range(p)))  # rank place[j] holds block j
+    rows_ = [None] * p
+    for j, r in enumerate(place):
+        rows_[r] = pw.Row(r, bounds[j], bounds[j + 1] - bounds[j], n, 0)
+    order = None if pw.in_rank_order(rows_) else pw.sorted_order(rows_)
+    cap = block_need(rows_, order)
+    assert cap <= pw.CAPACITY
+    g = np.full(n, 0.5)
+    state = [
+        local.summary([g[r.offset : r.offset + r.length]], None, r.offset, n, capacity=cap) for r in rows_
+    ]
+    for i in range(ap.rounds(p)):
+        state = [
+            local.merge(state[r], state[ap.schedule(p, r, order)[i].recv_from], n, capacity=cap)
+            for r in range(p)
+        ]
+    assert all(s.root() == local.summary([g], None, 0, n).root() for s in state)

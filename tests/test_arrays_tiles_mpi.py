@@ -85,7 +85,7 @@ def test_frames_grow_for_a_tiling_that_needs_them_and_every_rank_agrees():
     before = ch.capacity.current
     got = [u64(arrays.dot(comm, block(g, box), block(h, box), box[0], shape)) for _ in range(3)]
     caps = w.allgather(ch.capacity.current)
-    sizes = sorted(k[3] for k in ch.exchanges if len(k) == 4)
+    sizes = sorted(k[3] for k in ch.exchanges if k[2] == "tiles")
     agree(w, got == [expect] * 3, f"rank {r}: {got} vs {expect}")
     agree(w, before == pairwise.CAPACITY < caps[0] and len(set(caps)) == 1, f"capacities {before} -> {caps}")
     agree(w, sizes == [before, caps[0]], f"exchanges by capacity {sizes}: one growth, then reused")

@@ -26,7 +26,7 @@ from ..execution.endpoint import Endpoint
 from ..kernel import ffi, lib
 from ..refusals import KernelRefusal, Refusal
 from . import fast, pairwise
-from .exchange import STREAM, Exchanges
+from .exchange import STREAM, Exchanges, block_need
 from .tile_call import check_float64, finish_tiles, local_checks, reduce_tiles, tile_form
 
 if TYPE_CHECKING:
@@ -39,7 +39,6 @@ _ND = np.ndarray
 _DARR = ffi.typeof("double[]")
 _from_buffer = ffi.from_buffer
 _summary = lib.ap_summary
-_CAP = pairwise.CAPACITY
 _MAX_N = 1 << 62
 
 #: An int (1-D blocks) or a tuple of ints, one per dimension (N-d tiles).
@@ -280,8 +279,9 @@ def _reduce(comm, op, xs, ys, offset, n, timeout, bad_batch=None):
     checked, err, status = local_checks(ch, timeout, bad_batch, lambda: _inputs(op, xs, ys, offset, n))
     if err is None:
         xs, ys, length, offset, n = checked
-    ex = ch.exchanges.get((op, k, None)) or ch.exchange(op, k)
+    ex = ch.exchanges.get((op, k, None, ch.block_capacity.current)) or ch.exchange(op, k)
     m = 0
+    again = None
     if err is None:
         px, py = ex.xs_ptrs, ffi.NULL
         if k == 1:  # the common case without lists (the cdata must live until the kernel returns)
@@ -300,7 +300,13 @@ def _reduce(comm, op, xs, ys, offset, n, timeout, bad_batch=None):
                 py = ex.ys_ptrs
                 for j in range(k):
                     py[j] = held_y[j]
-        m = _summary(px, py, k, offset, length, n, ex.state0, _CAP, ex.nonfinite)
+        m = _summary(px, py, k, offset, length, n, ex.state0, ex.capacity, ex.nonfinite)
+        if m == lib.AP_ERR_OVERFLOW:  # frames smaller than this block's summary: not written; its
+            # row tells every rank (block_need), and the exchange runs again in frames that fit
+            def again(ex2, px=px, py=py, length=length, offset=offset, n=n):
+                return _summary(px, py, k, offset, length, n, ex2.state0, ex2.capacity, ex2.nonfinite)
+
+            m = 0
         if m < 0:  # cannot happen for checked inputs; refused like a local refusal (peers finish)
             err = KernelRefusal("kernel-bad-argument", f"{op}: the kernel refused the block (status {m})")
             status, m = pairwise.refused_status(err.code), 0
@@ -311,33 +317,36 @@ def _reduce(comm, op, xs, ys, offset, n, timeout, bad_batch=None):
     row = (offset, length, n, status) if err is None else (0, 0, 0, status)
     if err is not None:
         n = 0
-    values = _exchange(ch, ex, op, k, m, row, n, detail, err)
+    values, used = _exchange(ch, ex, op, k, m, row, n, detail, err, again=again)
     if err is None and timeout is None and not detail and length <= fast.MAX_ELEMENTS and k <= fast.MAX_PAIRS:
         # every check passed with these very arrays (none copied): a later call with the same
         # arguments is the one C call (fast.py)
         if all(a is b for a, b in zip(xs, given[0])) and (
             ys is None or all(a is b for a, b in zip(ys, given[1]))
         ):
-            fast.remember(ch, ex, op, xs, ys, offset, n)
+            fast.remember(ch, used, op, xs, ys, offset, n)
     return values
 
 
-def _exchange(ch, ex, op, k, m, row, n, detail, err=None, ran=False):
+def _exchange(ch, ex, op, k, m, row, n, detail, err=None, ran=False, again=None):
     """Run the exchange (unless the one call `ran` it to its end: fast.py) and return the
-    root's values; refusals by name on every rank."""
+    root's values and the exchange that gave them; refusals by name on every rank. `again`:
+    how to write this rank's summary into another exchange, where it did not fit this one's
+    frames (None: it is in this one's)."""
     try:
         if not ran:
             ex.run(row, m, n, local=err)  # raises this rank's refusal, a bad frame's or a peer's
-        if ex.valid_order is None and ex.table.tobytes() == ex.valid:
+        values = None
+        if ex.valid_order is None and ex.valid_need <= ex.capacity and ex.table.tobytes() == ex.valid:
             values = ex.root(n)  # the table that passed every check last time: nothing to re-check
-            if values is None:
-                values = _verdict(ch, ex, op, k, m, row, n, detail)
+        if values is None:
+            values, ex = _verdict(ch, ex, op, k, m, row, n, detail, again)
         else:
-            values = _verdict(ch, ex, op, k, m, row, n, detail)
+            ch.block_capacity.settle(ex.valid_need)
     finally:
         ch.step += 1
     pairwise.check_result(values, op)
-    return values
+    return values, ex
 
 
 def _one_call(c: fast.Call, xs: tuple, ys: tuple | None):
@@ -354,30 +363,42 @@ def _one_call(c: fast.Call, xs: tuple, ys: tuple | None):
         raise
     if rc == 0 and not ex.verdict[0]:  # the root check took the root's values
         ch.step = step + 1
-        if c.length is None and ex.valid_need != ch.capacity.steady:
-            ch.capacity.settle(ex.valid_need)  # as every tile call does (tile_call.py)
+        capacity = ch.capacity if c.length is None else ch.block_capacity
+        if ex.valid_need != capacity.steady:
+            capacity.settle(ex.valid_need)  # as every ordinary call does (tile_call.py, _verdict)
         return ex.root_values
     if rc == fast.STOP:  # the summary met a NaN/Inf or frames too small; nothing was sent
         return _reduce(c.comm, c.op, xs, ys, c.offset, c.shape, None)
     if c.length is None:
         return finish_tiles(ch, ex, c.op, xs, ys, c.offset, c.shape)
     row = (c.offset, c.length, c.shape, pairwise.STATUS_OK)
-    return _exchange(ch, ex, c.op, c.k, int(ex.summary_result[0]), row, c.shape, "", ran=True)
+    return _exchange(ch, ex, c.op, c.k, int(ex.summary_result[0]), row, c.shape, "", ran=True)[0]
 
 
-def _verdict(ch, ex, op, k, m_local, row, n, detail):
-    """Refuse by name (the same on every rank) or return the root's values."""
+def _verdict(ch, ex, op, k, m_local, row, n, detail, again=None):
+    """Refuse by name (the same on every rank), or exchange again (in index order, or in
+    frames that fit), or return (the root's values, the exchange that gave them)."""
     tb = ex.table.tobytes()
     if tb != ex.valid:
         rows = ex.rows()
         pairwise.check_naming(pairwise.check_rows, rows, op, ch.rank, detail)
-        ex.passed(tb, None if pairwise.in_rank_order(rows) else pairwise.sorted_order(rows))
-    if ex.valid_order is not None:  # out of rank order: every rank runs the sorted exchange
-        ex2 = ch.exchange(op, k, ex.valid_order)
-        ex2.copy_local_from(ex, m_local)
-        ex2.run_again(row, m_local, n, pairwise.check_rows, op)  # its own order: valid_order stays None
+        order = None if pairwise.in_rank_order(rows) else pairwise.sorted_order(rows)
+        ex.passed(tb, order, block_need(rows, order))
+    need = ex.valid_need
+    ch.block_capacity.settle(need)
+    # every rank sees the same rows, so every rank takes this branch alike
+    if ex.valid_order is not None or need > ex.capacity:
+        # out of rank order (every rank runs the sorted exchange), or frames too small for
+        # what the rows say the states hold (every rank runs the exchange in frames that fit)
+        ex2 = ch.exchange(op, k, ex.valid_order, ch.block_capacity.current)
+        if again is None:
+            ex2.copy_local_from(ex, m_local)
+        else:
+            m_local = again(ex2)
+        ex2.run_again(row, m_local, n, pairwise.check_rows, op)
+        ex2.passed(ex2.valid, None, need)  # its own order, with frames that hold `need`
         ex = ex2
-    return ex.result(n, op)
+    return ex.result(n, op), ex
 
 
 def _first_nonfinite(xs, ys, offset, length) -> str:

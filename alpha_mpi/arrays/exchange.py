@@ -60,7 +60,7 @@ from ..planning.array_program import (
 from ..refusals import PlanRefusal, Refusal
 from . import pairwise, tiles
 
-__all__ = ["Exchanges", "Exchange", "RowKind", "BLOCKS", "TILES"]
+__all__ = ["Exchanges", "Exchange", "RowKind", "BLOCKS", "TILES", "block_need"]
 
 if (
     lib.AP_CAPACITY != pairwise.CAPACITY
@@ -112,17 +112,21 @@ class Exchanges:
         self.broken = None
         self.exchanges: dict = {}
         self.capacity = tiles.Capacity()  # the tile exchanges' (the same on every rank)
+        self.block_capacity = tiles.Capacity()  # the 1-D blocks' exchanges'
         self.geometries: dict = {}  # checked tile geometries (tile_call.Geometry), by their key
         self.debug = debug_enabled()
         self.timeout = ep.waiter().timeout  # the bound (ALPHA_MPI_TIMEOUT, else the default)
         self.call_timeout = self.timeout
 
-    def exchange(self, op: str, k: int, order=None) -> Exchange:
-        """The 1-D blocks' exchange of (op, k) in rank order or in `order`."""
-        key = (op, k, order)
+    def exchange(self, op: str, k: int, order=None, capacity: int | None = None) -> Exchange:
+        """The 1-D blocks' exchange of (op, k) in rank order or in `order`, with frames of
+        `capacity` records (by default the channel's current block capacity)."""
+        if capacity is None:
+            capacity = self.block_capacity.current
+        key = (op, k, order, capacity)
         ex = self.exchanges.get(key)
         if ex is None:
-            ex = self.exchanges[key] = Exchange(self, op, k, order)
+            ex = self.exchanges[key] = Exchange(self, op, k, order, BLOCKS, capacity)
         return ex
 
     def tile_exchange(self, op: str, k: int, capacity: int) -> Exchange:
@@ -260,13 +264,15 @@ class Exchange:
             if self.engine.broken is not None:
                 self.ch.broken = self.engine.broken
 
-    def passed(self, tb: bytes, order) -> None:
-        """The table `tb` (every rank's rows, as bytes) passed every check and calls for the
-        exchange `order` (None: this one, rank order)."""
-        self.valid, self.valid_order = tb, order
+    def passed(self, tb: bytes, order, need: int) -> None:
+        """The table `tb` (every rank's rows, as bytes) passed every check, calls for the
+        exchange `order` (None: this one's) and its largest state holds `need` records
+        (block_need): the root check may use it where this exchange is the one and its frames
+        hold them."""
+        self.valid, self.valid_order, self.valid_need = tb, order, need
         w = self.valid_words
         w[0] = 0
-        if order is None:
+        if order is None and need <= self.capacity:
             w[1:] = np.frombuffer(tb, dtype=np.int64)
             w[0] = 1
 
@@ -326,3 +332,24 @@ class Exchange:
 
     def free(self) -> None:
         self.engine.free()
+
+
+def block_need(rows, order) -> int:
+    """Records the largest state of the 1-D exchange in `order` (None: rank order) holds for
+    these rows (rank order, checked): each block's summary records and room from its place
+    alone (the kernel's count, ap_tile_records of a 1-D tile: the walk ap_summary makes), the
+    windows of tiles.window_need, and never more than pairwise.CAPACITY (blocks that follow
+    each other in exchange order merge into at most 2 * 64 + 1 nodes: the frames' bound before
+    they could shrink)."""
+    records, rooms, n = [], [], 0
+    g, room = ffi.new("int64_t[]", 3), ffi.new("int64_t *")
+    for r in order if order is not None else range(len(rows)):
+        row = rows[r]
+        n = max(n, row.n)
+        if not row.length:
+            records.append(0)
+            continue
+        g[0], g[1], g[2] = row.n, row.offset, row.length
+        records.append(int(lib.ap_tile_records(1, g, g + 1, g + 2, ffi.NULL, 0, room)))
+        rooms.append(int(room[0]))
+    return min(pairwise.CAPACITY, tiles.window_need(records, rooms, n))

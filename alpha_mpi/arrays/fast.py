@@ -133,6 +133,8 @@ def lookup(comm, op: str, x, y, offset: int, n: int) -> Call | None:
         if c.k == 1 and c.op == op and c.comm is comm and c.length is not None and c.key == (offset, n):
             if c.ch.broken is not None or (y is None) != (op == "sum"):
                 return None
+            if c.ex.capacity != c.ch.block_capacity.current:
+                return None  # the frames changed size: every rank takes the ordinary path alike
             return c if _bind(c, 0, x, y) else None
     return None
 
@@ -143,7 +145,7 @@ def lookup_pairs(comm, pairs: list, offset: int, n: int) -> Call | None:
     k = len(pairs)
     for c in _CALLS:
         if c.k == k and c.op == "dot" and c.comm is comm and c.length is not None and c.key == (offset, n):
-            if c.ch.broken is not None:
+            if c.ch.broken is not None or c.ex.capacity != c.ch.block_capacity.current:
                 return None
             for pair in pairs:
                 if type(pair) not in _PAIR or len(pair) != 2:
@@ -207,6 +209,14 @@ def remember(ch, ex, op: str, xs: tuple, ys: tuple | None, offset: int, n: int) 
     (api.py: xs, and ys or None for sum), unless a record of it exists."""
     length = xs[0].shape[0]
     if length > MAX_ELEMENTS or ex.valid_order is not None or len(xs) > MAX_PAIRS:
+        return
+    # only the exchange every rank's ordinary path takes (rank order, the channel's frames): a
+    # rank whose arrays miss the record then meets its peers in the same exchange
+    if (
+        ex.capacity != ch.block_capacity.current
+        or ex.valid_need > ex.capacity
+        or ex.order != tuple(range(ch.size))
+    ):
         return
     _add(Call(ch, ex, op, len(xs), (offset, n), length, [offset, length, n]))
 

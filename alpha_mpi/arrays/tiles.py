@@ -40,6 +40,7 @@ __all__ = [
     "runs",
     "check_tiles",
     "capacity_needed",
+    "window_need",
     "bucket",
     "Capacity",
 ]
@@ -211,19 +212,27 @@ def check_tiles(tiles, what: str) -> None:
 
 
 def capacity_needed(tiles: Sequence[Tile], size: int) -> int:
-    """Records the largest state of an exchange in rank order can hold, from each rank's row:
-    its own summary needs its room; a state sent in round i covers 2^i consecutive ranks (mod
-    size, planning.array_program.schedule), holds at most the sum of their summaries' records (each node of the
-    union holds one of theirs at least) and a merge never holds more than its two inputs, so
-    the largest window of 2^(R-1) ranks bounds every frame (R rounds). The final merge of tiles
-    that cover the array holds the root, and on the way the nodes of a prefix [0, x) that wait
-    for their right sibling: at most one a level, n.bit_length() + 1 in all (the frames of
-    FLOOR records are sized by that bound, not by the 2 * 64 + 1 of pairwise.CAPACITY)."""
+    """Records the largest state of the tile exchange (rank order) can hold, from every rank's
+    row (window_need)."""
     p = len(tiles)
     if p != size or p == 0:
         raise ValueError("one tile per rank")
-    records = [t.records for t in tiles]
-    rounds = exchange_rounds(size)
+    return window_need([t.records for t in tiles], [t.room for t in tiles], max(t.n for t in tiles))
+
+
+def window_need(records: Sequence[int], rooms: Sequence[int], n: int) -> int:
+    """Records the largest state of an exchange can hold, from each exchange position's summary
+    record count and room (in exchange order) and the global length n: a position's own summary
+    needs its room; a state sent in round i covers 2^i consecutive positions (mod p,
+    planning.array_program.schedule), holds at most the sum of their summaries' records (each
+    node of the union holds one of theirs at least) and a merge never holds more than its two
+    inputs, so the largest window of 2^(R-1) positions bounds every frame (R rounds). The final
+    merge of blocks that cover the array holds the root, and on the way the nodes of a prefix
+    [0, x) that wait for their right sibling: at most one a level, n.bit_length() + 1 in all
+    (frames of FLOOR records are sized by that bound, not by the 2 * 64 + 1 of
+    pairwise.CAPACITY)."""
+    p = len(records)
+    rounds = exchange_rounds(p)
     window = 1 if rounds == 0 else 1 << (rounds - 1)
     twice = list(records) * 2
     s = sum(twice[:window])
@@ -231,8 +240,8 @@ def capacity_needed(tiles: Sequence[Tile], size: int) -> int:
     for v in range(1, p):
         s += twice[v + window - 1] - twice[v - 1]
         best = max(best, s)
-    final = max(t.n for t in tiles).bit_length() + 1 if rounds else 0
-    return max(best, final, max(t.room for t in tiles))
+    final = n.bit_length() + 1 if rounds else 0
+    return max(best, final, max(rooms, default=0))
 
 
 def bucket(need: int) -> int:
@@ -245,8 +254,9 @@ def bucket(need: int) -> int:
 
 
 class Capacity:
-    """The capacity of the tile exchanges of one channel, the same on every rank because it
-    changes only with tables every rank holds (after a call's rows passed check_tiles):
+    """The frame capacity of one channel's exchanges of one row kind (its 1-D blocks' or its
+    N-d tiles'), the same on every rank because it changes only with tables every rank holds
+    (after a call's rows passed check_rows or check_tiles):
 
     - a call that needs more (`grow`) raises it at once to bucket(need): that call's rows were
       exchanged in frames too small, so every rank runs the exchange again (`current` after it);
@@ -254,9 +264,10 @@ class Capacity:
       the largest of their needs: a solver alternating between a big and a small tiling (two
       multigrid levels) keeps the big frames instead of exchanging twice per big call.
 
-    It starts at pairwise.CAPACITY, what any run of a 1-D block needs (so a first call of a
-    contiguous tile is one exchange), and a solver's steady tiles then shrink it, to FLOOR for
-    most: frames sized by the largest need, not by the bound of every block.
+    It starts at pairwise.CAPACITY, what 1-D blocks in exchange order never exceed (so a first
+    call of 1-D blocks or of a contiguous tile is one exchange), and a solver's steady calls
+    then shrink it, to FLOOR for most: frames sized by the largest need, not by the bound of
+    every block.
     """
 
     SHRINK_AFTER = 16

@@ -72,7 +72,7 @@ RANK_ENV=(env "LD_PRELOAD=$ASAN_LIB"
   "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
 
 SINGLE="tests/test_native.py tests/test_frames.py tests/test_arrays.py tests/test_arrays_fast.py tests/test_arrays_tiles.py tests/test_misaligned.py"
-MPI_TESTS="tests/test_native_mpi.py tests/test_protocol_mpi.py tests/test_arrays_mpi.py tests/test_arrays_fast_mpi.py tests/test_arrays_tiles_mpi.py tests/test_arrays_one_call_mpi.py tests/test_overrun_mpi.py tests/test_misaligned_mpi.py tests/test_frame_fuzz_mpi.py tests/test_foreign_mpi.py"
+MPI_TESTS="tests/test_native_mpi.py tests/test_protocol_mpi.py tests/test_arrays_mpi.py tests/test_arrays_fast_mpi.py tests/test_arrays_tiles_mpi.py tests/test_arrays_one_call_mpi.py tests/test_arrays_frames_mpi.py tests/test_overrun_mpi.py tests/test_misaligned_mpi.py tests/test_frame_fuzz_mpi.py tests/test_foreign_mpi.py"
 status=0
 run() {  # name, command...
   local name=$1; shift

@@ -72,3 +72,50 @@ def test_block_frames_shrink_after_a_run_grow_at_once_and_keep_the_oracle_bits()
     agree(w, ok, f"dots, rank {r}: {got!r}")
     arrays.reset(comm)
     comm.Free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("kind", ["blocks", "tiles"])
+def test_frames_that_came_apart_meet_again_without_a_reset(kind):
+    """What a call completed on some ranks only can leave (a header spoiled in a last receive,
+    payload check off: docs/allreduce.md): rank 0's frames shrunk, the others' not. The next
+    call is refused by name on every rank (the frames differ), the ones after have the
+    oracle's bits again, with no reset (tiles.Capacity.refused)."""
+    from alpha_mpi import arrays
+    from alpha_mpi.arrays import tiles
+    from alpha_mpi.arrays.api import _channel
+    from alpha_mpi.refusals import Refusal
+
+    w = world()
+    comm = w.Dup()
+    p, r = comm.Get_size(), comm.Get_rank()
+    n = 200 * p
+    x, y, want = data(n)
+    if kind == "blocks":
+        lo, hi = n * r // p, n * (r + 1) // p
+        xb, yb, offset, shape = x[lo:hi], y[lo:hi], lo, n
+    else:  # rank r's 4 rows of the same data as a (4p, 50) array: a 2-D tile
+        xb, yb = x.reshape(4 * p, 50)[4 * r : 4 * r + 4], y.reshape(4 * p, 50)[4 * r : 4 * r + 4]
+        offset, shape = (4 * r, 0), (4 * p, 50)
+
+    def call():
+        return arrays.dot(comm, xb.copy(), yb.copy(), offset, shape)
+
+    agree(w, u64(call()) == u64(want["dot"]), "the first call")  # counts towards a shrink
+    ch = _channel(comm)
+    capacity = ch.block_capacity if kind == "blocks" else ch.capacity
+    if r == 0:
+        capacity.current = tiles.FLOOR  # as if rank 0 alone had completed the shrinking call
+    try:
+        code = None
+        call()
+    except Refusal as e:
+        code = e.code
+    codes = w.allgather(code)
+    agree(
+        w, all(c is not None and (c.startswith("frame-") or c == "peer-refused") for c in codes), f"{codes}"
+    )
+    again = [u64(call()) for _ in range(3)]
+    agree(w, again == [u64(want["dot"])] * 3, f"rank {r}: {again} after {codes}")
+    arrays.reset(comm)
+    comm.Free()

@@ -334,6 +334,26 @@ def test_a_solvers_small_tiles_shrink_the_frames_to_the_floor():
     assert c.settle(tiles.FLOOR + 1) and c.current == tiles.FLOOR + 1  # more: at once
 
 
+def test_a_refused_call_keeps_settled_frames_and_starts_over_otherwise():
+    """Capacity.refused: a refusal that may have come on this rank only keeps frames that were
+    settled (the next call works where every rank was) and otherwise starts over at the start,
+    counting nothing."""
+    c = tiles.Capacity()
+    for _ in range(tiles.Capacity.SHRINK_AFTER):
+        c.settle(6)
+    assert not c.settle(6) and c.steady == 6 and c.current == tiles.FLOOR  # settled
+    c.refused()
+    assert c.current == tiles.FLOOR and c.steady == -1
+    assert not c.settle(6) and c.steady == 6  # settled again by the next call
+    c = tiles.Capacity()
+    for _ in range(5):
+        c.settle(6)  # on the way to shrinking
+    c.settle(5000)  # grown
+    assert c.current == tiles.bucket(5000) and c.steady == -1
+    c.refused()
+    assert (c.current, c._low, c._low_calls, c.steady) == (pairwise.CAPACITY, 0, 0, -1)
+
+
 def test_a_call_that_skips_settle_for_the_steady_need_keeps_the_same_capacity():
     """The arrays' one call skips settle when the need is `steady` (nothing would change): over
     a run of needs that grow, shrink and repeat, skipping it leaves the same capacity and

@@ -343,6 +343,9 @@ def _exchange(ch, ex, op, k, m, row, n, detail, err=None, ran=False, again=None)
             values, ex = _verdict(ch, ex, op, k, m, row, n, detail, again)
         else:
             ch.block_capacity.settle(ex.valid_need)
+    except Refusal:
+        ch.block_capacity.refused()  # perhaps on this rank only (tiles.Capacity.refused)
+        raise
     finally:
         ch.step += 1
     pairwise.check_result(values, op)
@@ -358,8 +361,10 @@ def _one_call(c: fast.Call, xs: tuple, ys: tuple | None):
     ch.call_timeout = ch.timeout
     try:
         rc = ex.run_bound(step, c.words)  # the arrays were bound by the lookup (fast.py)
-    except BaseException:
+    except BaseException as e:
         ch.step = step + 1
+        if isinstance(e, Refusal):
+            (ch.capacity if c.length is None else ch.block_capacity).refused()
         raise
     if rc == 0 and not ex.verdict[0]:  # the root check took the root's values
         ch.step = step + 1

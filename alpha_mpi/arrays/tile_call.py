@@ -307,6 +307,9 @@ def reduce_tiles(ch, op: str, xs, ys, offset, shape, timeout, bad_batch=None) ->
     try:
         ex.run(row, m, n, local=err)  # raises this rank's refusal, a bad frame's or a peer's
         values, used = _verdict(ch, ex, op, args, row, m, records, n, detail)
+    except Refusal:
+        ch.capacity.refused()  # perhaps on this rank only (tiles.Capacity.refused)
+        raise
     finally:
         ch.step += 1
     pairwise.check_result(values, op)
@@ -333,6 +336,9 @@ def finish_tiles(ch, ex, op: str, xs, ys, offset: tuple, shape: tuple) -> list:
         args = tile_inputs(op, xs, ys, offset, shape, ch.geometries)
         m = int(ex.summary_result[0])
         values, _ = _verdict(ch, ex, op, args, ex.table[0].tolist(), m, m, args.geo.n, "")
+    except Refusal:
+        ch.capacity.refused()
+        raise
     finally:
         ch.step += 1
     pairwise.check_result(values, op)

@@ -280,6 +280,18 @@ class Capacity:
         # the need whose settle changes nothing (a solver's every call): its callers skip it
         self.steady = -1
 
+    def refused(self) -> None:
+        """A call of this kind refused on this rank. A refusal may come on some ranks only (a
+        header spoiled in a last receive, payload check off: docs/allreduce.md), and then the
+        calls that move the others' capacity did not move this one's. Settled (`steady`: no
+        change pending), it keeps its frames, so the next call works where every rank was;
+        otherwise it starts over at pairwise.CAPACITY with no count: a rank whose frames then
+        differ meets a frame refusal and starts over too, so the ranks meet again within two
+        calls instead of refusing every later call."""
+        if self.steady == -1:
+            self.current = pairwise.CAPACITY
+        self._low, self._low_calls, self.steady = 0, 0, -1
+
     def settle(self, need: int) -> bool:
         """Account for one call that needed `need` records; True if its frames were too small
         (then `current` now fits it and the exchange is run again). A call whose need is

@@ -48,11 +48,12 @@ __all__ = [
 MAX_NDIM = 4  # csrc/kernel/pairwise.h AP_MAX_NDIM (checked when the exchange module loads)
 # A row: status, records, room, ndim, then shape, offset and extent, MAX_NDIM words each.
 ROW_WORDS = 4 + 3 * MAX_NDIM
-# The smallest tile frames, in records: a Krylov solver's tiles of one or a few runs need
-# the final merge's prefix bound (capacity_needed: 16 records for 18,432 elements). pairwise.CAPACITY's 132 records made
-# every tile call's frame 3.2 KB where its summary filled 100 bytes, and a message of 3.2 KB
-# took 0.9 us longer than one of 64 B between two ranks on shared memory (MPICH, 2-core guest):
-# half of a 2-D tile dot's latency over np.dot + MPI_Allreduce.
+# The smallest frames, in records (Capacity, for 1-D blocks and tiles alike): a solver's blocks
+# or tiles of a few runs need about the final merge's prefix bound (window_need: 16 records for
+# 18,432 elements). pairwise.CAPACITY's 132 records made every call's frame 3.2 KB where its
+# summary filled 100 bytes, and a message of 3.2 KB took 0.9 us longer than one of 64 B between
+# two ranks on shared memory (MPICH, 2-core guest): half of a 2-D tile dot's latency over
+# np.dot + MPI_Allreduce.
 FLOOR = 16
 
 

@@ -5,7 +5,7 @@ geometry is that of an earlier call that passed every check.
 A solver calls the same few reductions again and again: `dot(comm, r, r, off, n)` and
 `dot(comm, p, Ap, off, n)` at the same offset and length every iteration, often with new arrays
 (`q = A(p)`, `p = r + beta * p`); a stencil code the same with its tiles. The ordinary path
-(api.py, tile_call.py) checks the arguments, finds the channel and the exchange, evaluates the
+(block_call.py, tile_call.py) checks the arguments, finds the channel and the exchange, evaluates the
 summary, writes the row, runs the exchange's prepared run and checks the table and the root,
 each a Python step. When a call has gone through every check with its own arrays (none
 copied), a `Call` remembers its geometry as the words the exchange program's summary op reads
@@ -206,7 +206,7 @@ def _add(c: Call) -> None:
 
 def remember(ch, ex, op: str, xs: tuple, ys: tuple | None, offset: int, n: int) -> None:
     """Remember the geometry of a call that just passed every check with its own arrays
-    (api.py: xs, and ys or None for sum), unless a record of it exists."""
+    (block_call.py: xs, and ys or None for sum), unless a record of it exists."""
     length = xs[0].shape[0]
     if length > MAX_ELEMENTS or ex.valid_order is not None or len(xs) > MAX_PAIRS:
         return

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, SupportsIndex
 import numpy as np
 
 from ..execution.endpoint import Endpoint
-from ..kernel import ffi, lib
 from ..refusals import Refusal
 from . import fast, pairwise
 from .block_call import exchange_blocks, reduce_blocks
@@ -33,13 +32,6 @@ if TYPE_CHECKING:
     from mpi4py import MPI
 
 __all__ = ["sum", "dot", "norm2", "dots", "reset"]
-
-_F64 = np.dtype(np.float64)
-_ND = np.ndarray
-_DARR = ffi.typeof("double[]")
-_from_buffer = ffi.from_buffer
-_summary = lib.ap_summary
-_MAX_N = 1 << 62
 
 #: An int (1-D blocks) or a tuple of ints, one per dimension (N-d tiles).
 Index = SupportsIndex | Sequence[SupportsIndex]
